@@ -1,0 +1,30 @@
+"""dsgrad: fast, reliable gradients for doubly-stochastic objectives in JAX.
+
+Gradient estimators are optax transformations; swap one for another in one line::
+
+    opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+    grads = objective.grad(params, indices, noise)
+    updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
+"""
+
+from dsgrad import approx
+from dsgrad import checkpoint
+from dsgrad import models
+from dsgrad.approx import Approximation
+from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
+from dsgrad.diagnostics import estimator_samples, state_bytes, table_bytes, total_variance
+from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
+                               inc, joint_saga, joint_svrg, naive, smiso)
+from dsgrad.objective import Objective, gaussian_noise, make_objective, per_datum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Objective", "make_objective", "gaussian_noise", "per_datum",
+    "Approximation", "approx",
+    "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
+    "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
+    "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
+    "models", "checkpoint",
+    "table_bytes", "state_bytes", "estimator_samples", "total_variance",
+]

@@ -1,0 +1,93 @@
+"""Input validation shared by objectives and estimators.
+
+Two kinds of checks:
+
+* *static* checks (dtype, rank, shapes, tree structure) run while tracing and raise a
+  ``ValueError``/``TypeError`` immediately, inside or outside ``jit``;
+* *value* checks (index range, finiteness) need the numbers. Outside ``jit`` they raise
+  a ``ValueError`` at once; inside ``jit`` they run as a host callback, and the error
+  surfaces as a runtime error whose text contains the same message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
+  """Raises ``ValueError(message)`` for the first check whose flag is true.
+
+  Args:
+    checks: pairs ``(bad, message)``; ``bad`` is a boolean scalar array (may be a
+      tracer).
+  """
+  if not checks:
+    return
+  flags = [jnp.asarray(bad) for bad, _ in checks]
+  messages = [m for _, m in checks]
+  if all(_is_concrete(f) for f in flags):
+    for flag, message in zip(flags, messages):
+      if bool(np.any(np.asarray(flag))):
+        raise ValueError(message)
+    return
+
+  def _raise(*host_flags):
+    for flag, message in zip(host_flags, messages):
+      if np.any(np.asarray(flag)):
+        raise ValueError(message)
+
+  # The callback sits in a branch taken only when a check fails, so the common path
+  # costs a few reductions and no host round trip.
+  any_bad = jnp.any(jnp.stack([jnp.any(f) for f in flags]))
+  jax.lax.cond(any_bad, lambda fs: jax.debug.callback(_raise, *fs), lambda fs: None, flags)
+
+
+def index_checks(indices, num_data: int, name: str = "indices"):
+  """Value checks that every index lies in ``[0, num_data)``."""
+  return [(jnp.any((indices < 0) | (indices >= num_data)),
+           f"{name} out of range: every index must lie in [0, {num_data})")]
+
+
+def finite_checks(tree, name: str):
+  """Value checks that every leaf of ``tree`` is finite."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+  if not leaves:
+    return []
+  return [(~jnp.all(jnp.stack(leaves)),
+           f"{name} contains non-finite values (NaN or inf)")]
+
+
+def check_indices_static(indices) -> int:
+  """Checks dtype and rank of a batch of datum indices; returns the batch size."""
+  if not hasattr(indices, "dtype") or not hasattr(indices, "shape"):
+    raise TypeError(f"indices must be an integer array, got {type(indices).__name__}")
+  if not jnp.issubdtype(indices.dtype, jnp.integer):
+    raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
+  if indices.ndim != 1:
+    raise ValueError(f"indices must be a 1-D array of datum indices, got shape "
+                     f"{tuple(indices.shape)}")
+  if indices.shape[0] == 0:
+    raise ValueError("indices must contain at least one datum index")
+  return int(indices.shape[0])
+
+
+def check_same_structure(tree, reference, name: str, reference_name: str) -> None:
+  """Checks that ``tree`` has the structure and leaf shapes of ``reference``."""
+  tree_def, ref_def = jax.tree.structure(tree), jax.tree.structure(reference)
+  if tree_def != ref_def:
+    raise ValueError(f"{name} does not have the tree structure of {reference_name}: "
+                     f"got {tree_def}, expected {ref_def}")
+  for path_leaf, ref_leaf in zip(jax.tree.leaves_with_path(tree), jax.tree.leaves(reference)):
+    path, leaf = path_leaf
+    if jnp.shape(leaf) != jnp.shape(ref_leaf):
+      raise ValueError(f"{name}{jax.tree_util.keystr(path)} has shape {jnp.shape(leaf)}, "
+                       f"expected {jnp.shape(ref_leaf)} (as in {reference_name})")

@@ -1,0 +1,220 @@
+"""Approximations ``f~(w; n, eps)`` whose noise expectation is known in closed form.
+
+The control-variate estimators (``cv``, ``joint_saga``, ``joint_svrg``) need, for a batch
+of data, the mean over the batch of
+
+* ``grad_w f~(w; n, eps_n)``          -- the approximation's gradient at the drawn noise;
+* ``E_xi grad_w f~(w; n, xi)``        -- its expectation over the noise, in closed form.
+
+An :class:`Approximation` bundles two functions computing these:
+
+    grad_and_expected(objective, params, indices, noise) -> (mean grad f~, mean E grad f~)
+    expected_grad(objective, params, indices)            -> mean E grad f~
+
+Both return trees shaped like ``params`` (means over the batch). Estimators that need
+values at per-datum parameters (the SAGA table) call them on batches of size one under
+``jax.vmap``. To bring your own approximation, construct ``Approximation`` with two such
+functions; :func:`linearize` is the generic choice.
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 4, App. E (dropout), App. F (mean-field Gaussian).
+  Miller et al. (2017). Reducing reparameterization gradient variance. NeurIPS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad.models.base import Model
+from dsgrad.models.dropout_glm import DropoutGLM
+from dsgrad.objective import Objective
+
+
+class Approximation(NamedTuple):
+  """An approximation ``f~`` of a doubly-stochastic objective (see module docstring).
+
+  Attributes:
+    grad_and_expected: ``(objective, params, indices, noise) -> (g_tilde, e_tilde)``,
+      the batch means of ``grad f~(w; n, eps_n)`` and ``E_xi grad f~(w; n, xi)``.
+    expected_grad: ``(objective, params, indices) -> e_tilde``.
+    name: label for tables and messages.
+  """
+
+  grad_and_expected: Callable[..., tuple[Any, Any]]
+  expected_grad: Callable[..., Any]
+  name: str = "custom"
+
+
+def _resolve_mask(mask, params):
+  if mask is None:
+    return None
+  if callable(mask):
+    mask = mask(params)
+  return jax.tree.map(lambda m, p: jnp.asarray(m, bool), mask, params)
+
+
+def _apply_mask(mask, tree):
+  if mask is None:
+    return tree
+  return jax.tree.map(lambda m, x: jnp.where(m, x, jnp.zeros_like(x)), mask, tree)
+
+
+def linearize(mask: Any = None) -> Approximation:
+  """First-order expansion of the gradient in the noise around its mean (zero).
+
+  ``grad f~(w; n, eps) = grad f(w; n, 0) + d/d(eps) grad f(w; n, eps)|_{eps=0} [eps]``,
+  so ``E grad f~ = grad f(w; n, 0)`` for zero-mean noise. Both come from one
+  forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction); the
+  expectation alone costs one gradient at ``eps = 0``. For mean-field Gaussian BBVI with
+  ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
+  approximation (App. F, Eq. 63-64); see :func:`gaussian_mean_taylor`.
+
+  Args:
+    mask: optional tree of booleans with the structure of the params (or a callable
+      ``params -> mask``, as in ``optax.masked``). Leaves marked ``False`` get no control
+      variate (their ``f~`` gradient and its expectation are zero).
+
+  Returns:
+    An :class:`Approximation`. Requires the objective's noise to have mean zero.
+
+  References:
+    Wang, Geffner, Domke (2024), Sec. 4 and App. F; DESIGN.md, Sec. 3.
+  """
+
+  def grad_and_expected(objective: Objective, params, indices, noise):
+    def grad_at(eps):
+      return objective.grad(params, indices, eps, validate=False)
+
+    zero = jax.tree.map(jnp.zeros_like, noise)
+    expected, deviation = jax.jvp(grad_at, (zero,), (noise,))
+    m = _resolve_mask(mask, params)
+    return (_apply_mask(m, optax.tree.add(expected, deviation)), _apply_mask(m, expected))
+
+  def expected_grad(objective: Objective, params, indices):
+    zero = objective.zero_noise(indices.shape[0])
+    g = objective.grad(params, indices, zero, validate=False)
+    return _apply_mask(_resolve_mask(mask, params), g)
+
+  return Approximation(grad_and_expected, expected_grad,
+                       "linearize" if mask is None else "linearize(masked)")
+
+
+def gaussian_mean_taylor(model: Model) -> Approximation:
+  """The paper's approximation for mean-field Gaussian BBVI (App. F), on ``loc`` only.
+
+  A second-order Taylor expansion of ``k_n(z) = N log p(x_n | z) + log p(z)`` around
+  ``z0 = stop_gradient(loc)`` gives, for ``f = -k_n(T_w(eps)) - H(w)`` (Eq. 63-64),
+
+      grad_loc f~(w; n, eps)   = -grad k_n(loc) - Hess k_n(loc) (exp(log_scale) * eps)
+      E grad_loc f~(w; n, .)   = -grad k_n(loc)
+
+  (the entropy does not depend on ``loc``). The ``log_scale`` gradient gets no control
+  variate because its expectation needs the Hessian diagonal (Eq. 67). Implemented with
+  an explicit gradient and Hessian-vector product of ``k_n``; it equals
+  ``linearize(mask={"loc": True, "log_scale": False})`` on the objective of
+  :func:`dsgrad.meanfield_gaussian` (tested).
+
+  Args:
+    model: the model whose mean-field objective is being optimized.
+
+  Returns:
+    An :class:`Approximation` for params ``{"loc", "log_scale"}``.
+
+  References:
+    Wang, Geffner, Domke (2024), App. F, Eq. 61-64.
+  """
+
+  def grad_k_and_hvp(loc, scale, indices, eps):
+    def k(z):
+      return jnp.mean(model.num_data * model.log_likelihood(z, indices)) + model.log_prior(z)
+    return jax.jvp(jax.grad(k), (loc,), (scale * eps,))
+
+  def grad_and_expected(objective: Objective, params, indices, noise):
+    loc, scale = params["loc"], jnp.exp(params["log_scale"])
+    if objective.shared_noise:
+      g, hv = grad_k_and_hvp(loc, scale, indices, noise)
+    else:
+      g, hv = jax.vmap(lambda i, e: grad_k_and_hvp(loc, scale, i[None], e))(indices, noise)
+      g, hv = jnp.mean(g, 0), jnp.mean(hv, 0)
+    zeros = jnp.zeros_like(params["log_scale"])
+    return ({"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros})
+
+  def expected_grad(objective: Objective, params, indices):
+    def k(z):
+      return jnp.mean(model.num_data * model.log_likelihood(z, indices)) + model.log_prior(z)
+    return {"loc": -jax.grad(k)(params["loc"]),
+            "log_scale": jnp.zeros_like(params["log_scale"])}
+
+  return Approximation(grad_and_expected, expected_grad, "gaussian_mean_taylor")
+
+
+def _dropout_terms(glm: DropoutGLM, params, x, y, delta):
+  """Second-order Taylor of the loss in the logits for one datum (Eq. 57-58)."""
+  w, b = params["weight"], params["bias"]
+  logits0 = w @ x + b
+  loss0 = glm.loss(logits0, y)
+  g = jax.grad(glm.loss)(logits0, y)
+  h = jax.hessian(glm.loss)(logits0, y)
+  scaled = w * x[None, :]                  # column d of W times x_d, (K, D)
+  # f~ = L + g . dphi + dphi^T H dphi / 2 with dphi = W (delta * x).
+  dphi = scaled @ delta
+  f_tilde = loss0 + g @ dphi + 0.5 * dphi @ h @ dphi
+  # E f~ = L + s^2 / 2 tr(Hess_delta f) and Hess_delta f = diag(x) W^T H W diag(x).
+  expected = loss0 + 0.5 * glm.dropout_std ** 2 * jnp.sum((h @ scaled) * scaled)
+  return f_tilde, expected
+
+
+def dropout_taylor(glm: DropoutGLM) -> Approximation:
+  """Second-order expansion of a dropout GLM in the noise around ``eps = 1`` (App. E).
+
+  With ``delta = eps - 1 ~ N(0, s^2 I)`` and logits ``phi = W((1 + delta) x) + b``,
+  ``f~(w; n, delta) = f(w; n, 0) + delta^T grad_delta f + delta^T Hess_delta f delta / 2``
+  (Eq. 57) and ``E f~ = f(w; n, 0) + s^2 / 2 tr Hess_delta f(w; n, 0)`` (Eq. 58). For a
+  GLM, ``Hess_delta f = diag(x) W^T H_L W diag(x)`` with ``H_L`` the ``K x K`` Hessian of
+  the loss in the logits, so the trace is ``sum_d x_d^2 w_d^T H_L w_d``: closed form at
+  ``O(K^2 D)`` per datum, no ``D x D`` matrix. Gradients in ``w`` are taken through these
+  closed forms by autodiff.
+
+  Args:
+    glm: the dropout GLM (supplies features, labels, loss and ``s``).
+
+  Returns:
+    An :class:`Approximation` for params ``{"weight", "bias"}``.
+
+  References:
+    Wang, Geffner, Domke (2024), App. E, Eq. 55-58.
+  """
+
+  def per_datum(params, index, delta):
+    x, y = glm.features[index], glm.labels[index]
+    gt = jax.grad(lambda p: _dropout_terms(glm, p, x, y, delta)[0])(params)
+    ge = jax.grad(lambda p: _dropout_terms(glm, p, x, y, delta)[1])(params)
+    return gt, ge
+
+  def grad_and_expected(objective: Objective, params, indices, noise):
+    del objective
+    gt, ge = jax.vmap(per_datum, in_axes=(None, 0, 0))(params, indices, noise)
+    return jax.tree.map(lambda a: jnp.mean(a, 0), (gt, ge))
+
+  def expected_grad(objective: Objective, params, indices):
+    del objective
+
+    def one(index):
+      x, y = glm.features[index], glm.labels[index]
+      return jax.grad(lambda p: _dropout_terms(glm, p, x, y, jnp.zeros_like(x))[1])(params)
+
+    return jax.tree.map(lambda a: jnp.mean(a, 0), jax.vmap(one)(indices))
+
+  return Approximation(grad_and_expected, expected_grad, "dropout_taylor")
+
+
+def dropout_taylor_values(glm: DropoutGLM, params, index, delta):
+  """``(f~(w; n, delta), E f~(w; n, .))`` for one datum (App. E, Eq. 57-58).
+
+  Exposed for diagnostics and tests of the closed form.
+  """
+  return _dropout_terms(glm, params, glm.features[index], glm.labels[index], delta)

@@ -1,0 +1,95 @@
+"""Diagnostics: memory of estimator state, and Monte Carlo variance of an estimator.
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 3 (variance decomposition), Fig. 2, Table 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad.estimators._common import tree_bytes
+from dsgrad.objective import Objective
+
+
+def table_bytes(state: Any) -> int:
+  """Bytes held in per-datum tables (state fields named ``table``), anywhere in ``state``.
+
+  Works on a single estimator state or on the state of an ``optax.chain``.
+  """
+  total = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if any(isinstance(k, jax.tree_util.GetAttrKey) and k.name == "table" for k in path):
+      total += tree_bytes(leaf)
+  return total
+
+
+def state_bytes(state: Any) -> int:
+  """Total bytes of all arrays in a state (tables, running means, optimizer moments)."""
+  return tree_bytes(state)
+
+
+def sample_batch(key, objective: Objective, batch_size: int, replace: bool = True):
+  """Uniform random batch ``(indices, noise)``: with or without replacement."""
+  k_idx, k_noise = jax.random.split(key)
+  if replace:
+    indices = jax.random.randint(k_idx, (batch_size,), 0, objective.num_data)
+  else:
+    indices = jax.random.permutation(k_idx, objective.num_data)[:batch_size]
+  return indices.astype(jnp.int32), objective.sample_noise(k_noise, batch_size)
+
+
+def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, params,
+                      objective: Objective, key, num_draws: int, batch_size: int, *,
+                      replace: bool = True):
+  """Draws the estimator's output at fixed ``(state, params)`` for fresh batches.
+
+  Each draw samples a batch of ``batch_size`` indices (uniform; with or without
+  replacement) and its noise, computes the naive gradient and passes it through
+  ``transform.update``; the state update is discarded, so every draw sees the same
+  table/snapshot.
+
+  Args:
+    transform: an estimator (or a chain whose first element is one).
+    state: its state.
+    params: the parameters at which to evaluate.
+    objective: the objective.
+    key: PRNG key.
+    num_draws: number of draws ``M``.
+    batch_size: ``B``.
+    replace: sample indices with replacement (i.i.d.) or not.
+
+  Returns:
+    A ``(M, P)`` array: each row the flattened output (``P`` = number of parameters).
+  """
+
+  @jax.jit
+  def draws(keys):
+    def one(k):
+      indices, noise = sample_batch(k, objective, batch_size, replace)
+      grads = objective.grad(params, indices, noise, validate=False)
+      out, _ = transform.update(grads, state, params, indices=indices, noise=noise)
+      return jax.flatten_util.ravel_pytree(out)[0]
+    return jax.lax.map(one, keys)
+
+  return draws(jax.random.split(key, num_draws))
+
+
+def total_variance(samples) -> tuple[float, float]:
+  """Trace of the covariance of the rows of ``samples`` and its standard error.
+
+  ``V = mean_m ||x_m - x_bar||^2 * M/(M-1)``; the standard error is that of the mean of
+  the squared deviations, ``std(||x_m - x_bar||^2) / sqrt(M)``.
+
+  Returns:
+    ``(variance, standard_error)`` as floats.
+  """
+  x = np.asarray(samples, np.float64)
+  m = x.shape[0]
+  sq = np.sum((x - x.mean(0)) ** 2, axis=1) * m / (m - 1)
+  return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))

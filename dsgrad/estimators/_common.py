@@ -1,0 +1,122 @@
+"""Helpers shared by the estimators: checks, per-datum tables, chunked full passes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsgrad import _checks
+from dsgrad.objective import Objective
+
+# Stored in a table field when ``init`` is called on a tree without leaves (optax's
+# ``tree.map_params`` placeholder): a leaf, so the table is never mistaken for params.
+_NOT_PARAMS = np.zeros((0,), np.float32)
+
+
+def has_leaves(params) -> bool:
+  return bool(jax.tree.leaves(params))
+
+
+def require_params(params, estimator: str):
+  if params is None:
+    raise ValueError(f"dsgrad.{estimator} needs the current params: call "
+                     f"update(grads, state, params, indices=..., noise=...)")
+
+
+def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
+                 *, check_indices: bool, check_finite: bool) -> int:
+  """Static checks (always) and optional value checks of one estimator update."""
+  if indices is None or noise is None:
+    raise ValueError(f"dsgrad.{estimator} needs the batch it is correcting: pass "
+                     f"indices=... and noise=... to update (the same ones used to "
+                     f"compute the gradient)")
+  batch_size = objective.check_batch(indices, noise)
+  if params is not None:
+    _checks.check_same_structure(updates, params, "updates (gradient)", "params")
+  checks = []
+  if check_indices:
+    checks += _checks.index_checks(indices, objective.num_data)
+  if check_finite:
+    checks += _checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
+  _checks.value_checks(checks)
+  return batch_size
+
+
+def new_table(params, num_data: int, dtype=None):
+  """A per-datum table with every row equal to ``params`` (leaves ``(N, *shape)``)."""
+  if not has_leaves(params):
+    return _NOT_PARAMS
+  return jax.tree.map(
+      lambda p: jnp.broadcast_to(jnp.asarray(p, dtype or jnp.asarray(p).dtype),
+                                 (num_data,) + jnp.shape(p)), params)
+
+
+def gather_rows(table, indices, like):
+  """Rows ``table[indices]`` cast to the dtypes of ``like``."""
+  return jax.tree.map(lambda t, p: t[indices].astype(p.dtype), table, like)
+
+
+def set_rows(table, indices, params):
+  """``table[indices] = params`` for every index (duplicates write the same value)."""
+  return jax.tree.map(
+      lambda t, p: t.at[indices].set(jnp.broadcast_to(p.astype(t.dtype),
+                                                      (indices.shape[0],) + p.shape)),
+      table, params)
+
+
+def first_occurrence(indices):
+  """Boolean mask: ``True`` where ``indices[b]`` has not appeared earlier in the batch.
+
+  ``O(B^2)`` comparisons, negligible for mini-batches.
+  """
+  b = indices.shape[0]
+  pos = jnp.arange(b)
+  seen_before = (indices[:, None] == indices[None, :]) & (pos[None, :] < pos[:, None])
+  return ~jnp.any(seen_before, axis=1)
+
+
+def masked_sum(tree, mask):
+  """``sum_b mask_b * tree[b]`` over the leading axis."""
+  return jax.tree.map(
+      lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), tree)
+
+
+def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
+                   chunk_size: int):
+  """Mean over all data of a batch-mean function, in chunks inside ``jit``.
+
+  Args:
+    batch_mean_fn: ``indices -> tree``, the mean over a batch of data.
+    num_data: ``N``.
+    chunk_size: data per chunk; memory is that of one chunk.
+
+  Returns:
+    ``(1/N) sum_n value(n)`` as a tree. Cost: ``N`` evaluations in ``ceil(N/C)`` chunks.
+  """
+  chunk_size = max(1, min(int(chunk_size), num_data))
+  num_full = num_data // chunk_size
+  remainder = num_data - num_full * chunk_size
+
+  def body(total, start):
+    idx = start + jnp.arange(chunk_size)
+    value = batch_mean_fn(idx)
+    return jax.tree.map(lambda t, v: t + v * chunk_size, total, value), None
+
+  first = batch_mean_fn(jnp.arange(chunk_size))
+  total = jax.tree.map(lambda v: v * chunk_size, first)
+  if num_full > 1:
+    starts = chunk_size * jnp.arange(1, num_full)
+    total, _ = jax.lax.scan(body, total, starts)
+  if remainder:
+    rest = batch_mean_fn(num_full * chunk_size + jnp.arange(remainder))
+    total = jax.tree.map(lambda t, v: t + v * remainder, total, rest)
+  return jax.tree.map(lambda t: t / num_data, total)
+
+
+def tree_bytes(tree) -> int:
+  """Total bytes of the array leaves of a tree."""
+  return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
+                 for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))

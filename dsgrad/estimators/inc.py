@@ -1,0 +1,81 @@
+"""The incremental-gradient estimator for doubly-stochastic objectives (Eq. 13)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad.estimators import _common
+from dsgrad.objective import Objective, per_datum
+
+
+class IncState(NamedTuple):
+  """State of :func:`inc`.
+
+  Attributes:
+    table: per-datum parameters ``w^n``, leaves ``(N, *shape)``.
+  """
+
+  table: Any
+
+
+def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = True,
+        check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+  """SAGA applied at a fixed noise draw (Eq. 13): controls subsampling noise only.
+
+      g + mean_m grad f(w^m; m, eps) - mean_{n in B} grad f(w^n; n, eps)
+
+  The middle term depends on the fresh noise ``eps``, so it cannot be kept as a running
+  mean: every step makes a full pass over the table (in chunks inside ``jit``). That is
+  the paper's point -- ``inc`` is a baseline for small data sets; its variance is at
+  least ``V_eps[grad f(w; eps)]`` (Eq. 14).
+
+  The same ``eps`` must serve every datum, so the objective must share one noise draw
+  across the batch (``objective.shared_noise``).
+
+  Cost per step: ``N + B`` per-datum gradients at table rows. Memory: the table.
+
+  Args:
+    objective: an objective with ``shared_noise=True``.
+    chunk_size: data per chunk of the full pass.
+    check_indices: raise on indices outside ``[0, N)``.
+    check_finite: raise on a non-finite incoming gradient.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with state :class:`IncState`.
+
+  References:
+    Wang, Geffner, Domke (2024), Eq. 13-14, App. C.2.
+  """
+  if not objective.shared_noise:
+    raise ValueError("dsgrad.inc needs one noise draw shared by all data (Eq. 13 uses the "
+                     "same eps for every datum); build the objective with shared_noise=True")
+  n = objective.num_data
+
+  def grads_at_rows(rows, indices, noise):
+    return per_datum(lambda p, i, e: objective.grad(p, i, e, validate=False), objective,
+                     params_axis=0)(rows, indices, noise)
+
+  def init_fn(params):
+    return IncState(_common.new_table(params, n))
+
+  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+    del extra_args
+    _common.require_params(params, "inc")
+    _common.check_update("inc", objective, updates, params, indices, noise,
+                         check_indices=check_indices, check_finite=check_finite)
+
+    def table_mean(idx):
+      rows = _common.gather_rows(state.table, idx, params)
+      return jax.tree.map(lambda x: jnp.mean(x, 0), grads_at_rows(rows, idx, noise))
+
+    full = _common.full_pass_mean(table_mean, n, chunk_size)
+    batch = table_mean(indices)
+    out = optax.tree.add(updates, optax.tree.sub(full, batch))
+    new_state = IncState(_common.set_rows(state.table, indices, params))
+    return optax.tree.cast_like(out, updates), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

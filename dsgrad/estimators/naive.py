@@ -1,0 +1,38 @@
+"""The naive estimator: the plain mini-batch reparameterization gradient (Eq. 4)."""
+
+from __future__ import annotations
+
+import optax
+
+from dsgrad import _checks
+
+
+def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+  """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
+
+  It controls no variance; it exists so that estimators can be swapped in one line and
+  compared on equal terms. Cost: none beyond the gradient. Memory: none.
+
+  Args:
+    check_finite: raise a ``ValueError`` if the incoming gradient has NaN or inf
+      (set ``False`` under ``optax.apply_if_finite``).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; extra arguments (``indices``,
+    ``noise``, ...) are accepted and ignored.
+
+  References:
+    Wang, Geffner, Domke (2024), Eq. 4.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del params, extra_args
+    if check_finite:
+      _checks.value_checks(_checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
+    return updates, state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,119 @@
+"""SMISO: stochastic MISO for finite sums of expectations (App. A). An optimizer."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad import _checks
+from dsgrad.estimators import _common
+from dsgrad.objective import Objective
+
+_CHAIN_MESSAGE = (
+    "dsgrad.smiso is an optimizer in its own right (App. A): its output is already the "
+    "parameter step, so it must be used alone -- not chained after or before another "
+    "optimizer or scaling transform (optax.adam, optax.sgd, optax.scale, ...). ")
+
+
+class SmisoState(NamedTuple):
+  """State of :func:`smiso`.
+
+  Attributes:
+    table: per-datum iterates ``w_n``, leaves ``(N, *shape)``.
+    running_mean: ``w_bar = mean_n w_n``, SMISO's current iterate (params-shaped).
+  """
+
+  table: Any
+  running_mean: Any
+
+
+def _relative_gap(a, b):
+  diff = jnp.sqrt(sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))
+  scale = jnp.sqrt(sum(jnp.sum(y ** 2) for y in jax.tree.leaves(b)))
+  return diff / (1.0 + scale)
+
+
+def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
+          tolerance: float = 1e-3, check_chain: bool = True, check_indices: bool = True,
+          check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+  """SMISO (Bietti & Mairal, 2017), the paper's incremental baseline for large data.
+
+  For each distinct datum ``n`` of the batch (Eq. 18-19, 24):
+
+      w_n   <- (1 - alpha) w_n + alpha (w_bar - step_size * grad f(w_bar; n, eps_n))
+      w_bar <- w_bar + (1/N) sum_{n in B} (w_n_new - w_n_old)
+
+  The output is the step ``w_bar_new - params``, to be added to the params
+  (``optax.apply_updates``). The effective SGD step size is
+  ``alpha * |B| * step_size / N`` (Eq. 26).
+
+  SMISO is an optimizer, not a gradient estimator: momentum or adaptive scaling would
+  break its unbiasedness (App. A). With ``check_chain`` it verifies each step that (1)
+  ``params`` equal its own iterate ``w_bar`` (otherwise a later transform rescaled its
+  step) and (2) ``updates`` equal the mini-batch gradient of ``objective`` at
+  ``params`` (otherwise an earlier transform changed it), and raises a ``ValueError``
+  explaining this. Batches are assumed to hold distinct indices (sampling without
+  replacement); repeated indices are counted once.
+
+  Cost per step: ``B`` per-datum gradients (SMISO needs them individually). Memory: the
+  table of ``N`` iterates.
+
+  Args:
+    objective: the objective whose mini-batch gradient is passed as ``updates``.
+    step_size: ``gamma`` (positive).
+    alpha: averaging weight in ``(0, 1]`` (the paper uses 0.9).
+    tolerance: relative tolerance of the chain checks.
+    check_chain: run the two chain checks above (a host check each step).
+    check_indices: raise on indices outside ``[0, N)``.
+    check_finite: raise on a non-finite incoming gradient.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with state :class:`SmisoState`.
+
+  References:
+    Bietti, Mairal (2017). Stochastic optimization with variance reduction for infinite
+    datasets with finite sum structure. NeurIPS.
+    Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
+  """
+  if not step_size > 0:
+    raise ValueError(f"step_size must be positive, got {step_size}")
+  if not 0 < alpha <= 1:
+    raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
+  n = objective.num_data
+
+  def init_fn(params):
+    return SmisoState(_common.new_table(params, n), params)
+
+  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+    del extra_args
+    _common.require_params(params, "smiso")
+    _common.check_update("smiso", objective, updates, params, indices, noise,
+                         check_indices=check_indices, check_finite=check_finite)
+    grads = objective.per_datum_grads(params, indices, noise, validate=False)
+    if check_chain:
+      mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
+      _checks.value_checks([
+          (_relative_gap(params, state.running_mean) > tolerance,
+           _CHAIN_MESSAGE + "The params differ from SMISO's iterate: a transform after it "
+           "changed its step (or the params were modified outside the optimizer)."),
+          (_relative_gap(updates, mean_grad) > tolerance,
+           _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
+           "objective at params: a transform before it changed the gradient (or "
+           "indices/noise are not those the gradient was computed with)."),
+      ])
+    old = _common.gather_rows(state.table, indices, params)
+    new = jax.tree.map(lambda o, p, g: (1 - alpha) * o + alpha * (p[None] - step_size * g),
+                       old, params, grads)
+    first = _common.first_occurrence(indices)
+    change = _common.masked_sum(optax.tree.sub(new, old), first)
+    running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
+    write_at = jnp.where(first, indices, n)  # repeated indices: keep the first, drop others
+    table = jax.tree.map(lambda t, v: t.at[write_at].set(v.astype(t.dtype), mode="drop"),
+                         state.table, new)
+    step = optax.tree.sub(running_mean, params)
+    return optax.tree.cast_like(step, updates), SmisoState(table, running_mean)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,206 @@
+"""The doubly-stochastic objective protocol.
+
+A doubly-stochastic objective is ``F(w) = E_n E_eps f(w; n, eps)`` with ``n`` a datum and
+``eps`` Monte Carlo noise. Every inference method in dsgrad produces one, and every
+gradient estimator consumes one; nothing else needs to know about both.
+
+References:
+  Wang, Geffner, Domke (2024). Joint control variate for faster black-box variational
+  inference. AISTATS. https://arxiv.org/abs/2210.07290 (Eq. 2-4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from dsgrad import _checks
+
+Params = Any
+Noise = Any
+LossFn = Callable[[Params, jax.Array, Noise], jax.Array]
+NoiseFn = Callable[[jax.Array, int], Noise]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Objective:
+  """A doubly-stochastic objective ``f(w; n, eps)`` over ``num_data`` data.
+
+  The data live inside ``loss_fn`` (closed over, on device), so a mini-batch is named by
+  its datum indices alone.
+
+  Attributes:
+    loss_fn: ``loss_fn(params, indices, noise) -> values`` of shape ``(B,)``: the
+      per-datum loss ``f(params; indices[b], noise_b)`` for each datum of the batch.
+      Its mean over uniformly drawn data and noise is the objective ``F(params)``.
+    noise_fn: ``noise_fn(key, batch_size) -> noise``: draws the Monte Carlo noise for a
+      batch. With ``shared_noise=False`` every leaf has leading axis ``batch_size``
+      (one draw per datum); with ``shared_noise=True`` it has no batch axis and the
+      whole batch uses one draw.
+    num_data: ``N``, the number of data.
+    shared_noise: whether one noise draw is shared by the batch (see ``noise_fn``).
+    name: a label used in error messages and benchmark tables.
+
+  The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
+  natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
+  centred noise ``eps - 1`` instead.
+  """
+
+  loss_fn: LossFn
+  noise_fn: NoiseFn
+  num_data: int
+  shared_noise: bool = False
+  name: str = "objective"
+
+  def __post_init__(self):
+    if not isinstance(self.num_data, int) or self.num_data < 1:
+      raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
+
+  # ----------------------------------------------------------------- noise
+  def sample_noise(self, key: jax.Array, batch_size: int) -> Noise:
+    """Draws the Monte Carlo noise for a batch of ``batch_size`` data."""
+    return self.noise_fn(key, batch_size)
+
+  def noise_spec(self, batch_size: int):
+    """Shapes and dtypes of the noise for a batch (a tree of ``ShapeDtypeStruct``)."""
+    return jax.eval_shape(lambda key: self.noise_fn(key, batch_size), jax.random.key(0))
+
+  def zero_noise(self, batch_size: int) -> Noise:
+    """The noise value zero (the noise mean), shaped for a batch."""
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.noise_spec(batch_size))
+
+  # ------------------------------------------------------------ validation
+  def check_batch(self, indices, noise) -> int:
+    """Static checks of a batch; returns its size.
+
+    Raises:
+      TypeError/ValueError: naming ``indices`` or ``noise`` when the dtype, rank or
+        shapes are wrong.
+    """
+    batch_size = _checks.check_indices_static(indices)
+    _checks.check_same_structure(
+        noise, self.noise_spec(batch_size), "noise",
+        f"{self.name}.sample_noise(key, batch_size={batch_size})")
+    return batch_size
+
+  def value_checks(self, indices, noise=None, **trees):
+    """Value checks for a batch: index range and finite noise and ``trees``."""
+    checks = _checks.index_checks(indices, self.num_data)
+    if noise is not None:
+      checks += _checks.finite_checks(noise, "noise")
+    for name, tree in trees.items():
+      checks += _checks.finite_checks(tree, name)
+    return checks
+
+  def validate(self, indices, noise, **trees) -> int:
+    """Static and value checks of a batch (see :meth:`check_batch`)."""
+    batch_size = self.check_batch(indices, noise)
+    _checks.value_checks(self.value_checks(indices, noise, **trees))
+    return batch_size
+
+  # -------------------------------------------------------------- values
+  def loss(self, params: Params, indices: jax.Array, noise: Noise, *,
+           validate: bool = True) -> jax.Array:
+    """Per-datum losses ``f(params; n, eps_n)`` for the batch, shape ``(B,)``."""
+    if validate:
+      self.validate(indices, noise)
+    values = self.loss_fn(params, indices, noise)
+    if jnp.shape(values) != jnp.shape(indices):
+      raise ValueError(f"{self.name}.loss_fn returned shape {jnp.shape(values)}; it must "
+                       f"return one value per datum, shape {jnp.shape(indices)}")
+    return values
+
+  def value(self, params, indices, noise, *, validate: bool = True) -> jax.Array:
+    """Mini-batch estimate of the objective: mean of :meth:`loss` over the batch."""
+    return jnp.mean(self.loss(params, indices, noise, validate=validate))
+
+  def value_and_grad(self, params, indices, noise, *, validate: bool = True):
+    """``(value, grad)`` of the mini-batch mean loss (the naive estimator, Eq. 4)."""
+    if validate:
+      self.validate(indices, noise)
+    return jax.value_and_grad(self.value)(params, indices, noise, validate=False)
+
+  def grad(self, params, indices, noise, *, validate: bool = True) -> Params:
+    """Naive mini-batch gradient ``mean_b grad f(params; n_b, eps_b)`` (Eq. 4).
+
+    Cost: one reverse-mode pass over the batch.
+    """
+    return self.value_and_grad(params, indices, noise, validate=validate)[1]
+
+  def per_datum_grads(self, params, indices, noise, *, validate: bool = True) -> Params:
+    """Per-datum gradients ``grad f(params; n_b, eps_b)``, leaves with leading axis B."""
+    if validate:
+      self.validate(indices, noise)
+    return per_datum(lambda p, i, e: self.grad(p, i, e, validate=False), self,
+                     params_axis=None)(params, indices, noise)
+
+  def datum_loss(self, params, index, noise_one) -> jax.Array:
+    """Scalar loss of one datum; ``noise_one`` has no batch axis."""
+    if not self.shared_noise:
+      noise_one = jax.tree.map(lambda x: x[None], noise_one)
+    return self.loss_fn(params, jnp.reshape(index, (1,)), noise_one)[0]
+
+
+def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable:
+  """Vectorizes a batch-mean function over the data of a batch.
+
+  Args:
+    batch_fn: ``batch_fn(params, indices, noise) -> tree`` computing a mean over a batch.
+    objective: the objective (tells whether the noise has a batch axis).
+    params_axis: ``None`` when all data share ``params``; ``0`` when ``params`` leaves
+      carry one row per datum (table rows).
+
+  Returns:
+    ``fn(params, indices, noise)`` whose output leaves have leading axis ``B``: entry
+    ``b`` is ``batch_fn`` on the batch of size one ``[indices[b]]``.
+  """
+  noise_axis = None if objective.shared_noise else 0
+
+  def one(p, i, e):
+    if not objective.shared_noise:
+      e = jax.tree.map(lambda x: x[None], e)
+    return batch_fn(p, i[None], e)
+
+  return jax.vmap(one, in_axes=(params_axis, 0, noise_axis))
+
+
+def make_objective(loss_fn: LossFn, noise_fn: NoiseFn, num_data: int, *,
+                   shared_noise: bool = False, name: str = "objective") -> Objective:
+  """Builds an :class:`Objective` (a convenience alias of its constructor).
+
+  Args:
+    loss_fn: per-datum loss on a batch, ``(params, indices, noise) -> (B,)``.
+    noise_fn: noise sampler, ``(key, batch_size) -> noise``.
+    num_data: number of data ``N``.
+    shared_noise: one noise draw for the whole batch instead of one per datum.
+    name: label for messages.
+
+  Returns:
+    The objective.
+  """
+  return Objective(loss_fn, noise_fn, num_data, shared_noise, name)
+
+
+def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
+                   shared: bool = False) -> NoiseFn:
+  """A noise sampler drawing ``scale * N(0, I)`` of the given per-datum ``shape``.
+
+  Args:
+    shape: shape of one datum's noise (or of the shared draw).
+    dtype: floating dtype.
+    scale: standard deviation.
+    shared: if true, one draw for the whole batch (no batch axis).
+
+  Returns:
+    ``noise_fn(key, batch_size)``.
+  """
+  shape = tuple(shape)
+
+  def noise_fn(key, batch_size):
+    full = shape if shared else (batch_size,) + shape
+    return scale * jax.random.normal(key, full, dtype)
+
+  return noise_fn
