@@ -28,7 +28,7 @@ def logreg_model(logreg_data):
 def params0():
   k1, _ = jax.random.split(jax.random.key(7))
   return {"loc": 0.5 * jax.random.normal(k1, (DIM,)),
-          "log_scale": jnp.full((DIM,), -1.0)}
+          "log_scale": jnp.full((DIM,), -1.0, jnp.float32)}
 
 
 def exact_negative_elbo(model_data, num_nodes: int = 80):

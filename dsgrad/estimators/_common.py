@@ -45,6 +45,15 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   return batch_size
 
 
+def check_table(table, num_data: int, estimator: str) -> None:
+  """Static check that a table has one row per datum of the objective."""
+  for leaf in jax.tree.leaves(table):
+    if leaf.ndim == 0 or leaf.shape[0] != num_data:
+      raise ValueError(f"dsgrad.{estimator}: the state's table has {leaf.shape[:1]} rows but "
+                       f"the objective has num_data={num_data}; was this state created "
+                       f"for another data set?")
+
+
 def new_table(params, num_data: int, dtype=None):
   """A per-datum table with every row equal to ``params`` (leaves ``(N, *shape)``)."""
   if not has_leaves(params):

@@ -67,6 +67,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
     _common.require_params(params, "inc")
     _common.check_update("inc", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
+    _common.check_table(state.table, n, "inc")
 
     def table_mean(idx):
       rows = _common.gather_rows(state.table, idx, params)

@@ -103,6 +103,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     _common.require_params(params, "joint_saga")
     _common.check_update("joint_saga", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
+    _common.check_table(state.table, n, "joint_saga")
     rows = _common.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)

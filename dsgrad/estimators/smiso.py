@@ -92,6 +92,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     _common.require_params(params, "smiso")
     _common.check_update("smiso", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
+    _common.check_table(state.table, n, "smiso")
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
     if check_chain:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)

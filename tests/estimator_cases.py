@@ -1,0 +1,13 @@
+"""The six estimators, built on one objective, for the shared battery."""
+
+import dsgrad
+
+# name -> (factory(objective, **checks) -> transform, is_optimizer)
+CASES = {
+    "naive": (lambda obj, **kw: dsgrad.naive(**{k: v for k, v in kw.items() if k == "check_finite"}), False),
+    "cv": (lambda obj, **kw: dsgrad.cv(obj, **kw), False),
+    "inc": (lambda obj, **kw: dsgrad.inc(obj, **kw), False),
+    "smiso": (lambda obj, **kw: dsgrad.smiso(obj, 0.05, **kw), True),
+    "joint_saga": (lambda obj, **kw: dsgrad.joint_saga(obj, **kw), False),
+    "joint_svrg": (lambda obj, **kw: dsgrad.joint_svrg(obj, every=7, **kw), False),
+}
