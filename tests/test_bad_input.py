@@ -1,0 +1,151 @@
+"""Bad input gets a clear error naming what is wrong, never a silent wrong answer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import dsgrad
+from dsgrad.models import logistic_regression
+from conftest import BATCH
+
+
+@pytest.fixture(scope="module")
+def objective(logreg_model):
+  return dsgrad.meanfield_gaussian(logreg_model, shared_noise=False)
+
+
+def _batch(objective, size=BATCH):
+  return (jnp.arange(size, dtype=jnp.int32),
+          objective.sample_noise(jax.random.key(0), size))
+
+
+ESTIMATORS = {
+    "cv": lambda o: dsgrad.cv(o),
+    "joint_saga": lambda o: dsgrad.joint_saga(o),
+    "joint_svrg": lambda o: dsgrad.joint_svrg(o, every=5),
+    "smiso": lambda o: dsgrad.smiso(o, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+@pytest.mark.parametrize("jit", [False, True])
+def test_indices_out_of_range(objective, params0, name, jit):
+  tx = ESTIMATORS[name](objective)
+  state = tx.init(params0)
+  _, noise = _batch(objective)
+  grads = objective.grad(params0, jnp.arange(BATCH, dtype=jnp.int32), noise)
+  update = lambda i: tx.update(grads, state, params0, indices=i, noise=noise)[0]
+  if jit:
+    update = jax.jit(update)
+  for bad in ([0, 1, 2, 3, 50], [0, -1, 2, 3, 4]):
+    with pytest.raises(Exception, match=r"indices out of range: every index must lie in \[0, 50\)"):
+      jax.block_until_ready(update(jnp.array(bad, jnp.int32)))
+
+
+def test_index_dtype_and_rank(objective, params0):
+  _, noise = _batch(objective)
+  with pytest.raises(TypeError, match="indices must have an integer dtype"):
+    objective.grad(params0, jnp.arange(BATCH, dtype=jnp.float32), noise)
+  with pytest.raises(ValueError, match="indices must be a 1-D array"):
+    objective.grad(params0, jnp.zeros((BATCH, 1), jnp.int32), noise)
+
+
+def test_noise_shape_and_batch_size_mismatch(objective, params0):
+  idx, noise = _batch(objective)
+  tx = dsgrad.joint_saga(objective)
+  state = tx.init(params0)
+  grads = objective.grad(params0, idx, noise)
+  with pytest.raises(ValueError, match=r"noise has shape \(4, 5\), expected \(5, 5\)"):
+    tx.update(grads, state, params0, indices=idx, noise=noise[:4])
+  with pytest.raises(ValueError, match=r"noise has shape \(5, 6\), expected \(5, 5\)"):
+    objective.grad(params0, idx, jnp.zeros((BATCH, 6)))
+  with pytest.raises(ValueError, match="noise does not have the tree structure"):
+    objective.grad(params0, idx, {"eps": noise})
+
+
+def test_table_of_wrong_size(logreg_data, params0):
+  """A state made for one data set, used with another: the table size must match."""
+  x, y = logreg_data
+  big = dsgrad.meanfield_gaussian(logistic_regression(x, y))
+  small = dsgrad.meanfield_gaussian(logistic_regression(x[:40], y[:40]))
+  state = dsgrad.joint_saga(big).init(params0)
+  idx, noise = _batch(small)
+  grads = small.grad(params0, idx, noise)
+  with pytest.raises(ValueError, match="table has .*50.* rows but the objective has num_data=40"):
+    dsgrad.joint_saga(small).update(grads, state, params0, indices=idx, noise=noise)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_nan_gradient(objective, params0, jit):
+  idx, noise = _batch(objective)
+  grads = jax.tree.map(lambda p: p.at[0].set(jnp.nan), params0)
+  for tx in [dsgrad.naive(), dsgrad.cv(objective), dsgrad.joint_saga(objective)]:
+    state = tx.init(params0)
+    update = lambda g: tx.update(g, state, params0, indices=idx, noise=noise)[0]
+    if jit:
+      update = jax.jit(update)
+    with pytest.raises(Exception, match=r"non-finite values \(NaN or inf\)"):
+      jax.block_until_ready(update(grads))
+
+
+def test_nan_noise_and_gradient_from_objective(objective, params0):
+  idx, noise = _batch(objective)
+  with pytest.raises(ValueError, match="noise contains non-finite values"):
+    objective.grad(params0, idx, noise.at[0, 0].set(jnp.inf))
+
+
+def test_missing_arguments(objective, params0):
+  idx, noise = _batch(objective)
+  grads = objective.grad(params0, idx, noise)
+  tx = dsgrad.joint_saga(objective)
+  state = tx.init(params0)
+  with pytest.raises(ValueError, match="needs the current params"):
+    tx.update(grads, state, None, indices=idx, noise=noise)
+  with pytest.raises(ValueError, match="pass indices=... and noise=..."):
+    tx.update(grads, state, params0, indices=idx)
+  with pytest.raises(ValueError, match="updates \\(gradient\\) does not have the tree structure"):
+    tx.update({"loc": grads["loc"]}, state, params0, indices=idx, noise=noise)
+
+
+def test_smiso_refuses_to_be_chained(objective, params0):
+  idx, noise = _batch(objective)
+  grads = objective.grad(params0, idx, noise)
+  # After: adam rescales SMISO's step, so the params drift from SMISO's iterate.
+  opt = optax.chain(dsgrad.smiso(objective, 0.01), optax.adam(0.1))
+  state = opt.init(params0)
+  updates, state = opt.update(grads, state, params0, indices=idx, noise=noise)
+  params = optax.apply_updates(params0, updates)
+  grads = objective.grad(params, idx, noise)
+  with pytest.raises(ValueError, match="optimizer in its own right.*transform after it"):
+    opt.update(grads, state, params, indices=idx, noise=noise)
+  # Before: a scaling transform changes the gradient SMISO receives.
+  opt = optax.chain(optax.scale(0.5), dsgrad.smiso(objective, 0.01))
+  with pytest.raises(ValueError, match="optimizer in its own right.*transform before it"):
+    opt.update(grads, opt.init(params), params, indices=idx, noise=noise)
+
+
+def test_constructor_arguments(objective, logreg_data):
+  with pytest.raises(ValueError, match="inc needs one noise draw shared"):
+    dsgrad.inc(objective)
+  with pytest.raises(ValueError, match="every must be a positive int"):
+    dsgrad.joint_svrg(objective, every=0)
+  with pytest.raises(ValueError, match="step_size must be positive"):
+    dsgrad.smiso(objective, 0.0)
+  with pytest.raises(ValueError, match="alpha must lie in"):
+    dsgrad.smiso(objective, 0.1, alpha=1.5)
+  x, y = logreg_data
+  with pytest.raises(ValueError, match="labels must be in"):
+    logistic_regression(x, np.arange(len(y)) % 3)
+  with pytest.raises(ValueError, match="labels must have shape"):
+    logistic_regression(x, y[:-1])
+  with pytest.raises(ValueError, match="num_data must be a positive int"):
+    dsgrad.Objective(lambda p, i, e: i, lambda k, b: None, 0)
+
+
+def test_loss_fn_returning_wrong_shape(params0):
+  bad = dsgrad.Objective(lambda p, i, e: jnp.sum(p["loc"]), dsgrad.gaussian_noise((5,)), 10)
+  idx = jnp.arange(3, dtype=jnp.int32)
+  with pytest.raises(ValueError, match="must return one value per datum"):
+    bad.grad(params0, idx, bad.sample_noise(jax.random.key(0), 3))
