@@ -61,3 +61,17 @@ def test_restore_errors(logreg_model, params0, tmp_path):
   other = state._replace(table=jax.tree.map(lambda t: t[:10], state.table))
   with pytest.raises(ValueError, match="shape"):
     dsgrad.checkpoint.restore(path, other)
+
+
+def test_orbax_round_trip(logreg_model, params0, tmp_path):
+  """Estimator states are plain pytrees: orbax (a flax dependency) saves them too."""
+  import orbax.checkpoint as ocp
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  state = opt.init(params0)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "orbax", state)
+  checkpointer.wait_until_finished()
+  restored = checkpointer.restore(tmp_path / "orbax", opt.init(params0))
+  chex.assert_trees_all_equal(restored, state)
+  assert isinstance(restored[0], dsgrad.JointSagaState)

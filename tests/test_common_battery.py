@@ -147,3 +147,15 @@ def test_chain_with_sgd_and_nnx_optimizer(objective, params0):
   ref_updates, _ = ref.update(g, ref.init(params0), params0, indices=idx, noise=noise)
   chex.assert_trees_all_close(as_dict(model), optax.apply_updates(params0, ref_updates),
                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_params_and_state_can_both_be_donated(name, objective, params0):
+  """No state field aliases the params buffers (donating both would fail)."""
+  opt = _make(name, objective)
+  step = jax.jit(_step_fn(opt, objective), donate_argnums=(0, 1))
+  params = jax.tree.map(jnp.copy, params0)
+  state = opt.init(params)
+  for k in jax.random.split(jax.random.key(5), 3):
+    params, state = step(params, state, k)
+  assert all(np.all(np.isfinite(l)) for l in jax.tree.leaves(params))

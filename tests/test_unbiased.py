@@ -38,6 +38,7 @@ def _estimators(objective):
       "joint_saga": dsgrad.joint_saga(objective),
       "joint_saga_masked": dsgrad.joint_saga(
           objective, dsgrad.approx.linearize({"loc": True, "log_scale": False})),
+      "joint_saga_bfloat16_table": dsgrad.joint_saga(objective, table_dtype=jnp.bfloat16),
       "joint_svrg": dsgrad.joint_svrg(objective, every=10 * n_steps_per_epoch),
   }
   if objective.shared_noise:

@@ -27,15 +27,21 @@ def require_params(params, estimator: str):
 
 
 def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
-                 *, check_indices: bool, check_finite: bool) -> int:
-  """Static checks (always) and optional value checks of one estimator update."""
+                 *, check_indices: bool, check_finite: bool, table=None) -> int:
+  """Static checks (always) and optional value checks of one estimator update.
+
+  Also checks that ``params`` were passed and, when given, that ``table`` has one row
+  per datum.
+  """
+  require_params(params, estimator)
+  if table is not None:
+    check_table(table, objective.num_data, estimator)
   if indices is None or noise is None:
     raise ValueError(f"dsgrad.{estimator} needs the batch it is correcting: pass "
                      f"indices=... and noise=... to update (the same ones used to "
                      f"compute the gradient)")
   batch_size = objective.check_batch(indices, noise)
-  if params is not None:
-    _checks.check_same_structure(updates, params, "updates (gradient)", "params")
+  _checks.check_same_structure(updates, params, "updates (gradient)", "params")
   checks = []
   if check_indices:
     checks += _checks.index_checks(indices, objective.num_data)
@@ -69,11 +75,22 @@ def gather_rows(table, indices, like):
 
 
 def set_rows(table, indices, params):
-  """``table[indices] = params`` for every index (duplicates write the same value)."""
-  return jax.tree.map(
-      lambda t, p: t.at[indices].set(jnp.broadcast_to(p.astype(t.dtype),
-                                                      (indices.shape[0],) + p.shape)),
-      table, params)
+  """``table[indices] = params`` for every index (duplicates write the same value).
+
+  Written so that XLA updates a donated table in place. When the rows read earlier in
+  the step (``table[indices]``) and the values written do not depend on each other, XLA
+  cannot order the read before the in-place write and copies the whole table (measured:
+  ~300 ms instead of ~2 ms per step for a 377 MB table). Selecting the new values with a
+  condition that is true for every index that can write (``index >= -N``; JAX wraps
+  negative indices) but that XLA cannot fold makes the written values depend on the
+  read rows, which removes the copy.
+  """
+  def one(t, p):
+    old = t[indices]
+    new = jnp.broadcast_to(p.astype(t.dtype), old.shape)
+    keep_new = (indices >= -t.shape[0]).reshape((-1,) + (1,) * p.ndim)
+    return t.at[indices].set(jnp.where(keep_new, new, old))
+  return jax.tree.map(one, table, params)
 
 
 def first_occurrence(indices):

@@ -44,7 +44,6 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
-    _common.require_params(params, "cv")
     _common.check_update("cv", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
     g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)

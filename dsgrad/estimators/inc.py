@@ -64,10 +64,9 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
-    _common.require_params(params, "inc")
     _common.check_update("inc", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite)
-    _common.check_table(state.table, n, "inc")
+                         check_indices=check_indices, check_finite=check_finite,
+                         table=state.table)
 
     def table_mean(idx):
       rows = _common.gather_rows(state.table, idx, params)

@@ -28,6 +28,11 @@ class JointSagaState(NamedTuple):
   running_mean: Any
 
 
+def _as_stored(params, table):
+  """``params`` rounded to the table's dtypes and read back in their own dtypes."""
+  return jax.tree.map(lambda p, t: p.astype(t.dtype).astype(p.dtype), params, table)
+
+
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                check_indices: bool = True, check_finite: bool = True
@@ -94,16 +99,14 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params)
     table = _common.new_table(params, n, table_dtype)
-    stored = _common.gather_rows(table, jnp.zeros((1,), jnp.int32), params)
-    stored = jax.tree.map(lambda x: x[0], stored)
-    return JointSagaState(jnp.zeros([], jnp.int32), table, initial_mean(stored))
+    return JointSagaState(jnp.zeros([], jnp.int32), table,
+                          initial_mean(_as_stored(params, table)))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
-    _common.require_params(params, "joint_saga")
     _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite)
-    _common.check_table(state.table, n, "joint_saga")
+                         check_indices=check_indices, check_finite=check_finite,
+                         table=state.table)
     rows = _common.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -111,10 +114,9 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                              jax.tree.map(lambda x: jnp.mean(x, 0), g_rows))
 
     new_table = _common.set_rows(state.table, indices, params)
-    # The expectation at w is taken at the value actually stored (matters only for a
+    # The expectation at w is taken at the value actually stored (differs only for a
     # low-precision table), keeping G equal to the mean over the stored table.
-    stored = jax.tree.map(lambda x: x[0],
-                          _common.gather_rows(new_table, indices[:1], params))
+    stored = _as_stored(params, state.table)
     e_now = jax.vmap(lambda i: expected_at(stored, i[None]))(indices)
     first = _common.first_occurrence(indices)
     change = _common.masked_sum(optax.tree.sub(e_now, e_rows), first)

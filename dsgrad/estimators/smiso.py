@@ -85,14 +85,14 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   n = objective.num_data
 
   def init_fn(params):
-    return SmisoState(_common.new_table(params, n), params)
+    # A copy, so that params and state can both be donated to a jitted step.
+    return SmisoState(_common.new_table(params, n), jax.tree.map(jnp.copy, params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
-    _common.require_params(params, "smiso")
     _common.check_update("smiso", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite)
-    _common.check_table(state.table, n, "smiso")
+                         check_indices=check_indices, check_finite=check_finite,
+                         table=state.table)
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
     if check_chain:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)

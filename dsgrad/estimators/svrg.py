@@ -74,11 +74,12 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   def init_fn(params):
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params)
-    return JointSvrgState(jnp.zeros([], jnp.int32), params, jax.jit(full_mean)(params))
+    # A copy, so that params and state can both be donated to a jitted step.
+    snapshot = jax.tree.map(jnp.copy, params)
+    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, jax.jit(full_mean)(params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
-    _common.require_params(params, "joint_svrg")
     _common.check_update("joint_svrg", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
     refresh = (state.count > 0) & (state.count % every == 0)

@@ -9,6 +9,19 @@ import numpy as np
 from dsgrad.models.base import Model
 
 
+def _check_features_labels(features, labels):
+  """Validates a ``(N, D)`` feature matrix and ``(N,)`` labels; returns numpy arrays."""
+  x = np.asarray(features)
+  y = np.asarray(labels)
+  if x.ndim != 2:
+    raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
+  if y.shape != (x.shape[0],):
+    raise ValueError(f"labels must have shape ({x.shape[0]},) to match features, got {y.shape}")
+  if not np.all(np.isfinite(x)):
+    raise ValueError("features contain non-finite values")
+  return x, y
+
+
 def logistic_regression(features, labels, prior_scale: float = 1.0,
                         name: str = "logistic_regression") -> Model:
   """Binary Bayesian logistic regression: ``z ~ N(0, s^2 I)``, ``y_n ~ Bern(sigmoid(x_n . z))``.
@@ -28,14 +41,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (Sonar, Australian).
   """
-  x = np.asarray(features)
-  y = np.asarray(labels)
-  if x.ndim != 2:
-    raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
-  if y.shape != (x.shape[0],):
-    raise ValueError(f"labels must have shape ({x.shape[0]},) to match features, got {y.shape}")
-  if not np.all(np.isfinite(x)):
-    raise ValueError("features contain non-finite values")
+  x, y = _check_features_labels(features, labels)
   values = set(np.unique(y).tolist())
   if values <= {0, 1}:
     signs = 2.0 * y - 1.0
@@ -98,12 +104,7 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (MNIST, D = 785 x 10).
   """
-  x = np.asarray(features)
-  y = np.asarray(labels)
-  if x.ndim != 2:
-    raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
-  if y.shape != (x.shape[0],):
-    raise ValueError(f"labels must have shape ({x.shape[0]},) to match features, got {y.shape}")
+  x, y = _check_features_labels(features, labels)
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")
   x = jnp.asarray(x, jnp.float32)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m dsgrad.bench <name>``. See docs/benchmarks.md."""

@@ -1,0 +1,155 @@
+"""Cost of one optimization step per estimator, as a ratio to the naive estimator.
+
+Mean-field Gaussian BBVI for softmax regression with MNIST's shape (synthetic data):
+N = 60,000, D = 785 x 10 latent dimensions (15,700 variational parameters), batch 100,
+one noise draw per batch, Adam. A step is: the naive mini-batch gradient, the estimator,
+Adam, and the parameter update, jitted with the state donated. Estimators run in
+interleaved rounds in one process; the table reports the median over rounds. joint_svrg
+is timed over one whole refresh period (``every = N / B`` steps, including one full
+pass), so its figure is amortized. Paper (Table 3, MNIST, GPU): naive 10.4 ms, cv
+12.8 ms (1.23x), joint 17.6 ms (1.69x), inc 328 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import dsgrad
+from dsgrad.bench import _report
+from dsgrad.diagnostics import epoch_batches
+from dsgrad.models import softmax_regression
+
+
+def _problem(num_data, num_features, num_classes, seed=0):
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(k1, (num_data, num_features - 1))
+  x = jnp.concatenate([x, jnp.ones((num_data, 1))], 1)
+  w = jax.random.normal(k2, (num_features, num_classes)) / np.sqrt(num_features)
+  y = jax.random.categorical(k3, x @ w)
+  return softmax_regression(np.asarray(x), np.asarray(y), num_classes, name="softmax_regression")
+
+
+def _estimators(objective, every, include_slow):
+  out = {
+      "naive": lambda: dsgrad.naive(),
+      "cv": lambda: dsgrad.cv(objective),
+      "joint_saga": lambda: dsgrad.joint_saga(objective),
+      "joint_saga (no checks)": lambda: dsgrad.joint_saga(
+          objective, check_indices=False, check_finite=False),
+      "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=every),
+  }
+  if include_slow:
+    out["smiso"] = lambda: dsgrad.smiso(objective, 1e-3)
+    out["inc"] = lambda: dsgrad.inc(objective)
+  return out
+
+
+def run(num_data=60_000, num_features=785, num_classes=10, batch_size=100, rounds=3,
+        steps=None, include_slow=True, write=True):
+  model = _problem(num_data, num_features, num_classes)
+  objective = dsgrad.meanfield_gaussian(model)
+  params0 = dsgrad.meanfield_init(model, 0.0, -2.0)
+  every = num_data // batch_size
+  steps = steps or every
+  factories = _estimators(objective, every, include_slow)
+  keys = jax.random.split(jax.random.key(1), steps)
+  # Batches are drawn outside the timed step (reshuffled epochs), so the step holds only
+  # the gradient, the estimator and the optimizer.
+  batches = epoch_batches(jax.random.key(2), num_data, batch_size, steps)
+  times = {name: [] for name in factories}
+  memory = {}
+
+  names = list(factories)
+  # Round 0 is a warm-up whose times are discarded (the first timed loop in a process
+  # runs ~2x slow); later rounds rotate the order so no estimator always goes first.
+  for round_ in range(rounds + 1):
+    order = names[round_ % len(names):] + names[:round_ % len(names)]
+    for name in order:
+      est = factories[name]()
+      is_smiso = name == "smiso"
+      opt = est if is_smiso else optax.chain(est, optax.adam(1e-3))
+
+      def step(params, state, indices, key):
+        noise = objective.sample_noise(key, batch_size)
+        grads = objective.grad(params, indices, noise, validate=False)
+        updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
+        return optax.apply_updates(params, updates), state
+
+      step = jax.jit(step, donate_argnums=(0, 1))
+      params = jax.tree.map(jnp.copy, params0)
+      state = opt.init(params)
+      memory[name] = dsgrad.table_bytes(state), dsgrad.state_bytes(state)
+      params, state = step(params, state, batches[0], keys[0])  # compile
+      jax.block_until_ready(params)
+      n_steps = 3 if name == "inc" else (steps if round_ else min(steps, 20))
+      start = time.perf_counter()
+      for i in range(n_steps):
+        params, state = step(params, state, batches[i], keys[i])
+      jax.block_until_ready((params, state))
+      elapsed = (time.perf_counter() - start) / n_steps
+      if round_:
+        times[name].append(elapsed)
+      print(f"  round {round_} {name:<24} {1e3 * elapsed:9.2f} ms/step", flush=True)
+      del params, state
+
+  base = statistics.median(times["naive"])
+  rows = []
+  for name in factories:
+    t = statistics.median(times[name])
+    rows.append((name, 1e3 * t, t / base, memory[name][0], memory[name][1]))
+  return rows, dict(num_data=num_data, num_features=num_features, num_classes=num_classes,
+                    batch_size=batch_size, rounds=rounds, steps=steps, every=every)
+
+
+TARGETS = {"cv": 1.5, "joint_saga": 2.5, "joint_svrg": 2.5}
+PAPER = {"naive": "10.4 ms (1.00x)", "cv": "12.8 ms (1.23x)", "joint_saga": "17.6 ms (1.69x)",
+         "inc": "328 ms (31.5x)"}
+
+
+def format_table(rows, config):
+  lines = [
+      f"Command: `python -m dsgrad.bench step-cost` -- N={config['num_data']:,}, "
+      f"D={config['num_features']}x{config['num_classes']}, B={config['batch_size']}, Adam; "
+      f"median of {config['rounds']} interleaved rounds (after a warm-up round) of {config['steps']} steps "
+      f"(inc: 3 steps); joint_svrg refreshes every {config['every']} steps (amortized).",
+      "",
+      f"Measured: {_report.environment()}",
+      "",
+      "| estimator | ms / step | ratio to naive | target (CPU) | paper, MNIST, GPU (Table 3) | table | all state |",
+      "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+  ]
+  for name, ms, ratio, table, total in rows:
+    target = f"<= {TARGETS[name]}x" if name in TARGETS else ""
+    ok = "" if name not in TARGETS else (" (met)" if ratio <= TARGETS[name] else " (missed)")
+    lines.append(f"| {name} | {ms:.2f} | {ratio:.2f}x | {target}{ok} | {PAPER.get(name, '')} | "
+                 f"{table / 2**20:,.0f} MiB | {total / 2**20:,.0f} MiB |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench step-cost",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--num-data", type=int, default=60_000)
+  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--steps", type=int, default=None,
+                      help="steps per round (default: one SVRG refresh period, N/B)")
+  parser.add_argument("--skip-slow", action="store_true", help="leave out inc and smiso")
+  parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+  parser.add_argument("--section", default=None,
+                      help="section name in docs/benchmarks.md (default step-cost-<backend>)")
+  args = parser.parse_args(argv)
+  rows, config = run(num_data=args.num_data, batch_size=args.batch_size, rounds=args.rounds,
+                     steps=args.steps, include_slow=not args.skip_slow)
+  table = format_table(rows, config)
+  print(table)
+  if not args.no_write:
+    path = _report.write_section(args.section or f"step-cost-{jax.default_backend()}", table)
+    print(f"\nwrote {path}")
