@@ -42,11 +42,16 @@ class Approximation(NamedTuple):
       the batch means of ``grad f~(w; n, eps_n)`` and ``E_xi grad f~(w; n, xi)``.
     expected_grad: ``(objective, params, indices) -> e_tilde``.
     name: label for tables and messages.
+    through_objective: ``True`` if both functions see the data only through
+      ``objective.loss_fn``, so that weighting the per-datum losses weights the batch
+      means. Estimators then get weighted sums over a batch from one call on a
+      reweighted objective instead of one call per datum. Leave ``False`` if unsure.
   """
 
   grad_and_expected: Callable[..., tuple[Any, Any]]
   expected_grad: Callable[..., Any]
   name: str = "custom"
+  through_objective: bool = False
 
 
 def _resolve_mask(mask, params):
@@ -100,7 +105,8 @@ def linearize(mask: Any = None) -> Approximation:
     return _apply_mask(_resolve_mask(mask, params), g)
 
   return Approximation(grad_and_expected, expected_grad,
-                       "linearize" if mask is None else "linearize(masked)")
+                       "linearize" if mask is None else "linearize(masked)",
+                       through_objective=True)
 
 
 def gaussian_mean_taylor(model: Model) -> Approximation:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -102,6 +103,13 @@ def first_occurrence(indices):
   pos = jnp.arange(b)
   seen_before = (indices[:, None] == indices[None, :]) & (pos[None, :] < pos[:, None])
   return ~jnp.any(seen_before, axis=1)
+
+
+def reweighted(objective: Objective, weights) -> Objective:
+  """The objective whose per-datum losses on a batch are multiplied by ``weights``."""
+  def loss_fn(params, indices, noise):
+    return weights * objective.loss_fn(params, indices, noise)
+  return dataclasses.replace(objective, loss_fn=loss_fn, name=objective.name + "*weights")
 
 
 def masked_sum(tree, mask):

@@ -117,9 +117,17 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     # The expectation at w is taken at the value actually stored (differs only for a
     # low-precision table), keeping G equal to the mean over the stored table.
     stored = _as_stored(params, state.table)
-    e_now = jax.vmap(lambda i: expected_at(stored, i[None]))(indices)
     first = _common.first_occurrence(indices)
-    change = _common.masked_sum(optax.tree.sub(e_now, e_rows), first)
+    if approx.through_objective:
+      # sum_b first_b E grad f~(w; n_b) as one batch call on the reweighted objective:
+      # shared params, so no per-datum gradients are formed.
+      weights = first.astype(jax.tree.leaves(params)[0].dtype)
+      e_now_sum = optax.tree.scale(indices.shape[0], approx.expected_grad(
+          _common.reweighted(objective, weights), stored, indices))
+    else:
+      e_now = jax.vmap(lambda i: expected_at(stored, i[None]))(indices)
+      e_now_sum = _common.masked_sum(e_now, first)
+    change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
 
     corrected = optax.tree.add(updates, control)
