@@ -1,0 +1,47 @@
+"""joint_saga keeps G = mean_n E grad f~(w^n; n) exactly, also with repeated indices."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import dsgrad
+from dsgrad.estimators._common import full_pass_mean
+
+
+def _recomputed_mean(approx, objective, table, like):
+  def one(row, index):
+    return approx.expected_grad(objective, row, index[None])
+  rows = jax.tree.map(lambda t, p: t.astype(p.dtype), table, like)
+  per = jax.vmap(one)(rows, jnp.arange(objective.num_data, dtype=jnp.int32))
+  return jax.tree.map(lambda x: jnp.mean(x, 0), per)
+
+
+@pytest.mark.parametrize("approx_name,table_dtype", [
+    ("linearize", None), ("gaussian_mean_taylor", None), ("linearize", jnp.bfloat16)])
+def test_running_mean_invariant_with_duplicates(logreg_model, params0, approx_name, table_dtype):
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=False)
+  approx = (dsgrad.approx.linearize() if approx_name == "linearize"
+            else dsgrad.approx.gaussian_mean_taylor(logreg_model))
+  tx = dsgrad.joint_saga(objective, approx, table_dtype=table_dtype)
+  state, params = tx.init(params0), params0
+  update = jax.jit(lambda g, s, p, i, e: tx.update(g, s, p, indices=i, noise=e))
+  batches = [[3, 3, 7, 1, 3], [7, 0, 0, 49, 12], [1, 2, 3, 4, 5], [9, 9, 9, 9, 9]]
+  for t, idx in enumerate(batches):
+    idx = jnp.array(idx, jnp.int32)
+    noise = objective.sample_noise(jax.random.key(t), idx.shape[0])
+    grads = objective.grad(params, idx, noise)
+    out, state = update(grads, state, params, idx, noise)
+    params = optax.apply_updates(params, jax.tree.map(lambda g: -3e-3 * g, out))
+  want = _recomputed_mean(approx, objective, state.table, params0)
+  chex.assert_trees_all_close(state.running_mean, want, rtol=2e-4, atol=2e-3)
+  # The table rows of the visited data hold the parameters of their last visit.
+  assert not jnp.allclose(state.table["loc"][9], state.table["loc"][20])
+
+
+def test_full_pass_mean_handles_remainders():
+  values = jnp.arange(10.0)
+  for chunk in [1, 3, 4, 10, 64]:
+    got = full_pass_mean(lambda idx: jnp.mean(values[idx]), 10, chunk)
+    assert jnp.allclose(got, 4.5), chunk
