@@ -9,6 +9,7 @@ Gradient estimators are optax transformations; swap one for another in one line:
 
 from dsgrad import approx
 from dsgrad import checkpoint
+from dsgrad import datasets
 from dsgrad import models
 from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
@@ -25,6 +26,6 @@ __all__ = [
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
-    "models", "checkpoint",
+    "models", "checkpoint", "datasets",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance",
 ]

@@ -23,6 +23,7 @@ import optax
 
 import dsgrad
 from dsgrad.diagnostics import elbo, epoch_batches, estimator_samples, total_variance
+from dsgrad.datasets import load_australian, load_sonar, standardize
 from dsgrad.models import logistic_regression
 
 
@@ -31,18 +32,16 @@ def load(dataset: str, data_dir: str):
   if dataset == "breast_cancer":
     from sklearn.datasets import load_breast_cancer
     x, y = load_breast_cancer(return_X_y=True)
+    x = standardize(x)
   else:
-    name = {"sonar": "sonar.all-data", "australian": "australian.dat"}[dataset]
-    path = os.path.join(data_dir, name)
-    if not os.path.exists(path):
-      raise SystemExit(f"{path} not found: pass --data-dir pointing at the folder holding "
-                       f"{name} (the repository's ../shared/data has it)")
-    raw = np.loadtxt(path, delimiter="," if dataset == "sonar" else None)
-    x, y = raw[:, :-1], raw[:, -1]
-    y = (y > 0).astype(int)
-  x = (x - x.mean(0)) / np.maximum(x.std(0), 1e-12)
-  x = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
-  return x.astype(np.float32), y.astype(int)
+    loader, name = {"sonar": (load_sonar, "sonar.all-data"),
+                    "australian": (load_australian, "australian.dat")}[dataset]
+    try:
+      x, y = loader(os.path.join(data_dir, name))
+    except FileNotFoundError as err:
+      raise SystemExit(f"{err}\n(pass --data-dir pointing at the folder holding {name})")
+  x = np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], axis=1)
+  return x.astype(np.float32), np.asarray(y, int)
 
 
 def main(argv=None):
