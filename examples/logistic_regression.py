@@ -53,7 +53,10 @@ def main(argv=None):
                       help="folder with sonar.all-data / australian.dat")
   parser.add_argument("--steps", type=int, default=3000, help="SGD steps per estimator")
   parser.add_argument("--batch-size", type=int, default=5)
-  parser.add_argument("--lr", type=float, default=2e-4, help="SGD step size")
+  parser.add_argument("--lr", type=float, default=5e-4, help="SGD step size")
+  parser.add_argument("--approx", default="taylor", choices=["taylor", "linearize"],
+                      help="f~: the paper's mean-only Taylor expansion (App. F) or the "
+                           "generic first-order expansion in the noise")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default=os.path.join("results", "logistic_regression"))
   args = parser.parse_args(argv)
@@ -66,12 +69,14 @@ def main(argv=None):
   init = {"loc": jax.random.normal(key, (model.latent_dim,)),
           "log_scale": jnp.zeros(model.latent_dim)}
   steps_per_epoch = n // args.batch_size
+  approx = (dsgrad.approx.gaussian_mean_taylor(model) if args.approx == "taylor"
+            else dsgrad.approx.linearize())
   estimators = {
       "naive": dsgrad.naive(),
-      "cv": dsgrad.cv(objective),
+      "cv": dsgrad.cv(objective, approx),
       "inc": dsgrad.inc(objective),
-      "joint_svrg": dsgrad.joint_svrg(objective, every=steps_per_epoch),
-      "joint_saga": dsgrad.joint_saga(objective, warmup_steps=steps_per_epoch),
+      "joint_svrg": dsgrad.joint_svrg(objective, approx, every=steps_per_epoch),
+      "joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=steps_per_epoch),
   }
   batches = epoch_batches(jax.random.fold_in(key, 1), n, args.batch_size, args.steps)
   noise_keys = jax.random.split(jax.random.fold_in(key, 2), args.steps)
