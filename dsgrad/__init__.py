@@ -16,12 +16,12 @@ from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import estimator_samples, state_bytes, table_bytes, total_variance
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
-from dsgrad.objective import Objective, gaussian_noise, make_objective, per_datum
+from dsgrad.objective import Objective, gaussian_noise, per_datum
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Objective", "make_objective", "gaussian_noise", "per_datum",
+    "Objective", "gaussian_noise", "per_datum",
     "Approximation", "approx",
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",

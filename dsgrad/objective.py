@@ -167,23 +167,6 @@ def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable
   return jax.vmap(one, in_axes=(params_axis, 0, noise_axis))
 
 
-def make_objective(loss_fn: LossFn, noise_fn: NoiseFn, num_data: int, *,
-                   shared_noise: bool = False, name: str = "objective") -> Objective:
-  """Builds an :class:`Objective` (a convenience alias of its constructor).
-
-  Args:
-    loss_fn: per-datum loss on a batch, ``(params, indices, noise) -> (B,)``.
-    noise_fn: noise sampler, ``(key, batch_size) -> noise``.
-    num_data: number of data ``N``.
-    shared_noise: one noise draw for the whole batch instead of one per datum.
-    name: label for messages.
-
-  Returns:
-    The objective.
-  """
-  return Objective(loss_fn, noise_fn, num_data, shared_noise, name)
-
-
 def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
                    shared: bool = False) -> NoiseFn:
   """A noise sampler drawing ``scale * N(0, I)`` of the given per-datum ``shape``.

@@ -6,7 +6,6 @@ import numpy as np
 import optax
 import pytest
 
-import dsgrad
 from dsgrad.diagnostics import sample_batch
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
