@@ -13,7 +13,8 @@ from dsgrad import datasets
 from dsgrad import models
 from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
-from dsgrad.diagnostics import estimator_samples, state_bytes, table_bytes, total_variance
+from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
+                                 total_variance, variance_decomposition)
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
@@ -27,5 +28,6 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "models", "checkpoint", "datasets",
-    "table_bytes", "state_bytes", "estimator_samples", "total_variance",
+    "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
+    "variance_decomposition",
 ]
