@@ -59,9 +59,11 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   the naive gradient while the table and ``G`` are updated as usual.
 
   Cost per step: ``approx.grad_and_expected`` at ``B`` table rows (one JVP of the
-  gradient each, vectorized) and ``approx.expected_grad`` for ``B`` data at ``w`` --
-  the paper's "one gradient and two Hessian-vector products" (Sec. 7.3) -- plus a gather
-  and a scatter of ``B`` rows. Memory: the table, ``N x (number of params)`` values
+  gradient each, vectorized) and ``approx.expected_grad`` for the ``B`` data at ``w``
+  (one weighted batch call when ``approx.through_objective``, else ``B`` per-datum
+  calls) -- the paper's "one gradient and two Hessian-vector products" (Sec. 7.3) --
+  plus a gather and an in-place scatter of ``B`` rows. On a CPU the row traffic alone
+  costs several naive steps (docs/benchmarks.md). Memory: the table, ``N x (number of params)`` values
   (see :func:`dsgrad.table_bytes`); ``table_dtype`` stores it in lower precision.
 
   Args:
