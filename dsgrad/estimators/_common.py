@@ -86,12 +86,18 @@ def set_rows(table, indices, params):
   negative indices) but that XLA cannot fold makes the written values depend on the
   read rows, which removes the copy.
   """
-  def one(t, p):
+  return set_row_values(table, indices, jax.tree.map(
+      lambda t, p: jnp.broadcast_to(p, indices.shape + t.shape[1:]), table, params))
+
+
+def set_row_values(table, indices, values):
+  """``table[indices[b]] = values[b]`` (leaves of ``values`` are ``(B, ...)``), in place
+  for a donated table (see :func:`set_rows`). Repeated indices must carry equal values."""
+  def one(t, v):
     old = t[indices]
-    new = jnp.broadcast_to(p.astype(t.dtype), old.shape)
-    keep_new = (indices >= -t.shape[0]).reshape((-1,) + (1,) * p.ndim)
-    return t.at[indices].set(jnp.where(keep_new, new, old))
-  return jax.tree.map(one, table, params)
+    keep_new = (indices >= -t.shape[0]).reshape((-1,) + (1,) * (t.ndim - 1))
+    return t.at[indices].set(jnp.where(keep_new, v.astype(t.dtype), old))
+  return jax.tree.map(one, table, values)
 
 
 def first_occurrence(indices):

@@ -19,8 +19,11 @@ class JointSagaState(NamedTuple):
   Attributes:
     count: number of updates taken (int32 scalar).
     table: per-datum parameters ``w^n`` (the paper's ``W``), leaves ``(N, *shape)``:
-      the parameters at the last step datum ``n`` was in the batch.
-    running_mean: ``G = mean_n E_xi grad f~(w^n; n, xi)`` over the table, params-shaped.
+      the parameters at the last step datum ``n`` was in the batch. With an
+      approximation that has :class:`dsgrad.approx.DatumStatistics`, the per-datum
+      statistics ``s_n`` of those parameters instead (e.g. ``(N, K)`` logits).
+    running_mean: ``G = mean_n E_xi grad f~(w^n; n, xi)`` over the table, params-shaped
+      (with statistics: the mean of the per-datum part only).
   """
 
   count: jax.Array
@@ -58,7 +61,13 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   reshuffled epochs does that -- for the first ``warmup_steps`` updates the output is
   the naive gradient while the table and ``G`` are updated as usual.
 
-  Cost per step: ``approx.grad_and_expected`` at ``B`` table rows (one JVP of the
+  Compact tables: when ``approx.statistics`` is set (e.g.
+  :func:`dsgrad.approx.glm_mean_taylor`), row ``n`` stores only the statistic the
+  approximation needs (for a GLM the ``K`` logits at the stored mean) and the
+  data-independent part of ``f~`` is taken at the current parameters. Memory falls from
+  ``N x (number of params)`` to ``N x K`` and the step does no row traffic to speak of.
+
+  Cost per step (parameter table): ``approx.grad_and_expected`` at ``B`` table rows (one JVP of the
   gradient each, vectorized) and ``approx.expected_grad`` for the ``B`` data at ``w``
   (one weighted batch call when ``approx.through_objective``, else ``B`` per-datum
   calls) -- the paper's "one gradient and two Hessian-vector products" (Sec. 7.3) --
@@ -88,6 +97,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
   approx = approx or approx_lib.linearize()
+  if approx.statistics is not None:
+    return _joint_saga_compact(objective, approx, warmup_steps=warmup_steps,
+                               chunk_size=chunk_size, table_dtype=table_dtype,
+                               check_indices=check_indices, check_finite=check_finite)
   n = objective.num_data
 
   def expected_at(params, indices):
@@ -131,6 +144,77 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       e_now_sum = _common.masked_sum(e_now, first)
     change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
+
+    corrected = optax.tree.add(updates, control)
+    in_warmup = state.count < warmup_steps
+    out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
+    new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean)
+    return optax.tree.cast_like(out, updates), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
+                        warmup_steps, chunk_size, table_dtype, check_indices, check_finite):
+  """``joint_saga`` with a table of per-datum statistics (``approx.statistics``).
+
+  Same estimator as the parameter-table version with ``f~`` split as
+  ``d_n(s_n, w, eps) + c(w, eps)``:
+
+      g + G - mean_{b in B} d_b(s_b, w, eps_b) + E c(w) - c(w, eps)
+
+  with ``G = mean_n E d_n(s_n)`` kept exactly by the same scatter update.
+  """
+  stats_fns = approx.statistics
+  n = objective.num_data
+
+  def stored(values):
+    if table_dtype is None:
+      return values
+    return jax.tree.map(lambda v: v.astype(table_dtype).astype(v.dtype), values)
+
+  @jax.jit
+  def initial_state(params):
+    exact = stats_fns.statistics(params, jnp.arange(n, dtype=jnp.int32))
+    table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
+    dtype = jax.tree.leaves(params)[0].dtype
+
+    def chunk_mean(idx):
+      rows = jax.tree.map(lambda t, v: t[idx].astype(v.dtype), table, exact)
+      weights = jnp.full(idx.shape, 1.0 / idx.shape[0], dtype)
+      return stats_fns.datum_expected(objective, params, rows, idx, weights)
+
+    return table, _common.full_pass_mean(chunk_mean, n, chunk_size)
+
+  def init_fn(params):
+    if not _common.has_leaves(params):  # optax.tree.map_params placeholder
+      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params)
+    table, running_mean = initial_state(params)
+    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean)
+
+  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+    del extra_args
+    batch = _common.check_update("joint_saga", objective, updates, params, indices, noise,
+                                 check_indices=check_indices, check_finite=check_finite,
+                                 table=state.table)
+    new_rows = stored(stats_fns.statistics(params, indices))
+    old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
+    dtype = jax.tree.leaves(params)[0].dtype
+    uniform = jnp.full((batch,), 1.0 / batch, dtype)
+    d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
+    c_now, c_expected = stats_fns.global_terms(objective, params, noise)
+    control = optax.tree.add(optax.tree.sub(state.running_mean, d_old),
+                             optax.tree.sub(c_expected, c_now))
+
+    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)): one call on
+    # the stacked rows with weights (+first, -first).
+    first = _common.first_occurrence(indices).astype(dtype)
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
+    change = stats_fns.datum_expected(objective, params, both,
+                                      jnp.concatenate([indices, indices]),
+                                      jnp.concatenate([first, -first]))
+    running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
+    new_table = _common.set_row_values(state.table, indices, new_rows)
 
     corrected = optax.tree.add(updates, control)
     in_warmup = state.count < warmup_steps

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model
+from dsgrad.models.base import LinearPredictor, Model
 
 
 def _check_features_labels(features, labels):
@@ -62,7 +62,11 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
   def log_likelihood(z, indices):
     return jax.nn.log_sigmoid(signs[indices] * (x[indices] @ z))
 
-  return Model(log_prior, log_likelihood, n, d, name)
+  def log_likelihood_of_logits(logits, indices):
+    return jax.nn.log_sigmoid(signs[indices] * logits[:, 0])
+
+  return Model(log_prior, log_likelihood, n, d, name,
+               LinearPredictor(x, 1, log_likelihood_of_logits))
 
 
 def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True):
@@ -116,8 +120,11 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
     return (-0.5 * jnp.sum((z / prior_scale) ** 2)
             - d * k * (jnp.log(prior_scale) + 0.5 * jnp.log(2 * jnp.pi)))
 
-  def log_likelihood(z, indices):
-    logits = x[indices] @ z.reshape(d, k)
+  def log_likelihood_of_logits(logits, indices):
     return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
 
-  return Model(log_prior, log_likelihood, n, d * k, name)
+  def log_likelihood(z, indices):
+    return log_likelihood_of_logits(x[indices] @ z.reshape(d, k), indices)
+
+  return Model(log_prior, log_likelihood, n, d * k, name,
+               LinearPredictor(x, k, log_likelihood_of_logits))

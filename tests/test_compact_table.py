@@ -1,0 +1,147 @@
+"""joint_saga with a table of per-datum statistics (``glm_mean_taylor``): the same
+approximation as App. F, an unbiased estimator, the exact running-mean invariant, a
+lower variance than naive and cv, and a state that checkpoints like any other."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import dsgrad
+from dsgrad.diagnostics import estimator_samples, sample_batch, total_variance
+from dsgrad.models import Model, logistic_regression, softmax_regression
+from conftest import BATCH, N_DATA, exact_negative_elbo, fill_by_training
+from test_unbiased import NUM_DRAWS, _assert_unbiased
+
+
+def _softmax_model(num_classes=3, seed=0):
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  x = np.asarray(jax.random.normal(k1, (40, 4)))
+  y = np.asarray(jax.random.randint(k2, (40,), 0, num_classes))
+  return softmax_regression(x, y, num_classes)
+
+
+def _tree_close(a, b, **kw):
+  chex.assert_trees_all_close(a, b, **kw)
+
+
+@pytest.mark.parametrize("shared_noise", [True, False])
+@pytest.mark.parametrize("which", ["binary", "softmax"])
+def test_glm_mean_taylor_equals_app_f_at_current_params(logreg_model, shared_noise, which):
+  model = logreg_model if which == "binary" else _softmax_model()
+  objective = dsgrad.meanfield_gaussian(model, shared_noise=shared_noise)
+  key = jax.random.key(3)
+  params = {"loc": 0.4 * jax.random.normal(key, (model.latent_dim,)),
+            "log_scale": jnp.full((model.latent_dim,), -0.7)}
+  indices, noise = sample_batch(jax.random.key(4), objective, BATCH)
+  app_f = dsgrad.approx.gaussian_mean_taylor(model)
+  glm = dsgrad.approx.glm_mean_taylor(model)
+  _tree_close(glm.grad_and_expected(objective, params, indices, noise),
+              app_f.grad_and_expected(objective, params, indices, noise), rtol=1e-5, atol=1e-4)
+  _tree_close(glm.expected_grad(objective, params, indices),
+              app_f.expected_grad(objective, params, indices), rtol=1e-5, atol=1e-4)
+  # With the table at the current params, joint_saga's first output is the same too.
+  grads = objective.grad(params, indices, noise)
+  outs = []
+  for approx in (app_f, glm):
+    tx = dsgrad.joint_saga(objective, approx)
+    outs.append(tx.update(grads, tx.init(params), params, indices=indices, noise=noise)[0])
+  _tree_close(outs[0], outs[1], rtol=1e-4, atol=1e-3)
+
+
+def test_logit_structure_matches_log_likelihood(logreg_model):
+  for model in (logreg_model, _softmax_model()):
+    z = jax.random.normal(jax.random.key(0), (model.latent_dim,))
+    idx = jnp.arange(model.num_data, dtype=jnp.int32)
+    lin = model.linear
+    logits = lin.features[idx] @ z.reshape(lin.features.shape[1], lin.num_outputs)
+    np.testing.assert_allclose(lin.log_likelihood_of_logits(logits, idx),
+                               model.log_likelihood(z, idx), rtol=1e-6)
+
+
+def test_model_without_linear_structure_is_refused(logreg_model):
+  bare = Model(logreg_model.log_prior, logreg_model.log_likelihood, N_DATA,
+               logreg_model.latent_dim, "bare")
+  with pytest.raises(ValueError, match="linear predictor"):
+    dsgrad.approx.glm_mean_taylor(bare)
+  objective = dsgrad.meanfield_gaussian(_softmax_model())
+  wrong = {"loc": jnp.zeros(5), "log_scale": jnp.zeros(5)}
+  with pytest.raises(ValueError, match="expected \\(12,\\)"):
+    dsgrad.approx.glm_mean_taylor(_softmax_model()).expected_grad(
+        objective, wrong, jnp.arange(3, dtype=jnp.int32))
+
+
+@pytest.mark.parametrize("shared_noise", [True, False])
+@pytest.mark.parametrize("table_dtype", [None, jnp.bfloat16])
+def test_unbiased_with_stale_table(logreg_model, logreg_data, params0, shared_noise,
+                                   table_dtype):
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=shared_noise)
+  tx = dsgrad.joint_saga(objective, dsgrad.approx.glm_mean_taylor(logreg_model),
+                         table_dtype=table_dtype)
+  state, params = fill_by_training(tx, objective, params0, jax.random.key(41))
+  assert state.table.shape == (N_DATA, 1)
+  stored_loc_logits = logreg_model.linear.features @ params["loc"]
+  assert not np.allclose(np.asarray(state.table[:, 0], np.float32), stored_loc_logits,
+                         atol=1e-3), "table should hold logits at earlier iterates"
+  exact_flat = np.asarray(jax.flatten_util.ravel_pytree(
+      jax.grad(exact_negative_elbo(logreg_data))(params))[0])
+  samples = estimator_samples(tx, state, params, objective, jax.random.key(42),
+                              NUM_DRAWS, BATCH)
+  _assert_unbiased(samples, exact_flat, f"joint_saga logit table ({table_dtype})")
+
+
+def test_running_mean_invariant_with_duplicates():
+  model = _softmax_model()
+  objective = dsgrad.meanfield_gaussian(model, shared_noise=False)
+  approx = dsgrad.approx.glm_mean_taylor(model)
+  tx = dsgrad.joint_saga(objective, approx)
+  params = dsgrad.meanfield_init(model, 0.1, -1.0)
+  state = tx.init(params)
+  update = jax.jit(lambda g, s, p, i, e: tx.update(g, s, p, indices=i, noise=e))
+  for t, idx in enumerate([[3, 3, 7, 1, 3], [7, 0, 0, 39, 12], [9, 9, 9, 9, 9]]):
+    idx = jnp.array(idx, jnp.int32)
+    noise = objective.sample_noise(jax.random.key(t), idx.shape[0])
+    out, state = update(objective.grad(params, idx, noise), state, params, idx, noise)
+    params = optax.apply_updates(params, jax.tree.map(lambda g: -3e-2 * g, out))
+  everyone = jnp.arange(model.num_data, dtype=jnp.int32)
+  want = approx.statistics.datum_expected(
+      objective, params, state.table, everyone,
+      jnp.full((model.num_data,), 1.0 / model.num_data))
+  _tree_close(state.running_mean, want, rtol=1e-4, atol=1e-4)
+  # Rows of visited data hold the logits of their last visit, others the initial ones.
+  init_logits = approx.statistics.statistics(dsgrad.meanfield_init(model, 0.1, -1.0),
+                                             everyone)
+  assert not np.allclose(state.table[9], init_logits[9])
+  np.testing.assert_allclose(state.table[20], init_logits[20], rtol=1e-6)
+
+
+def test_variance_below_naive_and_cv_with_stale_table(logreg_model, params0):
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=True)
+  approx = dsgrad.approx.glm_mean_taylor(logreg_model)
+  tx = dsgrad.joint_saga(objective, approx)
+  state, params = fill_by_training(tx, objective, params0, jax.random.key(51),
+                                   steps=2 * N_DATA // BATCH, lr=2e-3)
+
+  def variance(t, s, seed):
+    return total_variance(estimator_samples(t, s, params, objective, jax.random.key(seed),
+                                            8000, BATCH))
+
+  joint, joint_se = variance(tx, state, 52)
+  naive, naive_se = variance(dsgrad.naive(), (), 53)
+  cv, cv_se = variance(dsgrad.cv(objective, approx), (), 54)
+  assert joint + 4 * joint_se < naive - 4 * naive_se
+  assert joint + 4 * joint_se < cv - 4 * cv_se
+
+
+def test_checkpoint_round_trip(logreg_model, params0, tmp_path):
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  opt = optax.chain(dsgrad.joint_saga(objective, dsgrad.approx.glm_mean_taylor(logreg_model)),
+                    optax.adam(1e-2))
+  state = opt.init(params0)
+  state, params = fill_by_training(opt, objective, params0, jax.random.key(61), steps=5,
+                                   is_optimizer=True)
+  dsgrad.checkpoint.save(tmp_path / "s.msgpack", (params, state))
+  restored = dsgrad.checkpoint.restore(tmp_path / "s.msgpack", (params0, opt.init(params0)))
+  chex.assert_trees_all_equal(restored, (params, state))
