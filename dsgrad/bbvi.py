@@ -18,8 +18,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dsgrad.families.gaussian import MeanFieldGaussian, bbvi_objective
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective, gaussian_noise
+from dsgrad.objective import Objective
 
 
 def meanfield_entropy(log_scale: jax.Array) -> jax.Array:
@@ -49,19 +50,5 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True) -> Objective:
     and noise is the negative ELBO. Cost per datum: one likelihood evaluation at one
     ``z``; with per-datum noise the likelihood is evaluated at ``B`` different ``z``.
   """
-  n = model.num_data
-  d = model.latent_dim
-
-  def loss_fn(params, indices, noise):
-    loc, log_scale = params["loc"], params["log_scale"]
-    z = loc + jnp.exp(log_scale) * noise
-    if shared_noise:
-      log_lik = model.log_likelihood(z, indices)
-      log_prior = model.log_prior(z)
-    else:
-      log_lik = jax.vmap(lambda zb, i: model.log_likelihood(zb, i[None])[0])(z, indices)
-      log_prior = jax.vmap(model.log_prior)(z)
-    return -n * log_lik - log_prior - meanfield_entropy(log_scale)
-
-  return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
-                   shared_noise=shared_noise, name=f"meanfield_gaussian({model.name})")
+  return bbvi_objective(model, MeanFieldGaussian.transform, MeanFieldGaussian.entropy_at,
+                        shared_noise=shared_noise, name="meanfield_gaussian")

@@ -1,0 +1,186 @@
+"""Gaussian variational families and the BBVI objective they define (Eq. 3).
+
+A family is an ``nnx.Module`` holding its variational parameters as ``nnx.Param``s. The
+estimators work on plain pytrees, so each family exposes its parameters as a dict
+(``family.params()``, the pure dict of ``nnx.state(family, nnx.Param)``) and pure
+functions of such a dict (``transform``, ``log_prob_at``, ``entropy_at``); the methods
+``sample``, ``log_prob`` and ``entropy`` evaluate them at the module's own parameters.
+
+    family = dsgrad.families.MeanFieldGaussian(model.latent_dim)
+    objective = family.objective(model)            # an Objective over family.params()
+    params = family.params()
+    ...                                            # optimize params with any estimator
+    family.set_params(params)                      # write them back into the module
+
+References:
+  Wang, Geffner, Domke (2024), Eq. 1-3, App. F.
+  Kucukelbir et al. (2017). Automatic differentiation variational inference. JMLR.
+  Titsias, Lazaro-Gredilla (2014). Doubly stochastic variational Bayes. ICML.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import jax.scipy as jsp
+from flax import nnx
+
+from dsgrad.models.base import Model
+from dsgrad.objective import Objective, gaussian_noise
+
+_LOG_2PI = jnp.log(2.0 * jnp.pi)
+
+
+def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
+                   shared_noise: bool = True, name: str = "bbvi") -> Objective:
+  """The BBVI objective ``f(w; n, eps) = -N log p(x_n | z) - log p(z) - H(w)``, ``z = T_w(eps)``.
+
+  Args:
+    model: log prior and per-datum log likelihood over a flat latent of size ``d``.
+    transform: ``(params, eps (d,)) -> z (d,)``, the reparameterization ``T_w``.
+    entropy: ``params -> H(w)``, the family's entropy in closed form.
+    shared_noise: one ``eps ~ N(0, I_d)`` for the whole batch (the default, as in the
+      authors' code) or one per datum.
+    name: label.
+
+  Returns:
+    An :class:`dsgrad.Objective` whose mean over data and noise is the negative ELBO.
+    Cost per datum: one likelihood evaluation; with per-datum noise, ``B`` transforms
+    and ``B`` prior evaluations per batch.
+
+  References:
+    Wang, Geffner, Domke (2024), Eq. 3.
+  """
+  n, d = model.num_data, model.latent_dim
+
+  def loss_fn(params, indices, noise):
+    if shared_noise:
+      z = transform(params, noise)
+      log_lik = model.log_likelihood(z, indices)
+      log_prior = model.log_prior(z)
+    else:
+      z = jax.vmap(lambda e: transform(params, e))(noise)
+      log_lik = jax.vmap(lambda zb, i: model.log_likelihood(zb, i[None])[0])(z, indices)
+      log_prior = jax.vmap(model.log_prior)(z)
+    return -n * log_lik - log_prior - entropy(params)
+
+  return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
+                   shared_noise=shared_noise, name=f"{name}({model.name})")
+
+
+class _Family(nnx.Module):
+  """Shared plumbing: parameters as a pure dict, and methods at the module's params."""
+
+  def params(self) -> dict:
+    """The variational parameters as a plain dict of arrays (what estimators see)."""
+    return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+  def set_params(self, params: dict) -> None:
+    """Writes a dict from :meth:`params` (e.g. after optimization) into the module."""
+    state = nnx.state(self, nnx.Param)
+    nnx.replace_by_pure_dict(state, params)
+    nnx.update(self, state)
+
+  def sample(self, noise: jax.Array) -> jax.Array:
+    """``z = T_w(noise)`` for standard normal ``noise`` of shape ``(..., d)``."""
+    return jnp.vectorize(lambda e: self.transform(self.params(), e),
+                         signature="(d)->(d)")(noise)
+
+  def sample_from_key(self, key: jax.Array, num_samples: int) -> jax.Array:
+    """``num_samples`` draws ``(num_samples, d)`` from ``q_w``."""
+    return self.sample(jax.random.normal(key, (num_samples, self.dim)))
+
+  def log_prob(self, z: jax.Array) -> jax.Array:
+    """``log q_w(z)`` for ``z`` of shape ``(..., d)``."""
+    return jnp.vectorize(lambda x: self.log_prob_at(self.params(), x),
+                         signature="(d)->()")(z)
+
+  def entropy(self) -> jax.Array:
+    """``H(q_w)`` in closed form."""
+    return self.entropy_at(self.params())
+
+  def objective(self, model: Model, *, shared_noise: bool = True) -> Objective:
+    """The BBVI objective of ``model`` over this family's :meth:`params` (Eq. 3)."""
+    if model.latent_dim != self.dim:
+      raise ValueError(f"{type(self).__name__} has dim={self.dim} but {model.name!r} "
+                       f"has latent_dim={model.latent_dim}")
+    return bbvi_objective(model, self.transform, self.entropy_at, shared_noise=shared_noise,
+                          name=type(self).__name__)
+
+
+class MeanFieldGaussian(_Family):
+  """``q_w(z) = N(loc, diag(exp(log_scale))^2)``, params ``{"loc", "log_scale"}``.
+
+  ``T_w(eps) = loc + exp(log_scale) * eps``; entropy ``sum(log_scale) + d/2 (1 + log 2 pi)``.
+  Its objective equals :func:`dsgrad.meanfield_gaussian`, so the paper's App. F
+  approximations (``gaussian_mean_taylor``, ``glm_mean_taylor``) apply.
+
+  Args:
+    dim: latent dimension ``d``.
+    loc: initial mean (scalar or ``(d,)``).
+    log_scale: initial log standard deviation (scalar or ``(d,)``).
+  """
+
+  def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
+    self.dim = int(dim)
+    self.loc = nnx.Param(jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (self.dim,)))
+    self.log_scale = nnx.Param(
+        jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (self.dim,)))
+
+  @staticmethod
+  def transform(params, eps):
+    return params["loc"] + jnp.exp(params["log_scale"]) * eps
+
+  @staticmethod
+  def log_prob_at(params, z):
+    u = (z - params["loc"]) * jnp.exp(-params["log_scale"])
+    return -0.5 * jnp.sum(u ** 2) - jnp.sum(params["log_scale"]) - 0.5 * z.shape[-1] * _LOG_2PI
+
+  @staticmethod
+  def entropy_at(params):
+    d = params["log_scale"].shape[-1]
+    return jnp.sum(params["log_scale"]) + 0.5 * d * (1.0 + _LOG_2PI)
+
+
+class FullRankGaussian(_Family):
+  """``q_w(z) = N(loc, L L^T)`` with a Cholesky factor ``L``.
+
+  Params ``{"loc": (d,), "log_diag": (d,), "off_diag": (d, d)}``:
+  ``L = tril(off_diag, -1) + diag(exp(log_diag))`` (the upper triangle of ``off_diag``
+  is ignored and gets zero gradient). ``T_w(eps) = loc + L eps``; entropy
+  ``sum(log_diag) + d/2 (1 + log 2 pi)``. Memory ``d^2``; a transform costs ``O(d^2)``.
+
+  Args:
+    dim: latent dimension ``d``.
+    loc: initial mean.
+    log_scale: initial ``log_diag`` (``off_diag`` starts at zero).
+  """
+
+  def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
+    self.dim = int(dim)
+    self.loc = nnx.Param(jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (self.dim,)))
+    self.log_diag = nnx.Param(
+        jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (self.dim,)))
+    self.off_diag = nnx.Param(jnp.zeros((self.dim, self.dim), jnp.float32))
+
+  @staticmethod
+  def cholesky(params):
+    """The lower-triangular factor ``L`` with positive diagonal."""
+    return jnp.tril(params["off_diag"], -1) + jnp.diag(jnp.exp(params["log_diag"]))
+
+  @staticmethod
+  def transform(params, eps):
+    return params["loc"] + FullRankGaussian.cholesky(params) @ eps
+
+  @staticmethod
+  def log_prob_at(params, z):
+    u = jsp.linalg.solve_triangular(FullRankGaussian.cholesky(params), z - params["loc"],
+                                    lower=True)
+    return -0.5 * jnp.sum(u ** 2) - jnp.sum(params["log_diag"]) - 0.5 * z.shape[-1] * _LOG_2PI
+
+  @staticmethod
+  def entropy_at(params):
+    d = params["log_diag"].shape[-1]
+    return jnp.sum(params["log_diag"]) + 0.5 * d * (1.0 + _LOG_2PI)
