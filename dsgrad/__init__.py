@@ -10,6 +10,7 @@ Gradient estimators are optax transformations; swap one for another in one line:
 from dsgrad import approx
 from dsgrad import checkpoint
 from dsgrad import datasets
+from dsgrad import families
 from dsgrad import models
 from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
@@ -18,6 +19,7 @@ from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_byte
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
+from dsgrad.train import FitResult, History, fit, restore_fit_checkpoint, save_fit_checkpoint
 
 __version__ = "0.1.0"
 
@@ -27,7 +29,8 @@ __all__ = [
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
-    "models", "checkpoint", "datasets",
+    "models", "checkpoint", "datasets", "families",
+    "fit", "FitResult", "History", "save_fit_checkpoint", "restore_fit_checkpoint",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition",
 ]

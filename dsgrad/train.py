@@ -1,0 +1,216 @@
+"""A fit loop for doubly-stochastic objectives: reshuffled epochs, jitted ``lax.scan``
+segments, a progress bar with the current ELBO, a history, and checkpoints.
+
+    result = dsgrad.fit(objective, optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2)),
+                        params, jax.random.key(0), num_steps=5000, batch_size=100)
+    result.params, result.history.elbo
+
+Works with every estimator (and with plain optax optimizers, which ignore the batch's
+``indices``/``noise``). Training is a deterministic function of the key: batch ``t`` is
+slice ``t`` of the epoch permutations drawn from the key, its noise from the key folded
+with ``t``, so a run resumed from a checkpoint continues bit-identically.
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 7 (reshuffled epochs, ELBO traces), App. H.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad import checkpoint as checkpoint_lib
+from dsgrad import diagnostics
+from dsgrad.objective import Objective
+
+
+class History(NamedTuple):
+  """What :func:`fit` records after every segment of ``eval_every`` steps.
+
+  Attributes:
+    step: steps taken so far.
+    wall_time: seconds spent in training steps so far (compilation and ELBO evaluation
+      excluded), for ELBO-vs-wall-clock plots.
+    elbo: full-data ELBO estimate (``nan`` when ``elbo_samples = 0``).
+    elbo_se: its Monte Carlo standard error.
+  """
+
+  step: np.ndarray
+  wall_time: np.ndarray
+  elbo: np.ndarray
+  elbo_se: np.ndarray
+
+
+class FitResult(NamedTuple):
+  """Returned by :func:`fit`.
+
+  Attributes:
+    params: final parameters.
+    opt_state: final optimizer (and estimator) state.
+    history: a :class:`History`.
+    compile_seconds: time spent compiling the training segment.
+  """
+
+  params: Any
+  opt_state: Any
+  history: History
+  compile_seconds: float
+
+
+def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
+  """Indices of batches ``start, ..., start + num_steps - 1`` of reshuffled epochs.
+
+  Epoch ``e`` is the permutation ``jax.random.permutation(fold_in(key, e), N)`` cut into
+  ``N // B`` batches (the remainder is dropped, as in the paper). Jittable in ``start``.
+
+  Returns:
+    ``(num_steps, batch_size)`` int32 array.
+  """
+  per_epoch = num_data // batch_size
+  if per_epoch < 1:
+    raise ValueError(f"batch_size {batch_size} exceeds num_data {num_data}")
+  num_epochs = num_steps // per_epoch + 2  # epochs a window of num_steps can touch
+  first_epoch = start // per_epoch
+  perms = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), num_data)
+                   [:per_epoch * batch_size])(first_epoch + jnp.arange(num_epochs))
+  flat = perms.reshape(-1, batch_size).astype(jnp.int32)
+  return jax.lax.dynamic_slice(flat, (start - first_epoch * per_epoch, 0),
+                               (num_steps, batch_size))
+
+
+def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
+  def run(carry, key, start):
+    batch_key, noise_key = jax.random.split(key)
+    indices = batch_indices(batch_key, start, length, objective.num_data, batch_size)
+    steps = start + jnp.arange(length)
+
+    def step(carry, xs):
+      params, opt_state = carry
+      idx, t = xs
+      noise = objective.sample_noise(jax.random.fold_in(noise_key, t), batch_size)
+      grads = objective.grad(params, idx, noise, validate=False)
+      updates, opt_state = optimizer.update(grads, opt_state, params, indices=idx,
+                                            noise=noise)
+      return (optax.apply_updates(params, updates), opt_state), None
+
+    return jax.lax.scan(step, carry, (indices, steps))[0]
+
+  return jax.jit(run, donate_argnums=0)
+
+
+def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
+        eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
+        opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
+        checkpoint_every: int = 1) -> FitResult:
+  """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
+
+  Steps run in jitted ``lax.scan`` segments of ``eval_every`` steps with the state
+  donated; after each segment the full-data ELBO is estimated with ``elbo_samples``
+  Monte Carlo samples (:func:`dsgrad.elbo`, chunked), recorded and shown on the progress
+  bar (tqdm when installed, else one printed line per segment).
+
+  Args:
+    objective: the doubly-stochastic objective.
+    optimizer: an optax transformation; the estimator first in a chain, e.g.
+      ``optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))``, or ``dsgrad.smiso``.
+      A plain optax optimizer (the naive estimator) works too.
+    params: initial parameters.
+    key: PRNG key; determines every batch and noise draw.
+    num_steps: total steps, counted from 0 (including ``start_step`` already taken).
+    batch_size: data per step.
+    eval_every: steps per segment (default: one epoch, ``N // batch_size``).
+    elbo_samples: Monte Carlo samples per ELBO estimate; 0 to skip evaluation.
+    progress: show progress.
+    opt_state: state to continue from (default ``optimizer.init(params)``).
+    start_step: the step ``params``/``opt_state`` were taken at, when resuming.
+    checkpoint_path: if given, ``(params, opt_state, step)`` is saved there every
+      ``checkpoint_every`` segments and at the end (atomic; :mod:`dsgrad.checkpoint`).
+    checkpoint_every: segments between checkpoints.
+
+  Returns:
+    A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` and ``start_step``.
+  """
+  if num_steps < start_step:
+    raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
+  optimizer = optax.with_extra_args_support(optimizer)
+  eval_every = int(eval_every or max(1, objective.num_data // batch_size))
+  # Segments donate their carry; copy so that the caller's arrays stay valid.
+  params = jax.tree.map(jnp.copy, params)
+  opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
+  run = _segment_fn(objective, optimizer, batch_size, eval_every)
+  key, eval_key = jax.random.split(key)
+
+  bar = _progress(progress, num_steps - start_step)
+  history = {"step": [], "wall_time": [], "elbo": [], "elbo_se": []}
+  compile_seconds, wall, step, segment = 0.0, 0.0, start_step, 0
+  while step < num_steps:
+    length = min(eval_every, num_steps - step)
+    if length != eval_every:  # the last, shorter segment
+      run = _segment_fn(objective, optimizer, batch_size, length)
+    t0 = time.perf_counter()
+    compiled = run.lower((params, opt_state), key, jnp.int32(step)).compile()
+    compile_seconds += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    params, opt_state = compiled((params, opt_state), key, jnp.int32(step))
+    jax.block_until_ready((params, opt_state))
+    wall += time.perf_counter() - t0
+    step += length
+    segment += 1
+    value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),
+                                  elbo_samples) if elbo_samples else (float("nan"),) * 2)
+    for name, v in zip(history, (step, wall, value, se)):
+      history[name].append(v)
+    bar(length, step, value, se)
+    if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
+      save_fit_checkpoint(checkpoint_path, params, opt_state, step)
+  bar(0, step, None, None, close=True)
+  return FitResult(params, opt_state,
+                   History(*(np.asarray(history[k], np.float64) for k in history)),
+                   compile_seconds)
+
+
+def save_fit_checkpoint(path, params, opt_state, step: int) -> None:
+  """Saves ``(params, opt_state, step)`` atomically (what :func:`fit` writes)."""
+  checkpoint_lib.save(path, {"params": params, "opt_state": opt_state,
+                             "step": np.asarray(step, np.int64)})
+
+
+def restore_fit_checkpoint(path, params_like, opt_state_like):
+  """Restores ``(params, opt_state, step)`` saved by :func:`fit`; pass ``step`` as
+  ``start_step`` to continue."""
+  tree = checkpoint_lib.restore(path, {"params": params_like, "opt_state": opt_state_like,
+                                       "step": np.asarray(0, np.int64)})
+  return tree["params"], tree["opt_state"], int(tree["step"])
+
+
+def _progress(enabled: bool, total: int):
+  """``update(n_steps, step, elbo, se, close=False)``: tqdm bar, printed lines, or nothing."""
+  if not enabled:
+    return lambda *a, **k: None
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    tqdm = None
+  if tqdm is not None:
+    bar = tqdm(total=total, unit="step")
+
+    def update(n, step, value, se, close=False):
+      if n:
+        bar.update(n)
+      if value is not None and np.isfinite(value):
+        bar.set_postfix(elbo=f"{value:.4g}", se=f"{se:.2g}")
+      if close:
+        bar.close()
+    return update
+
+  def update_lines(n, step, value, se, close=False):
+    if n:
+      print(f"step {step}: elbo {value:.6g} (se {se:.2g})", flush=True)
+  return update_lines
