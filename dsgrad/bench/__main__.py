@@ -4,6 +4,7 @@ import sys
 
 BENCHMARKS = {
     "step-cost": "dsgrad.bench.step_cost",
+    "paper": "dsgrad.bench.paper",
 }
 
 
