@@ -125,6 +125,15 @@ def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch
     values = values.reshape(len(step_sizes), seeds, num_evals)
     last = jax.tree.map(lambda a: a[:, :, -1].reshape((-1,) + a.shape[3:]), traces)
     final = np.asarray(elbo_final(last, jax.random.key(2)), np.float64).reshape(len(step_sizes), seeds)
+    # A run has diverged once any parameter is non-finite or beyond 1e3 in size (data are
+    # standardized): its Monte Carlo "ELBO" is then meaningless (overflowing scales can
+    # even give large positive values) and it counts as nan from there on.
+    sane = np.asarray(jax.tree.reduce(jnp.logical_and, jax.tree.map(
+        lambda a: jnp.all(jnp.isfinite(a) & (jnp.abs(a) < 1e3),
+                          axis=tuple(range(3, a.ndim))), traces)))
+    sane = np.cumprod(sane, axis=2).astype(bool)
+    values = np.where(sane, values, np.nan)
+    final = np.where(sane[:, :, -1], final, np.nan)
     results[name] = dict(trace=values, final=final, seconds=seconds)
     # The Table 1 step size (5e-4), seed 0: params and estimator state at the endpoint.
     i = int(np.argmin(np.abs(np.asarray(step_sizes) - 5e-4)))
@@ -181,7 +190,8 @@ def _figure(dataset, steps, best_trace, rows, step_sizes, path):
   a.set(xscale="log", xlabel="step size", ylabel="final ELBO", title=f"{dataset}: final ELBO")
   b.set(xscale="log", xlabel="iteration", ylabel="ELBO (best step size per iteration)",
         title=f"{dataset}: traces", ylim=(lo, None))
-  a.set_ylim(bottom=lo)
+  best = max(np.nanmax(np.where(np.isfinite(r["finals"]), r["finals"], np.nan)) for r in rows)
+  a.set_ylim(lo, best + 0.05 * abs(best - lo))
   a.legend()
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -248,7 +258,8 @@ def main(argv=None):
       f"SGD, batch 5, step sizes {', '.join(f'{s:g}' for s in UCI_STEP_SIZES)} (App. D), "
       f"{args.seeds} seeds, {args.steps:,} iterations, ELBO every {args.steps // args.evals} "
       f"iterations (500 MC samples; final: 5,000). Traces use the best step size per "
-      f"iteration (mean over seeds; diverged runs count as -inf).",
+      f"iteration (mean over seeds; a run counts as diverged, -inf, from the first "
+      f"evaluation where a parameter is non-finite or exceeds 1e3 in size).",
       f"Measured: {_report.environment()}"] + sections)
   print(body)
   if not args.no_write:
