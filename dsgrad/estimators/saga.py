@@ -36,6 +36,15 @@ def _as_stored(params, table):
   return jax.tree.map(lambda p, t: p.astype(t.dtype).astype(p.dtype), params, table)
 
 
+def _output(updates, control, state, new_table, running_mean, warmup_steps):
+  """``updates + control`` (the naive ``updates`` during warm-up) and the next state."""
+  corrected = optax.tree.add(updates, control)
+  in_warmup = state.count < warmup_steps
+  out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
+  new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean)
+  return optax.tree.cast_like(out, updates), new_state
+
+
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                check_indices: bool = True, check_finite: bool = True
@@ -145,11 +154,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
 
-    corrected = optax.tree.add(updates, control)
-    in_warmup = state.count < warmup_steps
-    out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
-    new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean)
-    return optax.tree.cast_like(out, updates), new_state
+    return _output(updates, control, state, new_table, running_mean, warmup_steps)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -216,10 +221,6 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
     new_table = _common.set_row_values(state.table, indices, new_rows)
 
-    corrected = optax.tree.add(updates, control)
-    in_warmup = state.count < warmup_steps
-    out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
-    new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean)
-    return optax.tree.cast_like(out, updates), new_state
+    return _output(updates, control, state, new_table, running_mean, warmup_steps)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
