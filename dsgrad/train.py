@@ -144,7 +144,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   # Segments donate their carry; copy so that the caller's arrays stay valid.
   params = jax.tree.map(jnp.copy, params)
   opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
-  run = _segment_fn(objective, optimizer, batch_size, eval_every)
+  compiled_by_length = {}  # one compilation per segment length (at most two)
   key, eval_key = jax.random.split(key)
 
   bar = _progress(progress, num_steps - start_step)
@@ -152,11 +152,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   compile_seconds, wall, step, segment = 0.0, 0.0, start_step, 0
   while step < num_steps:
     length = min(eval_every, num_steps - step)
-    if length != eval_every:  # the last, shorter segment
+    if length not in compiled_by_length:
+      t0 = time.perf_counter()
       run = _segment_fn(objective, optimizer, batch_size, length)
-    t0 = time.perf_counter()
-    compiled = run.lower((params, opt_state), key, jnp.int32(step)).compile()
-    compile_seconds += time.perf_counter() - t0
+      compiled_by_length[length] = run.lower((params, opt_state), key, jnp.int32(step)).compile()
+      compile_seconds += time.perf_counter() - t0
+    compiled = compiled_by_length[length]
     t0 = time.perf_counter()
     params, opt_state = compiled((params, opt_state), key, jnp.int32(step))
     jax.block_until_ready((params, opt_state))
