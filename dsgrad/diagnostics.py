@@ -68,9 +68,14 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
   Returns:
     A ``(M, P)`` array: each row the flattened output (``P`` = number of parameters).
   """
+  draws = _estimator_draws(transform, objective, batch_size, replace)
+  return draws(state, params, jax.random.split(key, num_draws))
 
+
+@functools.lru_cache(maxsize=32)
+def _estimator_draws(transform, objective: Objective, batch_size: int, replace: bool):
   @jax.jit
-  def draws(keys):
+  def draws(state, params, keys):
     def one(k):
       indices, noise = sample_batch(k, objective, batch_size, replace)
       grads = objective.grad(params, indices, noise, validate=False)
@@ -78,7 +83,7 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
       return jax.flatten_util.ravel_pytree(out)[0]
     return jax.lax.map(one, keys)
 
-  return draws(jax.random.split(key, num_draws))
+  return draws
 
 
 def total_variance(samples) -> tuple[float, float]:
@@ -181,53 +186,60 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
   """
   n = objective.num_data
   k_naive, k_datum, k_full = jax.random.split(key, 3)
-
-  @jax.jit
-  def naive_draws(keys):
-    def one(k):
-      indices, noise = sample_batch(k, objective, batch_size, replace=True)
-      return jax.flatten_util.ravel_pytree(
-          objective.grad(params, indices, noise, validate=False))[0]
-    return jax.lax.map(one, keys)
-
-  v_n_eps, v_n_eps_se = total_variance(naive_draws(jax.random.split(k_naive, num_draws)))
+  naive_draws, datum_stats, full_draws_fn = _decomposition_fns(
+      objective, batch_size, noise_draws_per_datum)
+  v_n_eps, v_n_eps_se = total_variance(
+      naive_draws(params, jax.random.split(k_naive, num_draws)))
 
   kk = noise_draws_per_datum
   chunk = min(chunk_size, n)
-
-  @jax.jit
-  def datum_stats(indices, k):
-    # (K, C, P) per-datum gradients at K noise draws.
-    def at(kd):
-      noise = objective.sample_noise(kd, indices.shape[0])
-      g = per_datum(lambda p, i, e: objective.grad(p, i, e, validate=False), objective,
-                    params_axis=None)(params, indices, noise)
-      return jax.vmap(lambda row: jax.flatten_util.ravel_pytree(row)[0])(g)
-    grads = jax.lax.map(at, jax.random.split(k, kk))
-    mean = grads.mean(0)
-    within = jnp.sum(grads.var(0, ddof=1), axis=1)   # tr of per-datum noise variance
-    return mean.sum(0), jnp.sum(mean ** 2), jnp.sum(within)
-
   total, total_sq, within_sum = 0.0, 0.0, 0.0
   for c, start in enumerate(range(0, n, chunk)):
     idx = jnp.arange(start, min(start + chunk, n), dtype=jnp.int32)
-    s, sq, w = datum_stats(idx, jax.random.fold_in(k_datum, c))
+    s, sq, w = datum_stats(params, idx, jax.random.fold_in(k_datum, c))
     total, total_sq, within_sum = total + s, total_sq + sq, within_sum + w
   mean_all = total / n
   # tr Cov_n of the K-draw means, then remove the E_n tr V_eps / K inflation.
   cov_trace = (total_sq / n - jnp.sum(mean_all ** 2)) * n / (n - 1)
   v_n = float((cov_trace - within_sum / n / kk) / batch_size)
 
-  all_idx = jnp.arange(n, dtype=jnp.int32)
-
-  @jax.jit
-  def full_draws_fn(keys):
-    def one(k):
-      noise = objective.sample_noise(k, n)
-      return jax.flatten_util.ravel_pytree(
-          objective.grad(params, all_idx, noise, validate=False))[0]
-    return jax.lax.map(one, keys)
-
-  v_eps, v_eps_se = total_variance(full_draws_fn(jax.random.split(k_full, full_draws)))
+  v_eps, v_eps_se = total_variance(full_draws_fn(params, jax.random.split(k_full, full_draws)))
   return {"V_n_eps": v_n_eps, "V_n_eps_se": v_n_eps_se, "V_n": v_n,
           "V_eps": v_eps, "V_eps_se": v_eps_se}
+
+
+@functools.lru_cache(maxsize=32)
+def _decomposition_fns(objective: Objective, batch_size: int, noise_draws: int):
+  """The jitted pieces of :func:`variance_decomposition`, compiled once per objective."""
+  n = objective.num_data
+  flat = lambda tree: jax.flatten_util.ravel_pytree(tree)[0]  # noqa: E731
+
+  @jax.jit
+  def naive_draws(params, keys):
+    def one(k):
+      indices, noise = sample_batch(k, objective, batch_size, replace=True)
+      return flat(objective.grad(params, indices, noise, validate=False))
+    return jax.lax.map(one, keys)
+
+  @jax.jit
+  def datum_stats(params, indices, k):
+    # (K, C, P) per-datum gradients at K noise draws.
+    def at(kd):
+      noise = objective.sample_noise(kd, indices.shape[0])
+      g = per_datum(lambda p, i, e: objective.grad(p, i, e, validate=False), objective,
+                    params_axis=None)(params, indices, noise)
+      return jax.vmap(flat)(g)
+    grads = jax.lax.map(at, jax.random.split(k, noise_draws))
+    mean = grads.mean(0)
+    within = jnp.sum(grads.var(0, ddof=1), axis=1)   # tr of per-datum noise variance
+    return mean.sum(0), jnp.sum(mean ** 2), jnp.sum(within)
+
+  @jax.jit
+  def full_draws(params, keys):
+    all_idx = jnp.arange(n, dtype=jnp.int32)
+    def one(k):
+      noise = objective.sample_noise(k, n)
+      return flat(objective.grad(params, all_idx, noise, validate=False))
+    return jax.lax.map(one, keys)
+
+  return naive_draws, datum_stats, full_draws

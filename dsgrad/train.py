@@ -16,7 +16,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Any, NamedTuple

@@ -1,5 +1,8 @@
 """The joint control variate paper's experiments, side by side (``python -m dsgrad.bench paper``).
 
+The large tasks (``mnist``, ``ppca``, ``tennis``, ``movielens``, or ``large`` for all
+four) live in :mod:`dsgrad.bench.paper_large`.
+
 Subcommand ``uci``: Sonar and Australian, Bayesian logistic regression with mean-field
 Gaussian BBVI, batch 5, plain SGD, the step-size grid of App. D, estimators naive / cv /
 inc / joint (SAGA; App. F approximation for cv and joint, table initialised by one naive
@@ -28,14 +31,12 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _report
+from dsgrad.bench import _grid, _report
 from dsgrad.diagnostics import estimator_samples, total_variance
-from dsgrad.train import batch_indices
 
 UCI_STEP_SIZES = (7.5e-3, 5e-3, 2.5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 2.5e-5, 1e-5)
 ESTIMATORS = ("naive", "cv", "inc", "joint")
@@ -63,61 +64,21 @@ def _estimator(name, objective, model, warmup):
   }[name]()
 
 
-def _trainer(estimator, objective, params0, batch_size, num_steps, num_evals):
-  """``(step_size, key) -> (params at each of num_evals evenly spaced steps, final state)``."""
-  per_eval = num_steps // num_evals
-
-  def train(step_size, key):
-    opt = optax.chain(estimator, optax.sgd(step_size))
-    batch_key, noise_key = jax.random.split(key)
-
-    def step(carry, t):
-      params, state = carry
-      idx = batch_indices(batch_key, t, 1, objective.num_data, batch_size)[0]
-      noise = objective.sample_noise(jax.random.fold_in(noise_key, t), batch_size)
-      grads = objective.grad(params, idx, noise, validate=False)
-      updates, state = opt.update(grads, state, params, indices=idx, noise=noise)
-      return (optax.apply_updates(params, updates), state), None
-
-    def segment(carry, first):
-      carry, _ = jax.lax.scan(step, carry, first + jnp.arange(per_eval))
-      return carry, carry[0]
-
-    carry = (params0, opt.init(params0))
-    carry, trace = jax.lax.scan(segment, carry, per_eval * jnp.arange(num_evals))
-    return trace, carry[1]
-
-  return train
-
-
-def _elbo_fn(objective, num_samples):
-  idx = jnp.arange(objective.num_data, dtype=jnp.int32)
-
-  def elbo(params, key):
-    def one(k):
-      return -jnp.mean(objective.loss(params, idx, objective.sample_noise(k, idx.shape[0]),
-                                      validate=False))
-    return jnp.mean(jax.lax.map(one, jax.random.split(key, num_samples), batch_size=100))
-
-  return jax.jit(jax.vmap(elbo, in_axes=(0, None)))
-
-
 def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch_size=5,
             out_dir="docs/figures"):
   model, objective = _uci_problem(dataset, data_dir)
   params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
   warmup = model.num_data // batch_size
-  lrs = jnp.asarray(step_sizes, jnp.float32)
   keys = jax.random.split(jax.random.key(0), seeds)
-  elbo_trace = _elbo_fn(objective, 500)
-  elbo_final = _elbo_fn(objective, 5000)
+  elbo_trace = _grid.elbo_many(objective, 500)
+  elbo_final = _grid.elbo_many(objective, 5000)
   results, endpoint = {}, {}
   for name in ESTIMATORS:
     est = _estimator(name, objective, model, warmup)
-    train = _trainer(est, objective, params0, batch_size, num_steps, num_evals)
+    train = _grid.trainer(lambda lr, est=est: optax.chain(est, optax.sgd(lr)), objective,
+                          params0, batch_size, num_steps, num_evals)
     t0 = time.perf_counter()
-    runs = jax.jit(jax.vmap(jax.vmap(train, in_axes=(None, 0)), in_axes=(0, None)))
-    traces, states = runs(lrs, keys)            # leaves (L, S, E, ...)
+    traces, states = _grid.run_grid(train, step_sizes, keys)   # leaves (L, S, E, ...)
     jax.block_until_ready(traces)
     seconds = time.perf_counter() - t0
     flat = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[3:]), traces)
@@ -128,10 +89,7 @@ def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch
     # A run has diverged once any parameter is non-finite or beyond 1e3 in size (data are
     # standardized): its Monte Carlo "ELBO" is then meaningless (overflowing scales can
     # even give large positive values) and it counts as nan from there on.
-    sane = np.asarray(jax.tree.reduce(jnp.logical_and, jax.tree.map(
-        lambda a: jnp.all(jnp.isfinite(a) & (jnp.abs(a) < 1e3),
-                          axis=tuple(range(3, a.ndim))), traces)))
-    sane = np.cumprod(sane, axis=2).astype(bool)
+    sane = _grid.diverged_mask(traces)
     values = np.where(sane, values, np.nan)
     final = np.where(sane[:, :, -1], final, np.nan)
     results[name] = dict(trace=values, final=final, seconds=seconds)
@@ -141,7 +99,71 @@ def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch
                       jax.tree.map(lambda a: a[i, 0], states), est)
     print(f"  {dataset} {name:<6} {seconds:7.1f} s for {len(step_sizes)} x {seeds} runs", flush=True)
   variances = _endpoint_variances(objective, endpoint, batch_size)
-  return model, results, variances
+  var_trace = _variance_traces(objective, model, params0, batch_size, num_steps, warmup)
+  return model, results, variances, var_trace
+
+
+def _variance_traces(objective, model, params0, batch_size, num_steps, warmup,
+                     step_size=5e-4, points=10, draws=1000):
+  """Fig. 2: each estimator's gradient variance along its own trajectory (step size
+  5e-4, seed 0) at ``points`` evenly spaced iterations, with ``V_n`` and ``V_eps`` at
+  the same parameters."""
+  out = {}
+  for name in ESTIMATORS:
+    est = _estimator(name, objective, model, warmup)
+    train = _grid.trainer(lambda lr, est=est: optax.chain(est, optax.sgd(lr)), objective,
+                          params0, batch_size, num_steps, points, keep_states=True)
+    (params, states), _ = jax.jit(train)(step_size, jax.random.key(0))
+    rows = []
+    for e in range(points):
+      p = jax.tree.map(lambda a: a[e], params)
+      s = jax.tree.map(lambda a: a[e], states)
+      var, _ = total_variance(estimator_samples(est, s[0], p, objective,
+                                                jax.random.key(10 + e), draws, batch_size))
+      bounds = dsgrad.variance_decomposition(objective, p, jax.random.key(20 + e), batch_size,
+                                             num_draws=draws, full_draws=100)
+      rows.append((var, bounds["V_n"], bounds["V_eps"]))
+    out[name] = np.asarray(rows)
+    print(f"  variance trace {name} done", flush=True)
+  return dict(steps=(np.arange(points) + 1) * (num_steps // points), values=out)
+
+
+def _variance_figure(dataset, var_trace, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(5.5, 3.6))
+  steps, values = var_trace["steps"], var_trace["values"]
+  colors = {"naive": "C0", "cv": "C1", "inc": "C2", "joint": "C3"}
+  for name, v in values.items():
+    ax.plot(steps, v[:, 0], "o-", color=colors[name], label=name)
+  joint = values["joint"]
+  ax.plot(steps, joint[:, 1], "--", color="C1", label="V_n (Eq. 10), at joint's params")
+  ax.plot(steps, joint[:, 2], "--", color="C2", label="V_eps (Eq. 14), at joint's params")
+  ax.set(yscale="log", xlabel="iteration", ylabel="gradient variance (trace)",
+         title=f"{dataset}: variance along the trajectory (step 5e-4)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def format_variance_trace(var_trace):
+  steps, values = var_trace["steps"], var_trace["values"]
+  lines = ["Variance along each estimator's own trajectory (Fig. 2; step size 5e-4, seed 0, "
+           "1,000 draws per point), with the bounds at the same parameters. Each cell: "
+           "variance / V_n / V_eps.", "",
+           "| iteration | " + " | ".join(values) + " |",
+           "| ---: |" + " ---: |" * len(values)]
+  for e, step in enumerate(steps):
+    cells = [f"{v[e, 0]:.3g} / {v[e, 1]:.3g} / {v[e, 2]:.3g}" for v in values.values()]
+    lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
+  counts = []
+  for name, v in values.items():
+    counts.append(f"{name}: below V_n at {int(np.sum(v[:, 0] < v[:, 1]))}/{len(steps)}, "
+                  f"below V_eps at {int(np.sum(v[:, 0] < v[:, 2]))}/{len(steps)}")
+  lines += ["", "Points below the bounds: " + "; ".join(counts) + "."]
+  return "\n".join(lines)
 
 
 def _endpoint_variances(objective, endpoint, batch_size):
@@ -154,19 +176,13 @@ def _endpoint_variances(objective, endpoint, batch_size):
   return out
 
 
-def _mean_over_seeds(values):
-  """Mean over seeds treating diverged runs (nan) as -inf, so they are never 'best'."""
-  v = np.where(np.isfinite(values), values, -np.inf)
-  return v.mean(axis=1)
-
-
 def summarize(dataset, results, num_steps, num_evals, step_sizes):
   steps = (np.arange(num_evals) + 1) * (num_steps // num_evals)
-  best_trace = {n: _mean_over_seeds(r["trace"]).max(0) for n, r in results.items()}
+  best_trace = {n: _grid.mean_over_seeds(r["trace"]).max(0) for n, r in results.items()}
   naive_final = best_trace["naive"][-1]
   rows = []
   for name, r in results.items():
-    finals = _mean_over_seeds(r["final"][:, :, None])[:, 0]
+    finals = _grid.mean_over_seeds(r["final"][:, :, None])[:, 0]
     best = int(np.argmax(finals))
     se = np.nanstd(r["final"][best]) / np.sqrt(r["final"].shape[1])
     reached = np.nonzero(best_trace[name] >= naive_final)[0]
@@ -232,8 +248,15 @@ def format_uci(dataset, model, rows, variances, config, figure):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench paper",
-                                   description=__doc__.split("\n\n")[0])
+  import sys
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and argv[0] in ("mnist", "ppca", "tennis", "movielens", "large"):
+    from dsgrad.bench import paper_large
+    return paper_large.main(argv)
+  parser = argparse.ArgumentParser(
+      prog="python -m dsgrad.bench paper",
+      description=__doc__.split("\n\n")[0] + " Tasks mnist, ppca, tennis, movielens and "
+      "large (all four): see `python -m dsgrad.bench paper mnist --help`.")
   parser.add_argument("task", choices=["uci"], help="which experiment")
   parser.add_argument("--datasets", default="sonar,australian")
   parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"))
@@ -245,14 +268,19 @@ def main(argv=None):
   sections = []
   config = dict(batch_size=5)
   for dataset in args.datasets.split(","):
-    model, results, variances = run_uci(dataset, args.data_dir, num_steps=args.steps,
+    model, results, variances, var_trace = run_uci(dataset, args.data_dir, num_steps=args.steps,
                                         num_evals=args.evals, seeds=args.seeds,
                                         step_sizes=UCI_STEP_SIZES)
     steps, best_trace, rows = summarize(dataset, results, args.steps, args.evals, UCI_STEP_SIZES)
     figure = f"figures/paper_uci_{dataset}.png"
     _figure(dataset, steps, best_trace, rows, UCI_STEP_SIZES,
             os.path.join(os.path.dirname(__file__), "..", "..", "docs", figure))
-    sections.append(format_uci(dataset, model, rows, variances, config, figure))
+    var_figure = f"figures/paper_uci_{dataset}_variance.png"
+    _variance_figure(dataset, var_trace,
+                     os.path.join(os.path.dirname(__file__), "..", "..", "docs", var_figure))
+    sections.append(format_uci(dataset, model, rows, variances, config, figure)
+                    + f"\n\n![{dataset} variance]({var_figure})\n\n"
+                    + format_variance_trace(var_trace))
   body = "\n\n".join([
       f"Command: `python -m dsgrad.bench paper uci --steps {args.steps} --seeds {args.seeds}` -- "
       f"SGD, batch 5, step sizes {', '.join(f'{s:g}' for s in UCI_STEP_SIZES)} (App. D), "

@@ -15,17 +15,13 @@ Paper (Table 3, MNIST, GPU): naive 10.4 ms, cv
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _report
-from dsgrad.diagnostics import epoch_batches
+from dsgrad.bench import _report, _timing
 from dsgrad.models import softmax_regression
 
 
@@ -90,56 +86,15 @@ def run(num_data=60_000, num_features=785, num_classes=10, batch_size=100, round
   # every + 1 steps: joint_svrg's first refresh (a full pass) happens at step `every`.
   steps = steps or every + 1
   factories = _estimators(objective, model, every, include_slow)
-  keys = jax.random.split(jax.random.key(1), steps)
-  # Batches are drawn outside the timed steps (reshuffled epochs), so a step holds only
-  # the gradient, the estimator and the optimizer.
-  batches = epoch_batches(jax.random.key(2), num_data, batch_size, steps)
-  runners = {}
-  for name, make in factories.items():
-    est = make()
-    opt = est if name == "smiso" else optax.chain(est, optax.adam(1e-3))
-
-    def step(carry, xs, opt=opt):
-      params, state = carry
-      indices, key = xs
-      noise = objective.sample_noise(key, batch_size)
-      grads = objective.grad(params, indices, noise, validate=False)
-      updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
-      return (optax.apply_updates(params, updates), state), None
-
-    # Steps run inside one jitted lax.scan, as in a training loop: this times the
-    # estimator's computation, not Python dispatch.
-    runners[name] = (opt, jax.jit(lambda carry, xs, step=step: jax.lax.scan(step, carry, xs)[0],
-                                  donate_argnums=0))
-
-  times = {name: [] for name in factories}
-  memory = {}
-  names = list(factories)
-  # Round 0 compiles and warms up (its times are discarded); later rounds rotate the
-  # order so that no estimator always goes first.
-  for round_ in range(rounds + 1):
-    order = names[round_ % len(names):] + names[:round_ % len(names)]
-    for name in order:
-      opt, runner = runners[name]
-      n_steps = min(2, steps) if name == "inc" else steps
-      xs = (batches[:n_steps], keys[:n_steps])
-      params = jax.tree.map(jnp.copy, params0)
-      state = opt.init(params)
-      memory[name] = dsgrad.table_bytes(state), dsgrad.state_bytes(state)
-      jax.block_until_ready(state)
-      start = time.perf_counter()
-      carry = runner((params, state), xs)
-      jax.block_until_ready(carry)
-      elapsed = (time.perf_counter() - start) / n_steps
-      if round_:
-        times[name].append(elapsed)
-      print(f"  round {round_} {name:<24} {1e3 * elapsed:9.2f} ms/step", flush=True)
-      del carry, params, state
-
-  base = statistics.median(times["naive"])
+  optimizers = {name: make() if name == "smiso" else optax.chain(make(), optax.adam(1e-3))
+                for name, make in factories.items()}
+  times, memory = _timing.time_per_step(
+      objective, optimizers, params0, batch_size, steps, rounds=rounds,
+      steps_for=lambda name: min(2, steps) if name == "inc" else steps)
+  base = times["naive"]
   rows = []
   for name in factories:
-    t = statistics.median(times[name])
+    t = times[name]
     rows.append((name, 1e3 * t, t / base, memory[name][0], memory[name][1]))
   return rows, dict(num_data=num_data, num_features=num_features, num_classes=num_classes,
                     batch_size=batch_size, rounds=rounds, steps=steps, every=every)

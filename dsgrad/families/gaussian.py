@@ -20,6 +20,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -30,7 +31,7 @@ from flax import nnx
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective, gaussian_noise
 
-_LOG_2PI = jnp.log(2.0 * jnp.pi)
+_LOG_2PI = math.log(2.0 * math.pi)
 
 
 def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
