@@ -54,14 +54,13 @@ def trainer(make_optimizer, objective, params0, batch_size: int, num_steps: int,
 
 
 def run_grid(train, step_sizes, keys, *, vmap_step_sizes: bool = True,
-             vmap_seeds: bool = True, keep_state: bool = True):
+             keep_state: bool = True):
   """Runs ``train`` for every (step size, seed): ``(traces, final states)``, leaves
   ``(L, S, ...)``.
 
   With ``vmap_step_sizes`` the whole grid is one vmapped program; otherwise (an
   optimizer whose step size must be a Python float, or a state too large to hold
-  ``L`` times) step sizes run one after another, seeds vmapped unless ``vmap_seeds``
-  is false (then every run is its own program call). Without ``keep_state``
+  ``L`` times) step sizes run one after another, seeds vmapped. Without ``keep_state``
   the final states are dropped inside the program (``None`` is returned for them).
   """
   if not keep_state:
@@ -70,14 +69,7 @@ def run_grid(train, step_sizes, keys, *, vmap_step_sizes: bool = True,
   if vmap_step_sizes:
     runs = jax.jit(jax.vmap(jax.vmap(train, in_axes=(None, 0)), in_axes=(0, None)))
     return runs(jnp.asarray(step_sizes, jnp.float32), keys)
-  if vmap_seeds:
-    outs = [jax.jit(jax.vmap(lambda k, s=float(s): train(s, k)))(keys) for s in step_sizes]
-  else:
-    outs = []
-    for s in step_sizes:
-      run = jax.jit(lambda k, s=float(s): train(s, k))
-      per_seed = [run(k) for k in keys]
-      outs.append(jax.tree.map(lambda *a: jnp.stack(a), *per_seed))
+  outs = [jax.jit(jax.vmap(lambda k, s=float(s): train(s, k)))(keys) for s in step_sizes]
   traces = jax.tree.map(lambda *a: jnp.stack(a), *[o[0] for o in outs])
   states = (jax.tree.map(lambda *a: jnp.stack(a), *[o[1] for o in outs])
             if keep_state else None)
