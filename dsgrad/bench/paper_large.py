@@ -64,6 +64,8 @@ ESTIMATORS = ("naive", "cv", "smiso", "joint")
 
 
 class Task(NamedTuple):
+  """One benchmark task: its model, objective, initial params and descriptions."""
+
   name: str
   model: Any
   objective: Any
@@ -179,6 +181,14 @@ def _state_bytes(make, params0):
 def run_task(task: Task, *, num_steps, num_evals, seeds, batch_size=100, trace_samples=100,
              final_samples=1000, memory_limit=4 * 2**30, timing_rounds=3,
              estimator_names=ESTIMATORS):
+  """Trains every estimator over its step-size grid and measures it.
+
+  Returns:
+    ``{"results": {name: traces, finals, best step size, endpoint}, "skipped": {name:
+    reason}, "times": {name: seconds per step}, "memory": {name: (table, state bytes)},
+    "variances": {name: (variance, se) at its endpoint}, "table1": the Table 1
+    decomposition at naive's endpoint with step size 1e-2, "timing_steps": int}``.
+  """
   objective, params0 = task.objective, task.params0
   grads = gradient_estimators(task, batch_size)
   makes = optimizers(task, grads)
