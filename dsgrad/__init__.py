@@ -19,7 +19,8 @@ from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_byte
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
-from dsgrad.train import FitResult, History, fit, restore_fit_checkpoint, save_fit_checkpoint
+from dsgrad.train import (FitResult, History, fit, restore_fit_checkpoint,
+                          save_fit_checkpoint, train_step)
 
 __version__ = "0.1.0"
 
@@ -30,7 +31,8 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "models", "checkpoint", "datasets", "families",
-    "fit", "FitResult", "History", "save_fit_checkpoint", "restore_fit_checkpoint",
+    "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
+    "restore_fit_checkpoint",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition",
 ]

@@ -84,6 +84,30 @@ def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
                                (num_steps, batch_size))
 
 
+def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key):
+  """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
+
+  Jittable; the value checks of ``objective.grad`` are off (run them once outside).
+
+  Args:
+    objective: the :class:`dsgrad.Objective`.
+    optimizer: an optax transformation that accepts ``indices`` and ``noise``
+      (a dsgrad estimator chained with an update rule, or :func:`dsgrad.smiso`).
+    params: current params.
+    opt_state: the optimizer's state.
+    indices: ``(B,)`` batch indices.
+    noise_key: PRNG key for this step's noise.
+
+  Returns:
+    ``(new params, new optimizer state)``.
+  """
+  noise = objective.sample_noise(noise_key, indices.shape[0])
+  grads = objective.grad(params, indices, noise, validate=False)
+  updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
+                                        noise=noise)
+  return optax.apply_updates(params, updates), opt_state
+
+
 def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
   def run(carry, key, start):
     batch_key, noise_key = jax.random.split(key)
@@ -91,13 +115,9 @@ def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
     steps = start + jnp.arange(length)
 
     def step(carry, xs):
-      params, opt_state = carry
       idx, t = xs
-      noise = objective.sample_noise(jax.random.fold_in(noise_key, t), batch_size)
-      grads = objective.grad(params, idx, noise, validate=False)
-      updates, opt_state = optimizer.update(grads, opt_state, params, indices=idx,
-                                            noise=noise)
-      return (optax.apply_updates(params, updates), opt_state), None
+      return train_step(objective, optimizer, *carry, idx,
+                        jax.random.fold_in(noise_key, t)), None
 
     return jax.lax.scan(step, carry, (indices, steps))[0]
 

@@ -13,18 +13,20 @@ from dsgrad.bench import _grid
 from dsgrad.train import batch_indices
 
 
-def _problem():
+def _naive_sgd_trainer(num_steps, num_evals):
+  """``(model, objective, params0, estimator, train)`` for naive + SGD on a small GLM."""
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 60, 3)
   model = dsgrad.models.logistic_regression(x, y)
-  return model, dsgrad.meanfield_gaussian(model)
-
-
-def test_grid_paths_agree():
-  model, objective = _problem()
+  objective = dsgrad.meanfield_gaussian(model)
   params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
   est = dsgrad.naive(check_finite=False)
   train = _grid.trainer(lambda lr: optax.chain(est, optax.sgd(lr)), objective, params0,
-                        batch_size=5, num_steps=24, num_evals=3)
+                        batch_size=5, num_steps=num_steps, num_evals=num_evals)
+  return model, objective, params0, est, train
+
+
+def test_grid_paths_agree():
+  model, objective, params0, est, train = _naive_sgd_trainer(24, 3)
   lrs = (1e-3, 1e-2)
   keys = jax.random.split(jax.random.key(1), 2)
   vmapped, _ = _grid.run_grid(train, lrs, keys)
@@ -50,11 +52,7 @@ def test_grid_paths_agree():
 
 
 def test_dropped_state_and_elbo_many():
-  model, objective = _problem()
-  params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
-  est = dsgrad.naive(check_finite=False)
-  train = _grid.trainer(lambda lr: optax.chain(est, optax.sgd(lr)), objective, params0,
-                        batch_size=5, num_steps=6, num_evals=2)
+  _, objective, _, _, train = _naive_sgd_trainer(6, 2)
   traces, states = _grid.run_grid(train, (1e-3,), jax.random.split(jax.random.key(2), 2),
                                   keep_state=False)
   assert states is None

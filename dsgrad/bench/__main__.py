@@ -1,6 +1,5 @@
 """``python -m dsgrad.bench <benchmark> [options]``."""
 
-import os
 import sys
 
 BENCHMARKS = {
@@ -16,12 +15,6 @@ def main(argv=None):
     for name, module in BENCHMARKS.items():
       print(f"  {name:<12} {module}")
     return 0 if argv and argv[0] in ("-h", "--help") else 2
-  if argv[0] == "paper" and len(argv) > 1 and argv[1] in ("mnist", "ppca", "tennis",
-                                                          "movielens", "large"):
-    # Before JAX starts its CPU backend: see dsgrad.bench.paper_large._check_eigen_flag.
-    flag = "--xla_cpu_multi_thread_eigen=false"
-    if flag not in os.environ.get("XLA_FLAGS", ""):
-      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
   import importlib
   return importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
 

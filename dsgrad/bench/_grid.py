@@ -5,10 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from dsgrad.diagnostics import _elbo_runner
-from dsgrad.train import batch_indices
+from dsgrad.train import batch_indices, train_step
 
 
 def trainer(make_optimizer, objective, params0, batch_size: int, num_steps: int,
@@ -35,12 +34,8 @@ def trainer(make_optimizer, objective, params0, batch_size: int, num_steps: int,
     batch_key, noise_key = jax.random.split(key)
 
     def step(carry, t):
-      params, state = carry
       idx = batch_indices(batch_key, t, 1, objective.num_data, batch_size)[0]
-      noise = objective.sample_noise(jax.random.fold_in(noise_key, t), batch_size)
-      grads = objective.grad(params, idx, noise, validate=False)
-      updates, state = opt.update(grads, state, params, indices=idx, noise=noise)
-      return (optax.apply_updates(params, updates), state), None
+      return train_step(objective, opt, *carry, idx, jax.random.fold_in(noise_key, t)), None
 
     def segment(carry, first):
       carry, _ = jax.lax.scan(step, carry, first + jnp.arange(per_eval))

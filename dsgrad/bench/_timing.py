@@ -7,10 +7,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import optax
 
 import dsgrad
 from dsgrad.diagnostics import epoch_batches
+from dsgrad.train import train_step
 
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
@@ -42,12 +42,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   for name, opt in optimizers.items():
 
     def step(carry, xs, opt=opt):
-      params, state = carry
-      indices, key = xs
-      noise = objective.sample_noise(key, batch_size)
-      grads = objective.grad(params, indices, noise, validate=False)
-      updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
-      return (optax.apply_updates(params, updates), state), None
+      return train_step(objective, opt, *carry, *xs), None
 
     runners[name] = jax.jit(lambda carry, xs, step=step: jax.lax.scan(step, carry, xs)[0],
                             donate_argnums=0)

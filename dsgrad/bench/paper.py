@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import jax
@@ -35,7 +36,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _grid, _report
+from dsgrad.bench import _grid, _report, paper_large
 from dsgrad.diagnostics import estimator_samples, total_variance
 
 UCI_STEP_SIZES = (7.5e-3, 5e-3, 2.5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 2.5e-5, 1e-5)
@@ -248,10 +249,8 @@ def format_uci(dataset, model, rows, variances, config, figure):
 
 
 def main(argv=None):
-  import sys
   argv = sys.argv[1:] if argv is None else list(argv)
-  if argv and argv[0] in ("mnist", "ppca", "tennis", "movielens", "large"):
-    from dsgrad.bench import paper_large
+  if argv and argv[0] in paper_large.LARGE_TASKS:
     return paper_large.main(argv)
   parser = argparse.ArgumentParser(
       prog="python -m dsgrad.bench paper",

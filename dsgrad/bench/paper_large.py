@@ -47,6 +47,7 @@ from dsgrad.bench import _grid, _report, _timing
 from dsgrad.diagnostics import estimator_samples, total_variance
 
 TASKS = ("mnist", "ppca", "tennis", "movielens")
+LARGE_TASKS = TASKS + ("large",)   # "large": all four
 ADAM_STEP_SIZES = (1e-1, 5e-2, 1e-2, 5e-3, 1e-3)
 SMISO_STEP_SIZES = {   # App. D (gamma; alpha = 0.9)
     "mnist": (5e-2, 2.5e-2, 1e-2, 5e-3, 2.5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 1e-5),
@@ -173,11 +174,6 @@ def optimizers(task: Task, estimators: dict):
   return makes
 
 
-def _state_bytes(make, params0):
-  shapes = jax.eval_shape(make(1e-3).init, params0)
-  return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
-
-
 def run_task(task: Task, *, num_steps, num_evals, seeds, batch_size=100, trace_samples=100,
              final_samples=1000, memory_limit=4 * 2**30, timing_rounds=3,
              estimator_names=ESTIMATORS):
@@ -203,7 +199,7 @@ def run_task(task: Task, *, num_steps, num_evals, seeds, batch_size=100, trace_s
                        "a few dozen steps; see docs/benchmarks.md")
       print(f"  {task.name} {name}: skipped, {skipped[name]}", flush=True)
       continue
-    state_bytes = _state_bytes(makes[name], params0)
+    state_bytes = dsgrad.state_bytes(jax.eval_shape(makes[name](1e-3).init, params0))
     if state_bytes * seeds > memory_limit:
       skipped[name] = (f"its state is {state_bytes / 2**30:.1f} GiB per run "
                        f"(the N x D table), over the {memory_limit / 2**30:.0f} GiB budget "
@@ -365,17 +361,24 @@ def format_task(task: Task, out, steps, budget, rows, figure, num_steps):
 EIGEN_FLAG = "--xla_cpu_multi_thread_eigen=false"
 
 
-def _check_eigen_flag():
-  """Warns when the XLA CPU workaround is missing (``python -m dsgrad.bench`` sets it).
+def _single_threaded_eigen():
+  """Sets ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`` before the backend starts.
 
   With jax 0.10.2 on CPU, the PPCA joint_saga training scan stops (0% CPU, never
   returns) under XLA's multi-threaded Eigen; with this flag a 40-step run finishes, but
   runs of a few hundred steps still hang, so the PPCA joint runs are skipped on CPU.
-  The flag must be set before the backend starts, so ``dsgrad.bench.__main__`` sets it
-  for these tasks; every task runs under it so that timings stay comparable.
+  Every task runs under the flag so that timings stay comparable. Importing dsgrad does
+  not start the backend, so setting the variable here takes effect unless the caller
+  already ran a computation (then this warns).
   """
-  if jax.default_backend() == "cpu" and EIGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    print(f"warning: XLA_FLAGS lacks {EIGEN_FLAG}; the PPCA task may hang on CPU")
+  from jax._src import xla_bridge
+  if EIGEN_FLAG in os.environ.get("XLA_FLAGS", ""):
+    return
+  if xla_bridge.backends_are_initialized():
+    print(f"warning: the JAX backend is already running, so XLA_FLAGS={EIGEN_FLAG} cannot "
+          "be set; timings may differ from docs/benchmarks.md")
+    return
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + EIGEN_FLAG).strip()
 
 
 def _estimators_flag(names):
@@ -385,7 +388,7 @@ def _estimators_flag(names):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m dsgrad.bench paper",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("task", choices=list(TASKS) + ["large"],
+  parser.add_argument("task", choices=LARGE_TASKS,
                       help="one task, or 'large' for all four")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--evals", type=int, default=20)
@@ -408,7 +411,7 @@ def main(argv=None):
   names = tuple(args.estimators.split(","))
   if "naive" not in names or not set(names) <= set(ESTIMATORS):
     parser.error(f"--estimators must include naive and name only {', '.join(ESTIMATORS)}")
-  _check_eigen_flag()
+  _single_threaded_eigen()
   tasks = TASKS if args.task == "large" else (args.task,)
   docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
   for name in tasks:
