@@ -194,11 +194,6 @@ def run_task(task: Task, *, num_steps, num_evals, seeds, batch_size=100, trace_s
   results, skipped = {}, {}
   for name in estimator_names:
     lrs = SMISO_STEP_SIZES[task.name] if name == "smiso" else ADAM_STEP_SIZES
-    if task.name == "ppca" and name == "joint" and jax.default_backend() == "cpu":
-      skipped[name] = ("its training program hangs in XLA's CPU runtime (jax 0.10.2) after "
-                       "a few dozen steps; see docs/benchmarks.md")
-      print(f"  {task.name} {name}: skipped, {skipped[name]}", flush=True)
-      continue
     state_bytes = dsgrad.state_bytes(jax.eval_shape(makes[name](1e-3).init, params0))
     if state_bytes * seeds > memory_limit:
       skipped[name] = (f"its state is {state_bytes / 2**30:.1f} GiB per run "
@@ -364,10 +359,9 @@ EIGEN_FLAG = "--xla_cpu_multi_thread_eigen=false"
 def _single_threaded_eigen():
   """Sets ``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`` before the backend starts.
 
-  With jax 0.10.2 on CPU, the PPCA joint_saga training scan stops (0% CPU, never
-  returns) under XLA's multi-threaded Eigen; with this flag a 40-step run finishes, but
-  runs of a few hundred steps still hang, so the PPCA joint runs are skipped on CPU.
-  Every task runs under the flag so that timings stay comparable. Importing dsgrad does
+  The tables in ``docs/benchmarks.md`` were measured under this flag (it was first set
+  while chasing a PPCA hang that turned out to be in XLA's LAPACK calls, see
+  ``dsgrad.models.ppca``); every task runs under it so that timings stay comparable. Importing dsgrad does
   not start the backend, so setting the variable here takes effect unless the caller
   already ran a computation (then this warns).
   """

@@ -11,6 +11,38 @@ from dsgrad.models.base import Model
 _LOG_2PI = float(np.log(2 * np.pi))
 
 
+# The K x K Cholesky factor and triangular solve below are written with jnp instead of
+# ``jnp.linalg.cholesky`` / ``jax.scipy.linalg.solve_triangular``: on CPU (jax 0.10.2) a
+# long joint_saga training scan that calls the LAPACK-backed versions stops in XLA's
+# runtime (0% CPU, never returns); ``docs/scripts/ppca_hang.py`` reproduces it. K is
+# small (the paper uses 16), so a loop over columns costs little.
+
+
+def _cholesky(a):
+  """Lower Cholesky factor of a symmetric positive-definite ``(K, K)`` matrix, one column
+  per iteration of a ``fori_loop`` (Cholesky-Banachiewicz)."""
+  k = a.shape[-1]
+  rows = jnp.arange(k)
+
+  def column(j, chol):
+    # Columns >= j of ``chol`` are still zero, so full-length dot products sum over < j.
+    diag = jnp.sqrt(a[j, j] - jnp.sum(chol[j] ** 2))
+    below = (a[:, j] - chol @ chol[j]) / diag
+    return chol.at[:, j].set(jnp.where(rows > j, below, jnp.where(rows == j, diag, 0.0)))
+
+  return jax.lax.fori_loop(0, k, column, jnp.zeros_like(a))
+
+
+def _solve_lower(chol, b):
+  """``chol^{-1} b`` for a lower-triangular ``(K, K)`` ``chol`` and ``(K, B)`` ``b``."""
+
+  def row(i, y):
+    # Rows >= i of ``y`` are still zero, so ``chol[i] @ y`` sums over < i.
+    return y.at[i].set((b[i] - chol[i] @ y) / chol[i, i])
+
+  return jax.lax.fori_loop(0, chol.shape[0], row, jnp.zeros_like(b))
+
+
 def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca") -> Model:
   """Probabilistic PCA: ``W ~ N(0, I)``, ``x_n ~ N(0, W W^T + noise_std^2 I)``.
 
@@ -56,11 +88,11 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
 
   def log_likelihood(z, indices):
     w = z.reshape(d, k)
-    chol = jnp.linalg.cholesky(var * jnp.eye(k, dtype=z.dtype) + w.T @ w)
+    chol = _cholesky(var * jnp.eye(k, dtype=z.dtype) + w.T @ w)
     # log det(W W^T + s^2 I_D) = (D - K) log s^2 + log det(s^2 I_K + W^T W).
     log_det = (d - k) * jnp.log(var) + 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
     xb = x[indices]
-    projected = jax.scipy.linalg.solve_triangular(chol, w.T @ xb.T, lower=True)  # (K, B)
+    projected = _solve_lower(chol, w.T @ xb.T)  # (K, B)
     quad = (jnp.sum(xb ** 2, axis=1) - jnp.sum(projected ** 2, axis=0)) / var
     return -0.5 * (d * _LOG_2PI + log_det + quad)
 
