@@ -16,6 +16,7 @@ from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
+from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
@@ -30,6 +31,7 @@ __all__ = [
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
+    "objective_from_logdensity", "model_from_logdensity",
     "models", "checkpoint", "datasets", "families",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint",

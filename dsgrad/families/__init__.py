@@ -2,4 +2,26 @@
 
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian, bbvi_objective
 
-__all__ = ["MeanFieldGaussian", "FullRankGaussian", "bbvi_objective"]
+FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
+
+
+def by_name(name: str, dim: int, **init):
+  """A family module by name: ``"meanfield"`` or ``"fullrank"``.
+
+  Args:
+    name: the family's name (keys of ``FAMILIES``).
+    dim: latent dimension ``d``.
+    **init: initial values passed to the module (``loc``, ``log_scale``).
+
+  Returns:
+    A :class:`MeanFieldGaussian` or :class:`FullRankGaussian` of dimension ``dim``.
+
+  Raises:
+    ValueError: on an unknown name (the message lists the known ones).
+  """
+  if name not in FAMILIES:
+    raise ValueError(f"unknown variational family {name!r}; choose one of {sorted(FAMILIES)}")
+  return FAMILIES[name](dim, **init)
+
+
+__all__ = ["MeanFieldGaussian", "FullRankGaussian", "bbvi_objective", "by_name", "FAMILIES"]

@@ -1,0 +1,130 @@
+"""Objectives from plain log-density functions: the lowest-level way to bring a model.
+
+A user who has ``log_prior(z)`` and a per-datum ``log_lik(z, batch)`` gets a
+:class:`dsgrad.models.Model` (and from it a BBVI :class:`dsgrad.Objective`) without
+writing anything else; every estimator then applies. ``z`` may be a flat vector or any
+pytree of arrays (the variational family works on its flattening, see
+``jax.flatten_util.ravel_pytree``).
+
+    objective = dsgrad.objective_from_logdensity(
+        log_prior, log_lik, data={"x": x, "y": y}, latent=jnp.zeros(d))
+
+References:
+  Wang, Geffner, Domke (2024), Eq. 1-3 (the BBVI objective built here).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from dsgrad import families
+from dsgrad.models.base import Model
+from dsgrad.objective import Objective
+
+
+def _latent_unravel(latent) -> tuple[int, Callable]:
+  if isinstance(latent, (int, np.integer)) and not isinstance(latent, bool):
+    if latent < 1:
+      raise ValueError(f"latent must be a positive dimension or an example pytree, got {latent}")
+    return int(latent), lambda z: z
+  leaves = jax.tree.leaves(latent)
+  if not leaves:
+    raise ValueError("latent is an empty pytree; give the latent dimension or an example "
+                     "value of z")
+  for leaf in leaves:
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+      raise TypeError(f"latent leaves must be floating arrays, got dtype "
+                      f"{jnp.result_type(leaf)}")
+  flat, unravel = ravel_pytree(latent)
+  return int(flat.shape[0]), unravel
+
+
+def _num_data(data) -> int:
+  leaves = jax.tree.leaves(data)
+  if not leaves:
+    raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
+  sizes = {int(np.shape(leaf)[0]) if np.ndim(leaf) else None for leaf in leaves}
+  if None in sizes:
+    raise ValueError("every leaf of data needs a leading data axis; a scalar leaf has none "
+                     "(close over constants in log_lik instead)")
+  if len(sizes) != 1:
+    raise ValueError(f"the leaves of data disagree on the number of data (axis 0): "
+                     f"{sorted(sizes)}")
+  n = sizes.pop()
+  if n < 1:
+    raise ValueError("data have zero rows")
+  return n
+
+
+def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
+                          log_lik: Callable[[Any, Any], jax.Array], data, latent, *,
+                          name: str = "logdensity") -> Model:
+  """A :class:`dsgrad.models.Model` from a log prior and a per-datum log likelihood.
+
+  Args:
+    log_prior: ``log_prior(z) -> scalar``, the log prior density of the latent ``z``
+      (unconstrained: transform constrained variables yourself, with the Jacobian).
+    log_lik: ``log_lik(z, batch) -> (B,)``: ``log p(x_n | z)`` for each datum of
+      ``batch``, where ``batch`` is ``data`` indexed by ``B`` datum indices on axis 0.
+      One value per datum, not their sum: the estimators need per-datum terms.
+    data: an array or pytree of arrays sharing the leading data axis ``N``. It is put on
+      device once and indexed inside ``jit``.
+    latent: the latent dimension ``d`` (then ``z`` is a flat ``(d,)`` vector) or an
+      example value of ``z`` (any pytree of float arrays; the model's flat latent is its
+      ``ravel_pytree`` flattening, and ``log_prior``/``log_lik`` receive the pytree).
+    name: label for messages and tables.
+
+  Returns:
+    A ``Model`` with ``num_data = N`` and ``latent_dim = d``.
+
+  Raises:
+    ValueError/TypeError: on empty or ragged data, a bad ``latent``, or functions that do
+      not return a scalar prior and ``(B,)`` log likelihoods (checked once, abstractly,
+      on a batch of two).
+  """
+  d, unravel = _latent_unravel(latent)
+  n = _num_data(data)
+  data = jax.tree.map(jnp.asarray, data)
+
+  def prior_flat(z):
+    return log_prior(unravel(z))
+
+  def lik_flat(z, indices):
+    batch = jax.tree.map(lambda leaf: leaf[indices], data)
+    return log_lik(unravel(z), batch)
+
+  z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
+  prior_shape = jax.eval_shape(prior_flat, z0).shape
+  if prior_shape != ():
+    raise ValueError(f"log_prior must return a scalar, got shape {prior_shape}")
+  probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
+  lik_shape = jax.eval_shape(lik_flat, z0, probe).shape
+  if lik_shape != probe.shape:
+    raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
+                     f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
+                     "(return the per-datum terms, not their sum)")
+  return Model(prior_flat, lik_flat, n, d, name)
+
+
+def objective_from_logdensity(log_prior, log_lik, data, latent, *,
+                              family: str = "meanfield", shared_noise: bool = True,
+                              name: str = "logdensity") -> Objective:
+  """The BBVI objective (Eq. 3) of :func:`model_from_logdensity`'s model.
+
+  Args:
+    log_prior, log_lik, data, latent, name: as in :func:`model_from_logdensity`.
+    family: ``"meanfield"`` (params ``{"loc", "log_scale"}``) or ``"fullrank"``
+      (params ``{"loc", "log_diag", "off_diag"}``); see :mod:`dsgrad.families`.
+    shared_noise: one noise draw for the whole batch (default) or one per datum.
+
+  Returns:
+    An :class:`dsgrad.Objective`; initial params from
+    ``dsgrad.families.by_name(family, d).params()``.
+  """
+  model = model_from_logdensity(log_prior, log_lik, data, latent, name=name)
+  return families.by_name(family, model.latent_dim).objective(model, shared_noise=shared_noise)

@@ -1,0 +1,257 @@
+"""dsgrad.contrib.numpyro: a NumPyro model's dsgrad objective is NumPyro's own ELBO
+(compared with Trace_ELBO + AutoNormal at the same parameters and the same draw), its
+naive gradient is NumPyro's, constrained sites carry the right Jacobian, and models
+dsgrad cannot handle are refused with a message naming the problem."""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+numpyro = pytest.importorskip("numpyro")
+import numpyro.distributions as dist  # noqa: E402
+from numpyro import handlers  # noqa: E402
+from numpyro.infer import Predictive, Trace_ELBO  # noqa: E402
+from numpyro.infer.autoguide import AutoNormal  # noqa: E402
+
+import dsgrad  # noqa: E402
+from dsgrad.contrib import numpyro as dsgrad_numpyro  # noqa: E402
+
+# The tests themselves evaluate NumPyro on full data, other than the models' batch size.
+pytestmark = pytest.mark.filterwarnings("ignore:subsample_size does not match")
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+N, D, BATCH = 40, 3, 10
+
+
+@pytest.fixture(scope="module")
+def logreg_data():
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), N, D)
+  return jnp.asarray(x), jnp.asarray(y, jnp.float32)
+
+
+def logreg_model(x, y):
+  w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+  temperature = numpyro.sample("temperature", dist.LogNormal(0.0, 0.5))  # a positive site
+  with numpyro.plate("data", N, subsample_size=BATCH) as idx:
+    numpyro.sample("y", dist.Bernoulli(logits=(x[idx] @ w) / temperature),
+                   obs=None if y is None else y[idx])
+
+
+def _with_draws(guide, autonormal_params, eps_by_site):
+  """AutoNormal with its parameters and its standard-normal draws fixed."""
+
+  def draw(site):
+    if site["type"] != "sample" or site["name"] not in eps_by_site:
+      return None
+    fn, transforms = site["fn"], []
+    if isinstance(fn, dist.TransformedDistribution):
+      fn, transforms = fn.base_dist, fn.transforms
+    if isinstance(fn, dist.Independent):
+      fn = fn.base_dist
+    value = fn.loc + fn.scale * eps_by_site[site["name"]]
+    for t in transforms:
+      value = t(value)
+    return value
+
+  return handlers.substitute(handlers.substitute(guide, data=autonormal_params),
+                             substitute_fn=draw)
+
+
+def _random_params(objective, key):
+  params = objective.init_params()
+  return jax.tree.map(lambda p: p + 0.4 * jax.random.normal(key, p.shape), params)
+
+
+def _numpyro_loss(objective, x, y, indices, autonormal_params, eps):
+  model = handlers.substitute(logreg_model, data={"data": indices})
+  guide = _with_draws(AutoNormal(logreg_model), autonormal_params,
+                      objective.numpyro_model.unravel(eps))
+  return Trace_ELBO().loss(jax.random.key(9), {}, model, guide, x, y)
+
+
+def test_full_data_elbo_equals_trace_elbo_with_the_same_draw(logreg_data):
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  assert objective.numpyro_model.data_plate == "data"
+  assert objective.numpyro_model.latent_sites == ("temperature", "w")
+  assert objective.num_data == N and objective.numpyro_model.model.latent_dim == D + 1
+  params = _random_params(objective, jax.random.key(1))
+  eps = objective.sample_noise(jax.random.key(2), N)
+  everything = jnp.arange(N, dtype=jnp.int32)
+  ours = float(jnp.mean(objective.loss(params, everything, eps)))
+  theirs = float(_numpyro_loss(objective, x, y, everything,
+                               objective.autonormal_params(params), eps))
+  # Trace_ELBO uses the sampled -log q(z); dsgrad the closed-form entropy. With the draw
+  # fixed they differ by log q(z) + H(q) = -|eps|^2 / 2 + d / 2 exactly.
+  d = objective.numpyro_model.model.latent_dim
+  np.testing.assert_allclose(ours - 0.5 * float(jnp.sum(eps ** 2)) + 0.5 * d, theirs,
+                             rtol=1e-5)
+
+
+def test_naive_gradient_equals_numpyro_gradient(logreg_data):
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  params = _random_params(objective, jax.random.key(3))
+  eps = objective.sample_noise(jax.random.key(4), BATCH)
+  indices = jnp.array([5, 17, 0, 39, 22, 8, 31, 2, 11, 26], jnp.int32)
+  ours = objective.grad(params, indices, eps)
+  theirs = jax.grad(lambda p: _numpyro_loss(objective, x, y, indices, p, eps))(
+      objective.autonormal_params(params))
+  unravel = objective.numpyro_model.unravel
+  loc, log_scale = unravel(ours["loc"]), unravel(ours["log_scale"])
+  scales = unravel(jnp.exp(params["log_scale"]))
+  for site in objective.numpyro_model.latent_sites:
+    np.testing.assert_allclose(loc[site], theirs[f"{site}_auto_loc"], rtol=1e-4, atol=1e-5)
+    # dsgrad differentiates log(scale), AutoNormal the scale itself.
+    np.testing.assert_allclose(log_scale[site], theirs[f"{site}_auto_scale"] * scales[site],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_autonormal_params_round_trip(logreg_data):
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  with pytest.raises(ValueError, match="unknown variational family"):
+    dsgrad_numpyro.objective(logreg_model, x, y, family="flow")
+  with pytest.raises(ValueError, match="AutoNormal is mean-field"):
+    dsgrad_numpyro.objective(logreg_model, x, y, family="fullrank").autonormal_params({})
+  params = _random_params(objective, jax.random.key(5))
+  back = objective.params_from_autonormal(objective.autonormal_params(params))
+  np.testing.assert_allclose(back["loc"], params["loc"], rtol=1e-6)
+  np.testing.assert_allclose(back["log_scale"], params["log_scale"], rtol=1e-5, atol=1e-6)
+
+
+def constrained_model(y, labels):
+  # A positive scale, a simplex and an unconstrained mean, each observed per datum.
+  mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+  sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+  probs = numpyro.sample("probs", dist.Dirichlet(jnp.array([1.5, 2.0, 3.0])))
+  with numpyro.plate("data", y.shape[0], subsample_size=4) as idx:
+    numpyro.sample("y", dist.Normal(mu, sigma), obs=y[idx])
+    numpyro.sample("label", dist.Categorical(probs), obs=labels[idx])
+
+
+def test_constrained_sites_carry_the_jacobian():
+  y = jnp.linspace(-1.0, 2.0, 12)
+  labels = jnp.array([0, 1, 2, 2, 1, 0, 2, 2, 1, 2, 0, 2])
+  found = dsgrad_numpyro.to_model(constrained_model, y, labels)
+  assert found.model.latent_dim == 1 + 1 + 2  # the 3-simplex has 2 free coordinates
+  z = jnp.array([0.3, -0.4, 0.2, -0.7])
+  values = found.constrain(z)
+  assert float(values["sigma"]) > 0
+  np.testing.assert_allclose(float(jnp.sum(values["probs"])), 1.0, rtol=1e-6)
+  assert bool(jnp.all(values["probs"] > 0))
+  # Independent reference: NumPyro's log density at the constrained values plus the log
+  # |det| of the map from z to (mu, sigma, probs[:2]), differentiated by JAX.
+  everything = jnp.arange(12, dtype=jnp.int32)
+  full = handlers.substitute(constrained_model, data={"data": everything})
+  log_joint, _ = numpyro.infer.util.log_density(full, (y, labels), {}, values)
+
+  def free_coordinates(z):
+    v = found.constrain(z)
+    return jnp.concatenate([v["mu"][None], v["probs"][:2], v["sigma"][None]])
+
+  _, log_det = jnp.linalg.slogdet(jax.jacobian(free_coordinates)(z))
+  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood(z, everything))
+  np.testing.assert_allclose(float(ours), float(log_joint + log_det), rtol=1e-5)
+
+
+def test_sample_posterior_feeds_predictive(logreg_data):
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  params = _random_params(objective, jax.random.key(6))
+  samples = objective.sample_posterior(jax.random.key(7), params, 2000)
+  assert samples["w"].shape == (2000, D) and samples["temperature"].shape == (2000,)
+  assert bool(jnp.all(samples["temperature"] > 0))
+  # The constrained draws follow q: log(temperature) ~ N(loc, scale).
+  loc = objective.numpyro_model.unravel(params["loc"])["temperature"]
+  scale = objective.numpyro_model.unravel(jnp.exp(params["log_scale"]))["temperature"]
+  log_t = jnp.log(samples["temperature"])
+  assert abs(float(jnp.mean(log_t) - loc)) < 4 * float(scale) / np.sqrt(2000)
+  predictive = Predictive(handlers.substitute(logreg_model, data={"data": jnp.arange(N)}),
+                          posterior_samples=samples)
+  draws = predictive(jax.random.key(8), x, None)
+  assert draws["y"].shape == (2000, N)
+  assert set(np.unique(np.asarray(draws["y"]))) <= {0, 1}
+
+
+def local_latent_model(y):
+  mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+  with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+    offset = numpyro.sample("offset", dist.Normal(0.0, 1.0))
+    numpyro.sample("y", dist.Normal(mu + offset, 1.0), obs=y[idx])
+
+
+def two_plates_model(y, v):
+  mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+  with numpyro.plate("first", y.shape[0], subsample_size=5) as idx:
+    numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+  with numpyro.plate("second", v.shape[0], subsample_size=3) as jdx:
+    numpyro.sample("v", dist.Normal(mu, 1.0), obs=v[jdx])
+
+
+def unindexed_model(y):
+  mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+  with numpyro.plate("data", y.shape[0], subsample_size=5):
+    numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_unsupported_models_are_refused():
+  y = jnp.arange(20.0)
+  with pytest.raises(ValueError, match="latent site 'offset' sits inside the data plate"):
+    dsgrad_numpyro.objective(local_latent_model, y)
+  with pytest.raises(ValueError, match="two subsampled data plates"):
+    dsgrad_numpyro.objective(two_plates_model, y, jnp.arange(9.0))
+  with pytest.raises(ValueError, match="must index its data with them"):
+    dsgrad_numpyro.objective(unindexed_model, y)
+
+
+def test_every_estimator_trains_a_numpyro_model(logreg_data):
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  params = objective.init_params()
+  start = float(dsgrad.elbo(objective, params, jax.random.key(0), 2000)[0])
+  for estimator in (dsgrad.naive(), dsgrad.cv(objective),
+                    dsgrad.joint_saga(objective, warmup_steps=4),
+                    dsgrad.joint_svrg(objective, every=4)):
+    result = dsgrad.fit(objective, optax.chain(estimator, optax.adam(5e-2)), params,
+                        jax.random.key(1), num_steps=200, batch_size=BATCH,
+                        elbo_samples=0, progress=False)
+    value, se = dsgrad.elbo(objective, result.params, jax.random.key(0), 2000)
+    assert float(value) > start + 5 * float(se), type(estimator)
+
+
+def test_numpyro_movielens_model_equals_the_builtin_one():
+  import numpyro_model as example
+  users, genres, ratings = dsgrad.models.synthetic_movielens_data(jax.random.key(0), 6, 20, 50)
+  objective = dsgrad_numpyro.objective(example.movielens_model, users, genres, ratings, 6,
+                                       batch_size=8)
+  builtin = dsgrad.meanfield_gaussian(dsgrad.models.movielens(users, genres, ratings, 6))
+  assert objective.numpyro_model.model.latent_dim == 8 * 18 * 5
+  params = _random_params(objective, jax.random.key(1))
+  indices = jnp.array([0, 7, 49, 13, 21, 3, 30, 44], jnp.int32)
+  noise = objective.sample_noise(jax.random.key(2), 8)
+  np.testing.assert_allclose(objective.loss(params, indices, noise),
+                             builtin.loss(params, indices, noise), rtol=2e-5)
+
+
+def test_example_runs_end_to_end(tmp_path):
+  import json
+  import math
+
+  import numpyro_model as example
+  rows = example.main(["--synthetic", "--users", "6", "--steps", "20", "--eval-every", "10",
+                       "--elbo-samples", "10", "--out", str(tmp_path)])
+  with open(tmp_path / "results.json") as f:
+    saved = json.load(f)
+  assert set(saved["results"]) == {"numpyro SVI", "dsgrad naive", "dsgrad joint_svrg",
+                                   "dsgrad joint_saga"}
+  for name, row in saved["results"].items():
+    assert math.isfinite(row["final_elbo"]) and row["ms_per_step"] > 0, name
+    assert rows[name]["final_elbo"] == row["final_elbo"]
+  assert saved["results"]["dsgrad joint_saga"]["table_bytes"] > 0
