@@ -20,7 +20,7 @@ from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
                                inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
-from dsgrad.train import (FitResult, History, fit, restore_fit_checkpoint,
+from dsgrad.train import (FitResult, History, fit, restore_fit_checkpoint, restore_fit_history,
                           save_fit_checkpoint, train_step)
 
 __version__ = "0.1.0"
@@ -34,7 +34,7 @@ __all__ = [
     "objective_from_logdensity", "model_from_logdensity",
     "models", "checkpoint", "datasets", "families",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
-    "restore_fit_checkpoint",
+    "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition",
 ]

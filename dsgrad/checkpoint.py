@@ -43,6 +43,29 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     raise
 
 
+def _read(path) -> bytes:
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no checkpoint at {path!r}")
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def restore_raw(path: str | os.PathLike) -> dict:
+  """Reads a checkpoint written by :func:`save` as nested dicts of numpy arrays, without
+  a template (NamedTuples come back as dicts keyed by position).
+
+  Raises:
+    FileNotFoundError: if ``path`` does not exist.
+    ValueError: if the file is not a valid checkpoint.
+  """
+  data = _read(path)
+  try:
+    return serialization.msgpack_restore(data)
+  except Exception as err:  # msgpack raises several types
+    raise ValueError(f"checkpoint {os.fspath(path)!r} is corrupt: {err}") from err
+
+
 def restore(path: str | os.PathLike, like: Any) -> Any:
   """Reads a checkpoint written by :func:`save` into the structure of ``like``.
 
@@ -59,10 +82,7 @@ def restore(path: str | os.PathLike, like: Any) -> Any:
     ValueError: if the file is not a valid checkpoint or does not match ``like``.
   """
   path = os.fspath(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"no checkpoint at {path!r}")
-  with open(path, "rb") as f:
-    data = f.read()
+  data = _read(path)
   try:
     restored = serialization.from_bytes(like, data)
   except Exception as err:  # msgpack and flax raise several types

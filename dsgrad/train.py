@@ -127,7 +127,8 @@ def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
-        checkpoint_every: int = 1) -> FitResult:
+        checkpoint_every: int = 1, history: History | None = None,
+        resume: bool = False) -> FitResult:
   """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
 
   Steps run in jitted ``lax.scan`` segments of ``eval_every`` steps with the state
@@ -149,16 +150,28 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     progress: show progress.
     opt_state: state to continue from (default ``optimizer.init(params)``).
     start_step: the step ``params``/``opt_state`` were taken at, when resuming.
-    checkpoint_path: if given, ``(params, opt_state, step)`` is saved there every
-      ``checkpoint_every`` segments and at the end (atomic; :mod:`dsgrad.checkpoint`).
+    checkpoint_path: if given, ``(params, opt_state, step)`` and the history so far are
+      saved there every ``checkpoint_every`` segments and at the end (atomic;
+      :mod:`dsgrad.checkpoint`).
     checkpoint_every: segments between checkpoints.
+    history: when resuming, the history up to ``start_step``
+      (:func:`restore_fit_history`); the returned history continues it, wall-clock too.
+    resume: if true and ``checkpoint_path`` exists, continue from it: params, optimizer
+      state, step and history are restored (``params`` then only gives the structure),
+      so an interrupted run can be restarted with the same call.
 
   Returns:
-    A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` and ``start_step``.
+    A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` (its step is the
+    ``start_step``) and ``restore_fit_history``: the resumed run's parameters and
+    history are those of an uninterrupted run (wall-clock aside).
   """
+  optimizer = optax.with_extra_args_support(optimizer)
+  if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
+    params, opt_state, start_step = restore_fit_checkpoint(
+        checkpoint_path, params, optimizer.init(params) if opt_state is None else opt_state)
+    history = restore_fit_history(checkpoint_path)
   if num_steps < start_step:
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
-  optimizer = optax.with_extra_args_support(optimizer)
   eval_every = int(eval_every or max(1, objective.num_data // batch_size))
   # Segments donate their carry; copy so that the caller's arrays stay valid.
   params = jax.tree.map(jnp.copy, params)
@@ -167,8 +180,17 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   key, eval_key = jax.random.split(key)
 
   bar = _progress(progress, num_steps - start_step)
+  previous = history
   history = {"step": [], "wall_time": [], "elbo": [], "elbo_se": []}
-  compile_seconds, wall, step, segment = 0.0, 0.0, start_step, 0
+  wall = 0.0
+  if previous is not None:
+    if len(previous.step) and int(previous.step[-1]) != start_step:
+      raise ValueError(f"history ends at step {int(previous.step[-1])} but start_step is "
+                       f"{start_step}; pass the history saved with the checkpoint")
+    for name in history:
+      history[name] = list(np.asarray(getattr(previous, name), np.float64))
+    wall = float(previous.wall_time[-1]) if len(previous.wall_time) else 0.0
+  compile_seconds, step, segment = 0.0, start_step, 0
   while step < num_steps:
     length = min(eval_every, num_steps - step)
     if length not in compiled_by_length:
@@ -189,17 +211,22 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       history[name].append(v)
     bar(length, step, value, se)
     if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
-      save_fit_checkpoint(checkpoint_path, params, opt_state, step)
+      save_fit_checkpoint(checkpoint_path, params, opt_state, step,
+                          History(*(np.asarray(history[k], np.float64) for k in history)))
   bar(0, step, None, None, close=True)
   return FitResult(params, opt_state,
                    History(*(np.asarray(history[k], np.float64) for k in history)),
                    compile_seconds)
 
 
-def save_fit_checkpoint(path, params, opt_state, step: int) -> None:
-  """Saves ``(params, opt_state, step)`` atomically (what :func:`fit` writes)."""
-  checkpoint_lib.save(path, {"params": params, "opt_state": opt_state,
-                             "step": np.asarray(step, np.int64)})
+def save_fit_checkpoint(path, params, opt_state, step: int,
+                        history: History | None = None) -> None:
+  """Saves ``(params, opt_state, step)`` and optionally the history, atomically (what
+  :func:`fit` writes)."""
+  tree = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int64)}
+  if history is not None:
+    tree["history"] = {k: np.asarray(v, np.float64) for k, v in history._asdict().items()}
+  checkpoint_lib.save(path, tree)
 
 
 def restore_fit_checkpoint(path, params_like, opt_state_like):
@@ -208,6 +235,15 @@ def restore_fit_checkpoint(path, params_like, opt_state_like):
   tree = checkpoint_lib.restore(path, {"params": params_like, "opt_state": opt_state_like,
                                        "step": np.asarray(0, np.int64)})
   return tree["params"], tree["opt_state"], int(tree["step"])
+
+
+def restore_fit_history(path) -> History:
+  """The :class:`History` saved with a :func:`fit` checkpoint (pass it back to ``fit`` as
+  ``history`` when resuming); empty if the checkpoint has none."""
+  raw = checkpoint_lib.restore_raw(path)
+  saved = raw.get("history") or {}
+  return History(*(np.asarray(saved.get(k, np.zeros(0)), np.float64)
+                   for k in History._fields))
 
 
 def _progress(enabled: bool, total: int):

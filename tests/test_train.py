@@ -51,14 +51,30 @@ def test_plain_optax_optimizer_and_progress_output(logreg_model, params0, capsys
 def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=0, progress=False)
+  kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=5, progress=False)
   key = jax.random.key(3)
   whole = dsgrad.fit(objective, opt, params0, key, num_steps=28, **kw)
   path = tmp_path / "fit.msgpack"
   dsgrad.fit(objective, opt, params0, key, num_steps=14, checkpoint_path=path, **kw)
   params, opt_state, step = dsgrad.restore_fit_checkpoint(path, params0, opt.init(params0))
   assert step == 14
+  history = dsgrad.restore_fit_history(path)
+  assert history.step.tolist() == [7, 14]
   resumed = dsgrad.fit(objective, opt, params, key, num_steps=28, opt_state=opt_state,
-                       start_step=step, **kw)
+                       start_step=step, history=history, **kw)
   chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
                               (whole.params, whole.opt_state))
+  # The resumed history is the uninterrupted one (wall-clock aside).
+  np.testing.assert_array_equal(resumed.history.step, whole.history.step)
+  np.testing.assert_array_equal(resumed.history.elbo, whole.history.elbo)
+  np.testing.assert_array_equal(resumed.history.elbo_se, whole.history.elbo_se)
+  assert np.all(np.diff(resumed.history.wall_time) > 0)
+  # resume=True does the same from the checkpoint alone.
+  again = dsgrad.fit(objective, opt, params0, key, num_steps=28, checkpoint_path=path,
+                     resume=True, **kw)
+  chex.assert_trees_all_equal(again.params, whole.params)
+  np.testing.assert_array_equal(again.history.elbo, whole.history.elbo)
+  assert dsgrad.restore_fit_checkpoint(path, params0, opt.init(params0))[2] == 28
+  with pytest.raises(ValueError, match="history ends at step 14"):
+    dsgrad.fit(objective, opt, params, key, num_steps=28, opt_state=opt_state,
+               start_step=7, history=history, **kw)
