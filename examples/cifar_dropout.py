@@ -86,7 +86,8 @@ def train_lenet(x, y, args):
           if args.checkpoint_dir else None)
   state = nnx.state(model, nnx.Param)
   if path and os.path.exists(path):
-    nnx.update(model, checkpoint.restore(path, state))
+    nnx.replace_by_pure_dict(state, checkpoint.restore(path, nnx.to_pure_dict(state)))
+    nnx.update(model, state)
     print(f"LeNet restored from {path}")
     return model
   optimizer = nnx.Optimizer(model, optax.adam(args.lenet_lr), wrt=nnx.Param)
@@ -111,7 +112,7 @@ def train_lenet(x, y, args):
       bar(1, loss=float(loss) if b == batches - 1 else None)
   bar(0, close=True)
   if path:
-    checkpoint.save(path, nnx.state(model, nnx.Param))
+    checkpoint.save(path, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   return model
 
 
@@ -190,6 +191,8 @@ def figure(histories, lrs, args, path_prefix, what):
         col = early if key == "vs_lr_early" else -1
         ax.plot(lrs, traces[n][:, col], marker="o", label=n)
         ax.set_xscale("log")
+    # Diverged runs leave the plot through the top, at the uniform predictor's loss.
+    ax.set_ylim(None, 1.1 * np.log(10))
     ax.set_xlabel("iteration" if key.startswith("trace") else "learning rate")
     ax.set_ylabel("full-data objective (cross-entropy)")
     ax.set_title(title, fontsize=9)
