@@ -182,17 +182,24 @@ def figure(histories, lrs, args, path_prefix, what):
             ("vs_lr_final", f"objective vs lr after {steps[-1]:,} iterations")]
   for key, title in panels:
     fig, ax = plt.subplots(figsize=(5, 3.6))
+    plotted = []
     for n in names:
       if key == "trace_lr":
-        ax.plot(steps, traces[n][lrs.index(args.trace_lr)], label=n)
+        xs, ys = steps, traces[n][lrs.index(args.trace_lr)]
       elif key == "trace_best":
-        ax.plot(steps, np.nanmin(traces[n], axis=0), label=n)
+        xs, ys = steps, np.nanmin(traces[n], axis=0)
       else:
-        col = early if key == "vs_lr_early" else -1
-        ax.plot(lrs, traces[n][:, col], marker="o", label=n)
+        xs, ys = lrs, traces[n][:, early if key == "vs_lr_early" else -1]
         ax.set_xscale("log")
+      ax.plot(xs, ys, marker="o" if key.startswith("vs_lr") else None, label=n)
+      plotted.append(ys)
     # Diverged runs leave the plot through the top, at the uniform predictor's loss.
-    ax.set_ylim(None, 1.1 * np.log(10))
+    plotted = np.concatenate(plotted)
+    lo = np.nanmin(plotted)
+    hi = 1.1 * np.log(10)
+    if key.startswith("trace"):
+      hi = min(hi, np.nanmax(plotted[np.isfinite(plotted)]))
+    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     ax.set_xlabel("iteration" if key.startswith("trace") else "learning rate")
     ax.set_ylabel("full-data objective (cross-entropy)")
     ax.set_title(title, fontsize=9)
@@ -210,7 +217,8 @@ def figure(histories, lrs, args, path_prefix, what):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("--dataset", default="cifar10", choices=["cifar10", "digits"])
+  parser.add_argument("--dataset", default="cifar10", choices=["cifar10", "digits"],
+                      help="which images (cifar10 needs the data; digits runs offline)")
   parser.add_argument("--data-dir", default=None,
                       help="folder with cifar-10-batches-py/ (also searched: $DSGRAD_DATA, "
                            "~/.cache/dsgrad, ~/.keras/datasets, ./data)")
@@ -220,24 +228,31 @@ def main(argv=None):
                       help="accept CIFAR-format batches smaller than the official 10,000")
   parser.add_argument("--lenet-epochs", type=int, default=None,
                       help="LeNet training epochs (default: 5 on CIFAR-10, 30 on digits)")
-  parser.add_argument("--lenet-batch", type=int, default=128)
+  parser.add_argument("--lenet-batch", type=int, default=128,
+                      help="LeNet training batch size")
   parser.add_argument("--lenet-lr", type=float, default=1e-3, help="Adam step size")
   parser.add_argument("--steps", type=int, default=2000, help="SGD steps per run")
-  parser.add_argument("--eval-every", type=int, default=100)
+  parser.add_argument("--eval-every", type=int, default=100,
+                      help="steps between full-data evaluations (a multiple of it must make --steps)")
   parser.add_argument("--eval-samples", type=int, default=8,
                       help="dropout draws per datum in each full-data objective estimate")
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--dropout-std", type=float, default=0.5)
+  parser.add_argument("--batch-size", type=int, default=100,
+                      help="data per step")
+  parser.add_argument("--dropout-std", type=float, default=0.5,
+                      help="standard deviation s of the multiplicative noise N(1, s^2)")
   parser.add_argument("--lrs", default="1,0.5,0.2,0.1,0.05,0.02,0.01",
                       help="comma-separated SGD learning rates")
   parser.add_argument("--trace-lr", type=float, default=0.05,
                       help="the learning rate of the first panel (must be in --lrs)")
-  parser.add_argument("--estimators", default="naive,cv,joint_saga,joint_svrg")
+  parser.add_argument("--estimators", default="naive,cv,joint_saga,joint_svrg",
+                      help="comma-separated estimators to compare")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save the LeNet and every run here; a rerun resumes where it "
                            "stopped")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=os.path.join("results", "cifar_dropout"))
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of every batch and noise draw (runs are deterministic given it)")
+  parser.add_argument("--out", default=os.path.join("results", "cifar_dropout"),
+                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   lrs = [float(v) for v in args.lrs.split(",")]
   if args.trace_lr not in lrs:

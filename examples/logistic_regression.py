@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +21,8 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.diagnostics import elbo, epoch_batches, estimator_samples, total_variance
+from _common import check_checkpoint_config
+from dsgrad.diagnostics import elbo, estimator_samples, total_variance
 from dsgrad.datasets import load_australian, load_sonar, standardize
 from dsgrad.models import logistic_regression
 
@@ -48,17 +48,24 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--dataset", default="breast_cancer",
-                      choices=["breast_cancer", "sonar", "australian"])
+                      choices=["breast_cancer", "sonar", "australian"],
+                      help="data set (breast_cancer ships with scikit-learn)")
   parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"),
                       help="folder with sonar.all-data / australian.dat")
   parser.add_argument("--steps", type=int, default=3000, help="SGD steps per estimator")
-  parser.add_argument("--batch-size", type=int, default=5)
+  parser.add_argument("--batch-size", type=int, default=5,
+                      help="data per step")
   parser.add_argument("--lr", type=float, default=5e-4, help="SGD step size")
   parser.add_argument("--approx", default="taylor", choices=["taylor", "linearize"],
                       help="f~: the paper's mean-only Taylor expansion (App. F) or the "
                            "generic first-order expansion in the noise")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=os.path.join("results", "logistic_regression"))
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of every batch and noise draw (runs are deterministic given it)")
+  parser.add_argument("--checkpoint-dir", default=None,
+                      help="save every run here; a rerun resumes where it stopped")
+  parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+  parser.add_argument("--out", default=os.path.join("results", "logistic_regression"),
+                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
 
   x, y = load(args.dataset, args.data_dir)
@@ -78,42 +85,33 @@ def main(argv=None):
       "joint_svrg": dsgrad.joint_svrg(objective, approx, every=steps_per_epoch),
       "joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=steps_per_epoch),
   }
-  batches = epoch_batches(jax.random.fold_in(key, 1), n, args.batch_size, args.steps)
-  noise_keys = jax.random.split(jax.random.fold_in(key, 2), args.steps)
-  record_every = max(1, args.steps // 30)
+  eval_every = max(1, args.steps // 30)
+  if args.steps % eval_every:
+    parser.error(f"--steps must be a multiple of {eval_every} (steps // 30)")
   print(f"{args.dataset}: N={n}, D={model.latent_dim}, batch {args.batch_size}, "
         f"SGD lr={args.lr}, {args.steps} steps")
+  check_checkpoint_config(args.checkpoint_dir, {
+      k: v for k, v in vars(args).items()
+      if k not in ("steps", "out", "checkpoint_dir", "no_progress")})
 
   results, traces = {}, {}
   for name, est in estimators.items():
-    opt = optax.chain(est, optax.sgd(args.lr))
-
-    def step(carry, inputs):
-      params, state = carry
-      indices, k = inputs
-      noise = objective.sample_noise(k, args.batch_size)
-      grads = objective.grad(params, indices, noise)
-      updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
-      return (optax.apply_updates(params, updates), state), params
-
-    run = jax.jit(lambda c, xs: jax.lax.scan(step, c, xs), donate_argnums=0)
-    fresh = lambda: jax.tree.map(jnp.copy, (init, opt.init(init)))  # donated below
-    run(fresh(), (batches[:2], noise_keys[:2]))  # compile
-    carry = fresh()
-    start = time.perf_counter()
-    (params, state), path = run(carry, (batches, noise_keys))
-    jax.block_until_ready(params)
-    per_step = (time.perf_counter() - start) / args.steps
-    trace = [(int(t), elbo(objective, jax.tree.map(lambda p: p[t], path),
-                           jax.random.key(t), 200)[0])
-             for t in range(0, args.steps, record_every)]
+    path = (os.path.join(args.checkpoint_dir, f"{name}.msgpack") if args.checkpoint_dir
+            else None)
+    fit = dsgrad.fit(objective, optax.chain(est, optax.sgd(args.lr)), init, key,
+                     num_steps=args.steps, batch_size=args.batch_size, eval_every=eval_every,
+                     elbo_samples=200, progress=not args.no_progress, checkpoint_path=path,
+                     resume=True)
+    params, state = fit.params, fit.opt_state
     final, final_se = elbo(objective, params, jax.random.key(99), 2000)
     var, _ = total_variance(estimator_samples(est, state[0], params, objective,
                                               jax.random.key(3), 2000, args.batch_size))
     results[name] = {"final_elbo": final, "final_elbo_se": final_se,
-                     "grad_variance": var, "ms_per_step": 1e3 * per_step,
+                     "grad_variance": var,
+                     "ms_per_step": 1e3 * float(fit.history.wall_time[-1]) / args.steps,
                      "table_bytes": dsgrad.table_bytes(state)}
-    traces[name] = trace
+    traces[name] = [(0, float(elbo(objective, init, jax.random.key(0), 200)[0]))] + [
+        (int(t), float(v)) for t, v in zip(fit.history.step, fit.history.elbo)]
 
   print(f"\n{'estimator':<11} {'final ELBO':>16} {'grad variance':>14} {'ms/step':>8} {'table':>9}")
   for name, r in results.items():

@@ -87,20 +87,26 @@ def main(argv=None):
                       help="seeded synthetic ratings (tests)")
   parser.add_argument("--holdout", type=float, default=0.1,
                       help="fraction of ratings held out for prediction")
-  parser.add_argument("--steps", type=int, default=2000)
-  parser.add_argument("--eval-every", type=int, default=100)
-  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--steps", type=int, default=2000,
+                      help="optimization steps per estimator")
+  parser.add_argument("--eval-every", type=int, default=100,
+                      help="steps between full-data evaluations (a multiple of it must make --steps)")
+  parser.add_argument("--batch-size", type=int, default=100,
+                      help="data per step")
   parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
   parser.add_argument("--elbo-samples", type=int, default=100,
                       help="Monte Carlo samples per full-data ELBO estimate")
   parser.add_argument("--predict-samples", type=int, default=200,
                       help="posterior draws for the held-out predictive")
-  parser.add_argument("--estimators", default="naive,cv,joint_svrg,joint_saga")
+  parser.add_argument("--estimators", default="naive,cv,joint_svrg,joint_saga",
+                      help="comma-separated estimators to compare")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=os.path.join("results", "movielens"))
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of every batch and noise draw (runs are deterministic given it)")
+  parser.add_argument("--out", default=os.path.join("results", "movielens"),
+                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")

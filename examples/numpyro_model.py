@@ -88,14 +88,19 @@ def main(argv=None):
   parser.add_argument("--data-dir", default=None,
                       help="folder with the official MovieLens 100K u.data/u.item")
   parser.add_argument("--synthetic", action="store_true", help="seeded synthetic ratings")
-  parser.add_argument("--steps", type=int, default=2000)
-  parser.add_argument("--eval-every", type=int, default=100)
-  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--steps", type=int, default=2000,
+                      help="optimization steps per estimator")
+  parser.add_argument("--eval-every", type=int, default=100,
+                      help="steps between full-data evaluations (a multiple of it must make --steps)")
+  parser.add_argument("--batch-size", type=int, default=100,
+                      help="data per step")
   parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
   parser.add_argument("--elbo-samples", type=int, default=200,
                       help="Monte Carlo samples per full-data ELBO estimate")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=os.path.join("results", "numpyro_model"))
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of every batch and noise draw (runs are deterministic given it)")
+  parser.add_argument("--out", default=os.path.join("results", "numpyro_model"),
+                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
