@@ -25,3 +25,59 @@ def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
     return
   with open(path, "w") as f:
     json.dump(config, f, indent=1)
+
+
+def add_run_flags(parser, *, steps: int, eval_every: int, batch_size: int, out: str):
+  """The flags every training example shares: steps, evaluation interval, batch size,
+  seed, output folder."""
+  parser.add_argument("--steps", type=int, default=steps,
+                      help="optimization steps per run")
+  parser.add_argument("--eval-every", type=int, default=eval_every,
+                      help="steps between full-data evaluations (--steps must be a multiple)")
+  parser.add_argument("--batch-size", type=int, default=batch_size, help="data per step")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of every batch and noise draw (runs are deterministic given it)")
+  parser.add_argument("--out", default=os.path.join("results", out),
+                      help="folder for results.json and the figures")
+
+
+def plot_elbo(histories: dict, path: str, title: str) -> bool:
+  """ELBO against iterations and against training seconds (log scale), one line per run.
+
+  Args:
+    histories: ``{name: {"step": [...], "wall_time": [...], "elbo": [...]}}``.
+    path: PNG to write.
+    title: figure title.
+
+  Returns:
+    False (and prints why) when matplotlib is missing, else True.
+  """
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib not installed: no plot")
+    return False
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for name, h in histories.items():
+    axes[0].plot(h["step"], h["elbo"], label=name)
+    axes[1].plot(h["wall_time"], h["elbo"], label=name)
+  # The first quarter of each run is mostly the climb from the start: leave it out of
+  # the vertical range so that the differences at the end stay visible.
+  tail = [e for h in histories.values() for e in h["elbo"][len(h["elbo"]) // 4:]]
+  lo, hi = min(tail), max(max(h["elbo"]) for h in histories.values())
+  margin = 0.05 * (hi - lo) or 1.0
+  for ax, label in zip(axes, ["iteration", "training seconds (log scale)"]):
+    ax.set_xlabel(label)
+    ax.set_ylabel("full-data ELBO")
+    ax.set_ylim(lo - margin, hi + margin)
+    ax.grid(alpha=0.3)
+  axes[1].set_xscale("log")
+  axes[0].legend()
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  print(f"wrote {path}")
+  return True

@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 import dsgrad
-from _common import check_checkpoint_config
+from _common import add_run_flags, check_checkpoint_config
 from dsgrad import checkpoint
 
 
@@ -231,13 +231,9 @@ def main(argv=None):
   parser.add_argument("--lenet-batch", type=int, default=128,
                       help="LeNet training batch size")
   parser.add_argument("--lenet-lr", type=float, default=1e-3, help="Adam step size")
-  parser.add_argument("--steps", type=int, default=2000, help="SGD steps per run")
-  parser.add_argument("--eval-every", type=int, default=100,
-                      help="steps between full-data evaluations (a multiple of it must make --steps)")
+  add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="cifar_dropout")
   parser.add_argument("--eval-samples", type=int, default=8,
                       help="dropout draws per datum in each full-data objective estimate")
-  parser.add_argument("--batch-size", type=int, default=100,
-                      help="data per step")
   parser.add_argument("--dropout-std", type=float, default=0.5,
                       help="standard deviation s of the multiplicative noise N(1, s^2)")
   parser.add_argument("--lrs", default="1,0.5,0.2,0.1,0.05,0.02,0.01",
@@ -249,10 +245,6 @@ def main(argv=None):
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save the LeNet and every run here; a rerun resumes where it "
                            "stopped")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="seed of every batch and noise draw (runs are deterministic given it)")
-  parser.add_argument("--out", default=os.path.join("results", "cifar_dropout"),
-                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   lrs = [float(v) for v in args.lrs.split(",")]
   if args.trace_lr not in lrs:
@@ -283,13 +275,16 @@ def main(argv=None):
     parser.error(f"unknown estimators {sorted(unknown)}; choose from {sorted(makes)}")
   key = jax.random.key(args.seed)
   histories = {n: {} for n in names}
+  bar = _progress(len(names) * len(lrs), "SGD runs")
   for name in names:
     tic = time.perf_counter()
     for lr in lrs:
       histories[name][lr] = run_one(objective, makes[name], lr, params0, key, args,
                                     f"{name}_lr{lr:g}")
+      bar(1)
     print(f"  {name:<11} {len(lrs)} learning rates in {time.perf_counter() - tic:.0f} s",
           flush=True)
+  bar(0, close=True)
 
   print(f"\nfull-data objective after {args.steps:,} steps (lower is better; inf = diverged)")
   print(f"{'lr':>8} " + " ".join(f"{n:>11}" for n in names))

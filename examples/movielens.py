@@ -24,8 +24,17 @@ import numpy as np
 import optax
 
 import dsgrad
-from _common import check_checkpoint_config
+from _common import add_run_flags, check_checkpoint_config, plot_elbo
 from dsgrad.models.movielens import movielens_latent
+
+
+def add_data_flags(parser, users: int):
+  """``--users``, ``--data-dir`` and ``--synthetic``: which ratings :func:`load_ratings` reads."""
+  parser.add_argument("--users", type=int, default=users, help="keep the first U users")
+  parser.add_argument("--data-dir", default=None,
+                      help="folder (or zip) with the official MovieLens 100K u.data/u.item")
+  parser.add_argument("--synthetic", action="store_true",
+                      help="seeded synthetic ratings with MovieLens's shapes")
 
 
 def load_ratings(args):
@@ -80,19 +89,10 @@ def predict(params, users, genres, ratings, num_users, key, num_samples=200):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("--users", type=int, default=100, help="keep the first U users")
-  parser.add_argument("--data-dir", default=None,
-                      help="folder (or zip) with the official MovieLens 100K u.data/u.item")
-  parser.add_argument("--synthetic", action="store_true",
-                      help="seeded synthetic ratings (tests)")
+  add_data_flags(parser, users=100)
+  add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="movielens")
   parser.add_argument("--holdout", type=float, default=0.1,
                       help="fraction of ratings held out for prediction")
-  parser.add_argument("--steps", type=int, default=2000,
-                      help="optimization steps per estimator")
-  parser.add_argument("--eval-every", type=int, default=100,
-                      help="steps between full-data evaluations (a multiple of it must make --steps)")
-  parser.add_argument("--batch-size", type=int, default=100,
-                      help="data per step")
   parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
   parser.add_argument("--elbo-samples", type=int, default=100,
                       help="Monte Carlo samples per full-data ELBO estimate")
@@ -103,10 +103,6 @@ def main(argv=None):
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="seed of every batch and noise draw (runs are deterministic given it)")
-  parser.add_argument("--out", default=os.path.join("results", "movielens"),
-                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
@@ -173,32 +169,8 @@ def main(argv=None):
                    args=vars(args), results=results, baseline=dict(
                        heldout_accuracy=baseline[0], heldout_log_predictive=baseline[1]),
                    histories=histories), f, indent=1)
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib not installed: no plot")
-    return dict(results=results, histories=histories)
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for name, h in histories.items():
-    axes[0].plot(h["step"], h["elbo"], label=name)
-    axes[1].plot(h["wall_time"], h["elbo"], label=name)
-  tail = [e for h in histories.values() for e in h["elbo"][len(h["elbo"]) // 4:]]
-  lo, hi = min(tail), max(tail)
-  for ax, label in zip(axes, ["iteration", "training seconds (log scale)"]):
-    ax.set_xlabel(label)
-    ax.set_ylabel("full-data ELBO")
-    ax.set_ylim(lo - 0.05 * (hi - lo + 1), hi + 0.05 * (hi - lo + 1))
-    ax.grid(alpha=0.3)
-  axes[1].set_xscale("log")
-  axes[0].legend()
-  fig.suptitle(f"MovieLens hierarchical model: {what}; Adam {args.lr}, batch "
-               f"{args.batch_size}", fontsize=9)
-  fig.tight_layout()
-  path = os.path.join(args.out, "elbo.png")
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}")
+  plot_elbo(histories, os.path.join(args.out, "elbo.png"),
+            f"MovieLens hierarchical model: {what}; Adam {args.lr}, batch {args.batch_size}")
   return dict(results=results, histories=histories)
 
 

@@ -31,7 +31,8 @@ from numpyro.optim import optax_to_numpyro
 
 import dsgrad
 from dsgrad.contrib import numpyro as dsgrad_numpyro
-from movielens import load_ratings
+from _common import add_run_flags, plot_elbo
+from movielens import add_data_flags, load_ratings
 
 
 def movielens_model(users, genres, ratings, num_users, batch_size=100):
@@ -84,23 +85,13 @@ def run_numpyro_svi(model, model_args, objective, args, key):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("--users", type=int, default=50, help="keep the first U users")
-  parser.add_argument("--data-dir", default=None,
-                      help="folder with the official MovieLens 100K u.data/u.item")
-  parser.add_argument("--synthetic", action="store_true", help="seeded synthetic ratings")
-  parser.add_argument("--steps", type=int, default=2000,
-                      help="optimization steps per estimator")
-  parser.add_argument("--eval-every", type=int, default=100,
-                      help="steps between full-data evaluations (a multiple of it must make --steps)")
-  parser.add_argument("--batch-size", type=int, default=100,
-                      help="data per step")
+  add_data_flags(parser, users=50)
+  add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="numpyro_model")
   parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
+  parser.add_argument("--estimators", default="naive,joint_svrg,joint_saga",
+                      help="dsgrad estimators to run beside NumPyro's SVI (naive included)")
   parser.add_argument("--elbo-samples", type=int, default=200,
                       help="Monte Carlo samples per full-data ELBO estimate")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="seed of every batch and noise draw (runs are deterministic given it)")
-  parser.add_argument("--out", default=os.path.join("results", "numpyro_model"),
-                      help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
@@ -117,10 +108,14 @@ def main(argv=None):
   approx = dsgrad.approx.gaussian_mean_taylor(found.model)
   epoch = max(1, n // args.batch_size)
   estimators = {
-      "dsgrad naive": dsgrad.naive(),
-      "dsgrad joint_svrg": dsgrad.joint_svrg(objective, approx, every=epoch),
-      "dsgrad joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=epoch),
+      "naive": dsgrad.naive(),
+      "joint_svrg": dsgrad.joint_svrg(objective, approx, every=epoch),
+      "joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=epoch),
   }
+  names = [s.strip() for s in args.estimators.split(",")]
+  if "naive" not in names or set(names) - set(estimators):
+    parser.error(f"--estimators must include naive and come from {sorted(estimators)}")
+  estimators = {f"dsgrad {n}": estimators[n] for n in names}
   key = jax.random.key(args.seed)
   histories, memory = {}, {}
   tic = time.perf_counter()
@@ -169,33 +164,8 @@ def main(argv=None):
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(dict(data=what, num_data=n, latent_dim=d, args=vars(args), results=rows,
                    histories=histories), f, indent=1)
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib not installed: no plot")
-    return rows
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for name, h in histories.items():
-    axes[0].plot(h["step"], h["elbo"], label=name)
-    axes[1].plot(h["wall_time"], h["elbo"], label=name)
-  lo = min(min(h["elbo"][len(h["elbo"]) // 4:]) for h in histories.values())
-  hi = max(max(h["elbo"]) for h in histories.values())
-  for ax, xlabel in zip(axes, ["iteration", "training seconds"]):
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("full-data ELBO")
-    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
-    ax.grid(alpha=0.3)
-  axes[1].set_xscale("log")
-  axes[1].set_xlabel("training seconds (log scale)")
-  axes[0].legend()
-  fig.suptitle(f"NumPyro MovieLens model: {what}; Adam {args.lr}, batch {args.batch_size}",
-               fontsize=9)
-  fig.tight_layout()
-  path = os.path.join(args.out, "elbo.png")
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}")
+  plot_elbo(histories, os.path.join(args.out, "elbo.png"),
+            f"NumPyro MovieLens model: {what}; Adam {args.lr}, batch {args.batch_size}")
   return rows
 
 

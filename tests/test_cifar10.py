@@ -116,3 +116,26 @@ def test_the_folder_is_found_through_dsgrad_data(tmp_path, monkeypatch):
   monkeypatch.setenv("DSGRAD_DATA", str(tmp_path / "store"))
   data = cifar10.load_cifar10(None, "test", download=False, verify_official=False)
   assert data.images.shape == (4, 32, 32, 3)
+
+
+def test_download_is_verified_and_extracted(tmp_path, monkeypatch):
+  import hashlib
+  import tarfile
+  source = tmp_path / "source"
+  _write_folder(source)
+  archive = tmp_path / "served.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    tar.add(source / cifar10.FOLDER, arcname=cifar10.FOLDER)
+  monkeypatch.setattr(cifar10, "URL", archive.as_uri())
+  monkeypatch.setattr(cifar10, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+  monkeypatch.setenv("DSGRAD_DATA", str(tmp_path / "nowhere"))
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.chdir(tmp_path)
+  data = cifar10.load_cifar10(tmp_path / "fresh", "test", verify_official=False)
+  assert data.images.shape == (4, 32, 32, 3)
+  assert (tmp_path / "fresh" / cifar10.ARCHIVE).exists()
+  # A download that does not match the published checksum is refused, not extracted.
+  monkeypatch.setattr(cifar10, "ARCHIVE_MD5", "0" * 32)
+  with pytest.raises(ValueError, match="not the official"):
+    cifar10.load_cifar10(tmp_path / "other", "test", verify_official=False)
+  assert not (tmp_path / "other" / cifar10.FOLDER).exists()
