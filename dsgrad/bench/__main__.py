@@ -5,6 +5,7 @@ import sys
 BENCHMARKS = {
     "step-cost": "dsgrad.bench.step_cost",
     "paper": "dsgrad.bench.paper",
+    "scale": "dsgrad.bench.scale",
 }
 
 
