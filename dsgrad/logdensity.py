@@ -117,10 +117,14 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
   """The BBVI objective (Eq. 3) of :func:`model_from_logdensity`'s model.
 
   Args:
-    log_prior, log_lik, data, latent, name: as in :func:`model_from_logdensity`.
+    log_prior: as in :func:`model_from_logdensity`.
+    log_lik: as in :func:`model_from_logdensity`.
+    data: as in :func:`model_from_logdensity`.
+    latent: as in :func:`model_from_logdensity`.
     family: ``"meanfield"`` (params ``{"loc", "log_scale"}``) or ``"fullrank"``
       (params ``{"loc", "log_diag", "off_diag"}``); see :mod:`dsgrad.families`.
     shared_noise: one noise draw for the whole batch (default) or one per datum.
+    name: label for messages and tables.
 
   Returns:
     An :class:`dsgrad.Objective`; initial params from

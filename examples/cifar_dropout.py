@@ -199,7 +199,8 @@ def figure(histories, lrs, args, path_prefix, what):
     hi = 1.1 * np.log(10)
     if key.startswith("trace"):
       hi = min(hi, np.nanmax(plotted[np.isfinite(plotted)]))
-    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    margin = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.05
+    ax.set_ylim(lo - margin, hi + margin)
     ax.set_xlabel("iteration" if key.startswith("trace") else "learning rate")
     ax.set_ylabel("full-data objective (cross-entropy)")
     ax.set_title(title, fontsize=9)
