@@ -6,6 +6,7 @@ BENCHMARKS = {
     "step-cost": "dsgrad.bench.step_cost",
     "paper": "dsgrad.bench.paper",
     "scale": "dsgrad.bench.scale",
+    "precision": "dsgrad.bench.precision",
 }
 
 
