@@ -7,6 +7,7 @@ BENCHMARKS = {
     "paper": "dsgrad.bench.paper",
     "scale": "dsgrad.bench.scale",
     "precision": "dsgrad.bench.precision",
+    "memory": "dsgrad.bench.memory",
 }
 
 
