@@ -40,8 +40,7 @@ def load(dataset: str, data_dir: str):
       x, y = loader(os.path.join(data_dir, name))
     except FileNotFoundError as err:
       raise SystemExit(f"{err}\n(pass --data-dir pointing at the folder holding {name})")
-  x = np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], axis=1)
-  return x.astype(np.float32), np.asarray(y, int)
+  return dsgrad.datasets.add_intercept(x), np.asarray(y, int)
 
 
 def main(argv=None):

@@ -49,9 +49,13 @@ def _uci_problem(name, data_dir):
             "australian": dsgrad.datasets.load_australian}[name]
   file = {"sonar": "sonar.all-data", "australian": "australian.dat"}[name]
   x, y = loader(os.path.join(data_dir, file))
-  x = np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], 1)  # intercept
-  model = dsgrad.models.logistic_regression(x, y, name=name)
+  model = dsgrad.models.logistic_regression(dsgrad.datasets.add_intercept(x), y, name=name)
   return model, dsgrad.meanfield_gaussian(model)
+
+
+def _with_sgd(estimator):
+  """``step_size -> optax.chain(estimator, optax.sgd(step_size))`` for the grid trainer."""
+  return lambda lr: optax.chain(estimator, optax.sgd(lr))
 
 
 def _estimator(name, objective, model, warmup):
@@ -76,7 +80,7 @@ def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch
   results, endpoint = {}, {}
   for name in ESTIMATORS:
     est = _estimator(name, objective, model, warmup)
-    train = _grid.trainer(lambda lr, est=est: optax.chain(est, optax.sgd(lr)), objective,
+    train = _grid.trainer(_with_sgd(est), objective,
                           params0, batch_size, num_steps, num_evals)
     t0 = time.perf_counter()
     traces, states = _grid.run_grid(train, step_sizes, keys)   # leaves (L, S, E, ...)
@@ -112,7 +116,7 @@ def _variance_traces(objective, model, params0, batch_size, num_steps, warmup,
   out = {}
   for name in ESTIMATORS:
     est = _estimator(name, objective, model, warmup)
-    train = _grid.trainer(lambda lr, est=est: optax.chain(est, optax.sgd(lr)), objective,
+    train = _grid.trainer(_with_sgd(est), objective,
                           params0, batch_size, num_steps, points, keep_states=True)
     (params, states), _ = jax.jit(train)(step_size, jax.random.key(0))
     rows = []

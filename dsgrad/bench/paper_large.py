@@ -76,10 +76,6 @@ class Task(NamedTuple):
   paper_size: str
 
 
-def _with_intercept(x):
-  return np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], 1)
-
-
 def _images(args):
   if args.mnist_dir:
     x, y = dsgrad.datasets.load_mnist(args.mnist_dir, "train")
@@ -95,7 +91,8 @@ def _images(args):
 def build_task(name, args) -> Task:
   if name == "mnist":
     x, y, what = _images(args)
-    model = dsgrad.models.softmax_regression(_with_intercept(x), y, 10, name="mnist")
+    model = dsgrad.models.softmax_regression(dsgrad.datasets.add_intercept(x), y, 10,
+                                             name="mnist")
     params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
     return Task(name, model, dsgrad.meanfield_gaussian(model), params0, what,
                 "joint_saga, logit table (App. F)", "N=60,000, D=7,850")

@@ -35,6 +35,13 @@ def standardize(features: np.ndarray) -> np.ndarray:
   return ((x - x.mean(0)) / np.where(std > 0, std, 1.0)).astype(np.float32)
 
 
+def add_intercept(features: np.ndarray) -> np.ndarray:
+  """``(N, D)`` features with a column of ones appended (``(N, D + 1)`` float32), so that a
+  GLM's last weight is its intercept."""
+  x = np.asarray(features, np.float32)
+  return np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], axis=1)
+
+
 def sha256(path: str | os.PathLike) -> str:
   """Hex sha256 of a file."""
   h = hashlib.sha256()
