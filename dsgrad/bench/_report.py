@@ -30,11 +30,17 @@ def environment() -> str:
           f"numpy {numpy.__version__}")
 
 
+DOCS_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs"))
+
+
+def docs_path(relative: str) -> str:
+  """Absolute path of ``relative`` (e.g. ``figures/x.png``) under the project's docs/."""
+  return os.path.join(DOCS_DIR, relative)
+
+
 def write_section(name: str, body: str, path: str | None = None) -> str:
   """Replaces (or appends) the section between ``<!-- bench:name -->`` markers."""
-  if path is None:
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks.md")
-  path = os.path.abspath(path)
+  path = os.path.abspath(path or docs_path("benchmarks.md"))
   begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
   block = f"{begin}\n{body.rstrip()}\n{end}"
   text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
@@ -44,3 +50,10 @@ def write_section(name: str, body: str, path: str | None = None) -> str:
   with open(path, "w") as f:
     f.write(text)
   return path
+
+
+def publish(section: str, body: str, write: bool) -> None:
+  """Prints a benchmark's ``body`` and, if ``write``, puts it in docs/benchmarks.md."""
+  print(body, flush=True)
+  if write:
+    print(f"\nwrote {write_section(section, body)}")

@@ -95,8 +95,5 @@ def main(argv=None):
   args = parser.parse_args(argv)
   rows = run()
   table = format_table(rows)
-  print(table)
-  if not args.no_write:
-    path = _report.write_section("memory", table)
-    print(f"\nwrote {path}")
+  _report.publish("memory", table, not args.no_write)
   return 0

@@ -69,8 +69,7 @@ def _estimator(name, objective, model, warmup):
   }[name]()
 
 
-def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch_size=5,
-            out_dir="docs/figures"):
+def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch_size=5):
   model, objective = _uci_problem(dataset, data_dir)
   params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
   warmup = model.num_data // batch_size
@@ -276,11 +275,9 @@ def main(argv=None):
                                         step_sizes=UCI_STEP_SIZES)
     steps, best_trace, rows = summarize(dataset, results, args.steps, args.evals, UCI_STEP_SIZES)
     figure = f"figures/paper_uci_{dataset}.png"
-    _figure(dataset, steps, best_trace, rows, UCI_STEP_SIZES,
-            os.path.join(os.path.dirname(__file__), "..", "..", "docs", figure))
+    _figure(dataset, steps, best_trace, rows, UCI_STEP_SIZES, _report.docs_path(figure))
     var_figure = f"figures/paper_uci_{dataset}_variance.png"
-    _variance_figure(dataset, var_trace,
-                     os.path.join(os.path.dirname(__file__), "..", "..", "docs", var_figure))
+    _variance_figure(dataset, var_trace, _report.docs_path(var_figure))
     sections.append(format_uci(dataset, model, rows, variances, config, figure)
                     + f"\n\n![{dataset} variance]({var_figure})\n\n"
                     + format_variance_trace(var_trace))
@@ -292,7 +289,5 @@ def main(argv=None):
       f"iteration (mean over seeds; a run counts as diverged, -inf, from the first "
       f"evaluation where a parameter is non-finite or exceeds 1e3 in size).",
       f"Measured: {_report.environment()}"] + sections)
-  print(body)
-  if not args.no_write:
-    print("wrote", _report.write_section(f"paper-uci-{jax.default_backend()}", body))
+  _report.publish(f"paper-uci-{jax.default_backend()}", body, not args.no_write)
   return 0

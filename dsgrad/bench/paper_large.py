@@ -404,7 +404,6 @@ def main(argv=None):
     parser.error(f"--estimators must include naive and name only {', '.join(ESTIMATORS)}")
   _single_threaded_eigen()
   tasks = TASKS if args.task == "large" else (args.task,)
-  docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
   for name in tasks:
     task = build_task(name, args)
     t0 = time.perf_counter()
@@ -413,7 +412,7 @@ def main(argv=None):
                    estimator_names=names)
     steps, budget, rows = summarize(task, out, args.steps, args.evals)
     figure = f"figures/paper_{name}.png"
-    _figure(task, steps, rows, out["times"], os.path.join(docs, figure))
+    _figure(task, steps, rows, out["times"], _report.docs_path(figure))
     section = format_task(task, out, steps, budget, rows, figure, args.steps)
     body = "\n\n".join([
         f"Command: `python -m dsgrad.bench paper {name} --steps {args.steps} --seeds "
@@ -427,7 +426,5 @@ def main(argv=None):
         f"rounds of {out['timing_steps']} steps; wall-clock = iterations x time per step. "
         f"Total {time.perf_counter() - t0:.0f} s.",
         f"Measured: {_report.environment()}", section])
-    print(body, flush=True)
-    if not args.no_write:
-      print("wrote", _report.write_section(f"paper-{name}-{jax.default_backend()}", body))
+    _report.publish(f"paper-{name}-{jax.default_backend()}", body, not args.no_write)
   return 0

@@ -96,8 +96,5 @@ def main(argv=None):
                 batch_size=args.batch_size, steps=args.steps, draws=args.draws, lr=args.lr)
   rows = run(**config)
   table = format_table(rows, config)
-  print(table)
-  if not args.no_write:
-    path = _report.write_section(f"precision-{jax.default_backend()}", table)
-    print(f"\nwrote {path}")
+  _report.publish(f"precision-{jax.default_backend()}", table, not args.no_write)
   return 0

@@ -19,12 +19,12 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 import dsgrad
 from dsgrad.bench import _report, _timing
+from dsgrad.estimators import _common
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 CRITERION = 1.5
@@ -46,20 +46,15 @@ def _estimators(objective, model, never):
 
 
 def _full_pass_seconds(objective, params, repeats=3):
-  """Seconds for one full-data gradient pass (what an SVRG refresh or an inc step costs)."""
+  """Seconds for one full-data gradient pass (what an SVRG refresh or an inc step costs),
+  in the estimators' own chunked pass."""
   noise = objective.sample_noise(jax.random.key(0), 1)  # shared noise: one draw
-  n = objective.num_data
-  chunk = min(n, 4096)
 
   @jax.jit
   def full_grad(params):
-    def body(acc, start):
-      idx = start + jnp.arange(chunk)
-      idx = jnp.minimum(idx, n - 1)
-      g = objective.grad(params, idx, noise, validate=False)
-      return jax.tree.map(lambda a, b: a + b * chunk, acc, g), None
-    zero = jax.tree.map(jnp.zeros_like, params)
-    return jax.lax.scan(body, zero, jnp.arange(0, n, chunk))[0]
+    return _common.full_pass_mean(
+        lambda idx: objective.grad(params, idx, noise, validate=False), objective.num_data,
+        4096)
 
   jax.block_until_ready(full_grad(params))
   times = []
@@ -164,17 +159,12 @@ def main(argv=None):
   results, passes = run(sizes, args.num_features, args.batch_size, args.steps, args.rounds)
   figure = None
   if not args.no_write:
-    import os
-    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
-    name = f"scale_steps_{jax.default_backend()}.png"
+    name = f"figures/scale_steps_{jax.default_backend()}.png"
     try:
-      _figure(results, passes, os.path.join(docs, "figures", name))
-      figure = f"figures/{name}"
+      _figure(results, passes, _report.docs_path(name))
+      figure = name
     except ImportError:
       pass
   table = format_table(results, passes, config, figure)
-  print(table)
-  if not args.no_write:
-    path = _report.write_section(f"scale-steps-{jax.default_backend()}", table)
-    print(f"\nwrote {path}")
+  _report.publish(f"scale-steps-{jax.default_backend()}", table, not args.no_write)
   return 0

@@ -144,7 +144,5 @@ def main(argv=None):
   rows, config = run(num_data=args.num_data, batch_size=args.batch_size, rounds=args.rounds,
                      steps=args.steps, include_slow=not args.skip_slow)
   table = format_table(rows, config)
-  print(table)
-  if not args.no_write:
-    path = _report.write_section(args.section or f"step-cost-{jax.default_backend()}", table)
-    print(f"\nwrote {path}")
+  _report.publish(args.section or f"step-cost-{jax.default_backend()}", table,
+                 not args.no_write)
