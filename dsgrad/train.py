@@ -180,16 +180,16 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   key, eval_key = jax.random.split(key)
 
   bar = _progress(progress, num_steps - start_step)
-  previous = history
-  history = {"step": [], "wall_time": [], "elbo": [], "elbo_se": []}
-  wall = 0.0
-  if previous is not None:
-    if len(previous.step) and int(previous.step[-1]) != start_step:
-      raise ValueError(f"history ends at step {int(previous.step[-1])} but start_step is "
+  # The history as lists, one per field, continuing a resumed run's history if given.
+  columns = {name: [] for name in History._fields}
+  if history is not None:
+    if len(history.step) and int(history.step[-1]) != start_step:
+      raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
                        f"{start_step}; pass the history saved with the checkpoint")
-    for name in history:
-      history[name] = list(np.asarray(getattr(previous, name), np.float64))
-    wall = float(previous.wall_time[-1]) if len(previous.wall_time) else 0.0
+    columns = {name: list(np.asarray(getattr(history, name), np.float64))
+               for name in History._fields}
+  as_history = lambda: History(*(np.asarray(columns[k], np.float64) for k in History._fields))
+  wall = float(columns["wall_time"][-1]) if columns["wall_time"] else 0.0
   compile_seconds, step, segment = 0.0, start_step, 0
   while step < num_steps:
     length = min(eval_every, num_steps - step)
@@ -207,16 +207,13 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     segment += 1
     value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),
                                   elbo_samples) if elbo_samples else (float("nan"),) * 2)
-    for name, v in zip(history, (step, wall, value, se)):
-      history[name].append(v)
+    for name, v in zip(History._fields, (step, wall, value, se)):
+      columns[name].append(v)
     bar(length, step, value, se)
     if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
-      save_fit_checkpoint(checkpoint_path, params, opt_state, step,
-                          History(*(np.asarray(history[k], np.float64) for k in history)))
+      save_fit_checkpoint(checkpoint_path, params, opt_state, step, as_history())
   bar(0, step, None, None, close=True)
-  return FitResult(params, opt_state,
-                   History(*(np.asarray(history[k], np.float64) for k in history)),
-                   compile_seconds)
+  return FitResult(params, opt_state, as_history(), compile_seconds)
 
 
 def save_fit_checkpoint(path, params, opt_state, step: int,

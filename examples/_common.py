@@ -81,3 +81,15 @@ def plot_elbo(histories: dict, path: str, title: str) -> bool:
   plt.close(fig)
   print(f"wrote {path}")
   return True
+
+
+def chosen_estimators(parser, spec: str, available, required=()) -> list[str]:
+  """The names in the comma-separated ``--estimators`` value ``spec``, in order; exits
+  through ``parser.error`` on a name not in ``available`` or a missing ``required`` one."""
+  names = [name.strip() for name in spec.split(",")]
+  unknown = sorted(set(names) - set(available))
+  missing = sorted(set(required) - set(names))
+  if unknown or missing:
+    parser.error(f"--estimators: unknown {unknown}, missing {missing}; choose from "
+                 f"{sorted(available)}" + (f", including {sorted(required)}" if required else ""))
+  return names

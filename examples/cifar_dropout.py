@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 import dsgrad
-from _common import add_run_flags, check_checkpoint_config
+from _common import add_run_flags, check_checkpoint_config, chosen_estimators
 from dsgrad import checkpoint
 
 
@@ -270,10 +270,7 @@ def main(argv=None):
   objective = glm.objective()
   params0 = glm.init_params()
   makes = estimators(glm, objective, args.batch_size)
-  names = [n.strip() for n in args.estimators.split(",")]
-  unknown = set(names) - set(makes)
-  if unknown:
-    parser.error(f"unknown estimators {sorted(unknown)}; choose from {sorted(makes)}")
+  names = chosen_estimators(parser, args.estimators, makes)
   key = jax.random.key(args.seed)
   histories = {n: {} for n in names}
   bar = _progress(len(names) * len(lrs), "SGD runs")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from _common import add_run_flags, check_checkpoint_config, plot_elbo
+from _common import add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo
 from dsgrad.models.movielens import movielens_latent
 
 
@@ -126,10 +125,7 @@ def main(argv=None):
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, taylor, every=epoch),
       "joint_saga": lambda: dsgrad.joint_saga(objective, taylor, warmup_steps=epoch),
   }
-  names = [s.strip() for s in args.estimators.split(",")]
-  unknown = set(names) - set(makes)
-  if unknown:
-    parser.error(f"unknown estimators {sorted(unknown)}; choose from {sorted(makes)}")
+  names = chosen_estimators(parser, args.estimators, makes)
 
   params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
   key = jax.random.key(args.seed)

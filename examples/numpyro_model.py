@@ -31,7 +31,7 @@ from numpyro.optim import optax_to_numpyro
 
 import dsgrad
 from dsgrad.contrib import numpyro as dsgrad_numpyro
-from _common import add_run_flags, plot_elbo
+from _common import add_run_flags, chosen_estimators, plot_elbo
 from movielens import add_data_flags, load_ratings
 
 
@@ -112,9 +112,7 @@ def main(argv=None):
       "joint_svrg": dsgrad.joint_svrg(objective, approx, every=epoch),
       "joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=epoch),
   }
-  names = [s.strip() for s in args.estimators.split(",")]
-  if "naive" not in names or set(names) - set(estimators):
-    parser.error(f"--estimators must include naive and come from {sorted(estimators)}")
+  names = chosen_estimators(parser, args.estimators, estimators, required=("naive",))
   estimators = {f"dsgrad {n}": estimators[n] for n in names}
   key = jax.random.key(args.seed)
   histories, memory = {}, {}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 try:
   import numpyro
@@ -78,6 +78,10 @@ class NumpyroModel(NamedTuple):
   unravel: Callable[[jax.Array], dict]
   constrain: Callable[[jax.Array], dict]
   batch_size: int
+
+
+class _PlateMismatch(ValueError):
+  """An observed site whose batch shape does not follow the data plate's indices."""
 
 
 def _trace(fn, args, kwargs, seed=0):
@@ -184,7 +188,6 @@ def to_model(model, *model_args, data_plate: str | None = None,
   if not latent:
     raise ValueError("the model has no latent sample site to infer")
 
-  probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
   fixed = _with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
   unconstrained = numpyro_util.unconstrain_fn(fixed, model_args, model_kwargs, latent)
   flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
@@ -200,9 +203,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
     return -numpyro_util.potential_energy(prior_model, model_args, model_kwargs, unravel(z))
 
   def log_likelihood(z, indices):
-    values = numpyro_util.constrain_fn(fixed, model_args, model_kwargs, unravel(z))
     batch_trace = _trace(handlers.substitute(_with_indices(model, plate, indices),
-                                             data=values), model_args, model_kwargs)
+                                             data=constrain(z)), model_args, model_kwargs)
     total = 0.0
     for name in observed:
       site = batch_trace[name]
@@ -211,7 +213,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
       dim = next(f.dim for f in site["cond_indep_stack"] if f.name == plate)
       axis = log_prob.ndim + dim
       if axis < 0 or log_prob.shape[axis] != indices.shape[0]:
-        raise ValueError(
+        raise _PlateMismatch(
             f"observed site {name!r} has batch shape {log_prob.shape}, which does not "
             f"follow the {indices.shape[0]} indices of plate {plate!r}: index the data "
             f"with the plate's indices (`with numpyro.plate({plate!r}, N, "
@@ -220,11 +222,12 @@ def to_model(model, *model_args, data_plate: str | None = None,
                               axis=1)
     return total
 
+  probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
   try:
     jax.eval_shape(log_likelihood, flat, probe)
+  except _PlateMismatch:
+    raise
   except (ValueError, TypeError, IndexError) as error:
-    if "does not follow the" in str(error):
-      raise
     raise ValueError(
         f"evaluating the model on a batch of {probe.shape[0]} indices of plate {plate!r} "
         f"failed ({error}). dsgrad substitutes its mini-batch for the plate's indices, so "
