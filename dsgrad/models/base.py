@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 
 class LinearPredictor(NamedTuple):
@@ -25,6 +27,30 @@ class LinearPredictor(NamedTuple):
   log_likelihood_of_logits: Callable[[jax.Array, jax.Array], jax.Array]
 
 
+class SparseLikelihood(NamedTuple):
+  """Declares that datum ``n``'s likelihood reads only ``k`` coordinates of the latent.
+
+  ``log p(x_n | z) = log_likelihood_local(z[coordinates(n)], n)``: the likelihood term of
+  a datum depends on ``z`` only through a fixed number ``k`` of coordinates (MovieLens:
+  the rating user's ``G C`` weights; Bradley-Terry: the two players). Approximations
+  can then keep per datum those ``k`` coordinates instead of all ``d`` (see
+  :func:`dsgrad.approx.sparse_linearize`), so a SAGA table holds ``N k`` instead of
+  ``N d`` numbers per parameter array.
+
+  Attributes:
+    num_coordinates: ``k``.
+    coordinates: ``indices (B,) -> (B, k)`` int32 latent coordinates of each datum,
+      distinct within a row, in ``[0, d)``. A function (not an ``(N, k)`` array) so
+      that declaring the structure costs no memory.
+    log_likelihood_local: ``(z_local (B, k), indices (B,)) -> (B,)``: ``log p(x_n | z)``
+      from the datum's coordinates, in the order ``coordinates`` lists them.
+  """
+
+  num_coordinates: int
+  coordinates: Callable[[jax.Array], jax.Array]
+  log_likelihood_local: Callable[[jax.Array, jax.Array], jax.Array]
+
+
 class Model(NamedTuple):
   """A Bayesian model ``p(z) prod_n p(x_n | z)`` with a flat latent ``z`` in R^d.
 
@@ -36,6 +62,8 @@ class Model(NamedTuple):
     latent_dim: ``d``.
     name: label for messages and tables.
     linear: optional :class:`LinearPredictor` structure of the likelihood (GLMs).
+    sparse: optional :class:`SparseLikelihood`: which coordinates each likelihood term
+      reads (hierarchical and pairwise models).
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
@@ -44,7 +72,76 @@ class Model(NamedTuple):
   latent_dim: int
   name: str = "model"
   linear: LinearPredictor | None = None
+  sparse: SparseLikelihood | None = None
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""
     return self.num_data * self.log_likelihood(z, index[None])[0] + self.log_prior(z)
+
+
+def with_coordinates(model: Model, num_coordinates: int,
+                     coordinates: Callable[[jax.Array], jax.Array]) -> Model:
+  """``model`` with a :class:`SparseLikelihood` built from its full likelihood.
+
+  For a model whose likelihood terms are sparse but which has no hand-written local
+  likelihood: ``log_likelihood_local`` writes each datum's ``k`` values into a zero
+  latent of size ``d`` and calls ``model.log_likelihood``. Correct for any model whose
+  term ``n`` reads only ``coordinates(n)``, at ``O(d)`` work per datum (a hand-written
+  local likelihood is ``O(k)``). Use :func:`check_sparse_likelihood` to test a
+  declaration.
+
+  Args:
+    model: the model.
+    num_coordinates: ``k``.
+    coordinates: ``indices (B,) -> (B, k)`` int latent coordinates.
+
+  Returns:
+    The model with ``sparse`` set.
+  """
+  d = model.latent_dim
+
+  def log_likelihood_local(z_local, indices):
+    coords = coordinates(indices)
+
+    def one(zl, c, i):
+      return model.log_likelihood(jnp.zeros((d,), zl.dtype).at[c].set(zl), i[None])[0]
+
+    return jax.vmap(one)(z_local, coords, indices)
+
+  return model._replace(sparse=SparseLikelihood(int(num_coordinates), coordinates,
+                                                log_likelihood_local))
+
+
+def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
+                            rtol: float = 1e-5) -> None:
+  """Raises ``ValueError`` if ``model.sparse`` disagrees with ``model.log_likelihood``.
+
+  Checks, at the latent ``z`` and the data ``indices``: the coordinates' shape, range
+  and distinctness; that the local likelihood equals the full one; and that the full
+  likelihood's gradient vanishes outside the declared coordinates.
+  """
+  sparse = model.sparse
+  if sparse is None:
+    raise ValueError(f"model {model.name!r} declares no sparse likelihood (model.sparse)")
+  coords = np.asarray(sparse.coordinates(indices))
+  b, k = indices.shape[0], sparse.num_coordinates
+  if coords.shape != (b, k):
+    raise ValueError(f"{model.name}: coordinates returned shape {coords.shape}, "
+                     f"expected ({b}, {k})")
+  if coords.min() < 0 or coords.max() >= model.latent_dim:
+    raise ValueError(f"{model.name}: coordinates outside [0, {model.latent_dim})")
+  if any(len(set(row.tolist())) != k for row in coords):
+    raise ValueError(f"{model.name}: coordinates repeat within a datum's row")
+  full = np.asarray(jax.jit(model.log_likelihood)(z, indices))
+  local = np.asarray(jax.jit(sparse.log_likelihood_local)(z[coords], indices))
+  if not np.allclose(full, local, rtol=rtol, atol=rtol * (1 + np.abs(full).max())):
+    raise ValueError(f"{model.name}: local likelihood {local[:3]} differs from the full "
+                     f"one {full[:3]}")
+  grads = np.asarray(jax.jit(jax.vmap(
+      jax.grad(lambda zz, i: model.log_likelihood(zz, i[None])[0]), in_axes=(None, 0)))(
+          z, indices))
+  outside = np.ones_like(grads, bool)
+  np.put_along_axis(outside, coords, False, axis=1)
+  if np.any(grads[outside] != 0):
+    raise ValueError(f"{model.name}: the likelihood depends on coordinates that "
+                     f"coordinates() does not list")

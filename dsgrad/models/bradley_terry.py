@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model
+from dsgrad.models.base import Model, SparseLikelihood
 
 
 def _check_players(name, values, num_players):
@@ -28,7 +28,7 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
   Datum ``n`` is a comparison between players ``a_n`` and ``b_n`` with outcome ``y_n = 1``
   when ``a_n`` won. With winner/loser data pass winners as ``player_a`` and leave
   ``outcomes`` at its default (all ones). Each likelihood term touches two coordinates
-  of ``theta``.
+  of ``theta`` (declared as ``model.sparse``).
 
   Args:
     player_a: ``(N,)`` integer player indices.
@@ -72,7 +72,14 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
   def log_likelihood(z, indices):
     return jax.nn.log_sigmoid(signs[indices] * (z[a[indices]] - z[b[indices]]))
 
-  return Model(log_prior, log_likelihood, int(a.shape[0]), m, name)
+  def coordinates(indices):
+    return jnp.stack([a[indices], b[indices]], axis=1)
+
+  def log_likelihood_local(pair, indices):
+    return jax.nn.log_sigmoid(signs[indices] * (pair[:, 0] - pair[:, 1]))
+
+  return Model(log_prior, log_likelihood, int(a.shape[0]), m, name,
+               sparse=SparseLikelihood(2, coordinates, log_likelihood_local))
 
 
 def synthetic_bradley_terry_data(key, num_players: int, num_matches: int):

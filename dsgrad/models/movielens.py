@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model
+from dsgrad.models.base import Model, SparseLikelihood
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -45,8 +45,9 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
   with ``x_n`` the rated movie's genre flags and ``m`` the rating's user. The flat
   latent is ``[mu, sigma, Z]`` (see :func:`movielens_latent`): ``(U + 2) G C`` numbers,
   85,050 for MovieLens 100K (``U = 943``, ``G = 18``, ``C = 5``). Each likelihood term
-  touches one user's ``G C`` weights; the prior ties users together through ``mu`` and
-  ``sigma``.
+  touches one user's ``G C`` weights (declared as ``model.sparse``, so
+  :func:`dsgrad.approx.sparse_linearize` keeps ``G C`` numbers per rating in a SAGA
+  table); the prior ties users together through ``mu`` and ``sigma``.
 
   Args:
     users: ``(N,)`` integer user index of each rating, in ``[0, num_users)``.
@@ -100,7 +101,15 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
     logits = jnp.einsum("bg,bgc->bc", x[indices], weights)
     return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
 
-  return Model(log_prior, log_likelihood, n, (num_users + 2) * gc, name)
+  def coordinates(indices):
+    return 2 * gc + u[indices][:, None] * gc + jnp.arange(gc, dtype=jnp.int32)[None, :]
+
+  def log_likelihood_local(weights, indices):
+    logits = jnp.einsum("bg,bgc->bc", x[indices], weights.reshape(-1, g, c))
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
+
+  return Model(log_prior, log_likelihood, n, (num_users + 2) * gc, name,
+               sparse=SparseLikelihood(gc, coordinates, log_likelihood_local))
 
 
 def synthetic_movielens_data(key, num_users: int, num_movies: int, num_ratings: int,
