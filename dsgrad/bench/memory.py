@@ -57,6 +57,9 @@ def run():
     if glm:
       estimators["joint_saga (logit table)"] = dsgrad.joint_saga(
           objective, dsgrad.approx.glm_mean_taylor(model))
+    if model.sparse is not None:
+      estimators["joint_saga (sparse table)"] = dsgrad.joint_saga(
+          objective, dsgrad.approx.sparse_linearize(model))
     for est_name, estimator in estimators.items():
       state = jax.eval_shape(estimator.init, params)
       rows.append((name, model.num_data, model.latent_dim, est_name,

@@ -93,7 +93,7 @@ def format_table(results, passes, config, figure=None):
   names = list(results[sizes[0]])
   lo, hi = sizes[0], sizes[-1]
   lines = [
-      f"Command: `python -m dsgrad.bench scale` -- binary logistic regression, synthetic, "
+      f"Command: `python -m dsgrad.bench scale steps` -- binary logistic regression, synthetic, "
       f"D = {config['num_features']} (intercept included), mean-field Gaussian BBVI, "
       f"B = {config['batch_size']}, Adam; {config['steps']} steps per timed run inside one "
       f"jitted `lax.scan`, median of {config['rounds']} interleaved rounds. joint_svrg's "
@@ -142,7 +142,28 @@ def _figure(results, passes, path):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench scale",
+  """``scale [steps|movielens] [options]``; without a part, both with their defaults."""
+  import sys
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] == "movielens":
+    from dsgrad.bench import scale_movielens
+    return scale_movielens.main(argv[1:])
+  if argv and argv[0] == "steps":
+    return main_steps(argv[1:])
+  if argv and argv[0] in ("-h", "--help"):
+    print("usage: python -m dsgrad.bench scale [steps|movielens] [options]\n"
+          "  steps      per-step time against N (synthetic logistic regression)\n"
+          "  movielens  joint SAGA on a sparse table vs SVRG, naive, cv on MovieLens\n"
+          "  (no part)  both, with their default options")
+    return 0
+  if argv:
+    return main_steps(argv)
+  from dsgrad.bench import scale_movielens
+  return main_steps([]) or scale_movielens.main([])
+
+
+def main_steps(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench scale steps",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--sizes", default="1000,10000,100000,1000000",
                       help="comma-separated numbers of data N")
