@@ -11,7 +11,9 @@ from dsgrad import approx
 from dsgrad import checkpoint
 from dsgrad import datasets
 from dsgrad import families
+from dsgrad import mcmc
 from dsgrad import models
+from dsgrad import parallel
 from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
@@ -32,7 +34,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "checkpoint", "datasets", "families",
+    "models", "checkpoint", "datasets", "families", "parallel", "mcmc",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",

@@ -19,7 +19,8 @@ functions; :func:`linearize` is the generic choice.
 Compact tables: an approximation may also carry :class:`DatumStatistics`, saying that
 its per-datum part depends on the parameters only through a small per-datum statistic
 (for a GLM, the ``K`` logits ``x_n^T Z``). ``joint_saga`` then stores that statistic
-instead of a copy of the parameters per datum (:func:`glm_mean_taylor`).
+instead of a copy of the parameters per datum (:func:`glm_mean_taylor` for GLMs,
+:func:`sparse_linearize` for models whose likelihood terms read a few coordinates).
 
 References:
   Wang, Geffner, Domke (2024), Sec. 4, App. E (dropout), App. F (mean-field Gaussian).

@@ -27,6 +27,7 @@ import optax
 
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import diagnostics
+from dsgrad import parallel
 from dsgrad.objective import Objective
 
 
@@ -84,7 +85,8 @@ def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
                                (num_steps, batch_size))
 
 
-def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key):
+def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
+               mesh=None):
   """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
 
   Jittable; the value checks of ``objective.grad`` are off (run them once outside).
@@ -97,18 +99,23 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     opt_state: the optimizer's state.
     indices: ``(B,)`` batch indices.
     noise_key: PRNG key for this step's noise.
+    mesh: optional :func:`dsgrad.parallel.data_mesh`: the batch (indices and per-datum
+      noise) is split across its devices.
 
   Returns:
     ``(new params, new optimizer state)``.
   """
   noise = objective.sample_noise(noise_key, indices.shape[0])
+  if mesh is not None:
+    indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
   grads = objective.grad(params, indices, noise, validate=False)
   updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
                                         noise=noise)
   return optax.apply_updates(params, updates), opt_state
 
 
-def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
+def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int, mesh=None,
+                carry_shardings=None):
   def run(carry, key, start):
     batch_key, noise_key = jax.random.split(key)
     indices = batch_indices(batch_key, start, length, objective.num_data, batch_size)
@@ -117,18 +124,18 @@ def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int):
     def step(carry, xs):
       idx, t = xs
       return train_step(objective, optimizer, *carry, idx,
-                        jax.random.fold_in(noise_key, t)), None
+                        jax.random.fold_in(noise_key, t), mesh=mesh), None
 
     return jax.lax.scan(step, carry, (indices, steps))[0]
 
-  return jax.jit(run, donate_argnums=0)
+  return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
 
 
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
         checkpoint_every: int = 1, history: History | None = None,
-        resume: bool = False) -> FitResult:
+        resume: bool = False, mesh=None) -> FitResult:
   """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
 
   Steps run in jitted ``lax.scan`` segments of ``eval_every`` steps with the state
@@ -159,6 +166,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     resume: if true and ``checkpoint_path`` exists, continue from it: params, optimizer
       state, step and history are restored (``params`` then only gives the structure),
       so an interrupted run can be restarted with the same call.
+    mesh: optional :func:`dsgrad.parallel.data_mesh`: train data-parallel on its
+      devices -- each batch split across them, per-datum tables split by datum,
+      everything else replicated (:mod:`dsgrad.parallel`). ``batch_size`` and the
+      number of data must be multiples of the number of devices.
 
   Returns:
     A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` (its step is the
@@ -173,6 +184,16 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   if num_steps < start_step:
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
   eval_every = int(eval_every or max(1, objective.num_data // batch_size))
+  carry_shardings = None
+  if mesh is not None:
+    parallel.check_batch_size(batch_size, mesh)
+    if opt_state is None:
+      params, opt_state = parallel.init_sharded(optimizer, params, mesh)
+    else:
+      params = jax.device_put(params, parallel.replicated(mesh))
+      opt_state = parallel.shard_state(mesh, opt_state)
+    carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
+                       parallel.state_shardings(mesh, opt_state))
   # Segments donate their carry; copy so that the caller's arrays stay valid.
   params = jax.tree.map(jnp.copy, params)
   opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
@@ -195,7 +216,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     length = min(eval_every, num_steps - step)
     if length not in compiled_by_length:
       t0 = time.perf_counter()
-      run = _segment_fn(objective, optimizer, batch_size, length)
+      run = _segment_fn(objective, optimizer, batch_size, length, mesh, carry_shardings)
       compiled_by_length[length] = run.lower((params, opt_state), key, jnp.int32(step)).compile()
       compile_seconds += time.perf_counter() - t0
     compiled = compiled_by_length[length]

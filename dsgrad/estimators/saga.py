@@ -75,6 +75,11 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   approximation needs (for a GLM the ``K`` logits at the stored mean) and the
   data-independent part of ``f~`` is taken at the current parameters. Memory falls from
   ``N x (number of params)`` to ``N x K`` and the step does no row traffic to speak of.
+  :func:`dsgrad.approx.sparse_linearize` does the same for models whose likelihood
+  terms read ``k`` coordinates each (MovieLens: ``N x 2k`` instead of ``N x 2d``).
+
+  Several devices: the table is split by datum across a
+  :func:`dsgrad.parallel.data_mesh` (see :func:`dsgrad.fit`'s ``mesh``).
 
   Cost per step (parameter table): ``approx.grad_and_expected`` at ``B`` table rows (one JVP of the
   gradient each, vectorized) and ``approx.expected_grad`` for the ``B`` data at ``w``

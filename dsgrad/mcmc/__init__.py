@@ -1,0 +1,44 @@
+"""Subsampling MCMC: HMC with energy-conserving subsampling, and SGLD / SG-HMC baselines.
+
+    result = dsgrad.mcmc.sample(key, model, num_samples=2000, subsample_size=1000)
+    result.samples                      # (2000, d) draws
+    dsgrad.mcmc.effective_sample_size(result.samples)
+
+Lower level (BlackJAX style, pure and jit-able): :func:`taylor_proxy` (control variates
+around ``theta*``), a subsample scheme (:func:`perturbed`, :func:`block_poisson`),
+:func:`hmc_parameters`, then :func:`hmcecs` / :func:`build_kernel`, or :func:`sgld` and
+:func:`sghmc`.
+
+References:
+  Dang, Quiroz, Kohn, Tran, Villani (2019). Hamiltonian Monte Carlo with energy
+  conserving subsampling. JMLR 20.
+"""
+
+from dsgrad.mcmc.diagnostics import (computational_time, effective_sample_size,
+                                     inefficiency_factor, positive_fraction, signed_mean)
+from dsgrad.mcmc.hmcecs import (HMCECSInfo, HMCECSState, HMCParameters, SamplingAlgorithm,
+                                build_kernel, hmc_parameters, hmcecs, init, reset)
+from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
+                               gradient_estimate, log_likelihood_estimate, proxy_sum,
+                               proxy_values, taylor_proxy)
+from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
+                                dual_averaging_update, find_reference_point, laplace_draws,
+                                laplace_precision, run_chain, sample)
+from dsgrad.mcmc.sgmcmc import SGInfo, SGState, log_posterior_gradient, sghmc, sgld
+from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, perturbed,
+                                   suggest_block_poisson)
+
+__all__ = [
+    "sample", "MCMCResult", "run_chain",
+    "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
+    "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",
+    "TaylorProxy", "taylor_proxy", "proxy_sum", "proxy_values", "differences",
+    "difference_estimator", "log_likelihood_estimate", "gradient_estimate",
+    "SubsampleScheme", "perturbed", "block_poisson", "PoissonSubsample",
+    "suggest_block_poisson",
+    "sgld", "sghmc", "SGState", "SGInfo", "log_posterior_gradient",
+    "find_reference_point", "laplace_precision", "laplace_draws",
+    "DualAveraging", "dual_averaging_init", "dual_averaging_update",
+    "effective_sample_size", "inefficiency_factor", "computational_time",
+    "positive_fraction", "signed_mean",
+]

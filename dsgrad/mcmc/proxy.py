@@ -1,0 +1,157 @@
+"""Taylor control variates for subsampled log likelihoods and the difference estimator.
+
+For a model with per-datum log likelihoods ``l_k(theta)`` the control variate of datum
+``k`` is the Taylor expansion of ``l_k`` around a fixed ``theta*`` (Eq. 4.4),
+
+    q_k(theta) = l_k(theta*) + grad l_k(theta*)^T delta + delta^T H_k(theta*) delta / 2,
+    delta = theta - theta*,
+
+whose full-data sum ``sum_k q_k(theta) = S0 + A^T delta + delta^T B delta / 2`` costs O(1)
+per evaluation once ``S0 = sum_k l_k(theta*)``, ``A = sum_k grad l_k(theta*)`` and
+``B = sum_k H_k(theta*)`` have been computed in one O(n) pass (:func:`taylor_proxy`).
+For a subsample, ``q_k`` needs no per-datum Hessian: ``grad l_k^T delta`` and
+``delta^T H_k delta`` are the first and second directional derivatives of ``l_k`` along
+``delta``, two nested JVPs of the batched log likelihood.
+
+References:
+  Dang, Quiroz, Kohn, Tran, Villani (2019). Hamiltonian Monte Carlo with energy
+  conserving subsampling. JMLR 20. Sec. 4.1-4.2, Eq. 4.1-4.7.
+  Bardenet, Doucet, Holmes (2017). On Markov chain Monte Carlo methods for tall data.
+  JMLR 18.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsgrad.estimators._common import full_pass_mean
+from dsgrad.models.base import Model
+
+
+class TaylorProxy(NamedTuple):
+  """Full-data sums of the Taylor control variates around ``theta_star`` (Eq. 4.4).
+
+  Attributes:
+    theta_star: ``(d,)`` expansion point.
+    sum_value: ``sum_k l_k(theta*)``.
+    sum_grad: ``(d,)`` ``A = sum_k grad l_k(theta*)``.
+    sum_hessian: ``(d, d)`` ``B = sum_k H_k(theta*)`` (computed at either order: the
+      mass matrix uses it; a first-order proxy's ``q_k`` ignores it).
+    second_order: ``1.0`` for the second-order expansion, ``0.0`` for first order (an
+      array so that the proxy is a plain pytree; use :func:`taylor_proxy`'s ``order``).
+  """
+
+  theta_star: jax.Array
+  sum_value: jax.Array
+  sum_grad: jax.Array
+  sum_hessian: jax.Array
+  second_order: jax.Array
+
+
+def _check_theta(model: Model, theta, name="theta_star"):
+  theta = jnp.asarray(theta)
+  if theta.shape != (model.latent_dim,):
+    raise ValueError(f"{name} must have shape ({model.latent_dim},) for model "
+                     f"{model.name!r}, got {theta.shape}")
+  if not jnp.issubdtype(theta.dtype, jnp.floating):
+    raise ValueError(f"{name} must be a floating array, got dtype {theta.dtype}")
+  return theta
+
+
+def taylor_proxy(model: Model, theta_star, *, order: int = 2,
+                 chunk_size: int = 2048) -> TaylorProxy:
+  """Computes the control variates' full-data sums around ``theta_star`` in one pass.
+
+  Args:
+    model: the model (its ``log_likelihood(theta, indices)`` gives ``l_k``).
+    theta_star: ``(d,)`` expansion point (e.g. :func:`dsgrad.mcmc.find_reference_point`).
+    order: 2 (the paper's second-order expansion) or 1.
+    chunk_size: data per chunk of the pass (memory: one chunk's Hessian work).
+
+  Returns:
+    A :class:`TaylorProxy`. Cost: ``n`` log likelihood, gradient and (order 2) Hessian
+    evaluations, chunked; ``B`` is formed with ``d`` Hessian-vector products per chunk.
+
+  Raises:
+    ValueError: on a ``theta_star`` of the wrong shape or dtype, or an order not 1 or 2.
+  """
+  theta_star = _check_theta(model, theta_star)
+  if order not in (1, 2):
+    raise ValueError(f"order must be 1 or 2, got {order}")
+  n = model.num_data
+
+  def total(theta, idx):
+    return jnp.sum(model.log_likelihood(theta, idx))
+
+  @jax.jit
+  def sums(theta):
+    def chunk_mean(idx):
+      value, grad = jax.value_and_grad(total)(theta, idx)
+      hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
+      return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
+    means = full_pass_mean(chunk_mean, n, chunk_size)
+    return jax.tree.map(lambda m: n * m, means)
+
+  value, grad, hess = sums(theta_star)
+  return TaylorProxy(theta_star, value, grad, 0.5 * (hess + hess.T),
+                     jnp.asarray(1.0 if order == 2 else 0.0, theta_star.dtype))
+
+
+def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:
+  """``sum_k q_k(theta)`` in O(d^2), from the precomputed sums."""
+  delta = theta - proxy.theta_star
+  return (proxy.sum_value + proxy.sum_grad @ delta
+          + 0.5 * proxy.second_order * delta @ proxy.sum_hessian @ delta)
+
+
+def proxy_values(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
+  """``q_k(theta)`` for the data ``indices``, shape ``(m,)``: nested JVPs, no Hessians."""
+  delta = theta - proxy.theta_star
+
+  def first(z):
+    return jax.jvp(lambda w: model.log_likelihood(w, indices), (z,), (delta,))
+
+  (value, slope), (_, curvature) = jax.jvp(first, (proxy.theta_star,), (delta,))
+  return value + slope + 0.5 * proxy.second_order * curvature
+
+
+def differences(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
+  """``d_k(theta) = l_k(theta) - q_k(theta)`` for the data ``indices`` (Eq. 4.3)."""
+  return model.log_likelihood(theta, indices) - proxy_values(model, proxy, theta, indices)
+
+
+def difference_estimator(model: Model, proxy: TaylorProxy, theta, indices):
+  """The difference estimator of the log likelihood and its variance (Eq. 4.1-4.3).
+
+  With ``m`` indices drawn uniformly with replacement,
+
+      l_hat = sum_k q_k(theta) + (n / m) sum_i d_{u_i}(theta),
+      sigma2_hat = (n^2 / m^2) sum_i (d_{u_i} - mean d)^2.
+
+  ``l_hat`` is unbiased for ``sum_k l_k(theta)``. Differentiable in ``theta`` (its
+  gradient is Eq. 4.7).
+
+  Returns:
+    ``(l_hat, sigma2_hat)`` scalars.
+  """
+  d = differences(model, proxy, theta, indices)
+  n, m = model.num_data, indices.shape[0]
+  l_hat = proxy_sum(proxy, theta) + n * jnp.mean(d)
+  sigma2 = (n / m) ** 2 * jnp.sum((d - jnp.mean(d)) ** 2)
+  return l_hat, sigma2
+
+
+def log_likelihood_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
+  """``log`` of the bias-corrected likelihood estimator ``l_hat - sigma2_hat / 2``
+  (Eq. 4.5), the log likelihood perturbed HMC-ECS uses."""
+  l_hat, sigma2 = difference_estimator(model, proxy, theta, indices)
+  return l_hat - 0.5 * sigma2
+
+
+def gradient_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
+  """Unbiased estimate of ``grad sum_k l_k(theta)`` (Eq. 4.7): the gradient of
+  ``l_hat``, used by SGLD and SG-HMC."""
+  return jax.grad(lambda t: difference_estimator(model, proxy, t, indices)[0])(theta)

@@ -1,0 +1,322 @@
+"""Running chains: the reference point, warm-up (dual averaging, periodic ``theta*`` and
+mass-matrix updates) and sampling with a progress bar.
+
+References:
+  Dang et al. (2019), Sec. 6.3 (tuning: ``M`` from the Hessian at ``theta*``, updated
+  every 200 burn-in iterations; dual averaging to acceptance 0.8 with a fixed
+  trajectory length ``epsilon L = 1.2``).
+  Hoffman, Gelman (2014). The No-U-Turn sampler. JMLR 15 (dual averaging, Alg. 5).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad.mcmc import hmcecs as hmcecs_lib
+from dsgrad.mcmc import subsample as subsample_lib
+from dsgrad.mcmc.proxy import TaylorProxy, _check_theta, taylor_proxy
+from dsgrad.models.base import Model
+
+
+def find_reference_point(model: Model, key, *, subset_size: int | None = None,
+                         num_steps: int = 200, position=None) -> jax.Array:
+  """``theta*``: the posterior mode on a random data subset, rescaled to ``n`` data.
+
+  Maximizes ``(n / n_sub) sum_{k in subset} l_k(theta) + log p(theta)`` with L-BFGS
+  (``optax.lbfgs``) for ``num_steps`` iterations from ``position`` (default zeros).
+
+  Args:
+    model: the model.
+    key: picks the subset.
+    subset_size: ``n_sub`` (default ``min(n, 10 sqrt(n) + 1000)``).
+    num_steps: L-BFGS iterations.
+    position: starting point.
+
+  Returns:
+    ``(d,)`` reference point.
+  """
+  n = model.num_data
+  size = min(n, int(subset_size or 10 * math.isqrt(n) + 1000))
+  subset = jax.random.choice(key, n, (size,), replace=False).astype(jnp.int32)
+  start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
+           else _check_theta(model, position, "position"))
+
+  def loss(theta):
+    return -(n / size) * jnp.sum(model.log_likelihood(theta, subset)) - model.log_prior(theta)
+
+  opt = optax.lbfgs()
+  value_and_grad = optax.value_and_grad_from_state(loss)
+
+  @jax.jit
+  def run(theta):
+    def step(carry, _):
+      theta, state = carry
+      value, grad = value_and_grad(theta, state=state)
+      updates, state = opt.update(grad, state, theta, value=value, grad=grad, value_fn=loss)
+      return (optax.apply_updates(theta, updates), state), None
+    return jax.lax.scan(step, (theta, opt.init(theta)), None, length=num_steps)[0][0]
+
+  return run(start)
+
+
+def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
+  """``-(B + Hess log p(theta*))``: the full-data posterior precision at ``theta*``, the
+  mass matrix of Sec. 6.3. Symmetrized; eigenvalues floored at ``1e-6`` times the
+  largest, so that it is positive definite."""
+  prior_hess = jax.hessian(model.log_prior)(proxy.theta_star)
+  precision = -(proxy.sum_hessian + prior_hess)
+  precision = 0.5 * (precision + precision.T)
+  values, vectors = np.linalg.eigh(np.asarray(precision, np.float64))
+  values = np.maximum(values, 1e-6 * max(values.max(), 1e-12))
+  return jnp.asarray((vectors * values) @ vectors.T, jnp.float32)
+
+
+def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
+  """``num`` draws from ``N(theta*, precision^{-1})``."""
+  chol = jnp.linalg.cholesky(precision)
+  z = jax.random.normal(key, (num, proxy.theta_star.shape[0]))
+  offsets = jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T
+  return proxy.theta_star + offsets
+
+
+class DualAveraging(NamedTuple):
+  """Dual-averaging state for the step size (Hoffman & Gelman 2014, Alg. 5)."""
+
+  log_step: jax.Array
+  log_step_avg: jax.Array
+  error_sum: jax.Array
+  count: jax.Array
+  mu: jax.Array
+
+
+def dual_averaging_init(step_size) -> DualAveraging:
+  """Starts at ``step_size`` and shrinks towards ``log(10 step_size)`` (``mu``)."""
+  log_step = jnp.log(jnp.asarray(step_size, jnp.float32))
+  return DualAveraging(log_step, log_step, jnp.zeros(()), jnp.zeros(()), log_step + jnp.log(10.0))
+
+
+def dual_averaging_update(state: DualAveraging, accept_prob, target: float = 0.8,
+                          gamma: float = 0.05, t0: float = 10.0,
+                          kappa: float = 0.75) -> DualAveraging:
+  """One update towards acceptance ``target``."""
+  count = state.count + 1
+  weight = 1.0 / (count + t0)
+  error_sum = (1 - weight) * state.error_sum + weight * (target - accept_prob)
+  log_step = state.mu - jnp.sqrt(count) / gamma * error_sum
+  eta = count ** (-kappa)
+  log_step_avg = eta * log_step + (1 - eta) * state.log_step_avg
+  return DualAveraging(log_step, log_step_avg, error_sum, count, state.mu)
+
+
+def _steps_for(step_size, trajectory_length, max_steps):
+  return jnp.clip(jnp.ceil(trajectory_length / step_size), 1, max_steps).astype(jnp.int32)
+
+
+class MCMCResult(NamedTuple):
+  """What :func:`sample` returns.
+
+  Attributes:
+    samples: ``(R, d)`` numpy array of draws after warm-up.
+    signs: ``(R,)`` signs of the likelihood estimates (all 1 for the perturbed scheme);
+      use :func:`dsgrad.mcmc.signed_mean` for signed runs.
+    info: the per-iteration :class:`dsgrad.mcmc.HMCECSInfo`, numpy, leading axis ``R``.
+    state: the final chain state (to continue).
+    proxy: the final :class:`dsgrad.mcmc.TaylorProxy`.
+    parameters: the tuned :class:`dsgrad.mcmc.HMCParameters`.
+    scheme: the subsample scheme sampled with.
+    warmup_seconds: wall-clock of the setup and warm-up (compilation included).
+    sampling_seconds: wall-clock of the sampling phase (compilation excluded).
+    setup_evaluations: data evaluations spent before sampling (reference point, the
+      O(n) proxy passes, warm-up iterations).
+  """
+
+  samples: np.ndarray
+  signs: np.ndarray
+  info: Any
+  state: Any
+  proxy: TaylorProxy
+  parameters: hmcecs_lib.HMCParameters
+  scheme: subsample_lib.SubsampleScheme
+  warmup_seconds: float
+  sampling_seconds: float
+  setup_evaluations: int
+
+
+def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
+              progress: bool = True, position=lambda s: s.position, sign=None):
+  """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
+
+  Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
+  (tqdm when installed, else nothing) advances between chunks.
+
+  Returns:
+    ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
+    seconds)``; the first chunk's compilation is excluded from ``seconds``.
+  """
+  sign = sign or (lambda s: jnp.ones((), s.position.dtype)
+                  if not hasattr(s, "sign") else s.sign)
+
+  def chunk(state, keys):
+    def body(state, k):
+      state, info = step(k, state)
+      return state, (position(state), sign(state), info)
+    return jax.lax.scan(body, state, keys)
+
+  runner = jax.jit(chunk)
+  bar = _bar(progress, num_samples)
+  outputs, seconds, done = [], 0.0, 0
+  keys = jax.random.split(key, num_samples)
+  while done < num_samples:
+    size = min(chunk_size, num_samples - done)
+    batch = keys[done:done + size]
+    compiled = runner.lower(state, batch).compile()
+    start = time.perf_counter()
+    state, out = compiled(state, batch)
+    jax.block_until_ready(out)
+    seconds += time.perf_counter() - start
+    outputs.append(jax.tree.map(np.asarray, out))
+    done += size
+    bar(size)
+  bar(0, close=True)
+  positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
+  return positions, signs, info, state, seconds
+
+
+def _bar(enabled, total):
+  if not enabled:
+    return lambda n, close=False: None
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    return lambda n, close=False: None
+  bar = tqdm(total=total, unit="draw")
+
+  def update(n, close=False):
+    if n:
+      bar.update(n)
+    if close:
+      bar.close()
+  return update
+
+
+def sample(key, model: Model, *, num_samples: int, subsample_size: int,
+           num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
+           position=None, reference_point=None, proxy_order: int = 2,
+           trajectory_length: float = 1.2, target_accept: float = 0.8,
+           initial_step_size: float = 0.25, max_integration_steps: int = 256,
+           reference_updates_every: int = 200, signed_blocks_per_update: int = 1,
+           progress: bool = True) -> MCMCResult:
+  """HMC-ECS from start to finish, tuned as in the paper (Sec. 6.3).
+
+  1. ``theta*`` = :func:`find_reference_point` (unless given), the Taylor proxy around
+     it (one O(n) pass) and the mass matrix ``M`` = :func:`laplace_precision`.
+  2. Warm-up of ``num_warmup`` iterations with the perturbed scheme: dual averaging of
+     the step size towards ``target_accept`` with ``L = ceil(trajectory_length / eps)``;
+     every ``reference_updates_every`` iterations ``theta*`` moves to the mean of the
+     last window's draws, and the proxy and ``M`` are recomputed.
+  3. ``num_samples`` iterations with the tuned step size and ``estimator``:
+     ``"perturbed"`` (Sec. 4) or ``"signed"`` (Sec. 5; block-Poisson with ``(lambda, a)``
+     from :func:`dsgrad.mcmc.suggest_block_poisson` at Laplace draws, and ``m`` =
+     ``subsample_size`` per factor).
+
+  Args:
+    key: PRNG key (the whole run is reproducible from it).
+    model: the model.
+    num_samples: draws kept.
+    subsample_size: ``m``.
+    num_warmup: warm-up iterations (not kept).
+    num_blocks: ``G`` for the perturbed scheme (``m`` must be a multiple).
+    estimator: ``"perturbed"`` or ``"signed"``.
+    position: initial ``theta`` (default ``theta*``).
+    reference_point: ``theta*`` to use instead of :func:`find_reference_point`.
+    proxy_order: 2 (paper) or 1.
+    trajectory_length: ``epsilon L``.
+    target_accept: dual-averaging target.
+    initial_step_size: first ``epsilon``.
+    max_integration_steps: cap on ``L``.
+    reference_updates_every: warm-up window length; 0 keeps ``theta*`` fixed.
+    signed_blocks_per_update: ``kappa`` for the signed scheme.
+    progress: progress bar while sampling.
+
+  Returns:
+    An :class:`MCMCResult`.
+
+  Raises:
+    ValueError: on an unknown estimator, ``m > n``, non-positive block counts, a
+      reference point or position of the wrong shape.
+  """
+  if estimator not in ("perturbed", "signed"):
+    raise ValueError(f"estimator must be 'perturbed' or 'signed', got {estimator!r}")
+  if num_samples < 1 or num_warmup < 0:
+    raise ValueError(f"num_samples must be >= 1 and num_warmup >= 0, got {num_samples}, "
+                     f"{num_warmup}")
+  start_time = time.perf_counter()
+  k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
+  scheme = subsample_lib.perturbed(model, subsample_size, num_blocks)
+  n = model.num_data
+  evaluations = 0
+  if reference_point is None:
+    reference_point = find_reference_point(model, k_ref)
+    evaluations += 200 * min(n, 10 * math.isqrt(n) + 1000)
+  reference_point = _check_theta(model, reference_point, "reference_point")
+  proxy = taylor_proxy(model, reference_point, order=proxy_order)
+  evaluations += n
+  precision = laplace_precision(model, proxy)
+  position = reference_point if position is None else _check_theta(model, position, "position")
+  kernel = hmcecs_lib.build_kernel(model, scheme)
+  state = hmcecs_lib.init(model, scheme, proxy, position, k_init)
+
+  @jax.jit
+  def warm_window(state, adapt, proxy, params, keys):
+    def body(carry, k):
+      state, adapt = carry
+      step = jnp.exp(adapt.log_step)
+      params_now = params._replace(step_size=step, num_integration_steps=_steps_for(
+          step, trajectory_length, max_integration_steps))
+      state, info = kernel(k, state, proxy, params_now)
+      adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
+      return (state, adapt), (state.position, info.num_evaluations)
+    return jax.lax.scan(body, (state, adapt), keys)
+
+  params = hmcecs_lib.hmc_parameters(initial_step_size, 1, precision)
+  adapt = dual_averaging_init(initial_step_size)
+  window = reference_updates_every or num_warmup
+  done = 0
+  warm_keys = jax.random.split(k_warm, max(num_warmup, 1))
+  while done < num_warmup:
+    size = min(window, num_warmup - done)
+    (state, adapt), (positions, evals) = warm_window(state, adapt, proxy, params,
+                                                     warm_keys[done:done + size])
+    evaluations += int(np.sum(evals))
+    done += size
+    if reference_updates_every and done < num_warmup:
+      proxy = taylor_proxy(model, jnp.mean(positions, 0), order=proxy_order)
+      evaluations += n
+      params = hmcecs_lib.hmc_parameters(initial_step_size, 1, laplace_precision(model, proxy))
+      state = hmcecs_lib.reset(model, scheme, proxy, state.position, state.subsample)
+  step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
+  params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
+                           num_integration_steps=_steps_for(step_size, trajectory_length,
+                                                            max_integration_steps))
+
+  if estimator == "signed":
+    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 10)
+    lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
+    scheme = subsample_lib.block_poisson(model, subsample_size, lam, a,
+                                         blocks_per_update=min(signed_blocks_per_update, lam))
+    kernel = hmcecs_lib.build_kernel(model, scheme)
+    state = hmcecs_lib.init(model, scheme, proxy, state.position, k_signed)
+  warmup_seconds = time.perf_counter() - start_time
+
+  samples, signs, info, state, seconds = run_chain(
+      k_sample, lambda k, s: kernel(k, s, proxy, params), state, num_samples,
+      progress=progress)
+  return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
+                    seconds, evaluations)

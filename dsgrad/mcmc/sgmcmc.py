@@ -1,0 +1,135 @@
+"""Stochastic-gradient MCMC baselines: SGLD and SG-HMC, with or without control variates.
+
+Both use a fixed step size (as in the HMC-ECS paper's comparison, Sec. 6.2) and, by
+default, the same control-variate gradient estimator as HMC-ECS (Eq. 4.7); neither has
+a Metropolis correction, so the step size biases the stationary distribution.
+
+References:
+  Dang et al. (2019), Sec. 6.2. Welling, Teh (2011). Bayesian learning via stochastic
+  gradient Langevin dynamics. ICML. Chen, Fox, Guestrin (2014). Stochastic gradient
+  Hamiltonian Monte Carlo. ICML. Baker, Fearnhead, Fox, Nemeth (2019). Control variates
+  for stochastic gradient MCMC. Statistics and Computing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsgrad.mcmc import proxy as proxy_lib
+from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm
+from dsgrad.mcmc.proxy import TaylorProxy
+from dsgrad.models.base import Model
+
+
+class SGState(NamedTuple):
+  """State of SGLD / SG-HMC: the position only (momentum is resampled each iteration)."""
+
+  position: jax.Array
+
+
+class SGInfo(NamedTuple):
+  """Per-iteration diagnostics: data log-likelihood gradient evaluations."""
+
+  num_evaluations: jax.Array
+
+
+def _check(model, subsample_size, step_size):
+  if not 1 <= int(subsample_size) <= model.num_data:
+    raise ValueError(f"subsample_size must lie in [1, n={model.num_data}], got {subsample_size}")
+  if not float(step_size) > 0:
+    raise ValueError(f"step_size must be positive, got {step_size}")
+
+
+def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_size: int,
+                           control_variates: bool = True):
+  """``(key, theta) -> estimate of grad log p(theta | y)`` from a fresh subsample of
+  size ``m``: with control variates, Eq. 4.7 (needs ``proxy``); without, ``(n/m) sum_i
+  grad l_{u_i}(theta)``."""
+  n, m = model.num_data, int(subsample_size)
+  if control_variates and proxy is None:
+    raise ValueError("control variates need a TaylorProxy (dsgrad.mcmc.taylor_proxy)")
+
+  def grad(key, theta):
+    idx = jax.random.randint(key, (m,), 0, n, jnp.int32)
+    if control_variates:
+      g_lik = proxy_lib.gradient_estimate(model, proxy, theta, idx)
+    else:
+      g_lik = jax.grad(lambda t: n * jnp.mean(model.log_likelihood(t, idx)))(theta)
+    return g_lik + jax.grad(model.log_prior)(theta)
+
+  return grad
+
+
+def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample_size: int,
+         control_variates: bool = True) -> SamplingAlgorithm:
+  """SGLD with a fixed step: ``theta += (eps/2) grad_hat log p(theta | y) + N(0, eps I)``.
+
+  Args:
+    model: the model.
+    proxy: Taylor control variates (``None`` with ``control_variates=False``).
+    step_size: ``epsilon``.
+    subsample_size: ``m`` per gradient.
+    control_variates: use Eq. 4.7's estimator (default) or the plain mini-batch one.
+
+  Returns:
+    A :class:`dsgrad.mcmc.SamplingAlgorithm` (``init(position, key)``, ``step(key, state)``).
+  """
+  _check(model, subsample_size, step_size)
+  grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
+  eps = float(step_size)
+
+  def step(key, state):
+    k_grad, k_noise = jax.random.split(key)
+    theta = state.position
+    noise = jnp.sqrt(eps) * jax.random.normal(k_noise, theta.shape, theta.dtype)
+    theta = theta + 0.5 * eps * grad(k_grad, theta) + noise
+    return SGState(theta), SGInfo(jnp.asarray(subsample_size))
+
+  return SamplingAlgorithm(lambda position, key: SGState(jnp.asarray(position)), step)
+
+
+def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
+          subsample_size: int, friction: float = 1.0,
+          control_variates: bool = True) -> SamplingAlgorithm:
+  """SG-HMC (Chen et al. 2014, as in Sec. 6.2): momentum ``p ~ N(0, M)`` each iteration,
+  then ``L`` steps of
+
+      theta += eps M^{-1} p,
+      p += -eps grad_hat U(theta) - eps C M^{-1} p + N(0, 2 C eps)
+
+  with ``C = friction * I`` and ``B_hat = 0``, a fresh subsample per step, no
+  Metropolis correction.
+
+  Args:
+    model: the model.
+    proxy: Taylor control variates (``None`` with ``control_variates=False``).
+    parameters: :func:`dsgrad.mcmc.hmc_parameters` (step size, ``L``, mass matrix).
+    subsample_size: ``m`` per gradient.
+    friction: ``C``.
+    control_variates: use Eq. 4.7's estimator (default) or the plain mini-batch one.
+  """
+  _check(model, subsample_size, parameters.step_size)
+  grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
+  c = float(friction)
+
+  def step(key, state):
+    k_p, k_steps = jax.random.split(key)
+    eps, inv_mass = parameters.step_size, parameters.inverse_mass_matrix
+    theta = state.position
+    p = parameters.mass_cholesky @ jax.random.normal(k_p, theta.shape, theta.dtype)
+
+    def one(i, carry):
+      theta, p = carry
+      k_grad, k_noise = jax.random.split(jax.random.fold_in(k_steps, i))
+      theta = theta + eps * inv_mass @ p
+      noise = jnp.sqrt(2 * c * eps) * jax.random.normal(k_noise, theta.shape, theta.dtype)
+      p = p + eps * grad(k_grad, theta) - eps * c * inv_mass @ p + noise
+      return theta, p
+
+    theta, _ = jax.lax.fori_loop(0, parameters.num_integration_steps, one, (theta, p))
+    return SGState(theta), SGInfo(subsample_size * parameters.num_integration_steps)
+
+  return SamplingAlgorithm(lambda position, key: SGState(jnp.asarray(position)), step)

@@ -1,0 +1,196 @@
+"""Subsampling MCMC (issue 7): the Taylor control variates, the difference and
+block-Poisson estimators, HMC-ECS (perturbed and signed) against an exact Gaussian
+posterior, the SG-MCMC baselines, diagnostics and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dsgrad
+from dsgrad import mcmc
+from dsgrad.models import Model, logistic_regression, synthetic_logistic_data
+
+Z = 4.0
+
+
+def _linear_gaussian(n=2000, d=3, noise=1.0, prior_scale=2.0, seed=0):
+  """Bayesian linear regression with known noise: the posterior is Gaussian, in closed form."""
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(k1, (n, d))
+  theta = prior_scale * jax.random.normal(k2, (d,)) / 2
+  y = x @ theta + noise * jax.random.normal(k3, (n,))
+
+  def log_prior(z):
+    return -0.5 * jnp.sum((z / prior_scale) ** 2) - d * jnp.log(prior_scale * jnp.sqrt(2 * jnp.pi))
+
+  def log_likelihood(z, idx):
+    r = y[idx] - x[idx] @ z
+    return -0.5 * (r / noise) ** 2 - jnp.log(noise * jnp.sqrt(2 * jnp.pi))
+
+  xn, yn = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  precision = np.eye(d) / prior_scale ** 2 + xn.T @ xn / noise ** 2
+  cov = np.linalg.inv(precision)
+  mean = cov @ xn.T @ yn / noise ** 2
+  return Model(log_prior, log_likelihood, n, d, "linear_gaussian"), mean, cov
+
+
+@pytest.fixture(scope="module")
+def logreg():
+  x, y, _ = synthetic_logistic_data(jax.random.key(1), 3000, 4)
+  return logistic_regression(x, y)
+
+
+def test_taylor_sums_match_direct_evaluation(logreg):
+  theta_star = 0.3 * jax.random.normal(jax.random.key(2), (logreg.latent_dim,))
+  proxy = mcmc.taylor_proxy(logreg, theta_star, chunk_size=700)  # a ragged last chunk
+  everyone = jnp.arange(logreg.num_data, dtype=jnp.int32)
+  per_datum = jax.vmap(lambda i: (logreg.log_likelihood(theta_star, i[None])[0],
+                                  jax.grad(lambda t: logreg.log_likelihood(t, i[None])[0])(theta_star),
+                                  jax.hessian(lambda t: logreg.log_likelihood(t, i[None])[0])(theta_star)))(everyone)
+  np.testing.assert_allclose(proxy.sum_value, per_datum[0].sum(), rtol=1e-5)
+  np.testing.assert_allclose(proxy.sum_grad, per_datum[1].sum(0), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(proxy.sum_hessian, per_datum[2].sum(0), rtol=1e-4, atol=1e-3)
+  theta = theta_star + 0.2 * jax.random.normal(jax.random.key(3), theta_star.shape)
+  delta = theta - theta_star
+  direct = per_datum[0] + per_datum[1] @ delta + 0.5 * jnp.einsum("i,kij,j->k", delta,
+                                                                     per_datum[2], delta)
+  np.testing.assert_allclose(mcmc.proxy_values(logreg, proxy, theta, everyone), direct,
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(mcmc.proxy_sum(proxy, theta), direct.sum(), rtol=1e-5)
+  # At theta* every control variate is exact.
+  np.testing.assert_allclose(mcmc.differences(logreg, proxy, theta_star, everyone), 0.0,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_difference_estimator_is_unbiased(logreg, order):
+  theta_star = jnp.zeros(logreg.latent_dim)
+  proxy = mcmc.taylor_proxy(logreg, theta_star, order=order)
+  theta = 0.4 * jax.random.normal(jax.random.key(4), theta_star.shape)
+  exact = float(jnp.sum(logreg.log_likelihood(theta, jnp.arange(logreg.num_data))))
+  exact_grad = np.asarray(jax.grad(lambda t: jnp.sum(logreg.log_likelihood(
+      t, jnp.arange(logreg.num_data))))(theta))
+  idx = jax.random.randint(jax.random.key(5), (4000, 50), 0, logreg.num_data)
+  l_hat, sigma2 = jax.vmap(lambda i: mcmc.difference_estimator(logreg, proxy, theta, i))(idx)
+  grads = jax.vmap(lambda i: mcmc.gradient_estimate(logreg, proxy, theta, i))(idx)
+  l_hat = np.asarray(l_hat, np.float64)
+  se = l_hat.std() / np.sqrt(l_hat.size)
+  assert abs(l_hat.mean() - exact) < Z * se, (l_hat.mean(), exact, se)
+  assert se > 0  # the estimator is random here, so the check has teeth
+  # sigma2_hat estimates the variance of l_hat.
+  assert 0.8 < np.mean(sigma2) / l_hat.var() < 1.25
+  g = np.asarray(grads, np.float64)
+  g_se = g.std(0) / np.sqrt(g.shape[0])
+  assert np.all(np.abs(g.mean(0) - exact_grad) < Z * g_se + 1e-3)
+
+
+def test_block_poisson_estimator_is_unbiased_for_the_likelihood(logreg):
+  proxy = mcmc.taylor_proxy(logreg, jnp.zeros(logreg.latent_dim))
+  theta = 0.05 * jax.random.normal(jax.random.key(6), (logreg.latent_dim,))
+  exact = float(jnp.sum(logreg.log_likelihood(theta, jnp.arange(logreg.num_data))))
+  lam, a = mcmc.suggest_block_poisson(logreg, proxy, theta[None], jax.random.key(7), 30)
+  scheme = mcmc.block_poisson(logreg, 30, lam, a)
+  us = jax.vmap(scheme.init)(jax.random.split(jax.random.key(8), 20000))
+  log_abs, sign = jax.vmap(lambda u: scheme.log_likelihood(proxy, theta, u))(us)
+  ratio = np.asarray(sign, np.float64) * np.exp(np.asarray(log_abs, np.float64) - exact)
+  se = ratio.std() / np.sqrt(ratio.size)
+  assert ratio.std() > 1e-3
+  assert abs(ratio.mean() - 1.0) < Z * se, (ratio.mean(), se)
+
+
+def _check_gaussian(samples, mean, cov, label, weights=None):
+  ess = mcmc.effective_sample_size(samples)
+  assert np.all(ess > 100), (label, ess)
+  sd = np.sqrt(np.diag(cov))
+  got = samples.mean(0) if weights is None else mcmc.signed_mean(samples, weights)
+  z = np.abs(got - mean) / (sd / np.sqrt(ess))
+  assert np.all(z < Z), (label, got, mean, z)
+  var = samples.var(0)
+  rel = np.abs(var / np.diag(cov) - 1) / np.sqrt(2.0 / ess)
+  assert np.all(rel < Z), (label, var, np.diag(cov), rel)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_perturbed_hmcecs_matches_the_exact_posterior(order):
+  model, mean, cov = _linear_gaussian()
+  result = mcmc.sample(jax.random.key(10), model, num_samples=3000, num_warmup=400,
+                       subsample_size=100, num_blocks=10, proxy_order=order,
+                       reference_updates_every=200, progress=False)
+  assert result.samples.shape == (3000, 3)
+  accept = result.info.acceptance_rate.mean()
+  assert 0.6 < accept <= 1.0, accept
+  assert 0 < result.info.subsample_accepted.mean() <= 1.0
+  _check_gaussian(result.samples, mean, cov, f"perturbed order {order}")
+
+
+def test_signed_hmcecs_sign_corrected_mean_matches():
+  model, mean, cov = _linear_gaussian(seed=1)
+  result = mcmc.sample(jax.random.key(11), model, num_samples=3000, num_warmup=300,
+                       subsample_size=50, num_blocks=10, proxy_order=1, estimator="signed",
+                       progress=False)
+  assert result.scheme.name.startswith("block_poisson")
+  assert set(np.unique(result.signs)) <= {-1.0, 1.0}
+  assert mcmc.positive_fraction(result.signs) > 0.9
+  _check_gaussian(result.samples, mean, cov, "signed", weights=result.signs)
+
+
+def test_chains_are_reproducible_from_a_key(logreg):
+  run = lambda k: mcmc.sample(k, logreg, num_samples=50, num_warmup=20,  # noqa: E731
+                              subsample_size=100, num_blocks=10, progress=False).samples
+  np.testing.assert_array_equal(run(jax.random.key(12)), run(jax.random.key(12)))
+  assert not np.array_equal(run(jax.random.key(12)), run(jax.random.key(13)))
+
+
+@pytest.mark.parametrize("which", ["sgld", "sghmc"])
+def test_sg_baselines_find_the_posterior(which):
+  model, mean, cov = _linear_gaussian(seed=2)
+  proxy = mcmc.taylor_proxy(model, jnp.asarray(mean, jnp.float32))
+  precision = mcmc.laplace_precision(model, proxy)
+  if which == "sgld":
+    algo = mcmc.sgld(model, proxy, step_size=0.05 * float(np.min(np.diag(cov))),
+                     subsample_size=50)
+  else:
+    algo = mcmc.sghmc(model, proxy, mcmc.hmc_parameters(0.1, 5, precision), subsample_size=50)
+  samples, _, _, _, _ = mcmc.run_chain(jax.random.key(14), algo.step,
+                                       algo.init(jnp.zeros(3), None), 3000, progress=False)
+  samples = samples[500:]
+  sd = np.sqrt(np.diag(cov))
+  # No Metropolis correction: a loose check that the chain sits on the posterior.
+  assert np.all(np.abs(samples.mean(0) - mean) < 0.5 * sd), (samples.mean(0), mean)
+  assert np.all(samples.std(0) < 3 * sd) and np.all(samples.std(0) > 0.3 * sd)
+
+
+def test_effective_sample_size_of_an_ar1_process():
+  rho, r = 0.8, 200_000
+  rng = np.random.default_rng(0)
+  x = np.zeros(r)
+  noise = rng.normal(size=r)
+  for t in range(1, r):
+    x[t] = rho * x[t - 1] + noise[t]
+  want = r * (1 - rho) / (1 + rho)
+  got = mcmc.effective_sample_size(x[:, None])[0]
+  assert abs(got / want - 1) < 0.1, (got, want)
+  iid = mcmc.effective_sample_size(rng.normal(size=(5000, 1)))[0]
+  assert 4000 < iid < 6500
+
+
+def test_bad_input(logreg):
+  with pytest.raises(ValueError, match="subsample_size"):
+    mcmc.perturbed(logreg, logreg.num_data + 1, 1)
+  with pytest.raises(ValueError, match="num_blocks"):
+    mcmc.perturbed(logreg, 100, 0)
+  with pytest.raises(ValueError, match="multiple"):
+    mcmc.perturbed(logreg, 100, 7)
+  with pytest.raises(ValueError, match="num_blocks"):
+    mcmc.block_poisson(logreg, 10, 0, -1.0)
+  with pytest.raises(ValueError, match="shape"):
+    mcmc.taylor_proxy(logreg, jnp.zeros(logreg.latent_dim + 1))
+  with pytest.raises(ValueError, match="reference_point"):
+    mcmc.sample(jax.random.key(0), logreg, num_samples=5, subsample_size=10, num_blocks=1,
+                reference_point=jnp.zeros(2), progress=False)
+  with pytest.raises(ValueError, match="estimator"):
+    mcmc.sample(jax.random.key(0), logreg, num_samples=5, subsample_size=10, num_blocks=1,
+                estimator="exact", progress=False)
+  with pytest.raises(ValueError, match="signs sum"):
+    mcmc.signed_mean(np.ones((4, 2)), np.array([1.0, -1.0, -1.0, 1.0]))
