@@ -58,7 +58,7 @@ def train(objective, estimator, model, mesh):
     opt = optax.chain(estimator, optax.adam(1e-2))
   params = dsgrad.meanfield_init(model, 0.1, -1.0)
   return dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=STEPS,
-                    batch_size=BATCH, eval_every=STEPS // 2, elbo_samples=0, progress=False,
+                    batch_size=BATCH, eval_every=STEPS, elbo_samples=0, progress=False,
                     mesh=mesh)
 
 
@@ -92,12 +92,13 @@ def main():
   one = parallel.data_mesh(jax.devices()[:1])
   four = parallel.data_mesh()
   for name, (objective, estimator, model) in cases().items():
-    plain = train(objective, estimator, model, None)
     single = train(objective, estimator, model, one)
     multi = train(objective, estimator, model, four)
     host = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
-    chex.assert_trees_all_close(host(single.params), host(plain.params), rtol=1e-6, atol=1e-6,
-                                custom_message=f"{name}: 1-device mesh vs no mesh")
+    if "dense" in name or "sparse" in name:  # a mesh of one device changes nothing
+      plain = train(objective, estimator, model, None)
+      chex.assert_trees_all_close(host(single.params), host(plain.params), rtol=1e-6,
+                                  atol=1e-6, custom_message=f"{name}: 1-device mesh vs no mesh")
     chex.assert_trees_all_close(host(multi.params), host(single.params), rtol=1e-4, atol=1e-5,
                                 custom_message=f"{name}: 4 devices vs 1 device (params)")
     chex.assert_trees_all_close(host(multi.opt_state), host(single.opt_state), rtol=1e-4,

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad.mcmc import hmcecs as hmcecs_lib
+from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, _check_theta, taylor_proxy
 from dsgrad.models.base import Model
@@ -142,7 +142,7 @@ class MCMCResult(NamedTuple):
   info: Any
   state: Any
   proxy: TaylorProxy
-  parameters: hmcecs_lib.HMCParameters
+  parameters: HMCParameters
   scheme: subsample_lib.SubsampleScheme
   warmup_seconds: float
   sampling_seconds: float
@@ -264,14 +264,14 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   evaluations = 0
   if reference_point is None:
     reference_point = find_reference_point(model, k_ref)
-    evaluations += 200 * min(n, 10 * math.isqrt(n) + 1000)
+    evaluations += 200 * min(n, 10 * math.isqrt(n) + 1000)  # line searches not counted
   reference_point = _check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += n
   precision = laplace_precision(model, proxy)
   position = reference_point if position is None else _check_theta(model, position, "position")
-  kernel = hmcecs_lib.build_kernel(model, scheme)
-  state = hmcecs_lib.init(model, scheme, proxy, position, k_init)
+  kernel = build_kernel(model, scheme)
+  state = init(model, scheme, proxy, position, k_init)
 
   @jax.jit
   def warm_window(state, adapt, proxy, params, keys):
@@ -285,7 +285,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
       return (state, adapt), (state.position, info.num_evaluations)
     return jax.lax.scan(body, (state, adapt), keys)
 
-  params = hmcecs_lib.hmc_parameters(initial_step_size, 1, precision)
+  params = hmc_parameters(initial_step_size, 1, precision)
   adapt = dual_averaging_init(initial_step_size)
   window = reference_updates_every or num_warmup
   done = 0
@@ -299,20 +299,20 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     if reference_updates_every and done < num_warmup:
       proxy = taylor_proxy(model, jnp.mean(positions, 0), order=proxy_order)
       evaluations += n
-      params = hmcecs_lib.hmc_parameters(initial_step_size, 1, laplace_precision(model, proxy))
-      state = hmcecs_lib.reset(model, scheme, proxy, state.position, state.subsample)
+      params = hmc_parameters(initial_step_size, 1, laplace_precision(model, proxy))
+      state = reset(model, scheme, proxy, state.position, state.subsample)
   step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
   params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
                            num_integration_steps=_steps_for(step_size, trajectory_length,
                                                             max_integration_steps))
 
   if estimator == "signed":
-    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 10)
+    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 50)
     lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
     scheme = subsample_lib.block_poisson(model, subsample_size, lam, a,
                                          blocks_per_update=min(signed_blocks_per_update, lam))
-    kernel = hmcecs_lib.build_kernel(model, scheme)
-    state = hmcecs_lib.init(model, scheme, proxy, state.position, k_signed)
+    kernel = build_kernel(model, scheme)
+    state = init(model, scheme, proxy, state.position, k_signed)
   warmup_seconds = time.perf_counter() - start_time
 
   samples, signs, info, state, seconds = run_chain(
