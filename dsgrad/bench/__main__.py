@@ -8,6 +8,7 @@ BENCHMARKS = {
     "scale": "dsgrad.bench.scale",
     "precision": "dsgrad.bench.precision",
     "memory": "dsgrad.bench.memory",
+    "hmcecs": "dsgrad.bench.hmcecs",
 }
 
 

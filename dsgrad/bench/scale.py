@@ -24,6 +24,7 @@ import optax
 
 import dsgrad
 from dsgrad.bench import _report, _timing
+from dsgrad.diagnostics import epoch_batches
 from dsgrad.estimators import _common
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
@@ -65,9 +66,29 @@ def _full_pass_seconds(objective, params, repeats=3):
   return float(np.median(times))
 
 
+def _gather_seconds(features, batch_size, steps, rounds=3):
+  """Seconds per step of the batch's row gather alone (``x[indices]``, summed so that
+  it is not optimized away), in the same jitted scan as the estimators' steps."""
+  batches = epoch_batches(jax.random.key(2), features.shape[0], batch_size, steps)
+  x = jax.numpy.asarray(features)
+
+  @jax.jit
+  def run(x, batches):
+    return jax.lax.scan(lambda acc, idx: (acc + jax.numpy.sum(x[idx]), None), 0.0,
+                        batches)[0]
+
+  jax.block_until_ready(run(x, batches))
+  times = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    jax.block_until_ready(run(x, batches))
+    times.append((time.perf_counter() - start) / steps)
+  return float(np.median(times))
+
+
 def run(sizes, num_features=100, batch_size=100, steps=2000, rounds=3):
   """``{N: {estimator: (seconds per step, table bytes)}}`` and full-pass seconds per N."""
-  results, passes = {}, {}
+  results, passes, gathers = {}, {}, {}
   for n in sizes:
     x, y, _ = synthetic_logistic_data(jax.random.key(0), n, num_features)
     model = logistic_regression(x, y, name=f"logistic N={n}")
@@ -81,14 +102,16 @@ def run(sizes, num_features=100, batch_size=100, steps=2000, rounds=3):
                                           rounds=rounds, log=False)
     results[n] = {name: (times[name], memory[name][0]) for name in optimizers}
     passes[n] = _full_pass_seconds(objective, params0)
+    gathers[n] = _gather_seconds(x, batch_size, steps, rounds)
     for name, (t, table) in results[n].items():
       print(f"  {name:<40} {1e3 * t:8.3f} ms/step  table {table / 2**20:8.1f} MiB", flush=True)
     print(f"  {'one full pass (SVRG refresh, inc step)':<40} {1e3 * passes[n]:8.3f} ms",
           flush=True)
-  return results, passes
+    print(f"  {'batch row gather alone':<40} {1e3 * gathers[n]:8.3f} ms", flush=True)
+  return results, passes, gathers
 
 
-def format_table(results, passes, config, figure=None):
+def format_table(results, passes, gathers, config, figure=None):
   sizes = sorted(results)
   names = list(results[sizes[0]])
   lo, hi = sizes[0], sizes[-1]
@@ -114,6 +137,9 @@ def format_table(results, passes, config, figure=None):
     verdict = ("met" if ratio <= CRITERION else "**missed**") if name in FLAT else ""
     lines.append(f"| {name} | " + " | ".join(f"{v:.3f} ms" for v in ms)
                  + f" | {ratio:.2f}x | {verdict} | {results[hi][name][1] / 2**20:,.1f} MiB |")
+  gather = [1e3 * gathers[n] for n in sizes]
+  lines.append("| batch row gather `x[indices]` alone (what every step reads) | " + " | ".join(
+      f"{v:.3f} ms" for v in gather) + f" | {gather[-1] / gather[0]:.2f}x | | |")
   full = [1e3 * passes[n] for n in sizes]
   lines.append("| one full pass (SVRG refresh, an inc step) | " + " | ".join(
       f"{v:.3f} ms" for v in full) + f" | {full[-1] / full[0]:.0f}x | O(N) by design | |")
@@ -177,7 +203,8 @@ def main_steps(argv=None):
   sizes = [int(float(v)) for v in args.sizes.split(",")]
   config = dict(num_features=args.num_features, batch_size=args.batch_size, steps=args.steps,
                 rounds=args.rounds)
-  results, passes = run(sizes, args.num_features, args.batch_size, args.steps, args.rounds)
+  results, passes, gathers = run(sizes, args.num_features, args.batch_size, args.steps,
+                                 args.rounds)
   figure = None
   if not args.no_write:
     name = f"figures/scale_steps_{jax.default_backend()}.png"
@@ -186,6 +213,6 @@ def main_steps(argv=None):
       figure = name
     except ImportError:
       pass
-  table = format_table(results, passes, config, figure)
+  table = format_table(results, passes, gathers, config, figure)
   _report.publish(f"scale-steps-{jax.default_backend()}", table, not args.no_write)
   return 0

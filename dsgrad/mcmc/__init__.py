@@ -25,8 +25,8 @@ from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
                                 dual_averaging_update, find_reference_point, laplace_draws,
                                 laplace_precision, run_chain, sample)
 from dsgrad.mcmc.sgmcmc import SGInfo, SGState, log_posterior_gradient, sghmc, sgld
-from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, perturbed,
-                                   suggest_block_poisson)
+from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, full_data,
+                                   perturbed, suggest_block_poisson)
 
 __all__ = [
     "sample", "MCMCResult", "run_chain",
@@ -34,7 +34,7 @@ __all__ = [
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",
     "TaylorProxy", "taylor_proxy", "proxy_sum", "proxy_values", "differences",
     "difference_estimator", "log_likelihood_estimate", "gradient_estimate",
-    "SubsampleScheme", "perturbed", "block_poisson", "PoissonSubsample",
+    "SubsampleScheme", "perturbed", "block_poisson", "full_data", "PoissonSubsample",
     "suggest_block_poisson",
     "sgld", "sghmc", "SGState", "SGInfo", "log_posterior_gradient",
     "find_reference_point", "laplace_precision", "laplace_draws",

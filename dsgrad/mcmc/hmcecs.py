@@ -151,11 +151,14 @@ def build_kernel(model: Model, scheme: SubsampleScheme):
     k_u, k_u_accept, k_p, k_accept = jax.random.split(key, 4)
 
     # 1. u | theta: pseudo-marginal MH with a correlated proposal (Eq. 3.5).
-    proposal = scheme.propose(k_u, state.subsample)
-    candidate = reset(model, scheme, proxy, state.position, proposal)
-    log_ratio = candidate.log_likelihood - state.log_likelihood
-    take_u = jnp.log(jax.random.uniform(k_u_accept)) < log_ratio
-    state = jax.tree.map(lambda new, old: jnp.where(take_u, new, old), candidate, state)
+    if scheme.fixed:
+      take_u = jnp.asarray(False)
+    else:
+      proposal = scheme.propose(k_u, state.subsample)
+      candidate = reset(model, scheme, proxy, state.position, proposal)
+      log_ratio = candidate.log_likelihood - state.log_likelihood
+      take_u = jnp.log(jax.random.uniform(k_u_accept)) < log_ratio
+      state = jax.tree.map(lambda new, old: jnp.where(take_u, new, old), candidate, state)
 
     # 2. theta, p | u: HMC on the estimated Hamiltonian (Eq. 3.6-3.7).
     potential = _potential_fn(model, scheme, proxy, state.subsample)
@@ -183,7 +186,8 @@ def build_kernel(model: Model, scheme: SubsampleScheme):
     moved = HMCECSState(theta, state.subsample, log_lik, sign, u_new, grad)
     state = jax.tree.map(lambda new, old: jnp.where(take, new, old), moved, state)
 
-    evaluations = scheme.evaluations(state.subsample) * (1 + params.num_integration_steps)
+    evaluations = scheme.evaluations(state.subsample) * (
+        params.num_integration_steps + (0 if scheme.fixed else 1))
     info = HMCECSInfo(accept_prob, take, take_u, energy_change, params.num_integration_steps,
                       evaluations)
     return state, info

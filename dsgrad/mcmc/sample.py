@@ -224,7 +224,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   3. ``num_samples`` iterations with the tuned step size and ``estimator``:
      ``"perturbed"`` (Sec. 4) or ``"signed"`` (Sec. 5; block-Poisson with ``(lambda, a)``
      from :func:`dsgrad.mcmc.suggest_block_poisson` at Laplace draws, and ``m`` =
-     ``subsample_size`` per factor).
+     ``subsample_size`` per factor), or ``"full"``: plain HMC on all data with the
+     same tuning (the baseline; ``subsample_size`` and ``num_blocks`` are then unused).
 
   Args:
     key: PRNG key (the whole run is reproducible from it).
@@ -233,7 +234,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     subsample_size: ``m``.
     num_warmup: warm-up iterations (not kept).
     num_blocks: ``G`` for the perturbed scheme (``m`` must be a multiple).
-    estimator: ``"perturbed"`` or ``"signed"``.
+    estimator: ``"perturbed"``, ``"signed"`` or ``"full"``.
     position: initial ``theta`` (default ``theta*``).
     reference_point: ``theta*`` to use instead of :func:`find_reference_point`.
     proxy_order: 2 (paper) or 1.
@@ -252,14 +253,15 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     ValueError: on an unknown estimator, ``m > n``, non-positive block counts, a
       reference point or position of the wrong shape.
   """
-  if estimator not in ("perturbed", "signed"):
-    raise ValueError(f"estimator must be 'perturbed' or 'signed', got {estimator!r}")
+  if estimator not in ("perturbed", "signed", "full"):
+    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
   if num_samples < 1 or num_warmup < 0:
     raise ValueError(f"num_samples must be >= 1 and num_warmup >= 0, got {num_samples}, "
                      f"{num_warmup}")
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
-  scheme = subsample_lib.perturbed(model, subsample_size, num_blocks)
+  scheme = (subsample_lib.full_data(model) if estimator == "full"
+            else subsample_lib.perturbed(model, subsample_size, num_blocks))
   n = model.num_data
   evaluations = 0
   if reference_point is None:

@@ -38,6 +38,8 @@ class SubsampleScheme(NamedTuple):
       ``theta``.
     evaluations: ``u -> int``: data log-likelihood evaluations one estimate costs.
     name: label.
+    fixed: ``True`` when there is nothing to update (full data): the kernel skips the
+      subsample step.
   """
 
   init: Callable[[jax.Array], Any]
@@ -45,6 +47,27 @@ class SubsampleScheme(NamedTuple):
   log_likelihood: Callable[..., tuple[jax.Array, jax.Array]]
   evaluations: Callable[[Any], jax.Array]
   name: str
+  fixed: bool = False
+
+
+def full_data(model: Model, chunk_size: int = 8192) -> SubsampleScheme:
+  """No subsampling: the exact log likelihood over all ``n`` data (plain HMC).
+
+  The baseline HMC-ECS is compared with, run by the same kernel and tuning. The sum
+  runs in chunks of ``chunk_size`` data inside ``jit``.
+  """
+  n = model.num_data
+
+  def log_likelihood(proxy, theta, u):
+    del proxy, u
+    total = jnp.zeros((), theta.dtype)
+    for start in range(0, n, chunk_size):  # static chunks: bounded memory
+      idx = jnp.arange(start, min(start + chunk_size, n), dtype=jnp.int32)
+      total = total + jnp.sum(model.log_likelihood(theta, idx))
+    return total, jnp.ones((), theta.dtype)
+
+  return SubsampleScheme(lambda key: jnp.zeros((), jnp.int32), lambda key, u: u,
+                         log_likelihood, lambda u: jnp.asarray(n), "full data", fixed=True)
 
 
 def perturbed(model: Model, subsample_size: int, num_blocks: int = 100) -> SubsampleScheme:
