@@ -2,6 +2,8 @@
 block-Poisson estimators, HMC-ECS (perturbed and signed) against an exact Gaussian
 posterior, the SG-MCMC baselines, diagnostics and bad input."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,11 +119,12 @@ def _check_gaussian(samples, mean, cov, label, weights=None):
   assert np.all(rel < Z), (label, var, np.diag(cov), rel)
 
 
-@pytest.mark.parametrize("estimator,order", [("perturbed", 1), ("perturbed", 2), ("full", 2)])
+@pytest.mark.parametrize("estimator,order", [("perturbed", 1), ("full", 2)])
 def test_perturbed_hmcecs_matches_the_exact_posterior(estimator, order):
   """Conjugate Gaussian: the posterior is known in closed form. A first-order proxy
-  leaves the subsample estimator random (a second-order one is exact for this model);
-  ``full`` is plain HMC with the same kernel and tuning."""
+  leaves the subsample estimator random (a second-order one would be exact for this
+  model; the logistic test below uses second order); ``full`` is plain HMC with the
+  same kernel and tuning."""
   model, mean, cov = _linear_gaussian()
   result = mcmc.sample(jax.random.key(10), model, num_samples=3000, num_warmup=400,
                        subsample_size=100, num_blocks=10, proxy_order=order,
@@ -137,6 +140,7 @@ def test_perturbed_hmcecs_matches_the_exact_posterior(estimator, order):
   _check_gaussian(result.samples, mean, cov, f"{estimator} order {order}")
 
 
+@functools.lru_cache(maxsize=1)
 def _logistic_2d(n=2000):
   """A 2-parameter logistic regression and its exact posterior moments by quadrature."""
   x, y, _ = synthetic_logistic_data(jax.random.key(20), n, 2)
@@ -144,7 +148,7 @@ def _logistic_2d(n=2000):
   mode = mcmc.find_reference_point(model, jax.random.key(21), subset_size=n)
   sd = np.sqrt(np.diag(np.linalg.inv(np.asarray(mcmc.laplace_precision(
       model, mcmc.taylor_proxy(model, mode))))))
-  grid = [np.linspace(m - 7 * s, m + 7 * s, 241) for m, s in zip(np.asarray(mode), sd)]
+  grid = [np.linspace(m - 7 * s, m + 7 * s, 161) for m, s in zip(np.asarray(mode), sd)]
   a, b = np.meshgrid(*grid, indexing="ij")
   points = jnp.asarray(np.stack([a.ravel(), b.ravel()], 1), jnp.float32)
   everyone = jnp.arange(n)
@@ -164,7 +168,7 @@ def test_hmcecs_on_a_non_gaussian_posterior(estimator):
   """Logistic regression, exact moments by quadrature: the perturbed chain's means and
   variances, and the signed chain's sign-corrected ones, match within MCMC error."""
   model, mean, cov = _logistic_2d()
-  result = mcmc.sample(jax.random.key(11), model, num_samples=3000, num_warmup=300,
+  result = mcmc.sample(jax.random.key(11), model, num_samples=2500, num_warmup=200,
                        subsample_size=50, num_blocks=10, estimator=estimator,
                        progress=False)
   if estimator == "signed":
@@ -179,7 +183,7 @@ def test_hmcecs_on_a_non_gaussian_posterior(estimator):
 
 def test_chains_are_reproducible_from_a_key():
   model, mean, _ = _linear_gaussian(n=500)
-  run = lambda k: mcmc.sample(k, model, num_samples=50, num_warmup=20,  # noqa: E731
+  run = lambda k: mcmc.sample(k, model, num_samples=50, num_warmup=0,  # noqa: E731
                               subsample_size=50, num_blocks=10, reference_updates_every=0,
                               reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
                               progress=False).samples

@@ -82,7 +82,7 @@ def test_equals_linearize_at_current_params(name, shared_noise):
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("shared_noise", [True, False])
+@pytest.mark.parametrize("shared_noise", [False])  # per-datum: the harder gather of noise
 def test_dense_and_sparse_tables_give_identical_updates(shared_noise):
   """With a flat prior the prior/entropy part has no noise to correct, so the sparse
   table's estimator and the dense table's ``joint_saga(objective, linearize())`` are the
@@ -193,9 +193,9 @@ def test_running_mean_invariant_and_untouched_rows():
     out, state = update(objective.grad(params, idx, noise), state, params, idx, noise)
     params = optax.apply_updates(params, optax.tree.scale(-3e-2, out))
   everyone = jnp.arange(model.num_data, dtype=jnp.int32)
-  want = approx.statistics.datum_expected(
-      objective, params, state.table, everyone,
-      jnp.full((model.num_data,), 1.0 / model.num_data))
+  want = jax.jit(lambda p, t: approx.statistics.datum_expected(
+      objective, p, t, everyone, jnp.full((model.num_data,), 1.0 / model.num_data)))(
+          params, state.table)
   chex.assert_trees_all_close(state.running_mean, want, rtol=1e-4, atol=1e-4)
   initial = approx.statistics.statistics(params0, everyone)
   assert not np.allclose(state.table["loc"][9], initial["loc"][9])
