@@ -195,6 +195,31 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
   return Approximation(grad_and_expected, expected_grad, "gaussian_mean_taylor")
 
 
+def _with_statistics(statistics, datum_terms, datum_expected, global_terms, name: str,
+                     dtype) -> Approximation:
+  """An :class:`Approximation` whose batch means come from its :class:`DatumStatistics`
+  (statistics at the current parameters, uniform weights, plus the global part)."""
+
+  def uniform(indices):
+    return jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)
+
+  def grad_and_expected(objective, params, indices, noise):
+    d, e = datum_terms(objective, params, statistics(params, indices), indices, noise,
+                       uniform(indices))
+    c, ec = global_terms(objective, params, noise)
+    return optax.tree.add(d, c), optax.tree.add(e, ec)
+
+  def expected_grad(objective, params, indices):
+    e = datum_expected(objective, params, statistics(params, indices), indices,
+                       uniform(indices))
+    zero = objective.zero_noise(indices.shape[0])
+    return optax.tree.add(e, global_terms(objective, params, zero)[1])
+
+  return Approximation(grad_and_expected, expected_grad, name,
+                       statistics=DatumStatistics(statistics, datum_terms, datum_expected,
+                                                  global_terms))
+
+
 def glm_mean_taylor(model: Model) -> Approximation:
   """App. F's mean-only Taylor approximation for a GLM, with a table of logits.
 
@@ -283,24 +308,8 @@ def glm_mean_taylor(model: Model) -> Approximation:
     zeros = jnp.zeros_like(params["log_scale"])
     return {"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros}
 
-  def uniform(indices):
-    return jnp.full(indices.shape, 1.0 / indices.shape[0], x.dtype)
-
-  def grad_and_expected(objective, params, indices, noise):
-    d, e = datum_terms(objective, params, statistics(params, indices), indices, noise,
-                       uniform(indices))
-    c, ec = global_terms(objective, params, noise)
-    return optax.tree.add(d, c), optax.tree.add(e, ec)
-
-  def expected_grad(objective, params, indices):
-    e = datum_expected(objective, params, statistics(params, indices), indices,
-                       uniform(indices))
-    zero = objective.zero_noise(indices.shape[0])
-    return optax.tree.add(e, global_terms(objective, params, zero)[1])
-
-  return Approximation(grad_and_expected, expected_grad, "glm_mean_taylor",
-                       statistics=DatumStatistics(statistics, datum_terms, datum_expected,
-                                                  global_terms))
+  return _with_statistics(statistics, datum_terms, datum_expected, global_terms,
+                          "glm_mean_taylor", x.dtype)
 
 
 def sparse_linearize(model: Model) -> Approximation:
@@ -425,24 +434,8 @@ def sparse_linearize(model: Model) -> Approximation:
                                   (jnp.zeros_like(noise),), (noise,))
     return optax.tree.add(expected, deviation), expected
 
-  def uniform(indices):
-    return jnp.full(indices.shape, 1.0 / indices.shape[0], jnp.float32)
-
-  def grad_and_expected(objective, params, indices, noise):
-    d_part, e_part = datum_terms(objective, params, statistics(params, indices), indices,
-                                 noise, uniform(indices))
-    c, ec = global_terms(objective, params, noise)
-    return optax.tree.add(d_part, c), optax.tree.add(e_part, ec)
-
-  def expected_grad(objective, params, indices):
-    e_part = datum_expected(objective, params, statistics(params, indices), indices,
-                            uniform(indices))
-    zero = objective.zero_noise(indices.shape[0])
-    return optax.tree.add(e_part, global_terms(objective, params, zero)[1])
-
-  return Approximation(grad_and_expected, expected_grad, "sparse_linearize",
-                       statistics=DatumStatistics(statistics, datum_terms, datum_expected,
-                                                  global_terms))
+  return _with_statistics(statistics, datum_terms, datum_expected, global_terms,
+                          "sparse_linearize", jnp.float32)
 
 
 def _dropout_terms(glm: DropoutGLM, params, x, y, delta):

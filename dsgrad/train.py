@@ -178,8 +178,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   """
   optimizer = optax.with_extra_args_support(optimizer)
   if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
+    # The template needs shapes only: no initial full pass, no table materialized whole
+    # on one device before it is sharded.
     params, opt_state, start_step = restore_fit_checkpoint(
-        checkpoint_path, params, optimizer.init(params) if opt_state is None else opt_state)
+        checkpoint_path, params,
+        jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
     history = restore_fit_history(checkpoint_path)
   if num_steps < start_step:
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")

