@@ -9,7 +9,8 @@ def undocumented_public_names():
   import importlib
   import inspect
   modules = ["dsgrad", "dsgrad.approx", "dsgrad.families", "dsgrad.models", "dsgrad.datasets",
-             "dsgrad.checkpoint", "dsgrad.diagnostics", "dsgrad.parallel", "dsgrad.mcmc"]
+             "dsgrad.checkpoint", "dsgrad.diagnostics", "dsgrad.parallel", "dsgrad.mcmc",
+             "dsgrad.mcvae"]
   missing = []
   for module_name in modules:
     module = importlib.import_module(module_name)

@@ -12,6 +12,7 @@ from dsgrad import checkpoint
 from dsgrad import datasets
 from dsgrad import families
 from dsgrad import mcmc
+from dsgrad import mcvae
 from dsgrad import models
 from dsgrad import parallel
 from dsgrad.approx import Approximation
@@ -34,7 +35,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "checkpoint", "datasets", "families", "parallel", "mcmc",
+    "models", "checkpoint", "datasets", "families", "parallel", "mcmc", "mcvae",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
