@@ -183,7 +183,7 @@ def test_hmcecs_on_a_non_gaussian_posterior(estimator):
 
 def test_chains_are_reproducible_from_a_key():
   model, mean, _ = _linear_gaussian(n=500)
-  run = lambda k: mcmc.sample(k, model, num_samples=50, num_warmup=0,  # noqa: E731
+  run = lambda k: mcmc.sample(k, model, num_samples=20, num_warmup=0,  # noqa: E731
                               subsample_size=50, num_blocks=10, reference_updates_every=0,
                               reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
                               progress=False).samples
