@@ -20,6 +20,25 @@ import numpy as np
 from flax import nnx
 
 
+class _MLP(nnx.Module):
+  """ReLU hidden layers and a linear head; checks the input's last axis."""
+
+  def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int], owner: str,
+               rngs: nnx.Rngs):
+    widths = [in_dim, *map(int, hidden)]
+    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths, widths[1:])])
+    self.head = nnx.Linear(widths[-1], out_dim, rngs=rngs)
+    self.in_dim, self.owner = in_dim, owner
+
+  def __call__(self, h):
+    if h.shape[-1] != self.in_dim:
+      raise ValueError(f"{self.owner} expects inputs with last axis {self.in_dim}, got "
+                       f"shape {h.shape}")
+    for layer in self.layers:
+      h = jax.nn.relu(layer(h))
+    return self.head(h)
+
+
 class MLPEncoder(nnx.Module):
   """``x (..., data_dim) -> (mean, log_scale)``, each ``(..., latent_dim)``.
 
@@ -32,19 +51,10 @@ class MLPEncoder(nnx.Module):
 
   def __init__(self, data_dim: int, latent_dim: int, hidden: Sequence[int] = (256,), *,
                rngs: nnx.Rngs):
-    widths = [int(data_dim), *map(int, hidden)]
-    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths, widths[1:])])
-    self.head = nnx.Linear(widths[-1], 2 * int(latent_dim), rngs=rngs)
-    self.data_dim, self.latent_dim = int(data_dim), int(latent_dim)
+    self.body = _MLP(int(data_dim), 2 * int(latent_dim), hidden, "MLPEncoder", rngs)
 
   def __call__(self, x):
-    if x.shape[-1] != self.data_dim:
-      raise ValueError(f"MLPEncoder expects inputs with last axis {self.data_dim}, got "
-                       f"shape {x.shape}")
-    h = x
-    for layer in self.layers:
-      h = jax.nn.relu(layer(h))
-    mean, log_scale = jnp.split(self.head(h), 2, axis=-1)
+    mean, log_scale = jnp.split(self.body(x), 2, axis=-1)
     return mean, log_scale
 
 
@@ -60,19 +70,10 @@ class MLPDecoder(nnx.Module):
 
   def __init__(self, latent_dim: int, data_dim: int, hidden: Sequence[int] = (256,), *,
                rngs: nnx.Rngs):
-    widths = [int(latent_dim), *map(int, hidden)]
-    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths, widths[1:])])
-    self.head = nnx.Linear(widths[-1], int(data_dim), rngs=rngs)
-    self.latent_dim, self.data_dim = int(latent_dim), int(data_dim)
+    self.body = _MLP(int(latent_dim), int(data_dim), hidden, "MLPDecoder", rngs)
 
   def __call__(self, z):
-    if z.shape[-1] != self.latent_dim:
-      raise ValueError(f"MLPDecoder expects latents with last axis {self.latent_dim}, got "
-                       f"shape {z.shape}")
-    h = z
-    for layer in self.layers:
-      h = jax.nn.relu(layer(h))
-    return self.head(h)
+    return self.body(z)
 
 
 def bernoulli_log_likelihood(logits, x) -> jax.Array:
