@@ -33,6 +33,11 @@ def environment() -> str:
 DOCS_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs"))
 
 
+def format_bytes(b: int) -> str:
+  """``b`` bytes as GiB (from 1 GiB up) or MiB, for benchmark tables."""
+  return f"{b / 2**30:,.2f} GiB" if b >= 2**30 else f"{b / 2**20:,.1f} MiB"
+
+
 def docs_path(relative: str) -> str:
   """Absolute path of ``relative`` (e.g. ``figures/x.png``) under the project's docs/."""
   return os.path.join(DOCS_DIR, relative)

@@ -20,6 +20,8 @@ import dsgrad
 from dsgrad.bench import _report
 from dsgrad import models
 
+_bytes = _report.format_bytes
+
 
 def _tasks():
   """``{name: (model, has a logit table)}`` at the paper's sizes, synthetic data."""
@@ -69,10 +71,6 @@ def run():
   return rows
 
 
-def _size(b):
-  return f"{b / 2**30:,.2f} GiB" if b >= 2**30 else f"{b / 2**20:,.1f} MiB"
-
-
 def format_table(rows):
   lines = [
       "Command: `python -m dsgrad.bench memory` -- each estimator's state from "
@@ -86,8 +84,8 @@ def format_table(rows):
       "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
   ]
   for task, n, d, est, table, state in rows:
-    lines.append(f"| {task} | {n:,} | {d:,} | {est} | {_size(table)} | {_size(state)} | "
-                 f"{_size(4 * n * d)} |")
+    lines.append(f"| {task} | {n:,} | {d:,} | {est} | {_bytes(table)} | {_bytes(state)} | "
+                 f"{_bytes(4 * n * d)} |")
   return "\n".join(lines)
 
 

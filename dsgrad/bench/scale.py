@@ -57,11 +57,16 @@ def _full_pass_seconds(objective, params, repeats=3):
         lambda idx: objective.grad(params, idx, noise, validate=False), objective.num_data,
         4096)
 
-  jax.block_until_ready(full_grad(params))
+  return _median_seconds(full_grad, (params,), repeats)
+
+
+def _median_seconds(fn, args, repeats):
+  """Median wall-clock of ``fn(*args)`` over ``repeats`` calls after one warm-up call."""
+  jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(full_grad(params))
+    jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return float(np.median(times))
 
@@ -77,13 +82,7 @@ def _gather_seconds(features, batch_size, steps, rounds=3):
     return jax.lax.scan(lambda acc, idx: (acc + jax.numpy.sum(x[idx]), None), 0.0,
                         batches)[0]
 
-  jax.block_until_ready(run(x, batches))
-  times = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    jax.block_until_ready(run(x, batches))
-    times.append((time.perf_counter() - start) / steps)
-  return float(np.median(times))
+  return _median_seconds(run, (x, batches), rounds) / steps
 
 
 def run(sizes, num_features=100, batch_size=100, steps=2000, rounds=3):

@@ -25,8 +25,15 @@ from dsgrad.mcmc.proxy import TaylorProxy, _check_theta, taylor_proxy
 from dsgrad.models.base import Model
 
 
+REFERENCE_STEPS = 200
+
+
+def _default_subset_size(n: int) -> int:
+  return min(n, 10 * math.isqrt(n) + 1000)
+
+
 def find_reference_point(model: Model, key, *, subset_size: int | None = None,
-                         num_steps: int = 200, position=None) -> jax.Array:
+                         num_steps: int = REFERENCE_STEPS, position=None) -> jax.Array:
   """``theta*``: the posterior mode on a random data subset, rescaled to ``n`` data.
 
   Maximizes ``(n / n_sub) sum_{k in subset} l_k(theta) + log p(theta)`` with L-BFGS
@@ -43,7 +50,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
     ``(d,)`` reference point.
   """
   n = model.num_data
-  size = min(n, int(subset_size or 10 * math.isqrt(n) + 1000))
+  size = min(n, int(subset_size or _default_subset_size(n)))
   subset = jax.random.choice(key, n, (size,), replace=False).astype(jnp.int32)
   start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
            else _check_theta(model, position, "position"))
@@ -158,10 +165,12 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
-    seconds)``; the first chunk's compilation is excluded from ``seconds``.
+    seconds)``; compilation (once per chunk length, at most two) is excluded from
+    ``seconds``.
   """
-  sign = sign or (lambda s: jnp.ones((), s.position.dtype)
-                  if not hasattr(s, "sign") else s.sign)
+  if sign is None:
+    def sign(s):
+      return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
 
   def chunk(state, keys):
     def body(state, k):
@@ -170,13 +179,16 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
     return jax.lax.scan(body, state, keys)
 
   runner = jax.jit(chunk)
+  compiled_by_size = {}  # the last chunk may be shorter: at most two programs
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
   keys = jax.random.split(key, num_samples)
   while done < num_samples:
     size = min(chunk_size, num_samples - done)
     batch = keys[done:done + size]
-    compiled = runner.lower(state, batch).compile()
+    if size not in compiled_by_size:
+      compiled_by_size[size] = runner.lower(state, batch).compile()
+    compiled = compiled_by_size[size]
     start = time.perf_counter()
     state, out = compiled(state, batch)
     jax.block_until_ready(out)
@@ -266,7 +278,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   evaluations = 0
   if reference_point is None:
     reference_point = find_reference_point(model, k_ref)
-    evaluations += 200 * min(n, 10 * math.isqrt(n) + 1000)  # line searches not counted
+    evaluations += REFERENCE_STEPS * _default_subset_size(n)  # line searches not counted
   reference_point = _check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += n
@@ -301,7 +313,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     if reference_updates_every and done < num_warmup:
       proxy = taylor_proxy(model, jnp.mean(positions, 0), order=proxy_order)
       evaluations += n
-      params = hmc_parameters(initial_step_size, 1, laplace_precision(model, proxy))
+      precision = laplace_precision(model, proxy)
+      params = hmc_parameters(initial_step_size, 1, precision)
       state = reset(model, scheme, proxy, state.position, state.subsample)
   step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
   params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
@@ -309,7 +322,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
                                                             max_integration_steps))
 
   if estimator == "signed":
-    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 50)
+    draws = laplace_draws(proxy, precision, k_tune, 50)
     lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
     scheme = subsample_lib.block_poisson(model, subsample_size, lam, a,
                                          blocks_per_update=min(signed_blocks_per_update, lam))
