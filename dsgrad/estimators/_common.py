@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import jax
@@ -59,6 +60,54 @@ def check_table(table, num_data: int, estimator: str) -> None:
       raise ValueError(f"dsgrad.{estimator}: the state's table has {leaf.shape[:1]} rows but "
                        f"the objective has num_data={num_data}; was this state created "
                        f"for another data set?")
+
+
+def device_memory_bytes() -> int | None:
+  """Memory of the first device: its allocator limit on an accelerator, the host's
+  available physical memory on CPU; ``None`` when neither is known."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001 -- some backends do not implement memory_stats
+    stats = {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
+  """Bytes of a table holding one copy of ``params`` per datum (``N x size(params)``)."""
+  total = 0
+  for p in jax.tree.leaves(params):
+    itemsize = jnp.dtype(dtype or jnp.asarray(p).dtype).itemsize
+    total += int(np.prod(jnp.shape(p), dtype=np.int64)) * itemsize
+  return total * int(num_data)
+
+
+def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:
+  """Refuses, before allocating, a per-datum parameter table larger than ``max_bytes``
+  (``"auto"``: 90% of :func:`device_memory_bytes`; ``None``: no check)."""
+  if max_bytes is None or not has_leaves(params):
+    return
+  if max_bytes == "auto":
+    available = device_memory_bytes()
+    if available is None:
+      return
+    max_bytes, where = int(0.9 * available), "90% of the free memory of one device"
+  else:
+    max_bytes, where = int(max_bytes), "max_table_bytes"
+  need = parameter_table_bytes(params, num_data, dtype)
+  if need > max_bytes:
+    size = sum(int(np.prod(jnp.shape(p), dtype=np.int64)) for p in jax.tree.leaves(params))
+    raise MemoryError(
+        f"dsgrad.{estimator}: the per-datum table would hold {num_data:,} copies of "
+        f"{size:,} parameters = {need / 2**30:.2f} GiB, more than {where} "
+        f"({max_bytes / 2**30:.2f} GiB). Use dsgrad.joint_svrg (no table), a compact "
+        f"approximation (dsgrad.approx.glm_mean_taylor / sparse_linearize), "
+        f"table_dtype=jnp.bfloat16, several devices (dsgrad.parallel), or pass "
+        f"max_table_bytes=None to skip this check.")
 
 
 def new_table(params, num_data: int, dtype=None):

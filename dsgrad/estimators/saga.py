@@ -47,7 +47,8 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps):
 
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
-               check_indices: bool = True, check_finite: bool = True
+               check_indices: bool = True, check_finite: bool = True,
+               max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with a SAGA table: reduces subsampling *and* MC noise.
 
@@ -87,7 +88,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   calls) -- the paper's "one gradient and two Hessian-vector products" (Sec. 7.3) --
   plus a gather and an in-place scatter of ``B`` rows. On a CPU the row traffic alone
   costs several naive steps (docs/benchmarks.md). Memory: the table, ``N x (number of params)`` values
-  (see :func:`dsgrad.table_bytes`); ``table_dtype`` stores it in lower precision.
+  (see :func:`dsgrad.table_bytes`); ``table_dtype`` stores it in lower precision. For
+  a network this is ``N`` copies of its weights (a 45,000-parameter VAE on 1,500 images:
+  0.25 GiB; a 1M-parameter one on MNIST's 60,000: 224 GiB), so ``init`` refuses a table
+  that would not fit (``max_table_bytes``).
 
   Args:
     objective: the objective whose gradient is passed as ``updates``.
@@ -100,6 +104,11 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient (set ``False`` under
       ``optax.apply_if_finite``).
+    max_table_bytes: ``init`` raises ``MemoryError`` (naming the table's size and the
+      alternatives) when the parameter table would exceed this many bytes. ``"auto"``:
+      90% of the free memory of one device (the host's free memory on CPU); with a
+      :mod:`dsgrad.parallel` mesh, which splits the table, pass the total yourself;
+      ``None``: no check.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSagaState`.
@@ -127,6 +136,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   def init_fn(params):
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params)
+    _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
     table = _common.new_table(params, n, table_dtype)
     return JointSagaState(jnp.zeros([], jnp.int32), table,
                           initial_mean(_as_stored(params, table)))

@@ -63,6 +63,21 @@ def linear_schedule(num_steps: int) -> jax.Array:
   return jnp.linspace(0.0, 1.0, num_steps + 1)
 
 
+def schedule_from_logits(logits) -> jax.Array:
+  """A learnable annealing schedule, increasing from 0 to 1 by construction.
+
+  ``beta_k = sum_{i <= k} softmax(logits)_i`` with ``beta_0 = 0``: ``K`` free logits give
+  ``K + 1`` temperatures; zero logits give :func:`linear_schedule`. The paper's third
+  option, temperatures learned as inference parameters (Sec. 4.1).
+  """
+  logits = jnp.asarray(logits)
+  if logits.ndim != 1:
+    raise ValueError(f"schedule logits must be a vector (K,), got shape {logits.shape}")
+  increments = jax.nn.softmax(logits)
+  betas = jnp.concatenate([jnp.zeros((1,), increments.dtype), jnp.cumsum(increments)])
+  return betas.at[-1].set(1.0)
+
+
 def _check_schedule(betas, num_steps):
   if betas.shape != (num_steps + 1,):
     raise ValueError(f"betas must have shape (K + 1,) = ({num_steps + 1},), got {betas.shape}")
@@ -81,11 +96,52 @@ class LangevinPath(NamedTuple):
 
 
 def langevin_kernel_log_density(log_gamma: LogJoint, step_size, start, end) -> jax.Array:
-  """``log m(start, end) = log N(end; start + eta grad log gamma(start), 2 eta I)`` (Eq. 10)."""
-  drift = start + step_size * jax.grad(log_gamma)(start)
-  d = start.shape[-1]
-  return (-jnp.sum((end - drift) ** 2) / (4 * step_size)
-          - 0.5 * d * jnp.log(4 * jnp.pi * step_size))
+  """``log m(start, end) = log N(end; start + eta grad log gamma(start), 2 eta I)`` (Eq. 10).
+
+  ``step_size`` is a scalar or a ``(d,)`` vector (the preconditioned kernel of Eq. 27:
+  drift ``eta * grad`` and variance ``2 eta`` per coordinate).
+  """
+  eta = jnp.broadcast_to(step_size, start.shape)
+  drift = start + eta * jax.grad(log_gamma)(start)
+  return jnp.sum(-(end - drift) ** 2 / (4 * eta) - 0.5 * jnp.log(4 * jnp.pi * eta))
+
+
+class _Point(NamedTuple):
+  """A chain state with ``log p(x, z)``, ``log q(z | x)`` and their gradients, so that
+  each step evaluates the decoder (and its gradient) once."""
+
+  z: jax.Array
+  log_p: jax.Array
+  grad_p: jax.Array
+  log_q: jax.Array
+  grad_q: jax.Array
+
+
+def _evaluator(log_joint: LogJoint, mean, log_scale):
+  value_and_grad = jax.value_and_grad(log_joint)
+  inv_var = jnp.exp(-2 * log_scale)
+
+  def at(z):
+    log_p, grad_p = value_and_grad(z)
+    return _Point(z, log_p, grad_p, gaussian_log_prob(z, mean, log_scale),
+                  -(z - mean) * inv_var)
+
+  return at
+
+
+def _log_gamma(beta, point: _Point):
+  return beta * point.log_p + (1 - beta) * point.log_q
+
+
+def _grad_gamma(beta, point: _Point):
+  return beta * point.grad_p + (1 - beta) * point.grad_q
+
+
+def _ula_log_density(step_size, start, grad_start, end):
+  """``log N(end; start + eta grad_start, 2 eta)`` (Eq. 10 with the gradient given)."""
+  eta = jnp.broadcast_to(step_size, start.shape)
+  return jnp.sum(-(end - start - eta * grad_start) ** 2 / (4 * eta)
+                 - 0.5 * jnp.log(4 * jnp.pi * eta))
 
 
 def langevin_sis_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, step_size,
@@ -109,8 +165,9 @@ def langevin_sis_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, step_s
     log_scale: ``(d,)`` log standard deviations of the proposal.
     eps0: ``(d,)`` standard normal.
     noise: ``(K, d)`` standard normal ``u_1..u_K``.
-    step_size: ``eta > 0``.
-    betas: ``(K + 1,)`` increasing from 0 to 1 (default :func:`linear_schedule`).
+    step_size: ``eta > 0``, a scalar or a ``(d,)`` vector (one step per coordinate).
+    betas: ``(K + 1,)`` increasing from 0 to 1 (default :func:`linear_schedule`;
+      :func:`schedule_from_logits` makes a learnable one).
     return_path: also return the :class:`LangevinPath`.
 
   Returns:
@@ -124,32 +181,146 @@ def langevin_sis_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, step_s
   k = noise.shape[0]
   betas = linear_schedule(k) if betas is None else jnp.asarray(betas)
   _check_schedule(betas, k)
-  z0 = mean + jnp.exp(log_scale) * eps0
+  at = _evaluator(log_joint, mean, log_scale)
+  start = at(mean + jnp.exp(log_scale) * eps0)
 
-  def log_q(z):
-    return gaussian_log_prob(z, mean, log_scale)
-
-  def step(z_prev, inputs):
+  def step(prev, inputs):
     beta, u = inputs
+    grad_prev = _grad_gamma(beta, prev)
+    z = prev.z + step_size * grad_prev + jnp.sqrt(2 * step_size) * u
+    new = at(z)
+    ratio = (_ula_log_density(step_size, z, _grad_gamma(beta, new), prev.z)
+             - _ula_log_density(step_size, prev.z, grad_prev, z))
+    return new, (z, ratio)
 
-    def log_gamma(z):
-      return beta * log_joint(z) + (1 - beta) * log_q(z)
-
-    z = z_prev + step_size * jax.grad(log_gamma)(z_prev) + jnp.sqrt(2 * step_size) * u
-    ratio = (langevin_kernel_log_density(log_gamma, step_size, z, z_prev)
-             - langevin_kernel_log_density(log_gamma, step_size, z_prev, z))
-    return z, (z, ratio)
-
-  z_last, (zs, ratios) = jax.lax.scan(step, z0, (betas[1:], noise))
-  w = log_joint(z_last) - log_q(z0) + jnp.sum(ratios)
+  last, (zs, ratios) = jax.lax.scan(step, start, (betas[1:], noise))
+  w = last.log_p - start.log_q + jnp.sum(ratios)
   if return_path:
-    return w, LangevinPath(jnp.concatenate([z0[None], zs]), ratios)
+    return w, LangevinPath(jnp.concatenate([start.z[None], zs]), ratios)
   return w
+
+
+class MalaPath(NamedTuple):
+  """The AIS chain of :func:`mala_ais_bound`, for diagnostics and tests.
+
+  Attributes:
+    z: ``(K + 1, d)`` the states ``z_0 .. z_K``.
+    accepted: ``(K,)`` the accept/reject outcomes ``a_k`` (booleans).
+    log_accept_prob: ``(K,)`` ``log alpha_k`` of each proposal.
+  """
+
+  z: jax.Array
+  accepted: jax.Array
+  log_accept_prob: jax.Array
+
+
+def _log1mexp(x):
+  """``log(1 - exp(x))`` for ``x <= 0``, stable (Maechler 2012), finite at ``x = 0``."""
+  x = jnp.minimum(x, -1e-7)
+  return jnp.where(x > -0.6931, jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
+
+
+def mala_ais_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, accept_noise,
+                   step_size, betas=None, return_path: bool = False):
+  """The A-MCVAE estimate of ``log p(x)`` and the log probability of its A/R draws (Alg. 2).
+
+  ``z_0 = mean + exp(log_scale) * eps0``; for ``k = 1..K`` a MALA step targeting
+  ``gamma_k = q^{1 - beta_k} p^{beta_k}``: the proposal
+  ``y = z_{k-1} + eta grad log gamma_k(z_{k-1}) + sqrt(2 eta) u_k`` (Eq. 20) is
+  accepted (``a_k = 1``, ``z_k = y``) when ``v_k < alpha_k`` (Eq. 21), else
+  ``z_k = z_{k-1}``. It returns
+
+      W     = sum_k (beta_k - beta_{k-1}) [log p(x, z_{k-1}) - log q(z_{k-1} | x)]   (Eq. 9)
+      log A = sum_k log alpha_k^{a_k}(z_{k-1}),   alpha^1 = alpha, alpha^0 = 1 - alpha.
+
+  ``exp(W)`` is unbiased for ``p(x)`` (Eq. 23). Given the A/R outcomes, ``W`` is a
+  reparameterized function of ``(eps0, u)``; the outcomes' own dependence on the
+  parameters is what ``log A`` carries: ``grad E[W] = E[grad W + W grad log A]``
+  (Eq. 25). :func:`amcvae_surrogate` turns ``(W, log A)`` of several particles into a
+  scalar whose gradient is that estimate, with the leave-one-out control variate of
+  Eq. 26.
+
+  Args:
+    log_joint: ``z -> log p(x, z)``.
+    mean: ``(d,)`` mean of ``q(z | x)``.
+    log_scale: ``(d,)`` log standard deviations of ``q(z | x)``.
+    eps0: ``(d,)`` standard normal.
+    noise: ``(K, d)`` standard normal ``u_1..u_K``.
+    accept_noise: ``(K,)`` ``v_k - 1/2`` with ``v_k ~ U(0, 1)`` (centred, so that the
+      noise has mean zero as :func:`dsgrad.approx.linearize` requires).
+    step_size: ``eta > 0``, a scalar or a ``(d,)`` vector.
+    betas: ``(K + 1,)`` schedule from 0 to 1 (default linear).
+    return_path: also return the :class:`MalaPath`.
+
+  Returns:
+    ``(W, log_A)`` (and the path).
+
+  Raises:
+    ValueError: on noise of the wrong shape or a schedule of the wrong length.
+  """
+  if noise.ndim != 2 or noise.shape[1:] != eps0.shape:
+    raise ValueError(f"noise must have shape (K, {eps0.shape[0]}), got {noise.shape}")
+  k = noise.shape[0]
+  if accept_noise.shape != (k,):
+    raise ValueError(f"accept_noise must have shape (K,) = ({k},), got {accept_noise.shape}")
+  betas = linear_schedule(k) if betas is None else jnp.asarray(betas)
+  _check_schedule(betas, k)
+  at = _evaluator(log_joint, mean, log_scale)
+  start = at(mean + jnp.exp(log_scale) * eps0)
+
+  def step(carry, inputs):
+    point, w, log_a = carry
+    beta_prev, beta, u, v = inputs
+    w = w + (beta - beta_prev) * (point.log_p - point.log_q)
+    grad = _grad_gamma(beta, point)
+    proposal = at(point.z + step_size * grad + jnp.sqrt(2 * step_size) * u)
+    log_alpha = jnp.minimum(
+        0.0, _log_gamma(beta, proposal) - _log_gamma(beta, point)
+        + _ula_log_density(step_size, proposal.z, _grad_gamma(beta, proposal), point.z)
+        - _ula_log_density(step_size, point.z, grad, proposal.z))
+    accept = jnp.log(v + 0.5) < jax.lax.stop_gradient(log_alpha)
+    point = jax.tree.map(lambda y, z: jnp.where(accept, y, z), proposal, point)
+    log_a = log_a + jnp.where(accept, log_alpha, _log1mexp(log_alpha))
+    return (point, w, log_a), (point.z, accept, log_alpha)
+
+  zero = jnp.zeros((), start.z.dtype)
+  (_, w, log_a), (zs, accepted, log_alphas) = jax.lax.scan(
+      step, (start, zero, zero), (betas[:-1], betas[1:], noise, accept_noise))
+  if return_path:
+    return w, log_a, MalaPath(jnp.concatenate([start.z[None], zs]), accepted, log_alphas)
+  return w, log_a
+
+
+def amcvae_surrogate(w, log_a, control_variate: bool = True) -> jax.Array:
+  """A scalar whose value is ``mean_i W_i`` and whose gradient is the A-MCVAE estimate.
+
+  For ``n`` particles of one datum, the gradient is
+  ``mean_i [grad W_i + (W_i - b_i) grad log A_i]`` (Eq. 25), with the leave-one-out
+  baseline ``b_i = mean_{j != i} W_j`` (Eq. 26; independent of particle ``i``, so the
+  estimate stays unbiased) when ``control_variate`` and ``n >= 2``, else ``b_i = 0``
+  (plain REINFORCE).
+
+  Args:
+    w: ``(n,)`` the particles' ``W`` from :func:`mala_ais_bound`.
+    log_a: ``(n,)`` their ``log A``.
+    control_variate: use the leave-one-out baseline.
+
+  Returns:
+    The surrogate scalar.
+  """
+  w, log_a = jnp.atleast_1d(w), jnp.atleast_1d(log_a)
+  n = w.shape[0]
+  baseline = jnp.zeros_like(w)
+  if control_variate and n >= 2:
+    baseline = (jnp.sum(w) - w) / (n - 1)
+  score = jax.lax.stop_gradient(w - baseline) * (log_a - jax.lax.stop_gradient(log_a))
+  return jnp.mean(w + score)
 
 
 def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps: int,
                          num_particles: int = 1, step_size: float = 0.1,
-                         num_leapfrog: int = 3, betas=None) -> jax.Array:
+                         num_leapfrog: int = 3, betas=None,
+                         precondition: bool = False) -> jax.Array:
   """AIS estimate of ``log p(x)`` with HMC transitions, starting from ``q(z | x)``.
 
   The evaluation estimator of Sec. 4.3 (the paper: ``K = 5`` HMC steps of 3 leapfrog
@@ -169,6 +340,10 @@ def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps
     step_size: HMC leapfrog step.
     num_leapfrog: leapfrog steps per HMC transition.
     betas: ``(K + 1,)`` schedule (default linear).
+    precondition: run the chain in the coordinates ``v = (z - mean) / exp(log_scale)``
+      (a mass matrix equal to the proposal's precision), so that one ``step_size``
+      suits latents whose posterior scales differ; the estimate targets the same
+      ``log p(x)`` (the change of variables is accounted for).
 
   Returns:
     The scalar estimate of ``log p(x)``.
@@ -181,6 +356,11 @@ def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps
                      f"{num_particles}")
   betas = linear_schedule(num_steps) if betas is None else jnp.asarray(betas)
   _check_schedule(betas, num_steps)
+  if precondition:
+    scale, shift = jnp.exp(log_scale), mean
+    original = log_joint
+    log_joint = lambda v: original(shift + scale * v) + jnp.sum(log_scale)  # noqa: E731
+    mean, log_scale = jnp.zeros_like(mean), jnp.zeros_like(log_scale)
 
   def log_q(z):
     return gaussian_log_prob(z, mean, log_scale)

@@ -1,0 +1,291 @@
+"""A VAE trained by any of the four bounds, as a doubly-stochastic :class:`dsgrad.Objective`.
+
+    vae = MonteCarloVAE(encoder, decoder, method="lmcvae", num_steps=5)
+    objective = vae.objective(train_images)
+    params = vae.init_params()
+    opt = optax.chain(dsgrad.joint_svrg(objective), optax.adam(1e-3))
+    result = dsgrad.fit(objective, opt, params, key, num_steps=..., batch_size=100)
+
+The objective's per-datum loss is ``f(w; n, eps) = -log p_hat(x_n)``: minus one of the
+bounds of :mod:`dsgrad.mcvae.bounds` for image ``n``, so its mean over data and noise
+is the negative ELBO the paper's Table 1 reports. The noise ``eps`` of a datum is all of
+its randomness: the dynamic binarization of the image, the proposal draws, the Langevin
+noise and the MALA accept/reject uniforms -- each centred to mean zero, so
+:func:`dsgrad.approx.linearize` applies and ``cv``, ``joint_svrg`` and ``joint_saga``
+work on it unchanged.
+
+The parameters are ``{"encoder": dict, "decoder": dict, "sampler": dict}``: the
+modules' weights as plain nested dicts (``nnx.to_pure_dict``, so any checkpointer and
+optax transformation handles them) and the sampler part, which holds the learnable Langevin/MALA step sizes (one per latent
+coordinate, Eq. 27's preconditioned step) and the annealing schedule's logits
+(:func:`dsgrad.mcvae.schedule_from_logits`).
+
+References:
+  Thin et al. (2021). Monte Carlo variational auto-encoders. ICML. Sec. 2-4, Alg. 1-2,
+  Eq. 1, 14, 25-27.
+  Burda, Grosse, Salakhutdinov (2015). Importance weighted autoencoders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dsgrad.mcvae import bounds
+from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
+                                   gaussian_log_likelihood)
+from dsgrad.objective import Objective
+
+METHODS = ("vae", "iwae", "lmcvae", "amcvae")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MonteCarloVAE:
+  """A latent-variable model ``p(z) p_theta(x | z)`` with an amortized ``q_phi(z | x)``.
+
+  Attributes:
+    encoder: an NNX module ``x (..., D) -> (mean, log_scale)`` (e.g.
+      :class:`dsgrad.mcvae.MLPEncoder` or :class:`dsgrad.mcvae.ConvEncoder`).
+    decoder: an NNX module ``z (..., d) -> (..., D)``: Bernoulli logits, or Gaussian
+      means when it has ``output == "gaussian"`` (:class:`dsgrad.mcvae.ConvDecoder`).
+      Both modules expose ``data_dim`` (``D``, pixels of a flattened image).
+    method: ``"vae"`` (ELBO), ``"iwae"`` (``num_particles`` importance samples),
+      ``"lmcvae"`` (Langevin SIS, Alg. 1) or ``"amcvae"`` (MALA AIS, Alg. 2).
+    num_particles: samples per datum. IWAE: its ``K``. VAE / L-MCVAE / A-MCVAE: the
+      bound is averaged over the particles (A-MCVAE needs 2 or more for the
+      leave-one-out control variate of Eq. 26).
+    num_steps: Langevin/MALA steps ``K`` (L-MCVAE and A-MCVAE).
+    step_size: initial step size ``eta`` of every latent coordinate.
+    learn_step_size: learn ``eta`` through the ELBO (else it stays at ``step_size``).
+    learn_schedule: learn the annealing temperatures (else the linear schedule).
+    control_variate: A-MCVAE's leave-one-out baseline for the REINFORCE term.
+    binarize: ``"dynamic"`` draws a binary image ``x_bin ~ Bernoulli(x)`` per datum and
+      step (dynamic binarization, part of the noise); ``"none"`` uses ``x`` as is.
+    observation_scale: standard deviation of a Gaussian decoder's pixels.
+  """
+
+  encoder: nnx.Module
+  decoder: nnx.Module
+  method: str = "vae"
+  num_particles: int = 1
+  num_steps: int = 0
+  step_size: float = 0.01
+  learn_step_size: bool = True
+  learn_schedule: bool = True
+  control_variate: bool = True
+  binarize: str = "dynamic"
+  observation_scale: float = 0.1
+
+  def __post_init__(self):
+    if self.method not in METHODS:
+      raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+    if self.num_particles < 1:
+      raise ValueError(f"num_particles must be >= 1, got {self.num_particles}")
+    if self.num_steps < 0:
+      raise ValueError(f"num_steps must be >= 0, got {self.num_steps}")
+    if self.method in ("lmcvae", "amcvae") and self.num_steps < 1:
+      raise ValueError(f"method {self.method!r} needs num_steps >= 1")
+    if not self.step_size > 0:
+      raise ValueError(f"step_size must be positive, got {self.step_size}")
+    if self.binarize not in ("dynamic", "none"):
+      raise ValueError(f"binarize must be 'dynamic' or 'none', got {self.binarize!r}")
+    if self.gaussian and self.binarize != "none":
+      raise ValueError("a Gaussian decoder models grey/colour values: use binarize='none'")
+    object.__setattr__(self, "_split", (nnx.split(self.encoder), nnx.split(self.decoder)))
+    # Shapes from one abstract call: the image size D and the latent size d.
+    mean, _ = jax.eval_shape(lambda: self.encoder(jnp.zeros((1, self.data_dim))))
+    logits = jax.eval_shape(lambda: self.decoder(jnp.zeros((1, mean.shape[-1]))))
+    if logits.shape[-1] != self.data_dim:
+      raise ValueError(f"the decoder outputs {logits.shape[-1]} pixels but the encoder reads "
+                       f"{self.data_dim}; encoder and decoder must agree on the image size")
+    object.__setattr__(self, "latent_dim", int(mean.shape[-1]))
+
+  @property
+  def data_dim(self) -> int:
+    """``D``, the number of pixels of a flattened image (read from the encoder)."""
+    if not hasattr(self.encoder, "data_dim"):
+      raise ValueError("the encoder must expose `data_dim` (the flattened image size)")
+    return int(self.encoder.data_dim)
+
+  @property
+  def gaussian(self) -> bool:
+    """Whether the decoder outputs Gaussian means (else Bernoulli logits)."""
+    return getattr(self.decoder, "output", "bernoulli") == "gaussian"
+
+  # -------------------------------------------------------------- parameters
+  def init_params(self) -> dict:
+    """The parameters as a pytree: the modules' states and the sampler's parameters."""
+    sampler = {}
+    if self.method in ("lmcvae", "amcvae"):
+      sampler = {"log_step_size": jnp.full((self.latent_dim,), math.log(self.step_size)),
+                 "schedule_logits": jnp.zeros((self.num_steps,))}
+    return {"encoder": nnx.to_pure_dict(nnx.state(self.encoder)),
+            "decoder": nnx.to_pure_dict(nnx.state(self.decoder)), "sampler": sampler}
+
+  def modules(self, params):
+    """``(encoder, decoder)`` NNX modules carrying ``params`` (pure under ``jit``)."""
+    out = []
+    for (graphdef, template), values in zip(self._split, (params["encoder"],
+                                                          params["decoder"])):
+      state = jax.tree.map(lambda v: v, template)  # a fresh State to fill
+      nnx.replace_by_pure_dict(state, values)
+      out.append(nnx.merge(graphdef, state))
+    return tuple(out)
+
+  def sampler(self, params):
+    """``(step_size, betas)`` in use: learned or fixed, per the configuration."""
+    if self.method not in ("lmcvae", "amcvae"):
+      return None, None
+    raw = params["sampler"]
+    log_eta = raw["log_step_size"]
+    if not self.learn_step_size:
+      log_eta = jax.lax.stop_gradient(log_eta)
+    logits = raw["schedule_logits"]
+    if not self.learn_schedule:
+      logits = jnp.zeros_like(logits)
+    return jnp.exp(log_eta), bounds.schedule_from_logits(logits)
+
+  # ------------------------------------------------------------------- noise
+  def noise_fn(self, key, batch_size: int) -> dict:
+    """All randomness of a batch, each part centred (mean zero), leading axis ``B``."""
+    n, k, d = self.num_particles, self.num_steps, self.latent_dim
+    keys = jax.random.split(key, 4)
+    noise = {"binarize": jax.random.uniform(keys[0], (batch_size, self.data_dim)) - 0.5,
+             "eps0": jax.random.normal(keys[1], (batch_size, n, d))}
+    if self.method in ("lmcvae", "amcvae"):
+      noise["langevin"] = jax.random.normal(keys[2], (batch_size, n, k, d))
+    if self.method == "amcvae":
+      noise["accept"] = jax.random.uniform(keys[3], (batch_size, n, k)) - 0.5
+    return noise
+
+  # ------------------------------------------------------------------ bounds
+  def log_joint_fn(self, decoder, x):
+    """``z -> log p(z) + log p_theta(x | z)`` for one (binary) image ``x``."""
+    d = self.latent_dim
+
+    def log_joint(z):
+      prior = bounds.gaussian_log_prob(z, jnp.zeros(d), jnp.zeros(d))
+      if self.gaussian:
+        return prior + gaussian_log_likelihood(decoder(z), x, self.observation_scale)
+      return prior + bernoulli_log_likelihood(decoder(z), x)
+
+    return log_joint
+
+  def binarized(self, x, binarize_noise):
+    """The image the bound sees: ``1[u < x]`` with ``u = noise + 1/2`` (dynamic), or ``x``."""
+    if self.binarize == "dynamic":
+      return (binarize_noise + 0.5 < x).astype(x.dtype)
+    return x
+
+  def datum_bound(self, params, x, noise) -> jax.Array:
+    """The training surrogate for one image ``x`` (``(D,)``) and its noise (no batch
+    axis): its value is the bound ``log p_hat(x)``, its gradient the method's gradient
+    estimate (for A-MCVAE, Eq. 25 with the REINFORCE term)."""
+    encoder, decoder = self.modules(params)
+    x = self.binarized(x, noise["binarize"])
+    mean, log_scale = encoder(x)
+    log_joint = self.log_joint_fn(decoder, x)
+    if self.method == "iwae":
+      return bounds.iwae_bound(log_joint, mean, log_scale, noise["eps0"])
+    if self.method == "vae":
+      return jnp.mean(jax.vmap(lambda e: bounds.vae_bound(log_joint, mean, log_scale, e))(
+          noise["eps0"]))
+    eta, betas = self.sampler(params)
+    if self.method == "lmcvae":
+      return jnp.mean(jax.vmap(lambda e, u: bounds.langevin_sis_bound(
+          log_joint, mean, log_scale, e, u, eta, betas))(noise["eps0"], noise["langevin"]))
+    w, log_a = jax.vmap(lambda e, u, v: bounds.mala_ais_bound(
+        log_joint, mean, log_scale, e, u, v, eta, betas))(
+            noise["eps0"], noise["langevin"], noise["accept"])
+    return bounds.amcvae_surrogate(w, log_a, self.control_variate)
+
+  def objective(self, images, name: str | None = None) -> Objective:
+    """The per-datum objective ``f(w; n, eps) = -log p_hat(x_n)`` over ``images``.
+
+    Args:
+      images: ``(N, D)`` or ``(N, H, W[, C])`` values in ``[0, 1]`` (grey levels are
+        Bernoulli means for dynamic binarization).
+      name: label for tables and messages (default ``"mcvae:<method>"``).
+
+    Raises:
+      ValueError: images outside ``[0, 1]``, non-finite, or of the wrong size.
+    """
+    data = jnp.asarray(check_images(images, self.data_dim))
+
+    def loss_fn(params, indices, noise):
+      return -jax.vmap(lambda i, e: self.datum_bound(params, data[i], e))(indices, noise)
+
+    return Objective(loss_fn, self.noise_fn, int(data.shape[0]),
+                     name=name or f"mcvae:{self.method}")
+
+  # -------------------------------------------------------------- generation
+  def _means(self, decoder, z):
+    out = decoder(z)
+    return out if self.gaussian else jax.nn.sigmoid(out)
+
+  def sample_images(self, params, key, num: int) -> jax.Array:
+    """Pixel means of ``p(x | z)`` for ``num`` draws ``z ~ p(z)``, shape ``(num, D)``."""
+    _, decoder = self.modules(params)
+    return self._means(decoder, jax.random.normal(key, (num, self.latent_dim)))
+
+  def reconstruct(self, params, images) -> jax.Array:
+    """Pixel means of ``p(x | z)`` at the encoder's mean for each image, ``(N, D)``."""
+    encoder, decoder = self.modules(params)
+    x = jnp.asarray(check_images(images, self.data_dim))
+    return self._means(decoder, encoder(x)[0])
+
+  def ais_nll(self, params, images, key, *, num_steps: int = 5, num_leapfrog: int = 3,
+              num_particles: int = 1, step_size: float = 0.2, binarize_key=None,
+              chunk_size: int = 256):
+    """Held-out negative log-likelihood ``-log p(x)`` by AIS with HMC transitions.
+
+    The evaluation of Sec. 4.3 (Wu et al. 2016): for every image, AIS from the
+    encoder's ``q(z | x)`` to the posterior in ``num_steps`` HMC transitions of
+    ``num_leapfrog`` leapfrog steps (the paper: 5 and 3), preconditioned by the
+    encoder's scales (:func:`dsgrad.mcvae.ais_hmc_log_evidence`). More steps and
+    particles tighten the estimate (it is a stochastic lower bound of ``log p(x)``, so
+    the NLL is an upper bound in expectation).
+
+    Args:
+      params: the model's parameters.
+      images: ``(N, ...)`` in ``[0, 1]``.
+      key: PRNG key.
+      num_steps: AIS transitions.
+      num_leapfrog: leapfrog steps per HMC transition.
+      num_particles: AIS particles per image.
+      step_size: leapfrog step in the encoder-whitened coordinates.
+      binarize_key: with dynamic binarization, the key of the one binarization of the
+        held-out images (default: derived from ``key``); evaluation uses a fixed one.
+      chunk_size: images per compiled chunk (bounded memory).
+
+    Returns:
+      ``(mean NLL, its standard error over images, per-image NLL array)``.
+    """
+    x = jnp.asarray(check_images(images, self.data_dim))
+    if self.binarize == "dynamic":
+      binarize_key = jax.random.fold_in(key, 1) if binarize_key is None else binarize_key
+      x = (jax.random.uniform(binarize_key, x.shape) < x).astype(x.dtype)
+    encoder, decoder = self.modules(params)
+
+    @jax.jit
+    def chunk(xs, keys):
+      means, log_scales = encoder(xs)
+
+      def one(xi, m, s, k):
+        return bounds.ais_hmc_log_evidence(
+            k, self.log_joint_fn(decoder, xi), m, s, num_steps=num_steps,
+            num_particles=num_particles, step_size=step_size, num_leapfrog=num_leapfrog,
+            precondition=True)
+
+      return jax.vmap(one)(xs, means, log_scales, keys)
+
+    keys = jax.random.split(key, x.shape[0])
+    pieces = [chunk(x[i:i + chunk_size], keys[i:i + chunk_size])
+              for i in range(0, x.shape[0], chunk_size)]
+    nll = -np.concatenate([np.asarray(p, np.float64) for p in pieces])
+    return float(nll.mean()), float(nll.std(ddof=1) / np.sqrt(nll.size)), nll

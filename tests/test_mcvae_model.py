@@ -1,0 +1,197 @@
+"""MonteCarloVAE: the four bounds as per-datum objectives that dsgrad's estimators and
+fit loop accept, AIS evaluation, convolutional networks, and clear errors on bad input."""
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import dsgrad
+from dsgrad import mcvae
+
+Z = 4.0
+D_IMG, D_LAT = 16, 3
+
+
+def _images(n=40, seed=0):
+  return np.random.default_rng(seed).uniform(size=(n, 4, 4)).astype(np.float32)
+
+
+def _vae(method="vae", seed=0, **kw):
+  rngs = nnx.Rngs(seed)
+  return mcvae.MonteCarloVAE(mcvae.MLPEncoder(D_IMG, D_LAT, (16,), rngs=rngs),
+                             mcvae.MLPDecoder(D_LAT, D_IMG, (16,), rngs=rngs),
+                             method=method, **kw)
+
+
+CONFIGS = {"vae": {}, "iwae": {"num_particles": 4}, "lmcvae": {"num_steps": 3},
+           "amcvae": {"num_steps": 3, "num_particles": 2}}
+
+
+@pytest.mark.parametrize("method", ["iwae", "amcvae"])
+def test_joint_control_variates_are_unbiased_on_a_vae(method):
+  """cv and joint SVRG on the VAE objective: estimate - naive has mean zero over batches
+  and noise (their control variate is centred), at a snapshot away from the params."""
+  vae = _vae(method, **CONFIGS[method])
+  objective = vae.objective(_images())
+  params = vae.init_params()
+  snapshot = jax.tree.map(lambda p: p + 0.05 * jnp.sign(p), params)
+  estimators = {"cv": dsgrad.cv(objective), "joint_svrg": dsgrad.joint_svrg(objective, every=10**6)}
+  states = {"cv": estimators["cv"].init(params),
+            "joint_svrg": estimators["joint_svrg"].init(snapshot)}
+
+  @jax.jit
+  def deviations(key):
+    indices, noise = dsgrad.diagnostics.sample_batch(key, objective, 8)
+    g = objective.grad(params, indices, noise, validate=False)
+    out = {}
+    for name, est in estimators.items():
+      upd, _ = est.update(g, states[name], params, indices=indices, noise=noise)
+      out[name] = jax.flatten_util.ravel_pytree(optax.tree.sub(upd, g))[0]
+    return out
+
+  draws = [deviations(k) for k in jax.random.split(jax.random.key(1), 300)]
+  for name in estimators:
+    d = np.stack([np.asarray(x[name], np.float64) for x in draws])
+    mean, se = d.mean(0), d.std(0, ddof=1) / np.sqrt(len(d))
+    informative = se > 1e-6
+    assert informative.sum() > 100  # the control variate is not identically zero
+    z = np.abs(mean[informative]) / se[informative]
+    # Over many coordinates a few |z| > 4 happen by chance; the bias would show in all.
+    assert np.mean(z > Z) < 0.01, (name, np.sort(z)[-5:])
+    assert np.mean(z) < 1.0, (name, np.mean(z))
+
+
+@pytest.mark.parametrize("method", ["lmcvae", "amcvae"])
+def test_fit_learns_the_step_sizes_and_schedule(method):
+  vae = _vae(method, **CONFIGS[method])
+  objective = vae.objective(_images(32))
+  result = dsgrad.fit(objective, optax.adam(3e-3), vae.init_params(), jax.random.key(0),
+                      num_steps=16, batch_size=8, eval_every=8, elbo_samples=2,
+                      progress=False)
+  assert np.all(np.isfinite(result.history.elbo))
+  start = vae.init_params()["sampler"]
+  for name in ("log_step_size", "schedule_logits"):
+    assert np.all(np.asarray(result.params["sampler"][name] - start[name]) != 0), name
+  eta, betas = vae.sampler(result.params)
+  assert np.all(np.diff(np.asarray(betas)) > 0) and float(betas[-1]) == 1.0
+
+
+def test_checkpointed_training_resumes_exactly(tmp_path):
+  vae = _vae("iwae", num_particles=2)
+  objective = vae.objective(_images(32))
+  opt = optax.adam(3e-3)
+  kw = dict(num_steps=16, batch_size=8, eval_every=8, elbo_samples=2, progress=False)
+  full = dsgrad.fit(objective, opt, vae.init_params(), jax.random.key(0), **kw)
+  path = tmp_path / "vae.ckpt"
+  dsgrad.fit(objective, opt, vae.init_params(), jax.random.key(0), checkpoint_path=path,
+             **{**kw, "num_steps": 8})
+  resumed = dsgrad.fit(objective, opt, vae.init_params(), jax.random.key(0),
+                       checkpoint_path=path, resume=True, **kw)
+  for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(full.history.elbo, resumed.history.elbo)
+
+
+def test_training_improves_the_elbo():
+  from sklearn.datasets import load_digits
+  images = load_digits().data[:300] / 16.0
+  rngs = nnx.Rngs(0)
+  vae = mcvae.MonteCarloVAE(mcvae.MLPEncoder(64, 4, (64,), rngs=rngs),
+                            mcvae.MLPDecoder(4, 64, (64,), rngs=rngs))
+  objective = vae.objective(images)
+  params = vae.init_params()
+  before = dsgrad.elbo(objective, params, jax.random.key(1), 20)
+  result = dsgrad.fit(objective, optax.adam(3e-3), params, jax.random.key(0), num_steps=200,
+                      batch_size=30, elbo_samples=0, progress=False)
+  after = dsgrad.elbo(objective, result.params, jax.random.key(1), 20)
+  assert after[0] > before[0] + 5.0, (before, after)  # nats per image
+  # Held-out AIS: a stochastic lower bound of log p(x) that tightens with more steps, so
+  # its NLL sits below the negative ELBO and falls with the number of steps.
+  nll5, se5, _ = vae.ais_nll(result.params, images[:100], jax.random.key(2), num_steps=5)
+  nll50, se50, _ = vae.ais_nll(result.params, images[:100], jax.random.key(2), num_steps=50)
+  assert nll50 < nll5 + Z * 0.1 * np.hypot(se5, se50)
+  neg_elbo = -dsgrad.elbo(vae.objective(images[:100]), result.params, jax.random.key(3),
+                          20)[0]
+  assert nll50 < neg_elbo, (nll50, neg_elbo)
+
+
+def test_dynamic_binarization():
+  vae = _vae()
+  x = jnp.asarray(_images(1)[0].reshape(-1))
+  noise = vae.noise_fn(jax.random.key(0), 4000)["binarize"]
+  xb = jax.vmap(lambda u: vae.binarized(x, u))(noise)
+  assert set(np.unique(np.asarray(xb))) <= {0.0, 1.0}
+  np.testing.assert_allclose(np.mean(np.asarray(xb), 0), x, atol=Z * 0.5 / np.sqrt(4000))
+  # On binary images dynamic binarization is the identity.
+  binary = (_images(10) > 0.5).astype(np.float32)
+  dyn, fixed = _vae(), _vae(binarize="none")
+  idx = jnp.arange(10)
+  noise = dyn.noise_fn(jax.random.key(1), 10)
+  np.testing.assert_allclose(dyn.objective(binary).loss(dyn.init_params(), idx, noise),
+                             fixed.objective(binary).loss(dyn.init_params(), idx, noise),
+                             rtol=1e-6)
+
+
+def test_conv_networks():
+  rngs = nnx.Rngs(0)
+  encoder = mcvae.ConvEncoder((8, 8, 1), 4, (8,), rngs=rngs)
+  decoder = mcvae.ConvDecoder(4, (8, 8, 1), (8,), rngs=rngs)
+  vae = mcvae.MonteCarloVAE(encoder, decoder)
+  objective = vae.objective(np.random.default_rng(0).uniform(size=(6, 8, 8)))
+  params = vae.init_params()
+  indices, noise = dsgrad.diagnostics.sample_batch(jax.random.key(0), objective, 3)
+  objective.validate(indices, noise)
+  grads = jax.jit(lambda p: objective.grad(p, indices, noise, validate=False))(params)
+  leaves = jax.tree.leaves(grads)
+  assert all(np.all(np.isfinite(g)) for g in leaves) and any(np.any(g != 0) for g in leaves)
+  assert jax.jit(lambda p: vae.sample_images(p, jax.random.key(1), 5))(params).shape == (5, 64)
+  colour = mcvae.ConvDecoder(4, (8, 8, 3), (8,), output="gaussian", rngs=rngs)
+  means = jax.jit(lambda z: colour(z))(jnp.zeros((2, 4)))
+  assert means.shape == (2, 192) and np.all((means > 0) & (means < 1))
+  rgb = mcvae.MonteCarloVAE(mcvae.ConvEncoder((8, 8, 3), 4, (8,), rngs=rngs), colour,
+                            binarize="none")
+  rgb_obj = rgb.objective(np.full((4, 8, 8, 3), 0.5))
+  value = jax.jit(lambda p, e: rgb_obj.value(p, jnp.arange(4), e, validate=False))(
+      rgb.init_params(), rgb_obj.sample_noise(jax.random.key(0), 4))
+  assert np.isfinite(float(value))
+
+
+def test_bad_input():
+  vae = _vae()
+  with pytest.raises(ValueError, match="\\[0, 1\\]"):
+    vae.objective(np.full((3, 4, 4), 2.0))
+  with pytest.raises(ValueError, match="pixels"):
+    vae.objective(np.zeros((3, 5, 5)))
+  with pytest.raises(ValueError, match="pixels"):
+    vae.reconstruct(vae.init_params(), np.zeros((3, 3, 3)))
+  rngs = nnx.Rngs(0)
+  with pytest.raises(ValueError, match="image size"):
+    mcvae.MonteCarloVAE(mcvae.MLPEncoder(16, 3, rngs=rngs), mcvae.MLPDecoder(3, 25, rngs=rngs))
+  with pytest.raises(ValueError, match="method"):
+    _vae("hmc")
+  with pytest.raises(ValueError, match="num_steps"):
+    _vae("lmcvae")
+  abstract = lambda make: nnx.eval_shape(lambda: make(nnx.Rngs(0)))  # noqa: E731 no init cost
+  encoder = abstract(lambda r: mcvae.ConvEncoder((8, 8, 3), 4, (8,), rngs=r))
+  with pytest.raises(ValueError, match="binarize='none'"):
+    mcvae.MonteCarloVAE(encoder, abstract(
+        lambda r: mcvae.ConvDecoder(4, (8, 8, 3), (8,), output="gaussian", rngs=r)))
+  with pytest.raises(ValueError, match="multiples"):
+    mcvae.ConvEncoder((6, 6, 1), 4, (8, 8), rngs=rngs)
+  with pytest.raises(ValueError, match="last axis 192"):
+    jax.eval_shape(encoder, jnp.zeros((2, 63)))
+
+
+def test_joint_saga_refuses_a_table_that_does_not_fit():
+  vae = _vae()
+  objective = vae.objective(_images())
+  params = vae.init_params()
+  size = sum(p.size for p in jax.tree.leaves(params))
+  with pytest.raises(MemoryError, match=f"{objective.num_data:,} copies of {size:,}"):
+    dsgrad.joint_saga(objective, max_table_bytes=1000).init(params)
+  state = dsgrad.joint_saga(objective).init(params)  # fits: auto limit
+  assert dsgrad.table_bytes(state) == objective.num_data * size * 4
