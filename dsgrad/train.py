@@ -16,6 +16,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, NamedTuple
@@ -116,6 +117,21 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
 
 def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int, mesh=None,
                 carry_shardings=None):
+  """The jitted training segment; on one device, the same function object is returned for
+  the same (objective, optimizer, batch size, length), so that successive :func:`fit`
+  calls (training in stages, resuming) compile once."""
+  if mesh is None:
+    return _cached_segment_fn(objective, optimizer, batch_size, length)
+  return _build_segment_fn(objective, optimizer, batch_size, length, mesh, carry_shardings)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_segment_fn(objective, optimizer, batch_size, length):
+  return _build_segment_fn(objective, optimizer, batch_size, length)
+
+
+def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: int,
+                      mesh=None, carry_shardings=None):
   def run(carry, key, start):
     batch_key, noise_key = jax.random.split(key)
     indices = batch_indices(batch_key, start, length, objective.num_data, batch_size)
@@ -197,8 +213,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       opt_state = parallel.shard_state(mesh, opt_state)
     carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
                        parallel.state_shardings(mesh, opt_state))
-  # Segments donate their carry; copy so that the caller's arrays stay valid.
-  params = jax.tree.map(jnp.copy, params)
+  # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
+  # are strongly typed, so that a weakly typed initial value does not make the segments
+  # (which return strong types) compile twice.
+  params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
   compiled_by_length = {}  # one compilation per segment length (at most two)
   key, eval_key = jax.random.split(key)

@@ -96,8 +96,41 @@ def test_movielens_runs_predicts_and_resumes_exactly(tmp_path):
             == whole["results"][name]["heldout_log_predictive"])
 
 
+def _mcvae_args(out, epochs, checkpoint_dir=None):
+  args = ["--methods", "lmcvae", "--epochs", epochs,
+          "--held-out", "40", "--hidden", "16", "--batch-size", "100", "--elbo-samples", "2",
+          "--ais-steps", "3", "--ais-particles", "1", "--no-progress", "--out", str(out)]
+  return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
+
+
+def test_mcvae_runs_and_resumes_exactly(tmp_path):
+  import mcvae
+  whole = mcvae.main(_mcvae_args(tmp_path / "whole", "1,2"))
+  assert (tmp_path / "whole" / "images.png").stat().st_size > 0
+  with open(tmp_path / "whole" / "results.json") as f:
+    saved = json.load(f)
+  assert saved["epochs"] == [1, 2] and "| lmcvae |" in saved["table"]
+  for name, rows in saved["results"].items():
+    for epoch in ("1", "2"):
+      assert math.isfinite(rows[epoch]["nll"]) and math.isfinite(rows[epoch]["neg_elbo"])
+      assert len(rows[epoch]["nll_per_image"]) == 40
+  assert "betas" in saved["results"]["lmcvae"]["sampler"]
+  # Paired differences against the VAE, image by image.
+  fake = {"vae": {2: {"nll_per_image": [1.0, 2.0, 3.0]}},
+          "iwae": {2: {"nll_per_image": [0.5, 1.5, 3.5]}}}
+  assert mcvae.paired_differences(fake, 2) == [
+      "iwae - vae, AIS NLL at epoch 2: -0.167 ± 0.333 (paired over images)"]
+  ckpt = tmp_path / "ckpt"
+  mcvae.main(_mcvae_args(tmp_path / "part", "1", ckpt))
+  resumed = mcvae.main(_mcvae_args(tmp_path / "resumed", "1,2", ckpt))
+  for name in ("lmcvae",):
+    for epoch in (1, 2):
+      for key in ("neg_elbo", "nll"):
+        assert resumed["results"][name][str(epoch)][key] == whole["results"][name][str(epoch)][key]
+
+
 @pytest.mark.parametrize("name", ["cifar_dropout", "logistic_regression", "movielens",
-                                  "numpyro_model"])
+                                  "numpyro_model", "mcvae"])
 def test_every_flag_is_documented(name, monkeypatch):
   import argparse
   import importlib

@@ -9,6 +9,7 @@ BENCHMARKS = {
     "precision": "dsgrad.bench.precision",
     "memory": "dsgrad.bench.memory",
     "hmcecs": "dsgrad.bench.hmcecs",
+    "mcvae-ppca": "dsgrad.bench.mcvae_ppca",
 }
 
 

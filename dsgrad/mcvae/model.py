@@ -29,6 +29,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -122,8 +123,9 @@ class MonteCarloVAE:
     """The parameters as a pytree: the modules' states and the sampler's parameters."""
     sampler = {}
     if self.method in ("lmcvae", "amcvae"):
-      sampler = {"log_step_size": jnp.full((self.latent_dim,), math.log(self.step_size)),
-                 "schedule_logits": jnp.zeros((self.num_steps,))}
+      sampler = {"log_step_size": jnp.full((self.latent_dim,), math.log(self.step_size),
+                                           jnp.float32),
+                 "schedule_logits": jnp.zeros((self.num_steps,), jnp.float32)}
     return {"encoder": nnx.to_pure_dict(nnx.state(self.encoder)),
             "decoder": nnx.to_pure_dict(nnx.state(self.decoder)), "sampler": sampler}
 
@@ -270,22 +272,29 @@ class MonteCarloVAE:
     if self.binarize == "dynamic":
       binarize_key = jax.random.fold_in(key, 1) if binarize_key is None else binarize_key
       x = (jax.random.uniform(binarize_key, x.shape) < x).astype(x.dtype)
-    encoder, decoder = self.modules(params)
-
-    @jax.jit
-    def chunk(xs, keys):
-      means, log_scales = encoder(xs)
-
-      def one(xi, m, s, k):
-        return bounds.ais_hmc_log_evidence(
-            k, self.log_joint_fn(decoder, xi), m, s, num_steps=num_steps,
-            num_particles=num_particles, step_size=step_size, num_leapfrog=num_leapfrog,
-            precondition=True)
-
-      return jax.vmap(one)(xs, means, log_scales, keys)
-
+    chunk = _ais_chunk_fn(self, num_steps, num_leapfrog, num_particles, float(step_size))
     keys = jax.random.split(key, x.shape[0])
-    pieces = [chunk(x[i:i + chunk_size], keys[i:i + chunk_size])
+    pieces = [chunk(params, x[i:i + chunk_size], keys[i:i + chunk_size])
               for i in range(0, x.shape[0], chunk_size)]
     nll = -np.concatenate([np.asarray(p, np.float64) for p in pieces])
     return float(nll.mean()), float(nll.std(ddof=1) / np.sqrt(nll.size)), nll
+
+
+@functools.lru_cache(maxsize=32)
+def _ais_chunk_fn(vae: MonteCarloVAE, num_steps, num_leapfrog, num_particles, step_size):
+  """The jitted AIS evaluation of a chunk of images, compiled once per model and setting."""
+
+  @jax.jit
+  def chunk(params, xs, keys):
+    encoder, decoder = vae.modules(params)
+    means, log_scales = encoder(xs)
+
+    def one(xi, m, s, k):
+      return bounds.ais_hmc_log_evidence(
+          k, vae.log_joint_fn(decoder, xi), m, s, num_steps=num_steps,
+          num_particles=num_particles, step_size=step_size, num_leapfrog=num_leapfrog,
+          precondition=True)
+
+    return jax.vmap(one)(xs, means, log_scales, keys)
+
+  return chunk
