@@ -1,4 +1,13 @@
-"""Shared fixtures: a small Bayesian logistic regression and an exact ELBO gradient."""
+"""Shared fixtures: a small Bayesian logistic regression and an exact ELBO gradient.
+
+Also: one JAX compilation cache for the whole test run (shared by the xdist workers,
+removed at the end), so that tests compiling the same program -- an example run and its
+resumed rerun -- compile it once. Nothing is kept between runs.
+"""
+
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +19,21 @@ from dsgrad.diagnostics import sample_batch
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 N_DATA, DIM, BATCH = 50, 5, 5
+
+
+def _run_cache_dir() -> str:
+  # xdist workers are children of the controlling process: key the folder on its pid.
+  owner = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
+  return os.path.join(tempfile.gettempdir(), f"dsgrad-test-jax-cache-{owner}")
+
+
+jax.config.update("jax_compilation_cache_dir", _run_cache_dir())
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+
+
+def pytest_sessionfinish(session, exitstatus):
+  if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller (or a run without xdist)
+    shutil.rmtree(_run_cache_dir(), ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

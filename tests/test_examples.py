@@ -105,7 +105,8 @@ def _mcvae_args(out, epochs, checkpoint_dir=None):
 
 def test_mcvae_runs_and_resumes_exactly(tmp_path):
   import mcvae
-  whole = mcvae.main(_mcvae_args(tmp_path / "whole", "1,2"))
+  ckpt = tmp_path / "ckpt"
+  whole = mcvae.main(_mcvae_args(tmp_path / "whole", "1,2", ckpt))
   assert (tmp_path / "whole" / "images.png").stat().st_size > 0
   with open(tmp_path / "whole" / "results.json") as f:
     saved = json.load(f)
@@ -120,13 +121,29 @@ def test_mcvae_runs_and_resumes_exactly(tmp_path):
           "iwae": {2: {"nll_per_image": [0.5, 1.5, 3.5]}}}
   assert mcvae.paired_differences(fake, 2) == [
       "iwae - vae, AIS NLL at epoch 2: -0.167 ± 0.333 (paired over images)"]
-  ckpt = tmp_path / "ckpt"
-  mcvae.main(_mcvae_args(tmp_path / "part", "1", ckpt))
+  # As if interrupted after epoch 1 (its stage checkpoint kept, epoch 2's lost): rerun.
+  (ckpt / "lmcvae_to_epoch2.msgpack").unlink()
   resumed = mcvae.main(_mcvae_args(tmp_path / "resumed", "1,2", ckpt))
   for name in ("lmcvae",):
     for epoch in (1, 2):
       for key in ("neg_elbo", "nll"):
         assert resumed["results"][name][str(epoch)][key] == whole["results"][name][str(epoch)][key]
+
+
+def test_mcvae_reads_mnist_idx_files(tmp_path):
+  import argparse
+  import mcvae
+  from dsgrad.datasets import mnist
+  rng = np.random.default_rng(0)
+  for prefix, n in (("train", 12), ("t10k", 7)):
+    mnist.write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+    mnist.write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n))
+  args = argparse.Namespace(dataset="mnist", data_dir=str(tmp_path), held_out=5)
+  train, test, description = mcvae.load(args)
+  assert train.shape == (12, 28, 28) and test.shape == (5, 28, 28)
+  assert train.min() >= 0 and train.max() <= 1 and "MNIST" in description
+  with pytest.raises(SystemExit, match="--data-dir"):
+    mcvae.load(argparse.Namespace(dataset="mnist", data_dir=None, held_out=5))
 
 
 @pytest.mark.parametrize("name", ["cifar_dropout", "logistic_regression", "movielens",

@@ -114,8 +114,8 @@ def test_langevin_sis_is_a_lower_bound_that_tightens_with_k():
 def test_mala_ais_is_a_lower_bound_that_tightens_with_k():
   log_joint, exact, mean, log_scale = _problem()
   means = []
-  for k in (1, 5, 20):
-    keys = jax.random.split(jax.random.key(20 + k), 4000)
+  for k in (1, 5, 15):
+    keys = jax.random.split(jax.random.key(20 + k), 3000)
 
     def one(key, k=k):
       k0, k1, k2 = jax.random.split(key, 3)
@@ -248,36 +248,15 @@ def test_bad_input():
     mcvae.ais_hmc_log_evidence(jax.random.key(0), log_joint, mean, log_scale, num_steps=0)
 
 
-def test_mlp_networks_give_a_differentiable_bound():
-  from flax import nnx
-  rngs = nnx.Rngs(0)
-  encoder = mcvae.MLPEncoder(16, 3, (8,), rngs=rngs)
-  decoder = mcvae.MLPDecoder(3, 16, (8,), rngs=rngs)
-  x = jnp.asarray(mcvae.check_images((np.arange(32).reshape(2, 4, 4) % 2).astype(float), 16))
-
-  def loss(encoder, decoder):
-    mean, log_scale = encoder(x)
-
-    def one(xi, m, s, e):
-      def log_joint(z):
-        return (mcvae.gaussian_log_prob(z, jnp.zeros(3), jnp.zeros(3))
-                + mcvae.bernoulli_log_likelihood(decoder(z), xi))
-      return mcvae.iwae_bound(log_joint, m, s, e)
-
-    eps = jax.random.normal(jax.random.key(0), (2, 5, 3))
-    return -jnp.mean(jax.vmap(one)(x, mean, log_scale, eps))
-
-  value, (g_enc, g_dec) = nnx.value_and_grad(loss, argnums=(0, 1))(encoder, decoder)
-  assert np.isfinite(float(value)) and float(value) > 0
-  for grads in (g_enc, g_dec):
-    leaves = jax.tree.leaves(nnx.to_pure_dict(grads))
-    assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
-    assert any(np.any(g != 0) for g in leaves)
-  # The Bernoulli likelihood against its definition.
+def test_bernoulli_log_likelihood():
   logits, xb = jnp.array([0.3, -1.2]), jnp.array([1.0, 0.0])
   p = jax.nn.sigmoid(logits)
   np.testing.assert_allclose(mcvae.bernoulli_log_likelihood(logits, xb),
                              np.log(p[0]) + np.log(1 - p[1]), rtol=1e-6)
+  means, x = jnp.array([0.2, 0.7]), jnp.array([0.25, 0.5])
+  np.testing.assert_allclose(mcvae.gaussian_log_likelihood(means, x, 0.1),
+                             np.sum(stats.norm(np.asarray(means), 0.1).logpdf(np.asarray(x))),
+                             rtol=1e-5)
 
 
 def test_network_bad_input():

@@ -31,11 +31,12 @@ CONFIGS = {"vae": {}, "iwae": {"num_particles": 4}, "lmcvae": {"num_steps": 3},
            "amcvae": {"num_steps": 3, "num_particles": 2}}
 
 
-@pytest.mark.parametrize("method", ["iwae", "amcvae"])
-def test_joint_control_variates_are_unbiased_on_a_vae(method):
-  """cv and joint SVRG on the VAE objective: estimate - naive has mean zero over batches
-  and noise (their control variate is centred), at a snapshot away from the params."""
-  vae = _vae(method, **CONFIGS[method])
+def test_joint_control_variates_are_unbiased_on_a_vae():
+  """cv and joint SVRG on the A-MCVAE objective (the hardest case: MALA accept/reject
+  and the REINFORCE surrogate inside the linearization): estimate - naive has mean zero
+  over batches and noise (their control variate is centred), at a snapshot away from
+  the params."""
+  vae = _vae("amcvae", **CONFIGS["amcvae"])
   objective = vae.objective(_images())
   params = vae.init_params()
   snapshot = jax.tree.map(lambda p: p + 0.05 * jnp.sign(p), params)
@@ -65,9 +66,8 @@ def test_joint_control_variates_are_unbiased_on_a_vae(method):
     assert np.mean(z) < 1.0, (name, np.mean(z))
 
 
-@pytest.mark.parametrize("method", ["lmcvae", "amcvae"])
-def test_fit_learns_the_step_sizes_and_schedule(method):
-  vae = _vae(method, **CONFIGS[method])
+def test_fit_learns_the_step_sizes_and_schedule():
+  vae = _vae("lmcvae", **CONFIGS["lmcvae"])
   objective = vae.objective(_images(32))
   result = dsgrad.fit(objective, optax.adam(3e-3), vae.init_params(), jax.random.key(0),
                       num_steps=16, batch_size=8, eval_every=8, elbo_samples=2,
@@ -105,14 +105,14 @@ def test_training_improves_the_elbo():
   objective = vae.objective(images)
   params = vae.init_params()
   before = dsgrad.elbo(objective, params, jax.random.key(1), 20)
-  result = dsgrad.fit(objective, optax.adam(3e-3), params, jax.random.key(0), num_steps=200,
+  result = dsgrad.fit(objective, optax.adam(3e-3), params, jax.random.key(0), num_steps=150,
                       batch_size=30, elbo_samples=0, progress=False)
   after = dsgrad.elbo(objective, result.params, jax.random.key(1), 20)
   assert after[0] > before[0] + 5.0, (before, after)  # nats per image
   # Held-out AIS: a stochastic lower bound of log p(x) that tightens with more steps, so
   # its NLL sits below the negative ELBO and falls with the number of steps.
   nll5, se5, _ = vae.ais_nll(result.params, images[:100], jax.random.key(2), num_steps=5)
-  nll50, se50, _ = vae.ais_nll(result.params, images[:100], jax.random.key(2), num_steps=50)
+  nll50, se50, _ = vae.ais_nll(result.params, images[:100], jax.random.key(2), num_steps=30)
   assert nll50 < nll5 + Z * 0.1 * np.hypot(se5, se50)
   neg_elbo = -dsgrad.elbo(vae.objective(images[:100]), result.params, jax.random.key(3),
                           20)[0]
@@ -131,8 +131,9 @@ def test_dynamic_binarization():
   dyn, fixed = _vae(), _vae(binarize="none")
   idx = jnp.arange(10)
   noise = dyn.noise_fn(jax.random.key(1), 10)
+  fixed_noise = {k: v for k, v in noise.items() if k != "binarize"}  # none to draw
   np.testing.assert_allclose(dyn.objective(binary).loss(dyn.init_params(), idx, noise),
-                             fixed.objective(binary).loss(dyn.init_params(), idx, noise),
+                             fixed.objective(binary).loss(dyn.init_params(), idx, fixed_noise),
                              rtol=1e-6)
 
 

@@ -88,8 +88,15 @@ def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
 
 def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:
   """Refuses, before allocating, a per-datum parameter table larger than ``max_bytes``
-  (``"auto"``: 90% of :func:`device_memory_bytes`; ``None``: no check)."""
+  (``"auto"``: 90% of :func:`device_memory_bytes`; ``None``: no check).
+
+  Only concrete parameters are checked: under ``jax.eval_shape`` nothing is allocated,
+  and under ``jit`` (e.g. :func:`dsgrad.parallel.init_sharded`) the table may be split
+  across devices, which one device's memory does not describe.
+  """
   if max_bytes is None or not has_leaves(params):
+    return
+  if any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
     return
   if max_bytes == "auto":
     available = device_memory_bytes()

@@ -104,11 +104,12 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient (set ``False`` under
       ``optax.apply_if_finite``).
-    max_table_bytes: ``init`` raises ``MemoryError`` (naming the table's size and the
-      alternatives) when the parameter table would exceed this many bytes. ``"auto"``:
-      90% of the free memory of one device (the host's free memory on CPU); with a
-      :mod:`dsgrad.parallel` mesh, which splits the table, pass the total yourself;
-      ``None``: no check.
+    max_table_bytes: ``init(params)`` raises ``MemoryError`` (naming the table's size
+      and the alternatives) when the parameter table would exceed this many bytes.
+      ``"auto"``: 90% of the free memory of one device (the host's free memory on CPU);
+      ``None``: no check. Checked when ``init`` runs on concrete parameters (not under
+      ``jit`` / ``eval_shape``, so :func:`dsgrad.parallel.init_sharded`, which splits
+      the table across devices, is not refused).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSagaState`.

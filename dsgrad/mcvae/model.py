@@ -157,8 +157,9 @@ class MonteCarloVAE:
     """All randomness of a batch, each part centred (mean zero), leading axis ``B``."""
     n, k, d = self.num_particles, self.num_steps, self.latent_dim
     keys = jax.random.split(key, 4)
-    noise = {"binarize": jax.random.uniform(keys[0], (batch_size, self.data_dim)) - 0.5,
-             "eps0": jax.random.normal(keys[1], (batch_size, n, d))}
+    noise = {"eps0": jax.random.normal(keys[1], (batch_size, n, d))}
+    if self.binarize == "dynamic":
+      noise["binarize"] = jax.random.uniform(keys[0], (batch_size, self.data_dim)) - 0.5
     if self.method in ("lmcvae", "amcvae"):
       noise["langevin"] = jax.random.normal(keys[2], (batch_size, n, k, d))
     if self.method == "amcvae":
@@ -179,7 +180,8 @@ class MonteCarloVAE:
     return log_joint
 
   def binarized(self, x, binarize_noise):
-    """The image the bound sees: ``1[u < x]`` with ``u = noise + 1/2`` (dynamic), or ``x``."""
+    """The image the bound sees: ``1[u < x]`` with ``u = noise + 1/2`` (dynamic), or ``x``
+    (``binarize="none"``, where there is no binarization noise)."""
     if self.binarize == "dynamic":
       return (binarize_noise + 0.5 < x).astype(x.dtype)
     return x
@@ -189,7 +191,7 @@ class MonteCarloVAE:
     axis): its value is the bound ``log p_hat(x)``, its gradient the method's gradient
     estimate (for A-MCVAE, Eq. 25 with the REINFORCE term)."""
     encoder, decoder = self.modules(params)
-    x = self.binarized(x, noise["binarize"])
+    x = self.binarized(x, noise.get("binarize"))
     mean, log_scale = encoder(x)
     log_joint = self.log_joint_fn(decoder, x)
     if self.method == "iwae":
