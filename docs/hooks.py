@@ -10,7 +10,7 @@ def undocumented_public_names():
   import inspect
   modules = ["dsgrad", "dsgrad.approx", "dsgrad.families", "dsgrad.models", "dsgrad.datasets",
              "dsgrad.checkpoint", "dsgrad.diagnostics", "dsgrad.parallel", "dsgrad.mcmc",
-             "dsgrad.mcvae"]
+             "dsgrad.mcvae", "dsgrad.annealing"]
   missing = []
   for module_name in modules:
     module = importlib.import_module(module_name)

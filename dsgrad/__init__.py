@@ -7,6 +7,7 @@ Gradient estimators are optax transformations; swap one for another in one line:
     updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
 """
 
+from dsgrad import annealing
 from dsgrad import approx
 from dsgrad import checkpoint
 from dsgrad import datasets
@@ -35,7 +36,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "checkpoint", "datasets", "families", "parallel", "mcmc", "mcvae",
+    "models", "checkpoint", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",

@@ -240,6 +240,7 @@ def test_numpyro_movielens_model_equals_the_builtin_one():
                              builtin.loss(params, indices, noise), rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_example_runs_end_to_end(tmp_path):
   import json
   import math

@@ -37,6 +37,7 @@ def _cifar_args(data_dir, out, steps, checkpoint_dir=None):
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
+@pytest.mark.slow
 def test_cifar_dropout_runs_and_resumes_exactly(tiny_cifar, tmp_path):
   import cifar_dropout
   whole = cifar_dropout.main(_cifar_args(tiny_cifar, tmp_path / "whole", 20))

@@ -163,7 +163,8 @@ def _logistic_2d(n=2000):
   return model, mean, cov
 
 
-@pytest.mark.parametrize("estimator", ["perturbed", "signed"])
+@pytest.mark.parametrize("estimator", [pytest.param("perturbed", marks=pytest.mark.slow),
+                                       "signed"])
 def test_hmcecs_on_a_non_gaussian_posterior(estimator):
   """Logistic regression, exact moments by quadrature: the perturbed chain's means and
   variances, and the signed chain's sign-corrected ones, match within MCMC error."""

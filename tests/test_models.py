@@ -41,6 +41,7 @@ def test_ppca_matches_scipy_multivariate_normal():
   _check_sum_and_gradients(model, z, direct, prior)
 
 
+@pytest.mark.slow
 def test_ppca_derivatives_match_dense_covariance():
   # PPCA's Woodbury algebra uses a hand-written Cholesky (see dsgrad.models.ppca); its
   # gradient and the Hessian-vector product that cv/joint differentiate must equal those

@@ -1,0 +1,152 @@
+"""Differentiable annealed importance sampling (DAIS): the log weight of one chain.
+
+From a Gaussian base ``q0(z)``, ``K`` steps of *uncorrected* underdamped HMC -- one
+leapfrog step each, then partial momentum refreshment ``v <- gamma v + sqrt(1 - gamma^2) u``
+-- move ``z`` along the annealing path ``log pi_k = beta_k log guide(z) + (1 - beta_k)
+log q0(z)``. The log weight (Lemma 1)
+
+    log w = log target(z_K) - log q0(z_0) + sum_k [log N(v_hat_k; 0, M) - log N(v_k; 0, M)]
+
+(kinetic-energy differences across each leapfrog step) has ``E[log w] <= log Z`` and is a
+reparameterized function of the noise, so its gradient in the base, the step size, the
+temperatures, ``gamma``, the mass and the model is the DAIS gradient.
+
+``guide`` drives the dynamics and ``target`` is evaluated once at the end. DAIS: both are
+the full log joint. SL-DAIS: ``guide`` is the prior times a surrogate likelihood and
+``target`` an unbiased mini-batch estimate of the log joint. With ``K = 0`` the log
+weight is the base ELBO integrand ``log target(z_0) - log q0(z_0)``.
+
+References:
+  Jankowiak, Phan (2022). Surrogate likelihoods for variational annealed importance
+  sampling. ICML. Lemma 1, Alg. 1, Eq. 9-10.
+  Geffner, Domke (2021). MCMC variational inference via uncorrected Hamiltonian
+  annealing. NeurIPS. Zhang et al. (2021). Differentiable annealed importance sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsgrad.mcvae.bounds import schedule_from_logits
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class ChainSettings(NamedTuple):
+  """The chain's constrained settings, from :func:`chain_settings`.
+
+  Attributes:
+    step_size: ``eta`` in ``(0, eta_max)``.
+    refresh: ``gamma`` in ``(0, 1)``, the momentum kept at each refreshment.
+    betas: ``(K + 1,)`` inverse temperatures, increasing from 0 to 1.
+    mass: ``(d,)`` positive diagonal mass matrix ``M``.
+  """
+
+  step_size: jax.Array
+  refresh: jax.Array
+  betas: jax.Array
+  mass: jax.Array
+
+
+def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
+                      eta_max: float = 0.25, refresh: float = 0.9) -> dict:
+  """Unconstrained chain parameters: ``eta = eta_max sigmoid(raw)``, ``gamma =
+  sigmoid(raw)``, schedule logits (zero: linear), ``log`` of a unit mass.
+
+  Raises:
+    ValueError: ``num_steps < 0``, ``eta_max <= 0``, a step size outside
+      ``(0, eta_max)`` or ``refresh`` outside ``(0, 1)``.
+  """
+  if num_steps < 0:
+    raise ValueError(f"the number of annealing steps K must be >= 0, got {num_steps}")
+  if not eta_max > 0:
+    raise ValueError(f"eta_max must be positive, got {eta_max}")
+  if not 0 < step_size < eta_max:
+    raise ValueError(f"step_size must lie in (0, eta_max={eta_max}), got {step_size}")
+  if not 0 < refresh < 1:
+    raise ValueError(f"refresh (gamma) must lie in (0, 1), got {refresh}")
+  logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+  return {"step_size_raw": jnp.asarray(logit(step_size / eta_max), jnp.float32),
+          "refresh_raw": jnp.asarray(logit(refresh), jnp.float32),
+          "schedule_logits": jnp.zeros((num_steps,), jnp.float32),
+          "log_mass": jnp.zeros((dim,), jnp.float32)}
+
+
+def chain_settings(chain_params: dict, eta_max: float) -> ChainSettings:
+  """Constrained :class:`ChainSettings` from :func:`init_chain_params`-shaped params."""
+  return ChainSettings(eta_max * jax.nn.sigmoid(chain_params["step_size_raw"]),
+                       jax.nn.sigmoid(chain_params["refresh_raw"]),
+                       schedule_from_logits(chain_params["schedule_logits"]),
+                       jnp.exp(chain_params["log_mass"]))
+
+
+def _momentum_log_prob(v, mass):
+  return jnp.sum(-0.5 * v ** 2 / mass - 0.5 * jnp.log(mass) - 0.5 * _LOG_2PI)
+
+
+class DaisPath(NamedTuple):
+  """The chain of :func:`dais_log_weight`: ``z`` ``(K + 1, d)`` and the ``K`` kinetic-energy
+  differences."""
+
+  z: jax.Array
+  kinetic_terms: jax.Array
+
+
+def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_prob: Callable,
+                    momentum_noise, settings: ChainSettings, return_path: bool = False):
+  """``log w`` of one DAIS chain (Lemma 1; Alg. 1 without the data subsampling).
+
+  Args:
+    guide: ``z -> log guide(z)``, the unnormalized log density the dynamics anneal to.
+    target: ``z -> log target(z)``, evaluated once at ``z_K`` (an unbiased estimate of
+      the log joint is allowed: the bound then holds in expectation over it too).
+    base_sample: ``z_0``, a reparameterized draw from ``q0``.
+    base_log_prob: ``z -> log q0(z)``.
+    momentum_noise: ``(K, d)`` standard normal: row 0 draws the initial momentum, row
+      ``k`` the refreshment after step ``k`` (the last row's refreshment is not used).
+    settings: the chain's :class:`ChainSettings` (``betas`` of length ``K + 1``).
+    return_path: also return the :class:`DaisPath`.
+
+  Returns:
+    ``log w`` (and the path).
+
+  Raises:
+    ValueError: noise that is not ``(K, d)``, or ``betas`` not of length ``K + 1``.
+  """
+  k = momentum_noise.shape[0] if momentum_noise.ndim == 2 else -1
+  if momentum_noise.ndim != 2 or momentum_noise.shape[1:] != base_sample.shape:
+    raise ValueError(f"momentum_noise must have shape (K, {base_sample.shape[0]}), got "
+                     f"{momentum_noise.shape}")
+  if settings.betas.shape != (k + 1,):
+    raise ValueError(f"the schedule has {settings.betas.shape[0]} temperatures for K = {k} "
+                     f"steps; it needs K + 1")
+  eta, gamma, mass = settings.step_size, settings.refresh, settings.mass
+  sqrt_mass = jnp.sqrt(mass)
+  log_w0 = -base_log_prob(base_sample)
+  if k == 0:
+    out = log_w0 + target(base_sample)
+    return (out, DaisPath(base_sample[None], jnp.zeros((0,)))) if return_path else out
+  grad_guide, grad_base = jax.grad(guide), jax.grad(base_log_prob)
+
+  def step(carry, inputs):
+    z, v = carry
+    beta, refresh_noise = inputs
+    z_half = z + 0.5 * eta * v / mass
+    v_hat = v + eta * (beta * grad_guide(z_half) + (1 - beta) * grad_base(z_half))
+    z = z_half + 0.5 * eta * v_hat / mass
+    kinetic = _momentum_log_prob(v_hat, mass) - _momentum_log_prob(v, mass)
+    v = gamma * v_hat + jnp.sqrt(1 - gamma ** 2) * sqrt_mass * refresh_noise
+    return (z, v), (z, kinetic)
+
+  v0 = sqrt_mass * momentum_noise[0]
+  refresh = jnp.concatenate([momentum_noise[1:], jnp.zeros_like(momentum_noise[:1])])
+  (z_k, _), (zs, kinetic) = jax.lax.scan(step, (base_sample, v0),
+                                         (settings.betas[1:], refresh))
+  out = log_w0 + target(z_k) + jnp.sum(kinetic)
+  if return_path:
+    return out, DaisPath(jnp.concatenate([base_sample[None], zs]), kinetic)
+  return out
