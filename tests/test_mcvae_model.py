@@ -64,7 +64,8 @@ def test_joint_control_variate_is_unbiased_on_a_vae():
 def test_fit_learns_the_step_sizes_and_schedule():
   vae = _vae("lmcvae", **CONFIGS["lmcvae"])
   objective = vae.objective(_images(32))
-  result = dsgrad.fit(objective, optax.adam(3e-3), vae.init_params(), jax.random.key(0),
+  optimizer = optax.chain(dsgrad.cv(objective), optax.adam(3e-3))  # cv on L-MCVAE
+  result = dsgrad.fit(objective, optimizer, vae.init_params(), jax.random.key(0),
                       num_steps=16, batch_size=8, eval_every=8, elbo_samples=2,
                       progress=False)
   assert np.all(np.isfinite(result.history.elbo))
