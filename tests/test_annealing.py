@@ -38,10 +38,8 @@ def _regression():
 
 def _params(vi, post_mean, post_cov, step_size=0.05):
   # A deliberately imperfect base: shifted mean, inflated mean-field scales.
-  return vi.init_params(loc=jnp.asarray(post_mean + 0.3, jnp.float32),
-                        log_scale=0.0, step_size=step_size) | {
-      "base": {"loc": jnp.asarray(post_mean + 0.3, jnp.float32),
-               "log_scale": jnp.asarray(0.5 * np.log(np.diag(post_cov)) + 0.4, jnp.float32)}}
+  return vi.init_params(loc=post_mean + 0.3,
+                        log_scale=0.5 * np.log(np.diag(post_cov)) + 0.4, step_size=step_size)
 
 
 def _mean_and_se(v):

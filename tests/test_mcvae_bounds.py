@@ -43,18 +43,29 @@ def _mean_and_se(values):
   return v.mean(), v.std(ddof=1) / np.sqrt(v.size)
 
 
+def _assert_lower_bounds_that_tighten(exact, estimate, ks):
+  """``estimate(k)`` returns draws of a log-evidence estimator with ``k`` steps or samples:
+  each mean lies below ``exact`` (within Z se) and rises with ``k`` by more than Z se.
+  Returns the ``(mean, se)`` pairs."""
+  means = []
+  for k in ks:
+    m, se = _mean_and_se(estimate(k))
+    assert m < exact + Z * se, (k, m, exact)
+    means.append((m, se))
+  for (m_small, se_small), (m_big, se_big) in zip(means, means[1:]):
+    assert m_big - Z * np.hypot(se_small, se_big) > m_small, means
+  return means
+
+
 def test_iwae_is_a_lower_bound_that_tightens_with_k():
   log_joint, exact, mean, log_scale = _problem()
-  gaps = []
-  for k in (1, 10, 100):
+
+  def estimate(k):
     eps = jax.random.normal(jax.random.key(k), (4000, k, D))
-    values = jax.jit(jax.vmap(lambda e: mcvae.iwae_bound(log_joint, mean, log_scale, e)))(eps)
-    m, se = _mean_and_se(values)
-    assert m < exact + Z * se, (k, m, exact)
-    gaps.append((exact - m, se))
-  assert gaps[0][0] > 0.05  # the proposal is poor: the K = 1 gap is visible
-  for (g_small, se_small), (g_big, se_big) in zip(gaps, gaps[1:]):
-    assert g_big + Z * np.hypot(se_small, se_big) < g_small, gaps
+    return jax.jit(jax.vmap(lambda e: mcvae.iwae_bound(log_joint, mean, log_scale, e)))(eps)
+
+  means = _assert_lower_bounds_that_tighten(exact, estimate, (1, 10, 100))
+  assert exact - means[0][0] > 0.05  # the proposal is poor: the K = 1 gap is visible
   # K = 1 is the VAE bound.
   eps = jax.random.normal(jax.random.key(0), (5, D))
   np.testing.assert_allclose(
@@ -94,41 +105,31 @@ def test_langevin_sis_weight_terms_match_the_kernel_densities():
 
 def test_langevin_sis_is_a_lower_bound_that_tightens_with_k():
   log_joint, exact, mean, log_scale = _problem()
-  means = []
-  for k in (0, 5, 20):
-    keys = jax.random.split(jax.random.key(10 + k), 6000)
 
-    def one(key, k=k):
+  def estimate(k):
+    def one(key):
       k0, k1 = jax.random.split(key)
       return mcvae.langevin_sis_bound(log_joint, mean, log_scale,
                                       jax.random.normal(k0, (D,)),
                                       jax.random.normal(k1, (k, D)), 0.02)
+    return jax.jit(jax.vmap(one))(jax.random.split(jax.random.key(10 + k), 6000))
 
-    m, se = _mean_and_se(jax.jit(jax.vmap(one))(keys))
-    assert m < exact + Z * se, (k, m, exact)
-    means.append((m, se))
-  for (m_small, se_small), (m_big, se_big) in zip(means, means[1:]):
-    assert m_big - Z * np.hypot(se_small, se_big) > m_small, means
+  _assert_lower_bounds_that_tighten(exact, estimate, (0, 5, 20))
 
 
 def test_mala_ais_is_a_lower_bound_that_tightens_with_k():
   log_joint, exact, mean, log_scale = _problem()
-  means = []
-  for k in (1, 5, 15):
-    keys = jax.random.split(jax.random.key(20 + k), 3000)
 
-    def one(key, k=k):
+  def estimate(k):
+    def one(key):
       k0, k1, k2 = jax.random.split(key, 3)
       w, _ = mcvae.mala_ais_bound(log_joint, mean, log_scale, jax.random.normal(k0, (D,)),
                                   jax.random.normal(k1, (k, D)),
                                   jax.random.uniform(k2, (k,)) - 0.5, 0.05)
       return w
+    return jax.jit(jax.vmap(one))(jax.random.split(jax.random.key(20 + k), 3000))
 
-    m, se = _mean_and_se(jax.jit(jax.vmap(one))(keys))
-    assert m < exact + Z * se, (k, m, exact)
-    means.append((m, se))
-  for (m_small, se_small), (m_big, se_big) in zip(means, means[1:]):
-    assert m_big - Z * np.hypot(se_small, se_big) > m_small, means
+  _assert_lower_bounds_that_tighten(exact, estimate, (1, 5, 15))
   # The path: a state either moves to the MALA proposal or stays.
   w, log_a, path = mcvae.mala_ais_bound(
       log_joint, mean, log_scale, jnp.zeros(D), jax.random.normal(jax.random.key(1), (6, D)),

@@ -31,9 +31,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dsgrad.mcvae.bounds import schedule_from_logits
-
-_LOG_2PI = math.log(2 * math.pi)
+from dsgrad.mcvae.bounds import gaussian_log_prob, schedule_from_logits
 
 
 class ChainSettings(NamedTuple):
@@ -84,10 +82,6 @@ def chain_settings(chain_params: dict, eta_max: float) -> ChainSettings:
                        jnp.exp(chain_params["log_mass"]))
 
 
-def _momentum_log_prob(v, mass):
-  return jnp.sum(-0.5 * v ** 2 / mass - 0.5 * jnp.log(mass) - 0.5 * _LOG_2PI)
-
-
 class DaisPath(NamedTuple):
   """The chain of :func:`dais_log_weight`: ``z`` ``(K + 1, d)`` and the ``K`` kinetic-energy
   differences."""
@@ -126,6 +120,8 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
                      f"steps; it needs K + 1")
   eta, gamma, mass = settings.step_size, settings.refresh, settings.mass
   sqrt_mass = jnp.sqrt(mass)
+  zero, log_sqrt_mass = jnp.zeros_like(mass), 0.5 * jnp.log(mass)
+  momentum_log_prob = lambda v: gaussian_log_prob(v, zero, log_sqrt_mass)  # noqa: E731
   log_w0 = -base_log_prob(base_sample)
   if k == 0:
     out = log_w0 + target(base_sample)
@@ -138,7 +134,7 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
     z_half = z + 0.5 * eta * v / mass
     v_hat = v + eta * (beta * grad_guide(z_half) + (1 - beta) * grad_base(z_half))
     z = z_half + 0.5 * eta * v_hat / mass
-    kinetic = _momentum_log_prob(v_hat, mass) - _momentum_log_prob(v, mass)
+    kinetic = momentum_log_prob(v_hat) - momentum_log_prob(v)
     v = gamma * v_hat + jnp.sqrt(1 - gamma ** 2) * sqrt_mass * refresh_noise
     return (z, v), (z, kinetic)
 

@@ -26,10 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad.annealing import dais
+from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 class Surrogate(NamedTuple):
@@ -70,24 +69,7 @@ def rand_surrogate(model: Model, num_points: int, key) -> Surrogate:
   return Surrogate(init_params, log_likelihood, model.latent_dim, f"rand({num_points})")
 
 
-def _base_log_prob_and_sample(base: str, params, eps):
-  loc = params["loc"]
-  if base == "meanfield":
-    log_scale = params["log_scale"]
-    z = loc + jnp.exp(log_scale) * eps
-
-    def log_prob(v):
-      u = (v - loc) * jnp.exp(-log_scale)
-      return jnp.sum(-0.5 * u ** 2 - log_scale - 0.5 * _LOG_2PI)
-    return z, log_prob
-  raw = params["scale_tril"]
-  tril = jnp.tril(raw, -1) + jnp.diag(jnp.exp(jnp.diag(raw)))
-  z = loc + tril @ eps
-
-  def log_prob_full(v):
-    u = jax.scipy.linalg.solve_triangular(tril, v - loc, lower=True)
-    return jnp.sum(-0.5 * u ** 2 - 0.5 * _LOG_2PI) - jnp.sum(jnp.diag(raw))
-  return z, log_prob_full
+_FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -98,7 +80,9 @@ class AnnealedVI:
     model: the model (log prior, per-datum log likelihood).
     num_steps: ``K >= 0`` annealing steps (``K = 0``: plain BBVI with the base).
     surrogate: a :class:`Surrogate` (SL-DAIS), or ``None`` (DAIS, full-data dynamics).
-    base: ``"meanfield"`` or ``"fullrank"`` Gaussian ``q0``.
+    base: ``"meanfield"`` or ``"fullrank"`` Gaussian ``q0``
+      (:class:`dsgrad.families.MeanFieldGaussian` / :class:`~dsgrad.families.FullRankGaussian`,
+      whose parameter dicts ``params["base"]`` holds).
     eta_max: upper bound of the learnable leapfrog step size.
   """
 
@@ -129,11 +113,7 @@ class AnnealedVI:
                   refresh: float = 0.9) -> dict:
     """``{"base": ..., "chain": ..., "surrogate": ...}`` (the last empty for DAIS)."""
     d = self.model.latent_dim
-    base = {"loc": jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (d,))}
-    if self.base == "meanfield":
-      base["log_scale"] = jnp.full((d,), log_scale, jnp.float32)
-    else:
-      base["scale_tril"] = jnp.diag(jnp.full((d,), log_scale, jnp.float32))
+    base = _FAMILIES[self.base](d, loc=loc, log_scale=log_scale).params()
     chain = dais.init_chain_params(self.num_steps, d, step_size=min(step_size, 0.5 * self.eta_max),
                                    eta_max=self.eta_max, refresh=refresh)
     surrogate = self.surrogate.init_params() if self.surrogate is not None else {}
@@ -158,7 +138,9 @@ class AnnealedVI:
   def chain(self, params, noise, return_path: bool = False):
     """Runs the chain: ``(z_K, shared terms)`` -- ``shared = log w`` without the log
     likelihood at ``z_K`` -- and optionally the :class:`dsgrad.annealing.DaisPath`."""
-    z0, base_log_prob = _base_log_prob_and_sample(self.base, params["base"], noise["eps0"])
+    family = _FAMILIES[self.base]
+    z0 = family.transform(params["base"], noise["eps0"])
+    base_log_prob = lambda z: family.log_prob_at(params["base"], z)  # noqa: E731
     settings = dais.chain_settings(params["chain"], self.eta_max)
     # The target at z_K is the prior here; the likelihood part is added per datum.
     shared, path = dais.dais_log_weight(self.guide(params), self.model.log_prior, z0,

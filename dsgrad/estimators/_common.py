@@ -79,11 +79,9 @@ def device_memory_bytes() -> int | None:
 
 def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
   """Bytes of a table holding one copy of ``params`` per datum (``N x size(params)``)."""
-  total = 0
-  for p in jax.tree.leaves(params):
-    itemsize = jnp.dtype(dtype or jnp.asarray(p).dtype).itemsize
-    total += int(np.prod(jnp.shape(p), dtype=np.int64)) * itemsize
-  return total * int(num_data)
+  row = params if dtype is None else jax.tree.map(
+      lambda p: jax.ShapeDtypeStruct(jnp.shape(p), dtype), params)
+  return int(num_data) * tree_bytes(row)
 
 
 def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:

@@ -101,9 +101,7 @@ def langevin_kernel_log_density(log_gamma: LogJoint, step_size, start, end) -> j
   ``step_size`` is a scalar or a ``(d,)`` vector (the preconditioned kernel of Eq. 27:
   drift ``eta * grad`` and variance ``2 eta`` per coordinate).
   """
-  eta = jnp.broadcast_to(step_size, start.shape)
-  drift = start + eta * jax.grad(log_gamma)(start)
-  return jnp.sum(-(end - drift) ** 2 / (4 * eta) - 0.5 * jnp.log(4 * jnp.pi * eta))
+  return _ula_log_density(step_size, start, jax.grad(log_gamma)(start), end)
 
 
 class _Point(NamedTuple):
