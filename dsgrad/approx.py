@@ -105,6 +105,19 @@ def _apply_mask(mask, tree):
   return jax.tree.map(lambda m, x: jnp.where(m, x, jnp.zeros_like(x)), mask, tree)
 
 
+def _require_continuous_noise(objective: Objective, noise) -> None:
+  """Refuses noise with integer leaves: it has no derivative to expand in, and its
+  expectation is not the value at zero (NS-DAIS's dynamics mini-batch, for example)."""
+  discrete = [jax.tree_util.keystr(path) for path, leaf in
+              jax.tree_util.tree_leaves_with_path(noise)
+              if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+  if discrete:
+    raise TypeError(f"linearize() expands the gradient in continuous noise, but the noise of "
+                    f"{objective.name} has discrete leaves {discrete}; its expectation is not "
+                    f"the value at zero, so no control variate from linearize() is unbiased "
+                    f"for it. Use the naive estimator (or an approximation written for it).")
+
+
 def linearize(mask: Any = None) -> Approximation:
   """First-order expansion of the gradient in the noise around its mean (zero).
 
@@ -128,6 +141,8 @@ def linearize(mask: Any = None) -> Approximation:
   """
 
   def grad_and_expected(objective: Objective, params, indices, noise):
+    _require_continuous_noise(objective, noise)
+
     def grad_at(eps):
       return objective.grad(params, indices, eps, validate=False)
 
@@ -138,6 +153,7 @@ def linearize(mask: Any = None) -> Approximation:
 
   def expected_grad(objective: Objective, params, indices):
     zero = objective.zero_noise(indices.shape[0])
+    _require_continuous_noise(objective, zero)
     g = objective.grad(params, indices, zero, validate=False)
     return _apply_mask(_resolve_mask(mask, params), g)
 

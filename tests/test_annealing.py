@@ -9,7 +9,10 @@ import pytest
 from scipy import stats
 
 import dsgrad
-from dsgrad.annealing import AnnealedVI, Surrogate, rand_surrogate
+from flax import nnx
+
+from dsgrad.annealing import (AnnealedVI, NeuralSurrogate, Surrogate, WeightedDataSurrogate,
+                             coreset_surrogate, rand_surrogate)
 from dsgrad.models.base import Model
 
 N, D, SIGMA = 40, 3, 0.8
@@ -91,12 +94,72 @@ def test_sl_dais_with_the_full_likelihood_as_surrogate_is_dais():
   _, shared_b, path_b = sl_vi.chain(params, noise, return_path=True)
   np.testing.assert_array_equal(path_a.z, path_b.z)
   np.testing.assert_array_equal(shared_a, shared_b)
-  # RAND with every point and unit weights is the same guide too.
-  rand = rand_surrogate(model, N, jax.random.key(0))
-  rand_vi = AnnealedVI(model, 6, surrogate=rand)
-  rand_params = params | {"surrogate": {"log_weights": jnp.zeros(N)}}
-  _, _, path_c = rand_vi.chain(rand_params, noise, return_path=True)
+  # The NNX module with every point at unit weight is the same guide too, and so is RAND
+  # with every point once its learnable weights are set to one.
+  every_point = WeightedDataSurrogate(model, everything, jnp.ones(N))
+  module_vi = AnnealedVI(model, 6, surrogate=every_point)
+  module_params = params | {"surrogate": every_point.params()}
+  _, _, path_c = module_vi.chain(module_params, noise, return_path=True)
   np.testing.assert_allclose(path_c.z, path_a.z, rtol=1e-5, atol=1e-5)
+  rand_vi = AnnealedVI(model, 6, surrogate=rand_surrogate(model, N, jax.random.key(0)))
+  assert np.isclose(np.exp(rand_vi.init_params()["surrogate"]["log_weights"]).sum(), N)
+  rand_params = params | {"surrogate": {"log_weights": jnp.zeros(N)}}
+  _, _, path_d = rand_vi.chain(rand_params, noise, return_path=True)
+  np.testing.assert_allclose(path_d.z, path_a.z, rtol=1e-5, atol=1e-5)
+
+
+def test_ns_dais_is_dais_on_the_whole_data_and_a_looser_bound_on_a_mini_batch():
+  model, log_z, post_mean, post_cov = _regression()
+  dais_vi = AnnealedVI(model, 8)
+  whole = AnnealedVI(model, 8, dynamics_batch_size=N)
+  params = _params(dais_vi, post_mean, post_cov)
+  noise = whole.noise_fn(jax.random.key(7), 1)
+  np.testing.assert_allclose(whole.log_weight(params, noise), dais_vi.log_weight(params, noise),
+                             rtol=1e-5)
+  # The objective's batch term is separate from the dynamics' batch: its mean over all
+  # data is minus the log weight of the same draw.
+  ns = AnnealedVI(model, 8, dynamics_batch_size=5)
+  noise = ns.noise_fn(jax.random.key(8), 1)
+  np.testing.assert_allclose(-ns.objective().value(params, jnp.arange(N), noise),
+                             ns.log_weight(params, noise), rtol=1e-5)
+  # Five-datum dynamics: still a bound on log Z, and looser than full-data DAIS.
+  m_ns, se_ns = ns.elbo(params, jax.random.key(9), 3000)
+  m_dais, se_dais = dais_vi.elbo(params, jax.random.key(9), 3000)
+  assert m_ns < log_z + Z * se_ns, (m_ns, log_z)
+  assert m_ns < m_dais - Z * np.hypot(se_ns, se_dais), (m_ns, m_dais)
+
+
+def test_coreset_surrogate_is_an_unbiased_estimate_of_the_log_likelihood():
+  model, _, post_mean, _ = _regression()
+  m = 4000
+  coreset = coreset_surrogate(model, m, jax.random.key(10))
+  weights, points = np.exp(np.asarray(coreset.log_weights[...])), coreset.points[...]
+  # Sensitivity sampling is not uniform: some data are drawn more often, weighted less.
+  assert weights.max() / weights.min() > 1.5
+  for z in (jnp.asarray(post_mean, jnp.float32), jnp.array([1.0, -2.0, 0.5])):
+    terms = weights * np.asarray(model.log_likelihood(z, points), np.float64)
+    full = float(jnp.sum(model.log_likelihood(z, jnp.arange(N))))
+    assert abs(terms.sum() - full) < Z * np.sqrt(m) * terms.std(ddof=1), (terms.sum(), full)
+    np.testing.assert_allclose(coreset(z), terms.sum(), rtol=1e-4)
+  # CS-INIT learns the weights, CS-FIX keeps them (no learnable parameters).
+  assert set(coreset.params()) == {"log_weights"}
+  fixed = coreset_surrogate(model, 10, jax.random.key(10), learn_weights=False)
+  assert fixed.params() == {}
+  uniform = coreset_surrogate(model, 10, jax.random.key(10), uniform_mix=1.0)
+  np.testing.assert_allclose(np.exp(uniform.log_weights[...]), N / 10, rtol=1e-5)
+
+
+def test_neural_surrogate_starts_at_zero_and_learns():
+  model, _, post_mean, post_cov = _regression()
+  net = NeuralSurrogate(D, rngs=nnx.Rngs(0))
+  assert float(net(jnp.ones(D))) == 0.0
+  vi = AnnealedVI(model, 4, surrogate=net)
+  params = _params(vi, post_mean, post_cov)
+  objective = vi.objective()
+  noise = objective.sample_noise(jax.random.key(11), 8)
+  grads = objective.grad(params, jnp.arange(8), noise)
+  head = np.asarray(grads["surrogate"]["head"]["kernel"])
+  assert np.all(np.isfinite(head)) and np.any(head != 0)
 
 
 def test_long_chains_have_finite_gradients_and_sl_dais_estimators_apply():
@@ -144,3 +207,24 @@ def test_bad_input():
     rand_surrogate(model, N + 1, jax.random.key(0))
   with pytest.raises(ValueError, match="step_size"):
     dsgrad.annealing.init_chain_params(4, D, step_size=0.5, eta_max=0.25)
+  with pytest.raises(ValueError, match="step_size"):
+    AnnealedVI(model, 4, eta_max=0.01).init_params(step_size=0.02)
+  with pytest.raises(ValueError, match="not both"):
+    AnnealedVI(model, 4, surrogate=rand_surrogate(model, 5, jax.random.key(0)),
+               dynamics_batch_size=5)
+  with pytest.raises(ValueError, match="dynamics_batch_size"):
+    AnnealedVI(model, 4, dynamics_batch_size=N + 1)
+  with pytest.raises(ValueError, match="points must lie"):
+    WeightedDataSurrogate(model, jnp.array([0, N]), jnp.ones(2))
+  with pytest.raises(ValueError, match="positive"):
+    WeightedDataSurrogate(model, jnp.array([0, 1]), jnp.array([1.0, 0.0]))
+  with pytest.raises(ValueError, match="pilot_latents"):
+    coreset_surrogate(model, 5, jax.random.key(0), pilot_latents=jnp.zeros((2, D + 1)))
+  with pytest.raises(ValueError, match="latent of shape"):
+    NeuralSurrogate(D, rngs=nnx.Rngs(0))(jnp.zeros(D + 1))
+  # NS-DAIS's dynamics batch is discrete noise: linearize() refuses it loudly.
+  ns = AnnealedVI(model, 2, dynamics_batch_size=5).objective()
+  params = AnnealedVI(model, 2).init_params()
+  noise = ns.sample_noise(jax.random.key(0), 4)
+  with pytest.raises(TypeError, match="discrete"):
+    dsgrad.approx.linearize().grad_and_expected(ns, params, jnp.arange(4), noise)

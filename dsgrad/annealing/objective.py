@@ -1,4 +1,4 @@
-"""DAIS and SL-DAIS as doubly-stochastic :class:`dsgrad.Objective` s.
+"""DAIS, NS-DAIS and SL-DAIS as doubly-stochastic :class:`dsgrad.Objective` s.
 
     vi = AnnealedVI(model, num_steps=8, surrogate=rand_surrogate(model, 256, key))
     objective, params = vi.objective(), vi.init_params()
@@ -9,64 +9,29 @@ One chain draw (``z_0`` and the momenta) is shared by the batch. The per-datum l
 its mean over a uniform batch is minus an unbiased estimate of the DAIS log weight and
 its expectation is minus the DAIS ELBO (Alg. 1's last line). With a surrogate (SL-DAIS)
 the chain never touches the data and a step costs ``O(K N_surr + B)``; without one (DAIS)
-the dynamics use the full log likelihood, ``O(K N)`` per step.
+the dynamics use the full log likelihood, ``O(K N)`` per step; NS-DAIS drives them with a
+fresh mini-batch estimate of it, ``O(K B_dyn + B)``.
 
 References:
   Jankowiak, Phan (2022). Surrogate likelihoods for variational annealed importance
-  sampling. ICML. Sec. 3-5, Alg. 1, Eq. 10-13 (RAND surrogate).
+  sampling. ICML. Sec. 3-5, Alg. 1 (SL-DAIS), Alg. 2 (NS-DAIS), Eq. 10-13.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Callable, NamedTuple
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dsgrad.annealing import dais
+from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
-
-
-class Surrogate(NamedTuple):
-  """A surrogate log likelihood ``Psi_hat(z)`` with its own learnable parameters.
-
-  Attributes:
-    init_params: ``() -> params``.
-    log_likelihood: ``(params, z) -> scalar``.
-    latent_dim: ``d`` of the latent it reads.
-    name: label.
-  """
-
-  init_params: Callable[[], dict]
-  log_likelihood: Callable[[dict, jax.Array], jax.Array]
-  latent_dim: int
-  name: str = "surrogate"
-
-
-def rand_surrogate(model: Model, num_points: int, key) -> Surrogate:
-  """RAND: ``Psi_hat(z) = sum_j omega_j log p(x_{s_j} | z)`` over ``num_points`` data drawn
-  without replacement, with learnable positive weights initialized at ``N / num_points``
-  (the paper's default surrogate, Sec. 4).
-
-  Raises:
-    ValueError: ``num_points`` outside ``[1, N]``.
-  """
-  if not 1 <= num_points <= model.num_data:
-    raise ValueError(f"num_points must lie in [1, N={model.num_data}], got {num_points}")
-  points = jax.random.choice(key, model.num_data, (num_points,), replace=False).astype(jnp.int32)
-  start = math.log(model.num_data / num_points)
-
-  def init_params():
-    return {"log_weights": jnp.full((num_points,), start, jnp.float32)}
-
-  def log_likelihood(params, z):
-    return jnp.sum(jnp.exp(params["log_weights"]) * model.log_likelihood(z, points))
-
-  return Surrogate(init_params, log_likelihood, model.latent_dim, f"rand({num_points})")
 
 
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
@@ -74,23 +39,38 @@ _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class AnnealedVI:
-  """DAIS (no surrogate) or SL-DAIS (with one) on a :class:`dsgrad.models.Model`.
+  """DAIS, NS-DAIS or SL-DAIS on a :class:`dsgrad.models.Model`.
+
+  The three differ only in what drives the chain's dynamics:
+
+  * DAIS (default): the full log likelihood, ``O(K N)`` per step;
+  * NS-DAIS (``dynamics_batch_size=B_dyn``): an unbiased mini-batch estimate
+    ``(N / B_dyn) sum_{i in I} log p(x_i | z)`` with one batch ``I`` per chain draw, drawn
+    independently of the objective's batch (Alg. 2's ``I`` and ``J``), ``O(K B_dyn)``;
+    the paper's naive baseline;
+  * SL-DAIS (``surrogate=...``): a surrogate log likelihood, ``O(K N_surr)`` (Alg. 1).
+
+  In all three the data enter the bound through the per-datum final term, so the
+  objective's mean over a batch is an unbiased estimate of the log weight.
 
   Attributes:
     model: the model (log prior, per-datum log likelihood).
     num_steps: ``K >= 0`` annealing steps (``K = 0``: plain BBVI with the base).
-    surrogate: a :class:`Surrogate` (SL-DAIS), or ``None`` (DAIS, full-data dynamics).
+    surrogate: a :class:`~dsgrad.annealing.SurrogateLikelihood` module (or its
+      :class:`Surrogate` functional view) for SL-DAIS, or ``None``.
     base: ``"meanfield"`` or ``"fullrank"`` Gaussian ``q0``
       (:class:`dsgrad.families.MeanFieldGaussian` / :class:`~dsgrad.families.FullRankGaussian`,
       whose parameter dicts ``params["base"]`` holds).
     eta_max: upper bound of the learnable leapfrog step size.
+    dynamics_batch_size: NS-DAIS's ``B_dyn`` (``None``: not NS-DAIS).
   """
 
   model: Model
   num_steps: int
-  surrogate: Surrogate | None = None
+  surrogate: SurrogateLikelihood | Surrogate | None = None
   base: str = "meanfield"
   eta_max: float = 0.25
+  dynamics_batch_size: int | None = None
 
   def __post_init__(self):
     if self.num_steps < 0:
@@ -99,39 +79,68 @@ class AnnealedVI:
       raise ValueError(f"eta_max must be positive, got {self.eta_max}")
     if self.base not in ("meanfield", "fullrank"):
       raise ValueError(f"base must be 'meanfield' or 'fullrank', got {self.base!r}")
-    if self.surrogate is not None and self.surrogate.latent_dim != self.model.latent_dim:
-      raise ValueError(f"the surrogate {self.surrogate.name} reads a latent of dimension "
-                       f"{self.surrogate.latent_dim} but the model's is "
+    object.__setattr__(self, "_surrogate", as_surrogate(self.surrogate))
+    if self._surrogate is not None and self._surrogate.latent_dim != self.model.latent_dim:
+      raise ValueError(f"the surrogate {self._surrogate.name} reads a latent of dimension "
+                       f"{self._surrogate.latent_dim} but the model's is "
                        f"{self.model.latent_dim}")
+    if self.dynamics_batch_size is not None:
+      if self._surrogate is not None:
+        raise ValueError("choose a surrogate (SL-DAIS) or dynamics_batch_size (NS-DAIS), "
+                         "not both")
+      if not 1 <= self.dynamics_batch_size <= self.model.num_data:
+        raise ValueError(f"dynamics_batch_size must lie in [1, N={self.model.num_data}], "
+                         f"got {self.dynamics_batch_size}")
+
+  @property
+  def method(self) -> str:
+    """``"dais"``, ``"ns_dais"`` or ``"sl_dais"``."""
+    if self._surrogate is not None:
+      return "sl_dais"
+    return "ns_dais" if self.dynamics_batch_size is not None else "dais"
 
   @property
   def name(self) -> str:
-    """``dais(K=...)`` or ``sl_dais(K=...)``, for tables and messages."""
-    return f"{'sl_dais' if self.surrogate is not None else 'dais'}(K={self.num_steps})"
+    """``dais(K=...)``, ``ns_dais(K=...)`` or ``sl_dais(K=...)``, for tables and messages."""
+    return f"{self.method}(K={self.num_steps})"
 
   def init_params(self, *, loc=0.0, log_scale: float = -1.0, step_size: float = 0.01,
                   refresh: float = 0.9) -> dict:
-    """``{"base": ..., "chain": ..., "surrogate": ...}`` (the last empty for DAIS)."""
+    """``{"base": ..., "chain": ..., "surrogate": ...}`` (the last empty without one).
+
+    Raises:
+      ValueError: ``step_size`` outside ``(0, eta_max)`` or ``refresh`` outside ``(0, 1)``.
+    """
     d = self.model.latent_dim
     base = _FAMILIES[self.base](d, loc=loc, log_scale=log_scale).params()
-    chain = dais.init_chain_params(self.num_steps, d, step_size=min(step_size, 0.5 * self.eta_max),
+    chain = dais.init_chain_params(self.num_steps, d, step_size=step_size,
                                    eta_max=self.eta_max, refresh=refresh)
-    surrogate = self.surrogate.init_params() if self.surrogate is not None else {}
+    surrogate = self._surrogate.init_params() if self._surrogate is not None else {}
     return {"base": base, "chain": chain, "surrogate": surrogate}
 
   def noise_fn(self, key, batch_size: int) -> dict:
-    """One shared chain draw: ``eps0 (d,)`` and ``momentum (K, d)``."""
+    """One shared chain draw: ``eps0 (d,)``, ``momentum (K, d)`` and, for NS-DAIS, the
+    dynamics' mini-batch ``dynamics_indices (B_dyn,)`` (uniform, without replacement)."""
     del batch_size
-    k0, k1 = jax.random.split(key)
+    k0, k1, k2 = jax.random.split(key, 3)
     d = self.model.latent_dim
-    return {"eps0": jax.random.normal(k0, (d,)),
-            "momentum": jax.random.normal(k1, (self.num_steps, d))}
+    noise = {"eps0": jax.random.normal(k0, (d,)),
+             "momentum": jax.random.normal(k1, (self.num_steps, d))}
+    if self.dynamics_batch_size is not None:
+      noise["dynamics_indices"] = jax.random.choice(
+          k2, self.model.num_data, (self.dynamics_batch_size,), replace=False).astype(jnp.int32)
+    return noise
 
-  def guide(self, params) -> Callable:
-    """``z -> log guide(z)``: prior times surrogate (SL-DAIS) or full likelihood (DAIS)."""
+  def guide(self, params, noise=None) -> Callable:
+    """``z -> log guide(z)``: the prior times the full likelihood (DAIS), its mini-batch
+    estimate on ``noise["dynamics_indices"]`` (NS-DAIS) or the surrogate (SL-DAIS)."""
     model = self.model
-    if self.surrogate is not None:
-      return lambda z: model.log_prior(z) + self.surrogate.log_likelihood(params["surrogate"], z)
+    if self._surrogate is not None:
+      return lambda z: model.log_prior(z) + self._surrogate.log_likelihood(params["surrogate"], z)
+    if self.dynamics_batch_size is not None:
+      idx = noise["dynamics_indices"]
+      scale = model.num_data / self.dynamics_batch_size
+      return lambda z: model.log_prior(z) + scale * jnp.sum(model.log_likelihood(z, idx))
     everything = jnp.arange(model.num_data, dtype=jnp.int32)
     return lambda z: model.log_prior(z) + jnp.sum(model.log_likelihood(z, everything))
 
@@ -143,7 +152,7 @@ class AnnealedVI:
     base_log_prob = lambda z: family.log_prob_at(params["base"], z)  # noqa: E731
     settings = dais.chain_settings(params["chain"], self.eta_max)
     # The target at z_K is the prior here; the likelihood part is added per datum.
-    shared, path = dais.dais_log_weight(self.guide(params), self.model.log_prior, z0,
+    shared, path = dais.dais_log_weight(self.guide(params, noise), self.model.log_prior, z0,
                                         base_log_prob, noise["momentum"], settings,
                                         return_path=True)
     z_k = path.z[-1]
@@ -165,6 +174,18 @@ class AnnealedVI:
     everything = jnp.arange(self.model.num_data, dtype=jnp.int32)
     return shared + jnp.sum(self.model.log_likelihood(z_k, everything))
 
+  def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):
+    """The full-data ELBO ``E[log w]`` by Monte Carlo: ``(estimate, standard error)``.
+
+    One chain and one full likelihood per sample, ``chunk_size`` samples at a time
+    (vectorized), so memory is ``O(chunk_size (N + K d))``.
+    """
+    if num_samples < 2:
+      raise ValueError(f"num_samples must be >= 2, got {num_samples}")
+    values = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
+    values = np.asarray(values, np.float64)
+    return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
+
   def sample_posterior(self, params, key, num: int) -> jax.Array:
     """``num`` draws of ``z_K`` from the approximate posterior, ``(num, d)``.
 
@@ -172,3 +193,14 @@ class AnnealedVI:
     """
     keys = jax.random.split(key, num)
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
+
+
+@functools.lru_cache(maxsize=32)
+def _elbo_runner(vi: AnnealedVI, num_samples: int, chunk_size: int):
+  @jax.jit
+  def run(params, key):
+    keys = jax.random.split(key, num_samples)
+    one = lambda k: vi.log_weight(params, vi.noise_fn(k, 1))  # noqa: E731
+    return jax.lax.map(one, keys, batch_size=chunk_size)
+
+  return run
