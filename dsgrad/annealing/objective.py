@@ -45,8 +45,8 @@ class AnnealedVI:
 
   * DAIS (default): the full log likelihood, ``O(K N)`` per step;
   * NS-DAIS (``dynamics_batch_size=B_dyn``): an unbiased mini-batch estimate
-    ``(N / B_dyn) sum_{i in I} log p(x_i | z)`` with one batch ``I`` per chain draw, drawn
-    independently of the objective's batch (Alg. 2's ``I`` and ``J``), ``O(K B_dyn)``;
+    ``(N / B_dyn) sum_{i in I} log p(x_i | z)`` with one batch ``I`` per chain draw (uniform
+    with replacement), drawn independently of the objective's batch (Alg. 2's ``I`` and ``J``), ``O(K B_dyn)``;
     the paper's naive baseline;
   * SL-DAIS (``surrogate=...``): a surrogate log likelihood, ``O(K N_surr)`` (Alg. 1).
 
@@ -120,15 +120,16 @@ class AnnealedVI:
 
   def noise_fn(self, key, batch_size: int) -> dict:
     """One shared chain draw: ``eps0 (d,)``, ``momentum (K, d)`` and, for NS-DAIS, the
-    dynamics' mini-batch ``dynamics_indices (B_dyn,)`` (uniform, without replacement)."""
+    dynamics' mini-batch ``dynamics_indices (B_dyn,)`` (uniform, with replacement)."""
     del batch_size
     k0, k1, k2 = jax.random.split(key, 3)
     d = self.model.latent_dim
     noise = {"eps0": jax.random.normal(k0, (d,)),
              "momentum": jax.random.normal(k1, (self.num_steps, d))}
     if self.dynamics_batch_size is not None:
-      noise["dynamics_indices"] = jax.random.choice(
-          k2, self.model.num_data, (self.dynamics_batch_size,), replace=False).astype(jnp.int32)
+      # With replacement: O(B_dyn) per draw (without replacement costs a sort of all N).
+      noise["dynamics_indices"] = jax.random.randint(
+          k2, (self.dynamics_batch_size,), 0, self.model.num_data, dtype=jnp.int32)
     return noise
 
   def guide(self, params, noise=None) -> Callable:

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "memory": "dsgrad.bench.memory",
     "hmcecs": "dsgrad.bench.hmcecs",
     "mcvae-ppca": "dsgrad.bench.mcvae_ppca",
+    "dais": "dsgrad.bench.dais",
 }
 
 

@@ -1,0 +1,315 @@
+"""``python -m dsgrad.bench dais``: annealed VI on Bayesian logistic regression, with
+NumPyro's ``AutoDAIS`` / ``AutoSurrogateLikelihoodDAIS`` side by side.
+
+Methods (each trained with the naive estimator and with joint SVRG, where defined):
+mean-field and full-rank Gaussian BBVI (:mod:`dsgrad.families`), DAIS with full-data
+dynamics (K = 2 and 8), NS-DAIS (K = 8, mini-batch dynamics of ``B`` data; naive only:
+its dynamics batch is discrete noise, for which ``linearize`` has no control variate)
+and SL-DAIS (K = 8, RAND surrogate of 256 points). NumPyro runs the same model, prior,
+initialization, optimizer, schedule, batch size, K, ``eta_max`` and surrogate points.
+
+Reported per method: the final full-data ELBO (Monte Carlo, with its standard error),
+the test log predictive density per test datum, and the training wall-clock per step
+(compiled ``lax.scan`` segments for both libraries; compilation and evaluation excluded),
+plus ELBO-vs-step checkpoints for the joint-versus-naive question.
+
+Why joint SVRG and not joint SAGA here: every DAIS objective shares one chain draw
+across the batch, so a SAGA table of per-datum parameters would need one chain per datum
+of the batch (``B`` chains per step); SVRG's single snapshot needs one.
+
+Data: a seeded synthetic set (``dsgrad.models.synthetic_logistic_data(key(seed), 60,000,
+20)``: 19 standard normal features plus an intercept, weight ``N(0, I)``, Bernoulli
+labels; the first 50,000 rows train, the last 10,000 test) and the Australian credit
+data embedded in ``shared/data`` (80/20 seeded split, standardized, with intercept).
+
+References:
+  Jankowiak, Phan (2022). Surrogate likelihoods for variational annealed importance
+  sampling. ICML. Sec. 7.3 (logistic regression), App. A.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import dsgrad
+from dsgrad.annealing import AnnealedVI, rand_surrogate
+from dsgrad.bench import _report
+from dsgrad.families import FullRankGaussian, MeanFieldGaussian
+from dsgrad.models.logistic_regression import logistic_regression, synthetic_logistic_data
+
+INIT_SCALE = 0.1  # NumPyro's default init_scale; dsgrad's base starts at the same scale
+
+
+def _data(name: str, seed: int, quick: bool):
+  if name == "synthetic":
+    n_train, n_test = (5_000, 1_000) if quick else (50_000, 10_000)
+    x, y, _ = synthetic_logistic_data(jax.random.key(seed), n_train + n_test, 20)
+    return (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
+  from dsgrad.datasets.uci import add_intercept, load_australian
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
+                      "australian.dat")
+  x, y = load_australian(os.environ.get("DSGRAD_AUSTRALIAN", path))
+  x = add_intercept(x)
+  perm = np.random.default_rng(seed).permutation(x.shape[0])
+  cut = int(0.8 * x.shape[0])
+  return (x[perm[:cut]], y[perm[:cut]]), (x[perm[cut:]], y[perm[cut:]])
+
+
+def _schedule(lr: float, steps: int):
+  """Adam's learning rate: ``lr``, divided by 10 at 60% and again at 85% of the steps."""
+  return optax.piecewise_constant_schedule(lr, {int(0.6 * steps): 0.1, int(0.85 * steps): 0.1})
+
+
+def _test_log_predictive(x_test, y_test, draws) -> float:
+  """Mean over test data of ``log mean_s p(y_n | x_n, z_s)``."""
+  signs = 2.0 * jnp.asarray(y_test, jnp.float32) - 1.0
+  logits = jnp.asarray(x_test, jnp.float32) @ jnp.asarray(draws, jnp.float32).T  # (n, S)
+  log_p = jax.nn.log_sigmoid(signs[:, None] * logits)
+  return float(jnp.mean(jax.scipy.special.logsumexp(log_p, axis=1) - math.log(draws.shape[0])))
+
+
+# ------------------------------------------------------------------------------ dsgrad
+class _Method:
+  """One dsgrad method: its objective, initial params, ELBO and posterior draws."""
+
+  def __init__(self, name, objective, params, elbo, draws, joint=True):
+    self.name, self.objective, self.params = name, objective, params
+    self.elbo, self.draws, self.joint = elbo, draws, joint
+
+
+def _bbvi(name, family_cls, model):
+  family = family_cls(model.latent_dim, loc=0.0, log_scale=math.log(INIT_SCALE))
+  objective = family.objective(model)
+
+  def elbo(params, key, num):
+    return dsgrad.elbo(objective, params, key, num, chunk_size=min(model.num_data, 16_384))
+
+  def draws(params, key, num):
+    return jax.vmap(lambda e: family_cls.transform(params, e))(
+        jax.random.normal(key, (num, model.latent_dim)))
+
+  return _Method(name, objective, family.params(), elbo, draws)
+
+
+def _annealed(name, vi: AnnealedVI, joint=True):
+  params = vi.init_params(loc=0.0, log_scale=math.log(INIT_SCALE))
+  return _Method(name, vi.objective(), params, vi.elbo,
+                 lambda p, key, num: jax.jit(lambda q: vi.sample_posterior(q, key, num))(p),
+                 joint)
+
+
+def _train(method: _Method, optimizer, steps: int, batch_size: int, checkpoints, key,
+           eval_samples: int):
+  """Trains in stages; returns final params, seconds per step and ELBO checkpoints."""
+  params, state, done, wall, curve = method.params, None, 0, 0.0, []
+  for i, stop in enumerate(checkpoints):
+    result = dsgrad.fit(method.objective, optimizer, params, key, num_steps=stop,
+                        batch_size=batch_size, eval_every=stop - done, elbo_samples=0,
+                        progress=False, opt_state=state, start_step=done)
+    params, state, done = result.params, result.opt_state, stop
+    wall += float(result.history.wall_time[-1])
+    curve.append(method.elbo(params, jax.random.fold_in(key, 10_000 + i), eval_samples)[0])
+  return params, wall / steps, curve
+
+
+# ----------------------------------------------------------------------------- numpyro
+def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkpoints, key):
+  """NumPyro's AutoSurrogateLikelihoodDAIS (and AutoDAIS unless ``--no-autodais``)."""
+  import numpyro
+  import numpyro.distributions as dist
+  from numpyro.infer import SVI, Predictive, Trace_ELBO
+  from numpyro.infer.autoguide import AutoDAIS, AutoSurrogateLikelihoodDAIS
+  from numpyro.infer.initialization import init_to_value
+  from numpyro.optim import optax_to_numpyro
+
+  x, y = (jnp.asarray(a, jnp.float32) for a in train)
+  n, d = x.shape
+  n_surr = surrogate_points.shape[0]
+  x_surr, y_surr = x[surrogate_points], y[surrogate_points]
+
+  def model(subsample_size=None):
+    w = numpyro.sample("w", dist.Normal(jnp.zeros(d), 1.0).to_event(1))
+    with numpyro.plate("N", n, subsample_size=subsample_size):
+      xb = numpyro.subsample(x, event_dim=1)
+      yb = numpyro.subsample(y, event_dim=0)
+      numpyro.sample("y", dist.Bernoulli(logits=xb @ w), obs=yb)
+
+  def surrogate_model():
+    w = numpyro.sample("w", dist.Normal(jnp.zeros(d), 1.0).to_event(1))
+    omegas = numpyro.param("omegas", jnp.full((n_surr,), n / n_surr),
+                           constraint=dist.constraints.positive)
+    with numpyro.plate("S", n_surr), numpyro.handlers.scale(scale=omegas):
+      numpyro.sample("y", dist.Bernoulli(logits=x_surr @ w), obs=y_surr)
+
+  common = dict(K=args.k, eta_init=args.eta_init, eta_max=args.eta_max, gamma_init=0.9,
+                init_loc_fn=init_to_value(values={"w": jnp.zeros(d)}), init_scale=INIT_SCALE)
+  guides = {f"NumPyro AutoSurrogateLikelihoodDAIS (K={args.k}, RAND {n_surr})":
+            (AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common), batch_size)}
+  if args.autodais:
+    guides[f"NumPyro AutoDAIS (K={args.k}, full data)"] = (AutoDAIS(model, **common), None)
+  out = {}
+  for name, (guide, sub) in guides.items():
+    optim = optax_to_numpyro(optax.adam(_schedule(args.lr, steps)))
+    svi = SVI(model, guide, optim, Trace_ELBO())
+    state = svi.init(key, subsample_size=sub)
+
+    def segment(s, length):
+      return jax.lax.scan(lambda c, _: (svi.update(c, subsample_size=sub)[0], None), s,
+                          None, length=length)[0]
+
+    compiled, wall, done, curve = {}, 0.0, 0, []
+    loss_fn = jax.jit(lambda k, p: Trace_ELBO().loss(k, p, model, guide, subsample_size=None))
+
+    def elbo(params, k, num):
+      values = -np.asarray(jax.lax.map(lambda kk: loss_fn(kk, params), jax.random.split(k, num),
+                                       batch_size=min(num, 256)), np.float64)
+      return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num))
+
+    for i, stop in enumerate(checkpoints):
+      length = stop - done
+      if length not in compiled:
+        compiled[length] = jax.jit(lambda s, length=length: segment(s, length)).lower(
+            state).compile()
+      t0 = time.perf_counter()
+      state = jax.block_until_ready(compiled[length](state))
+      wall += time.perf_counter() - t0
+      done = stop
+      curve.append(elbo(svi.get_params(state), jax.random.fold_in(key, 10_000 + i),
+                        args.curve_samples)[0])
+    params = svi.get_params(state)
+    value = elbo(params, jax.random.fold_in(key, 99), args.eval_samples)
+    draws = Predictive(guide, params=params, num_samples=args.predictive_samples)(
+        jax.random.fold_in(key, 98), subsample_size=None)["w"]
+    out[name] = {"elbo": value, "test_lpd": _test_log_predictive(*test, draws),
+                 "seconds_per_step": wall / steps, "curve": curve,
+                 "step_size": float(params.get("auto_eta0", float("nan")))}
+    print(f"  {name:<58} ELBO {value[0]:12.2f} ± {value[1]:.2f}  test lpd "
+          f"{out[name]['test_lpd']:.4f}  {1e3 * wall / steps:8.3f} ms/step", flush=True)
+  return out
+
+
+# -------------------------------------------------------------------------------- main
+def run_dataset(dataset: str, args) -> tuple[str, dict]:
+  (x, y), test = _data(dataset, args.seed, args.quick)
+  model = logistic_regression(x, y)
+  n, d = model.num_data, model.latent_dim
+  batch_size = min(args.batch_size, n)
+  steps = args.steps
+  checkpoints = [int(round(steps * (i + 1) / args.curve_points)) for i in range(args.curve_points)]
+  key = jax.random.key(args.seed)
+  surrogate = rand_surrogate(model, min(args.surrogate_points, n), jax.random.fold_in(key, 1))
+  k = args.k
+  annealed = dict(eta_max=args.eta_max)
+  methods = [_bbvi("mean-field BBVI", MeanFieldGaussian, model),
+             _bbvi("full-rank BBVI", FullRankGaussian, model),
+             _annealed("DAIS (K=2, full data)", AnnealedVI(model, 2, **annealed)),
+             _annealed(f"DAIS (K={k}, full data)", AnnealedVI(model, k, **annealed)),
+             _annealed(f"NS-DAIS (K={k}, dynamics batch {batch_size})",
+                       AnnealedVI(model, k, dynamics_batch_size=batch_size, **annealed),
+                       joint=False),
+             _annealed(f"SL-DAIS (K={k}, RAND {surrogate.num_points})",
+                       AnnealedVI(model, k, surrogate=surrogate, **annealed))]
+  for m in methods:  # every annealed method starts from the same step size
+    if "chain" in m.params:
+      m.params = m.params | {"chain": dsgrad.annealing.init_chain_params(
+          len(m.params["chain"]["schedule_logits"]), d, step_size=args.eta_init,
+          eta_max=args.eta_max)}
+  print(f"{dataset}: N={n}, d={d}, test {test[0].shape[0]}, B={batch_size}, {steps} steps",
+        flush=True)
+  results = {}
+  for m in methods:
+    estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
+    for est_name, kind in estimators.items():
+      opt = optax.adam(_schedule(args.lr, steps))
+      if kind == "joint":
+        opt = optax.chain(dsgrad.joint_svrg(m.objective, every=max(1, n // batch_size),
+                                            chunk_size=n), opt)
+      t0 = time.perf_counter()
+      params, sps, curve = _train(m, opt, steps, batch_size, checkpoints,
+                                  jax.random.fold_in(key, 2), args.curve_samples)
+      value = m.elbo(params, jax.random.fold_in(key, 99), args.eval_samples)
+      draws = m.draws(params, jax.random.fold_in(key, 98), args.predictive_samples)
+      lpd = _test_log_predictive(*test, draws)
+      eta = (float(dsgrad.annealing.chain_settings(params["chain"], args.eta_max).step_size)
+             if "chain" in params else float("nan"))
+      results[(m.name, est_name)] = {"elbo": value, "test_lpd": lpd, "seconds_per_step": sps,
+                                     "curve": curve, "step_size": eta}
+      print(f"  {m.name + ', ' + est_name:<58} ELBO {value[0]:12.2f} ± {value[1]:.2f}  "
+            f"test lpd {lpd:.4f}  {1e3 * sps:8.3f} ms/step  "
+            f"({time.perf_counter() - t0:.0f} s)", flush=True)
+  if args.numpyro:
+    for name, r in _numpyro_runs((x, y), test, surrogate.points[...], args, steps, batch_size,
+                                 checkpoints, jax.random.fold_in(key, 3)).items():
+      results[(name, "NumPyro")] = r
+  return _table(dataset, n, d, test[0].shape[0], batch_size, checkpoints, results, args), results
+
+
+def _table(dataset, n, d, n_test, batch_size, checkpoints, results, args) -> str:
+  k = args.k
+  dais_ref = results.get((f"DAIS (K={k}, full data)", "naive"))
+  lines = [f"### {dataset} (N={n:,} train, {n_test:,} test, d={d}; B={batch_size}, "
+           f"{args.steps} steps)", "",
+           "| method | estimator | final ELBO (± se) | test log pred. density / datum | "
+           "ms / step | cost / step vs DAIS K=8 | learned step size |",
+           "|---|---|---|---|---|---|---|"]
+  for (name, est), r in results.items():
+    ratio = (f"{r['seconds_per_step'] / dais_ref['seconds_per_step']:.3f}x"
+             if dais_ref else "")
+    eta = "" if np.isnan(r["step_size"]) else f"{r['step_size']:.4f}"
+    lines.append(f"| {name} | {est} | {r['elbo'][0]:,.2f} (± {r['elbo'][1]:.2f}) | "
+                 f"{r['test_lpd']:.4f} | {1e3 * r['seconds_per_step']:.3f} | {ratio} | {eta} |")
+  lines += ["", f"ELBO ({args.curve_samples} samples each) after each share of the steps, "
+            "naive against joint SVRG:", "",
+            "| method | estimator | " + " | ".join(f"step {c}" for c in checkpoints) + " |",
+            "|---|---|" + "---|" * len(checkpoints)]
+  for (name, est), r in results.items():
+    lines.append(f"| {name} | {est} | " + " | ".join(f"{v:,.1f}" for v in r["curve"]) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench dais", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--datasets", default="synthetic,australian",
+                      help="comma-separated: synthetic, australian")
+  parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--batch-size", type=int, default=256)
+  parser.add_argument("--k", type=int, default=8, help="annealing steps of DAIS/NS-/SL-DAIS")
+  parser.add_argument("--surrogate-points", type=int, default=256)
+  parser.add_argument("--lr", type=float, default=1e-2)
+  parser.add_argument("--eta-max", type=float, default=0.25)
+  parser.add_argument("--eta-init", type=float, default=0.01)
+  parser.add_argument("--eval-samples", type=int, default=2000, help="for the final ELBO")
+  parser.add_argument("--curve-samples", type=int, default=200)
+  parser.add_argument("--curve-points", type=int, default=6)
+  parser.add_argument("--predictive-samples", type=int, default=1000)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--quick", action="store_true", help="5,000 synthetic rows (smoke run)")
+  parser.add_argument("--no-numpyro", dest="numpyro", action="store_false")
+  parser.add_argument("--no-autodais", dest="autodais", action="store_false",
+                      help="skip NumPyro's full-data AutoDAIS (the slowest run)")
+  parser.add_argument("--no-write", dest="write", action="store_false")
+  args = parser.parse_args(argv)
+  t_start = time.perf_counter()
+  sections = []
+  for dataset in args.datasets.split(","):
+    table, _ = run_dataset(dataset.strip(), args)
+    print(table, flush=True)
+    sections.append(table)
+  command = "python -m dsgrad.bench dais" + ("" if argv is None else " " + " ".join(argv))
+  body = (f"`{command}` ({time.perf_counter() - t_start:.0f} s). {_report.environment()}\n\n"
+          + "\n\n".join(sections) + "\n")
+  if args.write and not args.quick:
+    _report.write_section("dais", body)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
