@@ -173,7 +173,8 @@ def test_long_chains_have_finite_gradients_and_sl_dais_estimators_apply():
   grads = jax.jit(lambda p: objective.grad(p, indices, noise, validate=False))(params)
   leaves = jax.tree.leaves(grads)
   assert all(np.all(np.isfinite(g)) for g in leaves)
-  for name in ("step_size_raw", "refresh_raw", "schedule_logits", "log_mass"):
+  for name in ("step_size_raw", "step_size_slope", "refresh_raw", "schedule_logits",
+               "log_mass"):
     assert np.any(np.asarray(grads["chain"][name]) != 0), name
   assert np.any(np.asarray(grads["surrogate"]["log_weights"]) != 0)
   # The joint control variate runs on SL-DAIS through linearize() (a short chain).

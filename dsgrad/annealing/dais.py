@@ -38,7 +38,7 @@ class ChainSettings(NamedTuple):
   """The chain's constrained settings, from :func:`chain_settings`.
 
   Attributes:
-    step_size: ``eta`` in ``(0, eta_max)``.
+    step_size: ``(K,)`` step sizes ``eta_k = clip(eta + kappa beta_k, 0, eta_max)``.
     refresh: ``gamma`` in ``(0, 1)``, the momentum kept at each refreshment.
     betas: ``(K + 1,)`` inverse temperatures, increasing from 0 to 1.
     mass: ``(d,)`` positive diagonal mass matrix ``M``.
@@ -52,8 +52,10 @@ class ChainSettings(NamedTuple):
 
 def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
                       eta_max: float = 0.25, refresh: float = 0.9) -> dict:
-  """Unconstrained chain parameters: ``eta = eta_max sigmoid(raw)``, ``gamma =
-  sigmoid(raw)``, schedule logits (zero: linear), ``log`` of a unit mass.
+  """Unconstrained chain parameters: ``eta = eta_max sigmoid(raw)`` and a slope ``kappa``
+  (zero) for the step sizes ``eta_k = clip(eta + kappa beta_k, 0, eta_max)`` (the paper's
+  App. A.6 parameterization, as NumPyro's ``AutoDAIS``), ``gamma = sigmoid(raw)``,
+  schedule logits (zero: linear), ``log`` of a unit mass.
 
   Raises:
     ValueError: ``num_steps < 0``, ``eta_max <= 0``, a step size outside
@@ -69,16 +71,20 @@ def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
     raise ValueError(f"refresh (gamma) must lie in (0, 1), got {refresh}")
   logit = lambda p: math.log(p / (1 - p))  # noqa: E731
   return {"step_size_raw": jnp.asarray(logit(step_size / eta_max), jnp.float32),
+          "step_size_slope": jnp.zeros((), jnp.float32),
           "refresh_raw": jnp.asarray(logit(refresh), jnp.float32),
           "schedule_logits": jnp.zeros((num_steps,), jnp.float32),
           "log_mass": jnp.zeros((dim,), jnp.float32)}
 
 
 def chain_settings(chain_params: dict, eta_max: float) -> ChainSettings:
-  """Constrained :class:`ChainSettings` from :func:`init_chain_params`-shaped params."""
-  return ChainSettings(eta_max * jax.nn.sigmoid(chain_params["step_size_raw"]),
-                       jax.nn.sigmoid(chain_params["refresh_raw"]),
-                       schedule_from_logits(chain_params["schedule_logits"]),
+  """Constrained :class:`ChainSettings` from :func:`init_chain_params`-shaped params
+  (params without ``step_size_slope`` have a constant step size)."""
+  betas = schedule_from_logits(chain_params["schedule_logits"])
+  eta = eta_max * jax.nn.sigmoid(chain_params["step_size_raw"])
+  slope = chain_params.get("step_size_slope", jnp.zeros((), eta.dtype))
+  return ChainSettings(jnp.clip(eta + slope * betas[1:], 0.0, eta_max),
+                       jax.nn.sigmoid(chain_params["refresh_raw"]), betas,
                        jnp.exp(chain_params["log_mass"]))
 
 
@@ -118,7 +124,8 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
   if settings.betas.shape != (k + 1,):
     raise ValueError(f"the schedule has {settings.betas.shape[0]} temperatures for K = {k} "
                      f"steps; it needs K + 1")
-  eta, gamma, mass = settings.step_size, settings.refresh, settings.mass
+  step_sizes = jnp.broadcast_to(settings.step_size, (k,))
+  gamma, mass = settings.refresh, settings.mass
   sqrt_mass = jnp.sqrt(mass)
   zero, log_sqrt_mass = jnp.zeros_like(mass), 0.5 * jnp.log(mass)
   momentum_log_prob = lambda v: gaussian_log_prob(v, zero, log_sqrt_mass)  # noqa: E731
@@ -130,7 +137,7 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
 
   def step(carry, inputs):
     z, v = carry
-    beta, refresh_noise = inputs
+    beta, eta, refresh_noise = inputs
     z_half = z + 0.5 * eta * v / mass
     v_hat = v + eta * (beta * grad_guide(z_half) + (1 - beta) * grad_base(z_half))
     z = z_half + 0.5 * eta * v_hat / mass
@@ -141,7 +148,7 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
   v0 = sqrt_mass * momentum_noise[0]
   refresh = jnp.concatenate([momentum_noise[1:], jnp.zeros_like(momentum_noise[:1])])
   (z_k, _), (zs, kinetic) = jax.lax.scan(step, (base_sample, v0),
-                                         (settings.betas[1:], refresh))
+                                         (settings.betas[1:], step_sizes, refresh))
   out = log_w0 + target(z_k) + jnp.sum(kinetic)
   if return_path:
     return out, DaisPath(jnp.concatenate([base_sample[None], zs]), kinetic)

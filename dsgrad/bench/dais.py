@@ -8,8 +8,10 @@ its dynamics batch is discrete noise, for which ``linearize`` has no control var
 and SL-DAIS (K = 8, RAND surrogate of 256 points). NumPyro runs the same model, prior,
 initialization, optimizer, schedule, batch size, K, ``eta_max`` and surrogate points.
 
-Reported per method: the final full-data ELBO (Monte Carlo, with its standard error),
-the test log predictive density per test datum, and the training wall-clock per step
+Every method runs for ``--seeds`` seeds (the optimization's noise and the RAND points;
+the data are fixed). Reported per method: the final full-data ELBO (Monte Carlo, mean
+over seeds with its standard error, and the worst seed), the test log predictive density
+per test datum, and the training wall-clock per step
 (compiled ``lax.scan`` segments for both libraries; compilation and evaluation excluded),
 plus ELBO-vs-step checkpoints for the joint-versus-naive question.
 
@@ -17,7 +19,7 @@ Why joint SVRG and not joint SAGA here: every DAIS objective shares one chain dr
 across the batch, so a SAGA table of per-datum parameters would need one chain per datum
 of the batch (``B`` chains per step); SVRG's single snapshot needs one.
 
-Data: a seeded synthetic set (``dsgrad.models.synthetic_logistic_data(key(seed), 60,000,
+Data: a seeded synthetic set (``dsgrad.models.synthetic_logistic_data(key(0), 60,000,
 20)``: 19 standard normal features plus an intercept, weight ``N(0, I)``, Bernoulli
 labels; the first 50,000 rows train, the last 10,000 test) and the Australian credit
 data embedded in ``shared/data`` (80/20 seeded split, standardized, with intercept).
@@ -190,23 +192,42 @@ def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkp
         jax.random.fold_in(key, 98), subsample_size=None)["w"]
     out[name] = {"elbo": value, "test_lpd": _test_log_predictive(*test, draws),
                  "seconds_per_step": wall / steps, "curve": curve,
-                 "step_size": float(params.get("auto_eta0", float("nan")))}
+                 "step_size": _numpyro_mean_step_size(params, args.eta_max)}
     print(f"  {name:<58} ELBO {value[0]:12.2f} ± {value[1]:.2f}  test lpd "
           f"{out[name]['test_lpd']:.4f}  {1e3 * wall / steps:8.3f} ms/step", flush=True)
   return out
 
 
+def _numpyro_mean_step_size(params, eta_max) -> float:
+  """Mean over the chain of AutoDAIS's ``clip(eta0 + eta_coeff beta_k, 0, eta_max)``."""
+  betas = jnp.cumsum(params["auto_beta_increments"])
+  betas = betas / betas[-1]
+  eta = jnp.clip(params["auto_eta0"] + params["auto_eta_coeff"] * betas, 0.0, eta_max)
+  return float(jnp.mean(eta))
+
+
 # -------------------------------------------------------------------------------- main
 def run_dataset(dataset: str, args) -> tuple[str, dict]:
-  (x, y), test = _data(dataset, args.seed, args.quick)
+  """Every method on ``dataset`` for each seed; returns the markdown table and results."""
+  (x, y), test = _data(dataset, 0, args.quick)  # the data and split are fixed
   model = logistic_regression(x, y)
   n, d = model.num_data, model.latent_dim
   batch_size = min(args.batch_size, n)
-  steps = args.steps
+  print(f"{dataset}: N={n}, d={d}, test {test[0].shape[0]}, B={batch_size}, {args.steps} "
+        f"steps, seeds {args.seeds}", flush=True)
+  results = {}
+  for seed in range(args.seeds):
+    for name, r in _run_seed(model, (x, y), test, batch_size, seed, args).items():
+      results.setdefault(name, []).append(r)
+  return _table(dataset, n, d, test[0].shape[0], batch_size, results, args), results
+
+
+def _run_seed(model, train, test, batch_size, seed, args) -> dict:
+  """One seed (optimization noise and surrogate points): every method, both estimators."""
+  n, d, k, steps = model.num_data, model.latent_dim, args.k, args.steps
   checkpoints = [int(round(steps * (i + 1) / args.curve_points)) for i in range(args.curve_points)]
-  key = jax.random.key(args.seed)
+  key = jax.random.key(seed)
   surrogate = rand_surrogate(model, min(args.surrogate_points, n), jax.random.fold_in(key, 1))
-  k = args.k
   annealed = dict(eta_max=args.eta_max)
   methods = [_bbvi("mean-field BBVI", MeanFieldGaussian, model),
              _bbvi("full-rank BBVI", FullRankGaussian, model),
@@ -222,8 +243,6 @@ def run_dataset(dataset: str, args) -> tuple[str, dict]:
       m.params = m.params | {"chain": dsgrad.annealing.init_chain_params(
           len(m.params["chain"]["schedule_logits"]), d, step_size=args.eta_init,
           eta_max=args.eta_max)}
-  print(f"{dataset}: N={n}, d={d}, test {test[0].shape[0]}, B={batch_size}, {steps} steps",
-        flush=True)
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
@@ -238,40 +257,55 @@ def run_dataset(dataset: str, args) -> tuple[str, dict]:
       value = m.elbo(params, jax.random.fold_in(key, 99), args.eval_samples)
       draws = m.draws(params, jax.random.fold_in(key, 98), args.predictive_samples)
       lpd = _test_log_predictive(*test, draws)
-      eta = (float(dsgrad.annealing.chain_settings(params["chain"], args.eta_max).step_size)
+      eta = (float(jnp.mean(dsgrad.annealing.chain_settings(params["chain"],
+                                                            args.eta_max).step_size))
              if "chain" in params else float("nan"))
       results[(m.name, est_name)] = {"elbo": value, "test_lpd": lpd, "seconds_per_step": sps,
                                      "curve": curve, "step_size": eta}
-      print(f"  {m.name + ', ' + est_name:<58} ELBO {value[0]:12.2f} ± {value[1]:.2f}  "
-            f"test lpd {lpd:.4f}  {1e3 * sps:8.3f} ms/step  "
+      print(f"  seed {seed} {m.name + ', ' + est_name:<52} ELBO {value[0]:12.2f} ± "
+            f"{value[1]:.2f}  test lpd {lpd:.4f}  {1e3 * sps:8.3f} ms/step  "
             f"({time.perf_counter() - t0:.0f} s)", flush=True)
   if args.numpyro:
-    for name, r in _numpyro_runs((x, y), test, surrogate.points[...], args, steps, batch_size,
+    for name, r in _numpyro_runs(train, test, surrogate.points[...], args, steps, batch_size,
                                  checkpoints, jax.random.fold_in(key, 3)).items():
       results[(name, "NumPyro")] = r
-  return _table(dataset, n, d, test[0].shape[0], batch_size, checkpoints, results, args), results
+  return results
 
 
-def _table(dataset, n, d, n_test, batch_size, checkpoints, results, args) -> str:
+def _mean_se(values):
+  v = np.asarray(values, np.float64)
+  return v.mean(), (v.std(ddof=1) / np.sqrt(v.size) if v.size > 1 else float("nan"))
+
+
+def _table(dataset, n, d, n_test, batch_size, results, args) -> str:
   k = args.k
   dais_ref = results.get((f"DAIS (K={k}, full data)", "naive"))
+  ref_time = np.median([r["seconds_per_step"] for r in dais_ref]) if dais_ref else None
   lines = [f"### {dataset} (N={n:,} train, {n_test:,} test, d={d}; B={batch_size}, "
-           f"{args.steps} steps)", "",
-           "| method | estimator | final ELBO (± se) | test log pred. density / datum | "
-           "ms / step | cost / step vs DAIS K=8 | learned step size |",
-           "|---|---|---|---|---|---|---|"]
-  for (name, est), r in results.items():
-    ratio = (f"{r['seconds_per_step'] / dais_ref['seconds_per_step']:.3f}x"
-             if dais_ref else "")
-    eta = "" if np.isnan(r["step_size"]) else f"{r['step_size']:.4f}"
-    lines.append(f"| {name} | {est} | {r['elbo'][0]:,.2f} (± {r['elbo'][1]:.2f}) | "
-                 f"{r['test_lpd']:.4f} | {1e3 * r['seconds_per_step']:.3f} | {ratio} | {eta} |")
-  lines += ["", f"ELBO ({args.curve_samples} samples each) after each share of the steps, "
-            "naive against joint SVRG:", "",
+           f"{args.steps} steps, {args.seeds} seeds)", "",
+           "| method | estimator | final ELBO, mean over seeds (± se) | worst seed | "
+           "test log pred. density / datum | ms / step (median) | cost / step vs DAIS "
+           f"K={k} | learned step size (mean over the chain) |", "|---|---|---|---|---|---|---|---|"]
+  for (name, est), runs in results.items():
+    elbo, elbo_se = _mean_se([r["elbo"][0] for r in runs])
+    worst = min(r["elbo"][0] for r in runs)
+    lpd = np.mean([r["test_lpd"] for r in runs])
+    sps = np.median([r["seconds_per_step"] for r in runs])
+    ratio = f"{sps / ref_time:.3f}x" if ref_time else ""
+    eta = np.mean([r["step_size"] for r in runs])
+    eta = "" if np.isnan(eta) else f"{eta:.4f}"
+    se = "" if np.isnan(elbo_se) else f" (± {elbo_se:.2f})"
+    lines.append(f"| {name} | {est} | {elbo:,.2f}{se} | {worst:,.2f} | {lpd:.4f} | "
+                 f"{1e3 * sps:.3f} | {ratio} | {eta} |")
+  checkpoints = [int(round(args.steps * (i + 1) / args.curve_points))
+                 for i in range(args.curve_points)]
+  lines += ["", f"Mean ELBO over seeds ({args.curve_samples} samples each) after each share "
+            "of the steps:", "",
             "| method | estimator | " + " | ".join(f"step {c}" for c in checkpoints) + " |",
             "|---|---|" + "---|" * len(checkpoints)]
-  for (name, est), r in results.items():
-    lines.append(f"| {name} | {est} | " + " | ".join(f"{v:,.1f}" for v in r["curve"]) + " |")
+  for (name, est), runs in results.items():
+    curve = np.mean([r["curve"] for r in runs], axis=0)
+    lines.append(f"| {name} | {est} | " + " | ".join(f"{v:,.1f}" for v in curve) + " |")
   return "\n".join(lines)
 
 
@@ -290,7 +324,8 @@ def main(argv=None) -> int:
   parser.add_argument("--curve-samples", type=int, default=200)
   parser.add_argument("--curve-points", type=int, default=6)
   parser.add_argument("--predictive-samples", type=int, default=1000)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seeds", type=int, default=3,
+                      help="optimization seeds per method (also the RAND surrogate points)")
   parser.add_argument("--quick", action="store_true", help="5,000 synthetic rows (smoke run)")
   parser.add_argument("--no-numpyro", dest="numpyro", action="store_false")
   parser.add_argument("--no-autodais", dest="autodais", action="store_false",
