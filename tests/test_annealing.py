@@ -124,8 +124,8 @@ def test_ns_dais_is_dais_on_the_whole_data_and_a_looser_bound_on_a_mini_batch():
   np.testing.assert_allclose(-ns.objective().value(params, jnp.arange(N), noise),
                              ns.log_weight(params, noise), rtol=1e-5)
   # Five-datum dynamics: still a bound on log Z, and looser than full-data DAIS.
-  m_ns, se_ns = ns.elbo(params, jax.random.key(9), 3000)
-  m_dais, se_dais = dais_vi.elbo(params, jax.random.key(9), 3000)
+  m_ns, se_ns = ns.elbo(params, jax.random.key(9), 1000)
+  m_dais, se_dais = dais_vi.elbo(params, jax.random.key(9), 1000)
   assert m_ns < log_z + Z * se_ns, (m_ns, log_z)
   assert m_ns < m_dais - Z * np.hypot(se_ns, se_dais), (m_ns, m_dais)
 

@@ -153,9 +153,11 @@ def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkp
 
   common = dict(K=args.k, eta_init=args.eta_init, eta_max=args.eta_max, gamma_init=0.9,
                 init_loc_fn=init_to_value(values={"w": jnp.zeros(d)}), init_scale=INIT_SCALE)
-  guides = {f"NumPyro AutoSurrogateLikelihoodDAIS (K={args.k}, RAND {n_surr})":
-            (AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common), batch_size)}
-  if args.autodais:
+  guides = {}
+  if _selected("NumPyro AutoSurrogateLikelihoodDAIS", args.only):
+    guides[f"NumPyro AutoSurrogateLikelihoodDAIS (K={args.k}, RAND {n_surr})"] = (
+        AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common), batch_size)
+  if args.autodais and _selected("NumPyro AutoDAIS", args.only):
     guides[f"NumPyro AutoDAIS (K={args.k}, full data)"] = (AutoDAIS(model, **common), None)
   out = {}
   for name, (guide, sub) in guides.items():
@@ -247,6 +249,8 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
     for est_name, kind in estimators.items():
+      if not _selected(f"{m.name}, {est_name}", args.only):
+        continue
       opt = optax.adam(_schedule(args.lr, steps))
       if kind == "joint":
         opt = optax.chain(dsgrad.joint_svrg(m.objective, every=max(1, n // batch_size),
@@ -265,11 +269,17 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
       print(f"  seed {seed} {m.name + ', ' + est_name:<52} ELBO {value[0]:12.2f} ± "
             f"{value[1]:.2f}  test lpd {lpd:.4f}  {1e3 * sps:8.3f} ms/step  "
             f"({time.perf_counter() - t0:.0f} s)", flush=True)
-  if args.numpyro:
+  if args.numpyro and (_selected("NumPyro AutoSurrogateLikelihoodDAIS", args.only)
+                       or (args.autodais and _selected("NumPyro AutoDAIS", args.only))):
     for name, r in _numpyro_runs(train, test, surrogate.points[...], args, steps, batch_size,
                                  checkpoints, jax.random.fold_in(key, 3)).items():
       results[(name, "NumPyro")] = r
   return results
+
+
+def _selected(label: str, only: str | None) -> bool:
+  """Whether a run labelled ``"method, estimator"`` is among ``--only``'s substrings."""
+  return only is None or any(part.strip() and part.strip() in label for part in only.split(";"))
 
 
 def _mean_se(values):
@@ -330,6 +340,11 @@ def main(argv=None) -> int:
   parser.add_argument("--no-numpyro", dest="numpyro", action="store_false")
   parser.add_argument("--no-autodais", dest="autodais", action="store_false",
                       help="skip NumPyro's full-data AutoDAIS (the slowest run)")
+  parser.add_argument("--only", default=None,
+                      help="';'-separated substrings of 'method, estimator' labels to run "
+                           "(e.g. 'SL-DAIS;DAIS (K=2, full data), naive;NumPyro AutoSurr')")
+  parser.add_argument("--section", default="dais",
+                      help="docs/benchmarks.md section to write (default: dais)")
   parser.add_argument("--no-write", dest="write", action="store_false")
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
@@ -342,7 +357,7 @@ def main(argv=None) -> int:
   body = (f"`{command}` ({time.perf_counter() - t_start:.0f} s). {_report.environment()}\n\n"
           + "\n\n".join(sections) + "\n")
   if args.write and not args.quick:
-    _report.write_section("dais", body)
+    _report.write_section(args.section, body)
   return 0
 
 
