@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 
 import jax
@@ -353,8 +354,15 @@ def main(argv=None) -> int:
     table, _ = run_dataset(dataset.strip(), args)
     print(table, flush=True)
     sections.append(table)
-  command = "python -m dsgrad.bench dais" + ("" if argv is None else " " + " ".join(argv))
-  body = (f"`{command}` ({time.perf_counter() - t_start:.0f} s). {_report.environment()}\n\n"
+  argv = sys.argv[1:] if argv is None else argv
+  command = " ".join(["python -m dsgrad.bench dais", *argv])
+  try:
+    import numpyro
+    numpyro_version = f"numpyro {numpyro.__version__}"
+  except ImportError:
+    numpyro_version = "numpyro not installed"
+  body = (f"`{command}` ({time.perf_counter() - t_start:.0f} s). {_report.environment()}, "
+          f"{numpyro_version}\n\n"
           + "\n\n".join(sections) + "\n")
   if args.write and not args.quick:
     _report.write_section(args.section, body)
