@@ -230,3 +230,49 @@ def test_bad_input():
   noise = ns.sample_noise(jax.random.key(0), 4)
   with pytest.raises(TypeError, match="discrete"):
     dsgrad.approx.linearize().grad_and_expected(ns, params, jnp.arange(4), noise)
+
+
+def test_model_parameters_are_learned_through_the_bound():
+  model, _, post_mean, post_cov = _regression()
+  # The same data as _regression(), now with the noise scale sigma a model parameter.
+  kx, kz, ke = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, (N, D))
+  y = x @ jax.random.normal(kz, (D,)) + SIGMA * jax.random.normal(ke, (N,))
+
+  def model_at(theta):
+    sigma = jnp.exp(theta["log_sigma"])
+
+    def log_likelihood(z, indices):
+      r = y[indices] - x[indices] @ z
+      return -0.5 * r ** 2 / sigma ** 2 - jnp.log(sigma) - 0.5 * jnp.log(2 * jnp.pi)
+
+    return Model(model.log_prior, log_likelihood, N, D, name="linreg(sigma)")
+
+  def exact_log_z(sigma):
+    xn, yn = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    cov = xn @ xn.T + sigma ** 2 * np.eye(N)
+    return stats.multivariate_normal(np.zeros(N), cov).logpdf(yn)
+
+  theta0 = {"log_sigma": jnp.log(jnp.float32(1.3))}
+  vi = AnnealedVI(model_at, 6, model_params=theta0)
+  params = _params(vi, post_mean, post_cov)
+  assert set(params["model"]) == {"log_sigma"}
+  # The bound is below log p_theta(D) at another theta too.
+  for log_sigma in (np.log(1.3), np.log(0.6)):
+    p = params | {"model": {"log_sigma": jnp.float32(log_sigma)}}
+    m, se = vi.elbo(p, jax.random.key(12), 1000)
+    assert m < exact_log_z(np.exp(log_sigma)) + Z * se, (log_sigma, m)
+  # The gradient in theta at fixed noise matches central differences of the log weight.
+  noise = vi.noise_fn(jax.random.key(13), 1)
+
+  def log_w(log_sigma):
+    return vi.log_weight(params | {"model": {"log_sigma": log_sigma}}, noise)
+
+  t, h = jnp.float32(np.log(1.3)), 1e-2
+  fd = (float(log_w(t + h)) - float(log_w(t - h))) / (2 * h)
+  np.testing.assert_allclose(float(jax.grad(log_w)(t)), fd, rtol=2e-2)
+  objective = vi.objective()
+  g = objective.grad(params, jnp.arange(8), objective.sample_noise(jax.random.key(14), 8))
+  assert np.isfinite(float(g["model"]["log_sigma"])) and float(g["model"]["log_sigma"]) != 0
+  with pytest.raises(ValueError, match="theta -> Model"):
+    AnnealedVI(model, 2, model_params=theta0)

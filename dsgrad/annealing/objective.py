@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,34 +45,52 @@ class AnnealedVI:
 
   * DAIS (default): the full log likelihood, ``O(K N)`` per step;
   * NS-DAIS (``dynamics_batch_size=B_dyn``): an unbiased mini-batch estimate
-    ``(N / B_dyn) sum_{i in I} log p(x_i | z)`` with one batch ``I`` per chain draw (uniform
-    with replacement), drawn independently of the objective's batch (Alg. 2's ``I`` and ``J``), ``O(K B_dyn)``;
-    the paper's naive baseline;
+    ``(N / B_dyn) sum_{i in I} log p(x_i | z)`` with one batch ``I`` per chain draw
+    (uniform with replacement), drawn independently of the objective's batch (Alg. 2's
+    ``I`` and ``J``), ``O(K B_dyn)``; the paper's naive baseline;
   * SL-DAIS (``surrogate=...``): a surrogate log likelihood, ``O(K N_surr)`` (Alg. 1).
 
   In all three the data enter the bound through the per-datum final term, so the
   objective's mean over a batch is an unbiased estimate of the log weight.
 
+  Model learning: pass ``model`` as a function ``theta -> Model`` and the initial
+  ``model_params`` ``theta`` (any pytree). ``theta`` then sits in ``params["model"]`` and is
+  learned with the rest, through the prior, the dynamics and the final term (a bound on
+  ``log p_theta(D)``). A surrogate keeps the likelihood of the model it was built from.
+
   Attributes:
-    model: the model (log prior, per-datum log likelihood).
+    model: the model (log prior, per-datum log likelihood), or ``theta -> Model`` with
+      ``model_params``.
     num_steps: ``K >= 0`` annealing steps (``K = 0``: plain BBVI with the base).
     surrogate: a :class:`~dsgrad.annealing.SurrogateLikelihood` module (or its
       :class:`Surrogate` functional view) for SL-DAIS, or ``None``.
     base: ``"meanfield"`` or ``"fullrank"`` Gaussian ``q0``
       (:class:`dsgrad.families.MeanFieldGaussian` / :class:`~dsgrad.families.FullRankGaussian`,
       whose parameter dicts ``params["base"]`` holds).
-    eta_max: upper bound of the learnable leapfrog step size.
+    eta_max: upper bound of the learnable leapfrog step sizes.
     dynamics_batch_size: NS-DAIS's ``B_dyn`` (``None``: not NS-DAIS).
+    model_params: initial model parameters ``theta`` when ``model`` is ``theta -> Model``.
   """
 
-  model: Model
+  model: Model | Callable[..., Model]
   num_steps: int
   surrogate: SurrogateLikelihood | Surrogate | None = None
   base: str = "meanfield"
   eta_max: float = 0.25
   dynamics_batch_size: int | None = None
+  model_params: Any = None
 
   def __post_init__(self):
+    if self.model_params is not None:
+      if isinstance(self.model, Model) or not callable(self.model):
+        raise ValueError("with model_params, model must be a function theta -> Model")
+      template = self.model(self.model_params)
+    else:
+      template = self.model
+    if not isinstance(template, Model):
+      raise TypeError(f"model must be a dsgrad.models.Model (or, with model_params, a "
+                      f"function returning one), got {type(template).__name__}")
+    object.__setattr__(self, "_template", template)
     if self.num_steps < 0:
       raise ValueError(f"the number of annealing steps K must be >= 0, got {self.num_steps}")
     if not self.eta_max > 0:
@@ -80,16 +98,16 @@ class AnnealedVI:
     if self.base not in ("meanfield", "fullrank"):
       raise ValueError(f"base must be 'meanfield' or 'fullrank', got {self.base!r}")
     object.__setattr__(self, "_surrogate", as_surrogate(self.surrogate))
-    if self._surrogate is not None and self._surrogate.latent_dim != self.model.latent_dim:
+    if self._surrogate is not None and self._surrogate.latent_dim != template.latent_dim:
       raise ValueError(f"the surrogate {self._surrogate.name} reads a latent of dimension "
                        f"{self._surrogate.latent_dim} but the model's is "
-                       f"{self.model.latent_dim}")
+                       f"{template.latent_dim}")
     if self.dynamics_batch_size is not None:
       if self._surrogate is not None:
         raise ValueError("choose a surrogate (SL-DAIS) or dynamics_batch_size (NS-DAIS), "
                          "not both")
-      if not 1 <= self.dynamics_batch_size <= self.model.num_data:
-        raise ValueError(f"dynamics_batch_size must lie in [1, N={self.model.num_data}], "
+      if not 1 <= self.dynamics_batch_size <= template.num_data:
+        raise ValueError(f"dynamics_batch_size must lie in [1, N={template.num_data}], "
                          f"got {self.dynamics_batch_size}")
 
   @property
@@ -106,36 +124,42 @@ class AnnealedVI:
 
   def init_params(self, *, loc=0.0, log_scale: float = -1.0, step_size: float = 0.01,
                   refresh: float = 0.9) -> dict:
-    """``{"base": ..., "chain": ..., "surrogate": ...}`` (the last empty without one).
+    """``{"base": ..., "chain": ..., "surrogate": ..., "model": ...}`` (surrogate and model
+    empty when not used).
 
     Raises:
       ValueError: ``step_size`` outside ``(0, eta_max)`` or ``refresh`` outside ``(0, 1)``.
     """
-    d = self.model.latent_dim
+    d = self._template.latent_dim
     base = _FAMILIES[self.base](d, loc=loc, log_scale=log_scale).params()
     chain = dais.init_chain_params(self.num_steps, d, step_size=step_size,
                                    eta_max=self.eta_max, refresh=refresh)
     surrogate = self._surrogate.init_params() if self._surrogate is not None else {}
-    return {"base": base, "chain": chain, "surrogate": surrogate}
+    theta = {} if self.model_params is None else jax.tree.map(jnp.asarray, self.model_params)
+    return {"base": base, "chain": chain, "surrogate": surrogate, "model": theta}
+
+  def model_at(self, params) -> Model:
+    """The model at ``params["model"]`` (the fixed model without model learning)."""
+    return self._template if self.model_params is None else self.model(params["model"])
 
   def noise_fn(self, key, batch_size: int) -> dict:
     """One shared chain draw: ``eps0 (d,)``, ``momentum (K, d)`` and, for NS-DAIS, the
     dynamics' mini-batch ``dynamics_indices (B_dyn,)`` (uniform, with replacement)."""
     del batch_size
     k0, k1, k2 = jax.random.split(key, 3)
-    d = self.model.latent_dim
+    d = self._template.latent_dim
     noise = {"eps0": jax.random.normal(k0, (d,)),
              "momentum": jax.random.normal(k1, (self.num_steps, d))}
     if self.dynamics_batch_size is not None:
       # With replacement: O(B_dyn) per draw (without replacement costs a sort of all N).
       noise["dynamics_indices"] = jax.random.randint(
-          k2, (self.dynamics_batch_size,), 0, self.model.num_data, dtype=jnp.int32)
+          k2, (self.dynamics_batch_size,), 0, self._template.num_data, dtype=jnp.int32)
     return noise
 
   def guide(self, params, noise=None) -> Callable:
     """``z -> log guide(z)``: the prior times the full likelihood (DAIS), its mini-batch
     estimate on ``noise["dynamics_indices"]`` (NS-DAIS) or the surrogate (SL-DAIS)."""
-    model = self.model
+    model = self.model_at(params)
     if self._surrogate is not None:
       return lambda z: model.log_prior(z) + self._surrogate.log_likelihood(params["surrogate"], z)
     if self.dynamics_batch_size is not None:
@@ -153,7 +177,8 @@ class AnnealedVI:
     base_log_prob = lambda z: family.log_prob_at(params["base"], z)  # noqa: E731
     settings = dais.chain_settings(params["chain"], self.eta_max)
     # The target at z_K is the prior here; the likelihood part is added per datum.
-    shared, path = dais.dais_log_weight(self.guide(params, noise), self.model.log_prior, z0,
+    shared, path = dais.dais_log_weight(self.guide(params, noise),
+                                        self.model_at(params).log_prior, z0,
                                         base_log_prob, noise["momentum"], settings,
                                         return_path=True)
     z_k = path.z[-1]
@@ -161,19 +186,19 @@ class AnnealedVI:
 
   def objective(self) -> Objective:
     """The per-datum objective (shared chain noise; see the module docstring)."""
-    n = self.model.num_data
+    n = self._template.num_data
 
     def loss_fn(params, indices, noise):
       z_k, shared = self.chain(params, noise)
-      return -(n * self.model.log_likelihood(z_k, indices) + shared)
+      return -(n * self.model_at(params).log_likelihood(z_k, indices) + shared)
 
     return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name)
 
   def log_weight(self, params, noise) -> jax.Array:
     """The full-data ``log w`` of one chain draw (its mean over draws is the ELBO)."""
     z_k, shared = self.chain(params, noise)
-    everything = jnp.arange(self.model.num_data, dtype=jnp.int32)
-    return shared + jnp.sum(self.model.log_likelihood(z_k, everything))
+    everything = jnp.arange(self._template.num_data, dtype=jnp.int32)
+    return shared + jnp.sum(self.model_at(params).log_likelihood(z_k, everything))
 
   def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):
     """The full-data ELBO ``E[log w]`` by Monte Carlo: ``(estimate, standard error)``.
