@@ -181,12 +181,13 @@ def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
   pilot_latents = jnp.asarray(pilot_latents, jnp.float32)
   if pilot_latents.ndim != 2 or pilot_latents.shape[1] != d:
     raise ValueError(f"pilot_latents must have shape (S, {d}), got {pilot_latents.shape}")
-  sensitivity = jnp.zeros((n,), jnp.float32)
-  abs_log_lik = jax.jit(jax.vmap(lambda z, idx: jnp.abs(model.log_likelihood(z, idx)),
-                                 in_axes=(0, None)))
-  for start in range(0, n, chunk_size):
-    idx = jnp.arange(start, min(start + chunk_size, n), dtype=jnp.int32)
-    sensitivity = sensitivity.at[idx].set(jnp.max(abs_log_lik(pilot_latents, idx), axis=0))
+
+  def datum_sensitivity(index):  # lax.map vmaps this over chunks of chunk_size data
+    values = jax.vmap(lambda z: model.log_likelihood(z, index[None])[0])(pilot_latents)
+    return jnp.max(jnp.abs(values))
+
+  sensitivity = jax.lax.map(datum_sensitivity, jnp.arange(n, dtype=jnp.int32),
+                            batch_size=min(chunk_size, n))
   if not bool(jnp.all(jnp.isfinite(sensitivity))):
     raise ValueError("the log likelihood is not finite at the pilot latents")
   total = jnp.sum(sensitivity)

@@ -102,8 +102,8 @@ def _bbvi(name, family_cls, model):
   return _Method(name, objective, family.params(), elbo, draws)
 
 
-def _annealed(name, vi: AnnealedVI, joint=True):
-  params = vi.init_params(loc=0.0, log_scale=math.log(INIT_SCALE))
+def _annealed(name, vi: AnnealedVI, step_size: float, joint=True):
+  params = vi.init_params(loc=0.0, log_scale=math.log(INIT_SCALE), step_size=step_size)
   return _Method(name, vi.objective(), params, vi.elbo,
                  lambda p, key, num: jax.jit(lambda q: vi.sample_posterior(q, key, num))(p),
                  joint)
@@ -227,25 +227,21 @@ def run_dataset(dataset: str, args) -> tuple[str, dict]:
 
 def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   """One seed (optimization noise and surrogate points): every method, both estimators."""
-  n, d, k, steps = model.num_data, model.latent_dim, args.k, args.steps
-  checkpoints = [int(round(steps * (i + 1) / args.curve_points)) for i in range(args.curve_points)]
+  n, k, steps = model.num_data, args.k, args.steps
+  checkpoints = _checkpoints(args)
   key = jax.random.key(seed)
   surrogate = rand_surrogate(model, min(args.surrogate_points, n), jax.random.fold_in(key, 1))
   annealed = dict(eta_max=args.eta_max)
+  eta = args.eta_init  # every annealed method starts from the same step size
   methods = [_bbvi("mean-field BBVI", MeanFieldGaussian, model),
              _bbvi("full-rank BBVI", FullRankGaussian, model),
-             _annealed("DAIS (K=2, full data)", AnnealedVI(model, 2, **annealed)),
-             _annealed(f"DAIS (K={k}, full data)", AnnealedVI(model, k, **annealed)),
+             _annealed("DAIS (K=2, full data)", AnnealedVI(model, 2, **annealed), eta),
+             _annealed(f"DAIS (K={k}, full data)", AnnealedVI(model, k, **annealed), eta),
              _annealed(f"NS-DAIS (K={k}, dynamics batch {batch_size})",
-                       AnnealedVI(model, k, dynamics_batch_size=batch_size, **annealed),
+                       AnnealedVI(model, k, dynamics_batch_size=batch_size, **annealed), eta,
                        joint=False),
              _annealed(f"SL-DAIS (K={k}, RAND {surrogate.num_points})",
-                       AnnealedVI(model, k, surrogate=surrogate, **annealed))]
-  for m in methods:  # every annealed method starts from the same step size
-    if "chain" in m.params:
-      m.params = m.params | {"chain": dsgrad.annealing.init_chain_params(
-          len(m.params["chain"]["schedule_logits"]), d, step_size=args.eta_init,
-          eta_max=args.eta_max)}
+                       AnnealedVI(model, k, surrogate=surrogate, **annealed), eta)]
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
@@ -278,6 +274,11 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   return results
 
 
+def _checkpoints(args) -> list[int]:
+  """The steps after which the ELBO curve is recorded: ``--curve-points`` equal shares."""
+  return [int(round(args.steps * (i + 1) / args.curve_points)) for i in range(args.curve_points)]
+
+
 def _selected(label: str, only: str | None) -> bool:
   """Whether a run labelled ``"method, estimator"`` is among ``--only``'s substrings."""
   return only is None or any(part.strip() and part.strip() in label for part in only.split(";"))
@@ -308,8 +309,7 @@ def _table(dataset, n, d, n_test, batch_size, results, args) -> str:
     se = "" if np.isnan(elbo_se) else f" (± {elbo_se:.2f})"
     lines.append(f"| {name} | {est} | {elbo:,.2f}{se} | {worst:,.2f} | {lpd:.4f} | "
                  f"{1e3 * sps:.3f} | {ratio} | {eta} |")
-  checkpoints = [int(round(args.steps * (i + 1) / args.curve_points))
-                 for i in range(args.curve_points)]
+  checkpoints = _checkpoints(args)
   lines += ["", f"Mean ELBO over seeds ({args.curve_samples} samples each) after each share "
             "of the steps:", "",
             "| method | estimator | " + " | ".join(f"step {c}" for c in checkpoints) + " |",
