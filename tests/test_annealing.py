@@ -196,12 +196,50 @@ def test_long_chains_have_finite_gradients_and_sl_dais_estimators_apply():
   assert draws.shape == (4, D) and np.all(np.isfinite(draws))
 
 
+def test_mass_relative_to_the_base_precision():
+  """mass="base" is the unit-mass chain with log_mass shifted by -log diag(Cov q0) (checked
+  against a variance computed here, for both bases); the bound stays below log Z and the
+  base's scale gets a gradient through the mass too."""
+  model, log_z, post_mean, post_cov = _regression()
+  rng = np.random.default_rng(0)
+  for base in ("meanfield", "fullrank"):
+    relative = AnnealedVI(model, 4, base=base, mass="base")
+    unit = AnnealedVI(model, 4, base=base)
+    params = relative.init_params(loc=0.1, log_scale=-1.3, step_size=0.2)
+    params["chain"]["log_mass"] = jnp.asarray(rng.normal(size=D) * 0.3, jnp.float32)
+    if base == "meanfield":
+      variance = np.exp(2 * np.asarray(params["base"]["log_scale"], np.float64))
+    else:
+      params["base"]["off_diag"] = jnp.asarray(rng.normal(size=(D, D)) * 0.2, jnp.float32)
+      chol = np.tril(np.asarray(params["base"]["off_diag"], np.float64), -1) + np.diag(
+          np.exp(np.asarray(params["base"]["log_diag"], np.float64)))
+      variance = np.diag(chol @ chol.T)
+    shifted = dict(params, chain=dict(params["chain"], log_mass=jnp.asarray(
+        np.asarray(params["chain"]["log_mass"]) - np.log(variance), jnp.float32)))
+    noise = relative.noise_fn(jax.random.key(3), 1)
+    np.testing.assert_allclose(relative.log_weight(params, noise),
+                               unit.log_weight(shifted, noise), rtol=1e-5)
+  vi = AnnealedVI(model, 8, mass="base")
+  params = _params(vi, post_mean, post_cov, step_size=0.2)
+  keys = jax.random.split(jax.random.key(4), 1500)
+  values = jax.jit(jax.vmap(lambda key: vi.log_weight(params, vi.noise_fn(key, 1))))(keys)
+  m, se = _mean_and_se(values)
+  assert m < log_z + Z * se
+  unit_grad = jax.grad(lambda p: AnnealedVI(model, 8).log_weight(p, vi.noise_fn(keys[0], 1)))(
+      params)["base"]["log_scale"]
+  grad = jax.grad(lambda p: vi.log_weight(p, vi.noise_fn(keys[0], 1)))(params)["base"]
+  assert bool(jnp.all(jnp.isfinite(grad["log_scale"])))
+  assert not np.allclose(grad["log_scale"], unit_grad)
+
+
 def test_bad_input():
   model, _, _, _ = _regression()
   with pytest.raises(ValueError, match="K must be >= 0"):
     AnnealedVI(model, -1)
   with pytest.raises(ValueError, match="eta_max"):
     AnnealedVI(model, 4, eta_max=0.0)
+  with pytest.raises(ValueError, match="mass must be"):
+    AnnealedVI(model, 4, mass="identity")
   other = Model(model.log_prior, model.log_likelihood, N, D + 2)
   with pytest.raises(ValueError, match="dimension"):
     AnnealedVI(model, 4, surrogate=rand_surrogate(other, 5, jax.random.key(0)))

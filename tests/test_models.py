@@ -139,3 +139,27 @@ def test_bad_model_inputs():
     models.movielens(users, genres[:1], ratings, num_users=2)
   with pytest.raises(ValueError, match="0/1"):
     models.movielens(users, 2 * genres, ratings, num_users=2)
+
+
+def test_synthetic_logistic_data_correlated_features():
+  """AR(1) features: unit variance and correlation rho^|i-j| (within 4 se of the sample
+  correlation, se ~ (1 - r^2) / sqrt(N)); the intercept's weight can be fixed."""
+  n, rho = 20_000, 0.9
+  x, y, w = models.synthetic_logistic_data(jax.random.key(2), n, 6, feature_correlation=rho,
+                                           intercept_value=-2.0)
+  free = x[:, :5].astype(np.float64)
+  np.testing.assert_allclose(free.std(0), 1.0, atol=4 * np.sqrt(0.5 / n))
+  corr = np.corrcoef(free.T)
+  for lag in (1, 2, 4):
+    expected = rho**lag
+    np.testing.assert_allclose(np.diag(corr, lag), expected,
+                               atol=4 * (1 - expected**2) / np.sqrt(n))
+  assert np.all(x[:, 5] == 1.0) and w[-1] == -2.0
+  # labels follow the generating weight: the positive rate matches the mean probability
+  p = special.expit(x @ w)
+  assert abs(y.mean() - p.mean()) < 4 * np.sqrt(p.mean() * (1 - p.mean()) / n)
+  with pytest.raises(ValueError, match="feature_correlation"):
+    models.synthetic_logistic_data(jax.random.key(0), 10, 3, feature_correlation=1.0)
+  with pytest.raises(ValueError, match="intercept_value"):
+    models.synthetic_logistic_data(jax.random.key(0), 10, 3, intercept=False,
+                                   intercept_value=1.0)

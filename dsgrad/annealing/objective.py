@@ -70,6 +70,14 @@ class AnnealedVI:
     eta_max: upper bound of the learnable leapfrog step sizes.
     dynamics_batch_size: NS-DAIS's ``B_dyn`` (``None``: not NS-DAIS).
     model_params: initial model parameters ``theta`` when ``model`` is ``theta -> Model``.
+    mass: ``"unit"`` -- the learnable diagonal mass ``M = exp(log_mass)`` starts at the
+      identity (the paper's App. A.6 and NumPyro's ``AutoDAIS``); ``"base"`` -- the
+      learnable diagonal is relative to the base's precision,
+      ``M = exp(log_mass) / diag(Cov q0)``, so a leapfrog step moves ``z`` in units of the
+      base's current standard deviations. With a concentrated posterior (large ``N``) a
+      unit mass lets only tiny step sizes through and the learned chain tends to switch
+      itself off; ``"base"`` keeps the step size scale-free. Both give a valid bound (any
+      mass does).
   """
 
   model: Model | Callable[..., Model]
@@ -79,6 +87,7 @@ class AnnealedVI:
   eta_max: float = 0.25
   dynamics_batch_size: int | None = None
   model_params: Any = None
+  mass: str = "unit"
 
   def __post_init__(self):
     if self.model_params is not None:
@@ -97,6 +106,8 @@ class AnnealedVI:
       raise ValueError(f"eta_max must be positive, got {self.eta_max}")
     if self.base not in ("meanfield", "fullrank"):
       raise ValueError(f"base must be 'meanfield' or 'fullrank', got {self.base!r}")
+    if self.mass not in ("unit", "base"):
+      raise ValueError(f"mass must be 'unit' or 'base', got {self.mass!r}")
     object.__setattr__(self, "_surrogate", as_surrogate(self.surrogate))
     if self._surrogate is not None and self._surrogate.latent_dim != template.latent_dim:
       raise ValueError(f"the surrogate {self._surrogate.name} reads a latent of dimension "
@@ -176,6 +187,9 @@ class AnnealedVI:
     z0 = family.transform(params["base"], noise["eps0"])
     base_log_prob = lambda z: family.log_prob_at(params["base"], z)  # noqa: E731
     settings = dais.chain_settings(params["chain"], self.eta_max)
+    if self.mass == "base":
+      settings = settings._replace(mass=settings.mass / _base_variance(self.base,
+                                                                       params["base"]))
     # The target at z_K is the prior here; the likelihood part is added per datum.
     shared, path = dais.dais_log_weight(self.guide(params, noise),
                                         self.model_at(params).log_prior, z0,
@@ -219,6 +233,13 @@ class AnnealedVI:
     """
     keys = jax.random.split(key, num)
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
+
+
+def _base_variance(base: str, params) -> jax.Array:
+  """The marginal variances ``diag(Cov q0)`` of the Gaussian base, ``(d,)``."""
+  if base == "meanfield":
+    return jnp.exp(2.0 * params["log_scale"])
+  return jnp.sum(FullRankGaussian.cholesky(params) ** 2, axis=1)
 
 
 @functools.lru_cache(maxsize=32)

@@ -5,7 +5,9 @@ Methods (each trained with the naive estimator and with joint SVRG, where define
 mean-field and full-rank Gaussian BBVI (:mod:`dsgrad.families`), DAIS with full-data
 dynamics (K = 2 and 8), NS-DAIS (K = 8, mini-batch dynamics of ``B`` data; naive only:
 its dynamics batch is discrete noise, for which ``linearize`` has no control variate)
-and SL-DAIS (K = 8, RAND surrogate of 256 points). NumPyro runs the same model, prior,
+and SL-DAIS (K = 8, RAND surrogate of 256 points; ``--surrogates rand,cs-init,cs-fix,nn``
+adds the other surrogates of the paper's ablation, Table 1; ``--base-mass`` adds DAIS and
+SL-DAIS with ``AnnealedVI(mass="base")``). NumPyro runs the same model, prior,
 initialization, optimizer, schedule, batch size, K, ``eta_max`` and surrogate points.
 
 Every method runs for ``--seeds`` seeds (the optimization's noise and the RAND points;
@@ -21,7 +23,9 @@ of the batch (``B`` chains per step); SVRG's single snapshot needs one.
 
 Data: a seeded synthetic set (``dsgrad.models.synthetic_logistic_data(key(0), 60,000,
 20)``: 19 standard normal features plus an intercept, weight ``N(0, I)``, Bernoulli
-labels; the first 50,000 rows train, the last 10,000 test) and the Australian credit
+labels; the first 50,000 rows train, the last 10,000 test), its correlated variant
+``synthetic-corr`` (the same with ``feature_correlation=0.9``: AR(1) features, correlation
+``0.9^|i-j|``, so the posterior is strongly correlated) and the Australian credit
 data embedded in ``shared/data`` (80/20 seeded split, standardized, with intercept).
 
 References:
@@ -41,20 +45,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 import dsgrad
-from dsgrad.annealing import AnnealedVI, rand_surrogate
+from dsgrad.annealing import AnnealedVI, NeuralSurrogate, coreset_surrogate, rand_surrogate
 from dsgrad.bench import _report
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.logistic_regression import logistic_regression, synthetic_logistic_data
 
+CORRELATED_FEATURES = 0.9  # AR(1) coefficient of the features of "synthetic-corr"
 INIT_SCALE = 0.1  # NumPyro's default init_scale; dsgrad's base starts at the same scale
 
 
 def _data(name: str, seed: int, quick: bool):
-  if name == "synthetic":
+  if name in ("synthetic", "synthetic-corr"):
     n_train, n_test = (5_000, 1_000) if quick else (50_000, 10_000)
-    x, y, _ = synthetic_logistic_data(jax.random.key(seed), n_train + n_test, 20)
+    rho = CORRELATED_FEATURES if name == "synthetic-corr" else 0.0
+    x, y, _ = synthetic_logistic_data(jax.random.key(seed), n_train + n_test, 20,
+                                      feature_correlation=rho)
     return (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
   from dsgrad.datasets.uci import add_intercept, load_australian
   path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
@@ -233,6 +241,7 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   surrogate = rand_surrogate(model, min(args.surrogate_points, n), jax.random.fold_in(key, 1))
   annealed = dict(eta_max=args.eta_max)
   eta = args.eta_init  # every annealed method starts from the same step size
+  surrogates = list(_surrogates(model, surrogate, key, args))
   methods = [_bbvi("mean-field BBVI", MeanFieldGaussian, model),
              _bbvi("full-rank BBVI", FullRankGaussian, model),
              _annealed("DAIS (K=2, full data)", AnnealedVI(model, 2, **annealed), eta),
@@ -240,8 +249,15 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
              _annealed(f"NS-DAIS (K={k}, dynamics batch {batch_size})",
                        AnnealedVI(model, k, dynamics_batch_size=batch_size, **annealed), eta,
                        joint=False),
-             _annealed(f"SL-DAIS (K={k}, RAND {surrogate.num_points})",
-                       AnnealedVI(model, k, surrogate=surrogate, **annealed), eta)]
+             *(_annealed(f"SL-DAIS (K={k}, {label})",
+                         AnnealedVI(model, k, surrogate=module, **annealed), eta)
+               for label, module in surrogates)]
+  if args.base_mass:  # the chains with AnnealedVI(mass="base") beside the unit-mass ones
+    methods += [_annealed(f"DAIS (K={k}, full data, base mass)",
+                          AnnealedVI(model, k, mass="base", **annealed), eta),
+                *(_annealed(f"SL-DAIS (K={k}, {label}, base mass)",
+                            AnnealedVI(model, k, surrogate=module, mass="base", **annealed), eta)
+                  for label, module in surrogates)]
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
@@ -272,6 +288,29 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
                                  checkpoints, jax.random.fold_in(key, 3)).items():
       results[(name, "NumPyro")] = r
   return results
+
+
+SURROGATES = ("rand", "cs-init", "cs-fix", "nn")
+
+
+def _surrogates(model, rand, key, args):
+  """``(label, module)`` of each surrogate in ``--surrogates`` (the paper's Table 1 kinds;
+  RAND is the one also handed to NumPyro). CS-INIT / CS-FIX draw ``--surrogate-points``
+  data by sensitivity sampling at 8 prior draws; NN is two ELU layers of 100 units."""
+  m = rand.num_points
+  for kind in args.surrogates.split(","):
+    kind = kind.strip()
+    if kind == "rand":
+      yield f"RAND {m}", rand
+    elif kind in ("cs-init", "cs-fix"):
+      yield (f"{kind.upper()} {m}",
+             coreset_surrogate(model, m, jax.random.fold_in(key, 4),
+                               learn_weights=kind == "cs-init"))
+    elif kind == "nn":
+      yield "NN 100x2", NeuralSurrogate(model.latent_dim, rngs=nnx.Rngs(int(
+          jax.random.randint(jax.random.fold_in(key, 5), (), 0, 2**30))))
+    else:
+      raise ValueError(f"unknown surrogate {kind!r}; choose from {', '.join(SURROGATES)}")
 
 
 def _checkpoints(args) -> list[int]:
@@ -323,11 +362,17 @@ def _table(dataset, n, d, n_test, batch_size, results, args) -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m dsgrad.bench dais", description=__doc__.split("\n\n")[0])
   parser.add_argument("--datasets", default="synthetic,australian",
-                      help="comma-separated: synthetic, australian")
+                      help="comma-separated: synthetic, synthetic-corr, australian")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--batch-size", type=int, default=256)
   parser.add_argument("--k", type=int, default=8, help="annealing steps of DAIS/NS-/SL-DAIS")
   parser.add_argument("--surrogate-points", type=int, default=256)
+  parser.add_argument("--surrogates", default="rand",
+                      help="comma-separated SL-DAIS surrogates (the ablation of the paper's "
+                           f"Table 1): {', '.join(SURROGATES)}")
+  parser.add_argument("--base-mass", action="store_true",
+                      help="also run DAIS (K) and SL-DAIS with AnnealedVI(mass='base'): the "
+                           "mass relative to the base's precision")
   parser.add_argument("--lr", type=float, default=1e-2)
   parser.add_argument("--eta-max", type=float, default=0.25)
   parser.add_argument("--eta-init", type=float, default=0.01)

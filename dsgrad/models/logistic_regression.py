@@ -69,21 +69,47 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
                LinearPredictor(x, 1, log_likelihood_of_logits))
 
 
-def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True):
+def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True,
+                            feature_correlation: float = 0.0, intercept_value=None):
   """Seeded synthetic logistic-regression data with a known generating weight.
 
   Features are standard normal (plus a ones column when ``intercept``), the true weight
-  is ``N(0, I)`` and labels are Bernoulli draws.
+  is ``N(0, I)`` and labels are Bernoulli draws. With ``feature_correlation = rho`` the
+  features form a stationary AR(1) sequence, ``x_j = rho x_{j-1} + sqrt(1 - rho^2) e_j``
+  (still unit variance, correlation ``rho^|i-j|``), which makes the posterior strongly
+  correlated; ``intercept_value`` fixes the intercept's true weight (e.g. ``-3`` for a
+  rare positive class) instead of drawing it.
+
+  Args:
+    key: PRNG key.
+    num_data: ``N``.
+    dim: ``D``, including the intercept column when ``intercept``.
+    intercept: append a ones column (the last one).
+    feature_correlation: AR(1) coefficient in ``[0, 1)``.
+    intercept_value: the intercept's true weight, or ``None`` to draw it as the others.
 
   Returns:
     ``(features (N, D), labels (N,) in {0,1}, true_weight (D,))`` as numpy arrays.
   """
+  if not 0.0 <= feature_correlation < 1.0:
+    raise ValueError(f"feature_correlation must be in [0, 1), got {feature_correlation}")
+  if intercept_value is not None and not intercept:
+    raise ValueError("intercept_value needs intercept=True")
   k1, k2, k3 = jax.random.split(key, 3)
   d_free = dim - 1 if intercept else dim
   x = jax.random.normal(k1, (num_data, d_free))
+  if feature_correlation > 0.0:
+    rho = feature_correlation
+    x = jax.lax.associative_scan(  # x_j = rho x_{j-1} + sqrt(1 - rho^2) e_j, x_0 = e_0
+        lambda a, b: (a[0] * b[0], b[0] * a[1] + b[1]),
+        (jnp.full_like(x, rho), x * jnp.concatenate(
+            [jnp.ones((num_data, 1)), jnp.full((num_data, d_free - 1), (1 - rho**2) ** 0.5)],
+            axis=1)), axis=1)[1]
   if intercept:
     x = jnp.concatenate([x, jnp.ones((num_data, 1))], axis=1)
   w = jax.random.normal(k2, (dim,))
+  if intercept_value is not None:
+    w = w.at[-1].set(intercept_value)
   y = jax.random.bernoulli(k3, jax.nn.sigmoid(x @ w)).astype(jnp.int32)
   return np.asarray(x), np.asarray(y), np.asarray(w)
 
