@@ -232,6 +232,48 @@ def test_mass_relative_to_the_base_precision():
   assert not np.allclose(grad["log_scale"], unit_grad)
 
 
+def test_numpyro_momentum_convention_matches_a_transcription_of_autodais():
+  """momentum_scale="mass" is NumPyro AutoDAIS's scan body (numpyro 0.22,
+  ``AutoDAIS._sample_latent``), transcribed here in float64 numpy with the regression's
+  analytic gradients: momenta with standard deviation M, ``z += v eta / (2 M)``."""
+  model, _, post_mean, post_cov = _regression()
+  k = 6
+  kx, kz, ke = jax.random.split(jax.random.key(0), 3)  # the regression's own data
+  xn = np.asarray(jax.random.normal(kx, (N, D)), np.float64)
+  yn = xn @ np.asarray(jax.random.normal(kz, (D,)), np.float64) + SIGMA * np.asarray(
+      jax.random.normal(ke, (N,)), np.float64)
+  vi = AnnealedVI(model, k, momentum_scale="mass")
+  params = _params(vi, post_mean, post_cov, step_size=0.08)
+  rng = np.random.default_rng(1)
+  params["chain"].update(log_mass=jnp.asarray(rng.normal(size=D) * 0.4, jnp.float32),
+                         step_size_slope=jnp.float32(0.03),
+                         schedule_logits=jnp.asarray(rng.normal(size=k) * 0.5, jnp.float32))
+  noise = vi.noise_fn(jax.random.key(7), 1)
+  settings = dsgrad.annealing.chain_settings(params["chain"], vi.eta_max)
+  eta, gamma = np.asarray(settings.step_size, np.float64), float(settings.refresh)
+  betas, mass = np.asarray(settings.betas, np.float64)[1:], np.asarray(settings.mass, np.float64)
+  loc = np.asarray(params["base"]["loc"], np.float64)
+  scale = np.exp(np.asarray(params["base"]["log_scale"], np.float64))
+  eps0, momentum = (np.asarray(noise[n], np.float64) for n in ("eps0", "momentum"))
+  eps = mass * np.concatenate([momentum[1:], momentum[:1]])  # NumPyro: v_0 = eps[-1]
+  grad_q = lambda z: -(z - loc) / scale**2  # noqa: E731
+  grad_p = lambda z: -z + xn.T @ (yn - xn @ z) / SIGMA**2  # noqa: E731
+  log_n = lambda v: np.sum(stats.norm(0.0, mass).logpdf(v))  # noqa: E731
+  z0 = loc + scale * eps0
+  z, v, log_factor = z0, eps[-1], 0.0
+  for i in range(k):
+    z_half = z + v * eta[i] * (0.5 / mass)
+    v_hat = v + eta[i] * ((1 - betas[i]) * grad_q(z_half) + betas[i] * grad_p(z_half))
+    z = z_half + v_hat * eta[i] * (0.5 / mass)
+    log_factor += log_n(v) - log_n(v_hat)
+    v = gamma * v_hat + np.sqrt(1 - gamma**2) * eps[i]
+  log_joint = (np.sum(stats.norm.logpdf(z)) + np.sum(stats.norm(xn @ z, SIGMA).logpdf(yn)))
+  want = log_joint - np.sum(stats.norm(loc, scale).logpdf(z0)) - log_factor
+  np.testing.assert_allclose(float(vi.log_weight(params, noise)), want, rtol=2e-5)
+  hamiltonian = AnnealedVI(model, k).log_weight(params, noise)
+  assert abs(float(hamiltonian) - want) > 1e-2  # the two conventions are different chains
+
+
 def test_bad_input():
   model, _, _, _ = _regression()
   with pytest.raises(ValueError, match="K must be >= 0"):
@@ -240,6 +282,8 @@ def test_bad_input():
     AnnealedVI(model, 4, eta_max=0.0)
   with pytest.raises(ValueError, match="mass must be"):
     AnnealedVI(model, 4, mass="identity")
+  with pytest.raises(ValueError, match="momentum_scale"):
+    AnnealedVI(model, 4, momentum_scale="std")
   other = Model(model.log_prior, model.log_likelihood, N, D + 2)
   with pytest.raises(ValueError, match="dimension"):
     AnnealedVI(model, 4, surrogate=rand_surrogate(other, 5, jax.random.key(0)))

@@ -42,12 +42,18 @@ class ChainSettings(NamedTuple):
     refresh: ``gamma`` in ``(0, 1)``, the momentum kept at each refreshment.
     betas: ``(K + 1,)`` inverse temperatures, increasing from 0 to 1.
     mass: ``(d,)`` positive diagonal mass matrix ``M``.
+    momentum_sd: ``(d,)`` standard deviation of the momenta, or ``None`` for ``sqrt(M)``
+      (Hamiltonian dynamics with kinetic energy ``v^T M^-1 v / 2``, the paper's Alg. 3).
+      NumPyro's ``AutoDAIS`` draws momenta with standard deviation ``M`` while its
+      leapfrog still divides by ``M``; passing ``momentum_sd=M`` reproduces that chain.
+      Any choice gives a valid bound (the refreshment keeps the momentum distribution).
   """
 
   step_size: jax.Array
   refresh: jax.Array
   betas: jax.Array
   mass: jax.Array
+  momentum_sd: jax.Array | None = None
 
 
 def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
@@ -126,9 +132,13 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
                      f"steps; it needs K + 1")
   step_sizes = jnp.broadcast_to(settings.step_size, (k,))
   gamma, mass = settings.refresh, settings.mass
-  sqrt_mass = jnp.sqrt(mass)
-  zero, log_sqrt_mass = jnp.zeros_like(mass), 0.5 * jnp.log(mass)
-  momentum_log_prob = lambda v: gaussian_log_prob(v, zero, log_sqrt_mass)  # noqa: E731
+  if settings.momentum_sd is None:
+    momentum_sd, log_momentum_sd = jnp.sqrt(mass), 0.5 * jnp.log(mass)
+  else:
+    momentum_sd = jnp.broadcast_to(settings.momentum_sd, mass.shape)
+    log_momentum_sd = jnp.log(momentum_sd)
+  zero = jnp.zeros_like(mass)
+  momentum_log_prob = lambda v: gaussian_log_prob(v, zero, log_momentum_sd)  # noqa: E731
   log_w0 = -base_log_prob(base_sample)
   if k == 0:
     out = log_w0 + target(base_sample)
@@ -142,10 +152,10 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
     v_hat = v + eta * (beta * grad_guide(z_half) + (1 - beta) * grad_base(z_half))
     z = z_half + 0.5 * eta * v_hat / mass
     kinetic = momentum_log_prob(v_hat) - momentum_log_prob(v)
-    v = gamma * v_hat + jnp.sqrt(1 - gamma ** 2) * sqrt_mass * refresh_noise
+    v = gamma * v_hat + jnp.sqrt(1 - gamma ** 2) * momentum_sd * refresh_noise
     return (z, v), (z, kinetic)
 
-  v0 = sqrt_mass * momentum_noise[0]
+  v0 = momentum_sd * momentum_noise[0]
   refresh = jnp.concatenate([momentum_noise[1:], jnp.zeros_like(momentum_noise[:1])])
   (z_k, _), (zs, kinetic) = jax.lax.scan(step, (base_sample, v0),
                                          (settings.betas[1:], step_sizes, refresh))

@@ -78,6 +78,10 @@ class AnnealedVI:
       unit mass lets only tiny step sizes through and the learned chain tends to switch
       itself off; ``"base"`` keeps the step size scale-free. Both give a valid bound (any
       mass does).
+    momentum_scale: ``"sqrt_mass"`` -- momenta ``N(0, M)``, Hamiltonian dynamics (the
+      paper's Alg. 3); ``"mass"`` -- momenta with standard deviation ``M`` and the same
+      leapfrog, NumPyro ``AutoDAIS``'s convention, so that with ``mass="unit"`` the chain
+      is NumPyro's step for step. Both give a valid bound.
   """
 
   model: Model | Callable[..., Model]
@@ -88,6 +92,7 @@ class AnnealedVI:
   dynamics_batch_size: int | None = None
   model_params: Any = None
   mass: str = "unit"
+  momentum_scale: str = "sqrt_mass"
 
   def __post_init__(self):
     if self.model_params is not None:
@@ -108,6 +113,9 @@ class AnnealedVI:
       raise ValueError(f"base must be 'meanfield' or 'fullrank', got {self.base!r}")
     if self.mass not in ("unit", "base"):
       raise ValueError(f"mass must be 'unit' or 'base', got {self.mass!r}")
+    if self.momentum_scale not in ("sqrt_mass", "mass"):
+      raise ValueError(f"momentum_scale must be 'sqrt_mass' or 'mass', got "
+                       f"{self.momentum_scale!r}")
     object.__setattr__(self, "_surrogate", as_surrogate(self.surrogate))
     if self._surrogate is not None and self._surrogate.latent_dim != template.latent_dim:
       raise ValueError(f"the surrogate {self._surrogate.name} reads a latent of dimension "
@@ -190,6 +198,8 @@ class AnnealedVI:
     if self.mass == "base":
       settings = settings._replace(mass=settings.mass / _base_variance(self.base,
                                                                        params["base"]))
+    if self.momentum_scale == "mass":
+      settings = settings._replace(momentum_sd=settings.mass)
     # The target at z_K is the prior here; the likelihood part is added per datum.
     shared, path = dais.dais_log_weight(self.guide(params, noise),
                                         self.model_at(params).log_prior, z0,

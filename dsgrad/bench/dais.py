@@ -6,8 +6,9 @@ mean-field and full-rank Gaussian BBVI (:mod:`dsgrad.families`), DAIS with full-
 dynamics (K = 2 and 8), NS-DAIS (K = 8, mini-batch dynamics of ``B`` data; naive only:
 its dynamics batch is discrete noise, for which ``linearize`` has no control variate)
 and SL-DAIS (K = 8, RAND surrogate of 256 points; ``--surrogates rand,cs-init,cs-fix,nn``
-adds the other surrogates of the paper's ablation, Table 1; ``--base-mass`` adds DAIS and
-SL-DAIS with ``AnnealedVI(mass="base")``). NumPyro runs the same model, prior,
+adds the other surrogates of the paper's ablation, Table 1; ``--base-mass`` and
+``--numpyro-momenta`` add DAIS and SL-DAIS with ``AnnealedVI(mass="base")`` and with
+``AnnealedVI(momentum_scale="mass")``, NumPyro's chain). NumPyro runs the same model, prior,
 initialization, optimizer, schedule, batch size, K, ``eta_max`` and surrogate points.
 
 Every method runs for ``--seeds`` seeds (the optimization's noise and the RAND points;
@@ -252,12 +253,15 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
              *(_annealed(f"SL-DAIS (K={k}, {label})",
                          AnnealedVI(model, k, surrogate=module, **annealed), eta)
                for label, module in surrogates)]
-  if args.base_mass:  # the chains with AnnealedVI(mass="base") beside the unit-mass ones
-    methods += [_annealed(f"DAIS (K={k}, full data, base mass)",
-                          AnnealedVI(model, k, mass="base", **annealed), eta),
-                *(_annealed(f"SL-DAIS (K={k}, {label}, base mass)",
-                            AnnealedVI(model, k, surrogate=module, mass="base", **annealed), eta)
-                  for label, module in surrogates)]
+  variants = {", base mass": dict(mass="base"), ", NumPyro momenta": dict(momentum_scale="mass")}
+  for suffix, chain in variants.items():  # other chains beside the default ones, if asked
+    if (suffix == ", base mass" and args.base_mass) or (
+        suffix == ", NumPyro momenta" and args.numpyro_momenta):
+      methods += [_annealed(f"DAIS (K={k}, full data{suffix})",
+                            AnnealedVI(model, k, **chain, **annealed), eta),
+                  *(_annealed(f"SL-DAIS (K={k}, {label}{suffix})",
+                              AnnealedVI(model, k, surrogate=module, **chain, **annealed), eta)
+                    for label, module in surrogates)]
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
@@ -373,6 +377,9 @@ def main(argv=None) -> int:
   parser.add_argument("--base-mass", action="store_true",
                       help="also run DAIS (K) and SL-DAIS with AnnealedVI(mass='base'): the "
                            "mass relative to the base's precision")
+  parser.add_argument("--numpyro-momenta", action="store_true",
+                      help="also run DAIS (K) and SL-DAIS with AnnealedVI(momentum_scale="
+                           "'mass'): NumPyro AutoDAIS's chain")
   parser.add_argument("--lr", type=float, default=1e-2)
   parser.add_argument("--eta-max", type=float, default=0.25)
   parser.add_argument("--eta-init", type=float, default=0.01)
