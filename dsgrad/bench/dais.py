@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -407,7 +408,7 @@ def main(argv=None) -> int:
     print(table, flush=True)
     sections.append(table)
   argv = sys.argv[1:] if argv is None else argv
-  command = " ".join(["python -m dsgrad.bench dais", *argv])
+  command = "python -m dsgrad.bench dais " + shlex.join(argv)
   try:
     import numpyro
     numpyro_version = f"numpyro {numpyro.__version__}"
