@@ -254,15 +254,14 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
              *(_annealed(f"SL-DAIS (K={k}, {label})",
                          AnnealedVI(model, k, surrogate=module, **annealed), eta)
                for label, module in surrogates)]
-  variants = {", base mass": dict(mass="base"), ", NumPyro momenta": dict(momentum_scale="mass")}
-  for suffix, chain in variants.items():  # other chains beside the default ones, if asked
-    if (suffix == ", base mass" and args.base_mass) or (
-        suffix == ", NumPyro momenta" and args.numpyro_momenta):
-      methods += [_annealed(f"DAIS (K={k}, full data{suffix})",
-                            AnnealedVI(model, k, **chain, **annealed), eta),
-                  *(_annealed(f"SL-DAIS (K={k}, {label}{suffix})",
-                              AnnealedVI(model, k, surrogate=module, **chain, **annealed), eta)
-                    for label, module in surrogates)]
+  variants = ([(", base mass", dict(mass="base"))] if args.base_mass else []) + (
+      [(", NumPyro momenta", dict(momentum_scale="mass"))] if args.numpyro_momenta else [])
+  for suffix, chain in variants:  # other chains beside the default ones, if asked
+    methods += [_annealed(f"DAIS (K={k}, full data{suffix})",
+                          AnnealedVI(model, k, **chain, **annealed), eta),
+                *(_annealed(f"SL-DAIS (K={k}, {label}{suffix})",
+                            AnnealedVI(model, k, surrogate=module, **chain, **annealed), eta)
+                  for label, module in surrogates)]
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
