@@ -270,8 +270,8 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
         continue
       opt = optax.adam(_schedule(args.lr, steps))
       if kind == "joint":
-        opt = optax.chain(dsgrad.joint_svrg(m.objective, every=max(1, n // batch_size),
-                                            chunk_size=n), opt)
+        every = max(1, n // batch_size // args.svrg_refreshes_per_epoch)
+        opt = optax.chain(dsgrad.joint_svrg(m.objective, every=every, chunk_size=n), opt)
       t0 = time.perf_counter()
       params, sps, curve = _train(m, opt, steps, batch_size, checkpoints,
                                   jax.random.fold_in(key, 2), args.curve_samples)
@@ -380,6 +380,8 @@ def main(argv=None) -> int:
   parser.add_argument("--numpyro-momenta", action="store_true",
                       help="also run DAIS (K) and SL-DAIS with AnnealedVI(momentum_scale="
                            "'mass'): NumPyro AutoDAIS's chain")
+  parser.add_argument("--svrg-refreshes-per-epoch", type=int, default=1,
+                      help="joint SVRG's full-data snapshots per epoch (every = N / (B r))")
   parser.add_argument("--lr", type=float, default=1e-2)
   parser.add_argument("--eta-max", type=float, default=0.25)
   parser.add_argument("--eta-init", type=float, default=0.01)
