@@ -196,8 +196,7 @@ class AnnealedVI:
     base_log_prob = lambda z: family.log_prob_at(params["base"], z)  # noqa: E731
     settings = dais.chain_settings(params["chain"], self.eta_max)
     if self.mass == "base":
-      settings = settings._replace(mass=settings.mass / _base_variance(self.base,
-                                                                       params["base"]))
+      settings = settings._replace(mass=settings.mass / family.variance_at(params["base"]))
     if self.momentum_scale == "mass":
       settings = settings._replace(momentum_sd=settings.mass)
     # The target at z_K is the prior here; the likelihood part is added per datum.
@@ -243,13 +242,6 @@ class AnnealedVI:
     """
     keys = jax.random.split(key, num)
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
-
-
-def _base_variance(base: str, params) -> jax.Array:
-  """The marginal variances ``diag(Cov q0)`` of the Gaussian base, ``(d,)``."""
-  if base == "meanfield":
-    return jnp.exp(2.0 * params["log_scale"])
-  return jnp.sum(FullRankGaussian.cholesky(params) ** 2, axis=1)
 
 
 @functools.lru_cache(maxsize=32)

@@ -144,6 +144,11 @@ class MeanFieldGaussian(_Family):
     d = params["log_scale"].shape[-1]
     return jnp.sum(params["log_scale"]) + 0.5 * d * (1.0 + _LOG_2PI)
 
+  @staticmethod
+  def variance_at(params):
+    """The marginal variances ``exp(2 log_scale)``, ``(d,)``."""
+    return jnp.exp(2.0 * params["log_scale"])
+
 
 class FullRankGaussian(_Family):
   """``q_w(z) = N(loc, L L^T)`` with a Cholesky factor ``L``.
@@ -185,3 +190,8 @@ class FullRankGaussian(_Family):
   def entropy_at(params):
     d = params["log_diag"].shape[-1]
     return jnp.sum(params["log_diag"]) + 0.5 * d * (1.0 + _LOG_2PI)
+
+  @staticmethod
+  def variance_at(params):
+    """The marginal variances ``diag(L L^T)``, ``(d,)``."""
+    return jnp.sum(FullRankGaussian.cholesky(params) ** 2, axis=1)
