@@ -19,10 +19,15 @@ N, D, SIGMA = 40, 3, 0.8
 Z = 4.0
 
 
-def _regression():
+def _regression_data():
+  """Features (N, D) and responses (N,) of the conjugate regression."""
   kx, kz, ke = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, (N, D))
-  y = x @ jax.random.normal(kz, (D,)) + SIGMA * jax.random.normal(ke, (N,))
+  return x, x @ jax.random.normal(kz, (D,)) + SIGMA * jax.random.normal(ke, (N,))
+
+
+def _regression():
+  x, y = _regression_data()
 
   def log_prior(z):
     return jnp.sum(-0.5 * z ** 2 - 0.5 * jnp.log(2 * jnp.pi))
@@ -239,10 +244,7 @@ def test_numpyro_momentum_convention_matches_a_transcription_of_autodais():
   analytic gradients: momenta with standard deviation M, ``z += v eta / (2 M)``."""
   model, _, post_mean, post_cov = _regression()
   k = 6
-  kx, kz, ke = jax.random.split(jax.random.key(0), 3)  # the regression's own data
-  xn = np.asarray(jax.random.normal(kx, (N, D)), np.float64)
-  yn = xn @ np.asarray(jax.random.normal(kz, (D,)), np.float64) + SIGMA * np.asarray(
-      jax.random.normal(ke, (N,)), np.float64)
+  xn, yn = (np.asarray(a, np.float64) for a in _regression_data())
   vi = AnnealedVI(model, k, momentum_scale="mass")
   params = _params(vi, post_mean, post_cov, step_size=0.08)
   rng = np.random.default_rng(1)
@@ -318,9 +320,7 @@ def test_bad_input():
 def test_model_parameters_are_learned_through_the_bound():
   model, _, post_mean, post_cov = _regression()
   # The same data as _regression(), now with the noise scale sigma a model parameter.
-  kx, kz, ke = jax.random.split(jax.random.key(0), 3)
-  x = jax.random.normal(kx, (N, D))
-  y = x @ jax.random.normal(kz, (D,)) + SIGMA * jax.random.normal(ke, (N,))
+  x, y = _regression_data()
 
   def model_at(theta):
     sigma = jnp.exp(theta["log_sigma"])
