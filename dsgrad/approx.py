@@ -60,12 +60,23 @@ class DatumStatistics(NamedTuple):
       ``params`` serves only as a template for the output's structure.
     global_terms: ``(objective, params, noise) -> (c, E c)``: the data-independent part,
       averaged over the batch's noise draws.
+    expected_of_mean: optional ``(params, mean) -> expectation``, linear in ``mean``.
+      When set, ``datum_expected`` returns a statistic that does not depend on ``w``
+      (what ``joint_saga`` keeps as its running mean) and the expectation of the
+      per-datum part at the current parameters is ``expected_of_mean(params, mean)``.
+      :func:`glm_taylor` uses it for the scale: ``E d_n = sigma^2 * curvature_n``, with
+      the stored curvature and the current ``sigma``. ``None``: the identity.
   """
 
   statistics: Callable[..., Any]
   datum_terms: Callable[..., tuple[Any, Any]]
   datum_expected: Callable[..., Any]
   global_terms: Callable[..., tuple[Any, Any]]
+  expected_of_mean: Callable[[Any, Any], Any] | None = None
+
+  def expectation(self, params, mean):
+    """The per-datum part's expectation at ``params`` from a ``datum_expected`` mean."""
+    return mean if self.expected_of_mean is None else self.expected_of_mean(params, mean)
 
 
 class Approximation(NamedTuple):
@@ -212,7 +223,7 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
 
 
 def _with_statistics(statistics, datum_terms, datum_expected, global_terms, name: str,
-                     dtype) -> Approximation:
+                     dtype, expected_of_mean=None) -> Approximation:
   """An :class:`Approximation` whose batch means come from its :class:`DatumStatistics`
   (statistics at the current parameters, uniform weights, plus the global part)."""
 
@@ -225,15 +236,16 @@ def _with_statistics(statistics, datum_terms, datum_expected, global_terms, name
     c, ec = global_terms(objective, params, noise)
     return optax.tree.add(d, c), optax.tree.add(e, ec)
 
+  fns = DatumStatistics(statistics, datum_terms, datum_expected, global_terms,
+                        expected_of_mean)
+
   def expected_grad(objective, params, indices):
-    e = datum_expected(objective, params, statistics(params, indices), indices,
-                       uniform(indices))
+    e = fns.expectation(params, datum_expected(objective, params, statistics(params, indices),
+                                               indices, uniform(indices)))
     zero = objective.zero_noise(indices.shape[0])
     return optax.tree.add(e, global_terms(objective, params, zero)[1])
 
-  return Approximation(grad_and_expected, expected_grad, name,
-                       statistics=DatumStatistics(statistics, datum_terms, datum_expected,
-                                                  global_terms))
+  return Approximation(grad_and_expected, expected_grad, name, statistics=fns)
 
 
 def glm_mean_taylor(model: Model) -> Approximation:
@@ -326,6 +338,287 @@ def glm_mean_taylor(model: Model) -> Approximation:
 
   return _with_statistics(statistics, datum_terms, datum_expected, global_terms,
                           "glm_mean_taylor", x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Second-order approximations: a control variate for the scale parameters too.
+
+
+def _hessian_diag(fn, z):
+  """Diagonal of the Hessian of the scalar ``fn`` at ``z`` (shape ``(d,)``).
+
+  Exact, by ``d`` Hessian-vector products (forward over reverse), 256 at a time.
+  """
+  d = z.shape[0]
+  grad = jax.grad(fn)
+
+  def one(e):
+    return jnp.vdot(e, jax.jvp(grad, (z,), (e,))[1])
+
+  return jax.lax.map(one, jnp.eye(d, dtype=z.dtype), batch_size=min(d, 256))
+
+
+def _logit_hessian_diag(linear, logits, indices):
+  """``diag Hess_a log p(x_b | a)`` at each row of ``logits`` (``(B, K)``), by ``K``
+  Hessian-vector products of the batch's summed log likelihood (rows are independent)."""
+  k = logits.shape[1]
+  grad = jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))
+  directions = jnp.broadcast_to(jnp.eye(k, dtype=logits.dtype)[:, None, :],
+                                (k,) + logits.shape)
+  columns = jax.vmap(lambda e: jax.jvp(grad, (logits,), (e,))[1])(directions)  # (K, B, K)
+  return jnp.diagonal(columns, axis1=0, axis2=2)
+
+
+def _prior_hessian_diag(model: Model, z):
+  if model.log_prior_hessian_diag is not None:
+    return model.log_prior_hessian_diag(z)
+  return _hessian_diag(model.log_prior, z)
+
+
+def _likelihood_hessian_diag(model: Model, z, indices):
+  """``mean_b N diag Hess log p(x_b | z)``: closed form for a linear predictor
+  (``N x_b^2`` times the logits' Hessian diagonal), else ``d`` Hessian-vector products."""
+  n, linear = model.num_data, model.linear
+  if linear is not None:
+    x = linear.features[indices]
+    logits = x @ z.reshape(x.shape[1], linear.num_outputs)
+    curvature = _logit_hessian_diag(linear, logits, indices)
+    return (n / indices.shape[0]) * ((x ** 2).T @ curvature).reshape(-1).astype(z.dtype)
+  return _hessian_diag(lambda zz: n * jnp.mean(model.log_likelihood(zz, indices)), z)
+
+
+_FAMILIES = {frozenset({"loc", "log_scale"}): "meanfield",
+             frozenset({"loc", "off_diag", "log_diag"}): "fullrank"}
+
+
+def _gaussian_family(params, who: str):
+  from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian
+  keys = frozenset(params) if isinstance(params, dict) else None
+  family = _FAMILIES.get(keys)
+  if family is None:
+    raise ValueError(f"{who} works on Gaussian params {{'loc', 'log_scale'}} (mean-field) "
+                     f"or {{'loc', 'off_diag', 'log_diag'}} (full-rank), got "
+                     f"{jax.tree.structure(params)}")
+  return MeanFieldGaussian if family == "meanfield" else FullRankGaussian
+
+
+def gaussian_taylor(model: Model) -> Approximation:
+  """The paper's second-order Taylor approximation on *all* Gaussian parameters.
+
+  ``k_n(z) = N log p(x_n | z) + log p(z)`` is replaced by its quadratic expansion around
+  ``z0 = loc`` (held fixed under differentiation), ``f~(w; n, eps) = -k~_n(T_w(eps)) - H(w)``
+  with ``T_w(eps) = loc + S eps`` (``S = diag(exp(log_scale))`` or the Cholesky factor
+  ``L``). Its gradient at the drawn noise and its expectation are (Eq. 65-67)
+
+      grad f~ = vjp of T_w at eps applied to -(grad k_n(loc) + Hess k_n(loc) S eps) - grad H
+      E grad_loc f~ = -grad k_n(loc)
+      E grad_{log_scale} f~ = -diag(Hess k_n(loc)) * exp(2 log_scale) - 1   (mean-field)
+      E grad_L f~ = -Hess k_n(loc) L                                          (full-rank)
+
+  so, unlike :func:`gaussian_mean_taylor` (App. F, ``loc`` only) and :func:`linearize`
+  (first order, which misses the ``eps^2`` part of the scale gradient), the scale
+  gradients get a control variate whose expectation is exact: the estimators stay
+  unbiased and, for a quadratic ``k_n``, the Monte Carlo noise vanishes entirely.
+
+  Cost per call (one datum or a batch): one gradient and one Hessian-vector product of
+  ``k_n`` for the drawn noise, plus the curvature for the expectation:
+
+  * mean-field, model with a linear predictor (``model.linear``: logistic and softmax
+    regression): ``K`` Hessian-vector products in logit space -- closed form, ``O(B D K)``;
+  * mean-field, any other model: ``d`` Hessian-vector products of the likelihood
+    (``O(d)`` times a gradient; fine for ``d`` up to a few hundred);
+  * full-rank: the dense ``d x d`` Hessian (``d`` Hessian-vector products), as the
+    family itself already holds ``d^2`` parameters.
+
+  The prior's Hessian diagonal comes from ``model.log_prior_hessian_diag`` when the model
+  declares it (the regression models do), else from ``d`` Hessian-vector products.
+
+  Args:
+    model: the model whose BBVI objective (:func:`dsgrad.meanfield_gaussian` or
+      ``FullRankGaussian.objective``, shared or per-datum noise) is being optimized.
+
+  Returns:
+    An :class:`Approximation` for mean-field ``{"loc", "log_scale"}`` or full-rank
+    ``{"loc", "off_diag", "log_diag"}`` params (chosen by the params' keys).
+
+  References:
+    Wang, Geffner, Domke (2024), App. F, Eq. 61-67.
+    Miller et al. (2017). Reducing reparameterization gradient variance. NeurIPS.
+  """
+  n = model.num_data
+
+  def k_mean(z, indices):
+    return n * jnp.mean(model.log_likelihood(z, indices)) + model.log_prior(z)
+
+  def expected_from(family, params, grad_k, curvature):
+    def expected_value(p):  # E f~ up to terms constant in p, at z0 = loc
+      if "log_scale" in p:  # mean-field: curvature is the Hessian's diagonal
+        trace = jnp.sum(curvature * jnp.exp(2.0 * p["log_scale"]))
+      else:
+        chol = family.cholesky(p)
+        trace = jnp.sum(curvature * (chol @ chol.T))
+      return -jnp.vdot(grad_k, p["loc"]) - 0.5 * trace - family.entropy_at(p)
+    return jax.grad(expected_value)(params)
+
+  def curvature_at(params, z, indices):
+    if "log_scale" in params:  # mean-field: the Hessian's diagonal suffices
+      return _likelihood_hessian_diag(model, z, indices) + _prior_hessian_diag(model, z)
+    return jax.hessian(lambda zz: k_mean(zz, indices))(z)
+
+  def grad_and_expected(objective: Objective, params, indices, noise):
+    family = _gaussian_family(params, "gaussian_taylor")
+    loc = params["loc"]
+
+    def drawn(idx, eps):
+      delta = family.transform(params, eps) - loc
+      g, hv = jax.jvp(jax.grad(lambda z: k_mean(z, idx)), (loc,), (delta,))
+      _, pullback = jax.vjp(lambda p: family.transform(p, eps), params)
+      return pullback(-(g + hv))[0], g
+
+    if objective.shared_noise:
+      g_tilde, grad_k = drawn(indices, noise)
+    else:
+      g_tilde, grad_k = jax.tree.map(lambda a: jnp.mean(a, 0), jax.vmap(
+          lambda i, e: drawn(i[None], e))(indices, noise))
+    g_tilde = optax.tree.sub(g_tilde, jax.grad(family.entropy_at)(params))
+    expected = expected_from(family, params, grad_k, curvature_at(params, loc, indices))
+    return g_tilde, expected
+
+  def expected_grad(objective: Objective, params, indices):
+    del objective
+    family = _gaussian_family(params, "gaussian_taylor")
+    loc = params["loc"]
+    grad_k = jax.grad(lambda z: k_mean(z, indices))(loc)
+    return expected_from(family, params, grad_k, curvature_at(params, loc, indices))
+
+  return Approximation(grad_and_expected, expected_grad, "gaussian_taylor")
+
+
+def glm_taylor(model: Model) -> Approximation:
+  """:func:`gaussian_taylor` for a GLM with a compact table of logits (mean-field).
+
+  The second-order version of :func:`glm_mean_taylor`: with ``ell(a) = log p(x_n | a)``,
+  ``a_n = x_n^T Z`` at the table's stored ``loc``, ``V = (exp(log_scale) * eps)`` as a
+  ``(D, K)`` matrix and ``t_n = ell'(a_n) + ell''(a_n) x_n^T V`` (``K`` numbers),
+
+      d_n,loc       = -N x_n t_n^T                    E = -N x_n ell'(a_n)^T
+      d_n,log_scale = -N (x_n t_n^T) * V              E = -N (x_n^2 diag(ell''(a_n))^T) * exp(2 log_scale)
+
+  (all as ``(D, K)`` matrices, flattened row-major). The scale's expectation is the
+  stored per-datum curvature ``x_n^2 diag ell''(a_n)`` times the *current* variance:
+  ``joint_saga`` keeps the mean curvature over the table (independent of ``w``, see
+  :attr:`DatumStatistics.expected_of_mean`) and multiplies by ``exp(2 log_scale)`` each
+  step, so the table still holds ``K`` numbers per datum. The estimator stays unbiased:
+  given the stored logits, the expectation over the noise of ``d_n`` at the current
+  scale is exactly that product. At a table row equal to the current parameters this is
+  :func:`gaussian_taylor` restricted to the likelihood (tested).
+
+  The prior and entropy are taken at the current parameters: the prior's ``loc`` and
+  ``log_scale`` terms to second order too, with its Hessian diagonal from
+  ``model.log_prior_hessian_diag`` (``-1/s^2`` for the regression models' Gaussian
+  priors) or ``d`` Hessian-vector products when the model declares none.
+
+  Cost per step beyond :func:`glm_mean_taylor`: the ``K x K`` logit Hessian's diagonal per
+  datum (``K`` Hessian-vector products in logit space) and two ``(D, K)`` elementwise
+  products; with one noise draw per datum, an ``O(B D K)`` contraction for the scale.
+
+  Args:
+    model: a model with ``model.linear`` set (``logistic_regression``,
+      ``softmax_regression``), used with :func:`dsgrad.meanfield_gaussian`.
+
+  Returns:
+    An :class:`Approximation` with :class:`DatumStatistics` for params
+    ``{"loc", "log_scale"}``.
+
+  Raises:
+    ValueError: if the model declares no linear-predictor structure.
+
+  References:
+    Wang, Geffner, Domke (2024), App. F, Eq. 61-67; Sec. 7.3 (Table 3).
+  """
+  linear = model.linear
+  if linear is None:
+    raise ValueError(f"glm_taylor needs a model with a linear predictor (model.linear); "
+                     f"{model.name!r} has none. Use gaussian_taylor(model) instead.")
+  x = linear.features
+  dim, k, n = x.shape[1], linear.num_outputs, model.num_data
+
+  def check(params):
+    _gaussian_family(params, f"glm_taylor({model.name})")
+    if "log_scale" not in params:
+      raise ValueError(f"glm_taylor({model.name}) works on mean-field params; for "
+                       f"full-rank params use gaussian_taylor(model)")
+    shape = jnp.shape(params["loc"])
+    if shape != (dim * k,):
+      raise ValueError(f"glm_taylor({model.name}): params['loc'] has shape {shape}, "
+                       f"expected ({dim * k},) = D * K with D={dim}, K={k}")
+
+  def statistics(params, indices):
+    check(params)
+    return x[indices] @ params["loc"].reshape(dim, k)
+
+  def logit_grad(stats, indices):
+    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))(stats)
+
+  def weighted_outer(indices, terms, weights):
+    """``sum_b weights_b x_b terms_b^T`` as a ``(D, K)`` matrix."""
+    return x[indices].T @ (terms * weights[:, None].astype(terms.dtype))
+
+  def curvature(stats, indices, weights):
+    """``sum_b weights_b x_b^2 diag ell''(a_b)^T``, flattened; independent of ``w``."""
+    h = _logit_hessian_diag(linear, stats, indices)
+    return ((x[indices] ** 2).T @ (h * weights[:, None].astype(h.dtype))).reshape(-1)
+
+  def variance(params):
+    return jnp.exp(2.0 * params["log_scale"])
+
+  def datum_terms(objective, params, stats, indices, noise, weights):
+    check(params)
+    scaled = jnp.exp(params["log_scale"]) * noise
+    if objective.shared_noise:
+      direction = x[indices] @ scaled.reshape(dim, k)
+    else:
+      direction = jnp.einsum("bd,bdk->bk", x[indices], scaled.reshape(-1, dim, k))
+    g, hv = jax.jvp(lambda a: logit_grad(a, indices), (stats,), (direction,))
+    t = g + hv
+    loc = -n * weighted_outer(indices, t, weights).reshape(-1)
+    if objective.shared_noise:
+      scale = loc * scaled
+    else:
+      scale = -n * jnp.einsum("bd,bk,bdk->dk", x[indices],
+                              t * weights[:, None].astype(t.dtype),
+                              scaled.reshape(-1, dim, k)).reshape(-1)
+    expected = {"loc": -n * weighted_outer(indices, g, weights).reshape(-1),
+                "log_scale": -n * curvature(stats, indices, weights) * variance(params)}
+    d = {"loc": loc, "log_scale": scale}
+    return (optax.tree.cast_like(d, params), optax.tree.cast_like(expected, params))
+
+  def datum_expected(objective, params, stats, indices, weights):
+    del objective
+    mean = {"loc": -n * weighted_outer(indices, logit_grad(stats, indices), weights)
+            .reshape(-1), "log_scale": -n * curvature(stats, indices, weights)}
+    return optax.tree.cast_like(mean, params)
+
+  def expected_of_mean(params, mean):
+    return {"loc": mean["loc"], "log_scale": mean["log_scale"] * variance(params)}
+
+  def prior_terms(params, eps):
+    scaled = jnp.exp(params["log_scale"]) * eps
+    g, hv = jax.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
+    return {"loc": -(g + hv), "log_scale": -(g + hv) * scaled - 1.0}, g
+
+  def global_terms(objective, params, noise):
+    if objective.shared_noise:
+      drawn, g = prior_terms(params, noise)
+    else:
+      drawn, g = jax.tree.map(lambda a: jnp.mean(a, 0),
+                              jax.vmap(lambda e: prior_terms(params, e))(noise))
+    hess = _prior_hessian_diag(model, params["loc"])
+    expected = {"loc": -g, "log_scale": -hess * variance(params) - 1.0}
+    return optax.tree.cast_like(drawn, params), optax.tree.cast_like(expected, params)
+
+  return _with_statistics(statistics, datum_terms, datum_expected, global_terms,
+                          "glm_taylor", x.dtype, expected_of_mean)
 
 
 def sparse_linearize(model: Model) -> Approximation:

@@ -10,4 +10,10 @@ CASES = {
     "smiso": (lambda obj, **kw: dsgrad.smiso(obj, 0.05, **kw), True),
     "joint_saga": (lambda obj, **kw: dsgrad.joint_saga(obj, **kw), False),
     "joint_svrg": (lambda obj, **kw: dsgrad.joint_svrg(obj, every=7, **kw), False),
+    # The adaptive control-variate weight adds a state of moving averages.
+    "cv_adaptive": (lambda obj, **kw: dsgrad.cv(obj, control_weight="adaptive", **kw), False),
+    "joint_saga_adaptive": (lambda obj, **kw: dsgrad.joint_saga(
+        obj, control_weight="adaptive", **kw), False),
+    "joint_svrg_adaptive": (lambda obj, **kw: dsgrad.joint_svrg(
+        obj, every=7, control_weight="adaptive", **kw), False),
 }

@@ -30,8 +30,9 @@ def _assert_unbiased(samples, exact_flat, label):
                          f"{z.max():.1f} standard errors\nmean={mean}\nexact={exact_flat}")
 
 
-def _estimators(objective):
+def _estimators(objective, model):
   n_steps_per_epoch = N_DATA // BATCH
+  taylor2 = dsgrad.approx.gaussian_taylor(model)
   out = {
       "naive": dsgrad.naive(),
       "cv": dsgrad.cv(objective),
@@ -40,6 +41,13 @@ def _estimators(objective):
           objective, dsgrad.approx.linearize({"loc": True, "log_scale": False})),
       "joint_saga_bfloat16_table": dsgrad.joint_saga(objective, table_dtype=jnp.bfloat16),
       "joint_svrg": dsgrad.joint_svrg(objective, every=10 * n_steps_per_epoch),
+      # Second-order approximation (scales too) and adaptive control-variate weights.
+      "cv_taylor2_adaptive": dsgrad.cv(objective, taylor2, control_weight="adaptive"),
+      "joint_saga_taylor2": dsgrad.joint_saga(objective, taylor2),
+      "joint_saga_glm_taylor_adaptive": dsgrad.joint_saga(
+          objective, dsgrad.approx.glm_taylor(model), control_weight="adaptive"),
+      "joint_svrg_taylor2_adaptive": dsgrad.joint_svrg(
+          objective, taylor2, every=10 * n_steps_per_epoch, control_weight="adaptive"),
   }
   if objective.shared_noise:
     out["inc"] = dsgrad.inc(objective)
@@ -50,7 +58,7 @@ def _estimators(objective):
 def test_estimators_unbiased(logreg_model, logreg_data, params0, shared_noise):
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=shared_noise)
   exact = exact_negative_elbo(logreg_data)
-  for i, (name, tx) in enumerate(_estimators(objective).items()):
+  for i, (name, tx) in enumerate(_estimators(objective, logreg_model).items()):
     state, params = fill_by_training(tx, objective, params0, jax.random.key(100 + i))
     # The table rows (or snapshot) now hold earlier iterates, not ``params``.
     exact_flat = np.asarray(jax.flatten_util.ravel_pytree(jax.grad(exact)(params))[0])

@@ -5,11 +5,12 @@ from __future__ import annotations
 import optax
 
 from dsgrad import approx as approx_lib
-from dsgrad.estimators import _common
+from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
 
 
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
+       control_weight: float | str = 1.0, control_weight_horizon: float = 100,
        check_indices: bool = True, check_finite: bool = True
        ) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).
@@ -26,6 +27,13 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   Args:
     objective: the objective whose gradient is passed as ``updates``.
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
+    control_weight: ``c`` in ``g + c (E grad f~ - grad f~)``: ``1`` (the paper), another
+      number in ``[0, 1]``, or ``"adaptive"``: one ``c`` per parameter leaf that minimizes
+      the estimator's variance, estimated from moving averages over earlier steps and
+      clipped to ``[0, 1]`` (unbiased; falls back towards naive when the approximation
+      is poor). Adaptive costs three params-sized moving averages (state
+      :class:`dsgrad.estimators.AdaptiveWeightState`).
+    control_weight_horizon: horizon of those moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)`` (a host check each step).
     check_finite: raise on a non-finite incoming gradient.
 
@@ -37,9 +45,11 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     Wang, Geffner, Domke (2024), Eq. 8-10. Miller et al. (2017), NeurIPS.
   """
   approx = approx or approx_lib.linearize()
+  _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
 
   def init_fn(params):
-    del params
+    if control_weight == "adaptive":
+      return _weights.init(control_weight, params)
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
@@ -47,7 +57,12 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     _common.check_update("cv", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
     g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
-    out = optax.tree.add(updates, optax.tree.sub(e_tilde, g_tilde))
+    control = optax.tree.sub(e_tilde, g_tilde)
+    if control_weight == "adaptive":
+      out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
+                                  control)
+    else:
+      out, _ = _weights.apply(control_weight, control_weight_horizon, (), updates, control)
     return optax.tree.cast_like(out, updates), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import approx as approx_lib
-from dsgrad.estimators import _common
+from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective, per_datum
 
 
@@ -24,11 +24,14 @@ class JointSagaState(NamedTuple):
       statistics ``s_n`` of those parameters instead (e.g. ``(N, K)`` logits).
     running_mean: ``G = mean_n E_xi grad f~(w^n; n, xi)`` over the table, params-shaped
       (with statistics: the mean of the per-datum part only).
+    control_weight: ``()`` for a fixed weight, else the
+      :class:`dsgrad.estimators.AdaptiveWeightState`.
   """
 
   count: jax.Array
   table: Any
   running_mean: Any
+  control_weight: Any = ()
 
 
 def _as_stored(params, table):
@@ -36,17 +39,21 @@ def _as_stored(params, table):
   return jax.tree.map(lambda p, t: p.astype(t.dtype).astype(p.dtype), params, table)
 
 
-def _output(updates, control, state, new_table, running_mean, warmup_steps):
-  """``updates + control`` (the naive ``updates`` during warm-up) and the next state."""
-  corrected = optax.tree.add(updates, control)
+def _output(updates, control, state, new_table, running_mean, warmup_steps, weight):
+  """``updates + c * control`` (the naive ``updates`` during warm-up) and the next state."""
+  control_weight, horizon = weight
+  corrected, weight_state = _weights.apply(control_weight, horizon, state.control_weight,
+                                           updates, control)
   in_warmup = state.count < warmup_steps
   out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
-  new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean)
+  new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean,
+                             weight_state)
   return optax.tree.cast_like(out, updates), new_state
 
 
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
+               control_weight: float | str = 1.0, control_weight_horizon: float = 100,
                check_indices: bool = True, check_finite: bool = True,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
@@ -101,6 +108,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     table_dtype: dtype of the stored table (default: the params' dtypes). Rows are
       read back in the params' dtype; ``G`` is kept consistent with the stored
       (rounded) rows, so the estimator stays unbiased.
+    control_weight: ``c`` in ``g + c (G - mean grad f~(w^n))``: ``1`` (the paper), a
+      number in ``[0, 1]``, or ``"adaptive"`` (per-leaf, from earlier steps; see
+      :func:`dsgrad.cv`).
+    control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient (set ``False`` under
       ``optax.apply_if_finite``).
@@ -121,10 +132,13 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
   approx = approx or approx_lib.linearize()
+  _weights.check_control_weight(control_weight, control_weight_horizon, "joint_saga")
+  weight = (control_weight, control_weight_horizon)
   if approx.statistics is not None:
     return _joint_saga_compact(objective, approx, warmup_steps=warmup_steps,
                                chunk_size=chunk_size, table_dtype=table_dtype,
-                               check_indices=check_indices, check_finite=check_finite)
+                               check_indices=check_indices, check_finite=check_finite,
+                               weight=weight)
   n = objective.num_data
 
   def expected_at(params, indices):
@@ -136,11 +150,13 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
   def init_fn(params):
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params)
+      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
+                            _weights.init(control_weight, params))
     _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
     table = _common.new_table(params, n, table_dtype)
     return JointSagaState(jnp.zeros([], jnp.int32), table,
-                          initial_mean(_as_stored(params, table)))
+                          initial_mean(_as_stored(params, table)),
+                          _weights.init(control_weight, params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
@@ -170,13 +186,14 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
 
-    return _output(updates, control, state, new_table, running_mean, warmup_steps)
+    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
-                        warmup_steps, chunk_size, table_dtype, check_indices, check_finite):
+                        warmup_steps, chunk_size, table_dtype, check_indices, check_finite,
+                        weight):
   """``joint_saga`` with a table of per-datum statistics (``approx.statistics``).
 
   Same estimator as the parameter-table version with ``f~`` split as
@@ -209,9 +226,11 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
   def init_fn(params):
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params)
+      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
+                            _weights.init(weight[0], params))
     table, running_mean = initial_state(params)
-    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean)
+    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
+                          _weights.init(weight[0], params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
@@ -224,7 +243,8 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     uniform = jnp.full((batch,), 1.0 / batch, dtype)
     d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
     c_now, c_expected = stats_fns.global_terms(objective, params, noise)
-    control = optax.tree.add(optax.tree.sub(state.running_mean, d_old),
+    expected = stats_fns.expectation(params, state.running_mean)
+    control = optax.tree.add(optax.tree.sub(expected, d_old),
                              optax.tree.sub(c_expected, c_now))
 
     # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)): one call on
@@ -237,6 +257,6 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
     new_table = _common.set_row_values(state.table, indices, new_rows)
 
-    return _output(updates, control, state, new_table, running_mean, warmup_steps)
+    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

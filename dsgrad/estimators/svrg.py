@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import approx as approx_lib
-from dsgrad.estimators import _common
+from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
 
 
@@ -21,15 +21,19 @@ class JointSvrgState(NamedTuple):
     snapshot: the snapshot parameters ``w~``.
     snapshot_mean: ``g_bar = mean_n E_xi grad f~(w~; n, xi)``, the full-data
       noise-integrated approximate gradient at the snapshot.
+    control_weight: ``()`` for a fixed weight, else the
+      :class:`dsgrad.estimators.AdaptiveWeightState`.
   """
 
   count: jax.Array
   snapshot: Any
   snapshot_mean: Any
+  control_weight: Any = ()
 
 
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-               every: int, chunk_size: int = 1024, check_indices: bool = True,
+               every: int, chunk_size: int = 1024, control_weight: float | str = 1.0,
+               control_weight_horizon: float = 100, check_indices: bool = True,
                check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
 
@@ -51,6 +55,10 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
     every: refresh period ``K`` in updates (positive).
     chunk_size: data per chunk in the full pass.
+    control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``1`` (the paper), a number
+      in ``[0, 1]``, or ``"adaptive"`` (per-leaf, from earlier steps; see
+      :func:`dsgrad.cv`).
+    control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient.
 
@@ -65,6 +73,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   if not isinstance(every, int) or every < 1:
     raise ValueError(f"every must be a positive int (updates between refreshes), got {every!r}")
   approx = approx or approx_lib.linearize()
+  _weights.check_control_weight(control_weight, control_weight_horizon, "joint_svrg")
   n = objective.num_data
 
   def full_mean(params):
@@ -73,10 +82,12 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
 
   def init_fn(params):
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSvrgState(jnp.zeros([], jnp.int32), params, params)
+      return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
+                            _weights.init(control_weight, params))
     # A copy, so that params and state can both be donated to a jitted step.
     snapshot = jax.tree.map(jnp.copy, params)
-    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, jax.jit(full_mean)(params))
+    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, jax.jit(full_mean)(params),
+                          _weights.init(control_weight, params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
@@ -89,8 +100,11 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
         lambda: (params_like, optax.tree.cast_like(full_mean(params_like), state.snapshot_mean)),
         lambda: (state.snapshot, state.snapshot_mean))
     g_tilde, _ = approx.grad_and_expected(objective, snapshot, indices, noise)
-    out = optax.tree.add(updates, optax.tree.sub(snapshot_mean, g_tilde))
-    new_state = JointSvrgState(optax.safe_increment(state.count), snapshot, snapshot_mean)
+    out, weight_state = _weights.apply(control_weight, control_weight_horizon,
+                                       state.control_weight, updates,
+                                       optax.tree.sub(snapshot_mean, g_tilde))
+    new_state = JointSvrgState(optax.safe_increment(state.count), snapshot, snapshot_mean,
+                               weight_state)
     return optax.tree.cast_like(out, updates), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -64,6 +64,10 @@ class Model(NamedTuple):
     linear: optional :class:`LinearPredictor` structure of the likelihood (GLMs).
     sparse: optional :class:`SparseLikelihood`: which coordinates each likelihood term
       reads (hierarchical and pairwise models).
+    log_prior_hessian_diag: optional ``z -> (d,)``, the diagonal of the log prior's
+      Hessian in closed form. The second-order approximations
+      (:func:`dsgrad.approx.gaussian_taylor`, :func:`dsgrad.approx.glm_taylor`) use it;
+      without it they compute the diagonal with ``d`` Hessian-vector products.
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
@@ -73,6 +77,7 @@ class Model(NamedTuple):
   name: str = "model"
   linear: LinearPredictor | None = None
   sparse: SparseLikelihood | None = None
+  log_prior_hessian_diag: Callable[[jax.Array], jax.Array] | None = None
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""

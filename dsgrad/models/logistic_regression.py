@@ -22,6 +22,13 @@ def _check_features_labels(features, labels):
   return x, y
 
 
+def _isotropic_hessian_diag(prior_scale: float):
+  """The Hessian diagonal ``-1 / s^2`` of an ``N(0, s^2 I)`` log prior."""
+  def hessian_diag(z):
+    return jnp.full(jnp.shape(z), -1.0 / prior_scale ** 2, jnp.result_type(z))
+  return hessian_diag
+
+
 def logistic_regression(features, labels, prior_scale: float = 1.0,
                         name: str = "logistic_regression") -> Model:
   """Binary Bayesian logistic regression: ``z ~ N(0, s^2 I)``, ``y_n ~ Bern(sigmoid(x_n . z))``.
@@ -66,7 +73,8 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     return jax.nn.log_sigmoid(signs[indices] * logits[:, 0])
 
   return Model(log_prior, log_likelihood, n, d, name,
-               LinearPredictor(x, 1, log_likelihood_of_logits))
+               LinearPredictor(x, 1, log_likelihood_of_logits),
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale))
 
 
 def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True,
@@ -153,4 +161,5 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
     return log_likelihood_of_logits(x[indices] @ z.reshape(d, k), indices)
 
   return Model(log_prior, log_likelihood, n, d * k, name,
-               LinearPredictor(x, k, log_likelihood_of_logits))
+               LinearPredictor(x, k, log_likelihood_of_logits),
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale))
