@@ -1,9 +1,12 @@
 """Quickstart: compare dsgrad's gradient estimators on Bayesian logistic regression.
 
 Mean-field Gaussian BBVI on a small real data set, plain SGD (as in the paper's
-Sonar/Australian experiments), the same step size and batches for every estimator.
-Prints the final full-data ELBO, the gradient variance at the endpoint and the time per
-step; saves a plot of ELBO traces when matplotlib is installed.
+Sonar/Australian experiments), the same batches and noise for every estimator. The step
+size is chosen by a stated rule that favours no estimator: for each estimator, the value of
+``--lrs`` with the best final ELBO on a tuning seed that is *not* reported. Then every
+estimator runs on ``--seeds`` reported seeds. Prints the final full-data ELBO (mean and
+standard error over seeds), the gradient variance at the endpoint and the time per step,
+says which estimator won and by how much, and saves ELBO curves with bands over seeds.
 
     python examples/logistic_regression.py                      # breast cancer (scikit-learn)
     python examples/logistic_regression.py --dataset sonar --data-dir ../shared/data
@@ -43,6 +46,20 @@ def load(dataset: str, data_dir: str):
   return dsgrad.datasets.add_intercept(x), np.asarray(y, int)
 
 
+def make_estimators(objective, model, approx_name: str, steps_per_epoch: int):
+  """The five estimators; cv and the joint ones share the approximation ``f~``."""
+  approx = {"taylor2": lambda: dsgrad.approx.glm_taylor(model),
+            "taylor": lambda: dsgrad.approx.gaussian_mean_taylor(model),
+            "linearize": dsgrad.approx.linearize}[approx_name]()
+  return {
+      "naive": lambda: dsgrad.naive(),
+      "cv": lambda: dsgrad.cv(objective, approx),
+      "inc": lambda: dsgrad.inc(objective),
+      "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx, every=steps_per_epoch),
+      "joint_saga": lambda: dsgrad.joint_saga(objective, approx, warmup_steps=steps_per_epoch),
+  }
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -51,71 +68,99 @@ def main(argv=None):
                       help="data set (breast_cancer ships with scikit-learn)")
   parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"),
                       help="folder with sonar.all-data / australian.dat")
-  parser.add_argument("--steps", type=int, default=3000, help="SGD steps per estimator")
-  parser.add_argument("--batch-size", type=int, default=5,
-                      help="data per step")
-  parser.add_argument("--lr", type=float, default=5e-4, help="SGD step size")
-  parser.add_argument("--approx", default="taylor", choices=["taylor", "linearize"],
-                      help="f~: the paper's mean-only Taylor expansion (App. F) or the "
-                           "generic first-order expansion in the noise")
+  parser.add_argument("--steps", type=int, default=3000, help="SGD steps per run")
+  parser.add_argument("--batch-size", type=int, default=5, help="data per step")
+  parser.add_argument("--lrs", default="1e-3,5e-4,2.5e-4,1e-4",
+                      help="SGD step sizes to choose from, per estimator, on the tuning seed")
+  parser.add_argument("--approx", default="taylor2", choices=["taylor2", "taylor", "linearize"],
+                      help="f~: the second-order Taylor expansion on every parameter with a "
+                           "table of logits (glm_taylor), the paper's mean-only one (App. F), "
+                           "or the generic first-order expansion in the noise")
+  parser.add_argument("--seeds", type=int, default=3, help="reported seeds")
   parser.add_argument("--seed", type=int, default=0,
-                      help="seed of every batch and noise draw (runs are deterministic given it)")
+                      help="first reported seed (seeds seed .. seed + seeds - 1); runs are "
+                           "deterministic given it")
+  parser.add_argument("--tune-seed", type=int, default=1000,
+                      help="seed of the step-size choice, not among the reported ones")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   parser.add_argument("--out", default=os.path.join("results", "logistic_regression"),
                       help="folder for results.json and the figures")
   args = parser.parse_args(argv)
+  seeds = list(range(args.seed, args.seed + args.seeds))
+  if args.tune_seed in seeds:
+    parser.error("--tune-seed must not be one of the reported seeds")
+  lrs = [float(v) for v in args.lrs.split(",")]
 
   x, y = load(args.dataset, args.data_dir)
   model = logistic_regression(x, y, name=args.dataset)
   objective = dsgrad.meanfield_gaussian(model)
   n = model.num_data
-  key = jax.random.key(args.seed)
-  init = {"loc": jax.random.normal(key, (model.latent_dim,)),
-          "log_scale": jnp.zeros(model.latent_dim)}
+  init = {"loc": jnp.zeros(model.latent_dim), "log_scale": jnp.full(model.latent_dim, -1.0)}
   steps_per_epoch = n // args.batch_size
-  approx = (dsgrad.approx.gaussian_mean_taylor(model) if args.approx == "taylor"
-            else dsgrad.approx.linearize())
-  estimators = {
-      "naive": dsgrad.naive(),
-      "cv": dsgrad.cv(objective, approx),
-      "inc": dsgrad.inc(objective),
-      "joint_svrg": dsgrad.joint_svrg(objective, approx, every=steps_per_epoch),
-      "joint_saga": dsgrad.joint_saga(objective, approx, warmup_steps=steps_per_epoch),
-  }
+  estimators = make_estimators(objective, model, args.approx, steps_per_epoch)
   eval_every = max(1, args.steps // 30)
   if args.steps % eval_every:
     parser.error(f"--steps must be a multiple of {eval_every} (steps // 30)")
-  print(f"{args.dataset}: N={n}, D={model.latent_dim}, batch {args.batch_size}, "
-        f"SGD lr={args.lr}, {args.steps} steps")
+  print(f"{args.dataset}: N={n}, D={model.latent_dim}, batch {args.batch_size}, SGD, "
+        f"{args.steps} steps, approximation {args.approx}, seeds {seeds}")
   check_checkpoint_config(args.checkpoint_dir, {
       k: v for k, v in vars(args).items()
       if k not in ("steps", "out", "checkpoint_dir", "no_progress")})
 
-  results, traces = {}, {}
-  for name, est in estimators.items():
-    path = (os.path.join(args.checkpoint_dir, f"{name}.msgpack") if args.checkpoint_dir
-            else None)
-    fit = dsgrad.fit(objective, optax.chain(est, optax.sgd(args.lr)), init, key,
-                     num_steps=args.steps, batch_size=args.batch_size, eval_every=eval_every,
-                     elbo_samples=200, progress=not args.no_progress, checkpoint_path=path,
-                     resume=True)
-    params, state = fit.params, fit.opt_state
-    final, final_se = elbo(objective, params, jax.random.key(99), 2000)
-    var, _ = total_variance(estimator_samples(est, state[0], params, objective,
-                                              jax.random.key(3), 2000, args.batch_size))
-    results[name] = {"final_elbo": final, "final_elbo_se": final_se,
-                     "grad_variance": var,
-                     "ms_per_step": 1e3 * float(fit.history.wall_time[-1]) / args.steps,
-                     "table_bytes": dsgrad.table_bytes(state)}
-    traces[name] = [(0, float(elbo(objective, init, jax.random.key(0), 200)[0]))] + [
-        (int(t), float(v)) for t, v in zip(fit.history.step, fit.history.elbo)]
+  def run(name, lr, seed, samples):
+    path = (os.path.join(args.checkpoint_dir, f"{name}-lr{lr:g}-seed{seed}.msgpack")
+            if args.checkpoint_dir else None)
+    est = estimators[name]()
+    fit = dsgrad.fit(objective, optax.chain(est, optax.sgd(lr)), init, jax.random.key(seed),
+                     num_steps=args.steps, batch_size=args.batch_size,
+                     eval_every=eval_every, elbo_samples=samples,
+                     progress=not args.no_progress, checkpoint_path=path, resume=True)
+    return est, fit
 
-  print(f"\n{'estimator':<11} {'final ELBO':>16} {'grad variance':>14} {'ms/step':>8} {'table':>9}")
+  # 1. The rule: each estimator's step size is its best final ELBO on the tuning seed.
+  chosen = {}
+  for name in estimators:
+    scores = []
+    for lr in lrs:
+      _, fit = run(name, lr, args.tune_seed, 0)
+      value = float(elbo(objective, fit.params, jax.random.key(7), 1000)[0])
+      scores.append(value if np.isfinite(value) else -np.inf)
+    chosen[name] = lrs[int(np.argmax(scores))]
+  print("step sizes chosen on the tuning seed: "
+        + ", ".join(f"{k} {v:g}" for k, v in chosen.items()))
+
+  # 2. The reported runs.
+  results, traces = {}, {}
+  for name in estimators:
+    finals, curves, variances, ms = [], [], [], []
+    for seed in seeds:
+      est, fit = run(name, chosen[name], seed, 200)
+      params, state = fit.params, fit.opt_state
+      finals.append(float(elbo(objective, params, jax.random.key(99), 2000)[0]))
+      curves.append([float(elbo(objective, init, jax.random.key(0), 200)[0])]
+                    + [float(v) for v in fit.history.elbo])
+      var, _ = total_variance(estimator_samples(est, state[0], params, objective,
+                                                jax.random.key(3), 2000, args.batch_size))
+      variances.append(var)
+      ms.append(1e3 * float(fit.history.wall_time[-1]) / args.steps)
+    finals = np.asarray(finals)
+    results[name] = {"lr": chosen[name], "final_elbo": finals.tolist(),
+                     "final_elbo_mean": float(finals.mean()),
+                     "final_elbo_se": float(finals.std(ddof=1) / np.sqrt(len(finals)))
+                     if len(finals) > 1 else float("nan"),
+                     "grad_variance": float(np.median(variances)),
+                     "ms_per_step": float(np.median(ms)),
+                     "table_bytes": dsgrad.table_bytes(state)}
+    traces[name] = {"step": [0] + [int(t) for t in fit.history.step], "elbo": curves}
+
+  print(f"\n{'estimator':<11} {'step size':>9} {'final ELBO (se over seeds)':>27} "
+        f"{'grad variance':>14} {'ms/step':>8} {'table':>9}")
   for name, r in results.items():
-    print(f"{name:<11} {r['final_elbo']:>9.2f} ± {r['final_elbo_se']:<4.2f} "
+    print(f"{name:<11} {r['lr']:>9g} {r['final_elbo_mean']:>18.2f} ({r['final_elbo_se']:.2f}) "
           f"{r['grad_variance']:>14.3g} {r['ms_per_step']:>8.3f} {r['table_bytes']:>8d}B")
+  print("\n" + summary(results))
 
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -127,21 +172,42 @@ def main(argv=None):
   except ImportError:
     print(f"\nwrote {args.out}/results.json (install matplotlib for the plot)")
     return results
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for name, trace in traces.items():
-    t, v = zip(*trace)
-    ax.plot(t, v, label=name)
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  lo, hi = np.inf, -np.inf
+  for i, (name, trace) in enumerate(traces.items()):
+    t, v = np.asarray(trace["step"]), np.asarray(trace["elbo"])
+    ax.plot(t, v.mean(0), color=f"C{i}", label=f"{name} (lr {results[name]['lr']:g})")
+    ax.fill_between(t, v.min(0), v.max(0), color=f"C{i}", alpha=0.2, linewidth=0)
+    lo, hi = min(lo, np.nanmin(v[:, len(t) // 3:])), max(hi, np.nanmax(v))
+  ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
   ax.set_xlabel("iteration")
   ax.set_ylabel("full-data ELBO")
-  lo = min(min(v for _, v in tr[len(tr) // 3:]) for tr in traces.values())
-  hi = max(max(v for _, v in tr) for tr in traces.values())
-  ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
-  ax.set_title(f"{args.dataset}: SGD lr={args.lr}, batch {args.batch_size}")
-  ax.legend()
+  ax.set_title(f"{args.dataset}: SGD, batch {args.batch_size}; mean and range over "
+               f"{len(seeds)} seeds")
+  ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(os.path.join(args.out, "elbo.png"), dpi=120)
   print(f"\nwrote {args.out}/results.json and {args.out}/elbo.png")
   return results
+
+
+def summary(results) -> str:
+  """Which estimator won (highest mean final ELBO) and by how much, with the standard
+  error of each difference over seeds (the runs of one seed share their batches)."""
+  ranked = sorted(results, key=lambda k: -results[k]["final_elbo_mean"])
+  best = ranked[0]
+
+  def gap(a, b):
+    d = np.asarray(results[a]["final_elbo"]) - np.asarray(results[b]["final_elbo"])
+    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return d.mean(), se
+
+  lines = [f"Winner: {best} (final ELBO {results[best]['final_elbo_mean']:.2f})."]
+  for other in ranked[1:]:
+    d, se = gap(best, other)
+    verdict = "a tie within 2 se" if np.isfinite(se) and d < 2 * se else "ahead"
+    lines.append(f"  {best} - {other}: {d:+.2f} nats (se {se:.2f}): {verdict}")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ def _table_traffic_floor(num_data):
 def _estimators(objective, model, every, include_slow):
   taylor = dsgrad.approx.gaussian_mean_taylor(model)  # the paper's choice (App. F)
   glm = dsgrad.approx.glm_mean_taylor(model)  # the same, with a table of logits
+  taylor2 = dsgrad.approx.gaussian_taylor(model)  # second order: scales too (Eq. 65-67)
+  glm2 = dsgrad.approx.glm_taylor(model)  # the same, with a table of logits
   out = {
       "naive": lambda: dsgrad.naive(),
       "cv": lambda: dsgrad.cv(objective),
@@ -70,6 +72,15 @@ def _estimators(objective, model, every, include_slow):
       "dense-table traffic only (floor)": lambda: _table_traffic_floor(objective.num_data),
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=every),
       "joint_svrg (App. F)": lambda: dsgrad.joint_svrg(objective, taylor, every=every),
+      "cv (2nd order)": lambda: dsgrad.cv(objective, taylor2),
+      "cv (2nd order, adaptive)": lambda: dsgrad.cv(objective, taylor2,
+                                                    control_weight="adaptive"),
+      "joint_saga (2nd order, logit table)": lambda: dsgrad.joint_saga(objective, glm2),
+      "joint_saga (2nd order, logit table, adaptive)": lambda: dsgrad.joint_saga(
+          objective, glm2, control_weight="adaptive"),
+      "joint_svrg (2nd order)": lambda: dsgrad.joint_svrg(objective, taylor2, every=every),
+      "joint_svrg (2nd order, adaptive)": lambda: dsgrad.joint_svrg(
+          objective, taylor2, every=every, control_weight="adaptive"),
   }
   if include_slow:
     out["smiso"] = lambda: dsgrad.smiso(objective, 1e-3)
@@ -102,7 +113,8 @@ def run(num_data=60_000, num_features=785, num_classes=10, batch_size=100, round
 
 TARGETS = {"cv": 1.5, "joint_saga": 2.5, "joint_svrg": 2.5, "cv (App. F)": 1.5,
            "joint_saga (App. F)": 2.5, "joint_saga (App. F, logit table)": 2.5,
-           "joint_svrg (App. F)": 2.5}
+           "joint_svrg (App. F)": 2.5, "joint_saga (2nd order, logit table)": 2.5,
+           "joint_saga (2nd order, logit table, adaptive)": 2.5}
 PAPER = {"naive": "10.4 ms (1.00x)", "cv (App. F)": "12.8 ms (1.23x)",
          "joint_saga (App. F)": "17.6 ms (1.69x)", "inc": "328 ms (31.5x)"}
 
@@ -120,11 +132,16 @@ def format_table(rows, config):
       "| estimator | ms / step | ratio to naive | target (CPU) | paper, MNIST, GPU (Table 3) | table | all state |",
       "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
   ]
+  verdicts = []
   for name, ms, ratio, table, total in rows:
     target = f"<= {TARGETS[name]}x" if name in TARGETS else ""
     ok = "" if name not in TARGETS else (" (met)" if ratio <= TARGETS[name] else " (missed)")
+    if name in TARGETS:
+      verdicts.append(f"{name} {ratio:.2f}x{ok}")
     lines.append(f"| {name} | {ms:.2f} | {ratio:.2f}x | {target}{ok} | {PAPER.get(name, '')} | "
                  f"{table / 2**20:,.0f} MiB | {total / 2**20:,.0f} MiB |")
+  # Written by the same run as the table, so prose and table cannot disagree.
+  lines += ["", "Targets, from this table: " + "; ".join(verdicts) + "."]
   return "\n".join(lines)
 
 

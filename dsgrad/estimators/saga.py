@@ -46,6 +46,10 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
                                            updates, control)
   in_warmup = state.count < warmup_steps
   out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
+  # The table is still being filled during warm-up: its control says nothing about the
+  # one that follows, so the adaptive weight's moments start after it.
+  weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
+                              state.control_weight, weight_state)
   new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean,
                              weight_state)
   return optax.tree.cast_like(out, updates), new_state
