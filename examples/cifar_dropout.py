@@ -146,6 +146,13 @@ def estimators(glm, objective, batch_size):
       "cv": lambda: dsgrad.cv(objective, approx),
       "joint_saga": lambda: dsgrad.joint_saga(objective, approx, warmup_steps=epoch),
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx, every=epoch),
+      # The same with the variance-minimizing weight of the control, from earlier steps:
+      # a poor approximation (large weights, App. E's expansion) is switched off.
+      "cv_adaptive": lambda: dsgrad.cv(objective, approx, control_weight="adaptive"),
+      "joint_saga_adaptive": lambda: dsgrad.joint_saga(objective, approx, warmup_steps=epoch,
+                                                       control_weight="adaptive"),
+      "joint_svrg_adaptive": lambda: dsgrad.joint_svrg(objective, approx, every=epoch,
+                                                       control_weight="adaptive"),
   }
 
 
@@ -242,7 +249,8 @@ def main(argv=None):
   parser.add_argument("--trace-lr", type=float, default=0.05,
                       help="the learning rate of the first panel (must be in --lrs)")
   parser.add_argument("--estimators", default="naive,cv,joint_saga,joint_svrg",
-                      help="comma-separated estimators to compare")
+                      help="comma-separated estimators to compare (also cv_adaptive, "
+                           "joint_saga_adaptive, joint_svrg_adaptive)")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save the LeNet and every run here; a rerun resumes where it "
                            "stopped")
