@@ -21,8 +21,8 @@ from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
 from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
-from dsgrad.estimators import (IncState, JointSagaState, JointSvrgState, SmisoState, cv,
-                               inc, joint_saga, joint_svrg, naive, smiso)
+from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
+                               SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
 from dsgrad.train import (FitResult, History, fit, restore_fit_checkpoint, restore_fit_history,
                           save_fit_checkpoint, train_step)
@@ -33,7 +33,7 @@ __all__ = [
     "Objective", "gaussian_noise", "per_datum",
     "Approximation", "approx",
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
-    "IncState", "SmisoState", "JointSagaState", "JointSvrgState",
+    "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
     "models", "checkpoint", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
