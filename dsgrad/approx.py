@@ -248,6 +248,14 @@ def _with_statistics(statistics, datum_terms, datum_expected, global_terms, name
   return Approximation(grad_and_expected, expected_grad, name, statistics=fns)
 
 
+def _require_linear(model: Model, who: str, alternative: str):
+  """``model.linear``, or a ``ValueError`` naming ``who`` and what to use instead."""
+  if model.linear is None:
+    raise ValueError(f"{who} needs a model with a linear predictor (model.linear); "
+                     f"{model.name!r} has none. Use {alternative} instead.")
+  return model.linear
+
+
 def glm_mean_taylor(model: Model) -> Approximation:
   """App. F's mean-only Taylor approximation for a GLM, with a table of logits.
 
@@ -285,11 +293,7 @@ def glm_mean_taylor(model: Model) -> Approximation:
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-64; Sec. 7.3 (Table 3).
   """
-  linear = model.linear
-  if linear is None:
-    raise ValueError(f"glm_mean_taylor needs a model with a linear predictor "
-                     f"(model.linear); {model.name!r} has none. Use "
-                     f"gaussian_mean_taylor(model) or linearize() instead.")
+  linear = _require_linear(model, "glm_mean_taylor", "gaussian_mean_taylor(model) or linearize()")
   x = linear.features
   dim, k, n = x.shape[1], linear.num_outputs, model.num_data
 
@@ -536,10 +540,7 @@ def glm_taylor(model: Model) -> Approximation:
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-67; Sec. 7.3 (Table 3).
   """
-  linear = model.linear
-  if linear is None:
-    raise ValueError(f"glm_taylor needs a model with a linear predictor (model.linear); "
-                     f"{model.name!r} has none. Use gaussian_taylor(model) instead.")
+  linear = _require_linear(model, "glm_taylor", "gaussian_taylor(model)")
   x = linear.features
   dim, k, n = x.shape[1], linear.num_outputs, model.num_data
 
