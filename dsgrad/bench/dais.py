@@ -265,13 +265,17 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   results = {}
   for m in methods:
     estimators = {"naive": None, "joint SVRG": "joint"} if m.joint else {"naive": None}
+    if m.joint and args.adaptive:
+      estimators["joint SVRG, adaptive weight"] = "joint_adaptive"
     for est_name, kind in estimators.items():
       if not _selected(f"{m.name}, {est_name}", args.only):
         continue
       opt = optax.adam(_schedule(args.lr, steps))
-      if kind == "joint":
+      if kind is not None:
         every = max(1, n // batch_size // args.svrg_refreshes_per_epoch)
-        opt = optax.chain(dsgrad.joint_svrg(m.objective, every=every, chunk_size=n), opt)
+        weight = "adaptive" if kind == "joint_adaptive" else 1.0
+        opt = optax.chain(dsgrad.joint_svrg(m.objective, every=every, chunk_size=n,
+                                            control_weight=weight), opt)
       t0 = time.perf_counter()
       params, sps, curve = _train(m, opt, steps, batch_size, checkpoints,
                                   jax.random.fold_in(key, 2), args.curve_samples)
@@ -400,6 +404,9 @@ def main(argv=None) -> int:
                            "(e.g. 'SL-DAIS;DAIS (K=2, full data), naive;NumPyro AutoSurr')")
   parser.add_argument("--section", default="dais",
                       help="docs/benchmarks.md section to write (default: dais)")
+  parser.add_argument("--adaptive", action="store_true",
+                      help="also run joint SVRG with control_weight='adaptive' (the "
+                           "variance-minimizing weight of the control, from earlier steps)")
   parser.add_argument("--no-write", dest="write", action="store_false")
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
