@@ -11,6 +11,7 @@ BENCHMARKS = {
     "hmcecs": "dsgrad.bench.hmcecs",
     "mcvae-ppca": "dsgrad.bench.mcvae_ppca",
     "dais": "dsgrad.bench.dais",
+    "peers": "dsgrad.bench.peers",
 }
 
 

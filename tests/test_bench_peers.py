@@ -1,0 +1,57 @@
+"""The peer benchmark compares like with like: NumPyro's model is dsgrad's model, the fed
+indices reach NumPyro's plate, and a smoke run of every contender completes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dsgrad.bench import peers
+
+
+@pytest.fixture(scope="module")
+def task():
+  x, y, _ = peers.dsgrad.models.synthetic_logistic_data(jax.random.key(0), 300, 6)
+  return peers.Task("tiny", np.asarray(x, np.float32), np.asarray(y, np.int32), 1, 20, 100,
+                    "tiny synthetic")
+
+
+@pytest.mark.parametrize("num_classes", [1, 3])
+def test_numpyro_model_with_fed_indices_is_the_dsgrad_model(num_classes):
+  from numpyro.infer.util import log_density
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(300, 6)).astype(np.float32)
+  y = rng.integers(0, max(num_classes, 2), 300).astype(np.int32)
+  task = peers.Task("t", x, y, num_classes, 20, 100, "")
+  model = peers._model(task)
+  z = jnp.asarray(rng.normal(size=model.latent_dim), jnp.float32)
+  idx = jnp.asarray(rng.choice(300, 20, replace=False), jnp.int32)
+  fed, _ = log_density(peers.numpyro_model(task), (idx,), {}, {"w": z})
+  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood(z, idx))
+  np.testing.assert_allclose(fed, ours, rtol=1e-5)
+  other = jnp.asarray(rng.choice(300, 20, replace=False), jnp.int32)
+  moved, _ = log_density(peers.numpyro_model(task), (other,), {}, {"w": z})
+  assert abs(float(moved) - float(fed)) > 1e-3  # the indices do reach the plate
+
+
+def test_quadrature_elbo_matches_monte_carlo(task):
+  evaluate = peers.elbo_evaluator(task)
+  model = peers._model(task)
+  objective = peers.dsgrad.meanfield_gaussian(model)
+  params = {"loc": 0.3 * jnp.ones(6), "log_scale": jnp.full(6, -1.0)}
+  mc, se = peers.dsgrad.elbo(objective, params, jax.random.key(1), 20_000)
+  assert abs(evaluate(params["loc"], params["log_scale"]) - float(mc)) < 4 * float(se) + 1e-3
+
+
+def test_every_contender_runs(task, tmp_path):
+  class Args:
+    only, lrs, tuning_seeds, seeds, evals, quick = None, "0.01", 1, 2, 5, True
+
+  result = peers.run_task(task, Args())
+  summary = peers.summarize(result, Args.evals)
+  assert set(result["runs"]) == set(peers.contenders(task, True))
+  for name, runs in result["runs"].items():
+    assert len(runs) == 2 and all(np.all(np.isfinite(r.elbo)) for r in runs), name
+    assert all(np.all(np.diff(r.seconds) > 0) for r in runs), name
+  text = peers.format_task(result, summary, Args.evals, None)
+  assert "Reading (written by the benchmark" in text and "| dsgrad joint SAGA" in text
