@@ -54,6 +54,7 @@ from dsgrad.annealing import AnnealedVI, NeuralSurrogate, coreset_surrogate, ran
 from dsgrad.bench import _report
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.logistic_regression import logistic_regression, synthetic_logistic_data
+from dsgrad.train import batch_indices
 
 CORRELATED_FEATURES = 0.9  # AR(1) coefficient of the features of "synthetic-corr"
 INIT_SCALE = 0.1  # NumPyro's default init_scale; dsgrad's base starts at the same scale
@@ -134,7 +135,8 @@ def _train(method: _Method, optimizer, steps: int, batch_size: int, checkpoints,
 
 
 # ----------------------------------------------------------------------------- numpyro
-def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkpoints, key):
+def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkpoints, key,
+                  key_batches):
   """NumPyro's AutoSurrogateLikelihoodDAIS (and AutoDAIS unless ``--no-autodais``)."""
   import numpyro
   import numpyro.distributions as dist
@@ -148,12 +150,15 @@ def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkp
   n_surr = surrogate_points.shape[0]
   x_surr, y_surr = x[surrogate_points], y[surrogate_points]
 
-  def model(subsample_size=None):
+  def model(subsample_size=None, idx=None):
+    # idx: the batch's indices substituted into the plate (NumPyro's fast configuration);
+    # without it the plate draws its own subsample each step (the idiomatic one).
     w = numpyro.sample("w", dist.Normal(jnp.zeros(d), 1.0).to_event(1))
-    with numpyro.plate("N", n, subsample_size=subsample_size):
-      xb = numpyro.subsample(x, event_dim=1)
-      yb = numpyro.subsample(y, event_dim=0)
-      numpyro.sample("y", dist.Bernoulli(logits=xb @ w), obs=yb)
+    with numpyro.handlers.substitute(data={} if idx is None else {"N": idx}):
+      with numpyro.plate("N", n, subsample_size=subsample_size):
+        xb = numpyro.subsample(x, event_dim=1)
+        yb = numpyro.subsample(y, event_dim=0)
+        numpyro.sample("y", dist.Bernoulli(logits=xb @ w), obs=yb)
 
   def surrogate_model():
     w = numpyro.sample("w", dist.Normal(jnp.zeros(d), 1.0).to_event(1))
@@ -165,20 +170,31 @@ def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkp
   common = dict(K=args.k, eta_init=args.eta_init, eta_max=args.eta_max, gamma_init=0.9,
                 init_loc_fn=init_to_value(values={"w": jnp.zeros(d)}), init_scale=INIT_SCALE)
   guides = {}
+  label = f"NumPyro AutoSurrogateLikelihoodDAIS (K={args.k}, RAND {n_surr})"
   if _selected("NumPyro AutoSurrogateLikelihoodDAIS", args.only):
-    guides[f"NumPyro AutoSurrogateLikelihoodDAIS (K={args.k}, RAND {n_surr})"] = (
-        AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common), batch_size)
+    guides[label] = (AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common),
+                     batch_size, False)
+  if args.numpyro_fed and _selected("NumPyro AutoSurrogateLikelihoodDAIS", args.only):
+    guides[label + ", indices passed in"] = (
+        AutoSurrogateLikelihoodDAIS(model, surrogate_model, **common), batch_size, True)
   if args.autodais and _selected("NumPyro AutoDAIS", args.only):
-    guides[f"NumPyro AutoDAIS (K={args.k}, full data)"] = (AutoDAIS(model, **common), None)
+    guides[f"NumPyro AutoDAIS (K={args.k}, full data)"] = (AutoDAIS(model, **common), None,
+                                                           False)
+  # The same batches as dsgrad's runs: dsgrad.fit's reshuffled epochs from the same key.
+  fit_key, _ = jax.random.split(key_batches)
+  batches = batch_indices(jax.random.split(fit_key)[0], 0, steps, n, batch_size)
   out = {}
-  for name, (guide, sub) in guides.items():
+  for name, (guide, sub, fed) in guides.items():
     optim = optax_to_numpyro(optax.adam(_schedule(args.lr, steps)))
     svi = SVI(model, guide, optim, Trace_ELBO())
-    state = svi.init(key, subsample_size=sub)
+    state = svi.init(key, subsample_size=sub, idx=batches[0] if fed else None)
 
-    def segment(s, length):
+    def segment(s, idx, sub=sub, fed=fed, svi=svi):
+      if fed:
+        return jax.lax.scan(lambda c, i: (svi.update(c, subsample_size=sub, idx=i)[0], None),
+                            s, idx)[0]
       return jax.lax.scan(lambda c, _: (svi.update(c, subsample_size=sub)[0], None), s,
-                          None, length=length)[0]
+                          idx)[0]
 
     compiled, wall, done, curve = {}, 0.0, 0, []
     loss_fn = jax.jit(lambda k, p: Trace_ELBO().loss(k, p, model, guide, subsample_size=None))
@@ -191,10 +207,9 @@ def _numpyro_runs(train, test, surrogate_points, args, steps, batch_size, checkp
     for i, stop in enumerate(checkpoints):
       length = stop - done
       if length not in compiled:
-        compiled[length] = jax.jit(lambda s, length=length: segment(s, length)).lower(
-            state).compile()
+        compiled[length] = jax.jit(segment).lower(state, batches[done:stop]).compile()
       t0 = time.perf_counter()
-      state = jax.block_until_ready(compiled[length](state))
+      state = jax.block_until_ready(compiled[length](state, batches[done:stop]))
       wall += time.perf_counter() - t0
       done = stop
       curve.append(elbo(svi.get_params(state), jax.random.fold_in(key, 10_000 + i),
@@ -293,7 +308,8 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   if args.numpyro and (_selected("NumPyro AutoSurrogateLikelihoodDAIS", args.only)
                        or (args.autodais and _selected("NumPyro AutoDAIS", args.only))):
     for name, r in _numpyro_runs(train, test, surrogate.points[...], args, steps, batch_size,
-                                 checkpoints, jax.random.fold_in(key, 3)).items():
+                                 checkpoints, jax.random.fold_in(key, 3),
+                                 jax.random.fold_in(key, 2)).items():
       results[(name, "NumPyro")] = r
   return results
 
@@ -404,6 +420,9 @@ def main(argv=None) -> int:
                            "(e.g. 'SL-DAIS;DAIS (K=2, full data), naive;NumPyro AutoSurr')")
   parser.add_argument("--section", default="dais",
                       help="docs/benchmarks.md section to write (default: dais)")
+  parser.add_argument("--numpyro-fed", action="store_true",
+                      help="also run NumPyro's SL-DAIS with the batch indices substituted "
+                           "into its plate (its fast configuration) beside the idiomatic one")
   parser.add_argument("--adaptive", action="store_true",
                       help="also run joint SVRG with control_weight='adaptive' (the "
                            "variance-minimizing weight of the control, from earlier steps)")
