@@ -321,8 +321,11 @@ def run_one(runner: Runner, compiled: dict, task: Task, seed: int, evals: int,
             evaluate) -> Run:
   steps, b, n = task.steps, task.batch_size, task.x.shape[0]
   seg = steps // evals
-  indices = epoch_batches(jax.random.key(10_000 + seed), n, b, steps)
-  keys = jax.random.split(jax.random.key(20_000 + seed), steps)
+  # Drawn and finished before any clock starts (JAX dispatches asynchronously: an
+  # unfinished permutation of 10^6 indices would otherwise be timed as the first step).
+  indices, keys = jax.block_until_ready((
+      epoch_batches(jax.random.key(10_000 + seed), n, b, steps),
+      jax.random.split(jax.random.key(20_000 + seed), steps)))
   key = jax.random.key(seed)
   if "init" not in compiled:  # jitted; the first call compiles (untimed)
     compiled["init_fn"] = jax.jit(runner.init)

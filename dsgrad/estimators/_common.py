@@ -157,12 +157,13 @@ def set_row_values(table, indices, values):
 def first_occurrence(indices):
   """Boolean mask: ``True`` where ``indices[b]`` has not appeared earlier in the batch.
 
-  ``O(B^2)`` comparisons, negligible for mini-batches.
+  A stable sort, ``O(B log B)`` (the ``B x B`` comparison it replaces cost 10^6
+  comparisons a step at ``B = 1,000``).
   """
-  b = indices.shape[0]
-  pos = jnp.arange(b)
-  seen_before = (indices[:, None] == indices[None, :]) & (pos[None, :] < pos[:, None])
-  return ~jnp.any(seen_before, axis=1)
+  order = jnp.argsort(indices, stable=True)
+  ranked = indices[order]
+  first_in_sorted = jnp.concatenate([jnp.ones((1,), bool), ranked[1:] != ranked[:-1]])
+  return jnp.zeros(indices.shape, bool).at[order].set(first_in_sorted)
 
 
 def reweighted(objective: Objective, weights) -> Objective:
