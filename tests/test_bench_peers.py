@@ -55,3 +55,10 @@ def test_every_contender_runs(task, tmp_path):
     assert all(np.all(np.diff(r.seconds) > 0) for r in runs), name
   text = peers.format_task(result, summary, Args.evals, None)
   assert "Reading (written by the benchmark" in text and "| dsgrad joint SAGA" in text
+
+
+def test_bradley_terry_task_is_winner_minus_loser():
+  task = peers.load_task("bradley-terry", "", quick=True)
+  assert np.all(task.y == 1)
+  assert np.all((task.x == 1).sum(1) == 1) and np.all((task.x == -1).sum(1) == 1)
+  assert np.all(task.x.sum(1) == 0)
