@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad.bbvi import meanfield_entropy
+from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
 from dsgrad.models.dropout_glm import DropoutGLM
 from dsgrad.objective import Objective
@@ -248,12 +249,60 @@ def _with_statistics(statistics, datum_terms, datum_expected, global_terms, name
   return Approximation(grad_and_expected, expected_grad, name, statistics=fns)
 
 
-def _require_linear(model: Model, who: str, alternative: str):
-  """``model.linear``, or a ``ValueError`` naming ``who`` and what to use instead."""
+class _GlmParts(NamedTuple):
+  """What :func:`glm_mean_taylor` and :func:`glm_taylor` share: a GLM's features, the
+  table statistic (the logits at ``loc``) and the logit-space gradient terms."""
+
+  linear: Any
+  x: jax.Array
+  dim: int
+  k: int
+  check: Callable[[Any], None]
+  statistics: Callable[..., Any]
+  logit_grad: Callable[..., Any]
+  logit_terms: Callable[..., Any]
+  weighted_outer: Callable[..., Any]
+
+
+def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
+  """The shared pieces of the GLM approximations, or a ``ValueError`` naming ``who`` and
+  what to use instead when the model has no linear predictor."""
   if model.linear is None:
     raise ValueError(f"{who} needs a model with a linear predictor (model.linear); "
                      f"{model.name!r} has none. Use {alternative} instead.")
-  return model.linear
+  linear = model.linear
+  x = linear.features
+  dim, k = x.shape[1], linear.num_outputs
+
+  def check(params):
+    shape = jnp.shape(params["loc"])
+    if shape != (dim * k,):
+      raise ValueError(f"{who}({model.name}): params['loc'] has shape {shape}, "
+                       f"expected ({dim * k},) = D * K with D={dim}, K={k}")
+
+  def statistics(params, indices):
+    check(params)
+    return x[indices] @ params["loc"].reshape(dim, k)
+
+  def logit_grad(stats, indices):
+    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))(stats)
+
+  def logit_terms(objective, params, stats, indices, noise):
+    """``(ell'(a_b), ell''(a_b) x_b^T V_b, V)`` with ``V = exp(log_scale) * noise``."""
+    scaled = jnp.exp(params["log_scale"]) * noise
+    if objective.shared_noise:
+      direction = x[indices] @ scaled.reshape(dim, k)
+    else:
+      direction = jnp.einsum("bd,bdk->bk", x[indices], scaled.reshape(-1, dim, k))
+    g, hv = jax.jvp(lambda a: logit_grad(a, indices), (stats,), (direction,))
+    return g, hv, scaled
+
+  def weighted_outer(indices, terms, weights):
+    """``sum_b weights_b x_b terms_b^T`` as a ``(D, K)`` matrix."""
+    return x[indices].T @ (terms * weights[:, None].astype(terms.dtype))
+
+  return _GlmParts(linear, x, dim, k, check, statistics, logit_grad, logit_terms,
+                   weighted_outer)
 
 
 def glm_mean_taylor(model: Model) -> Approximation:
@@ -293,44 +342,23 @@ def glm_mean_taylor(model: Model) -> Approximation:
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-64; Sec. 7.3 (Table 3).
   """
-  linear = _require_linear(model, "glm_mean_taylor", "gaussian_mean_taylor(model) or linearize()")
-  x = linear.features
-  dim, k, n = x.shape[1], linear.num_outputs, model.num_data
-
-  def check(params):
-    shape = jnp.shape(params["loc"])
-    if shape != (dim * k,):
-      raise ValueError(f"glm_mean_taylor({model.name}): params['loc'] has shape {shape}, "
-                       f"expected ({dim * k},) = D * K with D={dim}, K={k}")
-
-  def statistics(params, indices):
-    check(params)
-    return x[indices] @ params["loc"].reshape(dim, k)
-
-  def logit_grad(stats, indices):
-    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))(stats)
+  glm = _glm_parts(model, "glm_mean_taylor", "gaussian_mean_taylor(model) or linearize()")
+  n = model.num_data
 
   def to_params(params, per_datum_logit_terms, indices, weights):
-    weighted = per_datum_logit_terms * weights[:, None].astype(per_datum_logit_terms.dtype)
-    loc = -n * (x[indices].T @ weighted).reshape(-1)
+    loc = -n * glm.weighted_outer(indices, per_datum_logit_terms, weights).reshape(-1)
     return {"loc": loc.astype(params["loc"].dtype),
             "log_scale": jnp.zeros_like(params["log_scale"])}
 
   def datum_terms(objective, params, stats, indices, noise, weights):
-    check(params)
-    scaled = jnp.exp(params["log_scale"]) * noise
-    if objective.shared_noise:
-      direction = x[indices] @ scaled.reshape(dim, k)
-    else:
-      direction = jnp.einsum("bd,bdk->bk", x[indices],
-                             scaled.reshape(indices.shape[0], dim, k))
-    g, hv = jax.jvp(lambda a: logit_grad(a, indices), (stats,), (direction,))
+    glm.check(params)
+    g, hv, _ = glm.logit_terms(objective, params, stats, indices, noise)
     return (to_params(params, g + hv, indices, weights),
             to_params(params, g, indices, weights))
 
   def datum_expected(objective, params, stats, indices, weights):
     del objective
-    return to_params(params, logit_grad(stats, indices), indices, weights)
+    return to_params(params, glm.logit_grad(stats, indices), indices, weights)
 
   def global_terms(objective, params, noise):
     scaled = jnp.exp(params["log_scale"]) * noise
@@ -340,8 +368,8 @@ def glm_mean_taylor(model: Model) -> Approximation:
     zeros = jnp.zeros_like(params["log_scale"])
     return {"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros}
 
-  return _with_statistics(statistics, datum_terms, datum_expected, global_terms,
-                          "glm_mean_taylor", x.dtype)
+  return _with_statistics(glm.statistics, datum_terms, datum_expected, global_terms,
+                          "glm_mean_taylor", glm.x.dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -391,19 +419,18 @@ def _likelihood_hessian_diag(model: Model, z, indices):
   return _hessian_diag(lambda zz: n * jnp.mean(model.log_likelihood(zz, indices)), z)
 
 
-_FAMILIES = {frozenset({"loc", "log_scale"}): "meanfield",
-             frozenset({"loc", "off_diag", "log_diag"}): "fullrank"}
+_FAMILIES = {frozenset({"loc", "log_scale"}): MeanFieldGaussian,
+             frozenset({"loc", "off_diag", "log_diag"}): FullRankGaussian}
 
 
 def _gaussian_family(params, who: str):
-  from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian
-  keys = frozenset(params) if isinstance(params, dict) else None
-  family = _FAMILIES.get(keys)
+  """The Gaussian family whose params these are (by their keys), or a ``ValueError``."""
+  family = _FAMILIES.get(frozenset(params) if isinstance(params, dict) else None)
   if family is None:
     raise ValueError(f"{who} works on Gaussian params {{'loc', 'log_scale'}} (mean-field) "
                      f"or {{'loc', 'off_diag', 'log_diag'}} (full-rank), got "
                      f"{jax.tree.structure(params)}")
-  return MeanFieldGaussian if family == "meanfield" else FullRankGaussian
+  return family
 
 
 def gaussian_taylor(model: Model) -> Approximation:
@@ -540,34 +567,23 @@ def glm_taylor(model: Model) -> Approximation:
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-67; Sec. 7.3 (Table 3).
   """
-  linear = _require_linear(model, "glm_taylor", "gaussian_taylor(model)")
-  x = linear.features
-  dim, k, n = x.shape[1], linear.num_outputs, model.num_data
+  glm = _glm_parts(model, "glm_taylor", "gaussian_taylor(model)")
+  x, dim, k, n = glm.x, glm.dim, glm.k, model.num_data
 
   def check(params):
     _gaussian_family(params, f"glm_taylor({model.name})")
     if "log_scale" not in params:
       raise ValueError(f"glm_taylor({model.name}) works on mean-field params; for "
                        f"full-rank params use gaussian_taylor(model)")
-    shape = jnp.shape(params["loc"])
-    if shape != (dim * k,):
-      raise ValueError(f"glm_taylor({model.name}): params['loc'] has shape {shape}, "
-                       f"expected ({dim * k},) = D * K with D={dim}, K={k}")
+    glm.check(params)
 
   def statistics(params, indices):
     check(params)
-    return x[indices] @ params["loc"].reshape(dim, k)
-
-  def logit_grad(stats, indices):
-    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))(stats)
-
-  def weighted_outer(indices, terms, weights):
-    """``sum_b weights_b x_b terms_b^T`` as a ``(D, K)`` matrix."""
-    return x[indices].T @ (terms * weights[:, None].astype(terms.dtype))
+    return glm.statistics(params, indices)
 
   def curvature(stats, indices, weights):
     """``sum_b weights_b x_b^2 diag ell''(a_b)^T``, flattened; independent of ``w``."""
-    h = _logit_hessian_diag(linear, stats, indices)
+    h = _logit_hessian_diag(glm.linear, stats, indices)
     return ((x[indices] ** 2).T @ (h * weights[:, None].astype(h.dtype))).reshape(-1)
 
   def variance(params):
@@ -575,28 +591,23 @@ def glm_taylor(model: Model) -> Approximation:
 
   def datum_terms(objective, params, stats, indices, noise, weights):
     check(params)
-    scaled = jnp.exp(params["log_scale"]) * noise
-    if objective.shared_noise:
-      direction = x[indices] @ scaled.reshape(dim, k)
-    else:
-      direction = jnp.einsum("bd,bdk->bk", x[indices], scaled.reshape(-1, dim, k))
-    g, hv = jax.jvp(lambda a: logit_grad(a, indices), (stats,), (direction,))
+    g, hv, scaled = glm.logit_terms(objective, params, stats, indices, noise)
     t = g + hv
-    loc = -n * weighted_outer(indices, t, weights).reshape(-1)
+    loc = -n * glm.weighted_outer(indices, t, weights).reshape(-1)
     if objective.shared_noise:
       scale = loc * scaled
     else:
       scale = -n * jnp.einsum("bd,bk,bdk->dk", x[indices],
                               t * weights[:, None].astype(t.dtype),
                               scaled.reshape(-1, dim, k)).reshape(-1)
-    expected = {"loc": -n * weighted_outer(indices, g, weights).reshape(-1),
+    expected = {"loc": -n * glm.weighted_outer(indices, g, weights).reshape(-1),
                 "log_scale": -n * curvature(stats, indices, weights) * variance(params)}
     d = {"loc": loc, "log_scale": scale}
     return (optax.tree.cast_like(d, params), optax.tree.cast_like(expected, params))
 
   def datum_expected(objective, params, stats, indices, weights):
     del objective
-    mean = {"loc": -n * weighted_outer(indices, logit_grad(stats, indices), weights)
+    mean = {"loc": -n * glm.weighted_outer(indices, glm.logit_grad(stats, indices), weights)
             .reshape(-1), "log_scale": -n * curvature(stats, indices, weights)}
     return optax.tree.cast_like(mean, params)
 

@@ -49,7 +49,7 @@ def test_every_contender_runs(task, tmp_path):
 
   result = peers.run_task(task, Args())
   summary = peers.summarize(result, Args.evals)
-  assert set(result["runs"]) == set(peers.contenders(task, True))
+  assert set(result["runs"]) == set(peers.contenders(task))
   for name, runs in result["runs"].items():
     assert len(runs) == 2 and all(np.all(np.isfinite(r.elbo)) for r in runs), name
     assert all(np.all(np.diff(r.seconds) > 0) for r in runs), name

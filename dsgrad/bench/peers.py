@@ -307,7 +307,7 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
   return Runner(init, segment, params)
 
 
-def contenders(task: Task, quick: bool) -> dict:
+def contenders(task: Task) -> dict:
   """``{label: (factory(lr) -> Runner, tuned_like)}``; ``tuned_like`` names the contender
   whose learning rate this one reuses (``None``: tuned itself)."""
   out = {"optax (hand-written), naive": (lambda lr: optax_runner(task, lr), None)}
@@ -370,7 +370,7 @@ def run_one(runner: Runner, compiled: dict, task: Task, seed: int, evals: int,
 
 def run_task(task: Task, args) -> dict:
   evaluate = elbo_evaluator(task)
-  table = contenders(task, args.quick)
+  table = contenders(task)
   if args.only:
     table = {k: v for k, v in table.items() if any(p in k for p in args.only.split(";"))}
   lrs = [float(v) for v in args.lrs.split(",")]

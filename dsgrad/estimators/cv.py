@@ -57,12 +57,8 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     _common.check_update("cv", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite)
     g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
-    control = optax.tree.sub(e_tilde, g_tilde)
-    if control_weight == "adaptive":
-      out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
-                                  control)
-    else:
-      out, _ = _weights.apply(control_weight, control_weight_horizon, (), updates, control)
+    out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
+                                optax.tree.sub(e_tilde, g_tilde))
     return optax.tree.cast_like(out, updates), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
