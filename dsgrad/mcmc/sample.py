@@ -224,15 +224,18 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
            trajectory_length: float = 1.2, target_accept: float = 0.8,
            initial_step_size: float = 0.25, max_integration_steps: int = 256,
            reference_updates_every: int = 200, signed_blocks_per_update: int = 1,
+           mass_matrix="laplace", mass_window: int = 200,
            progress: bool = True) -> MCMCResult:
   """HMC-ECS from start to finish, tuned as in the paper (Sec. 6.3).
 
   1. ``theta*`` = :func:`find_reference_point` (unless given), the Taylor proxy around
-     it (one O(n) pass) and the mass matrix ``M`` = :func:`laplace_precision`.
+     it (one O(n) pass) and the mass matrix ``M`` (by default :func:`laplace_precision`;
+     see ``mass_matrix``).
   2. Warm-up of ``num_warmup`` iterations with the perturbed scheme: dual averaging of
      the step size towards ``target_accept`` with ``L = ceil(trajectory_length / eps)``;
      every ``reference_updates_every`` iterations ``theta*`` moves to the mean of the
-     last window's draws, and the proxy and ``M`` are recomputed.
+     last window's draws, and the proxy (and, with ``mass_matrix="laplace"``, ``M``) is
+     recomputed.
   3. ``num_samples`` iterations with the tuned step size and ``estimator``:
      ``"perturbed"`` (Sec. 4) or ``"signed"`` (Sec. 5; block-Poisson with ``(lambda, a)``
      from :func:`dsgrad.mcmc.suggest_block_poisson` at Laplace draws, and ``m`` =
@@ -256,6 +259,15 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     max_integration_steps: cap on ``L``.
     reference_updates_every: warm-up window length; 0 keeps ``theta*`` fixed.
     signed_blocks_per_update: ``kappa`` for the signed scheme.
+    mass_matrix: ``"laplace"`` (default, the paper's Sec. 6.3: ``M`` is the posterior
+      precision at ``theta*``, recomputed with the proxy); ``"adapt"``: a diagonal ``M``
+      adapted from the warm-up draws as Stan and NumPyro do -- ``M^{-1}`` starts at the
+      identity and, at the end of every ``mass_window`` warm-up iterations but the last
+      window, becomes the regularized variance of that window's draws
+      ``(w / (w + 5)) var + 1e-3 (5 / (w + 5))``, and dual averaging restarts; or a
+      fixed ``(d, d)`` mass matrix ``M`` (a ``(d,)`` array is its diagonal), used
+      unchanged throughout -- e.g. the same Laplace precision handed to another library.
+    mass_window: warm-up window for ``mass_matrix="adapt"``.
     progress: progress bar while sampling.
 
   Returns:
@@ -263,7 +275,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
 
   Raises:
     ValueError: on an unknown estimator, ``m > n``, non-positive block counts, a
-      reference point or position of the wrong shape.
+      reference point, position or mass matrix of the wrong shape, a mass matrix that is
+      not positive definite, or an unknown ``mass_matrix`` string.
   """
   if estimator not in ("perturbed", "signed", "full"):
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
@@ -282,7 +295,28 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   reference_point = _check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += n
-  precision = laplace_precision(model, proxy)
+  d = model.latent_dim
+  if isinstance(mass_matrix, str):
+    if mass_matrix not in ("laplace", "adapt"):
+      raise ValueError(f"mass_matrix must be 'laplace', 'adapt' or an array, got {mass_matrix!r}")
+    mass_mode = mass_matrix
+  else:
+    mass_mode = "fixed"
+    given = np.asarray(mass_matrix, np.float64)
+    if given.shape == (d,):
+      given = np.diag(given)
+    if given.shape != (d, d) or not np.all(np.isfinite(given)):
+      raise ValueError(f"mass_matrix must be finite with shape ({d},) or ({d}, {d}), got "
+                       f"shape {given.shape}")
+    fixed_mass = jnp.asarray(given, jnp.float32)
+  if mass_window < 1:
+    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
+  if mass_mode == "laplace":
+    precision = laplace_precision(model, proxy)
+  elif mass_mode == "adapt":
+    precision = jnp.eye(d, dtype=jnp.float32)
+  else:
+    precision = fixed_mass
   position = reference_point if position is None else _check_theta(model, position, "position")
   kernel = build_kernel(model, scheme)
   state = init(model, scheme, proxy, position, k_init)
@@ -302,27 +336,39 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   params = hmc_parameters(initial_step_size, 1, precision)
   adapt = dual_averaging_init(initial_step_size)
   window = reference_updates_every or num_warmup
-  done = 0
+  if mass_mode == "adapt":
+    window = math.gcd(window, mass_window) if reference_updates_every else mass_window
+  done, mass_draws = 0, []
   warm_keys = jax.random.split(k_warm, max(num_warmup, 1))
   while done < num_warmup:
     size = min(window, num_warmup - done)
     (state, adapt), (positions, evals) = warm_window(state, adapt, proxy, params,
                                                      warm_keys[done:done + size])
+    mass_draws.append(positions)
     evaluations += int(np.sum(evals))
     done += size
-    if reference_updates_every and done < num_warmup:
+    if done >= num_warmup:
+      break
+    if reference_updates_every and done % reference_updates_every == 0:
       proxy = taylor_proxy(model, jnp.mean(positions, 0), order=proxy_order)
       evaluations += n
-      precision = laplace_precision(model, proxy)
-      params = hmc_parameters(initial_step_size, 1, precision)
+      if mass_mode == "laplace":
+        precision = laplace_precision(model, proxy)
+        params = hmc_parameters(initial_step_size, 1, precision)
       state = reset(model, scheme, proxy, state.position, state.subsample)
+    if mass_mode == "adapt" and done % mass_window == 0:
+      draws = jnp.concatenate(mass_draws)
+      mass_draws, w = [], draws.shape[0]
+      variance = (w / (w + 5.0)) * jnp.var(draws, 0) + 1e-3 * (5.0 / (w + 5.0))
+      params = hmc_parameters(initial_step_size, 1, jnp.diag(1.0 / variance))
+      adapt = dual_averaging_init(jnp.exp(adapt.log_step))
   step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
   params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
                            num_integration_steps=_steps_for(step_size, trajectory_length,
                                                             max_integration_steps))
 
   if estimator == "signed":
-    draws = laplace_draws(proxy, precision, k_tune, 50)
+    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 50)
     lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
     scheme = subsample_lib.block_poisson(model, subsample_size, lam, a,
                                          blocks_per_update=min(signed_blocks_per_update, lam))
