@@ -87,6 +87,18 @@ def test_difference_estimator_is_unbiased(logreg, order):
   assert np.all(np.abs(g.mean(0) - exact_grad) < Z * g_se + 1e-3)
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_gradient_estimate_is_the_gradient_of_the_difference_estimator(logreg, order):
+  """Eq. 4.7 written out (one gradient, one Hessian-vector product) equals automatic
+  differentiation of the difference estimator it comes from."""
+  proxy = mcmc.taylor_proxy(logreg, 0.1 * jnp.ones(logreg.latent_dim), order=order)
+  theta = proxy.theta_star + 0.2 * jax.random.normal(jax.random.key(7), (logreg.latent_dim,))
+  idx = jax.random.randint(jax.random.key(8), (60,), 0, logreg.num_data)
+  want = jax.grad(lambda t: mcmc.difference_estimator(logreg, proxy, t, idx)[0])(theta)
+  got = mcmc.gradient_estimate(logreg, proxy, theta, idx)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
+
+
 def test_block_poisson_estimator_is_unbiased_for_the_likelihood(logreg):
   proxy = mcmc.taylor_proxy(logreg, jnp.zeros(logreg.latent_dim))
   theta = 0.05 * jax.random.normal(jax.random.key(6), (logreg.latent_dim,))

@@ -568,10 +568,14 @@ def figure(result: dict, summary: dict, path: str) -> None:
 
 
 def main(argv=None):
+  if argv and argv[0] == "mcmc":  # subsampling MCMC: its own protocol and options
+    from dsgrad.bench import peers_mcmc
+    return peers_mcmc.main(argv[1:])
   parser = argparse.ArgumentParser(prog="python -m dsgrad.bench peers",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("tasks", nargs="?", default="australian,sonar,digits,synthetic",
-                      help=f"comma-separated tasks from {', '.join(TASKS)}")
+                      help=f"comma-separated tasks from {', '.join(TASKS)}; or `mcmc` "
+                           "(then see `peers mcmc --help`)")
   parser.add_argument("--quick", action="store_true",
                       help="every contender on Australian, 600 steps, 2 reported seeds, "
                            "1 tuning seed, two learning rates (a smoke run)")

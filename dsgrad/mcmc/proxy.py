@@ -153,5 +153,22 @@ def log_likelihood_estimate(model: Model, proxy: TaylorProxy, theta, indices) ->
 
 def gradient_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   """Unbiased estimate of ``grad sum_k l_k(theta)`` (Eq. 4.7): the gradient of
-  ``l_hat``, used by SGLD and SG-HMC."""
-  return jax.grad(lambda t: difference_estimator(model, proxy, t, indices)[0])(theta)
+  ``l_hat``, used by SGLD and SG-HMC.
+
+  Written out rather than differentiated through :func:`proxy_values`:
+  ``grad q_k(theta) = grad l_k(theta*) + H_k(theta*) (theta - theta*)``, so the estimate
+  is ``A + B delta + (n / m) sum_i [grad l_{u_i}(theta) - grad l_{u_i}(theta*) -
+  H_{u_i}(theta*) delta]``: one gradient at ``theta`` and one forward-over-reverse
+  Hessian-vector product at ``theta*`` on the subsample.
+  """
+  n, m = model.num_data, indices.shape[0]
+  delta = theta - proxy.theta_star
+
+  def subsample_grad(t):
+    return jax.grad(lambda w: jnp.sum(model.log_likelihood(w, indices)))(t)
+
+  grad_now = subsample_grad(theta)
+  grad_star, hess_delta = jax.jvp(subsample_grad, (proxy.theta_star,), (delta,))
+  order = proxy.second_order
+  return (proxy.sum_grad + order * proxy.sum_hessian @ delta
+          + (n / m) * (grad_now - grad_star - order * hess_delta))
