@@ -26,8 +26,12 @@ Data: a seeded synthetic set (``dsgrad.models.synthetic_logistic_data(key(0), 60
 20)``: 19 standard normal features plus an intercept, weight ``N(0, I)``, Bernoulli
 labels; the first 50,000 rows train, the last 10,000 test), its correlated variant
 ``synthetic-corr`` (the same with ``feature_correlation=0.9``: AR(1) features, correlation
-``0.9^|i-j|``, so the posterior is strongly correlated) and the Australian credit
-data embedded in ``shared/data`` (80/20 seeded split, standardized, with intercept).
+``0.9^|i-j|``, so the posterior is strongly correlated), ``synthetic-sharp`` (2,000 train
+and 500 test rows, 20 standard normal features plus an intercept, true weight
+``N(0, 9 I)`` against the ``N(0, I)`` prior: nearly deterministic labels and about 100
+data per parameter, so the posterior is skewed -- a non-Gaussian posterior where
+annealing has something to correct) and the Australian credit data embedded in
+``shared/data`` (80/20 seeded split, standardized, with intercept).
 
 References:
   Jankowiak, Phan (2022). Surrogate likelihoods for variational annealed importance
@@ -60,7 +64,21 @@ CORRELATED_FEATURES = 0.9  # AR(1) coefficient of the features of "synthetic-cor
 INIT_SCALE = 0.1  # NumPyro's default init_scale; dsgrad's base starts at the same scale
 
 
+SHARP_WEIGHT_SCALE = 3.0  # "synthetic-sharp": true weight N(0, 9 I) against the N(0, I) prior
+
+
 def _data(name: str, seed: int, quick: bool):
+  if name == "synthetic-sharp":
+    # Few data per parameter and nearly deterministic labels: the posterior is skewed and
+    # heavy on the side where the likelihood flattens (a non-Gaussian posterior).
+    n_train, n_test, dim = 2_000, 500, 20
+    k_x, k_w, k_y = jax.random.split(jax.random.key(seed), 3)
+    x = jnp.concatenate([jax.random.normal(k_x, (n_train + n_test, dim)),
+                         jnp.ones((n_train + n_test, 1))], axis=1)
+    w = SHARP_WEIGHT_SCALE * jax.random.normal(k_w, (dim + 1,))
+    y = jax.random.bernoulli(k_y, jax.nn.sigmoid(x @ w)).astype(jnp.int32)
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.int32)
+    return (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
   if name in ("synthetic", "synthetic-corr"):
     n_train, n_test = (5_000, 1_000) if quick else (50_000, 10_000)
     rho = CORRELATED_FEATURES if name == "synthetic-corr" else 0.0
@@ -259,7 +277,9 @@ def _run_seed(model, train, test, batch_size, seed, args) -> dict:
   annealed = dict(eta_max=args.eta_max)
   eta = args.eta_init  # every annealed method starts from the same step size
   surrogates = list(_surrogates(model, surrogate, key, args))
-  methods = [_bbvi("mean-field BBVI", MeanFieldGaussian, model),
+  methods = [_annealed("DAIS (K=0, the mean-field base)", AnnealedVI(model, 0, **annealed),
+                       eta),
+             _bbvi("mean-field BBVI", MeanFieldGaussian, model),
              _bbvi("full-rank BBVI", FullRankGaussian, model),
              _annealed("DAIS (K=2, full data)", AnnealedVI(model, 2, **annealed), eta),
              _annealed(f"DAIS (K={k}, full data)", AnnealedVI(model, k, **annealed), eta),
@@ -386,7 +406,8 @@ def _table(dataset, n, d, n_test, batch_size, results, args) -> str:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m dsgrad.bench dais", description=__doc__.split("\n\n")[0])
   parser.add_argument("--datasets", default="synthetic,australian",
-                      help="comma-separated: synthetic, synthetic-corr, australian")
+                      help="comma-separated: synthetic, synthetic-corr, synthetic-sharp, "
+                           "australian")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--batch-size", type=int, default=256)
   parser.add_argument("--k", type=int, default=8, help="annealing steps of DAIS/NS-/SL-DAIS")
