@@ -63,6 +63,7 @@ def test_sgld_steps_drift_by_the_same_amount(problem, library):
   assert np.all(np.abs(want) > 10 * se)  # the drift is resolved: the check has teeth
 
 
+@pytest.mark.slow  # about two minutes: every sampler compiles for both settings
 def test_smoke_run_writes_every_sampler(capsys):
   code = peers_mcmc.main(["--num-data", "2000", "--dim", "3", "--subsample-size", "100",
                           "--num-blocks", "10", "--chains", "2", "--seeds", "1",
@@ -74,3 +75,4 @@ def test_smoke_run_writes_every_sampler(capsys):
     assert out.count(f"| {name} |") == (2 if name in peers_mcmc.METHODS else 1), name
   assert "Setting `adapt`" in out and "Setting `laplace`" in out
   assert "dsgrad HMC-ECS perturbed / NumPyro HMCECS" in out
+  assert "Reading (written by the benchmark" in out

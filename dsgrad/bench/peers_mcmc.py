@@ -414,6 +414,54 @@ def sg_ratio_line(results: dict) -> str:
       "; ".join(parts) + "."
 
 
+def _verdict(ratios, margin=0.1) -> str:
+  """``wins`` when every seed's ratio exceeds ``1 + margin``, ``loses`` when every one is
+  below ``1 - margin``, ``ties`` otherwise."""
+  ratios = np.asarray(ratios)
+  if np.all(ratios > 1 + margin):
+    return "wins"
+  if np.all(ratios < 1 - margin):
+    return "loses"
+  return "ties"
+
+
+def off_posterior(r: dict) -> bool:
+  """A mean error beyond what Monte Carlo error explains: more than ``4 / sqrt(min ESS)``
+  reference sd plus 0.05 (the reference's own error and float32 slack)."""
+  return r["mean_err"] > 4.0 / np.sqrt(max(r["ess"], 1.0)) + 0.05
+
+
+def reading(tables: dict, sg: dict) -> str:
+  """The reading, written from the tables of the same run: wins (every seed's ESS/s
+  ratio above 1.1), ties and losses, and any sampler off the posterior."""
+  lines = ["Reading (written by the benchmark from the tables above; a win or loss needs "
+           "every seed's ESS/s ratio beyond 10%):", ""]
+  pairs = (("dsgrad HMC-ECS perturbed", "NumPyro HMCECS"),
+           ("dsgrad HMC-ECS perturbed", "NumPyro NUTS (all data)"),
+           ("dsgrad HMC (all data)", "NumPyro HMC (all data)"))
+  for setting, results in tables.items():
+    for mine, theirs in pairs:
+      if mine in results and theirs in results:
+        r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(results[mine], results[theirs])]
+        lines.append(f"* `{setting}`: {mine} {_verdict(r)} against {theirs}: "
+                     f"{_median_range([x['ess_per_s'] for x in results[mine]])} vs "
+                     f"{_median_range([y['ess_per_s'] for y in results[theirs]])} ESS/s "
+                     f"(ratio {_median_range(r, '{:.2f}')}x).")
+  for mine, theirs in (("dsgrad SGLD", "BlackJAX SGLD"), ("dsgrad SG-HMC", "BlackJAX SG-HMC")):
+    if mine in sg and theirs in sg:
+      r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(sg[mine], sg[theirs])]
+      lines.append(f"* {mine} {_verdict(r)} against {theirs} in ESS/s: "
+                   f"{_median_range([x['ess_per_s'] for x in sg[mine]])} vs "
+                   f"{_median_range([y['ess_per_s'] for y in sg[theirs]])} "
+                   f"(ratio {_median_range(r, '{:.2f}')}x).")
+  off = [f"{name} (`{setting}`, {max(r['mean_err'] for r in runs):.3f} sd)"
+         for setting, results in [*tables.items(), ("no Metropolis", sg)]
+         for name, runs in results.items() if any(off_posterior(r) for r in runs)]
+  lines.append("* Off the posterior (mean error beyond 4 / sqrt(min ESS) + 0.05 reference sd "
+               "on some seed): " + (", ".join(off) if off else "none") + ".")
+  return "\n".join(lines)
+
+
 def run(args) -> str:
   started = time.perf_counter()
   problem = make_problem(args.num_data, args.dim, args.subsample_size, args.num_blocks)
@@ -466,6 +514,7 @@ def run(args) -> str:
                               f"h = {s['laplace_h']:.3g}, L = {s['laplace_steps']}, "
                               "friction 1)")
     lines += ["", sg_ratio_line(sg)]
+  lines += ["", reading({k: v for k, v in tables.items() if v}, sg)]
   return "\n".join(lines)
 
 
