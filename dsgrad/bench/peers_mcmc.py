@@ -431,6 +431,21 @@ def off_posterior(r: dict) -> bool:
   return r["mean_err"] > 4.0 / np.sqrt(max(r["ess"], 1.0)) + 0.05
 
 
+MIN_ESS = 100  # below this, an ESS/s ratio is mostly the ESS estimator's noise
+
+
+def _comparison(mine: str, theirs: str, a: list, b: list) -> str:
+  """One reading line: ``mine`` against ``theirs`` from their per-seed summaries."""
+  r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(a, b)]
+  if min(x["ess"] for x in [*a, *b]) < MIN_ESS:
+    verdict = f"cannot be compared with {theirs} (an ESS below {MIN_ESS})"
+  else:
+    verdict = f"{_verdict(r)} against {theirs}"
+  return (f"{mine} {verdict}: {_median_range([x['ess_per_s'] for x in a])} vs "
+          f"{_median_range([y['ess_per_s'] for y in b])} ESS/s (ratio "
+          f"{_median_range(r, '{:.2f}')}x).")
+
+
 def reading(tables: dict, sg: dict) -> str:
   """The reading, written from the tables of the same run: wins (every seed's ESS/s
   ratio above 1.1), ties and losses, and any sampler off the posterior."""
@@ -442,18 +457,11 @@ def reading(tables: dict, sg: dict) -> str:
   for setting, results in tables.items():
     for mine, theirs in pairs:
       if mine in results and theirs in results:
-        r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(results[mine], results[theirs])]
-        lines.append(f"* `{setting}`: {mine} {_verdict(r)} against {theirs}: "
-                     f"{_median_range([x['ess_per_s'] for x in results[mine]])} vs "
-                     f"{_median_range([y['ess_per_s'] for y in results[theirs]])} ESS/s "
-                     f"(ratio {_median_range(r, '{:.2f}')}x).")
+        lines.append(f"* `{setting}`: " + _comparison(mine, theirs, results[mine],
+                                                      results[theirs]))
   for mine, theirs in (("dsgrad SGLD", "BlackJAX SGLD"), ("dsgrad SG-HMC", "BlackJAX SG-HMC")):
     if mine in sg and theirs in sg:
-      r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(sg[mine], sg[theirs])]
-      lines.append(f"* {mine} {_verdict(r)} against {theirs} in ESS/s: "
-                   f"{_median_range([x['ess_per_s'] for x in sg[mine]])} vs "
-                   f"{_median_range([y['ess_per_s'] for y in sg[theirs]])} "
-                   f"(ratio {_median_range(r, '{:.2f}')}x).")
+      lines.append("* " + _comparison(mine, theirs, sg[mine], sg[theirs]))
   off = [f"{name} (`{setting}`, {max(r['mean_err'] for r in runs):.3f} sd)"
          for setting, results in [*tables.items(), ("no Metropolis", sg)]
          for name, runs in results.items() if any(off_posterior(r) for r in runs)]
