@@ -147,6 +147,27 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
   return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
 
 
+def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
+                         checkpoint_path) -> None:
+  """Refuses, by name and before anything is compiled or trained, the counts and paths
+  :func:`fit` cannot use (issue 21, item 6)."""
+  def count(label, value, low):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+      raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+  count("num_steps", num_steps, 0)
+  count("batch_size", batch_size, 1)
+  if batch_size > objective.num_data:
+    raise ValueError(f"batch_size={batch_size} exceeds the {objective.num_data} data")
+  if eval_every is not None:
+    count("eval_every", eval_every, 1)
+  count("checkpoint_every", checkpoint_every, 1)
+  if checkpoint_path is not None:
+    folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint_path)))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+      raise ValueError(f"checkpoint_path {os.fspath(checkpoint_path)!r}: its folder {folder!r} "
+                       "does not exist or is not writable")
+
+
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
@@ -191,7 +212,15 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` (its step is the
     ``start_step``) and ``restore_fit_history``: the resumed run's parameters and
     history are those of an uninterrupted run (wall-clock aside).
+
+  Raises:
+    ValueError: before anything is compiled, on a count that is not an integer of the
+      right range (``num_steps >= 0``; ``batch_size``, ``eval_every``,
+      ``checkpoint_every >= 1``), ``batch_size`` above the number of data, or a
+      ``checkpoint_path`` whose folder is missing or not writable.
   """
+  _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
+                       checkpoint_path)
   optimizer = optax.with_extra_args_support(optimizer)
   if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
     # The template needs shapes only: no initial full pass, no table materialized whole

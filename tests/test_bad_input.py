@@ -149,3 +149,18 @@ def test_loss_fn_returning_wrong_shape(params0):
   idx = jnp.arange(3, dtype=jnp.int32)
   with pytest.raises(ValueError, match="must return one value per datum"):
     bad.grad(params0, idx, bad.sample_noise(jax.random.key(0), 3))
+
+
+@pytest.mark.parametrize("name", ["inc", "smiso"])
+def test_table_estimators_refuse_a_table_that_does_not_fit(logreg_model, params0, name):
+  """Issue 21, item 8: inc and smiso check the table's size before allocating, like
+  joint_saga, and say how large it would be."""
+  shared = dsgrad.meanfield_gaussian(logreg_model, shared_noise=True)
+  make = {"inc": lambda **kw: dsgrad.inc(shared, **kw),
+          "smiso": lambda **kw: dsgrad.smiso(shared, 0.01, **kw)}[name]
+  size = sum(int(np.size(p)) for p in jax.tree.leaves(params0))
+  with pytest.raises(MemoryError, match=f"dsgrad.{name}: .*{logreg_model.num_data:,} copies "
+                                        f"of {size:,}"):
+    make(max_table_bytes=1000).init(params0)
+  state = make().init(params0)  # fits: the automatic limit
+  assert dsgrad.table_bytes(state) == logreg_model.num_data * size * 4

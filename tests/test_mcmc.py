@@ -288,5 +288,14 @@ def test_bad_input(logreg):
   with pytest.raises(ValueError, match="estimator"):
     mcmc.sample(jax.random.key(0), logreg, num_samples=5, subsample_size=10, num_blocks=1,
                 estimator="exact", progress=False)
+  for kwargs, match in ((dict(target_accept=1.0), "target_accept"),
+                        (dict(target_accept=0.0), "target_accept"),
+                        (dict(trajectory_length=0.0), "trajectory_length"),
+                        (dict(position=jnp.full(logreg.latent_dim, jnp.nan)), "position must be finite"),
+                        (dict(reference_point=jnp.full(logreg.latent_dim, jnp.inf)),
+                         "reference_point must be finite")):
+    with pytest.raises(ValueError, match=match):  # issue 21, item 5: never a frozen/NaN chain
+      mcmc.sample(jax.random.key(0), logreg, num_samples=5, subsample_size=10, num_blocks=1,
+                  progress=False, **kwargs)
   with pytest.raises(ValueError, match="signs sum"):
     mcmc.signed_mean(np.ones((4, 2)), np.array([1.0, -1.0, -1.0, 1.0]))

@@ -78,3 +78,24 @@ def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path
   with pytest.raises(ValueError, match="history ends at step 14"):
     dsgrad.fit(objective, opt, params, key, num_steps=28, opt_state=opt_state,
                start_step=7, history=history, **kw)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch_size=0), "batch_size must be an integer >= 1"),
+    (dict(batch_size=-3), "batch_size must be an integer >= 1"),
+    (dict(batch_size=2.5), "batch_size must be an integer"),
+    (dict(batch_size=N_DATA + 1), "batch_size=.* exceeds"),
+    (dict(eval_every=0), "eval_every must be an integer >= 1"),
+    (dict(eval_every=-2), "eval_every must be an integer >= 1"),
+    (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
+    (dict(num_steps=-1), "num_steps must be an integer >= 0"),
+    (dict(checkpoint_path="/nonexistent-folder/run.ckpt"), "checkpoint_path"),
+])
+def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match):
+  """Issue 21, item 6: every bad count or path is refused before training, naming it
+  (before: ZeroDivisionError, an obscure TypeError, a silent default, or an error only
+  after the first segment had trained)."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  args = dict(num_steps=4, batch_size=BATCH, progress=False, elbo_samples=0, **kwargs)
+  with pytest.raises(ValueError, match=match):
+    dsgrad.fit(objective, optax.adam(1e-2), params0, jax.random.key(0), **args)

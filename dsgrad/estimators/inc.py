@@ -23,7 +23,8 @@ class IncState(NamedTuple):
 
 
 def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = True,
-        check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+        check_finite: bool = True, max_table_bytes: int | str | None = "auto"
+        ) -> optax.GradientTransformationExtraArgs:
   """SAGA applied at a fixed noise draw (Eq. 13): controls subsampling noise only.
 
       g + mean_m grad f(w^m; m, eps) - mean_{n in B} grad f(w^n; n, eps)
@@ -43,6 +44,9 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
     chunk_size: data per chunk of the full pass.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient.
+    max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
+      per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
+      memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`IncState`.
@@ -60,6 +64,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
                      params_axis=0)(rows, indices, noise)
 
   def init_fn(params):
+    _common.check_table_fits(params, n, None, max_table_bytes, "inc")
     return IncState(_common.new_table(params, n))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):

@@ -38,7 +38,8 @@ def _relative_gap(a, b):
 
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
           tolerance: float = 1e-3, check_chain: bool = True, check_indices: bool = True,
-          check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+          check_finite: bool = True,
+          max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:
   """SMISO (Bietti & Mairal, 2017), the paper's incremental baseline for large data.
 
   For each distinct datum ``n`` of the batch (Eq. 18-19, 24):
@@ -69,6 +70,9 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     check_chain: run the two chain checks above (a host check each step).
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient.
+    max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
+      per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
+      memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`SmisoState`.
@@ -85,6 +89,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   n = objective.num_data
 
   def init_fn(params):
+    _common.check_table_fits(params, n, None, max_table_bytes, "smiso")
     # A copy, so that params and state can both be donated to a jitted step.
     return SmisoState(_common.new_table(params, n), jax.tree.map(jnp.copy, params))
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad._checks import _is_concrete
 from dsgrad.estimators._common import full_pass_mean
 from dsgrad.models.base import Model
 
@@ -58,6 +59,8 @@ def _check_theta(model: Model, theta, name="theta_star"):
                      f"{model.name!r}, got {theta.shape}")
   if not jnp.issubdtype(theta.dtype, jnp.floating):
     raise ValueError(f"{name} must be a floating array, got dtype {theta.dtype}")
+  if _is_concrete(theta) and not bool(jnp.all(jnp.isfinite(theta))):
+    raise ValueError(f"{name} must be finite, got {theta}")
   return theta
 
 

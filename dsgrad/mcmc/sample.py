@@ -275,11 +275,21 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
 
   Raises:
     ValueError: on an unknown estimator, ``m > n``, non-positive block counts, a
-      reference point, position or mass matrix of the wrong shape, a mass matrix that is
-      not positive definite, or an unknown ``mass_matrix`` string.
+      reference point, position or mass matrix of the wrong shape or not finite, a mass
+      matrix that is not positive definite, an unknown ``mass_matrix`` string,
+      ``target_accept`` outside (0, 1), or a non-positive trajectory length, initial step
+      size or step cap.
   """
   if estimator not in ("perturbed", "signed", "full"):
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
+  if not 0.0 < float(target_accept) < 1.0:
+    raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+  for label, value in (("trajectory_length", trajectory_length),
+                       ("initial_step_size", initial_step_size)):
+    if not float(value) > 0:
+      raise ValueError(f"{label} must be positive, got {value}")
+  if int(max_integration_steps) < 1:
+    raise ValueError(f"max_integration_steps must be >= 1, got {max_integration_steps}")
   if num_samples < 1 or num_warmup < 0:
     raise ValueError(f"num_samples must be >= 1 and num_warmup >= 0, got {num_samples}, "
                      f"{num_warmup}")
