@@ -96,6 +96,6 @@ def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match)
   (before: ZeroDivisionError, an obscure TypeError, a silent default, or an error only
   after the first segment had trained)."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
-  args = dict(num_steps=4, batch_size=BATCH, progress=False, elbo_samples=0, **kwargs)
+  args = {**dict(num_steps=4, batch_size=BATCH, progress=False, elbo_samples=0), **kwargs}
   with pytest.raises(ValueError, match=match):
     dsgrad.fit(objective, optax.adam(1e-2), params0, jax.random.key(0), **args)
