@@ -340,19 +340,13 @@ def summarize(c: Chains, ref_mean, ref_sd) -> dict:
               warm=c.warmup_seconds, evals=c.evaluations, note=c.note)
 
 
-METHODS = {  # name -> (group, runner(problem, setting, key, args))
-    "dsgrad HMC-ECS perturbed": ("subsampling, exact", lambda p, s, k, a: dsgrad_chains(
-        p, "perturbed", s, k, a.chains, a.num_warmup, a.num_samples)),
-    "dsgrad HMC-ECS signed": ("subsampling, exact", lambda p, s, k, a: dsgrad_chains(
-        p, "signed", s, k, a.chains, a.num_warmup, a.num_samples)),
-    "NumPyro HMCECS": ("subsampling, exact", lambda p, s, k, a: numpyro_chains(
-        p, "hmcecs", s, k, a.chains, a.num_warmup, a.num_samples)),
-    "dsgrad HMC (all data)": ("all data", lambda p, s, k, a: dsgrad_chains(
-        p, "full", s, k, a.chains, a.num_warmup, a.num_samples)),
-    "NumPyro HMC (all data)": ("all data", lambda p, s, k, a: numpyro_chains(
-        p, "hmc", s, k, a.chains, a.num_warmup, a.num_samples)),
-    "NumPyro NUTS (all data)": ("all data", lambda p, s, k, a: numpyro_chains(
-        p, "nuts", s, k, a.chains, a.num_warmup, a.num_samples)),
+METHODS = {  # name -> (library, kind): dsgrad_chains / numpyro_chains
+    "dsgrad HMC-ECS perturbed": ("dsgrad", "perturbed"),
+    "dsgrad HMC-ECS signed": ("dsgrad", "signed"),
+    "NumPyro HMCECS": ("numpyro", "hmcecs"),
+    "dsgrad HMC (all data)": ("dsgrad", "full"),
+    "NumPyro HMC (all data)": ("numpyro", "hmc"),
+    "NumPyro NUTS (all data)": ("numpyro", "nuts"),
 }
 SG_METHODS = {  # name -> (library, kind, mass)
     "dsgrad SGLD": ("dsgrad", "sgld", "identity"),
@@ -489,7 +483,10 @@ def run(args) -> str:
     key = jax.random.key(100 + seed)
     for setting in SETTINGS:
       for name in tables[setting]:
-        c = METHODS[name][1](problem, setting, jax.random.fold_in(key, zlib.crc32(name.encode())), args)
+        library, kind = METHODS[name]
+        chains = dsgrad_chains if library == "dsgrad" else numpyro_chains
+        c = chains(problem, kind, setting, jax.random.fold_in(key, zlib.crc32(name.encode())),
+                   args.chains, args.num_warmup, args.num_samples)
         tables[setting][name].append(summarize(c, ref_mean, ref_sd))
         print(f"seed {seed} {setting} {name}: {tables[setting][name][-1]}", flush=True)
     for name in sg:
