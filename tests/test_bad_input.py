@@ -164,3 +164,22 @@ def test_table_estimators_refuse_a_table_that_does_not_fit(logreg_model, params0
     make(max_table_bytes=1000).init(params0)
   state = make().init(params0)  # fits: the automatic limit
   assert dsgrad.table_bytes(state) == logreg_model.num_data * size * 4
+
+
+@pytest.mark.parametrize("name", ["cv", "inc", "joint_saga", "joint_svrg"])
+@pytest.mark.parametrize("bad", ["params", "noise"])
+def test_nan_params_or_noise_never_enter_the_state(logreg_model, params0, name, bad):
+  """Issue 21, item 3: a NaN in params or noise is refused by name (eagerly and under
+  jit), instead of being written into the table or running mean with a finite output."""
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
+  tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
+        "joint_saga": lambda: dsgrad.joint_saga(objective),
+        "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
+  idx, noise = _batch(objective)
+  state = tx.init(params0)
+  grads = objective.grad(params0, idx, noise)
+  params = jax.tree.map(lambda p: p.at[0].set(jnp.nan), params0) if bad == "params" else params0
+  noise = noise.at[0].set(jnp.nan) if bad == "noise" else noise
+  for update in (tx.update, jax.jit(tx.update)):
+    with pytest.raises(Exception, match=f"{bad} passed to dsgrad.{name} contains non-finite"):
+      jax.block_until_ready(update(grads, state, params, indices=idx, noise=noise))

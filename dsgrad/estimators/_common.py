@@ -30,7 +30,9 @@ def require_params(params, estimator: str):
 
 def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
                  *, check_indices: bool, check_finite: bool, table=None) -> int:
-  """Static checks (always) and optional value checks of one estimator update.
+  """Static checks (always) and optional value checks of one estimator update: indices
+  in range (``check_indices``); the gradient, ``params`` and ``noise`` finite
+  (``check_finite``).
 
   Also checks that ``params`` were passed and, when given, that ``table`` has one row
   per datum.
@@ -48,7 +50,11 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   if check_indices:
     checks += _checks.index_checks(indices, objective.num_data)
   if check_finite:
+    # Everything that enters the state: a NaN in params or noise would be written into
+    # the table or running mean and poison a later, healthy step (issue 21, item 3).
     checks += _checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
+    checks += _checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
+    checks += _checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
   _checks.value_checks(checks)
   return batch_size
 
