@@ -183,3 +183,22 @@ def test_nan_params_or_noise_never_enter_the_state(logreg_model, params0, name, 
   for update in (tx.update, jax.jit(tx.update)):
     with pytest.raises(Exception, match=f"{bad} passed to dsgrad.{name} contains non-finite"):
       jax.block_until_ready(update(grads, state, params, indices=idx, noise=noise))
+
+
+@pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_low_precision_params_are_refused_at_init(logreg_model, params0, name, dtype):
+  """Issue 21, item 4: half-precision params get a clear error at init naming their dtype
+  (before: an internal jax.jvp dtype error at the first update, and joint_saga first
+  built a half-precision table silently); naive keeps working."""
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
+  tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
+        "smiso": lambda: dsgrad.smiso(objective, 0.01),
+        "joint_saga": lambda: dsgrad.joint_saga(objective),
+        "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
+  low = jax.tree.map(lambda p: p.astype(dtype), params0)
+  with pytest.raises(ValueError, match=f"dsgrad.{name}: params of dtype {jnp.dtype(dtype).name}"):
+    tx.init(low)
+  naive = dsgrad.naive()
+  out, _ = naive.update(low, naive.init(low), low)
+  assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(out))

@@ -59,6 +59,23 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   return batch_size
 
 
+def require_full_precision(params, estimator: str) -> None:
+  """Refuses, by name, floating ``params`` below 32 bits (float16, bfloat16).
+
+  The control variates differentiate the objective through ``jax.jvp`` at the params'
+  dtype, which JAX refuses for mixed low-precision inputs (an internal dtype error), and
+  a half-precision table or running mean would be built silently. Training in float32
+  and storing a compact table in bfloat16 (``joint_saga(table_dtype=jnp.bfloat16)``)
+  keeps the memory saving (issue 21, item 4).
+  """
+  for leaf in jax.tree.leaves(params):
+    dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
+      raise ValueError(f"dsgrad.{estimator}: params of dtype {jnp.dtype(dtype).name} are not "
+                       "supported; pass float32 params (a compact low-precision table: "
+                       "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
+
+
 def check_table(table, num_data: int, estimator: str) -> None:
   """Static check that a table has one row per datum of the objective."""
   for leaf in jax.tree.leaves(table):

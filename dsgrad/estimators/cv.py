@@ -48,6 +48,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
 
   def init_fn(params):
+    _common.require_full_precision(params, "cv")
     if control_weight == "adaptive":
       return _weights.init(control_weight, params)
     return optax.EmptyState()

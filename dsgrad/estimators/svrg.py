@@ -81,6 +81,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
         lambda idx: approx.expected_grad(objective, params, idx), n, chunk_size)
 
   def init_fn(params):
+    _common.require_full_precision(params, "joint_svrg")
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
                             _weights.init(control_weight, params))
