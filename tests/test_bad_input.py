@@ -202,3 +202,25 @@ def test_low_precision_params_are_refused_at_init(logreg_model, params0, name, d
   naive = dsgrad.naive()
   out, _ = naive.update(low, naive.init(low), low)
   assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(out))
+
+
+@pytest.mark.parametrize("name,field", [("joint_svrg", "snapshot"), ("joint_saga", "running_mean"),
+                                        ("smiso", "running_mean"), ("inc", "table rows")])
+def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name, field):
+  """Issue 21, item 9: a state built for params of another dimension names the state's
+  field and both shapes (before: an internal broadcasting or dot_general error)."""
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
+  tx = {"inc": lambda: dsgrad.inc(objective), "smiso": lambda: dsgrad.smiso(objective, 0.01),
+        "joint_saga": lambda: dsgrad.joint_saga(objective),
+        "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
+  other = jax.tree.map(lambda p: jnp.concatenate([p, p[:1]]), params0)  # one more dimension
+  if name in ("inc", "smiso"):
+    state = tx.init(other)  # a table built for the other model
+  else:  # their init runs the objective: swap the params-shaped field in afterwards
+    state = tx.init(params0)._replace(**{field: other})
+  idx, noise = _batch(objective)
+  d = params0["loc"].shape[0]
+  with pytest.raises(ValueError, match=rf"dsgrad.{name}: the state's {field} has shapes "
+                                       rf"\[\({d + 1},\), \({d + 1},\)\] but params have "
+                                       rf"shapes \[\({d},\), \({d},\)\]"):
+    tx.update(params0, state, params0, indices=idx, noise=noise)

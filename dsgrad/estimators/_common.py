@@ -29,17 +29,21 @@ def require_params(params, estimator: str):
 
 
 def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
-                 *, check_indices: bool, check_finite: bool, table=None) -> int:
+                 *, check_indices: bool, check_finite: bool, table=None,
+                 params_like: dict | None = None) -> int:
   """Static checks (always) and optional value checks of one estimator update: indices
   in range (``check_indices``); the gradient, ``params`` and ``noise`` finite
   (``check_finite``).
 
   Also checks that ``params`` were passed and, when given, that ``table`` has one row
-  per datum.
+  per datum and that the state's params-shaped fields (``params_like``: ``{name:
+  tree}``) have the params' shapes.
   """
   require_params(params, estimator)
   if table is not None:
     check_table(table, objective.num_data, estimator)
+  for field, tree in (params_like or {}).items():
+    check_state_matches_params(tree, params, estimator, field)
   if indices is None or noise is None:
     raise ValueError(f"dsgrad.{estimator} needs the batch it is correcting: pass "
                      f"indices=... and noise=... to update (the same ones used to "
@@ -74,6 +78,23 @@ def require_full_precision(params, estimator: str) -> None:
       raise ValueError(f"dsgrad.{estimator}: params of dtype {jnp.dtype(dtype).name} are not "
                        "supported; pass float32 params (a compact low-precision table: "
                        "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
+
+
+def check_state_matches_params(tree, params, estimator: str, field: str) -> None:
+  """Static check that a params-shaped part of an estimator's state (a snapshot, a running
+  mean, a table's rows) has the shapes of ``params`` (issue 21, item 9): a state made
+  for a model of another dimension is refused by name, not met with an internal
+  broadcasting error."""
+  if not has_leaves(params) or not has_leaves(tree):
+    return
+  def shapes(t):
+    return [tuple(x.shape) if hasattr(x, "shape") else tuple(jnp.shape(x))
+            for x in jax.tree.leaves(t)]
+  mine, theirs = shapes(tree), shapes(params)
+  if mine != theirs:
+    raise ValueError(f"dsgrad.{estimator}: the state's {field} has shapes {mine} but params "
+                     f"have shapes {theirs}; was this state created for another model or "
+                     "parameterization?")
 
 
 def check_table(table, num_data: int, estimator: str) -> None:

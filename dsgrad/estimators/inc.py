@@ -72,7 +72,9 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
     del extra_args
     _common.check_update("inc", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite,
-                         table=state.table)
+                         table=state.table, params_like={"table rows": jax.tree.map(
+                             lambda t: jax.ShapeDtypeStruct(t.shape[1:], t.dtype),
+                             state.table)})
 
     def table_mean(idx):
       rows = _common.gather_rows(state.table, idx, params)

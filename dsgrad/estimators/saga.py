@@ -173,7 +173,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     del extra_args
     _common.check_update("joint_saga", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite,
-                         table=state.table)
+                         table=state.table,
+                         params_like={"running_mean": state.running_mean})
     rows = _common.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -248,7 +249,8 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     del extra_args
     batch = _common.check_update("joint_saga", objective, updates, params, indices, noise,
                                  check_indices=check_indices, check_finite=check_finite,
-                                 table=state.table)
+                                 table=state.table,
+                                 params_like={"running_mean": state.running_mean})
     new_rows = stored(stats_fns.statistics(params, indices))
     old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
     dtype = jax.tree.leaves(params)[0].dtype

@@ -98,7 +98,8 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     del extra_args
     _common.check_update("smiso", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite,
-                         table=state.table)
+                         table=state.table,
+                         params_like={"running_mean": state.running_mean})
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
     if check_chain:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)

@@ -93,7 +93,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("joint_svrg", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite)
+                         check_indices=check_indices, check_finite=check_finite,
+                         params_like={"snapshot": state.snapshot})
     refresh = (state.count > 0) & (state.count % every == 0)
     params_like = optax.tree.cast_like(params, state.snapshot)
     snapshot, snapshot_mean = jax.lax.cond(
