@@ -306,10 +306,14 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += n
   d = model.latent_dim
+  if mass_window < 1:
+    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
   if isinstance(mass_matrix, str):
     if mass_matrix not in ("laplace", "adapt"):
       raise ValueError(f"mass_matrix must be 'laplace', 'adapt' or an array, got {mass_matrix!r}")
     mass_mode = mass_matrix
+    precision = (laplace_precision(model, proxy) if mass_mode == "laplace"
+                 else jnp.eye(d, dtype=jnp.float32))
   else:
     mass_mode = "fixed"
     given = np.asarray(mass_matrix, np.float64)
@@ -318,15 +322,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     if given.shape != (d, d) or not np.all(np.isfinite(given)):
       raise ValueError(f"mass_matrix must be finite with shape ({d},) or ({d}, {d}), got "
                        f"shape {given.shape}")
-    fixed_mass = jnp.asarray(given, jnp.float32)
-  if mass_window < 1:
-    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
-  if mass_mode == "laplace":
-    precision = laplace_precision(model, proxy)
-  elif mass_mode == "adapt":
-    precision = jnp.eye(d, dtype=jnp.float32)
-  else:
-    precision = fixed_mass
+    precision = jnp.asarray(given, jnp.float32)
   position = reference_point if position is None else _check_theta(model, position, "position")
   kernel = build_kernel(model, scheme)
   state = init(model, scheme, proxy, position, k_init)
@@ -345,31 +341,34 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
 
   params = hmc_parameters(initial_step_size, 1, precision)
   adapt = dual_averaging_init(initial_step_size)
-  window = reference_updates_every or num_warmup
-  if mass_mode == "adapt":
-    window = math.gcd(window, mass_window) if reference_updates_every else mass_window
-  done, mass_draws = 0, []
+  # Warm-up runs in windows that end at every reference update and every mass update;
+  # each update reads the draws since its own previous update (the last period's).
+  periods = [p for p in (reference_updates_every, mass_window if mass_mode == "adapt" else 0)
+             if p]
+  window = math.gcd(*periods) if periods else num_warmup
+  done, warm_draws = 0, []
   warm_keys = jax.random.split(k_warm, max(num_warmup, 1))
   while done < num_warmup:
     size = min(window, num_warmup - done)
     (state, adapt), (positions, evals) = warm_window(state, adapt, proxy, params,
                                                      warm_keys[done:done + size])
-    mass_draws.append(positions)
+    warm_draws.append(positions)
     evaluations += int(np.sum(evals))
     done += size
     if done >= num_warmup:
       break
     if reference_updates_every and done % reference_updates_every == 0:
-      proxy = taylor_proxy(model, jnp.mean(positions, 0), order=proxy_order)
+      recent = jnp.concatenate(warm_draws)[-reference_updates_every:]
+      proxy = taylor_proxy(model, jnp.mean(recent, 0), order=proxy_order)
       evaluations += n
       if mass_mode == "laplace":
         precision = laplace_precision(model, proxy)
         params = hmc_parameters(initial_step_size, 1, precision)
       state = reset(model, scheme, proxy, state.position, state.subsample)
     if mass_mode == "adapt" and done % mass_window == 0:
-      draws = jnp.concatenate(mass_draws)
-      mass_draws, w = [], draws.shape[0]
-      variance = (w / (w + 5.0)) * jnp.var(draws, 0) + 1e-3 * (5.0 / (w + 5.0))
+      recent = jnp.concatenate(warm_draws)[-mass_window:]
+      w = recent.shape[0]
+      variance = (w / (w + 5.0)) * jnp.var(recent, 0) + 1e-3 * (5.0 / (w + 5.0))
       params = hmc_parameters(initial_step_size, 1, jnp.diag(1.0 / variance))
       adapt = dual_averaging_init(jnp.exp(adapt.log_step))
   step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
