@@ -50,6 +50,12 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
   jax.lax.cond(any_bad, lambda fs: jax.debug.callback(_raise, *fs), lambda fs: None, flags)
 
 
+def check_batch_size(batch_size: int, num_data: int) -> None:
+  """Refuses a batch larger than the data (an epoch would hold no batch)."""
+  if batch_size > num_data:
+    raise ValueError(f"batch_size={batch_size} exceeds num_data={num_data}")
+
+
 def index_checks(indices, num_data: int, name: str = "indices"):
   """Value checks that every index lies in ``[0, num_data)``."""
   return [(jnp.any((indices < 0) | (indices >= num_data)),

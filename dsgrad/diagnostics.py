@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad import _checks
 from dsgrad.estimators._common import tree_bytes
 from dsgrad.objective import Objective, per_datum
 
@@ -149,9 +150,8 @@ def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):
   Returns:
     ``(num_steps, batch_size)`` int32 array.
   """
+  _checks.check_batch_size(batch_size, num_data)
   per_epoch = num_data // batch_size
-  if per_epoch < 1:
-    raise ValueError(f"batch_size {batch_size} exceeds num_data {num_data}")
   epochs = -(-num_steps // per_epoch)
   perms = jax.vmap(lambda k: jax.random.permutation(k, num_data)[:per_epoch * batch_size])(
       jax.random.split(key, epochs))

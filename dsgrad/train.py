@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad import _checks
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import diagnostics
 from dsgrad import parallel
@@ -74,9 +75,8 @@ def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
   Returns:
     ``(num_steps, batch_size)`` int32 array.
   """
+  _checks.check_batch_size(batch_size, num_data)
   per_epoch = num_data // batch_size
-  if per_epoch < 1:
-    raise ValueError(f"batch_size {batch_size} exceeds num_data {num_data}")
   num_epochs = num_steps // per_epoch + 2  # epochs a window of num_steps can touch
   first_epoch = start // per_epoch
   perms = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), num_data)
@@ -156,8 +156,7 @@ def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoin
       raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
   count("num_steps", num_steps, 0)
   count("batch_size", batch_size, 1)
-  if batch_size > objective.num_data:
-    raise ValueError(f"batch_size={batch_size} exceeds the {objective.num_data} data")
+  _checks.check_batch_size(batch_size, objective.num_data)
   if eval_every is not None:
     count("eval_every", eval_every, 1)
   count("checkpoint_every", checkpoint_every, 1)

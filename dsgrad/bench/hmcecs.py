@@ -62,14 +62,10 @@ def _summary(name, samples, seconds, evals_per_iter, ref_mean, ref_sd, signs=Non
 
 
 def _numpyro_reference(x, y, key, num_warmup, num_samples):
-  import numpyro
-  import numpyro.distributions as dist
   from numpyro.infer import MCMC, NUTS
 
-  def model(x, y):
-    theta = numpyro.sample("theta", dist.Normal(jnp.zeros(x.shape[1]), 1.0).to_event(1))
-    numpyro.sample("y", dist.Bernoulli(logits=x @ theta), obs=y)
-
+  from dsgrad.bench import peers_mcmc
+  model = peers_mcmc.numpyro_model(x.shape[0], None)  # all data: the plate is the identity
   run = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples, progress_bar=False)
   run.run(key, x, y)
   return np.asarray(run.get_samples()["theta"], np.float64)

@@ -70,10 +70,16 @@ def _is_movielens(task: Task) -> bool:
   return task.users is not None
 
 
+def _num_users(task: Task) -> int:
+  """MovieLens: the number of users (they are numbered from 0)."""
+  return int(task.users.max()) + 1
+
+
 def _dim(task: Task) -> int:
-  """The number of latent variables (the mean-field Gaussian's dimension)."""
+  """The number of latent variables (the mean-field Gaussian's dimension); MovieLens:
+  ``[mu, sigma, Z]``, ``(U + 2) G C``."""
   if _is_movielens(task):
-    return (int(task.users.max()) + 3) * task.x.shape[1] * task.num_classes
+    return (_num_users(task) + 2) * task.x.shape[1] * task.num_classes
   return task.x.shape[1] * task.num_classes
 
 
@@ -224,7 +230,7 @@ def _log_prior(task: Task):
 def _model(task: Task):
   if _is_movielens(task):
     return dsgrad.models.movielens(task.users, task.x.astype(np.int32), task.y,
-                                   int(task.users.max()) + 1, task.num_classes)
+                                   _num_users(task), task.num_classes)
   if task.num_classes == 1:
     return dsgrad.models.logistic_regression(task.x, task.y)
   return dsgrad.models.softmax_regression(task.x, task.y, task.num_classes)
@@ -312,7 +318,7 @@ def numpyro_model(task: Task):
   n, d = task.x.shape
   k, b = task.num_classes, task.batch_size
   if _is_movielens(task):
-    users, num_users = jnp.asarray(task.users), int(task.users.max()) + 1
+    users, num_users = jnp.asarray(task.users), _num_users(task)
 
     def movielens_model(idx=None):
       mu = numpyro.sample("mu", dist.Normal(jnp.zeros((d, k)), 1.0).to_event(2))
@@ -350,7 +356,7 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
   model = numpyro_model(task)
   if _is_movielens(task):
     d, k = task.x.shape[1], task.num_classes
-    sites = {"mu": (d, k), "sigma": (d, k), "Z": (int(task.users.max()) + 1, d, k)}
+    sites = {"mu": (d, k), "sigma": (d, k), "Z": (_num_users(task), d, k)}
   else:
     sites = {"w": (dim,)}
   guide = AutoNormal(model, init_loc_fn=init_to_value(

@@ -384,28 +384,24 @@ def format_table(results: dict, title: str) -> list[str]:
   return lines
 
 
-def ratio_line(results: dict, setting: str) -> str:
+# dsgrad's sampler against the peer it is compared with, in the ratio lines and the reading.
+MCMC_PAIRS = (("dsgrad HMC-ECS perturbed", "NumPyro HMCECS"),
+              ("dsgrad HMC-ECS perturbed", "NumPyro NUTS (all data)"),
+              ("dsgrad HMC (all data)", "NumPyro HMC (all data)"))
+SG_PAIRS = (("dsgrad SGLD", "BlackJAX SGLD"), ("dsgrad SG-HMC", "BlackJAX SG-HMC"))
+
+
+def _ratios(a: list, b: list) -> list:
+  """ESS/s ratios within each seed of two samplers' per-seed summaries."""
+  return [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(a, b)]
+
+
+def ratio_line(results: dict, pairs, label: str) -> str:
   """ESS/s ratios within each seed, dsgrad against its peers, written from the table."""
-  def per_seed(a, b):
-    return [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(results[a], results[b])]
-
-  parts = []
-  for mine, theirs in (("dsgrad HMC-ECS perturbed", "NumPyro HMCECS"),
-                       ("dsgrad HMC-ECS perturbed", "NumPyro NUTS (all data)"),
-                       ("dsgrad HMC (all data)", "NumPyro HMC (all data)")):
-    if mine in results and theirs in results:
-      parts.append(f"{mine} / {theirs} = {_median_range(per_seed(mine, theirs), '{:.2f}')}x")
-  return f"ESS/s ratios, `{setting}` setting (per seed, median [range]): " + "; ".join(parts) + "."
-
-
-def sg_ratio_line(results: dict) -> str:
-  parts = []
-  for mine, theirs in (("dsgrad SGLD", "BlackJAX SGLD"), ("dsgrad SG-HMC", "BlackJAX SG-HMC")):
-    if mine in results and theirs in results:
-      r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(results[mine], results[theirs])]
-      parts.append(f"{mine} / {theirs} = {_median_range(r, '{:.2f}')}x")
-  return "ESS/s ratios, stochastic-gradient samplers (per seed, median [range]): " + \
-      "; ".join(parts) + "."
+  parts = [f"{mine} / {theirs} = "
+           f"{_median_range(_ratios(results[mine], results[theirs]), '{:.2f}')}x"
+           for mine, theirs in pairs if mine in results and theirs in results]
+  return f"ESS/s ratios, {label} (per seed, median [range]): " + "; ".join(parts) + "."
 
 
 def _verdict(ratios, margin=0.1) -> str:
@@ -430,7 +426,7 @@ MIN_ESS = 100  # below this, an ESS/s ratio is mostly the ESS estimator's noise
 
 def _comparison(mine: str, theirs: str, a: list, b: list) -> str:
   """One reading line: ``mine`` against ``theirs`` from their per-seed summaries."""
-  r = [x["ess_per_s"] / y["ess_per_s"] for x, y in zip(a, b)]
+  r = _ratios(a, b)
   if min(x["ess"] for x in [*a, *b]) < MIN_ESS:
     verdict = f"cannot be compared with {theirs} (an ESS below {MIN_ESS})"
   else:
@@ -445,15 +441,12 @@ def reading(tables: dict, sg: dict) -> str:
   ratio above 1.1), ties and losses, and any sampler off the posterior."""
   lines = ["Reading (written by the benchmark from the tables above; a win or loss needs "
            "every seed's ESS/s ratio beyond 10%):", ""]
-  pairs = (("dsgrad HMC-ECS perturbed", "NumPyro HMCECS"),
-           ("dsgrad HMC-ECS perturbed", "NumPyro NUTS (all data)"),
-           ("dsgrad HMC (all data)", "NumPyro HMC (all data)"))
   for setting, results in tables.items():
-    for mine, theirs in pairs:
+    for mine, theirs in MCMC_PAIRS:
       if mine in results and theirs in results:
         lines.append(f"* `{setting}`: " + _comparison(mine, theirs, results[mine],
                                                       results[theirs]))
-  for mine, theirs in (("dsgrad SGLD", "BlackJAX SGLD"), ("dsgrad SG-HMC", "BlackJAX SG-HMC")):
+  for mine, theirs in SG_PAIRS:
     if mine in sg and theirs in sg:
       lines.append("* " + _comparison(mine, theirs, sg[mine], sg[theirs]))
   off = [f"{name} (`{setting}`, {max(r['mean_err'] for r in runs):.3f} sd)"
@@ -510,7 +503,7 @@ def run(args) -> str:
   for setting in SETTINGS:
     if tables[setting]:
       lines += format_table(tables[setting], titles[setting]) + ["", ratio_line(
-          tables[setting], setting), ""]
+          tables[setting], MCMC_PAIRS, f"`{setting}` setting"), ""]
   if sg:
     lines += format_table(sg, "Stochastic-gradient samplers (no Metropolis correction; "
                               f"SGLD epsilon = {s['sgld_eps']:.3g}; SG-HMC h = "
@@ -518,7 +511,7 @@ def run(args) -> str:
                               f"{s['friction']:.3g}, identity mass; with the Laplace mass "
                               f"h = {s['laplace_h']:.3g}, L = {s['laplace_steps']}, "
                               "friction 1)")
-    lines += ["", sg_ratio_line(sg)]
+    lines += ["", ratio_line(sg, SG_PAIRS, "stochastic-gradient samplers")]
   lines += ["", reading({k: v for k, v in tables.items() if v}, sg)]
   return "\n".join(lines)
 

@@ -73,7 +73,7 @@ def require_full_precision(params, estimator: str) -> None:
   keeps the memory saving (issue 21, item 4).
   """
   for leaf in jax.tree.leaves(params):
-    dtype = jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype
+    dtype = jnp.result_type(leaf)
     if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
       raise ValueError(f"dsgrad.{estimator}: params of dtype {jnp.dtype(dtype).name} are not "
                        "supported; pass float32 params (a compact low-precision table: "
