@@ -211,6 +211,59 @@ def test_unsupported_models_are_refused():
     dsgrad_numpyro.objective(unindexed_model, y)
 
 
+def plate_model(plate_size):
+  def model(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", plate_size, subsample_size=BATCH) as idx:
+      numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+  return model
+
+
+@pytest.mark.parametrize("plate_size, consequence", [
+    (N + 20, f"indices {N}-{N + 19} would silently read row {N - 1} again"),
+    (N - 20, f"rows {N - 20}-{N - 1} would never be used")])
+def test_plate_size_other_than_the_data_length_is_refused(logreg_data, plate_size,
+                                                          consequence):
+  """Issue 21, item 1: JAX clamps out-of-range gathers, so a plate longer than the data
+  rereads the last row and a shorter one never uses the tail; both are refused, naming the
+  argument, both sizes and the consequence."""
+  x, y = logreg_data
+  with pytest.raises(ValueError, match=(rf"plate 'data' has size {plate_size} but the model "
+                                        rf"reads argument 'x' \(shape \({N}, {D}\)\)")) as err:
+    dsgrad_numpyro.objective(plate_model(plate_size), x, y)
+  assert consequence in str(err.value)
+
+
+def test_plate_size_check_reads_keyword_arguments_and_ignores_lookup_tables():
+  """A keyword argument read at the plate's indices is checked too; a table indexed by a
+  per-datum id (``scale[group[idx]]``, another length) is not a per-datum array."""
+  group = jnp.arange(30) % 4
+  scale = jnp.linspace(1.0, 2.0, 4)
+
+  def model(y, group, *, scale):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", 30, subsample_size=5) as idx:
+      numpyro.sample("y", dist.Normal(mu, scale[group[idx]]), obs=y[idx])
+
+  objective = dsgrad_numpyro.objective(model, jnp.arange(30.0), group, scale=scale)
+  assert objective.num_data == 30
+  with pytest.raises(ValueError, match="reads argument 'y' \\(shape \\(36,\\)\\)"):
+    dsgrad_numpyro.objective(model, jnp.arange(36.0), group, scale=scale)
+
+
+def test_observation_not_indexed_by_a_subsampled_plate_is_explained():
+  """Issue 21, item 1: ``obs=y`` (all rows) in a subsampled plate used to surface as
+  NumPyro's raw broadcasting error."""
+  def model(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=BATCH):
+      numpyro.sample("y", dist.Bernoulli(logits=x @ w), obs=y)
+
+  x, y = jnp.ones((N, D)), jnp.ones(N)
+  with pytest.raises(ValueError, match="obs=y\\[idx\\]"):
+    dsgrad_numpyro.objective(model, x, y)
+
+
 def test_every_estimator_trains_a_numpyro_model(logreg_data):
   x, y = logreg_data
   objective = dsgrad_numpyro.objective(logreg_model, x, y)

@@ -36,6 +36,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from typing import Callable, NamedTuple
 
@@ -131,6 +132,104 @@ def _find_data_plate(trace, data_plate: str | None) -> str:
   return common.pop()
 
 
+# Primitives through which an array stays "the plate's indices" (index arithmetic and
+# reshaping, as ``x[idx]`` lowers to); a gather's output is data, not indices, so a lookup
+# such as ``table[user[idx]]`` is not mistaken for a per-datum read of ``table``.
+_INDEX_PRIMITIVES = frozenset({
+    "lt", "le", "gt", "ge", "add", "sub", "select_n", "broadcast_in_dim", "reshape",
+    "convert_element_type", "squeeze", "expand_dims", "concatenate", "copy", "clamp",
+    "rem", "max", "min"})
+
+
+def _plate_reads(jaxpr, array_inputs: dict, index_inputs: set, found: list) -> None:
+  """Appends ``(input position, axis size)`` for every gather in ``jaxpr`` that reads an
+  input array along one axis at the plate's indices.
+
+  Args:
+    jaxpr: a ``jax.core.Jaxpr``.
+    array_inputs: variable -> position of the model argument it is (or is a cast of).
+    index_inputs: variables that hold the plate's indices (or index arithmetic on them).
+    found: the list the reads are appended to.
+  """
+  arrays, indices = dict(array_inputs), set(index_inputs)
+  is_var = lambda v: not hasattr(v, "val")  # literals carry a value
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    ins = [v for v in eqn.invars if is_var(v)]
+    if name == "gather":
+      operand, where = eqn.invars[0], eqn.invars[1]
+      axes = eqn.params["dimension_numbers"].start_index_map
+      if is_var(operand) and operand in arrays and is_var(where) and where in indices \
+          and len(axes) == 1:
+        found.append((arrays[operand], operand.aval.shape[axes[0]]))
+      continue
+    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if inner is not None:
+      inner = getattr(inner, "jaxpr", inner)
+      inner_arrays = {iv: arrays[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                      if is_var(ov) and ov in arrays}
+      inner_indices = {iv for iv, ov in zip(inner.invars, eqn.invars)
+                       if is_var(ov) and ov in indices}
+      _plate_reads(inner, inner_arrays, inner_indices, found)
+      continue
+    if name in _INDEX_PRIMITIVES and any(v in indices for v in ins):
+      indices.update(eqn.outvars)
+    elif name in ("convert_element_type", "copy", "device_put") and ins and ins[0] in arrays:
+      arrays[eqn.outvars[0]] = arrays[ins[0]]
+
+
+def _argument_name(model, path) -> str:
+  """``"argument 'x'"`` for the model-argument leaf at ``path`` in ``(args, kwargs)``."""
+  head, first, rest = path[0].idx, path[1], jax.tree_util.keystr(tuple(path[2:]))
+  if head == 1:
+    return f"argument {first.key!r}{rest}"
+  try:
+    name = list(inspect.signature(model).parameters)[first.idx]
+  except (TypeError, ValueError, IndexError):
+    name = f"#{first.idx}"
+  return f"argument {name!r}{rest}"
+
+
+def _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, probe, plate: str,
+                      num_data: int) -> None:
+  """Refuses a data plate whose size differs from the number of rows the model reads with
+  the plate's indices (issue 21, item 1).
+
+  JAX clamps out-of-range gathers, so a plate of 120 over 100 rows would silently read
+  row 99 again for indices 100-119, and a plate of 80 would never use 20 rows. The check
+  reads the model's jaxpr: every gather of a model argument at the plate's indices must
+  be over an axis of the plate's size.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  positions = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
+  values = [leaf for _, leaf in leaves]
+
+  def given(arrays, z, indices):
+    full = list(values)
+    for i, a in zip(positions, arrays):
+      full[i] = a
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+    return log_likelihood_given(args, kwargs, z, indices)
+
+  closed = jax.make_jaxpr(given)([values[i] for i in positions], z, probe)
+  jaxpr = closed.jaxpr
+  array_vars = {v: positions[k] for k, v in enumerate(jaxpr.invars[:len(positions)])}
+  found: list = []
+  _plate_reads(jaxpr, array_vars, {jaxpr.invars[-1]}, found)
+  for position, rows in found:
+    if rows == num_data:
+      continue
+    where = _argument_name(model, leaves[position][0])
+    consequence = (f"indices {rows}-{num_data - 1} would silently read row {rows - 1} again "
+                   "(JAX clamps out-of-range reads)" if rows < num_data else
+                   f"rows {num_data}-{rows - 1} would never be used")
+    raise ValueError(
+        f"plate {plate!r} has size {num_data} but the model reads {where} "
+        f"(shape {tuple(values[position].shape)}) with the plate's indices along an axis "
+        f"of {rows}: {consequence}. Give the plate the data's length, "
+        f"`numpyro.plate({plate!r}, {rows}, subsample_size=...)`")
+
+
 def to_model(model, *model_args, data_plate: str | None = None,
              **model_kwargs) -> NumpyroModel:
   """A :class:`dsgrad.models.Model` from a NumPyro model (see the module docstring).
@@ -159,7 +258,16 @@ def to_model(model, *model_args, data_plate: str | None = None,
   # numpy data indexed by a traced batch inside jit would fail; put them on device.
   as_jax = lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a
   model_args, model_kwargs = jax.tree.map(as_jax, (model_args, model_kwargs))
-  trace = _trace(model, model_args, model_kwargs)
+  try:
+    trace = _trace(model, model_args, model_kwargs)
+  except ValueError as error:
+    if "broadcast" not in str(error).lower():
+      raise
+    raise ValueError(
+        f"tracing the model failed ({error}). If an observed site sits in a subsampled plate, "
+        "its data must be indexed with the plate's indices: `with numpyro.plate('data', N, "
+        "subsample_size=...) as idx:` and `obs=y[idx]`, with every per-datum array indexed "
+        "the same way") from error
   plate = _find_data_plate(trace, data_plate)
   num_data, subsample_size = trace[plate]["args"]
   num_data = int(num_data)
@@ -202,9 +310,12 @@ def to_model(model, *model_args, data_plate: str | None = None,
   def log_prior(z):
     return -numpyro_util.potential_energy(prior_model, model_args, model_kwargs, unravel(z))
 
-  def log_likelihood(z, indices):
+  def log_likelihood_given(args, kwargs, z, indices):
+    """The data plate's log-likelihood per datum, with the model's arguments explicit."""
+    fixed_z = _with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
+    constrained = numpyro_util.constrain_fn(fixed_z, args, kwargs, unravel(z))
     batch_trace = _trace(handlers.substitute(_with_indices(model, plate, indices),
-                                             data=constrain(z)), model_args, model_kwargs)
+                                             data=constrained), args, kwargs)
     total = 0.0
     for name in observed:
       site = batch_trace[name]
@@ -222,6 +333,9 @@ def to_model(model, *model_args, data_plate: str | None = None,
                               axis=1)
     return total
 
+  def log_likelihood(z, indices):
+    return log_likelihood_given(model_args, model_kwargs, z, indices)
+
   probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
   try:
     jax.eval_shape(log_likelihood, flat, probe)
@@ -233,6 +347,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
         f"failed ({error}). dsgrad substitutes its mini-batch for the plate's indices, so "
         f"the model must index its data with them: `with numpyro.plate({plate!r}, N, "
         "subsample_size=...) as idx:` and `obs=y[idx]`") from error
+  _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
+                    num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"))
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
