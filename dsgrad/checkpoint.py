@@ -1,27 +1,87 @@
 """Saving and restoring estimator and training state.
 
 Estimator states are NamedTuples of arrays, so any pytree checkpointer works (orbax for
-large multi-host states). These two functions cover the common single-host case with
-``flax.serialization`` (msgpack) and add what a user needs: an atomic write, and a clear
-error for a missing, corrupt or mismatched file.
+large multi-host states). These functions cover the common single-host case with
+``flax.serialization`` (msgpack) and add what a user needs:
+
+* an atomic write (a temporary file renamed into place), and temporary files left by a
+  save that was killed are removed by the next save to the same path;
+* a SHA-256 checksum of the payload, verified on every read, so a damaged file is
+  refused instead of restored with a wrong value;
+* a restore that refuses, naming the entry, a checkpoint whose keys, shapes or dtypes
+  differ from the template's.
+
+File layout: the 14-byte tag ``DSGRAD-CKPT-1\\n``, the 32-byte SHA-256 digest of the
+payload, then the payload (``flax.serialization.to_bytes``). Files written before the
+tag existed (plain msgpack) are still read, with a warning that they cannot be verified.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
 import tempfile
+import warnings
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization
 
+_TAG = b"DSGRAD-CKPT-1\n"
+_DIGEST_BYTES = 32
+
+
+def _temp_prefix(path: str) -> str:
+  return f".{os.path.basename(path)}.tmp-"
+
+
+def _pid_is_running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, OSError):
+    return True  # exists, owned by someone else (or we cannot tell: keep the file)
+  return True
+
+
+def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
+  """Removes temporary files that an interrupted :func:`save` to ``path`` left behind.
+
+  A save writes ``.<name>.tmp-<pid>-<random>`` next to ``path`` and renames it; a
+  process killed mid-write (``kill -9``) leaves that file. Only files whose writing
+  process no longer runs on this host are removed, so a save in progress elsewhere on
+  the host is never disturbed. :func:`save` calls this first.
+
+  Returns:
+    The removed files.
+  """
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  removed = []
+  for tmp in glob.glob(os.path.join(glob.escape(directory),
+                                    glob.escape(_temp_prefix(path)) + "*")):
+    pid_text = os.path.basename(tmp)[len(_temp_prefix(path)):].split("-", 1)[0]
+    if not pid_text.isdigit():
+      continue
+    pid = int(pid_text)
+    if pid != os.getpid() and not _pid_is_running(pid):
+      try:
+        os.remove(tmp)
+        removed.append(tmp)
+      except FileNotFoundError:
+        pass
+  return removed
+
 
 def save(path: str | os.PathLike, tree: Any) -> None:
   """Writes a pytree of arrays (params, optimizer/estimator state, ...) to ``path``.
 
   The file is written to a temporary name and renamed, so an interrupted save never
-  leaves a truncated checkpoint behind.
+  leaves a truncated checkpoint behind; its payload carries a SHA-256 checksum that
+  :func:`restore` verifies.
 
   Args:
     path: destination file.
@@ -29,13 +89,16 @@ def save(path: str | os.PathLike, tree: Any) -> None:
       PRNG keys must be raw ``uint32`` arrays (``jax.random.key_data``).
   """
   path = os.fspath(path)
-  data = serialization.to_bytes(jax.device_get(tree))
+  payload = serialization.to_bytes(jax.device_get(tree))
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".dsgrad-ckpt-")
+  remove_orphan_temp_files(path)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_temp_prefix(path)}{os.getpid()}-")
   try:
     with os.fdopen(fd, "wb") as f:
-      f.write(data)
+      f.write(_TAG + hashlib.sha256(payload).digest() + payload)
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
@@ -43,12 +106,23 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     raise
 
 
-def _read(path) -> bytes:
+def _payload(path) -> bytes:
+  """The verified payload of the checkpoint at ``path``."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"no checkpoint at {path!r}")
   with open(path, "rb") as f:
-    return f.read()
+    data = f.read()
+  if not data.startswith(_TAG):
+    warnings.warn(f"checkpoint {path!r} has no checksum (written by an older dsgrad, or "
+                  "not a dsgrad checkpoint); it is read without verification", stacklevel=3)
+    return data
+  digest = data[len(_TAG):len(_TAG) + _DIGEST_BYTES]
+  payload = data[len(_TAG) + _DIGEST_BYTES:]
+  if hashlib.sha256(payload).digest() != digest:
+    raise ValueError(f"checkpoint {path!r} is corrupt: its SHA-256 checksum does not match "
+                     "its contents (the file was damaged or changed after it was written)")
+  return payload
 
 
 def restore_raw(path: str | os.PathLike) -> dict:
@@ -57,13 +131,23 @@ def restore_raw(path: str | os.PathLike) -> dict:
 
   Raises:
     FileNotFoundError: if ``path`` does not exist.
-    ValueError: if the file is not a valid checkpoint.
+    ValueError: if the file is not a valid checkpoint or fails its checksum.
   """
-  data = _read(path)
+  payload = _payload(path)
   try:
-    return serialization.msgpack_restore(data)
+    return serialization.msgpack_restore(payload)
   except Exception as err:  # msgpack raises several types
     raise ValueError(f"checkpoint {os.fspath(path)!r} is corrupt: {err}") from err
+
+
+def _flat_keys(state, prefix: str = "") -> dict:
+  """``{"a/b/c": leaf}`` for a nested state dict (``serialization.to_state_dict``)."""
+  if isinstance(state, dict) and state:
+    out = {}
+    for key, value in state.items():
+      out.update(_flat_keys(value, f"{prefix}/{key}" if prefix else str(key)))
+    return out
+  return {prefix: state}
 
 
 def restore(path: str | os.PathLike, like: Any) -> Any:
@@ -72,24 +156,49 @@ def restore(path: str | os.PathLike, like: Any) -> Any:
   Args:
     path: the checkpoint file.
     like: a pytree with the structure, shapes and dtypes to restore (e.g. a freshly
-      initialized ``(params, opt_state)``).
+      initialized ``(params, opt_state)``, or ``jax.eval_shape`` of one).
 
   Returns:
     The restored pytree, bit-identical to what was saved.
 
   Raises:
     FileNotFoundError: if ``path`` does not exist.
-    ValueError: if the file is not a valid checkpoint or does not match ``like``.
+    ValueError: if the file is not a valid checkpoint, fails its checksum, or differs
+      from ``like`` in its entries (one saved that ``like`` lacks, or the reverse), in
+      an array's shape or in its dtype; the message names the entry.
   """
   path = os.fspath(path)
-  data = _read(path)
+  return restore_from_raw(restore_raw(path), like, path)
+
+
+def restore_from_raw(raw: dict, like: Any, path: str | os.PathLike = "<raw>") -> Any:
+  """:func:`restore` of a checkpoint already read by :func:`restore_raw` (to read its
+  metadata first and restore the rest without reading the file twice)."""
+  path = os.fspath(path)
+  template = _flat_keys(serialization.to_state_dict(like))
+  saved = _flat_keys(raw)
+  extra = sorted(set(saved) - set(template))
+  missing = sorted(set(template) - set(saved))
+  if extra or missing:
+    raise ValueError(
+        f"checkpoint {path!r} does not match the template: "
+        + (f"it holds {extra} which the template lacks" if extra else "")
+        + ("; " if extra and missing else "")
+        + (f"the template expects {missing} which it lacks" if missing else "")
+        + " (saved from another model, estimator or optimizer?)")
   try:
-    restored = serialization.from_bytes(like, data)
-  except Exception as err:  # msgpack and flax raise several types
+    restored = serialization.from_state_dict(like, raw)
+  except Exception as err:  # flax raises several types
     raise ValueError(f"checkpoint {path!r} is corrupt or does not match the expected "
                      f"structure: {err}") from err
-  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(like)):
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(like)[0]]
+  for name, got, want in zip(paths, jax.tree.leaves(restored), jax.tree.leaves(like)):
     if np.shape(got) != np.shape(want):
-      raise ValueError(f"checkpoint {path!r} holds an array of shape {np.shape(got)} where "
-                       f"{np.shape(want)} was expected")
+      raise ValueError(f"checkpoint {path!r}: entry {name} has shape {np.shape(got)} where "
+                       f"the template has {np.shape(want)}")
+    want_dtype = getattr(want, "dtype", None)
+    if want_dtype is not None and np.dtype(got.dtype) != np.dtype(want_dtype):
+      raise ValueError(f"checkpoint {path!r}: entry {name} was saved as {np.dtype(got.dtype)} "
+                       f"where the template has {np.dtype(want_dtype)}; cast after "
+                       "restoring with a template of the saved dtype")
   return restored

@@ -201,7 +201,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       (:func:`restore_fit_history`); the returned history continues it, wall-clock too.
     resume: if true and ``checkpoint_path`` exists, continue from it: params, optimizer
       state, step and history are restored (``params`` then only gives the structure),
-      so an interrupted run can be restarted with the same call.
+      so an interrupted run can be restarted with the same call. The checkpoint holds
+      the run's settings (number of data, ``batch_size``, ``key``); a call with other
+      settings is refused, since it would not continue the same run.
     mesh: optional :func:`dsgrad.parallel.data_mesh`: train data-parallel on its
       devices -- each batch split across them, per-datum tables split by datum,
       everything else replicated (:mod:`dsgrad.parallel`). ``batch_size`` and the
@@ -216,18 +218,23 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     ValueError: before anything is compiled, on a count that is not an integer of the
       right range (``num_steps >= 0``; ``batch_size``, ``eval_every``,
       ``checkpoint_every >= 1``), ``batch_size`` above the number of data, or a
-      ``checkpoint_path`` whose folder is missing or not writable.
+      ``checkpoint_path`` whose folder is missing or not writable; with ``resume``, a
+      checkpoint written with other settings, damaged (checksum), or whose entries,
+      shapes or dtypes differ from this optimizer's state.
   """
   _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
                        checkpoint_path)
   optimizer = optax.with_extra_args_support(optimizer)
+  settings = run_settings(objective, key, batch_size)
   if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
     # The template needs shapes only: no initial full pass, no table materialized whole
     # on one device before it is sharded.
-    params, opt_state, start_step = restore_fit_checkpoint(
-        checkpoint_path, params,
+    raw = checkpoint_lib.restore_raw(checkpoint_path)
+    _check_resume_settings(checkpoint_path, raw, settings)
+    params, opt_state, start_step = _restore_fit_tree(
+        checkpoint_path, raw, params,
         jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
-    history = restore_fit_history(checkpoint_path)
+    history = _history_from_raw(raw)
   if num_steps < start_step:
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
   eval_every = int(eval_every or max(1, objective.num_data // batch_size))
@@ -281,36 +288,83 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       columns[name].append(v)
     bar(length, step, value, se)
     if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
-      save_fit_checkpoint(checkpoint_path, params, opt_state, step, as_history())
+      save_fit_checkpoint(checkpoint_path, params, opt_state, step, as_history(),
+                          settings=settings)
   bar(0, step, None, None, close=True)
   return FitResult(params, opt_state, as_history(), compile_seconds)
 
 
+def run_settings(objective: Objective, key, batch_size: int) -> dict:
+  """The settings that, with the step, determine every batch and noise draw of a
+  :func:`fit` run; saved with its checkpoints so that a resume with other settings is
+  refused rather than silently continuing a different run."""
+  key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
+      else key
+  return {"num_data": np.asarray(objective.num_data, np.int64),
+          "batch_size": np.asarray(batch_size, np.int64),
+          "key": np.asarray(jax.device_get(key_data))}
+
+
+def _check_resume_settings(path, raw: dict, settings: dict) -> None:
+  saved = raw.get("settings")
+  if saved is None:
+    return  # a checkpoint written before settings were saved: nothing to compare
+  for name, value in settings.items():
+    if name in saved and not (np.shape(saved[name]) == np.shape(value)
+                              and np.array_equal(saved[name], value)):
+      shown = (lambda v: "a different key") if name == "key" else (lambda v: int(v))
+      raise ValueError(
+          f"checkpoint_path {os.fspath(path)!r} was written by a run with "
+          f"{name}={shown(saved[name])}, but this call has {name}={shown(value)}: resuming "
+          "would not continue that run. Pass the original setting, or a new "
+          "checkpoint_path to start a new run")
+
+
 def save_fit_checkpoint(path, params, opt_state, step: int,
-                        history: History | None = None) -> None:
-  """Saves ``(params, opt_state, step)`` and optionally the history, atomically (what
-  :func:`fit` writes)."""
+                        history: History | None = None, *, settings: dict | None = None
+                        ) -> None:
+  """Saves ``(params, opt_state, step)``, optionally the history and the run's settings
+  (:func:`run_settings`), atomically and with a checksum (what :func:`fit` writes)."""
   tree = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int64)}
   if history is not None:
     tree["history"] = {k: np.asarray(v, np.float64) for k, v in history._asdict().items()}
+  if settings is not None:
+    tree["settings"] = dict(settings)
   checkpoint_lib.save(path, tree)
+
+
+def _restore_fit_tree(path, raw: dict, params_like, opt_state_like):
+  like = {"params": params_like, "opt_state": opt_state_like,
+          "step": np.asarray(0, np.int64)}
+  for metadata in ("history", "settings"):  # free-form: restored as saved
+    if metadata in raw:
+      like[metadata] = raw[metadata]
+  tree = checkpoint_lib.restore_from_raw(raw, like, path)
+  return tree["params"], tree["opt_state"], int(tree["step"])
 
 
 def restore_fit_checkpoint(path, params_like, opt_state_like):
   """Restores ``(params, opt_state, step)`` saved by :func:`fit`; pass ``step`` as
-  ``start_step`` to continue."""
-  tree = checkpoint_lib.restore(path, {"params": params_like, "opt_state": opt_state_like,
-                                       "step": np.asarray(0, np.int64)})
-  return tree["params"], tree["opt_state"], int(tree["step"])
+  ``start_step`` to continue.
+
+  Raises:
+    ValueError: a damaged file, or entries, shapes or dtypes other than the templates'
+      (:func:`dsgrad.checkpoint.restore`).
+  """
+  return _restore_fit_tree(path, checkpoint_lib.restore_raw(path), params_like,
+                           opt_state_like)
+
+
+def _history_from_raw(raw: dict) -> History:
+  saved = raw.get("history") or {}
+  return History(*(np.asarray(saved.get(k, np.zeros(0)), np.float64)
+                   for k in History._fields))
 
 
 def restore_fit_history(path) -> History:
   """The :class:`History` saved with a :func:`fit` checkpoint (pass it back to ``fit`` as
   ``history`` when resuming); empty if the checkpoint has none."""
-  raw = checkpoint_lib.restore_raw(path)
-  saved = raw.get("history") or {}
-  return History(*(np.asarray(saved.get(k, np.zeros(0)), np.float64)
-                   for k in History._fields))
+  return _history_from_raw(checkpoint_lib.restore_raw(path))
 
 
 def _progress(enabled: bool, total: int):

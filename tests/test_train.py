@@ -99,3 +99,26 @@ def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match)
   args = {**dict(num_steps=4, batch_size=BATCH, progress=False, elbo_samples=0), **kwargs}
   with pytest.raises(ValueError, match=match):
     dsgrad.fit(objective, optax.adam(1e-2), params0, jax.random.key(0), **args)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(batch_size=BATCH // 2), f"with batch_size={BATCH}, but this call has "
+                                  f"batch_size={BATCH // 2}"),
+    (dict(key=jax.random.key(4)), "with key=a different key"),
+])
+def test_resume_with_other_settings_is_refused(logreg_model, params0, tmp_path, change, match):
+  """Issue 21, item 2: ``fit(resume=True)`` with another batch size or key used to continue
+  silently a run that is not the original one."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  opt = optax.adam(1e-2)
+  kw = dict(num_steps=8, batch_size=BATCH, eval_every=4, elbo_samples=0, progress=False,
+            checkpoint_path=tmp_path / "fit.ckpt", resume=True)
+  dsgrad.fit(objective, opt, params0, jax.random.key(3), **kw)
+  kw["num_steps"] = 12
+  args = {**dict(key=jax.random.key(3)), **kw, **change}
+  with pytest.raises(ValueError, match=match):
+    dsgrad.fit(objective, opt, params0, **args)
+  # The same settings resume (raw uint32 key data is the same key).
+  again = dsgrad.fit(objective, opt, params0, **{**kw, "key": jax.random.key_data(
+      jax.random.key(3))})
+  assert int(again.history.step[-1]) == 12
