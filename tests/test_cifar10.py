@@ -94,6 +94,22 @@ def test_damaged_batches_get_a_clear_error(tmp_path, damage):
     cifar10.load_cifar10(tmp_path, "test", download=False, verify_official=False)
 
 
+@pytest.mark.parametrize("label, match", [
+    (3.7, "label of type float \\(3.7\\) at position 1"),
+    ("cat", "label of type str \\('cat'\\) at position 1"),
+    (True, "label of type bool"),
+])
+def test_labels_that_are_not_integers_are_refused(tmp_path, label, match):
+  """Issue 21, item 7: float labels were silently truncated to integers and string labels
+  raised a raw int() error that did not name the file."""
+  folder, _, _ = _write_folder(tmp_path)
+  path = folder / "test_batch"
+  data = np.zeros((2, 3072), np.uint8)
+  path.write_bytes(pickle.dumps({b"data": data, b"labels": [0, label]}, protocol=2))
+  with pytest.raises(ValueError, match="cifar10: .*test_batch.* " + match):
+    cifar10.load_cifar10(tmp_path, "test", download=False, verify_official=False)
+
+
 def test_missing_data_says_where_to_put_it(tmp_path, monkeypatch):
   monkeypatch.setenv("DSGRAD_DATA", str(tmp_path / "nowhere"))
   monkeypatch.setenv("HOME", str(tmp_path / "home"))

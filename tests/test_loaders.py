@@ -67,6 +67,39 @@ def test_movielens_100k_bad_files(tmp_path):
     datasets.load_movielens_100k(tmp_path / "broken.zip", verify_official=False)
 
 
+def test_movielens_100k_hostile_values_are_named(tmp_path):
+  """Issue 21, item 7: a non-ASCII digit in a rating ('²' passes str.isdigit) and an id
+  beyond int32 used to raise raw int()/overflow errors; each now names the line."""
+  _write_ml100k(tmp_path / "a", RATINGS, ITEMS)
+  with open(tmp_path / "a" / "u.data", "ab") as f:
+    f.write(b"4\t1\t\xb2\t881250949\n")  # latin-1 superscript two as the rating
+  with pytest.raises(ValueError, match="u.data line 5 is malformed"):
+    datasets.load_movielens_100k(tmp_path / "a", verify_official=False)
+  _write_ml100k(tmp_path / "b", RATINGS + [(10**30, 1, 4)], ITEMS)
+  with pytest.raises(ValueError, match="u.data line 5 has an id or rating above 2147483647"):
+    datasets.load_movielens_100k(tmp_path / "b", verify_official=False)
+
+
+def test_movielens_100k_sparse_user_ids_are_renumbered(tmp_path):
+  """Issue 21, item 7: ids {1, 5,000,000} used to give num_users = 5,000,000 (a table of
+  5 million users for two). Users are renumbered in order of id, which for contiguous
+  ids is id - 1 as before."""
+  _write_ml100k(tmp_path / "a", [(5_000_000, 1, 5), (1, 2, 3), (5_000_000, 3, 1)], ITEMS)
+  data = datasets.load_movielens_100k(tmp_path / "a", verify_official=False)
+  assert data.num_users == 2
+  np.testing.assert_array_equal(data.users, [1, 0, 1])
+  _write_ml100k(tmp_path / "b", RATINGS, ITEMS)
+  dense = datasets.load_movielens_100k(tmp_path / "b", verify_official=False)
+  np.testing.assert_array_equal(dense.users, [u - 1 for u, _, _ in RATINGS])
+  assert dense.num_users == 3
+
+
+def test_movielens_from_columns_refuses_non_numeric_ratings():
+  with pytest.raises(ValueError, match="ratings must be numbers"):
+    datasets.movielens_from_columns(np.array([1, 2]), np.array(["Drama", "Action"]),
+                                    np.array(["4.0", "four"]))
+
+
 def test_movielens_from_columns_maps_half_stars_and_genres():
   d = datasets.movielens_from_columns([10, 3, 10], ["Action|IMAX", "Children|Comedy",
                                                    "(no genres listed)"], [0.5, 4.5, 3.0])

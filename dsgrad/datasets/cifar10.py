@@ -109,9 +109,17 @@ def _read_batch(path):
   if not isinstance(labels, list) or len(labels) != data.shape[0]:
     raise ValueError(f"cifar10: {os.fspath(path)!r} has {len(labels) if isinstance(labels, list) else 'no'} "
                      f"labels for {data.shape[0]} images")
+  for position, label in enumerate(labels):
+    # Python ints only (what the official pickles hold): a float label would be
+    # truncated by a cast and a string one would fail inside numpy, naming neither.
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)):
+      raise ValueError(f"cifar10: {os.fspath(path)!r} has a label of type "
+                       f"{type(label).__name__} ({label!r}) at position {position}; labels "
+                       "must be integers in [0, 10)")
+    if not 0 <= label <= 9:
+      raise ValueError(f"cifar10: {os.fspath(path)!r} has label {label} at position "
+                       f"{position}, outside [0, 10)")
   labels = np.asarray(labels, np.int64)
-  if labels.size and (labels.min() < 0 or labels.max() > 9):
-    raise ValueError(f"cifar10: {os.fspath(path)!r} has labels outside [0, 10)")
   images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
   return images, labels.astype(np.int32)
 

@@ -39,6 +39,14 @@ _HOW_TO_GET_100K = ("Get MovieLens 100K from https://grouplens.org/datasets/movi
                     "(ml-100k.zip) and pass the zip or the extracted ml-100k directory.")
 
 
+_MAX_ID = np.iinfo(np.int32).max
+
+
+def _is_ascii_integer(text: str) -> bool:
+  text = text.strip()
+  return text.isascii() and text.isdigit()
+
+
 class MovieLensData(NamedTuple):
   """Ratings ready for :func:`dsgrad.models.movielens`.
 
@@ -96,7 +104,9 @@ def load_movielens_100k(path: str | os.PathLike, *, verify_official: bool = True
       same format (e.g. small test files).
 
   Returns:
-    A :class:`MovieLensData`; users are ``user id - 1``, classes ``rating - 1``.
+    A :class:`MovieLensData`; classes are ``rating - 1``; users are renumbered
+    ``0..U-1`` in order of id (``user id - 1`` for the official data; user ``u`` has the
+    ``u``-th smallest id, so sparse ids never inflate ``num_users``).
 
   Raises:
     FileNotFoundError: no such directory/file or a missing ``u.data``/``u.item``.
@@ -117,7 +127,7 @@ def load_movielens_100k(path: str | os.PathLike, *, verify_official: bool = True
                        f"fields, expected 24 (id, title, dates, url, 19 genre flags). "
                        + _HOW_TO_GET_100K)
     flags = fields[6:24]  # skip the 'unknown' flag (field 5)
-    if not all(f in ("0", "1") for f in fields[5:24]) or not fields[0].isdigit():
+    if not all(f in ("0", "1") for f in fields[5:24]) or not _is_ascii_integer(fields[0]):
       raise ValueError(f"movielens_100k: u.item line {number} is malformed: {line[:60]!r}")
     movie_genres[int(fields[0])] = [int(f) for f in flags]
   rows = []
@@ -125,10 +135,15 @@ def load_movielens_100k(path: str | os.PathLike, *, verify_official: bool = True
     if not line.strip():
       continue
     fields = line.split("\t")
-    if len(fields) != 4 or not all(f.strip().isdigit() for f in fields):
+    # ASCII digits only: str.isdigit accepts e.g. '²', which int() then refuses.
+    if len(fields) != 4 or not all(_is_ascii_integer(f) for f in fields):
       raise ValueError(f"movielens_100k: u.data line {number} is malformed: {line[:60]!r} "
                        f"(expected 4 tab-separated integers). " + _HOW_TO_GET_100K)
-    rows.append([int(f) for f in fields[:3]])
+    row = [int(f) for f in fields[:3]]
+    if max(row) > _MAX_ID:
+      raise ValueError(f"movielens_100k: u.data line {number} has an id or rating above "
+                       f"{_MAX_ID} (the largest int32): {line[:60]!r}")
+    rows.append(row)
   if not rows:
     raise ValueError(f"movielens_100k: u.data in {os.fspath(path)!r} is empty. " + _HOW_TO_GET_100K)
   data = np.asarray(rows, np.int64)
@@ -139,7 +154,10 @@ def load_movielens_100k(path: str | os.PathLike, *, verify_official: bool = True
   if unknown:
     raise ValueError(f"movielens_100k: u.data rates movies missing from u.item (first: "
                      f"{unknown[:3]}); the files do not belong together. " + _HOW_TO_GET_100K)
-  num_users = int(user.max())
+  # Users renumbered 0..U-1 in order of id: id - 1 for the official (contiguous) ids, and
+  # no table of 5,000,000 rows for ids {1, 5000000}.
+  user_ids, users = np.unique(user, return_inverse=True)
+  num_users = int(user_ids.shape[0])
   if verify_official:
     found = {"ratings": len(rows), "users": len(np.unique(user)), "movies": len(movie_genres)}
     if found != ML100K_COUNTS:
@@ -147,7 +165,7 @@ def load_movielens_100k(path: str | os.PathLike, *, verify_official: bool = True
                        f"{ML100K_COUNTS} (truncated or another data set; pass "
                        f"verify_official=False to load it anyway). " + _HOW_TO_GET_100K)
   genres = np.asarray([movie_genres[m] for m in movie.tolist()], np.int32)
-  return MovieLensData((user - 1).astype(np.int32), genres, (rating - 1).astype(np.int32),
+  return MovieLensData(users.astype(np.int32), genres, (rating - 1).astype(np.int32),
                        num_users)
 
 
@@ -185,7 +203,11 @@ def movielens_from_columns(user_ids, genre_strings, ratings, *, expected=None) -
     expected: optional ``{"ratings": int, "users": int}`` counts to verify.
   """
   ids = np.asarray(user_ids)
-  r = np.asarray(ratings, np.float64)
+  try:
+    r = np.asarray(ratings, np.float64)
+  except (TypeError, ValueError) as err:
+    raise ValueError(f"movielens: ratings must be numbers (half stars in [0.5, 5]): {err}"
+                     ) from err
   if ids.ndim != 1 or r.shape != ids.shape or len(genre_strings) != ids.shape[0]:
     raise ValueError("movielens: user ids, genres and ratings must be 1-D of equal length")
   if not np.all(np.isin(r, np.arange(1, 11) / 2)):
