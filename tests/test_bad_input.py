@@ -204,6 +204,14 @@ def test_low_precision_params_are_refused_at_init(logreg_model, params0, name, d
   assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(out))
 
 
+def _wider_model(model):
+  """The logistic regression of the shared fixture with one more (constant) feature."""
+  from conftest import DIM, N_DATA
+  from dsgrad.models import synthetic_logistic_data
+  x, y, _ = synthetic_logistic_data(jax.random.key(0), N_DATA, DIM)
+  return logistic_regression(jnp.concatenate([x, jnp.ones((N_DATA, 1))], axis=1), y)
+
+
 @pytest.mark.parametrize("name,field", [("joint_svrg", "snapshot"), ("joint_saga", "running_mean"),
                                         ("smiso", "running_mean"), ("inc", "table rows")])
 def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name, field):
@@ -214,13 +222,64 @@ def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name
         "joint_saga": lambda: dsgrad.joint_saga(objective),
         "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
   other = jax.tree.map(lambda p: jnp.concatenate([p, p[:1]]), params0)  # one more dimension
-  if name in ("inc", "smiso"):
-    state = tx.init(other)  # a table built for the other model
-  else:  # their init runs the objective: swap the params-shaped field in afterwards
-    state = tx.init(params0)._replace(**{field: other})
+  # Every init checks its params against the objective: build the state for a model of
+  # one more dimension.
+  wider = dsgrad.meanfield_gaussian(_wider_model(logreg_model), shared_noise=name == "inc")
+  tx_other = {"inc": lambda: dsgrad.inc(wider), "smiso": lambda: dsgrad.smiso(wider, 0.01),
+              "joint_saga": lambda: dsgrad.joint_saga(wider),
+              "joint_svrg": lambda: dsgrad.joint_svrg(wider, every=5)}[name]()
+  state = tx_other.init(other)
   idx, noise = _batch(objective)
   d = params0["loc"].shape[0]
   with pytest.raises(ValueError, match=rf"dsgrad.{name}: the state's {field} has shapes "
                                        rf"\[\({d + 1},\), \({d + 1},\)\] but params have "
                                        rf"shapes \[\({d},\), \({d},\)\]"):
     tx.update(params0, state, params0, indices=idx, noise=noise)
+
+
+@pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
+def test_params_of_another_model_are_refused_at_init(logreg_model, params0, name):
+  """Issue 21, item 9: params of another dimension used to fail inside init's full pass
+  (joint_saga, joint_svrg) or at the first update with an internal broadcasting error."""
+  objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
+  tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
+        "smiso": lambda: dsgrad.smiso(objective, 0.01),
+        "joint_saga": lambda: dsgrad.joint_saga(objective),
+        "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
+  other = jax.tree.map(lambda p: jnp.concatenate([p, p[:1]]), params0)
+  d = params0["loc"].shape[0]
+  with pytest.raises(ValueError, match=rf"dsgrad.{name}: objective .* cannot be evaluated at "
+                                       rf"these params \(shapes \[\({d + 1},\), \({d + 1},\)\]\)"):
+    tx.init(other)
+
+
+@pytest.mark.parametrize("approx_name", ["gaussian_mean_taylor", "gaussian_taylor",
+                                         "glm_mean_taylor"])
+@pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
+def test_approximation_of_another_model_is_refused_at_init(logreg_model, params0, name,
+                                                           approx_name):
+  """Issue 21, item 9: an approximation built from a model of another dimension used to
+  give an internal dot_general error in the first full pass or update."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  approx = getattr(dsgrad.approx, approx_name)(_wider_model(logreg_model))
+  tx = {"cv": dsgrad.cv, "joint_saga": dsgrad.joint_saga,
+        "joint_svrg": lambda o, a: dsgrad.joint_svrg(o, a, every=5)}[name](objective, approx)
+  with pytest.raises(ValueError, match=rf"dsgrad.{name}: approximation '{approx_name}' cannot "
+                                       "be evaluated at these params .*another model"):
+    tx.init(params0)
+
+
+@pytest.mark.parametrize("family", ["meanfield", "fullrank"])
+@pytest.mark.parametrize("argument", ["loc", "log_scale"])
+def test_family_and_dais_initial_values_of_the_wrong_shape_are_named(logreg_model, family,
+                                                                     argument):
+  """Issue 21, item 9: a ``loc`` of the wrong shape (families, DAIS's ``init_params``) used
+  to be a raw broadcasting error."""
+  d = logreg_model.latent_dim
+  with pytest.raises(ValueError, match=rf"{argument} has shape \({d + 2},\) but the family's "
+                                       rf"dimension is {d}"):
+    dsgrad.families.by_name(family, d, **{argument: jnp.zeros(d + 2)})
+  vi = dsgrad.annealing.AnnealedVI(logreg_model, 2, base=family)
+  with pytest.raises(ValueError, match=rf"{argument} has shape \({d + 2},\)"):
+    vi.init_params(**{argument: jnp.zeros(d + 2)})
+  assert vi.init_params(**{argument: jnp.zeros(d)})["base"]["loc"].shape == (d,)

@@ -80,6 +80,50 @@ def require_full_precision(params, estimator: str) -> None:
                        "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
 
 
+def _shapes(tree) -> list:
+  return [tuple(x.shape) if hasattr(x, "shape") else tuple(jnp.shape(x))
+          for x in jax.tree.leaves(tree)]
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip()
+  return text.splitlines()[0].rstrip(".") if text else type(error).__name__
+
+
+def check_params_fit(objective: Objective, params, estimator: str, approx=None) -> None:
+  """Static check, at ``init``, that ``objective`` (and ``approx``, when given) can be
+  evaluated at ``params`` (issue 21, item 9): params or an approximation made for a
+  model of another dimension are refused by name with the shapes involved, not met with
+  an internal ``dot_general``/broadcasting error inside the first full pass.
+
+  Costs one abstract trace (``jax.eval_shape``), no computation.
+  """
+  if not has_leaves(params):  # optax.tree.map_params placeholder
+    return
+  indices = jnp.zeros((1,), jnp.int32)
+  noise = objective.zero_noise(1)
+  try:
+    jax.eval_shape(objective.loss_fn, params, indices, noise)
+  except (TypeError, ValueError, IndexError) as error:
+    raise ValueError(f"dsgrad.{estimator}: objective {objective.name!r} cannot be evaluated "
+                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
+                     "Were the params made for another model?") from error
+  if approx is None:
+    return
+  try:
+    grads = jax.eval_shape(lambda p: approx.grad_and_expected(objective, p, indices, noise),
+                           params)
+  except (TypeError, ValueError, IndexError) as error:
+    raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} cannot be evaluated "
+                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
+                     "Was it built from another model than the objective?") from error
+  for which, tree in zip(("gradient", "expected gradient"), grads):
+    if _shapes(tree) != _shapes(params):
+      raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} returns a {which} "
+                       f"of shapes {_shapes(tree)} for params of shapes {_shapes(params)}; "
+                       "was it built from another model than the objective?")
+
+
 def check_state_matches_params(tree, params, estimator: str, field: str) -> None:
   """Static check that a params-shaped part of an estimator's state (a snapshot, a running
   mean, a table's rows) has the shapes of ``params`` (issue 21, item 9): a state made
@@ -87,10 +131,7 @@ def check_state_matches_params(tree, params, estimator: str, field: str) -> None
   broadcasting error."""
   if not has_leaves(params) or not has_leaves(tree):
     return
-  def shapes(t):
-    return [tuple(x.shape) if hasattr(x, "shape") else tuple(jnp.shape(x))
-            for x in jax.tree.leaves(t)]
-  mine, theirs = shapes(tree), shapes(params)
+  mine, theirs = _shapes(tree), _shapes(params)
   if mine != theirs:
     raise ValueError(f"dsgrad.{estimator}: the state's {field} has shapes {mine} but params "
                      f"have shapes {theirs}; was this state created for another model or "

@@ -49,6 +49,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
 
   def init_fn(params):
     _common.require_full_precision(params, "cv")
+    _common.check_params_fit(objective, params, "cv", approx)
     if control_weight == "adaptive":
       return _weights.init(control_weight, params)
     return optax.EmptyState()

@@ -65,6 +65,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
 
   def init_fn(params):
     _common.require_full_precision(params, "inc")
+    _common.check_params_fit(objective, params, "inc")
     _common.check_table_fits(params, n, None, max_table_bytes, "inc")
     return IncState(_common.new_table(params, n))
 

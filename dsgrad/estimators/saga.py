@@ -160,6 +160,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
   def init_fn(params):
     _common.require_full_precision(params, "joint_saga")
+    _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
                             _weights.init(control_weight, params))
@@ -238,6 +239,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
   def init_fn(params):
     _common.require_full_precision(params, "joint_saga")
+    _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
                             _weights.init(weight[0], params))

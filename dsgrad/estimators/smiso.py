@@ -90,6 +90,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
 
   def init_fn(params):
     _common.require_full_precision(params, "smiso")
+    _common.check_params_fit(objective, params, "smiso")
     _common.check_table_fits(params, n, None, max_table_bytes, "smiso")
     # A copy, so that params and state can both be donated to a jitted step.
     return SmisoState(_common.new_table(params, n), jax.tree.map(jnp.copy, params))

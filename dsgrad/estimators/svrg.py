@@ -82,6 +82,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
 
   def init_fn(params):
     _common.require_full_precision(params, "joint_svrg")
+    _common.check_params_fit(objective, params, "joint_svrg", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
                             _weights.init(control_weight, params))

@@ -111,6 +111,16 @@ class _Family(nnx.Module):
                           name=type(self).__name__)
 
 
+def _initial_vector(value, dim: int, name: str) -> jax.Array:
+  """``value`` (a scalar or a ``(dim,)`` vector) as a float32 ``(dim,)`` vector; any other
+  shape is refused by name (issue 21, item 9) instead of a raw broadcasting error."""
+  array = jnp.asarray(value, jnp.float32)
+  if array.shape not in ((), (dim,)):
+    raise ValueError(f"{name} has shape {array.shape} but the family's dimension is {dim}: "
+                     f"pass a scalar or an array of shape ({dim},)")
+  return jnp.broadcast_to(array, (dim,))
+
+
 class MeanFieldGaussian(_Family):
   """``q_w(z) = N(loc, diag(exp(log_scale))^2)``, params ``{"loc", "log_scale"}``.
 
@@ -126,9 +136,9 @@ class MeanFieldGaussian(_Family):
 
   def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
     self.dim = int(dim)
-    self.loc = nnx.Param(jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (self.dim,)))
+    self.loc = nnx.Param(_initial_vector(loc, self.dim, "loc"))
     self.log_scale = nnx.Param(
-        jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (self.dim,)))
+        _initial_vector(log_scale, self.dim, "log_scale"))
 
   @staticmethod
   def transform(params, eps):
@@ -166,9 +176,9 @@ class FullRankGaussian(_Family):
 
   def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
     self.dim = int(dim)
-    self.loc = nnx.Param(jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (self.dim,)))
+    self.loc = nnx.Param(_initial_vector(loc, self.dim, "loc"))
     self.log_diag = nnx.Param(
-        jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (self.dim,)))
+        _initial_vector(log_scale, self.dim, "log_scale"))
     self.off_diag = nnx.Param(jnp.zeros((self.dim, self.dim), jnp.float32))
 
   @staticmethod
