@@ -217,8 +217,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   Raises:
     ValueError: before anything is compiled, on a count that is not an integer of the
       right range (``num_steps >= 0``; ``batch_size``, ``eval_every``,
-      ``checkpoint_every >= 1``), ``batch_size`` above the number of data, or a
-      ``checkpoint_path`` whose folder is missing or not writable; with ``resume``, a
+      ``checkpoint_every >= 1``), ``batch_size`` above the number of data, non-finite
+      ``params``, or a ``checkpoint_path`` whose folder is missing or not writable; with ``resume``, a
       checkpoint written with other settings, damaged (checksum), or whose entries,
       shapes or dtypes differ from this optimizer's state.
   """
@@ -235,6 +235,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
         checkpoint_path, raw, params,
         jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
     history = _history_from_raw(raw)
+  # A NaN start would train silently to a NaN history with a plain optax optimizer.
+  _checks.value_checks(_checks.finite_checks(params, "params passed to fit"))
   if num_steps < start_step:
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
   eval_every = int(eval_every or max(1, objective.num_data // batch_size))

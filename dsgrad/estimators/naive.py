@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import optax
 
 from dsgrad import _checks
@@ -30,7 +31,11 @@ def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None, **extra_args):
-    del params, extra_args
+    del extra_args
+    if params is not None and jax.tree.leaves(params):
+      # Static: a gradient of other shapes would be broadcast into params by
+      # optax.apply_updates, or fail there without naming the gradient.
+      _checks.check_same_structure(updates, params, "updates (gradient)", "params")
     if check_finite:
       _checks.value_checks(_checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
     return updates, state
