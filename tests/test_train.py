@@ -122,3 +122,55 @@ def test_resume_with_other_settings_is_refused(logreg_model, params0, tmp_path, 
   again = dsgrad.fit(objective, opt, params0, **{**kw, "key": jax.random.key_data(
       jax.random.key(3))})
   assert int(again.history.step[-1]) == 12
+
+
+_KILLED_CHILD = """
+import sys, jax, optax, dsgrad
+from dsgrad.models import logistic_regression, synthetic_logistic_data
+x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
+objective = dsgrad.meanfield_gaussian(logistic_regression(x, y))
+opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+params = dsgrad.meanfield_init(logistic_regression(x, y))
+dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=10**7, batch_size=5,
+           eval_every=10, elbo_samples=0, progress=False, checkpoint_path=sys.argv[1],
+           resume=True)
+"""
+
+
+def test_kill_9_during_fit_loses_nothing(tmp_path):
+  """A run killed with SIGKILL at an arbitrary moment (mid-segment or mid-save) resumes
+  from its last checkpoint to the parameters and state of an uninterrupted run, bit for
+  bit (docs/errors.md)."""
+  import os
+  import subprocess
+  import sys
+  import time
+  from dsgrad.models import logistic_regression, synthetic_logistic_data
+  path = tmp_path / "run.ckpt"
+  child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(path)])
+  try:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+      if path.exists() and os.path.getsize(path) > 0:
+        time.sleep(0.5)  # let it write a few more checkpoints
+        break
+      time.sleep(0.05)
+  finally:
+    child.kill()
+    child.wait(timeout=30)
+  assert path.exists(), "the child wrote no checkpoint within 120 s"
+  x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
+  model = logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  params = dsgrad.meanfield_init(model)
+  kw = dict(batch_size=5, eval_every=10, elbo_samples=0, progress=False)
+  saved_step = dsgrad.restore_fit_checkpoint(path, params, opt.init(params))[2]
+  assert saved_step >= 10
+  total = saved_step + 20
+  resumed = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total,
+                       checkpoint_path=path, resume=True, **kw)
+  whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
+  chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
+                              (whole.params, whole.opt_state))
+  assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # the orphan was removed

@@ -12,6 +12,7 @@ BENCHMARKS = {
     "mcvae-ppca": "dsgrad.bench.mcvae_ppca",
     "dais": "dsgrad.bench.dais",
     "peers": "dsgrad.bench.peers",
+    "checks": "dsgrad.bench.checks",
 }
 
 

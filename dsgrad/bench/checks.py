@@ -1,0 +1,162 @@
+"""What dsgrad's input checks cost (issue 21): step time with the checks on and off.
+
+Every estimator checks, inside the compiled step, that the batch's indices lie in
+``[0, N)`` (``check_indices``) and that the gradient, params and noise are finite
+(``check_finite``); a failed check raises through a host callback that sits in a branch
+taken only on failure. This benchmark times each estimator's jitted training step
+(naive gradient, estimator, Adam) with both checks on and with both off, side by side
+in one process (rounds rotated, median of rounds), and reports the ratio. It also
+times the checks that run once: ``init``'s abstract trace of the objective and
+approximation at the params, and a checkpoint's SHA-256 (save and restore of the
+training state with and without the digest).
+
+Problem: mean-field Gaussian BBVI for binary logistic regression on synthetic data,
+``N`` rows, ``D`` features, batch ``B``, at two sizes: the checks' cost is a few fixed
+reductions and one branch per step, so its share is largest when the step is tiny.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import tempfile
+import time
+
+import jax
+import optax
+from flax import serialization
+
+import dsgrad
+from dsgrad.bench import _report
+from dsgrad.bench._timing import time_per_step
+from dsgrad.estimators import _common
+from dsgrad.models import logistic_regression, synthetic_logistic_data
+
+ESTIMATORS = ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg")
+
+
+def _optimizer(name: str, objective, checks: bool, lr: float):
+  flags = dict(check_finite=checks) if name == "naive" else dict(check_indices=checks,
+                                                                  check_finite=checks)
+  if name == "naive":
+    return optax.chain(dsgrad.naive(**flags), optax.adam(lr))
+  if name == "smiso":
+    return dsgrad.smiso(objective, lr, **flags)
+  estimator = {"cv": lambda: dsgrad.cv(objective, **flags),
+               "inc": lambda: dsgrad.inc(objective, **flags),
+               "joint_saga": lambda: dsgrad.joint_saga(objective, **flags),
+               "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=100, **flags)}[name]()
+  return optax.chain(estimator, optax.adam(lr))
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
+
+
+def run(sizes=((1_000, 10), (10_000, 100)), batch_size=100, steps=200, rounds=5, lr=1e-2,
+        estimators=ESTIMATORS):
+  """``(step rows, once rows)``: ``[(N, D, estimator, ms on, ms off)]`` and
+  ``[(what, seconds)]`` (the once-only checks at the last size)."""
+  step_rows = []
+  for num_data, num_features in sizes:
+    x, y, _ = synthetic_logistic_data(jax.random.key(0), num_data, num_features)
+    model = logistic_regression(x, y)
+    params0 = dsgrad.meanfield_init(model, 0.0, -2.0)
+    step_rows += _step_rows(model, params0, num_data, num_features, batch_size, steps,
+                            rounds, lr, estimators)
+  return step_rows, _once_rows(model, params0, lr)
+
+
+def _step_rows(model, params0, num_data, num_features, batch_size, steps, rounds, lr,
+               estimators):
+  rows = []
+  for name in estimators:
+    # inc stores one noise draw per datum: it needs shared noise.
+    objective = dsgrad.meanfield_gaussian(model, shared_noise=name == "inc")
+    optimizers = {f"{name} checks on": _optimizer(name, objective, True, lr),
+                  f"{name} checks off": _optimizer(name, objective, False, lr)}
+    seconds, _ = time_per_step(objective, optimizers, params0, batch_size, steps,
+                               rounds=rounds)
+    on, off = 1e3 * seconds[f"{name} checks on"], 1e3 * seconds[f"{name} checks off"]
+    rows.append((num_data, num_features, name, on, off))
+    print(f"  N={num_data} D={num_features} {name:<11} on {on:.4f} ms  off {off:.4f} ms  "
+          f"ratio {on / off:.3f}", flush=True)
+  return rows
+
+
+def _once_rows(model, params0, lr):
+  objective = dsgrad.meanfield_gaussian(model)
+  once = []
+  approx = dsgrad.approx.gaussian_mean_taylor(model)
+  once.append(("init check: objective and approximation traced at the params "
+               "(`check_params_fit`)",
+               _median_seconds(lambda: _common.check_params_fit(objective, params0, "bench",
+                                                                approx), 7)))
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(lr))
+  state = jax.block_until_ready(opt.init(params0))
+  payload = serialization.to_bytes(jax.device_get({"params": params0, "opt_state": state}))
+  once.append((f"SHA-256 of the joint SAGA training state ({len(payload) / 2**20:.1f} MiB)",
+               _median_seconds(lambda: hashlib.sha256(payload).digest(), 7)))
+  with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "state.ckpt")
+    once.append(("`checkpoint.save` of that state (serialize, digest, write, fsync, rename)",
+                 _median_seconds(lambda: dsgrad.checkpoint.save(path, (params0, state)), 5)))
+    once.append(("`checkpoint.restore` of that state (read, verify digest, deserialize, "
+                 "check entries)",
+                 _median_seconds(lambda: dsgrad.checkpoint.restore(path, (params0, state)), 5)))
+  return once
+
+
+def format_table(step_rows, once, config):
+  lines = [
+      "Command: `python -m dsgrad.bench checks` -- binary logistic regression, synthetic, "
+      "mean-field Gaussian BBVI, "
+      f"batch {config['batch_size']}; one jitted step = naive gradient + estimator + Adam, "
+      f"{config['steps']} steps per timed run inside `lax.scan`, median of "
+      f"{config['rounds']} rounds (rotated order, compile round discarded). "
+      "\"on\": `check_indices=True, check_finite=True` (the defaults); \"off\": both `False`.",
+      "",
+      f"Measured: {_report.environment()}",
+      "",
+      "| N | D | estimator | ms/step, checks on | ms/step, checks off | on / off | "
+      "on - off (us) |",
+      "| ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+  ]
+  for n, d, name, on, off in step_rows:
+    lines.append(f"| {n:,} | {d} | {name} | {on:.4f} | {off:.4f} | {on / off:.3f}x | "
+                 f"{1e3 * (on - off):.1f} |")
+  n, d = step_rows[-1][:2]
+  lines += ["", f"Checks that run once (N = {n:,}, D = {d}; median of repeats):", "",
+            "| check | seconds |", "| --- | ---: |"]
+  for what, seconds in once:
+    lines.append(f"| {what} | {seconds:.4f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench checks",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--sizes", nargs="+", default=["1000x10", "10000x100"],
+                      help="problem sizes NxD")
+  parser.add_argument("--batch-size", type=int, default=100, help="B")
+  parser.add_argument("--steps", type=int, default=200, help="steps per timed run")
+  parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
+  parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS),
+                      choices=ESTIMATORS)
+  parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+  args = parser.parse_args(argv)
+  sizes = tuple(tuple(int(v) for v in size.lower().split("x")) for size in args.sizes)
+  config = dict(batch_size=args.batch_size, steps=args.steps, rounds=args.rounds)
+  step_rows, once = run(sizes, **config, estimators=tuple(args.estimators))
+  table = format_table(step_rows, once, config)
+  section = f"checks-{jax.default_backend()}"
+  _report.publish(section, table, not args.no_write)
+  if not args.no_write:  # the same table on the page that explains the checks
+    print(f"wrote {_report.write_section(section, table, _report.docs_path('errors.md'))}")
+  return 0
