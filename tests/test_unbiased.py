@@ -46,6 +46,11 @@ def _estimators(objective, model):
       "joint_saga_taylor2": dsgrad.joint_saga(objective, taylor2),
       "joint_saga_glm_taylor_adaptive": dsgrad.joint_saga(
           objective, dsgrad.approx.glm_taylor(model), control_weight="adaptive"),
+      # The probit-mixture approximation: stale (logit, sd) rows, current noise.
+      "joint_saga_logistic_probit": dsgrad.joint_saga(
+          objective, dsgrad.approx.logistic_probit(model)),
+      "joint_svrg_logistic_probit": dsgrad.joint_svrg(
+          objective, dsgrad.approx.logistic_probit(model), every=10 * n_steps_per_epoch),
       "joint_svrg_taylor2_adaptive": dsgrad.joint_svrg(
           objective, taylor2, every=10 * n_steps_per_epoch, control_weight="adaptive"),
   }

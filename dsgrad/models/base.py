@@ -20,11 +20,16 @@ class LinearPredictor(NamedTuple):
     features: ``(N, D)`` feature matrix ``x_n``.
     num_outputs: ``K``, the number of linear predictors per datum.
     log_likelihood_of_logits: ``(logits (B, K), indices (B,)) -> (B,)`` log likelihoods.
+    logistic_signs: for a binary logistic likelihood ``log sigmoid(sign_n a_n)`` (``K = 1``),
+      the ``(N,)`` signs in ``{-1, +1}``; ``None`` otherwise. Lets
+      :func:`dsgrad.approx.logistic_probit` integrate the likelihood's gradient over a
+      Gaussian logit in closed form.
   """
 
   features: jax.Array
   num_outputs: int
   log_likelihood_of_logits: Callable[[jax.Array, jax.Array], jax.Array]
+  logistic_signs: jax.Array | None = None
 
 
 class SparseLikelihood(NamedTuple):

@@ -73,7 +73,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     return jax.nn.log_sigmoid(signs[indices] * logits[:, 0])
 
   return Model(log_prior, log_likelihood, n, d, name,
-               LinearPredictor(x, 1, log_likelihood_of_logits),
+               LinearPredictor(x, 1, log_likelihood_of_logits, logistic_signs=signs),
                log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale))
 
 
