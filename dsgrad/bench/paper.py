@@ -41,7 +41,7 @@ from dsgrad.diagnostics import estimator_samples, total_variance
 
 UCI_STEP_SIZES = (7.5e-3, 5e-3, 2.5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 2.5e-5, 1e-5)
 ESTIMATORS = ("naive", "cv", "inc", "joint", "cv_taylor2", "joint_taylor2",
-              "joint_taylor2_adaptive")
+              "joint_taylor2_adaptive", "joint_probit", "joint_probit_adaptive")
 PAPER_TABLE1 = {"sonar": (4.04e4, 2.02e4, 1.16e4), "australian": (9.16e4, 8.61e4, 2.07e3)}
 
 
@@ -73,6 +73,12 @@ def _estimator(name, objective, model, warmup):
                                                  **off),
       "joint_taylor2_adaptive": lambda: dsgrad.joint_saga(
           objective, taylor2, warmup_steps=warmup, control_weight="adaptive", **off),
+      # loc: the sigmoid's probit mixture (closed-form expectation); scales: second order.
+      "joint_probit": lambda: dsgrad.joint_saga(
+          objective, dsgrad.approx.logistic_probit(model), warmup_steps=warmup, **off),
+      "joint_probit_adaptive": lambda: dsgrad.joint_saga(
+          objective, dsgrad.approx.logistic_probit(model), warmup_steps=warmup,
+          control_weight="adaptive", **off),
   }[name]()
 
 

@@ -22,7 +22,7 @@ import optax
 
 import dsgrad
 from dsgrad.bench import _report, _timing
-from dsgrad.models import softmax_regression
+from dsgrad.models import logistic_regression, softmax_regression
 
 
 def _problem(num_data, num_features, num_classes, seed=0):
@@ -30,6 +30,10 @@ def _problem(num_data, num_features, num_classes, seed=0):
   x = jax.random.normal(k1, (num_data, num_features - 1))
   x = jnp.concatenate([x, jnp.ones((num_data, 1))], 1)
   w = jax.random.normal(k2, (num_features, num_classes)) / np.sqrt(num_features)
+  if num_classes == 1:  # binary: logistic regression of the same features
+    y = jax.random.bernoulli(k3, jax.nn.sigmoid(x @ w[:, 0]))
+    return logistic_regression(np.asarray(x), np.asarray(y, np.int32),
+                               name="logistic_regression")
   y = jax.random.categorical(k3, x @ w)
   return softmax_regression(np.asarray(x), np.asarray(y), num_classes, name="softmax_regression")
 
@@ -82,6 +86,11 @@ def _estimators(objective, model, every, include_slow):
       "joint_svrg (2nd order, adaptive)": lambda: dsgrad.joint_svrg(
           objective, taylor2, every=every, control_weight="adaptive"),
   }
+  if model.linear.logistic_signs is not None:  # binary logistic: the probit mixture
+    probit = dsgrad.approx.logistic_probit(model)
+    out["cv (probit)"] = lambda: dsgrad.cv(objective, probit)
+    out["joint_saga (probit, logit table)"] = lambda: dsgrad.joint_saga(objective, probit)
+    out["joint_svrg (probit)"] = lambda: dsgrad.joint_svrg(objective, probit, every=every)
   if include_slow:
     out["smiso"] = lambda: dsgrad.smiso(objective, 1e-3)
     out["inc"] = lambda: dsgrad.inc(objective)
@@ -121,7 +130,10 @@ PAPER = {"naive": "10.4 ms (1.00x)", "cv (App. F)": "12.8 ms (1.23x)",
 
 def format_table(rows, config):
   lines = [
-      f"Command: `python -m dsgrad.bench step-cost` -- N={config['num_data']:,}, "
+      f"Command: `python -m dsgrad.bench step-cost"
+      f"{'' if config['num_classes'] == 10 else ' --classes ' + str(config['num_classes'])}"
+      f"` -- {'binary logistic' if config['num_classes'] == 1 else 'softmax'} regression, "
+      f"N={config['num_data']:,}, "
       f"D={config['num_features']}x{config['num_classes']}, B={config['batch_size']}, Adam; "
       f"{config['steps']} steps inside one jitted `lax.scan` (inc: 2 steps), median of "
       f"{config['rounds']} interleaved rounds after a warm-up round; joint_svrg refreshes "
@@ -154,12 +166,15 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=None,
                       help="steps per round (default N/B + 1: one SVRG refresh period)")
   parser.add_argument("--skip-slow", action="store_true", help="leave out inc and smiso")
+  parser.add_argument("--classes", type=int, default=10,
+                      help="K; 1 = binary logistic regression (adds the probit rows)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   parser.add_argument("--section", default=None,
                       help="section name in docs/benchmarks.md (default step-cost-<backend>)")
   args = parser.parse_args(argv)
-  rows, config = run(num_data=args.num_data, batch_size=args.batch_size, rounds=args.rounds,
-                     steps=args.steps, include_slow=not args.skip_slow)
+  rows, config = run(num_data=args.num_data, num_classes=args.classes,
+                     batch_size=args.batch_size, rounds=args.rounds, steps=args.steps,
+                     include_slow=not args.skip_slow)
   table = format_table(rows, config)
   _report.publish(args.section or f"step-cost-{jax.default_backend()}", table,
                  not args.no_write)
