@@ -5,10 +5,12 @@ from dsgrad.bench import checks
 
 
 def test_checks_benchmark_smoke():
-  step_rows, once = checks.run(sizes=((200, 3),), batch_size=10, steps=3, rounds=1,
+  step_rows, per_call, once = checks.run(sizes=((200, 3),), batch_size=10, steps=3, rounds=1,
                                estimators=("naive", "joint_saga"))
   assert [row[:3] for row in step_rows] == [(200, 3, "naive"), (200, 3, "joint_saga")]
   assert all(on > 0 and off > 0 for *_, on, off in step_rows)
   assert len(once) == 4 and all(seconds >= 0 for _, seconds in once)
-  table = checks.format_table(step_rows, once, dict(batch_size=10, steps=3, rounds=1))
+  assert [row[0] for row in per_call] == ["naive", "joint_saga"]
+  assert all(on > 0 and off > 0 for _, on, off in per_call)
+  table = checks.format_table(step_rows, per_call, once, dict(batch_size=10, steps=3, rounds=1))
   assert "| 200 | 3 | joint_saga |" in table and "SHA-256" in table
