@@ -48,7 +48,8 @@ def load(dataset: str, data_dir: str):
 
 def make_estimators(objective, model, approx_name: str, steps_per_epoch: int):
   """The five estimators; cv and the joint ones share the approximation ``f~``."""
-  approx = {"taylor2": lambda: dsgrad.approx.glm_taylor(model),
+  approx = {"probit": lambda: dsgrad.approx.logistic_probit(model),
+            "taylor2": lambda: dsgrad.approx.glm_taylor(model),
             "taylor": lambda: dsgrad.approx.gaussian_mean_taylor(model),
             "linearize": dsgrad.approx.linearize}[approx_name]()
   return {
@@ -72,10 +73,13 @@ def main(argv=None):
   parser.add_argument("--batch-size", type=int, default=5, help="data per step")
   parser.add_argument("--lrs", default="1e-3,5e-4,2.5e-4,1e-4",
                       help="SGD step sizes to choose from, per estimator, on the tuning seed")
-  parser.add_argument("--approx", default="taylor2", choices=["taylor2", "taylor", "linearize"],
-                      help="f~: the second-order Taylor expansion on every parameter with a "
-                           "table of logits (glm_taylor), the paper's mean-only one (App. F), "
-                           "or the generic first-order expansion in the noise")
+  parser.add_argument("--approx", default="probit",
+                      choices=["probit", "taylor2", "taylor", "linearize"],
+                      help="f~: the sigmoid's probit mixture for loc with second-order scales "
+                           "(logistic_probit), the second-order Taylor expansion on every "
+                           "parameter with a table of logits (glm_taylor), the paper's "
+                           "mean-only one (App. F), or the generic first-order expansion in "
+                           "the noise")
   parser.add_argument("--seeds", type=int, default=3, help="reported seeds")
   parser.add_argument("--seed", type=int, default=0,
                       help="first reported seed (seeds seed .. seed + seeds - 1); runs are "
