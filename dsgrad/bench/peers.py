@@ -279,6 +279,9 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
     saga_approx = dsgrad.approx.sparse_linearize(model)
   else:
     approx = saga_approx = dsgrad.approx.glm_taylor(model)
+  if estimator.endswith("_probit"):  # binary logistic: the sigmoid's probit mixture
+    approx = saga_approx = dsgrad.approx.logistic_probit(model)
+    estimator = estimator[:-len("_probit")]
   off = dict(check_indices=False, check_finite=False)  # checked once below, not per step
   est = {
       "naive": lambda: dsgrad.naive(check_finite=False),
@@ -403,6 +406,11 @@ def contenders(task: Task) -> dict:
               "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
               "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})[est]
     out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
+  if not _is_movielens(task) and task.num_classes == 1:  # binary logistic regression
+    for est, label in (("joint_svrg_probit", "dsgrad joint SVRG (probit, adaptive)"),
+                       ("joint_saga_probit", "dsgrad joint SAGA (probit, logit table, "
+                                             "adaptive)")):
+      out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
   return out
 
 
