@@ -100,3 +100,18 @@ def fill_by_training(tx, objective, params, key, steps=40, lr=2e-3, batch=BATCH,
   for k in jax.random.split(key, steps):
     state, params = step(state, params, k)
   return state, params
+
+
+def assert_drawn_mean_is_expected(draw, key, label: str, num_draws: int = 20_000,
+                                  z_max: float = 4.5):
+  """``draw(key) -> (drawn, expected)`` (dicts of arrays): the Monte Carlo mean of
+  ``drawn`` over ``num_draws`` keys equals ``expected`` (the same in every draw) within
+  ``z_max`` standard errors, coordinate by coordinate. Returns one draw's ``expected``."""
+  drawn, expected = jax.lax.map(draw, jax.random.split(key, num_draws))
+  for name in drawn:
+    samples = np.asarray(drawn[name], np.float64)
+    mean, se = samples.mean(0), samples.std(0, ddof=1) / np.sqrt(samples.shape[0])
+    # Coordinates with no noise (e.g. full-rank's unused upper triangle) match exactly.
+    z = np.abs(mean - np.asarray(expected[name][0])) / np.maximum(se, 1e-6)
+    assert np.all(z < z_max), f"{label} {name}: {z.max():.1f} se"
+  return jax.tree.map(lambda a: a[0], expected)

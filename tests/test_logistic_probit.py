@@ -11,7 +11,7 @@ from scipy import special
 
 import dsgrad
 from dsgrad.approx import sigmoid_probit_mixture, sigmoid_probit_mixture_gaussian_mean
-from conftest import BATCH
+from conftest import BATCH, assert_drawn_mean_is_expected
 
 Z = 4.5  # standard errors; Bonferroni-safe for the ~10 coordinates compared at once
 
@@ -55,16 +55,12 @@ def test_drawn_term_has_the_stated_expectation_for_stale_statistics(logreg_model
     noise = objective.sample_noise(key, 5)
     return fns.datum_terms(objective, params0, stats, indices, noise, weights)
 
-  drawn, expected = jax.lax.map(draw, jax.random.split(jax.random.key(5), 20_000))
-  for key in drawn:
-    samples = np.asarray(drawn[key], np.float64)
-    mean, se = samples.mean(0), samples.std(0, ddof=1) / np.sqrt(samples.shape[0])
-    z = np.abs(mean - np.asarray(expected[key][0])) / np.maximum(se, 1e-6)
-    assert np.all(z < Z), f"{key}: {z.max():.1f} se"
+  expected = assert_drawn_mean_is_expected(draw, jax.random.key(5), "logistic_probit",
+                                           z_max=Z)
   # The expectation held in the running mean depends on the stored statistics only.
   held = fns.expectation(params0, fns.datum_expected(objective, params0, stats, indices,
                                                      weights))
-  np.testing.assert_allclose(held["loc"], expected["loc"][0], rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(held["loc"], expected["loc"], rtol=1e-5, atol=1e-4)
 
 
 def test_fresh_table_removes_the_loc_gradients_noise(logreg_model, params0):
