@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import socket
 import tempfile
 import warnings
 from typing import Any
@@ -34,7 +35,10 @@ _DIGEST_BYTES = 32
 
 
 def _temp_prefix(path: str) -> str:
-  return f".{os.path.basename(path)}.tmp-"
+  """``.<name>.tmp-<host>-``: temporaries of saves to ``path`` from this host (a short
+  hash of the host name, so that a shared file system never mixes hosts' process ids)."""
+  host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+  return f".{os.path.basename(path)}.tmp-{host}-"
 
 
 def _pid_is_running(pid: int) -> bool:
@@ -50,10 +54,11 @@ def _pid_is_running(pid: int) -> bool:
 def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
   """Removes temporary files that an interrupted :func:`save` to ``path`` left behind.
 
-  A save writes ``.<name>.tmp-<pid>-<random>`` next to ``path`` and renames it; a
-  process killed mid-write (``kill -9``) leaves that file. Only files whose writing
-  process no longer runs on this host are removed, so a save in progress elsewhere on
-  the host is never disturbed. :func:`save` calls this first.
+  A save writes ``.<name>.tmp-<host>-<pid>-<random>`` next to ``path`` and renames it;
+  a process killed mid-write (``kill -9``) leaves that file. Only files written from this
+  host by a process that no longer runs are removed, so a save in progress (on this host
+  or, on a shared file system, on another) is never disturbed. :func:`save` calls this
+  first.
 
   Returns:
     The removed files.

@@ -128,20 +128,25 @@ def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
   import sys
   path = tmp_path / "run.ckpt"
   # A real kill -9 mid-write: a child writes a large temporary file and is killed.
+  prefix = dsgrad.checkpoint._temp_prefix(str(path))
   child = subprocess.Popen([sys.executable, "-c", (
       "import os, sys, tempfile, time\n"
       f"fd, tmp = tempfile.mkstemp(dir={str(tmp_path)!r}, "
-      f"prefix='.run.ckpt.tmp-' + str(os.getpid()) + '-')\n"
+      f"prefix={prefix!r} + str(os.getpid()) + '-')\n"
       "os.write(fd, b'x' * 1_000_000); print(tmp, flush=True); time.sleep(60)\n")],
       stdout=subprocess.PIPE, text=True)
   orphan = child.stdout.readline().strip()
   child.kill()
   child.wait(timeout=10)
   # A temporary of a process that still runs (this test's parent) must stay.
-  alive = tmp_path / f".run.ckpt.tmp-{os.getppid()}-inprogress"
+  alive = tmp_path / f"{prefix}{os.getppid()}-inprogress"
   alive.write_bytes(b"y")
+  # A temporary from another host (same pid space on a shared file system) must stay.
+  elsewhere = tmp_path / f".run.ckpt.tmp-00000000-{os.getpid() + 10**6}-x"
+  elsewhere.write_bytes(b"z")
   assert os.path.exists(orphan)
   dsgrad.checkpoint.save(path, {"w": np.ones(2, np.float32)})
   assert not os.path.exists(orphan)
-  assert alive.exists()
-  assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "run.ckpt"]
+  assert alive.exists() and elsewhere.exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      [alive.name, elsewhere.name, "run.ckpt"])
