@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import serialization
+from flax import serialization, traverse_util
 
 _TAG = b"DSGRAD-CKPT-1\n"
 _DIGEST_BYTES = 32
@@ -65,10 +65,10 @@ def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
   """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
+  prefix = _temp_prefix(path)
   removed = []
-  for tmp in glob.glob(os.path.join(glob.escape(directory),
-                                    glob.escape(_temp_prefix(path)) + "*")):
-    pid_text = os.path.basename(tmp)[len(_temp_prefix(path)):].split("-", 1)[0]
+  for tmp in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*")):
+    pid_text = os.path.basename(tmp)[len(prefix):].split("-", 1)[0]
     if not pid_text.isdigit():
       continue
     pid = int(pid_text)
@@ -145,14 +145,12 @@ def restore_raw(path: str | os.PathLike) -> dict:
     raise ValueError(f"checkpoint {os.fspath(path)!r} is corrupt: {err}") from err
 
 
-def _flat_keys(state, prefix: str = "") -> dict:
-  """``{"a/b/c": leaf}`` for a nested state dict (``serialization.to_state_dict``)."""
-  if isinstance(state, dict) and state:
-    out = {}
-    for key, value in state.items():
-      out.update(_flat_keys(value, f"{prefix}/{key}" if prefix else str(key)))
-    return out
-  return {prefix: state}
+def _flat_keys(state) -> dict:
+  """``{"a/b/c": leaf}`` for a nested state dict (``serialization.to_state_dict``); a
+  state that is not a non-empty dict is the one entry ``""``."""
+  if not (isinstance(state, dict) and state):
+    return {"": state}
+  return traverse_util.flatten_dict(state, keep_empty_nodes=True, sep="/")
 
 
 def restore(path: str | os.PathLike, like: Any) -> Any:

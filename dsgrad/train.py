@@ -314,7 +314,8 @@ def _check_resume_settings(path, raw: dict, settings: dict) -> None:
   for name, value in settings.items():
     if name in saved and not (np.shape(saved[name]) == np.shape(value)
                               and np.array_equal(saved[name], value)):
-      shown = (lambda v: "a different key") if name == "key" else (lambda v: int(v))
+      def shown(v):
+        return "a different key" if name == "key" else int(v)
       raise ValueError(
           f"checkpoint_path {os.fspath(path)!r} was written by a run with "
           f"{name}={shown(saved[name])}, but this call has {name}={shown(value)}: resuming "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import statistics
 import tempfile
 import time
 
@@ -56,7 +57,7 @@ def _median_seconds(fn, repeats: int) -> float:
     start = time.perf_counter()
     fn()
     times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
+  return statistics.median(times)
 
 
 def run(sizes=((1_000, 10), (10_000, 100)), batch_size=100, steps=200, rounds=5, lr=1e-2,
@@ -83,8 +84,8 @@ def _per_call_rows(model, params0, batch_size, steps, rounds, lr):
   rows = []
   batches = epoch_batches(jax.random.key(2), model.num_data, batch_size, steps)
   keys = jax.random.split(jax.random.key(1), steps)
+  objective = dsgrad.meanfield_gaussian(model)
   for name in ("naive", "joint_saga"):
-    objective = dsgrad.meanfield_gaussian(model)
     seconds = {}
     for checks in (True, False):
       opt = _optimizer(name, objective, checks, lr)
@@ -100,7 +101,7 @@ def _per_call_rows(model, params0, batch_size, steps, rounds, lr):
         jax.block_until_ready((params, state))
         if round_:
           times.append((time.perf_counter() - start) / steps)
-      seconds[checks] = sorted(times)[len(times) // 2]
+      seconds[checks] = statistics.median(times)
     rows.append((name, 1e3 * seconds[True], 1e3 * seconds[False]))
     print(f"  per call {name:<11} on {rows[-1][1]:.4f} ms  off {rows[-1][2]:.4f} ms",
           flush=True)

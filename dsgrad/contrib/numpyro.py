@@ -312,8 +312,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
 
   def log_likelihood_given(args, kwargs, z, indices):
     """The data plate's log-likelihood per datum, with the model's arguments explicit."""
-    fixed_z = _with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
-    constrained = numpyro_util.constrain_fn(fixed_z, args, kwargs, unravel(z))
+    constrained = numpyro_util.constrain_fn(fixed, args, kwargs, unravel(z))
     batch_trace = _trace(handlers.substitute(_with_indices(model, plate, indices),
                                              data=constrained), args, kwargs)
     total = 0.0

@@ -91,13 +91,15 @@ def _first_line(error: Exception) -> str:
 
 
 def check_params_fit(objective: Objective, params, estimator: str, approx=None) -> None:
-  """Static check, at ``init``, that ``objective`` (and ``approx``, when given) can be
-  evaluated at ``params`` (issue 21, item 9): params or an approximation made for a
-  model of another dimension are refused by name with the shapes involved, not met with
-  an internal ``dot_general``/broadcasting error inside the first full pass.
+  """Static checks, at ``init``: ``params`` of at least 32-bit floats
+  (:func:`require_full_precision`), and ``objective`` (and ``approx``, when given) can be
+  evaluated at them (issue 21, item 9): params or an approximation made for a model of
+  another dimension are refused by name with the shapes involved, not met with an
+  internal ``dot_general``/broadcasting error inside the first full pass.
 
   Costs one abstract trace (``jax.eval_shape``), no computation.
   """
+  require_full_precision(params, estimator)
   if not has_leaves(params):  # optax.tree.map_params placeholder
     return
   indices = jnp.zeros((1,), jnp.int32)

@@ -48,7 +48,6 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
 
   def init_fn(params):
-    _common.require_full_precision(params, "cv")
     _common.check_params_fit(objective, params, "cv", approx)
     if control_weight == "adaptive":
       return _weights.init(control_weight, params)

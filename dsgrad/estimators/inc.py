@@ -64,7 +64,6 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
                      params_axis=0)(rows, indices, noise)
 
   def init_fn(params):
-    _common.require_full_precision(params, "inc")
     _common.check_params_fit(objective, params, "inc")
     _common.check_table_fits(params, n, None, max_table_bytes, "inc")
     return IncState(_common.new_table(params, n))

@@ -159,7 +159,6 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     return _common.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
 
   def init_fn(params):
-    _common.require_full_precision(params, "joint_saga")
     _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
@@ -238,7 +237,6 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     return table, _common.full_pass_mean(chunk_mean, n, chunk_size)
 
   def init_fn(params):
-    _common.require_full_precision(params, "joint_saga")
     _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,

@@ -89,7 +89,6 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   n = objective.num_data
 
   def init_fn(params):
-    _common.require_full_precision(params, "smiso")
     _common.check_params_fit(objective, params, "smiso")
     _common.check_table_fits(params, n, None, max_table_bytes, "smiso")
     # A copy, so that params and state can both be donated to a jitted step.

@@ -81,7 +81,6 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
         lambda idx: approx.expected_grad(objective, params, idx), n, chunk_size)
 
   def init_fn(params):
-    _common.require_full_precision(params, "joint_svrg")
     _common.check_params_fit(objective, params, "joint_svrg", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
