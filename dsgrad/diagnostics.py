@@ -15,6 +15,7 @@ import numpy as np
 import optax
 
 from dsgrad import _checks
+from dsgrad import data as dsgrad_data
 from dsgrad.estimators._common import tree_bytes
 from dsgrad.objective import Objective, per_datum
 
@@ -109,36 +110,54 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
   For a BBVI objective (Eq. 3) this is the evidence lower bound; for other objectives
   it is minus the expected full-data loss. Each Monte Carlo sample draws fresh noise
   and sweeps all data in chunks of ``chunk_size`` (a shared-noise objective uses one
-  draw for all data). Compiled once per (objective, num_samples, chunk_size).
+  draw for all data). Compiled once per (objective structure, num_samples,
+  chunk_size): objectives made by :meth:`~dsgrad.Objective.with_data` share it.
 
   Returns:
     ``(estimate, standard_error)`` as floats.
   """
-  values = np.asarray(_elbo_runner(objective, num_samples, chunk_size)(params, key),
-                      np.float64)
+  with objective.bound():
+    values = np.asarray(_elbo_runner(objective, num_samples, chunk_size)(params, key),
+                        np.float64)
   return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
 
 
-@functools.lru_cache(maxsize=64)
+_ELBO_RUNNERS: dict = {}
+
+
 def _elbo_runner(objective: Objective, num_samples: int, chunk_size: int):
+  """The compiled ELBO estimate, shared by objectives of one structure: the data are its
+  arguments (:func:`dsgrad.data.jit`), so :meth:`~dsgrad.Objective.with_data` copies reuse
+  it. Chunks run in a ``lax.scan`` (a program of constant size in ``N``)."""
+  key = (objective.structure_key(), num_samples, chunk_size)
+  if key in _ELBO_RUNNERS:
+    return _ELBO_RUNNERS[key]
   n = objective.num_data
   chunk_size = min(chunk_size, n)
-  starts = range(0, n, chunk_size)
+  num_full, remainder = divmod(n, chunk_size)
+
+  def chunk_total(params, k, start, size):
+    idx = start + jnp.arange(size, dtype=jnp.int32)
+    k_chunk = k if objective.shared_noise else jax.random.fold_in(k, start)
+    noise = objective.sample_noise(k_chunk, size)
+    return jnp.sum(objective.loss(params, idx, noise, validate=False))
 
   def one(params, k):
-    total = 0.0
-    for start in starts:  # chunk boundaries are static
-      idx = jnp.arange(start, min(start + chunk_size, n), dtype=jnp.int32)
-      k_chunk = k if objective.shared_noise else jax.random.fold_in(k, start)
-      noise = objective.sample_noise(k_chunk, idx.shape[0])
-      total = total + jnp.sum(objective.loss(params, idx, noise, validate=False))
+    starts = chunk_size * jnp.arange(num_full, dtype=jnp.int32)
+    total = jax.lax.scan(lambda t, s: (t + chunk_total(params, k, s, chunk_size), None),
+                         jnp.zeros((), jnp.float32), starts)[0]
+    if remainder:
+      total = total + chunk_total(params, k, jnp.int32(num_full * chunk_size), remainder)
     return -total / n
 
-  @jax.jit
   def run(params, key):
     return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
-  return run
+  runner = dsgrad_data.jit(objective.data, run)
+  if len(_ELBO_RUNNERS) > 64:
+    _ELBO_RUNNERS.clear()
+  _ELBO_RUNNERS[key] = runner
+  return runner
 
 
 def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):

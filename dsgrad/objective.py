@@ -11,13 +11,17 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dsgrad import _checks
+from dsgrad import data as data_lib
 
 Params = Any
 Noise = Any
@@ -29,8 +33,11 @@ NoiseFn = Callable[[jax.Array, int], Noise]
 class Objective:
   """A doubly-stochastic objective ``f(w; n, eps)`` over ``num_data`` data.
 
-  The data live inside ``loss_fn`` (closed over, on device), so a mini-batch is named by
-  its datum indices alone.
+  A mini-batch is named by its datum indices alone. ``loss_fn`` reads the data through
+  the :class:`dsgrad.data.DataArray` handles listed in ``data``, so that compiled programs
+  (:func:`dsgrad.fit`, the estimators) take the data as an argument and one compilation
+  serves every data set of the same shapes (:meth:`with_data`). An objective without
+  ``data`` closes over its data as constants, as before.
 
   Attributes:
     loss_fn: ``loss_fn(params, indices, noise) -> values`` of shape ``(B,)``: the
@@ -43,6 +50,10 @@ class Objective:
     num_data: ``N``, the number of data.
     shared_noise: whether one noise draw is shared by the batch (see ``noise_fn``).
     name: a label used in error messages and benchmark tables.
+    data: ``{name: DataArray}``, the per-datum arrays ``loss_fn`` (and the model's
+      approximations) read; every leading axis is ``num_data``.
+    data_values: ``{name: array}`` bound to ``data`` instead of the arrays the handles
+      were made with (set by :meth:`with_data`).
 
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
@@ -54,10 +65,85 @@ class Objective:
   num_data: int
   shared_noise: bool = False
   name: str = "objective"
+  data: Mapping[str, data_lib.DataArray] | None = None
+  data_values: Mapping[str, Any] | None = None
 
   def __post_init__(self):
     if not isinstance(self.num_data, int) or self.num_data < 1:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
+    if self.data:
+      data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
+      raw = getattr(self.loss_fn, "_dsgrad_raw_loss", self.loss_fn)
+      object.__setattr__(self, "loss_fn", _binding_loss(self, raw))
+
+  # ------------------------------------------------------------------ data
+  def data_tree(self) -> dict:
+    """``{name: array}``: the data this objective computes with (empty if none)."""
+    if not self.data:
+      return {}
+    if self.data_values is not None:
+      return dict(self.data_values)
+    return {k: ref.default for k, ref in self.data.items()}
+
+  @contextlib.contextmanager
+  def bound(self, values: Mapping[str, Any] | None = None):
+    """Within the block, the data handles read ``values`` (default :meth:`data_tree`),
+    except handles an enclosing computation has already bound (a jitted program's
+    arguments take precedence over this objective's arrays)."""
+    refs = {k: r for k, r in (self.data or {}).items() if not data_lib.is_bound(r)}
+    if not refs:
+      yield
+      return
+    values = self.data_tree() if values is None else values
+    with data_lib.bind(refs, {k: values[k] for k in refs}):
+      yield
+
+  def with_data(self, values: Mapping[str, Any]) -> "Objective":
+    """This objective on other data of the same shapes and dtypes.
+
+    The returned objective shares this one's functions, so every compiled program
+    (:func:`dsgrad.fit`'s segments, :func:`dsgrad.elbo`) is reused: one compilation serves
+    both data sets. Pass the same optimizer object to ``fit`` to reuse its compilation.
+
+    Args:
+      values: ``{name: array}`` with the keys of :meth:`data_tree`; NumPy arrays,
+        JAX arrays, or :class:`dsgrad.data.HostArray` (host/memory-mapped).
+
+    Raises:
+      ValueError/TypeError: a missing or extra key, leaves that disagree on ``N``, or a
+        leaf whose shape or dtype differs from this objective's.
+    """
+    if not self.data:
+      raise ValueError(f"{self.name} declares no data handles (objective.data); build it "
+                       "from a dsgrad model to swap its data")
+    values = dict(values)
+    if set(values) != set(self.data):
+      raise ValueError(f"{self.name}.with_data: expected the keys {sorted(self.data)}, got "
+                       f"{sorted(values)}")
+    data_lib.check_data(values, None, f"{self.name}.with_data")
+    out = {}
+    for key, ref in self.data.items():
+      value = values[key]
+      if isinstance(value, np.memmap):
+        value = data_lib.HostArray(value, key)
+      elif not isinstance(value, data_lib.HostArray):
+        value = jnp.asarray(value)
+      if tuple(value.shape) != ref.shape:
+        raise ValueError(f"{self.name}.with_data: data {key!r} has shape {tuple(value.shape)}, "
+                         f"expected {ref.shape} (same shapes as the objective's data)")
+      if np.dtype(value.dtype) != np.dtype(ref.dtype):
+        raise TypeError(f"{self.name}.with_data: data {key!r} has dtype {value.dtype}, "
+                        f"expected {ref.dtype}")
+      out[key] = value
+    return dataclasses.replace(self, data_values=out)
+
+  def structure_key(self):
+    """What determines this objective's compiled programs apart from its data values:
+    objectives made from one another by :meth:`with_data` share it."""
+    raw = getattr(self.loss_fn, "_dsgrad_raw_loss", self.loss_fn)
+    refs = tuple((k, id(r)) for k, r in sorted((self.data or {}).items()))
+    host = tuple(sorted(k for k, v in self.data_tree().items() if data_lib.is_host(v)))
+    return (raw, self.noise_fn, self.num_data, self.shared_noise, refs, host)
 
   # ----------------------------------------------------------------- noise
   def sample_noise(self, key: jax.Array, batch_size: int) -> Noise:
@@ -142,6 +228,17 @@ class Objective:
     if not self.shared_noise:
       noise_one = jax.tree.map(lambda x: x[None], noise_one)
     return self.loss_fn(params, jnp.reshape(index, (1,)), noise_one)[0]
+
+
+def _binding_loss(objective: Objective, raw: LossFn) -> LossFn:
+  """``raw`` reading ``objective``'s data unless an enclosing computation bound them."""
+  @functools.wraps(raw)
+  def loss_fn(params, indices, noise):
+    with objective.bound():
+      return raw(params, indices, noise)
+
+  loss_fn._dsgrad_raw_loss = raw
+  return loss_fn
 
 
 def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable:

@@ -16,6 +16,7 @@ References:
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import time
@@ -28,6 +29,7 @@ import optax
 
 from dsgrad import _checks
 from dsgrad import checkpoint as checkpoint_lib
+from dsgrad import data as data_lib
 from dsgrad import diagnostics
 from dsgrad import parallel
 from dsgrad.objective import Objective
@@ -115,24 +117,39 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   return optax.apply_updates(params, updates), opt_state
 
 
-def _segment_fn(objective: Objective, optimizer, batch_size: int, length: int, mesh=None,
-                carry_shardings=None):
-  """The jitted training segment; on one device, the same function object is returned for
-  the same (objective, optimizer, batch size, length), so that successive :func:`fit`
-  calls (training in stages, resuming) compile once."""
+_SEGMENTS: collections.OrderedDict = collections.OrderedDict()  # compiled segments, LRU
+
+
+def _compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
+                      example_args, mesh=None, carry_shardings=None):
+  """The compiled training segment ``(carry, key, start, data) -> carry``.
+
+  The data are an argument, so on one device the same executable serves successive
+  :func:`fit` calls (training in stages, resuming) *and* every objective made by
+  :meth:`~dsgrad.Objective.with_data` from the same one, with the same optimizer object:
+  the cache key is the objective's structure, not its data."""
+  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
+  key = (objective.structure_key(), optimizer, batch_size, length,
+         jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
+  if mesh is None and key in _SEGMENTS:
+    _SEGMENTS.move_to_end(key)
+    return _SEGMENTS[key], 0.0
+  t0 = time.perf_counter()
+  run = _build_segment_fn(objective, optimizer, batch_size, length, mesh, carry_shardings)
+  compiled = run.lower(*example_args).compile()
+  seconds = time.perf_counter() - t0
   if mesh is None:
-    return _cached_segment_fn(objective, optimizer, batch_size, length)
-  return _build_segment_fn(objective, optimizer, batch_size, length, mesh, carry_shardings)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_segment_fn(objective, optimizer, batch_size, length):
-  return _build_segment_fn(objective, optimizer, batch_size, length)
+    _SEGMENTS[key] = compiled
+    while len(_SEGMENTS) > 8:
+      _SEGMENTS.popitem(last=False)
+  return compiled, seconds
 
 
 def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: int,
                       mesh=None, carry_shardings=None):
-  def run(carry, key, start):
+  host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
+
+  def run(carry, key, start, data):
     batch_key, noise_key = jax.random.split(key)
     indices = batch_indices(batch_key, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
@@ -142,7 +159,8 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
       return train_step(objective, optimizer, *carry, idx,
                         jax.random.fold_in(noise_key, t), mesh=mesh), None
 
-    return jax.lax.scan(step, carry, (indices, steps))[0]
+    with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
+      return jax.lax.scan(step, carry, (indices, steps))[0]
 
   return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
 
@@ -241,21 +259,31 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
   eval_every = int(eval_every or max(1, objective.num_data // batch_size))
   carry_shardings = None
+  # The data enter the segments as an argument (device arrays, and int32 handles of host
+  # arrays); estimators' init reads this objective's data too.
+  data_args, host_data = data_lib.split_host(objective.data_tree())
+  prefetch = data_lib.Prefetcher(host_data)
   if mesh is not None:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:
-      params, opt_state = parallel.init_sharded(optimizer, params, mesh)
+      with objective.bound():
+        params, opt_state = parallel.init_sharded(optimizer, params, mesh)
     else:
       params = jax.device_put(params, parallel.replicated(mesh))
       opt_state = parallel.shard_state(mesh, opt_state)
     carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
                        parallel.state_shardings(mesh, opt_state))
+    data_args = jax.device_put(data_args, parallel.replicated(mesh))
   # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
   # are strongly typed, so that a weakly typed initial value does not make the segments
   # (which return strong types) compile twice.
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
-  opt_state = optimizer.init(params) if opt_state is None else jax.tree.map(jnp.copy, opt_state)
-  compiled_by_length = {}  # one compilation per segment length (at most two)
+  if opt_state is None:
+    with objective.bound():
+      opt_state = optimizer.init(params)
+  else:
+    opt_state = jax.tree.map(jnp.copy, opt_state)
+  compiled_by_length = {}  # one executable per segment length (at most two)
   key, eval_key = jax.random.split(key)
 
   bar = _progress(progress, num_steps - start_step)
@@ -273,13 +301,19 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   while step < num_steps:
     length = min(eval_every, num_steps - step)
     if length not in compiled_by_length:
-      t0 = time.perf_counter()
-      run = _segment_fn(objective, optimizer, batch_size, length, mesh, carry_shardings)
-      compiled_by_length[length] = run.lower((params, opt_state), key, jnp.int32(step)).compile()
-      compile_seconds += time.perf_counter() - t0
+      compiled_by_length[length], seconds = _compiled_segment(
+          objective, optimizer, batch_size, length,
+          ((params, opt_state), key, jnp.int32(step), data_args), mesh, carry_shardings)
+      compile_seconds += seconds
     compiled = compiled_by_length[length]
+    if host_data and step == start_step:
+      prefetch.ahead(_segment_indices(key, step, length, objective.num_data, batch_size))
     t0 = time.perf_counter()
-    params, opt_state = compiled((params, opt_state), key, jnp.int32(step))
+    params, opt_state = compiled((params, opt_state), key, jnp.int32(step), data_args)
+    if host_data and step + length < num_steps:  # the next segment's rows, while this runs
+      prefetch.ahead(_segment_indices(key, step + length,
+                                      min(eval_every, num_steps - step - length),
+                                      objective.num_data, batch_size))
     jax.block_until_ready((params, opt_state))
     wall += time.perf_counter() - t0
     step += length
@@ -294,6 +328,18 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                           settings=settings)
   bar(0, step, None, None, close=True)
   return FitResult(params, opt_state, as_history(), compile_seconds)
+
+
+def _segment_indices(key, start: int, length: int, num_data: int, batch_size: int):
+  """The ``(length, B)`` batch indices a segment starting at ``start`` will use (as
+  :func:`_build_segment_fn` draws them), computed on the host for prefetching."""
+  batch_key, _ = jax.random.split(key)
+  return np.asarray(_indices_fn(length, num_data, batch_size)(batch_key, jnp.int32(start)))
+
+
+@functools.lru_cache(maxsize=16)
+def _indices_fn(length, num_data, batch_size):
+  return jax.jit(lambda k, s: batch_indices(k, s, length, num_data, batch_size))
 
 
 def run_settings(objective: Objective, key, batch_size: int) -> dict:

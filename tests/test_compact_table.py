@@ -82,7 +82,7 @@ def test_unbiased_with_stale_table(logreg_model, logreg_data, params0, shared_no
                          table_dtype=table_dtype)
   state, params = fill_by_training(tx, objective, params0, jax.random.key(41))
   assert state.table.shape == (N_DATA, 1)
-  stored_loc_logits = logreg_model.linear.features @ params["loc"]
+  stored_loc_logits = logreg_model.linear.features.value() @ params["loc"]
   assert not np.allclose(np.asarray(state.table[:, 0], np.float32), stored_loc_logits,
                          atol=1e-3), "table should hold logits at earlier iterates"
   exact_flat = np.asarray(jax.flatten_util.ravel_pytree(

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from dsgrad import _checks
 from dsgrad.objective import Objective
@@ -302,3 +303,19 @@ def tree_bytes(tree) -> int:
   """Total bytes of the array leaves of a tree."""
   return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
                  for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
+
+
+def bound_transformation(objective: Objective, init_fn, update_fn):
+  """``optax.GradientTransformationExtraArgs(init_fn, update_fn)`` whose functions read
+  ``objective``'s data (:meth:`dsgrad.Objective.bound`) unless an enclosing jitted program
+  has bound them to its arguments, so that an estimator built for one objective serves
+  its :meth:`~dsgrad.Objective.with_data` copies inside :func:`dsgrad.fit`."""
+  def init(params):
+    with objective.bound():
+      return init_fn(params)
+
+  def update(updates, state, params=None, **extra_args):
+    with objective.bound():
+      return update_fn(updates, state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(init, update)

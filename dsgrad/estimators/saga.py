@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import approx as approx_lib
+from dsgrad import data as data_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective, per_datum
 
@@ -154,7 +156,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   def expected_at(params, indices):
     return approx.expected_grad(objective, params, indices)
 
-  @jax.jit
+  @functools.partial(data_lib.jit, objective.data)
   def initial_mean(params):
     return _common.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
 
@@ -200,7 +202,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn)
 
 
 def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
@@ -223,7 +225,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
       return values
     return jax.tree.map(lambda v: v.astype(table_dtype).astype(v.dtype), values)
 
-  @jax.jit
+  @functools.partial(data_lib.jit, objective.data)
   def initial_state(params):
     exact = stats_fns.statistics(params, jnp.arange(n, dtype=jnp.int32))
     table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
@@ -273,4 +275,4 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn)

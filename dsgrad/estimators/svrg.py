@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import approx as approx_lib
+from dsgrad import data as data_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
 
@@ -80,6 +81,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     return _common.full_pass_mean(
         lambda idx: approx.expected_grad(objective, params, idx), n, chunk_size)
 
+  initial_mean = data_lib.jit(objective.data, full_mean)
+
   def init_fn(params):
     _common.check_params_fit(objective, params, "joint_svrg", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
@@ -87,7 +90,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                             _weights.init(control_weight, params))
     # A copy, so that params and state can both be donated to a jitted step.
     snapshot = jax.tree.map(jnp.copy, params)
-    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, jax.jit(full_mean)(params),
+    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, initial_mean(params),
                           _weights.init(control_weight, params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
@@ -109,4 +112,4 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                                weight_state)
     return optax.tree.cast_like(out, updates), new_state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn)

@@ -68,7 +68,7 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     return -n * log_lik - log_prior - entropy(params)
 
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
-                   shared_noise=shared_noise, name=f"{name}({model.name})")
+                   shared_noise=shared_noise, name=f"{name}({model.name})", data=model.data)
 
 
 class _Family(nnx.Module):

@@ -8,6 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad.data import DataArray
+
+
+def model_data(**arrays) -> dict:
+  """``{name: DataArray}`` handles for a model's per-datum arrays (see :mod:`dsgrad.data`):
+  the model's functions read ``handle[indices]``, so compiled programs can take the data
+  as arguments."""
+  return {name: DataArray(value, name) for name, value in arrays.items()}
+
 
 class LinearPredictor(NamedTuple):
   """Declares that a likelihood sees the latent only through ``K`` linear predictors.
@@ -17,11 +26,13 @@ class LinearPredictor(NamedTuple):
   whole parameter vector (see :func:`dsgrad.approx.glm_mean_taylor`).
 
   Attributes:
-    features: ``(N, D)`` feature matrix ``x_n``.
+    features: ``(N, D)`` feature matrix ``x_n``: a :class:`dsgrad.data.DataArray` in
+      dsgrad's models (index it, ``features[indices]``, or take ``features.value()``).
     num_outputs: ``K``, the number of linear predictors per datum.
     log_likelihood_of_logits: ``(logits (B, K), indices (B,)) -> (B,)`` log likelihoods.
     logistic_signs: for a binary logistic likelihood ``log sigmoid(sign_n a_n)`` (``K = 1``),
-      the ``(N,)`` signs in ``{-1, +1}``; ``None`` otherwise. Lets
+      the ``(N,)`` signs in ``{-1, +1}`` (a ``DataArray`` like ``features``); ``None``
+      otherwise. Lets
       :func:`dsgrad.approx.logistic_probit` integrate the likelihood's gradient over a
       Gaussian logit in closed form.
   """
@@ -73,6 +84,9 @@ class Model(NamedTuple):
       Hessian in closed form. The second-order approximations
       (:func:`dsgrad.approx.gaussian_taylor`, :func:`dsgrad.approx.glm_taylor`) use it;
       without it they compute the diagonal with ``d`` Hessian-vector products.
+    data: optional ``{name: DataArray}`` (:func:`model_data`): the per-datum arrays the
+      likelihood reads. Objectives built from the model list them, so that compiled
+      programs take them as arguments (:meth:`dsgrad.Objective.with_data`).
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
@@ -83,6 +97,7 @@ class Model(NamedTuple):
   linear: LinearPredictor | None = None
   sparse: SparseLikelihood | None = None
   log_prior_hessian_diag: Callable[[jax.Array], jax.Array] | None = None
+  data: dict | None = None
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""

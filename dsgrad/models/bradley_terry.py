@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model, SparseLikelihood
+from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 
 def _check_players(name, values, num_players):
@@ -61,8 +61,9 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
     raise ValueError(f"outcomes must be a ({a.size},) array of 0/1")
   if prior_scale <= 0:
     raise ValueError(f"prior_scale must be positive, got {prior_scale}")
-  a, b = jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32)
-  signs = jnp.asarray(2.0 * y - 1.0, jnp.float32)
+  data = model_data(a=jnp.asarray(a, jnp.int32), b=jnp.asarray(b, jnp.int32),
+                    signs=jnp.asarray(2.0 * y - 1.0, jnp.float32))
+  a, b, signs = data["a"], data["b"], data["signs"]
   m = int(num_players)
 
   def log_prior(z):
@@ -79,7 +80,7 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
     return jax.nn.log_sigmoid(signs[indices] * (pair[:, 0] - pair[:, 1]))
 
   return Model(log_prior, log_likelihood, int(a.shape[0]), m, name,
-               sparse=SparseLikelihood(2, coordinates, log_likelihood_local))
+               sparse=SparseLikelihood(2, coordinates, log_likelihood_local), data=data)
 
 
 def synthetic_bradley_terry_data(key, num_players: int, num_matches: int):

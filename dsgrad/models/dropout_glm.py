@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad.data import DataArray
+from dsgrad.models.base import model_data
 from dsgrad.objective import Objective, gaussian_noise
 
 
@@ -30,8 +32,9 @@ class DropoutGLM(NamedTuple):
   """A GLM ``logits = W ((1 + delta) * x) + b`` with Gaussian dropout ``delta ~ N(0, s^2)``.
 
   Attributes:
-    features: ``(N, D)`` inputs ``x_n``.
-    labels: ``(N,)`` targets ``y_n`` (integers for classification).
+    features: ``(N, D)`` inputs ``x_n`` (a :class:`dsgrad.data.DataArray` when built by
+      :func:`dropout_glm`, so that compiled programs take the data as arguments).
+    labels: ``(N,)`` targets ``y_n`` (integers for classification), likewise.
     num_outputs: ``K``, the number of logits.
     dropout_std: ``s``, the standard deviation of the multiplicative noise.
     loss: ``loss(logits (K,), label) -> scalar`` (default softmax cross-entropy).
@@ -70,8 +73,10 @@ class DropoutGLM(NamedTuple):
       logits = self.logits(params, indices, delta)
       return jax.vmap(self.loss)(logits, labels[indices])
 
+    data = ({"features": self.features, "labels": labels}
+            if isinstance(self.features, DataArray) and isinstance(labels, DataArray) else None)
     return Objective(loss_fn, gaussian_noise((self.features.shape[1],), scale=self.dropout_std),
-                     self.num_data, shared_noise=False, name="dropout_glm")
+                     self.num_data, shared_noise=False, name="dropout_glm", data=data)
 
 
 def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
@@ -101,4 +106,6 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
   if loss is softmax_cross_entropy and (
       not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_outputs):
     raise ValueError(f"labels must be integers in [0, {num_outputs}) for cross-entropy")
-  return DropoutGLM(jnp.asarray(x), jnp.asarray(y), int(num_outputs), float(dropout_std), loss)
+  data = model_data(features=jnp.asarray(x), labels=jnp.asarray(y))
+  return DropoutGLM(data["features"], data["labels"], int(num_outputs), float(dropout_std),
+                    loss)

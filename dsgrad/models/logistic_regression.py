@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import LinearPredictor, Model
+from dsgrad.models.base import LinearPredictor, Model, model_data
 
 
 def _check_features_labels(features, labels):
@@ -58,8 +58,8 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
   if prior_scale <= 0:
     raise ValueError(f"prior_scale must be positive, got {prior_scale}")
-  x = jnp.asarray(x, jnp.float32)
-  signs = jnp.asarray(signs, jnp.float32)
+  data = model_data(x=jnp.asarray(x, jnp.float32), signs=jnp.asarray(signs, jnp.float32))
+  x, signs = data["x"], data["signs"]
   n, d = x.shape
 
   def log_prior(z):
@@ -74,7 +74,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
 
   return Model(log_prior, log_likelihood, n, d, name,
                LinearPredictor(x, 1, log_likelihood_of_logits, logistic_signs=signs),
-               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale))
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data)
 
 
 def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True,
@@ -145,8 +145,8 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
   x, y = _check_features_labels(features, labels)
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")
-  x = jnp.asarray(x, jnp.float32)
-  y = jnp.asarray(y, jnp.int32)
+  data = model_data(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32))
+  x, y = data["x"], data["y"]
   n, d = x.shape
   k = num_classes
 
@@ -162,4 +162,4 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
 
   return Model(log_prior, log_likelihood, n, d * k, name,
                LinearPredictor(x, k, log_likelihood_of_logits),
-               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale))
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data)

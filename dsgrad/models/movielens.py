@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model, SparseLikelihood
+from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -84,9 +84,9 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
   n, g = x.shape
   c = int(num_classes)
   gc = g * c
-  u = jnp.asarray(u, jnp.int32)
-  x = jnp.asarray(x, jnp.float32)
-  y = jnp.asarray(y, jnp.int32)
+  data = model_data(user=jnp.asarray(u, jnp.int32), genres=jnp.asarray(x, jnp.float32),
+                    rating=jnp.asarray(y, jnp.int32))
+  u, x, y = data["user"], data["genres"], data["rating"]
 
   def normal_logpdf_sum(v, mean, log_std):
     return jnp.sum(-0.5 * ((v - mean) * jnp.exp(-log_std)) ** 2 - log_std - 0.5 * _LOG_2PI)
@@ -109,7 +109,7 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
     return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
 
   return Model(log_prior, log_likelihood, n, (num_users + 2) * gc, name,
-               sparse=SparseLikelihood(gc, coordinates, log_likelihood_local))
+               sparse=SparseLikelihood(gc, coordinates, log_likelihood_local), data=data)
 
 
 def synthetic_movielens_data(key, num_users: int, num_movies: int, num_ratings: int,

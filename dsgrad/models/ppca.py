@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.models.base import Model
+from dsgrad.models.base import Model, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
 
@@ -80,7 +80,8 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
     raise ValueError(f"latent_dim must be in [1, D={d}], got {latent_dim}")
   if noise_std <= 0:
     raise ValueError(f"noise_std must be positive, got {noise_std}")
-  x = jnp.asarray(x, jnp.float32)
+  data = model_data(x=jnp.asarray(x, jnp.float32))
+  x = data["x"]
   var = float(noise_std) ** 2
 
   def log_prior(z):
@@ -96,7 +97,7 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
     quad = (jnp.sum(xb ** 2, axis=1) - jnp.sum(projected ** 2, axis=0)) / var
     return -0.5 * (d * _LOG_2PI + log_det + quad)
 
-  return Model(log_prior, log_likelihood, n, d * k, name)
+  return Model(log_prior, log_likelihood, n, d * k, name, data=data)
 
 
 def synthetic_ppca_data(key, num_data: int, dim: int, latent_dim: int,

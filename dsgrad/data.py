@@ -1,0 +1,367 @@
+"""Per-datum data that compiled programs receive as arguments, not as constants.
+
+A model reads its data through :class:`DataArray` handles (``x[indices]``). Outside any
+binding a handle reads the array it was made with, so a model behaves as a plain closure
+over its data. Inside :func:`bind` (which :func:`dsgrad.fit`, the estimators and the
+diagnostics use while tracing) the same handle reads the value bound to it: a jit
+*argument*. Hence
+
+* a compiled training segment holds no copy of the data and XLA does not constant-fold
+  gathers over them;
+* one compiled program serves every data set of the same shapes and dtypes
+  (:meth:`dsgrad.Objective.with_data`);
+* a handle may hold a :class:`HostArray` (e.g. a memory-mapped ``.npy`` file larger than
+  memory): rows are then gathered on the host, inside ``jit``, by a callback that reads
+  only the rows a computation asks for, and :class:`Prefetcher` reads the next batches'
+  rows ahead on a thread while the device computes.
+
+Why a handle and not ``loss_fn(params, data, indices, noise)``: every estimator,
+approximation and model keeps its ``(params, indices, noise)`` signature and its
+``optax.chain(dsgrad.joint_saga(objective, ...), optax.adam(...))`` one-liner; the data
+become arguments of the *compiled program* (what costs compile time and memory) without a
+second calling convention in forty functions. The binding is dynamic scope at trace time
+only, like NumPyro's effect handlers; nothing is looked up when the program runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from typing import Any, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_STATE = threading.local()
+
+
+def _bindings() -> list:
+  if not hasattr(_STATE, "stack"):
+    _STATE.stack = []
+  return _STATE.stack
+
+
+class HostArray:
+  """A per-datum array kept in host memory (or on disk, memory-mapped), never on device.
+
+  Rows are read on demand: eagerly by NumPy indexing, inside ``jit`` by a host callback
+  (``jax.pure_callback``) that receives the indices and returns their rows. The callback
+  identifies the array by a small integer handle passed as an argument, so one compiled
+  program serves every host array of the same shape and dtype.
+
+  Attributes:
+    array: the NumPy array or ``np.memmap``.
+    name: label for messages.
+  """
+
+  _registry: "weakref.WeakValueDictionary[int, HostArray]" = weakref.WeakValueDictionary()
+  _next = [1]
+  _lock = threading.Lock()
+
+  def __init__(self, array, name: str = "host array"):
+    array = np.asarray(array) if not isinstance(array, np.ndarray) else array
+    if array.ndim < 1:
+      raise ValueError(f"{name}: a per-datum array needs a leading datum axis, got a scalar")
+    if array.dtype.kind not in "biuf":
+      raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
+    self.array = array
+    self.name = name
+    with HostArray._lock:
+      self.handle = HostArray._next[0]
+      HostArray._next[0] += 1
+      HostArray._registry[self.handle] = self
+
+  shape = property(lambda self: self.array.shape)
+  dtype = property(lambda self: self.array.dtype)
+  ndim = property(lambda self: self.array.ndim)
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __repr__(self):
+    return f"HostArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+  def rows(self, indices) -> np.ndarray:
+    """The rows ``array[indices]`` read on the host (sorted reads, original order)."""
+    idx = np.asarray(indices).astype(np.int64, copy=False)
+    flat = idx.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
+      raise IndexError(f"{self.name}: indices outside [0, {self.shape[0]})")
+    order = np.argsort(flat, kind="stable")  # sequential reads on a memory map
+    out = np.empty((flat.size,) + self.shape[1:], self.dtype)
+    out[order] = self.array[flat[order]]
+    return out.reshape(idx.shape + self.shape[1:])
+
+
+def _host_gather(handle, indices):
+  array = HostArray._registry.get(int(np.asarray(handle)))
+  if array is None:
+    raise ValueError(f"host array handle {int(np.asarray(handle))} is no longer alive")
+  return array.rows(indices)
+
+
+class DataArray:
+  """A model's per-datum array, read through the current binding (see module docstring).
+
+  Supports what models and approximations need: ``x[indices]`` (rows), ``shape``,
+  ``dtype``, ``ndim``, ``len``, :meth:`value` (the whole current array) and
+  ``np.asarray(x)`` (the array it was made with).
+
+  Args:
+    value: the ``(N, ...)`` array (a JAX or NumPy array, or a :class:`HostArray`).
+    name: the array's name in the data pytree (``objective.data``).
+  """
+
+  def __init__(self, value, name: str):
+    if not isinstance(value, HostArray):
+      value = jnp.asarray(value)
+    if value.ndim < 1:
+      raise ValueError(f"data {name!r}: a per-datum array needs a leading datum axis")
+    self.default = value
+    self.name = name
+
+  def value(self):
+    """The bound value if this array is bound in the current trace, else its own."""
+    for refs, values in reversed(_bindings()):
+      for key, ref in refs.items():
+        if ref is self:
+          return values[key]
+    return self.default
+
+  shape = property(lambda self: tuple(self.default.shape))
+  dtype = property(lambda self: self.default.dtype)
+  ndim = property(lambda self: self.default.ndim)
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __repr__(self):
+    return f"DataArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+  def __array__(self, dtype=None, copy=None):
+    value = self.default
+    value = value.array if isinstance(value, HostArray) else np.asarray(value)
+    return value if dtype is None else value.astype(dtype)
+
+  def __getitem__(self, index):
+    value = self.value()
+    if isinstance(value, _BoundHost):
+      return value.gather(index)
+    if isinstance(value, HostArray):
+      return _BoundHost(value, value.handle).gather(index)
+    return value[index]
+
+
+class _BoundHost:
+  """A host array as seen inside a trace: the array (for shapes) and its handle (a jit
+  argument, so the compiled program does not name a particular array)."""
+
+  def __init__(self, host: HostArray, handle):
+    self.host, self.handle = host, handle
+
+  def gather(self, index):
+    if isinstance(index, tuple):
+      raise TypeError(f"{self.host.name}: host data support row indexing x[indices] only")
+    if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
+      return jnp.asarray(self.host.rows(np.asarray(index)))
+    index = jnp.asarray(index)
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+      raise TypeError(f"{self.host.name}: host data support integer row indices only, "
+                      f"got {index.dtype}")
+    spec = jax.ShapeDtypeStruct(index.shape + self.host.shape[1:], self.host.dtype)
+    return jax.pure_callback(_host_gather, spec, self.handle, index,
+                             vmap_method="expand_dims")
+
+
+def is_host(value) -> bool:
+  """Whether a data value lives on the host (a :class:`HostArray`)."""
+  return isinstance(value, HostArray)
+
+
+@contextlib.contextmanager
+def bind(refs: Mapping[str, DataArray], values: Mapping[str, Any]) -> Iterator[None]:
+  """Within the block, each ``refs[k]`` reads ``values[k]`` (e.g. a jit argument).
+
+  Host arrays may be bound directly or as ``(host_array, handle)`` pairs whose handle is a
+  traced int32 (see :func:`split_host`).
+  """
+  values = {k: (_BoundHost(*v) if isinstance(v, tuple) else v) for k, v in values.items()}
+  missing = set(refs) - set(values)
+  if missing:
+    raise ValueError(f"no value bound for data {sorted(missing)}")
+  stack = _bindings()
+  stack.append((dict(refs), values))
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def is_bound(ref: DataArray) -> bool:
+  """Whether ``ref`` is bound in the current context."""
+  return any(r is ref for refs, _ in _bindings() for r in refs.values())
+
+
+def split_host(values: Mapping[str, Any]):
+  """``(device_values, host_arrays)``: the pytree a jitted program takes as argument
+  (device arrays and the host arrays' int32 handles) and the host arrays themselves."""
+  host = {k: v for k, v in values.items() if isinstance(v, HostArray)}
+  args = {k: (jnp.int32(v.handle) if k in host else v) for k, v in values.items()}
+  return args, host
+
+
+def join_host(args: Mapping[str, Any], host: Mapping[str, HostArray]):
+  """The values to :func:`bind` inside a program that received ``split_host``'s args."""
+  return {k: ((host[k], v) if k in host else v) for k, v in args.items()}
+
+
+def check_data(values: Mapping[str, Any], num_data: int | None = None,
+               who: str = "data") -> int:
+  """Checks a data pytree: every leaf an array with the same leading size ``N``.
+
+  Returns:
+    ``N``.
+
+  Raises:
+    ValueError: naming the leaves whose leading sizes disagree, or that disagree with
+      ``num_data``.
+  """
+  sizes = {}
+  for key, value in values.items():
+    shape = np.shape(value) if not isinstance(value, (HostArray, DataArray)) else value.shape
+    if len(shape) < 1:
+      raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
+                       "axis")
+    sizes[key] = shape[0]
+  distinct = set(sizes.values())
+  if len(distinct) > 1:
+    listing = ", ".join(f"{k}: {n}" for k, n in sizes.items())
+    raise ValueError(f"{who}: the leaves disagree on the number of data N ({listing}); "
+                     "every leaf's leading axis must be the datum axis")
+  n = distinct.pop() if distinct else num_data
+  if num_data is not None and n != num_data:
+    raise ValueError(f"{who} has {n} rows per leaf but num_data is {num_data}")
+  return n
+
+
+def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> HostArray:
+  """Opens a ``.npy`` file memory-mapped (read-only) as a :class:`HostArray`.
+
+  Args:
+    path: a ``.npy`` file (written by ``np.save`` or ``np.lib.format.open_memmap``).
+    dtype: the dtype the caller expects; a file of another dtype is refused.
+    shape: the shape the caller expects (``None`` entries match anything).
+    name: label for messages (default: the file name).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: not a ``.npy`` file, truncated (fewer bytes than its header declares), or
+      a dtype/shape other than expected.
+  """
+  path = os.fspath(path)
+  name = name or os.path.basename(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{name}: no such file {path!r}")
+  with open(path, "rb") as f:
+    try:
+      version = np.lib.format.read_magic(f)
+      header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)(f)
+    except ValueError as error:
+      raise ValueError(f"{name}: {path!r} is not a .npy file ({error})") from error
+    offset = f.tell()
+  file_shape, fortran, file_dtype = header
+  expected = offset + int(np.prod(file_shape, dtype=np.int64)) * file_dtype.itemsize
+  actual = os.path.getsize(path)
+  if actual < expected:
+    raise ValueError(f"{name}: {path!r} is truncated: its header declares shape {file_shape} "
+                     f"of {file_dtype} ({expected:,} bytes with the header) but the file has "
+                     f"{actual:,} bytes")
+  if dtype is not None and np.dtype(dtype) != file_dtype:
+    raise ValueError(f"{name}: {path!r} holds {file_dtype}, expected {np.dtype(dtype)}; "
+                     "convert the file (no silent cast)")
+  if shape is not None:
+    if len(shape) != len(file_shape) or any(
+        s is not None and s != t for s, t in zip(shape, file_shape)):
+      raise ValueError(f"{name}: {path!r} has shape {file_shape}, expected {tuple(shape)}")
+  if fortran and len(file_shape) > 1:
+    raise ValueError(f"{name}: {path!r} is in Fortran order; rows would not be contiguous. "
+                     "Save it in C order")
+  array = np.load(path, mmap_mode="r")
+  return HostArray(array, name)
+
+
+class Prefetcher:
+  """Reads upcoming batches' rows of host arrays on a background thread.
+
+  ``ahead(indices)`` queues the rows of an ``(S, B)`` block of future batch indices; the
+  thread reads them (touching a memory map's pages), so that when the device's callback
+  asks for them they come from memory instead of disk. At most one block is read at a
+  time; a new block waits for the previous one.
+  """
+
+  def __init__(self, host_arrays: Mapping[str, HostArray]):
+    self.arrays = [a for a in host_arrays.values() if isinstance(a.array, np.memmap)]
+    self._thread = None
+
+  def ahead(self, indices) -> None:
+    if not self.arrays:
+      return
+    self.wait()
+    idx = np.unique(np.asarray(indices).reshape(-1))
+
+    def read():
+      for array in self.arrays:
+        array.rows(idx).sum()  # reads the pages; the result is discarded
+
+    self._thread = threading.Thread(target=read, daemon=True)
+    self._thread.start()
+
+  def wait(self) -> None:
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+
+def jit(refs: Mapping[str, DataArray] | None, fn):
+  """``jax.jit(fn)`` with the arrays behind ``refs`` passed as arguments.
+
+  At each call the values ``refs`` currently read (bound or their own) become arguments of
+  the compiled program, so a cached compilation never holds stale data and never embeds
+  them as constants. Use it for every jitted function that reads data handles and is
+  called more than once (e.g. an estimator's initial full pass).
+
+  Args:
+    refs: ``{name: DataArray}`` (``objective.data``); ``None`` or empty: plain ``jax.jit``.
+    fn: the function; its own arguments are passed through.
+
+  Returns:
+    A callable with ``fn``'s signature.
+  """
+  if not refs:
+    return jax.jit(fn)
+  refs = dict(refs)
+  compiled = {}
+
+  def call(*args):
+    data, host = {}, {}
+    for key, ref in refs.items():
+      value = ref.value()
+      if isinstance(value, HostArray):
+        host[key], data[key] = value, jnp.int32(value.handle)
+      elif isinstance(value, _BoundHost):
+        host[key], data[key] = value.host, value.handle
+      else:
+        data[key] = value
+    which = tuple(sorted(host))
+    if which not in compiled:
+      def inner(data, *args, _host=dict(host)):
+        with bind(refs, join_host(data, _host)):
+          return fn(*args)
+      compiled[which] = jax.jit(inner)
+    return compiled[which](data, *args)
+
+  return call
