@@ -1,0 +1,165 @@
+"""Data as arguments of compiled programs (dsgrad.data, Objective.with_data; issue 20)."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import dsgrad
+from dsgrad import data as data_lib
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_EVENTS = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: _EVENTS.append(event))
+
+
+def _compiles(fn):
+  """Runs ``fn()``; returns ``(result, number of XLA compilations it triggered)``."""
+  start = len(_EVENTS)
+  out = fn()
+  return out, _EVENTS[start:].count(COMPILE_EVENT)
+
+
+def _problem(seed, n=1000, d=8):
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(seed), n, d)
+  return x, y
+
+
+def _joint_saga(objective, model):
+  return optax.chain(dsgrad.joint_saga(objective, dsgrad.approx.logistic_probit(model)),
+                     optax.adam(1e-2))
+
+
+def _fit(objective, optimizer, params, steps=60):
+  return dsgrad.fit(objective, optimizer, params, jax.random.key(3), num_steps=steps,
+                    batch_size=50, eval_every=20, elbo_samples=4, progress=False)
+
+
+def test_one_compilation_serves_two_data_sets_of_equal_shape():
+  x, y = _problem(0)
+  x2, y2 = _problem(1)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  optimizer = _joint_saga(objective, model)
+  params = dsgrad.meanfield_init(model, 0.0, -2.0)
+  first, compiled_first = _compiles(lambda: _fit(objective, optimizer, params))
+  other = objective.with_data({"x": x2, "signs": 2.0 * y2 - 1.0})
+  second, compiled_second = _compiles(lambda: _fit(other, optimizer, params))
+  assert compiled_first > 0  # the listener sees compilations at all
+  assert compiled_second == 0, "the second data set recompiled"
+  assert second.compile_seconds == 0.0
+  # ... and it trained on the second data set: the same as a model built on it directly.
+  model2 = dsgrad.models.logistic_regression(x2, y2)
+  objective2 = dsgrad.meanfield_gaussian(model2)
+  direct = _fit(objective2, _joint_saga(objective2, model2), params)
+  np.testing.assert_allclose(second.params["loc"], direct.params["loc"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(second.history.elbo, direct.history.elbo, rtol=1e-5)
+  assert not np.allclose(first.params["loc"], second.params["loc"], atol=1e-2)
+  # The original objective still computes with its own data.
+  np.testing.assert_allclose(
+      dsgrad.elbo(objective, first.params, jax.random.key(0), 8)[0],
+      dsgrad.elbo(dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y)),
+                  first.params, jax.random.key(0), 8)[0], rtol=1e-6)
+
+
+def test_compiled_segment_holds_no_copy_of_the_data():
+  """The executable's size does not grow with N: the data are arguments, not constants
+  (which XLA would also constant-fold gathers over: the N = 10^6 warning)."""
+  sizes = []
+  for n in (1_000, 100_000):
+    x, y = _problem(0, n=n, d=20)
+    model = dsgrad.models.logistic_regression(x, y)
+    objective = dsgrad.meanfield_gaussian(model)
+    optimizer = optax.chain(dsgrad.cv(objective, dsgrad.approx.glm_mean_taylor(model)),
+                            optax.adam(1e-2))
+    params = dsgrad.meanfield_init(model)
+    state = optimizer.init(params)
+    data_args, _ = data_lib.split_host(objective.data_tree())
+    segment = dsgrad.train._build_segment_fn(objective, optimizer, 50, 5)
+    lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args)
+    sizes.append(len(lowered.as_text()))  # StableHLO: constants are printed in full
+  # As constants, the features alone would print as 0.08 MB and 8 MB.
+  assert sizes[1] < sizes[0] + 10_000, sizes
+
+
+def test_memory_mapped_data_train_like_device_data(tmp_path):
+  x, y = _problem(2, n=600, d=6)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  params = dsgrad.meanfield_init(model, 0.0, -2.0)
+  path = tmp_path / "x.npy"
+  np.save(path, x.astype(np.float32))
+  host = data_lib.open_memmap(path, dtype=np.float32, shape=(None, 6))
+  on_host = objective.with_data({"x": host, "signs": 2.0 * y - 1.0})
+  for make in (lambda o: optax.chain(dsgrad.naive(), optax.adam(1e-2)),
+               lambda o: _joint_saga(o, model),
+               lambda o: optax.chain(dsgrad.joint_svrg(o, dsgrad.approx.glm_mean_taylor(model),
+                                                       every=7), optax.adam(1e-2))):
+    device_run = _fit(objective, make(objective), params, steps=40)
+    host_run = _fit(on_host, make(objective), params, steps=40)
+    np.testing.assert_allclose(host_run.params["loc"], device_run.params["loc"],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host_run.history.elbo, device_run.history.elbo, rtol=1e-5)
+
+
+def test_prefetcher_reads_rows_of_memory_maps(tmp_path):
+  path = tmp_path / "a.npy"
+  np.save(path, np.arange(40, dtype=np.float32).reshape(20, 2))
+  host = data_lib.open_memmap(path)
+  np.testing.assert_array_equal(host.rows(np.array([[3, 1], [19, 3]])),
+                                np.arange(40, dtype=np.float32).reshape(20, 2)[[[3, 1], [19, 3]]])
+  prefetch = data_lib.Prefetcher({"a": host})
+  prefetch.ahead(np.array([[5, 2]]))
+  prefetch.wait()
+  with pytest.raises(IndexError, match="outside"):
+    host.rows(np.array([20]))
+
+
+# ------------------------------------------------------------------ bad input
+def test_with_data_refuses_other_shapes_dtypes_keys_and_disagreeing_leaves():
+  x, y = _problem(0, n=100, d=4)
+  objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+  signs = 2.0 * y - 1.0
+  with pytest.raises(ValueError, match=r"disagree on the number of data N \(x: 100, signs: 99\)"):
+    objective.with_data({"x": x, "signs": signs[:99]})
+  with pytest.raises(ValueError, match=r"data 'x' has shape \(100, 5\), expected \(100, 4\)"):
+    objective.with_data({"x": np.ones((100, 5)), "signs": signs})
+  with pytest.raises(ValueError, match=r"data 'x' has shape \(90, 4\)"):
+    objective.with_data({"x": x[:90], "signs": signs[:90]})
+  with pytest.raises(TypeError, match="data 'signs' has dtype int32, expected float32"):
+    objective.with_data({"x": x, "signs": y.astype(np.int32)})
+  with pytest.raises(ValueError, match=r"expected the keys \['signs', 'x'\]"):
+    objective.with_data({"x": x})
+
+
+def test_objective_refuses_data_of_another_size_than_num_data():
+  x, y = _problem(0, n=100, d=4)
+  model = dsgrad.models.logistic_regression(x, y)
+  with pytest.raises(ValueError, match="has 100 rows per leaf but num_data is 99"):
+    dsgrad.Objective(lambda p, i, e: i * 0.0, lambda k, b: jnp.zeros(()), 99,
+                     shared_noise=True, data=model.data)
+
+
+def test_open_memmap_refuses_truncated_wrong_dtype_and_other_files(tmp_path):
+  good = tmp_path / "x.npy"
+  np.save(good, np.ones((50, 3), np.float32))
+  with pytest.raises(ValueError, match="holds float32, expected float64"):
+    data_lib.open_memmap(good, dtype=np.float64)
+  with pytest.raises(ValueError, match=r"has shape \(50, 3\), expected \(None, 4\)"):
+    data_lib.open_memmap(good, shape=(None, 4))
+  truncated = tmp_path / "t.npy"
+  truncated.write_bytes(good.read_bytes()[:-10])
+  with pytest.raises(ValueError, match="is truncated: its header declares shape \\(50, 3\\)"):
+    data_lib.open_memmap(truncated)
+  raw = tmp_path / "r.bin"
+  raw.write_bytes(b"\x00" * 64)
+  with pytest.raises(ValueError, match="is not a .npy file"):
+    data_lib.open_memmap(raw)
+  with pytest.raises(FileNotFoundError, match="no such file"):
+    data_lib.open_memmap(tmp_path / "missing.npy")
+  with pytest.raises(TypeError, match="not numeric"):
+    data_lib.HostArray(np.array(["a", "b"]))
