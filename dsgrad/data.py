@@ -157,12 +157,15 @@ class DataArray:
 
 class _BoundHost:
   """A host array as seen inside a trace: the array (for shapes) and its handle (a jit
-  argument, so the compiled program does not name a particular array)."""
+  argument, so the compiled program does not name a particular array); optionally the
+  current batch's indices and their rows, gathered once per step (:func:`batch_rows`)."""
 
-  def __init__(self, host: HostArray, handle):
-    self.host, self.handle = host, handle
+  def __init__(self, host: HostArray, handle, batch=None):
+    self.host, self.handle, self.batch = host, handle, batch
 
   def gather(self, index):
+    if self.batch is not None and index is self.batch[0]:
+      return self.batch[1]  # this step's rows, already read
     if isinstance(index, tuple):
       raise TypeError(f"{self.host.name}: host data support row indexing x[indices] only")
     if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
@@ -174,6 +177,26 @@ class _BoundHost:
     spec = jax.ShapeDtypeStruct(index.shape + self.host.shape[1:], self.host.dtype)
     return jax.pure_callback(_host_gather, spec, self.handle, index,
                              vmap_method="expand_dims")
+
+
+@contextlib.contextmanager
+def batch_rows(refs: Mapping[str, DataArray], indices) -> Iterator[None]:
+  """Within the block, reads ``ref[indices]`` of host-bound ``refs`` (this very
+  ``indices`` array) return rows gathered once on entry: one host callback per host array
+  per step, however many times the step reads the batch. Other reads (full passes,
+  per-datum vmaps) still gather by callback."""
+  bound = {k: r.value() for k, r in refs.items()}
+  host = {k: v for k, v in bound.items() if isinstance(v, (_BoundHost, HostArray))}
+  if not host:
+    yield
+    return
+  views = {}
+  for key, value in host.items():
+    value = value if isinstance(value, _BoundHost) else _BoundHost(value, value.handle)
+    views[key] = _BoundHost(value.host, value.handle,
+                            (indices, _BoundHost(value.host, value.handle).gather(indices)))
+  with bind({k: refs[k] for k in views}, views):
+    yield
 
 
 def is_host(value) -> bool:

@@ -156,8 +156,9 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
 
     def step(carry, xs):
       idx, t = xs
-      return train_step(objective, optimizer, *carry, idx,
-                        jax.random.fold_in(noise_key, t), mesh=mesh), None
+      with data_lib.batch_rows(objective.data or {}, idx):  # host data: one read per step
+        return train_step(objective, optimizer, *carry, idx,
+                          jax.random.fold_in(noise_key, t), mesh=mesh), None
 
     with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
       return jax.lax.scan(step, carry, (indices, steps))[0]

@@ -267,6 +267,21 @@ def masked_sum(tree, mask):
       lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), tree)
 
 
+def full_pass_rows(batch_fn: Callable[[jax.Array], Any], num_data: int, chunk_size: int):
+  """``batch_fn(arange(N))`` computed in chunks inside ``jit``: per-datum outputs (leaves
+  with leading axis ``N``) while reading at most ``chunk_size`` data at a time (a table's
+  initial rows from data that live on the host or on disk)."""
+  chunk_size = max(1, min(int(chunk_size), num_data))
+  num_full, remainder = divmod(num_data, chunk_size)
+  starts = chunk_size * jnp.arange(num_full, dtype=jnp.int32)
+  parts = jax.lax.map(lambda s: batch_fn(s + jnp.arange(chunk_size, dtype=jnp.int32)), starts)
+  rows = jax.tree.map(lambda v: v.reshape((num_full * chunk_size,) + v.shape[2:]), parts)
+  if remainder:
+    rest = batch_fn(num_full * chunk_size + jnp.arange(remainder, dtype=jnp.int32))
+    rows = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), rows, rest)
+  return rows
+
+
 def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
                    chunk_size: int):
   """Mean over all data of a batch-mean function, in chunks inside ``jit``.

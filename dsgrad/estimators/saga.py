@@ -227,7 +227,8 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
   @functools.partial(data_lib.jit, objective.data)
   def initial_state(params):
-    exact = stats_fns.statistics(params, jnp.arange(n, dtype=jnp.int32))
+    exact = _common.full_pass_rows(lambda idx: stats_fns.statistics(params, idx), n,
+                                   chunk_size)
     table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
     dtype = jax.tree.leaves(params)[0].dtype
 
