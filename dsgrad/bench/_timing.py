@@ -9,12 +9,14 @@ import jax
 import jax.numpy as jnp
 
 import dsgrad
+from dsgrad import data as data_lib
 from dsgrad.diagnostics import epoch_batches
 from dsgrad.train import train_step
 
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
-                  rounds: int = 3, steps_for=None, log: bool = True):
+                  rounds: int = 3, steps_for=None, log: bool = True,
+                  compile_seconds: dict | None = None):
   """Median seconds per step of each optimizer, and its state memory.
 
   A step is the naive mini-batch gradient, the optimizer (estimator and update rule)
@@ -32,20 +34,31 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     rounds: timed rounds (the median is reported).
     steps_for: optional ``name -> steps`` override (e.g. 2 for a full-pass estimator).
     log: print each round's figure.
+    compile_seconds: if given, filled with ``{name: seconds}`` to trace and compile each
+      runner (ahead of time, before round 0).
+
+  The objective's data are an argument of the jitted runner (as in :func:`dsgrad.fit`),
+  not constants of the program.
 
   Returns:
     ``({name: seconds per step}, {name: (table bytes, state bytes)})``.
   """
   keys = jax.random.split(jax.random.key(1), steps)
   batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
+  data_args, host = data_lib.split_host(objective.data_tree())
+  refs = objective.data or {}
   runners = {}
   for name, opt in optimizers.items():
 
     def step(carry, xs, opt=opt):
-      return train_step(objective, opt, *carry, *xs), None
+      with data_lib.batch_rows(refs, xs[0]):
+        return train_step(objective, opt, *carry, *xs), None
 
-    runners[name] = jax.jit(lambda carry, xs, step=step: jax.lax.scan(step, carry, xs)[0],
-                            donate_argnums=0)
+    def run(carry, xs, data, step=step):
+      with data_lib.bind(refs, data_lib.join_host(data, host)):
+        return jax.lax.scan(step, carry, xs)[0]
+
+    runners[name] = jax.jit(run, donate_argnums=0)
 
   times = {name: [] for name in optimizers}
   memory = {}
@@ -56,11 +69,16 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
       n_steps = steps_for(name) if steps_for else steps
       xs = (batches[:n_steps], keys[:n_steps])
       params = jax.tree.map(jnp.copy, params0)
-      state = optimizers[name].init(params)
+      with objective.bound():
+        state = optimizers[name].init(params)
       memory[name] = dsgrad.table_bytes(state), dsgrad.state_bytes(state)
       jax.block_until_ready(state)
+      if round_ == 0 and compile_seconds is not None:
+        t0 = time.perf_counter()
+        runners[name] = runners[name].lower((params, state), xs, data_args).compile()
+        compile_seconds[name] = time.perf_counter() - t0
       start = time.perf_counter()
-      carry = runners[name]((params, state), xs)
+      carry = runners[name]((params, state), xs, data_args)
       jax.block_until_ready(carry)
       elapsed = (time.perf_counter() - start) / n_steps
       if round_:

@@ -6,20 +6,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad.data import HostArray
 from dsgrad.models.base import LinearPredictor, Model, model_data
 
 
 def _check_features_labels(features, labels):
-  """Validates a ``(N, D)`` feature matrix and ``(N,)`` labels; returns numpy arrays."""
-  x = np.asarray(features)
+  """Validates a ``(N, D)`` feature matrix and ``(N,)`` labels; returns numpy arrays (a
+  :class:`dsgrad.data.HostArray` of features is returned as is, checked in chunks)."""
+  x = features if isinstance(features, HostArray) else np.asarray(features)
   y = np.asarray(labels)
   if x.ndim != 2:
     raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
   if y.shape != (x.shape[0],):
     raise ValueError(f"labels must have shape ({x.shape[0]},) to match features, got {y.shape}")
-  if not np.all(np.isfinite(x)):
-    raise ValueError("features contain non-finite values")
+  chunk = 1 << 18
+  for start in range(0, x.shape[0], chunk):
+    block = x.array[start:start + chunk] if isinstance(x, HostArray) else x[start:start + chunk]
+    if not np.all(np.isfinite(block)):
+      raise ValueError(f"features contain non-finite values (rows {start} to "
+                       f"{min(start + chunk, x.shape[0]) - 1})")
   return x, y
+
+
+def _features(x):
+  """Device float32 features, or host features (memory-mapped) kept where they are."""
+  if isinstance(x, HostArray):
+    if x.dtype != np.float32:
+      raise TypeError(f"host features must be float32 (no silent cast of {x.name}), got "
+                      f"{x.dtype}")
+    return x
+  return jnp.asarray(x, jnp.float32)
 
 
 def _isotropic_hessian_diag(prior_scale: float):
@@ -34,7 +50,9 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
   """Binary Bayesian logistic regression: ``z ~ N(0, s^2 I)``, ``y_n ~ Bern(sigmoid(x_n . z))``.
 
   Args:
-    features: ``(N, D)`` float array (add a column of ones for an intercept).
+    features: ``(N, D)`` float array (add a column of ones for an intercept), or a
+      float32 :class:`dsgrad.data.HostArray` (e.g. :func:`dsgrad.data.open_memmap`) to keep
+      the features on the host / on disk.
     labels: ``(N,)`` array of labels in ``{0, 1}`` (``{-1, 1}`` is accepted too).
     prior_scale: prior standard deviation ``s``.
     name: label.
@@ -58,7 +76,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
   if prior_scale <= 0:
     raise ValueError(f"prior_scale must be positive, got {prior_scale}")
-  data = model_data(x=jnp.asarray(x, jnp.float32), signs=jnp.asarray(signs, jnp.float32))
+  data = model_data(x=_features(x), signs=jnp.asarray(signs, jnp.float32))
   x, signs = data["x"], data["signs"]
   n, d = x.shape
 
