@@ -10,6 +10,7 @@ Gradient estimators are optax transformations; swap one for another in one line:
 from dsgrad import annealing
 from dsgrad import approx
 from dsgrad import checkpoint
+from dsgrad import data
 from dsgrad import datasets
 from dsgrad import families
 from dsgrad import mcmc
@@ -36,7 +37,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "checkpoint", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
+    "models", "checkpoint", "data", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",

@@ -35,6 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["DataArray", "HostArray", "open_memmap", "Prefetcher", "bind", "batch_rows",
+           "is_bound", "is_host", "split_host", "join_host", "check_data", "jit"]
+
 _STATE = threading.local()
 
 

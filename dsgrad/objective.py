@@ -126,7 +126,7 @@ class Objective:
       value = values[key]
       if isinstance(value, np.memmap):
         value = data_lib.HostArray(value, key)
-      elif not isinstance(value, data_lib.HostArray):
+      elif not isinstance(value, (data_lib.HostArray, jax.Array)):
         value = jnp.asarray(value)
       if tuple(value.shape) != ref.shape:
         raise ValueError(f"{self.name}.with_data: data {key!r} has shape {tuple(value.shape)}, "

@@ -16,10 +16,12 @@ Usage (one host, several GPUs; or CPU devices with
     result = dsgrad.fit(objective, optimizer, params, key, num_steps=..., batch_size=...,
                         mesh=mesh)
 
-Several hosts: call ``jax.distributed.initialize()`` first in every process (same
-program, same arguments), then build the mesh over ``jax.devices()`` (all hosts' devices)
-as above. This follows JAX's multi-controller model; it is tested here on one host with
-virtual CPU devices only.
+Several hosts (processes): call ``jax.distributed.initialize()`` first in every process
+(same program, same arguments), build the mesh over ``jax.devices()`` (all processes'
+devices), and split the data by datum with :func:`shard_data`: each process then holds,
+and reads from disk, only its devices' rows. This is JAX's multi-controller model; it is
+tested with 2 CPU processes over loopback (``tests/multiprocess_check.py``) and with
+virtual CPU devices in one process. See the how-to "Running on several devices".
 
 References:
   JAX documentation, "Distributed arrays and automatic parallelization" and
@@ -34,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dsgrad import data as data_lib
 from dsgrad.estimators._common import tree_bytes
 from dsgrad.objective import Objective
 
@@ -142,6 +145,50 @@ def constrain_batch(objective: Objective, mesh: Mesh, indices, noise):
   if not objective.shared_noise:
     noise = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), noise)
   return indices, noise
+
+
+def shard_data(objective: Objective, mesh: Mesh) -> Objective:
+  """``objective`` on its data split by datum across ``mesh``'s devices (and processes).
+
+  Every data leaf becomes a global ``jax.Array`` sharded along its first axis: device
+  ``k`` of ``n`` holds rows ``[k N/n, (k+1) N/n)``. Each process builds only its own
+  devices' rows (``jax.make_array_from_callback``): from a memory-mapped
+  :class:`dsgrad.data.HostArray` it reads only those rows from disk. Gathers of a
+  batch's rows then run where the rows live (XLA inserts the collectives), so no device
+  holds all the data. Pass the result to :func:`dsgrad.fit` with the same ``mesh``.
+
+  Args:
+    objective: an objective with data handles (built from a dsgrad model).
+    mesh: a mesh from :func:`data_mesh` (all processes' devices under
+      ``jax.distributed``).
+
+  Returns:
+    ``objective.with_data(sharded leaves)``.
+
+  Raises:
+    ValueError: if the number of data is not a multiple of the number of devices
+      (JAX shards evenly), or the objective declares no data.
+  """
+  devices = _check_mesh(mesh)
+  if not objective.data:
+    raise ValueError(f"{objective.name} declares no data handles (objective.data); "
+                     "shard_data needs a model built with dsgrad.models.model_data")
+  n = objective.num_data
+  if n % devices:
+    raise ValueError(f"{n} data do not split evenly across {devices} devices "
+                     f"({jax.process_count()} processes); use a number of devices that "
+                     f"divides {n}, or drop {n % devices} data")
+  sharding = batch_sharding(mesh)
+  out = {}
+  for key, value in objective.data_tree().items():
+    source = value.array if isinstance(value, data_lib.HostArray) else value
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+      out[key] = value  # already global
+      continue
+    out[key] = jax.make_array_from_callback(
+        tuple(value.shape), sharding,
+        lambda index, source=source: np.asarray(source[index]))
+  return objective.with_data(out)
 
 
 def bytes_per_device(tree: Any) -> dict:

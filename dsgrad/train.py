@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
 
 from dsgrad import _checks
 from dsgrad import checkpoint as checkpoint_lib
@@ -78,14 +79,56 @@ def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
     ``(num_steps, batch_size)`` int32 array.
   """
   _checks.check_batch_size(batch_size, num_data)
+  num_epochs = _window_epochs(num_steps, num_data, batch_size)
+  first_epoch = start // (num_data // batch_size)
+  perms = jax.vmap(lambda e: epoch_permutation(key, e, num_data, batch_size))(
+      first_epoch + jnp.arange(num_epochs))
+  return _slice_window(perms, start, num_steps, num_data, batch_size)
+
+
+def epoch_permutation(key, epoch, num_data: int, batch_size: int):
+  """Epoch ``epoch``'s data order, ``(N // B * B,)`` int32 (the remainder dropped)."""
+  perm = jax.random.permutation(jax.random.fold_in(key, epoch), num_data)
+  return perm[:(num_data // batch_size) * batch_size].astype(jnp.int32)
+
+
+def _window_epochs(num_steps: int, num_data: int, batch_size: int) -> int:
+  return num_steps // (num_data // batch_size) + 2  # epochs a window of num_steps can touch
+
+
+def _slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):
+  """Batches ``start ...`` from the stacked permutations of the window's epochs."""
   per_epoch = num_data // batch_size
-  num_epochs = num_steps // per_epoch + 2  # epochs a window of num_steps can touch
   first_epoch = start // per_epoch
-  perms = jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(key, e), num_data)
-                   [:per_epoch * batch_size])(first_epoch + jnp.arange(num_epochs))
-  flat = perms.reshape(-1, batch_size).astype(jnp.int32)
-  return jax.lax.dynamic_slice(flat, (start - first_epoch * per_epoch, 0),
-                               (num_steps, batch_size))
+  return jax.lax.dynamic_slice(perms.reshape(-1, batch_size),
+                               (start - first_epoch * per_epoch, 0), (num_steps, batch_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _permutation_fn(num_data: int, batch_size: int):
+  return jax.jit(lambda k, e: epoch_permutation(k, e, num_data, batch_size))
+
+
+class _EpochOrders:
+  """The epoch permutations of a :func:`fit` run, each computed once on device and kept
+  while segments need it (a permutation of N costs O(N log N): 9 s at N = 10^7 on two CPU
+  cores, which per segment would dominate the steps)."""
+
+  def __init__(self, key, num_data: int, batch_size: int):
+    self.key, self.n, self.b = key, num_data, batch_size
+    self.cache: dict = {}
+    self.one = _permutation_fn(num_data, batch_size)
+
+  def window(self, start: int, length: int):
+    """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
+    first = start // (self.n // self.b)
+    wanted = range(first, first + _window_epochs(length, self.n, self.b))
+    for epoch in wanted:
+      if epoch not in self.cache:
+        self.cache[epoch] = self.one(self.key, jnp.int32(epoch))
+    for epoch in [e for e in self.cache if e < first]:
+      del self.cache[epoch]
+    return jnp.stack([self.cache[e] for e in wanted])
 
 
 def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
@@ -149,9 +192,9 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
                       mesh=None, carry_shardings=None):
   host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
 
-  def run(carry, key, start, data):
-    batch_key, noise_key = jax.random.split(key)
-    indices = batch_indices(batch_key, start, length, objective.num_data, batch_size)
+  def run(carry, key, start, data, orders):
+    _, noise_key = jax.random.split(key)
+    indices = _slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
 
     def step(carry, xs):
@@ -274,7 +317,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       opt_state = parallel.shard_state(mesh, opt_state)
     carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
                        parallel.state_shardings(mesh, opt_state))
-    data_args = jax.device_put(data_args, parallel.replicated(mesh))
+    # Data split by parallel.shard_data stay where they are; the rest is replicated.
+    data_args = {k: v if isinstance(v, jax.Array) and isinstance(v.sharding, NamedSharding)
+                 and v.sharding.mesh == mesh else jax.device_put(v, parallel.replicated(mesh))
+                 for k, v in data_args.items()}
   # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
   # are strongly typed, so that a weakly typed initial value does not make the segments
   # (which return strong types) compile twice.
@@ -286,6 +332,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     opt_state = jax.tree.map(jnp.copy, opt_state)
   compiled_by_length = {}  # one executable per segment length (at most two)
   key, eval_key = jax.random.split(key)
+  orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size)
+  if mesh is not None:  # every process holds the same orders: replicate them on the mesh
+    local_window = orders.window
+    orders.window = lambda s, n: jax.device_put(np.asarray(local_window(s, n)),
+                                                parallel.replicated(mesh))
 
   bar = _progress(progress, num_steps - start_step)
   # The history as lists, one per field, continuing a resumed run's history if given.
@@ -304,17 +355,19 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     if length not in compiled_by_length:
       compiled_by_length[length], seconds = _compiled_segment(
           objective, optimizer, batch_size, length,
-          ((params, opt_state), key, jnp.int32(step), data_args), mesh, carry_shardings)
+          ((params, opt_state), key, jnp.int32(step), data_args, orders.window(step, length)),
+          mesh, carry_shardings)
       compile_seconds += seconds
     compiled = compiled_by_length[length]
+    window = orders.window(step, length)
     if host_data and step == start_step:
-      prefetch.ahead(_segment_indices(key, step, length, objective.num_data, batch_size))
+      prefetch.ahead(_slice_window(window, step, length, objective.num_data, batch_size))
     t0 = time.perf_counter()
-    params, opt_state = compiled((params, opt_state), key, jnp.int32(step), data_args)
+    params, opt_state = compiled((params, opt_state), key, jnp.int32(step), data_args, window)
     if host_data and step + length < num_steps:  # the next segment's rows, while this runs
-      prefetch.ahead(_segment_indices(key, step + length,
-                                      min(eval_every, num_steps - step - length),
-                                      objective.num_data, batch_size))
+      following = min(eval_every, num_steps - step - length)
+      prefetch.ahead(_slice_window(orders.window(step + length, following), step + length,
+                                   following, objective.num_data, batch_size))
     jax.block_until_ready((params, opt_state))
     wall += time.perf_counter() - t0
     step += length
@@ -329,18 +382,6 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                           settings=settings)
   bar(0, step, None, None, close=True)
   return FitResult(params, opt_state, as_history(), compile_seconds)
-
-
-def _segment_indices(key, start: int, length: int, num_data: int, batch_size: int):
-  """The ``(length, B)`` batch indices a segment starting at ``start`` will use (as
-  :func:`_build_segment_fn` draws them), computed on the host for prefetching."""
-  batch_key, _ = jax.random.split(key)
-  return np.asarray(_indices_fn(length, num_data, batch_size)(batch_key, jnp.int32(start)))
-
-
-@functools.lru_cache(maxsize=16)
-def _indices_fn(length, num_data, batch_size):
-  return jax.jit(lambda k, s: batch_indices(k, s, length, num_data, batch_size))
 
 
 def run_settings(objective: Objective, key, batch_size: int) -> dict:

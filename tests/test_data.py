@@ -80,7 +80,9 @@ def test_compiled_segment_holds_no_copy_of_the_data():
     state = optimizer.init(params)
     data_args, _ = data_lib.split_host(objective.data_tree())
     segment = dsgrad.train._build_segment_fn(objective, optimizer, 50, 5)
-    lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args)
+    orders = dsgrad.train._EpochOrders(jax.random.key(1), n, 50).window(0, 5)
+    lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args,
+                            orders)
     sizes.append(len(lowered.as_text()))  # StableHLO: constants are printed in full
   # As constants, the features alone would print as 0.08 MB and 8 MB.
   assert sizes[1] < sizes[0] + 10_000, sizes

@@ -36,6 +36,7 @@ from dsgrad.estimators import _common
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 CRITERION = 1.3
+ELBO_SAMPLES = 4
 FLAT = ("naive", "cv (App. F)", "joint_saga (logit table)")
 GATHER = "batch row gather alone"
 
@@ -52,15 +53,16 @@ def _estimators(objective, model, never):
   }
 
 
-def _memory():
-  """``(current RSS, peak RSS)`` of this process in bytes (Linux ``/proc``), or Nones."""
+def _memory(*names):
+  """This process's ``/proc/self/status`` memory fields in bytes (default: current and
+  peak RSS), or Nones off Linux."""
+  names = names or ("VmRSS", "VmHWM")
   try:
     with open("/proc/self/status") as f:
       fields = dict(line.split(":", 1) for line in f if ":" in line)
-    kib = lambda k: int(fields[k].split()[0]) * 1024  # noqa: E731
-    return kib("VmRSS"), kib("VmHWM")
+    return tuple(int(fields[k].split()[0]) * 1024 for k in names)
   except (OSError, KeyError, ValueError):
-    return None, None
+    return (None,) * len(names)
 
 
 def _device_peak():
@@ -205,17 +207,34 @@ def train_memmap(n, num_features, batch_size, steps, folder, lr=1e-3):
                           optax.adam(lr))
   params = dsgrad.meanfield_init(model, 0.0, -2.0)
   rss0, _ = _memory()
+  start_elbo = dsgrad.elbo(objective, params, jax.random.key(5), ELBO_SAMPLES)
   start = time.perf_counter()
   result = dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=steps,
-                      batch_size=batch_size, eval_every=steps // 2, elbo_samples=1,
+                      batch_size=batch_size, eval_every=steps // 2, elbo_samples=ELBO_SAMPLES,
                       progress=False)
   total = time.perf_counter() - start
-  rss, peak = _memory()
+  rss, peak, anon, file_pages = _memory("VmRSS", "VmHWM", "RssAnon", "RssFile")
   return dict(n=n, steps=steps, total=total, train=float(result.history.wall_time[-1]),
-              compile=result.compile_seconds, elbo=[float(v) for v in result.history.elbo],
+              compile=result.compile_seconds,
+              elbo=[start_elbo] + list(zip(result.history.elbo.tolist(),
+                                           result.history.elbo_se.tolist())),
               table=dsgrad.table_bytes(result.opt_state), rss_before=rss0, rss=rss, peak=peak,
-              device_peak=_device_peak(), file_bytes=os.path.getsize(
-                  objective.data_tree()["x"].array.filename))
+              anon=anon, file_pages=file_pages, device_peak=_device_peak(),
+              file_bytes=os.path.getsize(objective.data_tree()["x"].array.filename))
+
+
+def _train_in_fresh_process(n, num_features, batch_size, steps, folder):
+  """:func:`train_memmap` in a child process, so that its peak memory is its own."""
+  import json
+  import subprocess
+  import sys
+  code = ("import json, sys; from dsgrad.bench import scale; "
+          f"print('RESULT' + json.dumps(scale.train_memmap({n}, {num_features}, {batch_size}, "
+          f"{steps}, {folder!r})))")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        check=True)
+  line = [l for l in done.stdout.splitlines() if l.startswith("RESULT")][-1]
+  return json.loads(line[len("RESULT"):])
 
 
 def _label(case):
@@ -286,17 +305,23 @@ def format_table(out, config, figure=None, trained=None):
   if trained:
     t = trained
     gib = lambda v: f"{v / 2**30:.2f} GiB" if v else "n/a"  # noqa: E731
-    lines += ["", f"Training on the memory-mapped N = {t['n']:,} data set (joint SAGA, logit "
-              "table, `logistic_probit`, Adam 1e-3, `dsgrad.fit`, ELBO with 1 sample over all "
-              "data after each half):", "",
+    first, *after = t["elbo"]
+    lines += ["", f"Training on the memory-mapped N = {t['n']:,} data set in a fresh process "
+              "(joint SAGA, logit table, `logistic_probit`, Adam 1e-3, B = "
+              f"{config['batch_size']}, `dsgrad.fit`; ELBO by {ELBO_SAMPLES} Monte Carlo "
+              "samples over all data, at the start and after each half, ± se). RSS counts "
+              "the memory map's pages that the process has touched (`RssFile`; the kernel "
+              "can drop them) besides its own memory (`RssAnon`):", "",
               "| steps | training s | compile s | whole fit s (init full pass, ELBO passes) | "
-              "ELBO after each half | table | file | RSS before | RSS after | peak RSS | "
-              "device peak |",
+              "ELBO: start; after each half | table | file | RSS before fit | RSS after "
+              "(anon + file) | peak RSS | device peak |",
               "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
               f"| {t['steps']:,} | {t['train']:.1f} | {t['compile']:.1f} | {t['total']:.1f} | "
-              + ", ".join(f"{v:,.0f}" for v in t["elbo"])
+              f"{first[0]:,.0f} ± {first[1]:,.0f}; "
+              + ", ".join(f"{v:,.0f} ± {se:,.0f}" for v, se in after)
               + f" | {t['table'] / 2**20:,.1f} MiB | {gib(t['file_bytes'])} | "
-              f"{gib(t['rss_before'])} | {gib(t['rss'])} | {gib(t['peak'])} | "
+              f"{gib(t['rss_before'])} | {gib(t['rss'])} ({gib(t['anon'])} + "
+              f"{gib(t['file_pages'])}) | {gib(t['peak'])} | "
               f"{gib(t['device_peak']) if t['device_peak'] else 'n/a (CPU: device is host)'} |"]
   return "\n".join(lines)
 
@@ -380,8 +405,8 @@ def main_steps(argv=None):
             args.memmap_folder)
   trained = None
   if memmap_sizes and args.train_steps:
-    trained = train_memmap(max(memmap_sizes), args.num_features, args.batch_size,
-                           args.train_steps, args.memmap_folder)
+    trained = _train_in_fresh_process(max(memmap_sizes), args.num_features,
+                                      args.batch_size, args.train_steps, args.memmap_folder)
     print(trained, flush=True)
   figure = None
   if not args.no_write:
