@@ -113,18 +113,34 @@ def shard_state(mesh: Mesh, state: Any) -> Any:
   return jax.device_put(state, state_shardings(mesh, state))
 
 
-def init_sharded(optimizer, params, mesh: Mesh):
+def init_sharded(optimizer, params, mesh: Mesh, objective: Objective | None = None):
   """``optimizer.init(params)`` computed directly into its sharded layout.
 
   Tables are created shard by shard on their devices (never whole on one device), and
   the initial full passes (SAGA's running mean, SVRG's snapshot mean) run on all devices.
 
+  Args:
+    optimizer: the optax transformation.
+    params: initial params.
+    mesh: a mesh from :func:`data_mesh`.
+    objective: the objective whose data the estimators read; its data are passed to the
+      compiled init as arguments (required when they are split across processes by
+      :func:`shard_data`, which a compiled program cannot hold as constants).
+
   Returns:
     ``(params replicated on mesh, optimizer state with sharded tables)``.
   """
   params = jax.device_put(params, replicated(mesh))
-  shardings = state_shardings(mesh, jax.eval_shape(optimizer.init, params))
-  return params, jax.jit(optimizer.init, out_shardings=shardings)(params)
+  refs = (objective.data or {}) if objective is not None else {}
+  values = objective.data_tree() if refs else {}
+  args, host = data_lib.split_host(values)
+
+  def init(params, data):
+    with data_lib.bind(refs, data_lib.join_host(data, host)):
+      return optimizer.init(params)
+
+  shardings = state_shardings(mesh, jax.eval_shape(init, params, args))
+  return params, jax.jit(init, out_shardings=shardings)(params, args)
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:

@@ -310,8 +310,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   if mesh is not None:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:
-      with objective.bound():
-        params, opt_state = parallel.init_sharded(optimizer, params, mesh)
+      params, opt_state = parallel.init_sharded(optimizer, params, mesh, objective)
     else:
       params = jax.device_put(params, parallel.replicated(mesh))
       opt_state = parallel.shard_state(mesh, opt_state)

@@ -67,9 +67,8 @@ def main():
   if mesh is not None:
     objective = dsgrad.parallel.shard_data(objective, mesh)
     x = objective.data_tree()["x"]
-    rows = {s.index[0] for s in x.addressable_shards}
     assert len(x.addressable_shards) == 1 and not x.is_fully_addressable, x.sharding
-    (local,) = rows
+    local = x.addressable_shards[0].index[0]
     assert (local.stop - local.start) * num_processes == N, local  # only its own rows
     expected = np.load(os.path.join(folder, "x.npy"))[local]
     np.testing.assert_array_equal(np.asarray(x.addressable_shards[0].data), expected)
