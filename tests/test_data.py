@@ -165,3 +165,47 @@ def test_open_memmap_refuses_truncated_wrong_dtype_and_other_files(tmp_path):
     data_lib.open_memmap(tmp_path / "missing.npy")
   with pytest.raises(TypeError, match="not numeric"):
     data_lib.HostArray(np.array(["a", "b"]))
+
+
+def _model_objectives():
+  key = jax.random.key(0)
+  x, y = _problem(0, n=60, d=4)
+  winners, losers, _ = dsgrad.models.synthetic_bradley_terry_data(key, 8, 60)
+  users, genres, ratings = dsgrad.models.synthetic_movielens_data(key, 5, 12, 60, num_genres=3,
+                                                                  num_classes=3)
+  ppca_x, _ = dsgrad.models.synthetic_ppca_data(key, 60, 5, 2)
+  models = {
+      "logistic": dsgrad.models.logistic_regression(x, y),
+      "softmax": dsgrad.models.softmax_regression(x, y, 2),
+      "bradley_terry": dsgrad.models.bradley_terry(winners, losers, 8),
+      "movielens": dsgrad.models.movielens(users, genres, ratings, 5, num_classes=3),
+      "ppca": dsgrad.models.ppca(ppca_x, 2),
+  }
+  out = {name: (dsgrad.meanfield_gaussian(m), dsgrad.meanfield_init(m, 0.1, -1.0))
+         for name, m in models.items()}
+  glm = dsgrad.models.dropout_glm(x, y, 2)
+  out["dropout_glm"] = (glm.objective(), glm.init_params(key, 0.1))
+  return out
+
+
+@pytest.mark.parametrize("name", ["logistic", "softmax", "bradley_terry", "movielens", "ppca",
+                                  "dropout_glm"])
+def test_every_model_reads_its_data_through_the_objective(name):
+  """``with_data`` on the rows permuted: datum ``i`` of the new data is datum ``perm[i]``
+  of the old, so the loss at indices ``idx`` equals the old loss at ``perm[idx]`` --
+  jitted, with the data as arguments."""
+  objective, params = _model_objectives()[name]
+  assert objective.data, f"{name} declares no data handles"
+  perm = np.random.default_rng(0).permutation(objective.num_data)
+  permuted = objective.with_data({k: np.asarray(v)[perm]
+                                  for k, v in objective.data_tree().items()})
+  idx = jnp.arange(10, dtype=jnp.int32)
+  noise = objective.sample_noise(jax.random.key(1), 10)
+  loss = data_lib.jit(objective.data, lambda p, i, e: objective.loss(p, i, e, validate=False))
+  with permuted.bound():
+    new = loss(params, idx, noise)
+  with objective.bound():
+    old = loss(params, jnp.asarray(perm[:10], jnp.int32), noise)
+    unpermuted = loss(params, idx, noise)
+  np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
+  assert not np.allclose(new, unpermuted), "the permuted data were not read"

@@ -215,7 +215,10 @@ class AnnealedVI:
       z_k, shared = self.chain(params, noise)
       return -(n * self.model_at(params).log_likelihood(z_k, indices) + shared)
 
-    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name)
+    # A fixed model's data are arguments of compiled programs; a learned model is rebuilt
+    # from its parameters at each call, so its arrays stay constants.
+    data = self._template.data if self.model_params is None else None
+    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data)
 
   def log_weight(self, params, noise) -> jax.Array:
     """The full-data ``log w`` of one chain draw (its mean over draws is the ELBO)."""

@@ -40,6 +40,7 @@ from flax import nnx
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
                                    gaussian_log_likelihood)
+from dsgrad.models.base import model_data
 from dsgrad.objective import Objective
 
 METHODS = ("vae", "iwae", "lmcvae", "amcvae")
@@ -219,13 +220,14 @@ class MonteCarloVAE:
     Raises:
       ValueError: images outside ``[0, 1]``, non-finite, or of the wrong size.
     """
-    data = jnp.asarray(check_images(images, self.data_dim))
+    handles = model_data(images=jnp.asarray(check_images(images, self.data_dim)))
+    data = handles["images"]
 
     def loss_fn(params, indices, noise):
-      return -jax.vmap(lambda i, e: self.datum_bound(params, data[i], e))(indices, noise)
+      return -jax.vmap(lambda x, e: self.datum_bound(params, x, e))(data[indices], noise)
 
     return Objective(loss_fn, self.noise_fn, int(data.shape[0]),
-                     name=name or f"mcvae:{self.method}")
+                     name=name or f"mcvae:{self.method}", data=handles)
 
   # -------------------------------------------------------------- generation
   def _means(self, decoder, z):
