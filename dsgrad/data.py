@@ -11,9 +11,10 @@ diagnostics use while tracing) the same handle reads the value bound to it: a ji
 * one compiled program serves every data set of the same shapes and dtypes
   (:meth:`dsgrad.Objective.with_data`);
 * a handle may hold a :class:`HostArray` (e.g. a memory-mapped ``.npy`` file larger than
-  memory): rows are then gathered on the host, inside ``jit``, by a callback that reads
-  only the rows a computation asks for, and :class:`Prefetcher` reads the next batches'
-  rows ahead on a thread while the device computes.
+  memory). :func:`dsgrad.fit` then reads each block of steps' rows on the host, on a
+  thread (:class:`RowReader`) while the device runs the previous block, and passes them
+  to the compiled steps as an argument; any other read (a full pass, an SVRG refresh,
+  the ELBO) gathers the rows it asks for, in chunks, by a host callback.
 
 Why a handle and not ``loss_fn(params, data, indices, noise)``: every estimator,
 approximation and model keeps its ``(params, indices, noise)`` signature and its
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DataArray", "HostArray", "open_memmap", "Prefetcher", "bind", "batch_rows",
+__all__ = ["DataArray", "HostArray", "open_memmap", "RowReader", "bind", "batch_rows",
            "is_bound", "is_host", "split_host", "join_host", "check_data", "jit"]
 
 _STATE = threading.local()
@@ -167,8 +168,18 @@ class _BoundHost:
     self.host, self.handle, self.batch = host, handle, batch
 
   def gather(self, index):
-    if self.batch is not None and index is self.batch[0]:
-      return self.batch[1]  # this step's rows, already read
+    if self.batch is not None:
+      batch_index, rows = self.batch
+      if index is batch_index:
+        return rows  # this step's rows, already read
+      index = jnp.asarray(index)
+      if index.ndim >= 1 and jnp.issubdtype(index.dtype, jnp.integer):
+        # Indices made from the batch's (e.g. the batch twice, concatenated): look them up
+        # among the rows already read; a host read only if one is not in the batch.
+        match = index[..., None] == batch_index
+        found = jnp.all(jnp.any(match, axis=-1))
+        return jax.lax.cond(found, lambda: rows[jnp.argmax(match, axis=-1)],
+                            lambda: _BoundHost(self.host, self.handle).gather(index))
     if isinstance(index, tuple):
       raise TypeError(f"{self.host.name}: host data support row indexing x[indices] only")
     if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
@@ -183,11 +194,21 @@ class _BoundHost:
 
 
 @contextlib.contextmanager
-def batch_rows(refs: Mapping[str, DataArray], indices) -> Iterator[None]:
-  """Within the block, reads ``ref[indices]`` of host-bound ``refs`` (this very
-  ``indices`` array) return rows gathered once on entry: one host callback per host array
-  per step, however many times the step reads the batch. Other reads (full passes,
-  per-datum vmaps) still gather by callback."""
+def batch_rows(refs: Mapping[str, DataArray], indices, rows: Mapping[str, Any] | None = None
+               ) -> Iterator[None]:
+  """Within the block, reads of host-bound ``refs`` at ``indices`` (this very array, or
+  indices all of which are in it) return the batch's rows without another host read.
+
+  Args:
+    refs: the data handles.
+    indices: the step's batch indices.
+    rows: ``{name: rows}`` already read on the host (:class:`RowReader`) and passed to the
+      compiled step as an argument; for host arrays not in it, the rows are gathered on
+      entry by one host callback.
+
+  Reads of other indices (full passes, per-datum vmaps) still gather by callback.
+  """
+  rows = dict(rows or {})
   bound = {k: r.value() for k, r in refs.items()}
   host = {k: v for k, v in bound.items() if isinstance(v, (_BoundHost, HostArray))}
   if not host:
@@ -196,8 +217,8 @@ def batch_rows(refs: Mapping[str, DataArray], indices) -> Iterator[None]:
   views = {}
   for key, value in host.items():
     value = value if isinstance(value, _BoundHost) else _BoundHost(value, value.handle)
-    views[key] = _BoundHost(value.host, value.handle,
-                            (indices, _BoundHost(value.host, value.handle).gather(indices)))
+    read = rows[key] if key in rows else _BoundHost(value.host, value.handle).gather(indices)
+    views[key] = _BoundHost(value.host, value.handle, (indices, read))
   with bind({k: refs[k] for k in views}, views):
     yield
 
@@ -320,36 +341,51 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
   return HostArray(array, name)
 
 
-class Prefetcher:
-  """Reads upcoming batches' rows of host arrays on a background thread.
+class RowReader:
+  """Reads blocks of future batches' rows of host arrays on a background thread.
 
-  ``ahead(indices)`` queues the rows of an ``(S, B)`` block of future batch indices; the
-  thread reads them (touching a memory map's pages), so that when the device's callback
-  asks for them they come from memory instead of disk. At most one block is read at a
-  time; a new block waits for the previous one.
+  ``submit(indices)`` starts reading the rows of an ``(S, B)`` block of batch indices for
+  every host array; ``take()`` waits for them and returns ``{name: (S, B, ...) array}``.
+  :func:`dsgrad.fit` submits block ``t + 1`` before it runs block ``t`` on the device, so
+  the disk and host reads of the next steps overlap the current steps' computation, and
+  the compiled steps receive their rows as an argument (no host callback in a step).
   """
 
   def __init__(self, host_arrays: Mapping[str, HostArray]):
-    self.arrays = [a for a in host_arrays.values() if isinstance(a.array, np.memmap)]
+    self.arrays = dict(host_arrays)
     self._thread = None
+    self._result = None
+    self._error = None
 
-  def ahead(self, indices) -> None:
-    if not self.arrays:
-      return
-    self.wait()
-    idx = np.unique(np.asarray(indices).reshape(-1))
+  def submit(self, indices) -> None:
+    self.take_pending()
+    idx = np.asarray(indices)
 
     def read():
-      for array in self.arrays:
-        array.rows(idx).sum()  # reads the pages; the result is discarded
+      try:
+        self._result = {k: a.rows(idx) for k, a in self.arrays.items()}
+      except BaseException as error:  # re-raised by take()
+        self._error = error
 
     self._thread = threading.Thread(target=read, daemon=True)
     self._thread.start()
 
-  def wait(self) -> None:
-    if self._thread is not None:
-      self._thread.join()
-      self._thread = None
+  def take_pending(self):
+    """Waits for the block in flight (if any) and returns its rows (``None`` if none)."""
+    if self._thread is None:
+      return None
+    self._thread.join()
+    self._thread = None
+    result, error, self._result, self._error = self._result, self._error, None, None
+    if error is not None:
+      raise error
+    return result
+
+  def take(self) -> dict:
+    rows = self.take_pending()
+    if rows is None:
+      raise RuntimeError("RowReader.take() without a submitted block")
+    return rows
 
 
 def jit(refs: Mapping[str, DataArray] | None, fn):

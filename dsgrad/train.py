@@ -160,12 +160,16 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   return optax.apply_updates(params, updates), opt_state
 
 
+HOST_BLOCK_STEPS = 1000
+"""With data on the host (memory-mapped), :func:`fit` reads the rows of this many steps
+ahead on a thread while the device runs the previous steps."""
+
 _SEGMENTS: collections.OrderedDict = collections.OrderedDict()  # compiled segments, LRU
 
 
 def _compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
                       example_args, mesh=None, carry_shardings=None):
-  """The compiled training segment ``(carry, key, start, data) -> carry``.
+  """The compiled training segment ``(carry, key, start, data, orders, rows) -> carry``.
 
   The data are an argument, so on one device the same executable serves successive
   :func:`fit` calls (training in stages, resuming) *and* every objective made by
@@ -192,19 +196,20 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
                       mesh=None, carry_shardings=None):
   host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
 
-  def run(carry, key, start, data, orders):
+  def run(carry, key, start, data, orders, rows):
     _, noise_key = jax.random.split(key)
     indices = _slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
 
     def step(carry, xs):
-      idx, t = xs
-      with data_lib.batch_rows(objective.data or {}, idx):  # host data: one read per step
+      idx, t, rows_t = xs
+      # Host data: the step's rows come in as an argument (read ahead by fit's RowReader).
+      with data_lib.batch_rows(objective.data or {}, idx, rows_t):
         return train_step(objective, optimizer, *carry, idx,
                           jax.random.fold_in(noise_key, t), mesh=mesh), None
 
     with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
-      return jax.lax.scan(step, carry, (indices, steps))[0]
+      return jax.lax.scan(step, carry, (indices, steps, rows))[0]
 
   return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
 
@@ -306,7 +311,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   # The data enter the segments as an argument (device arrays, and int32 handles of host
   # arrays); estimators' init reads this objective's data too.
   data_args, host_data = data_lib.split_host(objective.data_tree())
-  prefetch = data_lib.Prefetcher(host_data)
+  reader = data_lib.RowReader(host_data)
   if mesh is not None:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:
@@ -349,26 +354,40 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   as_history = lambda: History(*(np.asarray(columns[k], np.float64) for k in History._fields))
   wall = float(columns["wall_time"][-1]) if columns["wall_time"] else 0.0
   compile_seconds, step, segment = 0.0, start_step, 0
+
+  def blocks(at):
+    """The segment starting at step ``at``: its length and its blocks ``(start, steps)``
+    (one block, unless host data are read ahead block by block)."""
+    length = min(eval_every, num_steps - at)
+    cap = min(length, HOST_BLOCK_STEPS) if host_data else length
+    return length, [(s, min(cap, at + length - s)) for s in range(at, at + length, cap)]
+
+  def block_indices(start, steps):
+    return _slice_window(orders.window(start, steps), start, steps, objective.num_data,
+                         batch_size)
+
+  if host_data and step < num_steps:
+    reader.submit(block_indices(*blocks(step)[1][0]))
   while step < num_steps:
-    length = min(eval_every, num_steps - step)
-    if length not in compiled_by_length:
-      compiled_by_length[length], seconds = _compiled_segment(
-          objective, optimizer, batch_size, length,
-          ((params, opt_state), key, jnp.int32(step), data_args, orders.window(step, length)),
-          mesh, carry_shardings)
-      compile_seconds += seconds
-    compiled = compiled_by_length[length]
-    window = orders.window(step, length)
-    if host_data and step == start_step:
-      prefetch.ahead(_slice_window(window, step, length, objective.num_data, batch_size))
-    t0 = time.perf_counter()
-    params, opt_state = compiled((params, opt_state), key, jnp.int32(step), data_args, window)
-    if host_data and step + length < num_steps:  # the next segment's rows, while this runs
-      following = min(eval_every, num_steps - step - length)
-      prefetch.ahead(_slice_window(orders.window(step + length, following), step + length,
-                                   following, objective.num_data, batch_size))
-    jax.block_until_ready((params, opt_state))
-    wall += time.perf_counter() - t0
+    length, parts = blocks(step)
+    for k, (start, steps) in enumerate(parts):
+      window = orders.window(start, steps)
+      rows = reader.take() if host_data else {}
+      if steps not in compiled_by_length:
+        compiled_by_length[steps], seconds = _compiled_segment(
+            objective, optimizer, batch_size, steps,
+            ((params, opt_state), key, jnp.int32(start), data_args, window, rows),
+            mesh, carry_shardings)
+        compile_seconds += seconds
+      t0 = time.perf_counter()
+      params, opt_state = compiled_by_length[steps](
+          (params, opt_state), key, jnp.int32(start), data_args, window, rows)
+      following = (parts[k + 1] if k + 1 < len(parts) else
+                   blocks(step + length)[1][0] if step + length < num_steps else None)
+      if host_data and following is not None:  # the next block's rows, while this one runs
+        reader.submit(block_indices(*following))
+      jax.block_until_ready((params, opt_state))
+      wall += time.perf_counter() - t0
     step += length
     segment += 1
     value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),

@@ -82,13 +82,15 @@ def test_compiled_segment_holds_no_copy_of_the_data():
     segment = dsgrad.train._build_segment_fn(objective, optimizer, 50, 5)
     orders = dsgrad.train._EpochOrders(jax.random.key(1), n, 50).window(0, 5)
     lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args,
-                            orders)
+                            orders, {})
     sizes.append(len(lowered.as_text()))  # StableHLO: constants are printed in full
   # As constants, the features alone would print as 0.08 MB and 8 MB.
   assert sizes[1] < sizes[0] + 10_000, sizes
 
 
-def test_memory_mapped_data_train_like_device_data(tmp_path):
+def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
+  # Blocks of 7 steps read ahead: 3 blocks per 20-step segment, the last one shorter.
+  monkeypatch.setattr(dsgrad.train, "HOST_BLOCK_STEPS", 7)
   x, y = _problem(2, n=600, d=6)
   model = dsgrad.models.logistic_regression(x, y)
   objective = dsgrad.meanfield_gaussian(model)
@@ -108,17 +110,19 @@ def test_memory_mapped_data_train_like_device_data(tmp_path):
     np.testing.assert_allclose(host_run.history.elbo, device_run.history.elbo, rtol=1e-5)
 
 
-def test_prefetcher_reads_rows_of_memory_maps(tmp_path):
+def test_row_reader_reads_blocks_of_rows_on_a_thread(tmp_path):
   path = tmp_path / "a.npy"
-  np.save(path, np.arange(40, dtype=np.float32).reshape(20, 2))
+  full = np.arange(40, dtype=np.float32).reshape(20, 2)
+  np.save(path, full)
   host = data_lib.open_memmap(path)
-  np.testing.assert_array_equal(host.rows(np.array([[3, 1], [19, 3]])),
-                                np.arange(40, dtype=np.float32).reshape(20, 2)[[[3, 1], [19, 3]]])
-  prefetch = data_lib.Prefetcher({"a": host})
-  prefetch.ahead(np.array([[5, 2]]))
-  prefetch.wait()
+  reader = data_lib.RowReader({"a": host})
+  reader.submit(np.array([[3, 1], [19, 3]]))
+  np.testing.assert_array_equal(reader.take()["a"], full[[[3, 1], [19, 3]]])
+  reader.submit(np.array([[20]]))  # out of range: the thread's error reaches take()
   with pytest.raises(IndexError, match="outside"):
-    host.rows(np.array([20]))
+    reader.take()
+  with pytest.raises(RuntimeError, match="without a submitted block"):
+    reader.take()
 
 
 # ------------------------------------------------------------------ bad input
