@@ -7,6 +7,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import dsgrad
 from dsgrad import data as data_lib
@@ -38,7 +39,10 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
       runner (ahead of time, before round 0).
 
   The objective's data are an argument of the jitted runner (as in :func:`dsgrad.fit`),
-  not constants of the program.
+  not constants of the program. Host (memory-mapped) data: the batches' rows are read on
+  the host before the timed call and passed in, as :func:`dsgrad.fit`'s reader thread
+  does while the device computes; the host read is not in the step time (time it with
+  :func:`host_read_seconds`).
 
   Returns:
     ``({name: seconds per step}, {name: (table bytes, state bytes)})``.
@@ -51,14 +55,20 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   for name, opt in optimizers.items():
 
     def step(carry, xs, opt=opt):
-      with data_lib.batch_rows(refs, xs[0]):
-        return train_step(objective, opt, *carry, *xs), None
+      idx, key, rows = xs
+      with data_lib.batch_rows(refs, idx, rows):
+        return train_step(objective, opt, *carry, idx, key), None
 
     def run(carry, xs, data, step=step):
       with data_lib.bind(refs, data_lib.join_host(data, host)):
         return jax.lax.scan(step, carry, xs)[0]
 
     runners[name] = jax.jit(run, donate_argnums=0)
+
+  host_rows = {k: v.rows(np.asarray(batches)) for k, v in host.items()}
+
+  def rows_for(n_steps):
+    return {k: v[:n_steps] for k, v in host_rows.items()}
 
   times = {name: [] for name in optimizers}
   memory = {}
@@ -67,7 +77,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     order = names[round_ % len(names):] + names[:round_ % len(names)]
     for name in order:
       n_steps = steps_for(name) if steps_for else steps
-      xs = (batches[:n_steps], keys[:n_steps])
+      xs = (batches[:n_steps], keys[:n_steps], rows_for(n_steps))
       params = jax.tree.map(jnp.copy, params0)
       with objective.bound():
         state = optimizers[name].init(params)
@@ -87,3 +97,19 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
         print(f"  round {round_} {name:<32} {1e3 * elapsed:9.3f} ms/step", flush=True)
       del carry, params, state
   return {name: statistics.median(t) for name, t in times.items()}, memory
+
+
+def host_read_seconds(objective, batches, rounds: int = 3) -> float:
+  """Median seconds per step to read a block of batches' rows of the objective's host
+  (memory-mapped) arrays on the host, as :class:`dsgrad.data.RowReader` does; 0 if none."""
+  host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
+  if not host:
+    return 0.0
+  batches = np.asarray(batches)
+  times = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    for array in host.values():
+      array.rows(batches)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times) / batches.shape[0]

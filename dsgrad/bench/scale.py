@@ -147,23 +147,29 @@ def _median_seconds(fn, args, repeats):
 
 
 def _gather_seconds(objective, batch_size, steps, rounds=3):
-  """Seconds per step of reading the batch's rows alone (every data leaf at the batch
-  indices, summed so that it is not optimized away), in a jitted scan with the data as
-  arguments: a device gather, or for memory-mapped data the step's host callback."""
+  """``(in-step seconds, host seconds)`` per step of reading the batch's rows alone.
+
+  In-step: every data leaf at the batch indices, summed so that it is not optimized away,
+  in a jitted scan with the data as arguments, as the timed steps read them (a device
+  gather; memory-mapped rows arrive read, as ``fit`` passes them). Host: reading the
+  memory-mapped rows on the host (``fit``'s reader thread, overlapped with the steps)."""
   batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
   data_args, host = data_lib.split_host(objective.data_tree())
   refs = objective.data
+  rows = {k: v.rows(np.asarray(batches)) for k, v in host.items()}
 
-  def body(acc, idx):
-    with data_lib.batch_rows(refs, idx):
+  def body(acc, xs):
+    idx, rows_t = xs
+    with data_lib.batch_rows(refs, idx, rows_t):
       return acc + sum(jnp.sum(ref[idx]) for ref in refs.values()), None
 
   @jax.jit
-  def run(batches, data):
+  def run(batches, data, rows):
     with data_lib.bind(refs, data_lib.join_host(data, host)):
-      return jax.lax.scan(body, jnp.zeros(()), batches)[0]
+      return jax.lax.scan(body, jnp.zeros(()), (batches, rows))[0]
 
-  return _median_seconds(run, (batches, data_args), rounds) / steps
+  return (_median_seconds(run, (batches, data_args, rows), rounds) / steps,
+          _timing.host_read_seconds(objective, batches, rounds))
 
 
 def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, rounds=3,
@@ -183,16 +189,18 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
     compile_s = {}
     times, memory = _timing.time_per_step(objective, optimizers, params0, batch_size, steps,
                                           rounds=rounds, log=False, compile_seconds=compile_s)
-    gather = _gather_seconds(objective, batch_size, steps, rounds)
+    gather, host_read = _gather_seconds(objective, batch_size, steps, rounds)
     full = _full_pass_seconds(objective, params0)
     rss, peak = _memory()
     out[(n, storage)] = dict(times=times, compile=compile_s,
                              table={k: m[0] for k, m in memory.items()}, gather=gather,
+                             host_read=host_read,
                              full=full, rss=rss)
     for name in optimizers:
       print(f"  {name:<40} {1e3 * times[name]:8.3f} ms/step  compile {compile_s[name]:6.2f} s"
             f"  table {memory[name][0] / 2**20:8.1f} MiB", flush=True)
-    print(f"  {GATHER:<40} {1e3 * gather:8.3f} ms", flush=True)
+    print(f"  {GATHER:<40} {1e3 * gather:8.3f} ms; host read {1e3 * host_read:8.3f} ms",
+          flush=True)
     print(f"  {'one full pass':<40} {1e3 * full:8.3f} ms;  RSS {rss / 2**30:.2f} GiB",
           flush=True)
     del model, objective, optimizers
@@ -254,8 +262,10 @@ def format_table(out, config, figure=None, trained=None):
       f"included), mean-field Gaussian BBVI, B = {config['batch_size']}, Adam; "
       f"{config['steps']} steps per timed run inside one jitted `lax.scan` with the data as "
       f"arguments, median of {config['rounds']} interleaved rounds. \"(memmap)\": the "
-      "features are a float32 `.npy` memory-mapped from disk (`dsgrad.data.open_memmap`), "
-      "each step's rows gathered on the host by one callback; otherwise device arrays. "
+      "features are a float32 `.npy` memory-mapped from disk (`dsgrad.data.open_memmap`): "
+      "their rows are read on the host (the host-read row) and passed to the compiled "
+      "steps, as `dsgrad.fit` does on a thread one block of steps ahead; otherwise device "
+      "arrays. "
       "joint_svrg's refresh period is longer than the timed run (its refresh is the full "
       "pass row). Cells: ms per step, and in brackets step minus the gather row.",
       "",
@@ -270,8 +280,11 @@ def format_table(out, config, figure=None, trained=None):
     cells = [f"{ms(out[c]['times'][name])} ({ms(out[c]['times'][name] - out[c]['gather'])})"
              for c in cases]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  lines.append(f"| {GATHER} (every data leaf at the batch) | "
+  lines.append(f"| {GATHER} (every data leaf at the batch, inside the step) | "
                + " | ".join(ms(out[c]["gather"]) for c in cases) + " |")
+  lines.append("| host read of the rows (memmap; fit's reader thread, overlapped) | "
+               + " | ".join(ms(out[c]["host_read"]) if c[1] == "memmap" else "" for c in cases)
+               + " |")
   lines.append("| one full pass (SVRG refresh, an inc step) | "
                + " | ".join(ms(out[c]["full"]) for c in cases) + " |")
   lines.append("| compile, slowest estimator (s) | " + " | ".join(
