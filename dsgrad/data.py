@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["DataArray", "HostArray", "open_memmap", "RowReader", "bind", "batch_rows",
-           "is_bound", "is_host", "split_host", "join_host", "check_data", "jit"]
+           "is_bound", "is_host", "split_host", "join_host", "check_data", "jit",
+           "as_argument"]
 
 _STATE = threading.local()
 
@@ -427,3 +428,22 @@ def jit(refs: Mapping[str, DataArray] | None, fn):
     return compiled[which](data, *args)
 
   return call
+
+
+def as_argument(refs: Mapping[str, DataArray] | None, fn):
+  """``(wrapped, values)`` with ``wrapped(values, *args) == fn(*args)`` and ``fn``'s reads
+  of ``refs`` served by ``values``: jit ``wrapped`` (or lower and compile it) to have the
+  data as an argument of the compiled program instead of constants. ``values`` are the
+  arrays ``refs`` read now (host arrays as int32 handles)."""
+  refs = dict(refs or {})
+  current = {}
+  for key, ref in refs.items():
+    value = ref.value()
+    current[key] = value.host if isinstance(value, _BoundHost) else value
+  values, host = split_host(current)
+
+  def wrapped(data, *args):
+    with bind(refs, join_host(data, host)):
+      return fn(*args)
+
+  return wrapped, values

@@ -22,11 +22,13 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from dsgrad import data as data_lib
 from dsgrad._checks import _is_concrete
 from dsgrad.estimators._common import full_pass_mean
 from dsgrad.models.base import Model
@@ -89,7 +91,7 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
   def total(theta, idx):
     return jnp.sum(model.log_likelihood(theta, idx))
 
-  @jax.jit
+  @functools.partial(data_lib.jit, model.data)
   def sums(theta):
     def chunk_mean(idx):
       value, grad = jax.value_and_grad(total)(theta, idx)

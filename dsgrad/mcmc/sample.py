@@ -10,6 +10,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, NamedTuple
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad import data as data_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, _check_theta, taylor_proxy
@@ -61,7 +63,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   opt = optax.lbfgs()
   value_and_grad = optax.value_and_grad_from_state(loss)
 
-  @jax.jit
+  @functools.partial(data_lib.jit, model.data)
   def run(theta):
     def step(carry, _):
       theta, state = carry
@@ -156,12 +158,14 @@ class MCMCResult(NamedTuple):
   setup_evaluations: int
 
 
-def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
+def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data=None,
               progress: bool = True, position=lambda s: s.position, sign=None):
   """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
 
   Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
-  (tqdm when installed, else nothing) advances between chunks.
+  (tqdm when installed, else nothing) advances between chunks. ``data`` (a model's
+  ``model.data`` handles) makes the model's arrays an argument of the compiled chunks
+  instead of constants.
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
@@ -178,7 +182,9 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
       return state, (position(state), sign(state), info)
     return jax.lax.scan(body, state, keys)
 
-  runner = jax.jit(chunk)
+  # The model's data (``data``: its handles) are an argument of the compiled chunks.
+  wrapped, data_values = data_lib.as_argument(data, chunk)
+  runner = jax.jit(wrapped)
   compiled_by_size = {}  # the last chunk may be shorter: at most two programs
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
@@ -187,10 +193,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
     size = min(chunk_size, num_samples - done)
     batch = keys[done:done + size]
     if size not in compiled_by_size:
-      compiled_by_size[size] = runner.lower(state, batch).compile()
+      compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
     compiled = compiled_by_size[size]
     start = time.perf_counter()
-    state, out = compiled(state, batch)
+    state, out = compiled(data_values, state, batch)
     jax.block_until_ready(out)
     seconds += time.perf_counter() - start
     outputs.append(jax.tree.map(np.asarray, out))
@@ -327,7 +333,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   kernel = build_kernel(model, scheme)
   state = init(model, scheme, proxy, position, k_init)
 
-  @jax.jit
+  @functools.partial(data_lib.jit, model.data)
   def warm_window(state, adapt, proxy, params, keys):
     def body(carry, k):
       state, adapt = carry
@@ -387,6 +393,6 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
 
   samples, signs, info, state, seconds = run_chain(
       k_sample, lambda k, s: kernel(k, s, proxy, params), state, num_samples,
-      progress=progress)
+      progress=progress, data=model.data)
   return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
                     seconds, evaluations)
