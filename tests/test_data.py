@@ -189,11 +189,26 @@ def _model_objectives():
          for name, m in models.items()}
   glm = dsgrad.models.dropout_glm(x, y, 2)
   out["dropout_glm"] = (glm.objective(), glm.init_params(key, 0.1))
+  numpyro_objective = _numpyro_objective(x, y)
+  out["numpyro"] = (numpyro_objective, numpyro_objective.init_params(loc=0.1))
   return out
 
 
+def _numpyro_objective(x, y):
+  import numpyro
+  import numpyro.distributions as dist
+  from dsgrad.contrib import numpyro as bridge
+
+  def model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([x.shape[1]]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=10) as idx:
+      numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+  return bridge.objective(model, x=x, y=y)
+
+
 @pytest.mark.parametrize("name", ["logistic", "softmax", "bradley_terry", "movielens", "ppca",
-                                  "dropout_glm"])
+                                  "dropout_glm", "numpyro"])
 def test_every_model_reads_its_data_through_the_objective(name):
   """``with_data`` on the rows permuted: datum ``i`` of the new data is datum ``perm[i]``
   of the old, so the loss at indices ``idx`` equals the old loss at ``perm[idx]`` --

@@ -54,6 +54,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dsgrad import families
+from dsgrad.data import DataArray
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 
@@ -332,8 +333,24 @@ def to_model(model, *model_args, data_plate: str | None = None,
                               axis=1)
     return total
 
+  # The model's per-datum arrays (leading axis N) become data handles, so that compiled
+  # programs take them as arguments (dsgrad.data); the likelihood reads them through the
+  # handles and hands the current arrays to the NumPyro model.
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  handles = {}
+  for path, leaf in paths_leaves:
+    if isinstance(leaf, jax.Array) and leaf.ndim >= 1 and leaf.shape[0] == num_data:
+      name = _argument_label(path)
+      handles[name] = DataArray(leaf, name)
+
+  def current_arguments():
+    values = [handles[_argument_label(path)].value()
+              if _argument_label(path) in handles else leaf for path, leaf in paths_leaves]
+    return jax.tree.unflatten(treedef, values)
+
   def log_likelihood(z, indices):
-    return log_likelihood_given(model_args, model_kwargs, z, indices)
+    args, kwargs = current_arguments()
+    return log_likelihood_given(args, kwargs, z, indices)
 
   probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
   try:
@@ -349,9 +366,19 @@ def to_model(model, *model_args, data_plate: str | None = None,
   _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
                     num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
-                       getattr(model, "__name__", "numpyro_model"))
+                       getattr(model, "__name__", "numpyro_model"), data=handles or None)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
+
+
+def _argument_label(path) -> str:
+  """``x`` for keyword argument ``x``, ``arg0`` for the first positional one, and a key
+  path below them (``x['a']``): the data names of a NumPyro model's arrays."""
+  (group, first), rest = path[:2], path[2:]
+  del group
+  head = (f"arg{first.idx}" if isinstance(first, jax.tree_util.SequenceKey)
+          else str(getattr(first, "key", first)))
+  return head + jax.tree_util.keystr(tuple(rest))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -446,6 +473,6 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
   base = families.by_name(family, found.model.latent_dim).objective(
       found.model, shared_noise=shared_noise)
   return NumpyroObjective(base.loss_fn, base.noise_fn, base.num_data,
-                          shared_noise=base.shared_noise,
+                          shared_noise=base.shared_noise, data=base.data,
                           name=f"numpyro:{found.model.name}", numpyro_model=found,
                           family=family)
