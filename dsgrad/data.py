@@ -102,9 +102,11 @@ class HostArray:
 
 
 def _host_gather(handle, indices):
-  array = HostArray._registry.get(int(np.asarray(handle)))
+  # Under vmap the handle arrives with the indices' added axes; every entry is the same.
+  number = int(np.asarray(handle).reshape(-1)[0])
+  array = HostArray._registry.get(number)
   if array is None:
-    raise ValueError(f"host array handle {int(np.asarray(handle))} is no longer alive")
+    raise ValueError(f"host array handle {number} is no longer alive")
   return array.rows(indices)
 
 

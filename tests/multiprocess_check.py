@@ -51,6 +51,11 @@ def train(objective, model, mesh):
                         eval_every=STEPS // 2, elbo_samples=0, progress=False, mesh=mesh)
     for key, value in result.params.items():
       out[f"{name}/{key}"] = np.asarray(value)  # replicated: every process has it all
+    if mesh is not None and name == "joint_saga":  # the table is split by datum too
+      table = jax.tree.leaves(result.opt_state[0].table)
+      assert table and all(len(t.addressable_shards) == 1 and
+                           t.addressable_shards[0].data.shape[0] * jax.process_count() == N
+                           for t in table), [t.sharding for t in table]
   return out
 
 

@@ -99,10 +99,12 @@ def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
   np.save(path, x.astype(np.float32))
   host = data_lib.open_memmap(path, dtype=np.float32, shape=(None, 6))
   on_host = objective.with_data({"x": host, "signs": 2.0 * y - 1.0})
+  # inc's full pass every step and SVRG's refresh read the memory map in chunks.
   for make in (lambda o: optax.chain(dsgrad.naive(), optax.adam(1e-2)),
                lambda o: _joint_saga(o, model),
                lambda o: optax.chain(dsgrad.joint_svrg(o, dsgrad.approx.glm_mean_taylor(model),
-                                                       every=7), optax.adam(1e-2))):
+                                                       every=7), optax.adam(1e-2)),
+               lambda o: optax.chain(dsgrad.inc(o, chunk_size=128), optax.adam(1e-2))):
     device_run = _fit(objective, make(objective), params, steps=40)
     host_run = _fit(on_host, make(objective), params, steps=40)
     np.testing.assert_allclose(host_run.params["loc"], device_run.params["loc"],
