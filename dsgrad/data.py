@@ -391,6 +391,21 @@ class RowReader:
     return rows
 
 
+def _current_values(refs: Mapping[str, DataArray]):
+  """``(arguments, host arrays)`` for what ``refs`` read now: device values as they are,
+  host arrays as their int32 handles (bound handles stay traced)."""
+  data, host = {}, {}
+  for key, ref in refs.items():
+    value = ref.value()
+    if isinstance(value, HostArray):
+      host[key], data[key] = value, jnp.int32(value.handle)
+    elif isinstance(value, _BoundHost):
+      host[key], data[key] = value.host, value.handle
+    else:
+      data[key] = value
+  return data, host
+
+
 def jit(refs: Mapping[str, DataArray] | None, fn):
   """``jax.jit(fn)`` with the arrays behind ``refs`` passed as arguments.
 
@@ -412,15 +427,7 @@ def jit(refs: Mapping[str, DataArray] | None, fn):
   compiled = {}
 
   def call(*args):
-    data, host = {}, {}
-    for key, ref in refs.items():
-      value = ref.value()
-      if isinstance(value, HostArray):
-        host[key], data[key] = value, jnp.int32(value.handle)
-      elif isinstance(value, _BoundHost):
-        host[key], data[key] = value.host, value.handle
-      else:
-        data[key] = value
+    data, host = _current_values(refs)
     which = tuple(sorted(host))
     if which not in compiled:
       def inner(data, *args, _host=dict(host)):
@@ -438,11 +445,7 @@ def as_argument(refs: Mapping[str, DataArray] | None, fn):
   data as an argument of the compiled program instead of constants. ``values`` are the
   arrays ``refs`` read now (host arrays as int32 handles)."""
   refs = dict(refs or {})
-  current = {}
-  for key, ref in refs.items():
-    value = ref.value()
-    current[key] = value.host if isinstance(value, _BoundHost) else value
-  values, host = split_host(current)
+  values, host = _current_values(refs)
 
   def wrapped(data, *args):
     with bind(refs, join_host(data, host)):
