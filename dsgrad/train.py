@@ -162,7 +162,20 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
 
 HOST_BLOCK_STEPS = 1000
 """With data on the host (memory-mapped), :func:`fit` reads the rows of this many steps
-ahead on a thread while the device runs the previous steps."""
+ahead on a thread while the device runs the previous steps (fewer if a block's rows would
+exceed :data:`HOST_BLOCK_BYTES`)."""
+
+HOST_BLOCK_BYTES = 256 * 2**20
+"""The most bytes of rows one block of steps holds (two blocks are alive at a time)."""
+
+
+def host_block_steps(host_data: dict, batch_size: int) -> int:
+  """Steps per block of rows read ahead: :data:`HOST_BLOCK_STEPS`, fewer when a block's
+  rows (``steps * batch_size`` rows of every host array) would exceed
+  :data:`HOST_BLOCK_BYTES`; at least one."""
+  step_bytes = sum(batch_size * int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
+                   for a in host_data.values())
+  return int(max(1, min(HOST_BLOCK_STEPS, HOST_BLOCK_BYTES // max(step_bytes, 1))))
 
 _SEGMENTS: collections.OrderedDict = collections.OrderedDict()  # compiled segments, LRU
 
@@ -359,7 +372,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     """The segment starting at step ``at``: its length and its blocks ``(start, steps)``
     (one block, unless host data are read ahead block by block)."""
     length = min(eval_every, num_steps - at)
-    cap = min(length, HOST_BLOCK_STEPS) if host_data else length
+    cap = min(length, host_block_steps(host_data, batch_size)) if host_data else length
     return length, [(s, min(cap, at + length - s)) for s in range(at, at + length, cap)]
 
   def block_indices(start, steps):

@@ -230,3 +230,13 @@ def test_every_model_reads_its_data_through_the_objective(name):
     unpermuted = loss(params, idx, noise)
   np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
   assert not np.allclose(new, unpermuted), "the permuted data were not read"
+
+
+def test_host_blocks_hold_at_most_the_byte_budget(tmp_path, monkeypatch):
+  np.save(tmp_path / "x.npy", np.zeros((50, 30), np.float32))  # 120 bytes a row
+  host = {"x": data_lib.open_memmap(tmp_path / "x.npy")}
+  assert dsgrad.train.host_block_steps(host, 10) == dsgrad.train.HOST_BLOCK_STEPS
+  monkeypatch.setattr(dsgrad.train, "HOST_BLOCK_BYTES", 120 * 10 * 7 + 5)
+  assert dsgrad.train.host_block_steps(host, 10) == 7
+  monkeypatch.setattr(dsgrad.train, "HOST_BLOCK_BYTES", 10)
+  assert dsgrad.train.host_block_steps(host, 10) == 1
