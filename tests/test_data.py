@@ -1,5 +1,6 @@
 """Data as arguments of compiled programs (dsgrad.data, Objective.with_data; issue 20)."""
 
+import functools
 import os
 
 import jax
@@ -89,8 +90,9 @@ def test_compiled_segment_holds_no_copy_of_the_data():
 
 
 def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
-  # Blocks of 7 steps read ahead: 3 blocks per 20-step segment, the last one shorter.
-  monkeypatch.setattr(dsgrad.train, "HOST_BLOCK_STEPS", 7)
+  # Blocks of 10 steps read ahead: 2 blocks per 20-step segment, the next segment's first
+  # block read while the last one runs.
+  monkeypatch.setattr(dsgrad.train, "HOST_BLOCK_STEPS", 10)
   x, y = _problem(2, n=600, d=6)
   model = dsgrad.models.logistic_regression(x, y)
   objective = dsgrad.meanfield_gaussian(model)
@@ -173,6 +175,7 @@ def test_open_memmap_refuses_truncated_wrong_dtype_and_other_files(tmp_path):
     data_lib.HostArray(np.array(["a", "b"]))
 
 
+@functools.lru_cache(maxsize=1)
 def _model_objectives():
   key = jax.random.key(0)
   x, y = _problem(0, n=60, d=4)
