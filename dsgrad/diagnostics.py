@@ -16,7 +16,7 @@ import optax
 
 from dsgrad import _checks
 from dsgrad import data as dsgrad_data
-from dsgrad.estimators._common import tree_bytes
+from dsgrad.estimators._common import full_pass_mean, tree_bytes
 from dsgrad.objective import Objective, per_datum
 
 
@@ -128,27 +128,17 @@ _ELBO_RUNNERS: dict = {}
 def _elbo_runner(objective: Objective, num_samples: int, chunk_size: int):
   """The compiled ELBO estimate, shared by objectives of one structure: the data are its
   arguments (:func:`dsgrad.data.jit`), so :meth:`~dsgrad.Objective.with_data` copies reuse
-  it. Chunks run in a ``lax.scan`` (a program of constant size in ``N``)."""
+  it. Chunks run in the estimators' chunked pass (a program of constant size in ``N``)."""
   key = (objective.structure_key(), num_samples, chunk_size)
   if key in _ELBO_RUNNERS:
     return _ELBO_RUNNERS[key]
-  n = objective.num_data
-  chunk_size = min(chunk_size, n)
-  num_full, remainder = divmod(n, chunk_size)
-
-  def chunk_total(params, k, start, size):
-    idx = start + jnp.arange(size, dtype=jnp.int32)
-    k_chunk = k if objective.shared_noise else jax.random.fold_in(k, start)
-    noise = objective.sample_noise(k_chunk, size)
-    return jnp.sum(objective.loss(params, idx, noise, validate=False))
 
   def one(params, k):
-    starts = chunk_size * jnp.arange(num_full, dtype=jnp.int32)
-    total = jax.lax.scan(lambda t, s: (t + chunk_total(params, k, s, chunk_size), None),
-                         jnp.zeros((), jnp.float32), starts)[0]
-    if remainder:
-      total = total + chunk_total(params, k, jnp.int32(num_full * chunk_size), remainder)
-    return -total / n
+    def chunk_mean(idx):
+      k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
+      noise = objective.sample_noise(k_chunk, idx.shape[0])
+      return jnp.mean(objective.loss(params, idx, noise, validate=False))
+    return -full_pass_mean(chunk_mean, objective.num_data, chunk_size)
 
   def run(params, key):
     return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
