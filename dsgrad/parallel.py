@@ -131,16 +131,13 @@ def init_sharded(optimizer, params, mesh: Mesh, objective: Objective | None = No
     ``(params replicated on mesh, optimizer state with sharded tables)``.
   """
   params = jax.device_put(params, replicated(mesh))
-  refs = (objective.data or {}) if objective is not None else {}
-  values = objective.data_tree() if refs else {}
-  args, host = data_lib.split_host(values)
-
-  def init(params, data):
-    with data_lib.bind(refs, data_lib.join_host(data, host)):
-      return optimizer.init(params)
-
-  shardings = state_shardings(mesh, jax.eval_shape(init, params, args))
-  return params, jax.jit(init, out_shardings=shardings)(params, args)
+  if objective is None:
+    init, data = data_lib.as_argument(None, optimizer.init)
+  else:
+    with objective.bound():
+      init, data = data_lib.as_argument(objective.data, optimizer.init)
+  shardings = state_shardings(mesh, jax.eval_shape(init, data, params))
+  return params, jax.jit(init, out_shardings=shardings)(data, params)
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
