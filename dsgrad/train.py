@@ -112,23 +112,32 @@ def _permutation_fn(num_data: int, batch_size: int):
 class _EpochOrders:
   """The epoch permutations of a :func:`fit` run, each computed once on device and kept
   while segments need it (a permutation of N costs O(N log N): 9 s at N = 10^7 on two CPU
-  cores, which per segment would dominate the steps)."""
+  cores, which per segment would dominate the steps). The stacked window of the latest
+  epochs is kept too, placed with ``sharding`` when given (a mesh: every process holds
+  the same orders), so that the blocks of one window share one copy."""
 
-  def __init__(self, key, num_data: int, batch_size: int):
-    self.key, self.n, self.b = key, num_data, batch_size
+  def __init__(self, key, num_data: int, batch_size: int, sharding=None):
+    self.key, self.n, self.b, self.sharding = key, num_data, batch_size, sharding
     self.cache: dict = {}
+    self.stacked = (None, None)  # (epochs, their stacked permutations)
     self.one = _permutation_fn(num_data, batch_size)
 
   def window(self, start: int, length: int):
     """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
     first = start // (self.n // self.b)
     wanted = range(first, first + _window_epochs(length, self.n, self.b))
+    if self.stacked[0] == wanted:
+      return self.stacked[1]
     for epoch in wanted:
       if epoch not in self.cache:
         self.cache[epoch] = self.one(self.key, jnp.int32(epoch))
     for epoch in [e for e in self.cache if e < first]:
       del self.cache[epoch]
-    return jnp.stack([self.cache[e] for e in wanted])
+    stacked = jnp.stack([self.cache[e] for e in wanted])
+    if self.sharding is not None:
+      stacked = jax.device_put(np.asarray(stacked), self.sharding)
+    self.stacked = (wanted, stacked)
+    return stacked
 
 
 def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
@@ -349,11 +358,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     opt_state = jax.tree.map(jnp.copy, opt_state)
   compiled_by_length = {}  # one executable per segment length (at most two)
   key, eval_key = jax.random.split(key)
-  orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size)
-  if mesh is not None:  # every process holds the same orders: replicate them on the mesh
-    local_window = orders.window
-    orders.window = lambda s, n: jax.device_put(np.asarray(local_window(s, n)),
-                                                parallel.replicated(mesh))
+  orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size,
+                        None if mesh is None else parallel.replicated(mesh))
 
   bar = _progress(progress, num_steps - start_step)
   # The history as lists, one per field, continuing a resumed run's history if given.
