@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DataArray", "HostArray", "open_memmap", "RowReader", "bind", "batch_rows",
-           "is_bound", "is_host", "split_host", "join_host", "check_data", "jit",
-           "as_argument"]
+__all__ = ["DataArray", "HostArray", "open_memmap", "read_rows", "RowReader", "bind",
+           "batch_rows", "is_bound", "is_host", "split_host", "join_host", "check_data",
+           "jit", "as_argument"]
 
 _STATE = threading.local()
 
@@ -219,9 +219,10 @@ def batch_rows(refs: Mapping[str, DataArray], indices, rows: Mapping[str, Any] |
     return
   views = {}
   for key, value in host.items():
-    value = value if isinstance(value, _BoundHost) else _BoundHost(value, value.handle)
-    read = rows[key] if key in rows else _BoundHost(value.host, value.handle).gather(indices)
-    views[key] = _BoundHost(value.host, value.handle, (indices, read))
+    array, handle = (value.host, value.handle) if isinstance(value, _BoundHost) else (
+        value, value.handle)
+    read = rows[key] if key in rows else _BoundHost(array, handle).gather(indices)
+    views[key] = _BoundHost(array, handle, (indices, read))
   with bind({k: refs[k] for k in views}, views):
     yield
 
@@ -344,6 +345,12 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
   return HostArray(array, name)
 
 
+def read_rows(host_arrays: Mapping[str, HostArray], indices) -> dict:
+  """``{name: rows}`` of every host array at ``indices`` (any shape), read on the host."""
+  idx = np.asarray(indices)
+  return {k: a.rows(idx) for k, a in host_arrays.items()}
+
+
 class RowReader:
   """Reads blocks of future batches' rows of host arrays on a background thread.
 
@@ -366,7 +373,7 @@ class RowReader:
 
     def read():
       try:
-        self._result = {k: a.rows(idx) for k, a in self.arrays.items()}
+        self._result = read_rows(self.arrays, idx)
       except BaseException as error:  # re-raised by take()
         self._error = error
 

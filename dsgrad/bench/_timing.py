@@ -7,7 +7,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import dsgrad
 from dsgrad import data as data_lib
@@ -65,7 +64,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
 
     runners[name] = jax.jit(run, donate_argnums=0)
 
-  host_rows = {k: v.rows(np.asarray(batches)) for k, v in host.items()}
+  host_rows = data_lib.read_rows(host, batches)
 
   def rows_for(n_steps):
     return {k: v[:n_steps] for k, v in host_rows.items()}
@@ -102,14 +101,12 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
 def host_read_seconds(objective, batches, rounds: int = 3) -> float:
   """Median seconds per step to read a block of batches' rows of the objective's host
   (memory-mapped) arrays on the host, as :class:`dsgrad.data.RowReader` does; 0 if none."""
-  host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
+  _, host = data_lib.split_host(objective.data_tree())
   if not host:
     return 0.0
-  batches = np.asarray(batches)
   times = []
   for _ in range(rounds):
     start = time.perf_counter()
-    for array in host.values():
-      array.rows(batches)
+    data_lib.read_rows(host, batches)
     times.append(time.perf_counter() - start)
-  return statistics.median(times) / batches.shape[0]
+  return statistics.median(times) / len(batches)

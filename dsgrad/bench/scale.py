@@ -156,7 +156,7 @@ def _gather_seconds(objective, batch_size, steps, rounds=3):
   batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
   data_args, host = data_lib.split_host(objective.data_tree())
   refs = objective.data
-  rows = {k: v.rows(np.asarray(batches)) for k, v in host.items()}
+  rows = data_lib.read_rows(host, batches)
 
   def body(acc, xs):
     idx, rows_t = xs
