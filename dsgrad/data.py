@@ -12,8 +12,8 @@ diagnostics use while tracing) the same handle reads the value bound to it: a ji
   (:meth:`dsgrad.Objective.with_data`);
 * a handle may hold a :class:`HostArray` (e.g. a memory-mapped ``.npy`` file larger than
   memory). :func:`dsgrad.fit` then reads each block of steps' rows on the host, on a
-  thread (:class:`RowReader`) while the device runs the previous block, and passes them
-  to the compiled steps as an argument; any other read (a full pass, an SVRG refresh,
+  thread (:class:`RowReader`), and copies them to the device, while the device runs the
+  previous block, and passes them to the compiled steps as an argument; any other read (a full pass, an SVRG refresh,
   the ELBO) gathers the rows it asks for, in chunks, by a host callback.
 
 Why a handle and not ``loss_fn(params, data, indices, noise)``: every estimator,
@@ -355,14 +355,23 @@ class RowReader:
   """Reads blocks of future batches' rows of host arrays on a background thread.
 
   ``submit(indices)`` starts reading the rows of an ``(S, B)`` block of batch indices for
-  every host array; ``take()`` waits for them and returns ``{name: (S, B, ...) array}``.
-  :func:`dsgrad.fit` submits block ``t + 1`` before it runs block ``t`` on the device, so
-  the disk and host reads of the next steps overlap the current steps' computation, and
-  the compiled steps receive their rows as an argument (no host callback in a step).
+  every host array and copying them to the device; ``take()`` waits for them and returns
+  ``{name: (S, B, ...) jax.Array}``. :func:`dsgrad.fit` submits block ``t + 1`` before it
+  runs block ``t`` on the device, so the disk and host reads *and the host-to-device copy*
+  of the next steps overlap the current steps' computation, and the compiled steps
+  receive their rows as an argument (no host callback in a step, and no copy on the
+  dispatching thread, where passing NumPy rows to the compiled call would copy them;
+  ``python -m dsgrad.bench scale steps`` measures a step with its rows on the device).
+
+  Args:
+    host_arrays: ``{name: HostArray}``.
+    placement: where the rows go (a device or a sharding, as for ``jax.device_put``);
+      default the default device.
   """
 
-  def __init__(self, host_arrays: Mapping[str, HostArray]):
+  def __init__(self, host_arrays: Mapping[str, HostArray], placement=None):
     self.arrays = dict(host_arrays)
+    self.placement = placement
     self._thread = None
     self._result = None
     self._error = None
@@ -373,7 +382,8 @@ class RowReader:
 
     def read():
       try:
-        self._result = read_rows(self.arrays, idx)
+        self._result = jax.block_until_ready(
+            jax.device_put(read_rows(self.arrays, idx), self.placement))
       except BaseException as error:  # re-raised by take()
         self._error = error
 

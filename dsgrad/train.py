@@ -333,7 +333,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   # The data enter the segments as an argument (device arrays, and int32 handles of host
   # arrays); estimators' init reads this objective's data too.
   data_args, host_data = data_lib.split_host(objective.data_tree())
-  reader = data_lib.RowReader(host_data)
+  reader = data_lib.RowReader(host_data,
+                              None if mesh is None else parallel.replicated(mesh))
   if mesh is not None:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:

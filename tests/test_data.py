@@ -119,9 +119,13 @@ def test_row_reader_reads_blocks_of_rows_on_a_thread(tmp_path):
   full = np.arange(40, dtype=np.float32).reshape(20, 2)
   np.save(path, full)
   host = data_lib.open_memmap(path)
-  reader = data_lib.RowReader({"a": host})
+  device = jax.devices()[-1]
+  reader = data_lib.RowReader({"a": host}, placement=device)
   reader.submit(np.array([[3, 1], [19, 3]]))
-  np.testing.assert_array_equal(reader.take()["a"], full[[[3, 1], [19, 3]]])
+  rows = reader.take()["a"]
+  # Copied to the device on the thread: the compiled call gets a device array, not NumPy.
+  assert isinstance(rows, jax.Array) and rows.devices() == {device}
+  np.testing.assert_array_equal(rows, full[[[3, 1], [19, 3]]])
   reader.submit(np.array([[20]]))  # out of range: the thread's error reaches take()
   with pytest.raises(IndexError, match="outside"):
     reader.take()

@@ -64,7 +64,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
 
     runners[name] = jax.jit(run, donate_argnums=0)
 
-  host_rows = data_lib.read_rows(host, batches)
+  host_rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
 
   def rows_for(n_steps):
     return {k: v[:n_steps] for k, v in host_rows.items()}

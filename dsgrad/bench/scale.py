@@ -156,7 +156,7 @@ def _gather_seconds(objective, batch_size, steps, rounds=3):
   batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
   data_args, host = data_lib.split_host(objective.data_tree())
   refs = objective.data
-  rows = data_lib.read_rows(host, batches)
+  rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
 
   def body(acc, xs):
     idx, rows_t = xs
