@@ -16,7 +16,7 @@ from dsgrad.train import train_step
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
                   rounds: int = 3, steps_for=None, log: bool = True,
-                  compile_seconds: dict | None = None):
+                  compile_seconds: dict | None = None, index_range: int | None = None):
   """Median seconds per step of each optimizer, and its state memory.
 
   A step is the naive mini-batch gradient, the optimizer (estimator and update rule)
@@ -36,6 +36,8 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     log: print each round's figure.
     compile_seconds: if given, filled with ``{name: seconds}`` to trace and compile each
       runner (ahead of time, before round 0).
+    index_range: draw the batches from the first ``index_range`` data only (default all):
+      the same program on the same arrays, with rows that stay in cache.
 
   The objective's data are an argument of the jitted runner (as in :func:`dsgrad.fit`),
   not constants of the program. Host (memory-mapped) data: the batches' rows are read on
@@ -47,7 +49,8 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     ``({name: seconds per step}, {name: (table bytes, state bytes)})``.
   """
   keys = jax.random.split(jax.random.key(1), steps)
-  batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
+  batches = epoch_batches(jax.random.key(2), index_range or objective.num_data, batch_size,
+                          steps)
   data_args, host = data_lib.split_host(objective.data_tree())
   refs = objective.data or {}
   runners = {}

@@ -146,14 +146,16 @@ def _median_seconds(fn, args, repeats):
   return float(np.median(times))
 
 
-def _gather_seconds(objective, batch_size, steps, rounds=3):
+def _gather_seconds(objective, batch_size, steps, rounds=3, index_range=None):
   """``(in-step seconds, host seconds)`` per step of reading the batch's rows alone.
 
   In-step: every data leaf at the batch indices, summed so that it is not optimized away,
   in a jitted scan with the data as arguments, as the timed steps read them (a device
   gather; memory-mapped rows arrive read, as ``fit`` passes them). Host: reading the
-  memory-mapped rows on the host (``fit``'s reader thread, overlapped with the steps)."""
-  batches = epoch_batches(jax.random.key(2), objective.num_data, batch_size, steps)
+  memory-mapped rows on the host (``fit``'s reader thread, overlapped with the steps).
+  ``index_range``: batches from the first ``index_range`` data only."""
+  batches = epoch_batches(jax.random.key(2), index_range or objective.num_data, batch_size,
+                          steps)
   data_args, host = data_lib.split_host(objective.data_tree())
   refs = objective.data
   rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
@@ -207,6 +209,37 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
   return out
 
 
+def residual_controls(small, large, num_features=100, batch_size=100, steps=4000,
+                      rounds=7):
+  """What makes a step minus the gather alone grow from ``small`` to ``large`` data.
+
+  The estimators of the criterion, on device arrays, timed as in :func:`run` in three
+  cases: ``small`` data; ``large`` data with batches over all of them (as in the main
+  table); and ``large`` data with every batch drawn from their first ``small`` rows --
+  the same compiled program on the same arrays, but rows (and table entries) that stay in
+  cache. If the third case costs what the first does, nothing in a step grows with N but
+  the reading of random rows.
+
+  Returns:
+    ``{case: {"times": {estimator: s per step}, "gather": s per step}}`` and
+    ``"cores"``: the CPU cores this process may use (XLA sizes its threads by it).
+  """
+  out = {"cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+  for case, n, index_range in (("small", small, None), ("large", large, None),
+                               ("large, first rows", large, small)):
+    model, objective = _problem(n, num_features)
+    params0 = dsgrad.meanfield_init(model, 0.0, -2.0)
+    optimizers = {name: optax.chain(est, optax.adam(1e-3))
+                  for name, est in _estimators(objective, model, 10 * (steps + 1)).items()
+                  if name in FLAT}
+    times, _ = _timing.time_per_step(objective, optimizers, params0, batch_size, steps,
+                                     rounds=rounds, log=False, index_range=index_range)
+    gather, _ = _gather_seconds(objective, batch_size, steps, rounds, index_range)
+    out[case] = dict(times=times, gather=gather)
+    del model, objective, optimizers
+  return out
+
+
 def train_memmap(n, num_features, batch_size, steps, folder, lr=1e-3):
   """Trains joint SAGA (compact logit table, probit approximation) with :func:`dsgrad.fit`
   on the memory-mapped data set; returns a dict of what it measured."""
@@ -231,14 +264,17 @@ def train_memmap(n, num_features, batch_size, steps, folder, lr=1e-3):
               file_bytes=os.path.getsize(objective.data_tree()["x"].array.filename))
 
 
-def _train_in_fresh_process(n, num_features, batch_size, steps, folder):
-  """:func:`train_memmap` in a child process, so that its peak memory is its own."""
+def _in_fresh_process(call: str, one_core: bool = False):
+  """``call`` (an expression on this module, e.g. ``"train_memmap(...)"``) evaluated in a
+  child process, so that its peak memory is its own; with ``one_core`` the child may run
+  on one CPU core only, set before JAX starts (XLA then uses no intra-op threads)."""
   import json
   import subprocess
   import sys
-  code = ("import json, sys; from dsgrad.bench import scale; "
-          f"print('RESULT' + json.dumps(scale.train_memmap({n}, {num_features}, {batch_size}, "
-          f"{steps}, {folder!r})))")
+  pin = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+         if one_core else "")
+  code = (f"{pin}import json; from dsgrad.bench import scale; "
+          f"print('RESULT' + json.dumps(scale.{call}))")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         check=True)
   line = [l for l in done.stdout.splitlines() if l.startswith("RESULT")][-1]
@@ -339,6 +375,31 @@ def format_table(out, config, figure=None, trained=None):
   return "\n".join(lines)
 
 
+def format_controls(controls, small, large, steps, rounds):
+  """The table of :func:`residual_controls`, one block of rows per process."""
+  us = lambda v: f"{1e6 * v:.2f}"  # noqa: E731
+  lines = [f"Where a step minus the gather alone grows: the criterion's estimators on "
+           f"device arrays, N = {small:,} and N = {large:,}, {steps} steps per run, median "
+           f"of {rounds} interleaved rounds, each process fresh; \"first rows\": N = "
+           f"{large:,} arrays, every batch drawn from their first {small:,} rows (the same "
+           "compiled program, rows that stay in cache). Cells: us per step, in brackets "
+           "step minus the gather alone.", "",
+           f"| estimator | cores | N = {small:,} | N = {large:,} | (step - gather) ratio | "
+           f"N = {large:,}, first rows | step ratio, first rows / N = {small:,} |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for label, c in controls:
+    lo, hi, first = c["small"], c["large"], c["large, first rows"]
+    for name in lo["times"]:
+      cell = lambda case: (f"{us(case['times'][name])} "  # noqa: E731
+                           f"({us(case['times'][name] - case['gather'])})")
+      ratio = ((hi["times"][name] - hi["gather"]) / (lo["times"][name] - lo["gather"]))
+      lines.append(f"| {name} | {label} | {cell(lo)} | {cell(hi)} | {ratio:.2f}x | "
+                   f"{cell(first)} | {first['times'][name] / lo['times'][name]:.2f}x |")
+    lines.append(f"| {GATHER} | {label} | {us(lo['gather'])} | {us(hi['gather'])} | | "
+                 f"{us(first['gather'])} | {first['gather'] / lo['gather']:.2f}x |")
+  return "\n".join(lines)
+
+
 def _figure(out, path):
   import matplotlib
   matplotlib.use("Agg")
@@ -405,7 +466,10 @@ def main_steps(argv=None):
                       help="D, the intercept included")
   parser.add_argument("--batch-size", type=int, default=100)
   parser.add_argument("--steps", type=int, default=2000, help="steps per timed run")
-  parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median)")
+  parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median)")
+  parser.add_argument("--control-steps", type=int, default=4000,
+                      help="steps per run of the residual controls (0: skip them)")
+  parser.add_argument("--control-rounds", type=int, default=7)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   parse = lambda text: [int(float(v)) for v in text.split(",") if v.strip()]  # noqa: E731
@@ -418,9 +482,20 @@ def main_steps(argv=None):
             args.memmap_folder)
   trained = None
   if memmap_sizes and args.train_steps:
-    trained = _train_in_fresh_process(max(memmap_sizes), args.num_features,
-                                      args.batch_size, args.train_steps, args.memmap_folder)
+    trained = _in_fresh_process(
+        f"train_memmap({max(memmap_sizes)}, {args.num_features}, {args.batch_size}, "
+        f"{args.train_steps}, {args.memmap_folder!r})")
     print(trained, flush=True)
+  controls = None
+  if len(sizes) >= 2 and args.control_steps:
+    call = (f"residual_controls({min(sizes)}, {max(sizes)}, {args.num_features}, "
+            f"{args.batch_size}, {args.control_steps}, {args.control_rounds})")
+    controls = []
+    for one_core in (False, True):
+      result = _in_fresh_process(call, one_core=one_core)
+      label = (f"{result['cores']} (pinned)" if one_core else str(result["cores"]))
+      controls.append((label, result))
+      print(label, result, flush=True)
   figure = None
   if not args.no_write:
     name = f"figures/scale_steps_{jax.default_backend()}.png"
@@ -430,6 +505,9 @@ def main_steps(argv=None):
     except ImportError:
       pass
   table = format_table(out, config, figure, trained)
+  if controls:
+    table += "\n\n" + format_controls(controls, min(sizes), max(sizes), args.control_steps,
+                                       args.control_rounds)
   print(table)
   _report.publish(f"scale-steps-{jax.default_backend()}", table, not args.no_write)
   return 0
