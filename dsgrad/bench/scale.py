@@ -209,6 +209,23 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
   return out
 
 
+def _split_gathers(objective, batch_size) -> int:
+  """How many of a batch's row gathers XLA's CPU compiler splits across threads (its
+  ``outer_dimension_partitions``; its cost model counts the whole gathered-from array,
+  so a gather of 100 rows from an array over 512 KiB is split): 0 elsewhere."""
+  refs = objective.data
+  data_args, host = data_lib.split_host(objective.data_tree())
+
+  def gather(idx, data):
+    with data_lib.bind(refs, data_lib.join_host(data, host)):
+      return [ref[idx] for ref in refs.values()]
+
+  idx = jnp.arange(batch_size, dtype=jnp.int32)
+  text = jax.jit(gather).lower(idx, data_args).compile().as_text()
+  return sum("outer_dimension_partitions" in line for line in text.splitlines()
+             if "gather" in line and "fusion(" in line)
+
+
 def residual_controls(small, large, num_features=100, batch_size=100, steps=4000,
                       rounds=7):
   """What makes a step minus the gather alone grow from ``small`` to ``large`` data.
@@ -221,7 +238,8 @@ def residual_controls(small, large, num_features=100, batch_size=100, steps=4000
   the reading of random rows.
 
   Returns:
-    ``{case: {"times": {estimator: s per step}, "gather": s per step}}`` and
+    ``{case: {"times": {estimator: s per step}, "gather": s per step, "split": gathers
+    split across threads}}`` and
     ``"cores"``: the CPU cores this process may use (XLA sizes its threads by it).
   """
   out = {"cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
@@ -235,7 +253,8 @@ def residual_controls(small, large, num_features=100, batch_size=100, steps=4000
     times, _ = _timing.time_per_step(objective, optimizers, params0, batch_size, steps,
                                      rounds=rounds, log=False, index_range=index_range)
     gather, _ = _gather_seconds(objective, batch_size, steps, rounds, index_range)
-    out[case] = dict(times=times, gather=gather)
+    out[case] = dict(times=times, gather=gather, split=_split_gathers(objective, batch_size),
+                     leaves=len(objective.data))
     del model, objective, optimizers
   return out
 
@@ -397,6 +416,9 @@ def format_controls(controls, small, large, steps, rounds):
                    f"{cell(first)} | {first['times'][name] / lo['times'][name]:.2f}x |")
     lines.append(f"| {GATHER} | {label} | {us(lo['gather'])} | {us(hi['gather'])} | | "
                  f"{us(first['gather'])} | {first['gather'] / lo['gather']:.2f}x |")
+    lines.append(f"| data leaves whose row gather XLA splits across threads (of "
+                 f"{lo['leaves']}) | {label} | {lo['split']} | {hi['split']} | | "
+                 f"{first['split']} | |")
   return "\n".join(lines)
 
 
