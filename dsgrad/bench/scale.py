@@ -4,8 +4,9 @@ memory-mapped from disk: the estimators' steps must not grow with N.
 Mean-field Gaussian BBVI for binary logistic regression on synthetic data with D features,
 batch B, Adam. The data are arguments of the compiled programs (:mod:`dsgrad.data`), either
 device arrays or, for the ``--memmap-sizes``, a ``.npy`` feature matrix memory-mapped
-from disk whose rows each step gathers on the host (one callback per step, the next
-segment's rows read ahead by a thread). Every estimator is timed as in ``step-cost`` (a
+from disk whose rows are read on the host and handed to the steps on the device (in
+``fit``, a block of steps ahead, by a thread; here before the timed run, and the host read
+is timed alone, from the page cache and from disk). Every estimator is timed as in ``step-cost`` (a
 jitted ``lax.scan`` over steps with the state donated, interleaved rounds, median);
 compile time is measured per runner. joint_svrg runs with a refresh period longer than the
 timed window, so its figure is the cost of a step between refreshes; the refresh itself is
@@ -30,6 +31,7 @@ import optax
 
 import dsgrad
 from dsgrad import data as data_lib
+from dsgrad import train as train_lib
 from dsgrad.bench import _report, _timing
 from dsgrad.diagnostics import epoch_batches
 from dsgrad.estimators import _common
@@ -209,6 +211,25 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
   return out
 
 
+def cold_read_seconds(n, num_features, batch_size, steps, folder, seed=3):
+  """Seconds per step to read one block of ``steps`` batches' rows of the memory-mapped
+  features after asking the kernel to drop the file's cached pages
+  (``posix_fadvise(DONTNEED)``): reads from disk, as when the data do not fit in memory.
+  Run it in a process that has not read the file; ``None`` where unsupported."""
+  if not hasattr(os, "posix_fadvise"):
+    return None
+  host, _ = memmap_logistic_data(folder, n, num_features)
+  fd = os.open(host.array.filename, os.O_RDONLY)
+  try:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+  finally:
+    os.close(fd)
+  batches = np.asarray(epoch_batches(jax.random.key(seed), n, batch_size, steps))
+  start = time.perf_counter()
+  data_lib.read_rows({"x": host}, batches)
+  return (time.perf_counter() - start) / steps
+
+
 def _split_gathers(objective, batch_size) -> int:
   """How many of a batch's row gathers XLA's CPU compiler splits across threads (its
   ``outer_dimension_partitions``; its cost model counts the whole gathered-from array,
@@ -305,7 +326,7 @@ def _label(case):
   return f"N = {n:,}" + (" (memmap)" if storage == "memmap" else "")
 
 
-def format_table(out, config, figure=None, trained=None):
+def format_table(out, config, figure=None, trained=None, cold=None):
   cases = list(out)
   names = list(out[cases[0]]["times"])
   ms = lambda v: f"{1e3 * v:.3f}"  # noqa: E731
@@ -340,6 +361,10 @@ def format_table(out, config, figure=None, trained=None):
   lines.append("| host read of the rows (memmap; fit's reader thread, overlapped) | "
                + " | ".join(ms(out[c]["host_read"]) if c[1] == "memmap" else "" for c in cases)
                + " |")
+  if cold:
+    lines.append("| host read from disk (the file's cached pages dropped first; one "
+                 "block of fit's 1,000 steps, fresh process) | " + " | ".join(
+                     ms(cold[c]) if c in cold else "" for c in cases) + " |")
   lines.append("| one full pass (SVRG refresh, an inc step) | "
                + " | ".join(ms(out[c]["full"]) for c in cases) + " |")
   lines.append("| compile, slowest estimator (s) | " + " | ".join(
@@ -500,6 +525,16 @@ def main_steps(argv=None):
     os.makedirs(args.memmap_folder, exist_ok=True)
   config = dict(num_features=args.num_features, batch_size=args.batch_size, steps=args.steps,
                 rounds=args.rounds, argv=" ".join(argv))
+  cold = {}
+  if memmap_sizes:  # first, before this process maps the file and the reads cache it
+    n = max(memmap_sizes)
+    memmap_logistic_data(args.memmap_folder, n, args.num_features)  # written if missing
+    seconds = _in_fresh_process(
+        f"cold_read_seconds({n}, {args.num_features}, {args.batch_size}, "
+        f"{train_lib.HOST_BLOCK_STEPS}, {args.memmap_folder!r})")
+    if seconds is not None:
+      cold[(n, "memmap")] = seconds
+      print(f"host read from disk, N = {n:,}: {1e3 * seconds:.3f} ms per step", flush=True)
   out = run(sizes, memmap_sizes, args.num_features, args.batch_size, args.steps, args.rounds,
             args.memmap_folder)
   trained = None
@@ -526,7 +561,7 @@ def main_steps(argv=None):
       figure = name
     except ImportError:
       pass
-  table = format_table(out, config, figure, trained)
+  table = format_table(out, config, figure, trained, cold)
   if controls:
     table += "\n\n" + format_controls(controls, min(sizes), max(sizes), args.control_steps,
                                        args.control_rounds)
