@@ -95,12 +95,25 @@ class HostArray:
     Read in that order: sorting a block's indices first (for sequential reads) did not
     make reads from disk faster on the machine of ``docs/benchmarks.md`` and made reads
     of cached pages about three times slower (the sort, and putting the rows back in
-    order)."""
+    order). The result is aligned to 64 bytes, so that ``jax.device_put`` on a CPU
+    device can use it in place instead of copying it."""
     idx = np.asarray(indices).astype(np.int64, copy=False)
     flat = idx.reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
       raise IndexError(f"{self.name}: indices outside [0, {self.shape[0]})")
-    return np.take(self.array, flat, axis=0).reshape(idx.shape + self.shape[1:])
+    out = _aligned_empty((flat.size,) + self.shape[1:], self.dtype)
+    # mode="clip" (the indices are checked above): "raise" would read through a buffer.
+    np.take(self.array, flat, axis=0, out=out, mode="clip")
+    return out.reshape(idx.shape + self.shape[1:])
+
+
+def _aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
+  """An uninitialized C-contiguous array whose data start at a multiple of ``alignment``
+  bytes (NumPy's own large allocations are 16-byte aligned)."""
+  size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+  raw = np.empty(size + alignment, np.uint8)
+  start = -raw.ctypes.data % alignment
+  return raw[start:start + size].view(dtype).reshape(shape)
 
 
 def _host_gather(handle, indices):

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 
 from dsgrad import _checks
+from dsgrad import _permutation
 from dsgrad import data as dsgrad_data
 from dsgrad.estimators._common import full_pass_mean, tree_bytes
 from dsgrad.objective import Objective, per_datum
@@ -43,7 +44,7 @@ def sample_batch(key, objective: Objective, batch_size: int, replace: bool = Tru
   if replace:
     indices = jax.random.randint(k_idx, (batch_size,), 0, objective.num_data)
   else:
-    indices = jax.random.permutation(k_idx, objective.num_data)[:batch_size]
+    indices = _permutation.permutation(k_idx, objective.num_data)[:batch_size]
   return indices.astype(jnp.int32), objective.sample_noise(k_noise, batch_size)
 
 
@@ -162,7 +163,7 @@ def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):
   _checks.check_batch_size(batch_size, num_data)
   per_epoch = num_data // batch_size
   epochs = -(-num_steps // per_epoch)
-  perms = jax.vmap(lambda k: jax.random.permutation(k, num_data)[:per_epoch * batch_size])(
+  perms = jax.vmap(lambda k: _permutation.permutation(k, num_data)[:per_epoch * batch_size])(
       jax.random.split(key, epochs))
   return perms.reshape(-1, batch_size)[:num_steps].astype(jnp.int32)
 

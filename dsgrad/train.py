@@ -29,6 +29,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from dsgrad import _checks
+from dsgrad import _permutation
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad import diagnostics
@@ -72,8 +73,9 @@ class FitResult(NamedTuple):
 def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
   """Indices of batches ``start, ..., start + num_steps - 1`` of reshuffled epochs.
 
-  Epoch ``e`` is the permutation ``jax.random.permutation(fold_in(key, e), N)`` cut into
-  ``N // B`` batches (the remainder is dropped, as in the paper). Jittable in ``start``.
+  Epoch ``e`` is the permutation :func:`epoch_permutation` draws from ``fold_in(key, e)``,
+  cut into ``N // B`` batches (the remainder is dropped, as in the paper). Jittable in
+  ``start``.
 
   Returns:
     ``(num_steps, batch_size)`` int32 array.
@@ -87,9 +89,14 @@ def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
 
 
 def epoch_permutation(key, epoch, num_data: int, batch_size: int):
-  """Epoch ``epoch``'s data order, ``(N // B * B,)`` int32 (the remainder dropped)."""
-  perm = jax.random.permutation(jax.random.fold_in(key, epoch), num_data)
-  return perm[:(num_data // batch_size) * batch_size].astype(jnp.int32)
+  """Epoch ``epoch``'s data order, ``(N // B * B,)`` int32 (the remainder dropped).
+
+  A uniformly shuffled order from one sort of distinct random integers
+  (:mod:`dsgrad._permutation`), not ``jax.random.permutation``, whose sort of pairs on a
+  CPU costs more than an epoch of cheap steps at large ``N``. (dsgrad before this change
+  used ``jax.random.permutation``: the same key gives other batches than it did then.)"""
+  perm = _permutation.permutation(jax.random.fold_in(key, epoch), num_data)
+  return perm[:(num_data // batch_size) * batch_size]
 
 
 def _window_epochs(num_steps: int, num_data: int, batch_size: int) -> int:
@@ -111,8 +118,8 @@ def _permutation_fn(num_data: int, batch_size: int):
 
 class _EpochOrders:
   """The epoch permutations of a :func:`fit` run, each computed once on device and kept
-  while segments need it (a permutation of N costs O(N log N): 9 s at N = 10^7 on two CPU
-  cores, which per segment would dominate the steps). The stacked window of the latest
+  while segments need it (a permutation of N costs O(N log N), which per segment would
+  dominate the steps at large N). The stacked window of the latest
   epochs is kept too, placed with ``sharding`` when given (a mesh: every process holds
   the same orders), so that the blocks of one window share one copy."""
 

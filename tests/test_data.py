@@ -126,6 +126,12 @@ def test_row_reader_reads_blocks_of_rows_on_a_thread(tmp_path):
   # Copied to the device on the thread: the compiled call gets a device array, not NumPy.
   assert isinstance(rows, jax.Array) and rows.devices() == {device}
   np.testing.assert_array_equal(rows, full[[[3, 1], [19, 3]]])
+  # Host rows start at a 64-byte boundary (what a CPU device_put needs to skip its copy),
+  # also for blocks large enough to get memory of their own from the allocator.
+  for shape in [(2, 3), (600, 500)]:
+    block = host.rows(np.arange(np.prod(shape)).reshape(shape) % 20)
+    assert block.ctypes.data % 64 == 0 and block.flags.c_contiguous
+    np.testing.assert_array_equal(block, full[np.arange(np.prod(shape)).reshape(shape) % 20])
   reader.submit(np.array([[20]]))  # out of range: the thread's error reaches take()
   with pytest.raises(IndexError, match="outside"):
     reader.take()

@@ -148,6 +148,17 @@ def _median_seconds(fn, args, repeats):
   return float(np.median(times))
 
 
+def _order_seconds(n, batch_size, rounds):
+  """Seconds for one epoch's order of ``n`` data: ``{"dsgrad": fit's epoch permutation,
+  "jax.random.permutation": the same key through JAX's permutation}`` (the latter
+  timed once after a warm-up call: it is slow at large N)."""
+  ours = jax.jit(lambda k: train_lib.epoch_permutation(k, 1, n, batch_size))
+  theirs = jax.jit(lambda k: jax.random.permutation(jax.random.fold_in(k, 1), n))
+  key = jax.random.key(0)
+  return {"dsgrad": _median_seconds(ours, (key,), rounds),
+          "jax.random.permutation": _median_seconds(theirs, (key,), 1)}
+
+
 def _gather_seconds(objective, batch_size, steps, rounds=3, index_range=None):
   """``(in-step seconds, host seconds)`` per step of reading the batch's rows alone.
 
@@ -195,10 +206,11 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
                                           rounds=rounds, log=False, compile_seconds=compile_s)
     gather, host_read = _gather_seconds(objective, batch_size, steps, rounds)
     full = _full_pass_seconds(objective, params0)
+    order = _order_seconds(n, batch_size, rounds)
     rss, peak = _memory()
     out[(n, storage)] = dict(times=times, compile=compile_s,
                              table={k: m[0] for k, m in memory.items()}, gather=gather,
-                             host_read=host_read,
+                             host_read=host_read, order=order,
                              full=full, rss=rss)
     for name in optimizers:
       print(f"  {name:<40} {1e3 * times[name]:8.3f} ms/step  compile {compile_s[name]:6.2f} s"
@@ -207,6 +219,8 @@ def run(sizes, memmap_sizes=(), num_features=100, batch_size=100, steps=2000, ro
           flush=True)
     print(f"  {'one full pass':<40} {1e3 * full:8.3f} ms;  RSS {rss / 2**30:.2f} GiB",
           flush=True)
+    print(f"  {'one epoch order':<40} " + ", ".join(
+        f"{k} {1e3 * v:.3f} ms" for k, v in order.items()), flush=True)
     del model, objective, optimizers
   return out
 
@@ -367,6 +381,11 @@ def format_table(out, config, figure=None, trained=None, cold=None):
                      ms(cold[c]) if c in cold else "" for c in cases) + " |")
   lines.append("| one full pass (SVRG refresh, an inc step) | "
                + " | ".join(ms(out[c]["full"]) for c in cases) + " |")
+  for name in ("dsgrad", "jax.random.permutation"):
+    label = ("one epoch's order (fit draws one per epoch)" if name == "dsgrad" else
+             "the same by jax.random.permutation (fit's until now)")
+    lines.append(f"| {label} | " + " | ".join(
+        ms(out[c]["order"][name]) for c in cases) + " |")
   lines.append("| compile, slowest estimator (s) | " + " | ".join(
       f"{max(out[c]['compile'].values()):.2f}" for c in cases) + " |")
   lines.append("| joint_saga table (MiB) | " + " | ".join(

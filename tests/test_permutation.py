@@ -1,0 +1,78 @@
+"""The epoch orders' permutation (dsgrad._permutation): a permutation, and uniform."""
+
+import collections
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dsgrad import _permutation
+
+
+def _draws(n, num, seed):
+  keys = jax.random.split(jax.random.key(seed), num)
+  return np.asarray(jax.jit(jax.vmap(lambda k: _permutation.permutation(k, n)))(keys))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1000, 65537])
+def test_every_index_once(n):
+  perm = np.asarray(_permutation.permutation(jax.random.key(n), n))
+  assert perm.dtype == np.int32
+  np.testing.assert_array_equal(np.sort(perm), np.arange(n))
+
+
+def test_the_mixing_is_a_bijection_of_the_32_bit_integers():
+  words = list(jax.random.bits(jax.random.key(0), (_permutation.ROUNDS,), jnp.uint32))
+  x = jnp.concatenate([jnp.arange(4096, dtype=jnp.uint32),
+                       jnp.array([2**31 - 1, 2**31, 2**32 - 1], dtype=jnp.uint32)])
+  mixed = _permutation._mix(x, words)
+  np.testing.assert_array_equal(_permutation._unmix(mixed, words), x)
+  assert len(np.unique(np.asarray(mixed))) == len(x)
+
+
+def test_all_orders_of_four_are_equally_likely():
+  # 24,000 draws over the 24 orders: chi-square with 23 degrees of freedom. (Checked: with
+  # the random words replaced by zeros, this test and the next fail.)
+  draws = _draws(4, 24_000, seed=1)
+  counts = collections.Counter(map(tuple, draws))
+  observed = np.array([counts[p] for p in itertools.permutations(range(4))])
+  assert observed.sum() == len(draws)
+  chi2 = np.sum((observed - 1000.0) ** 2 / 1000.0)
+  assert chi2 < stats.chi2.ppf(0.999, 23), (chi2, observed)
+
+
+def test_positions_and_neighbours_are_uniform_for_a_larger_n():
+  n, num = 40, 8_000
+  draws = _draws(n, num, seed=2)
+  # Where each datum lands: a 40 x 40 table of counts, each 200 in expectation.
+  table = np.zeros((n, n))
+  for position in range(n):
+    table[:, position] = np.bincount(draws[:, position], minlength=n)
+  chi2 = np.sum((table - num / n) ** 2 / (num / n))
+  assert chi2 < stats.chi2.ppf(0.999, (n - 1) ** 2), chi2
+  # Which datum follows datum 0: uniform over the other 39.
+  where = np.argmax(draws == 0, axis=1)
+  follower = draws[where < n - 1, where[where < n - 1] + 1]
+  counts = np.bincount(follower, minlength=n)[1:]
+  expected = len(follower) / (n - 1)
+  chi2 = np.sum((counts - expected) ** 2 / expected)
+  assert chi2 < stats.chi2.ppf(0.999, n - 2), chi2
+
+
+def test_no_order_left_in_a_long_permutation():
+  # Position against index, and each index against the next: rank correlations about 0,
+  # within 4 standard errors (1 / sqrt(n)).
+  n = 100_000
+  perm = np.asarray(_permutation.permutation(jax.random.key(3), n)).astype(np.float64)
+  bound = 4.0 / np.sqrt(n)
+  assert abs(np.corrcoef(np.arange(n), perm)[0, 1]) < bound
+  assert abs(np.corrcoef(perm[:-1], perm[1:])[0, 1]) < bound
+  assert abs(np.corrcoef(perm[:-2], perm[2:])[0, 1]) < bound
+
+
+def test_refuses_more_than_int32_indices():
+  with pytest.raises(ValueError, match=r"\[0, 2\^31\)"):
+    _permutation.permutation(jax.random.key(0), 2**31)
