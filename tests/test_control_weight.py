@@ -87,10 +87,17 @@ def test_useless_control_is_switched_off(logreg_model, params0, name):
 
 
 def test_good_control_keeps_weight_near_one(logreg_model, params0):
+  """After 200 steps the adaptive weight of a good control is near 1, and far from the
+  useless control's (below 0.15, above). The weight after 200 steps varies from run to
+  run (over 16 seeds: 0.75 to 1.0, spread about 0.07), so the test averages 6 runs."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
   tx = dsgrad.cv(objective, dsgrad.approx.glm_taylor(logreg_model), control_weight="adaptive")
-  state, _ = fill_by_training(tx, objective, params0, jax.random.key(5), steps=200)
-  assert all(float(w) > 0.8 for w in jax.tree.leaves(state.weight)), state.weight
+  weights = []
+  for seed in range(6):
+    state, _ = fill_by_training(tx, objective, params0, jax.random.key(seed), steps=200)
+    weights.append([float(w) for w in jax.tree.leaves(state.weight)])
+  weights = np.array(weights)
+  assert np.all(weights.mean(0) > 0.85) and np.all(weights > 0.6), weights
 
 
 @pytest.mark.parametrize("kwargs,match", [
