@@ -93,8 +93,8 @@ def epoch_permutation(key, epoch, num_data: int, batch_size: int):
 
   A uniformly shuffled order from one sort of distinct random integers
   (:mod:`dsgrad._permutation`), not ``jax.random.permutation``, whose sort of pairs on a
-  CPU costs more than an epoch of cheap steps at large ``N``. (dsgrad before this change
-  used ``jax.random.permutation``: the same key gives other batches than it did then.)"""
+  CPU costs more than an epoch of cheap steps at large ``N``. Earlier dsgrad versions
+  used ``jax.random.permutation``, so the same key gives other batches than with them."""
   perm = _permutation.permutation(jax.random.fold_in(key, epoch), num_data)
   return perm[:(num_data // batch_size) * batch_size]
 
