@@ -315,6 +315,23 @@ def amcvae_surrogate(w, log_a, control_variate: bool = True) -> jax.Array:
   return jnp.mean(w + score)
 
 
+def _whitened(log_joint: LogJoint, mean, log_scale) -> LogJoint:
+  """``v -> log p(x, mean + s * v) + sum(log s)``: the log joint in the coordinates
+  ``v = (z - mean) / s`` with the Jacobian of the change of variables, so that its
+  integral over ``v`` is the same ``p(x)``.
+
+  The shift, the scales and their log-determinant are computed here, once, so that the
+  returned function does not depend on what the caller later rebinds its names to.
+  """
+  scale = jnp.exp(log_scale)
+  log_det = jnp.sum(log_scale)
+
+  def whitened(v):
+    return log_joint(mean + scale * v) + log_det
+
+  return whitened
+
+
 def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps: int,
                          num_particles: int = 1, step_size: float = 0.1,
                          num_leapfrog: int = 3, betas=None,
@@ -355,9 +372,7 @@ def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps
   betas = linear_schedule(num_steps) if betas is None else jnp.asarray(betas)
   _check_schedule(betas, num_steps)
   if precondition:
-    scale, shift = jnp.exp(log_scale), mean
-    original = log_joint
-    log_joint = lambda v: original(shift + scale * v) + jnp.sum(log_scale)  # noqa: E731
+    log_joint = _whitened(log_joint, mean, log_scale)
     mean, log_scale = jnp.zeros_like(mean), jnp.zeros_like(log_scale)
 
   def log_q(z):
