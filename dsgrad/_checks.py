@@ -86,6 +86,29 @@ def check_indices_static(indices) -> int:
   return int(indices.shape[0])
 
 
+def as_index_array(indices, name: str = "indices"):
+  """Datum indices of any integer dtype as ``int32``, the dtype the tables are written with.
+
+  Unsigned indices would break index arithmetic that relies on signed values (JAX's
+  negative-index wrapping, masks such as ``index >= -N``), so they are converted here,
+  where a batch enters. Concrete indices are range-checked before the conversion, so
+  that an unsigned value above ``2**31 - 1`` cannot wrap onto a valid row; traced ones
+  that wrap become negative and fail the index range check that follows.
+  """
+  if not hasattr(indices, "dtype") or not jnp.issubdtype(indices.dtype, jnp.integer):
+    return indices  # check_indices_static names the problem
+  if indices.dtype == jnp.int32:
+    return indices
+  if _is_concrete(indices):
+    values = np.asarray(indices)
+    if values.size and (values.max() > np.iinfo(np.int32).max
+                        or values.min() < np.iinfo(np.int32).min):
+      raise ValueError(f"{name} out of range: got values up to {values.max()} "
+                       f"(and down to {values.min()}); every index must lie in [0, N)")
+    return jnp.asarray(values.astype(np.int32))
+  return indices.astype(jnp.int32)
+
+
 def check_same_structure(tree, reference, name: str, reference_name: str) -> None:
   """Checks that ``tree`` has the structure and leaf shapes of ``reference``."""
   tree_def, ref_def = jax.tree.structure(tree), jax.tree.structure(reference)

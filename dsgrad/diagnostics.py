@@ -59,7 +59,7 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
   table/snapshot.
 
   Args:
-    transform: an estimator (or a chain whose first element is one).
+    transform: an estimator (not a chain: its output would be the optimizer's step).
     state: its state.
     params: the parameters at which to evaluate.
     objective: the objective.
@@ -71,6 +71,11 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
   Returns:
     A ``(M, P)`` array: each row the flattened output (``P`` = number of parameters).
   """
+  if isinstance(state, tuple) and not hasattr(state, "_fields") and state:
+    raise ValueError(
+        "estimator_samples draws the estimator's own output, so it needs the estimator "
+        "and its state, not an optax.chain (whose output is the optimizer's step): for "
+        "opt = optax.chain(est, optax.adam(...)) pass est and state[0]")
   draws = _estimator_draws(transform, objective, batch_size, replace)
   return draws(state, params, jax.random.split(key, num_draws))
 

@@ -33,6 +33,7 @@ from dsgrad import _permutation
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad import diagnostics
+from dsgrad.estimators import _common as estimators_common
 from dsgrad import parallel
 from dsgrad.objective import Objective
 
@@ -364,6 +365,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       opt_state = optimizer.init(params)
   else:
     opt_state = jax.tree.map(jnp.copy, opt_state)
+  estimators_common.check_chain_order(opt_state, "fit")
   compiled_by_length = {}  # one executable per segment length (at most two)
   key, eval_key = jax.random.split(key)
   orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size,

@@ -6,6 +6,11 @@ import json
 import os
 
 
+def first_paragraph(doc: str) -> str:
+  """The first paragraph of a module docstring on one line (a command's description)."""
+  return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
   """Records ``config`` in ``checkpoint_dir`` on the first run; on a rerun, refuses to
   resume checkpoints written under a different configuration (seed, data, grid, ...)."""

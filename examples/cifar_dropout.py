@@ -28,7 +28,7 @@ import optax
 from flax import nnx
 
 import dsgrad
-from _common import add_run_flags, check_checkpoint_config, chosen_estimators
+from _common import add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph
 from dsgrad import checkpoint
 
 
@@ -223,7 +223,7 @@ def figure(histories, lrs, args, path_prefix, what):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+  parser = argparse.ArgumentParser(description=first_paragraph(__doc__),
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--dataset", default="cifar10", choices=["cifar10", "digits"],
                       help="which images (cifar10 needs the data; digits runs offline)")

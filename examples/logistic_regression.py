@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from _common import check_checkpoint_config
+from _common import check_checkpoint_config, first_paragraph
 from dsgrad.diagnostics import elbo, estimator_samples, total_variance
 from dsgrad.datasets import load_australian, load_sonar, standardize
 from dsgrad.models import logistic_regression
@@ -62,7 +62,7 @@ def make_estimators(objective, model, approx_name: str, steps_per_epoch: int):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+  parser = argparse.ArgumentParser(description=first_paragraph(__doc__),
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--dataset", default="breast_cancer",
                       choices=["breast_cancer", "sonar", "australian"],

@@ -25,7 +25,7 @@ import optax
 from flax import nnx
 
 import dsgrad
-from _common import check_checkpoint_config
+from _common import check_checkpoint_config, first_paragraph
 from dsgrad import mcvae
 
 METHODS = {  # name -> MonteCarloVAE settings (the paper's rows of Table 1)
@@ -47,9 +47,20 @@ def load(args):
     return train, test, (f"scikit-learn digits: {train.shape[0]:,} training and "
                          f"{test.shape[0]:,} held-out 8x8 images")
   if not args.data_dir:
-    raise SystemExit("--dataset mnist needs --data-dir with the four MNIST IDX files")
-  train, _ = dsgrad.datasets.load_mnist(args.data_dir, "train")
+    raise SystemExit("--dataset mnist needs --data-dir with the MNIST IDX files")
   test, _ = dsgrad.datasets.load_mnist(args.data_dir, "test")
+  try:
+    train, _ = dsgrad.datasets.load_mnist(args.data_dir, "train")
+  except FileNotFoundError:
+    # Only the official test split is at hand (as in the repository's shared data):
+    # train on its last images and hold out its first --held-out.
+    if not 0 < args.held_out < test.shape[0]:
+      raise SystemExit(f"--held-out must be between 1 and {test.shape[0] - 1} when only "
+                       f"the MNIST test split is in {args.data_dir}")
+    train, test = test[args.held_out:], test[:args.held_out]
+    return (train.reshape(-1, 28, 28), test.reshape(-1, 28, 28),
+            f"MNIST test split only: {train.shape[0]:,} of its images for training, "
+            f"its first {test.shape[0]:,} held out")
   test = test[:args.held_out]
   return (train.reshape(-1, 28, 28), test.reshape(-1, 28, 28),
           f"MNIST: {train.shape[0]:,} training and {test.shape[0]:,} held-out images")
@@ -186,14 +197,15 @@ def paired_differences(results, epoch) -> list[str]:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+  parser = argparse.ArgumentParser(description=first_paragraph(__doc__),
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--dataset", default="digits", choices=["digits", "mnist"],
                       help="digits runs offline; mnist reads IDX files from --data-dir")
   parser.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files")
   parser.add_argument("--held-out", type=int, default=300,
                       help="held-out images (digits: taken out of the 1,797; mnist: the "
-                           "first of the test set)")
+                           "first of the test split, the rest of which is the training set "
+                           "when the training split is absent)")
   parser.add_argument("--methods", default="vae,iwae,lmcvae,amcvae",
                       help=f"comma-separated, from {sorted(METHODS)}")
   parser.add_argument("--estimator", default="naive", choices=ESTIMATORS,
@@ -225,8 +237,8 @@ def main(argv=None):
                       help="folder for results.json and images.png")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save every training stage here; a rerun resumes where it stopped")
-  parser.add_argument("--no-progress", dest="progress", action="store_false",
-                      help="no progress bars")
+  parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                      help="progress bars")
   args = parser.parse_args(argv)
   names = [m.strip() for m in args.methods.split(",")]
   if not names or set(names) - set(METHODS):

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from _common import add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo
+from _common import add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo, first_paragraph
 from dsgrad.models.movielens import movielens_latent
 
 
@@ -89,7 +89,7 @@ def predict(params, users, genres, ratings, num_users, key, num_samples=200):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+  parser = argparse.ArgumentParser(description=first_paragraph(__doc__),
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_data_flags(parser, users=100)
   add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="movielens")

@@ -31,7 +31,7 @@ from numpyro.optim import optax_to_numpyro
 
 import dsgrad
 from dsgrad.contrib import numpyro as dsgrad_numpyro
-from _common import add_run_flags, chosen_estimators, plot_elbo
+from _common import add_run_flags, chosen_estimators, plot_elbo, first_paragraph
 from movielens import add_data_flags, load_ratings
 
 
@@ -83,7 +83,7 @@ def run_numpyro_svi(model, model_args, objective, args, key):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+  parser = argparse.ArgumentParser(description=first_paragraph(__doc__),
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_data_flags(parser, users=50)
   add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="numpyro_model")

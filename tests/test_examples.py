@@ -145,6 +145,15 @@ def test_mcvae_reads_mnist_idx_files(tmp_path):
   assert train.min() >= 0 and train.max() <= 1 and "MNIST" in description
   with pytest.raises(SystemExit, match="--data-dir"):
     mcvae.load(argparse.Namespace(dataset="mnist", data_dir=None, held_out=5))
+  # Only the test split (as in the shared data): its first images are held out, the rest
+  # train.
+  for part in ("images-idx3", "labels-idx1"):
+    (tmp_path / f"train-{part}-ubyte").unlink()
+  train, test, description = mcvae.load(args)
+  assert train.shape == (2, 28, 28) and test.shape == (5, 28, 28)
+  assert "test split only" in description
+  with pytest.raises(SystemExit, match="--held-out"):
+    mcvae.load(argparse.Namespace(dataset="mnist", data_dir=str(tmp_path), held_out=7))
 
 
 @pytest.mark.parametrize("name", ["cifar_dropout", "logistic_regression", "movielens",
@@ -165,3 +174,13 @@ def test_every_flag_is_documented(name, monkeypatch):
   parser = info.value.args[0]
   undocumented = [a.option_strings for a in parser._actions if not a.help]
   assert not undocumented, f"{name}: flags without --help text: {undocumented}"
+  # The description is the module docstring's whole first paragraph, not a cut line.
+  module = importlib.import_module(name)
+  assert parser.description == " ".join(module.__doc__.strip().split("\n\n")[0].split())
+  # A flag that switches something off must not print the "(default: True)" of the value
+  # it stores, which reads as the opposite of what the flag does.
+  text = parser.format_help()
+  for action in parser._actions:
+    if isinstance(action, argparse._StoreFalseAction):
+      helped = text.split(action.option_strings[0], 1)[1].split("\n  -", 1)[0]
+      assert "(default: True)" not in helped, (name, action.option_strings)

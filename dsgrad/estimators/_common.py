@@ -64,6 +64,75 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   return batch_size
 
 
+def relative_gap(a, b) -> jax.Array:
+  """``||a - b|| / (1 + ||b||)`` over all leaves: a scale-aware distance of two trees."""
+  diff = jnp.sqrt(sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a),
+                                                             jax.tree.leaves(b))))
+  scale = jnp.sqrt(sum(jnp.sum(y ** 2) for y in jax.tree.leaves(b)))
+  return diff / (1.0 + scale)
+
+
+CHAIN_ORDER_MESSAGE = (
+    "dsgrad.{name}: the incoming updates are not the mini-batch gradient of the objective "
+    "at params (relative gap above {tolerance:g}). The estimator corrects a gradient, so "
+    "it must come first in an optax.chain, before any transform that rescales or clips "
+    "it (optax.adam, optax.scale, optax.clip_by_global_norm, ...): write "
+    "optax.chain(dsgrad.{name}(...), optax.adam(...)); and the gradient must be "
+    "objective.grad(params, indices, noise) for the indices and noise passed to update. "
+    "Checked on the first update only; check_gradient=False turns it off.")
+
+
+def first_update_gradient_checks(name: str, objective: Objective, updates, params, indices,
+                                 noise, is_first, tolerance: float = 1e-3):
+  """Value checks, on the first update only, that ``updates`` is the naive gradient.
+
+  An estimator placed after a rescaling transform (``optax.chain(optax.adam(..),
+  dsgrad.joint_saga(..))``) would add its control variate to the optimizer's step and
+  return a wrong update without any sign. One extra mini-batch gradient, on the first
+  step alone (a ``lax.cond``), catches that and a gradient taken with other indices,
+  noise or loss scaling.
+  """
+  if not has_leaves(params):
+    return []
+  gap = jax.lax.cond(
+      is_first,
+      lambda: relative_gap(updates, objective.grad(params, indices, noise, validate=False)),
+      lambda: jnp.zeros((), jnp.result_type(*jax.tree.leaves(updates))))
+  return [(gap > tolerance, CHAIN_ORDER_MESSAGE.format(name=name, tolerance=tolerance))]
+
+
+def _is_estimator_state(state) -> bool:
+  # Imported here: the estimator modules import this one.
+  from dsgrad.estimators._weights import AdaptiveWeightState
+  from dsgrad.estimators.inc import IncState
+  from dsgrad.estimators.saga import JointSagaState
+  from dsgrad.estimators.smiso import SmisoState
+  from dsgrad.estimators.svrg import JointSvrgState
+  kinds = (JointSagaState, JointSvrgState, IncState, SmisoState, AdaptiveWeightState)
+  return any(isinstance(s, kinds) for s in
+             jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, kinds)))
+
+
+def check_chain_order(opt_state, where: str) -> None:
+  """Refuses an ``optax.chain`` state in which a stateful transform (Adam's moments, a
+  schedule's count, ...) comes before a dsgrad estimator: that transform rescales the
+  gradient before the estimator corrects it, and every update would be wrong."""
+  if not isinstance(opt_state, tuple) or hasattr(opt_state, "_fields"):
+    return
+  for position, member in enumerate(opt_state):
+    if _is_estimator_state(member):
+      before = [i for i, s in enumerate(opt_state[:position]) if jax.tree.leaves(s)]
+      if before:
+        raise ValueError(
+            f"{where}: the optimizer chains a stateful transform (position {before[0]}, "
+            f"state {type(opt_state[before[0]]).__name__}) before the dsgrad estimator "
+            f"(position {position}). The estimator corrects the gradient, so it must "
+            "come first: optax.chain(dsgrad.joint_saga(...), optax.adam(...)).")
+      check_chain_order(member, where)
+      return
+    check_chain_order(member, where)
+
+
 def require_full_precision(params, estimator: str) -> None:
   """Refuses, by name, floating ``params`` below 32 bits (float16, bfloat16).
 
@@ -330,6 +399,8 @@ def bound_transformation(objective: Objective, init_fn, update_fn):
       return init_fn(params)
 
   def update(updates, state, params=None, **extra_args):
+    if "indices" in extra_args:
+      extra_args["indices"] = _checks.as_index_array(extra_args["indices"])
     with objective.bound():
       return update_fn(updates, state, params, **extra_args)
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import approx as approx_lib
+from dsgrad import _checks, approx as approx_lib
 from dsgrad import data as data_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective, per_datum
@@ -61,6 +61,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                control_weight: float | str = 1.0, control_weight_horizon: float = 100,
                check_indices: bool = True, check_finite: bool = True,
+               check_gradient: bool = True,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with a SAGA table: reduces subsampling *and* MC noise.
@@ -127,6 +128,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient (set ``False`` under
       ``optax.apply_if_finite``).
+    check_gradient: on the first update, compare the incoming ``updates`` with
+      ``objective.grad(params, indices, noise)`` (one extra mini-batch gradient, once)
+      and raise when they differ: the estimator was chained after a transform that
+      rescales the gradient, or the gradient was taken with other indices or noise.
     max_table_bytes: ``init(params)`` raises ``MemoryError`` (naming the table's size
       and the alternatives) when the parameter table would exceed this many bytes.
       ``"auto"``: 90% of the free memory of one device (the host's free memory on CPU);
@@ -150,7 +155,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     return _joint_saga_compact(objective, approx, warmup_steps=warmup_steps,
                                chunk_size=chunk_size, table_dtype=table_dtype,
                                check_indices=check_indices, check_finite=check_finite,
-                               weight=weight)
+                               check_gradient=check_gradient, weight=weight)
   n = objective.num_data
 
   def expected_at(params, indices):
@@ -177,6 +182,9 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                          check_indices=check_indices, check_finite=check_finite,
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
+    if check_gradient:
+      _checks.value_checks(_common.first_update_gradient_checks(
+          "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     rows = _common.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -207,7 +215,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
 def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
                         warmup_steps, chunk_size, table_dtype, check_indices, check_finite,
-                        weight):
+                        check_gradient, weight):
   """``joint_saga`` with a table of per-datum statistics (``approx.statistics``).
 
   Same estimator as the parameter-table version with ``f~`` split as
@@ -254,6 +262,9 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
                                  check_indices=check_indices, check_finite=check_finite,
                                  table=state.table,
                                  params_like={"running_mean": state.running_mean})
+    if check_gradient:
+      _checks.value_checks(_common.first_update_gradient_checks(
+          "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     new_rows = stored(stats_fns.statistics(params, indices))
     old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
     dtype = jax.tree.leaves(params)[0].dtype

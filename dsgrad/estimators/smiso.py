@@ -30,12 +30,6 @@ class SmisoState(NamedTuple):
   running_mean: Any
 
 
-def _relative_gap(a, b):
-  diff = jnp.sqrt(sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))
-  scale = jnp.sqrt(sum(jnp.sum(y ** 2) for y in jax.tree.leaves(b)))
-  return diff / (1.0 + scale)
-
-
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
           tolerance: float = 1e-3, check_chain: bool = True, check_indices: bool = True,
           check_finite: bool = True,
@@ -104,10 +98,10 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     if check_chain:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
       _checks.value_checks([
-          (_relative_gap(params, state.running_mean) > tolerance,
+          (_common.relative_gap(params, state.running_mean) > tolerance,
            _CHAIN_MESSAGE + "The params differ from SMISO's iterate: a transform after it "
            "changed its step (or the params were modified outside the optimizer)."),
-          (_relative_gap(updates, mean_grad) > tolerance,
+          (_common.relative_gap(updates, mean_grad) > tolerance,
            _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
            "objective at params: a transform before it changed the gradient (or "
            "indices/noise are not those the gradient was computed with)."),

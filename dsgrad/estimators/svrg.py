@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import approx as approx_lib
+from dsgrad import _checks, approx as approx_lib
 from dsgrad import data as data_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
@@ -35,7 +35,8 @@ class JointSvrgState(NamedTuple):
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                every: int, chunk_size: int = 1024, control_weight: float | str = 1.0,
                control_weight_horizon: float = 100, check_indices: bool = True,
-               check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+               check_finite: bool = True, check_gradient: bool = True
+               ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
 
       g + g_bar - mean_{n in B} grad f~(w~; n, eps_n)
@@ -62,6 +63,10 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient.
+    check_gradient: on the first update, compare the incoming ``updates`` with
+      ``objective.grad(params, indices, noise)`` (one extra mini-batch gradient, once)
+      and raise when they differ: the estimator was chained after a transform that
+      rescales the gradient, or the gradient was taken with other indices or noise.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSvrgState`.
@@ -98,6 +103,9 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     _common.check_update("joint_svrg", objective, updates, params, indices, noise,
                          check_indices=check_indices, check_finite=check_finite,
                          params_like={"snapshot": state.snapshot})
+    if check_gradient:
+      _checks.value_checks(_common.first_update_gradient_checks(
+          "joint_svrg", objective, updates, params, indices, noise, state.count == 0))
     refresh = (state.count > 0) & (state.count % every == 0)
     params_like = optax.tree.cast_like(params, state.snapshot)
     snapshot, snapshot_mean = jax.lax.cond(
