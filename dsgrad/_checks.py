@@ -50,6 +50,22 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
   jax.lax.cond(any_bad, lambda fs: jax.debug.callback(_raise, *fs), lambda fs: None, flags)
 
 
+def check_regular_file(path, what: str) -> None:
+  """Refuses a path that is not a regular file (a FIFO, a device such as ``/dev/zero``,
+  a directory, a socket): reading one can block forever or never end."""
+  import os  # pylint: disable=g-import-not-at-top
+  import stat  # pylint: disable=g-import-not-at-top
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{what}: no file at {os.fspath(path)!r}") from None
+  if not stat.S_ISREG(mode):
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    raise ValueError(f"{what}: {os.fspath(path)!r} is {kind}, not a regular file")
+
+
 def check_batch_size(batch_size: int, num_data: int) -> None:
   """Refuses a batch larger than the data (an epoch would hold no batch)."""
   if batch_size > num_data:

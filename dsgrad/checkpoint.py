@@ -18,6 +18,7 @@ tag existed (plain msgpack) are still read, with a warning that they cannot be v
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -29,6 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 from flax import serialization, traverse_util
+
+from dsgrad import _checks
 
 _TAG = b"DSGRAD-CKPT-1\n"
 _DIGEST_BYTES = 32
@@ -81,6 +84,75 @@ def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
   return removed
 
 
+_HELD_LOCKS: dict[str, int] = {}
+
+
+def _lock_owner(lock: str) -> tuple[str, int] | None:
+  try:
+    with open(lock) as f:
+      host, pid = f.read().strip().rsplit(":", 1)
+    return host, int(pid)
+  except (OSError, ValueError):
+    return None
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike):
+  """Holds ``<path>.lock`` for the block: one writer per checkpoint path.
+
+  Two runs saving to one path would overwrite each other's checkpoints, the last writer
+  winning silently. The lock file (created with ``O_EXCL``) names its host and process;
+  a lock left by a process of this host that no longer runs is taken over. Re-entrant
+  within a process (:func:`dsgrad.fit` holds it for the run, each :func:`save` inside).
+
+  Raises:
+    RuntimeError: another live process holds the lock, naming it and the lock file.
+  """
+  path = os.path.abspath(os.fspath(path))
+  lock = path + ".lock"
+  if path in _HELD_LOCKS:
+    _HELD_LOCKS[path] += 1
+    try:
+      yield
+    finally:
+      _HELD_LOCKS[path] -= 1
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  me = f"{socket.gethostname()}:{os.getpid()}"
+  for _ in range(3):
+    try:
+      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      owner = _lock_owner(lock)
+      stale = (owner is not None and owner[0] == socket.gethostname()
+               and not _pid_is_running(owner[1]))
+      if stale:
+        try:
+          os.remove(lock)
+        except FileNotFoundError:
+          pass
+        continue
+      raise RuntimeError(
+          f"checkpoint {path!r} is being written by another process "
+          f"({'unknown' if owner is None else '%s, pid %d' % owner}; lock file {lock!r}). "
+          "Two runs writing one checkpoint would overwrite each other: use another "
+          "checkpoint path, or remove the lock file if that process is gone") from None
+    with os.fdopen(fd, "w") as f:
+      f.write(me)
+    break
+  else:
+    raise RuntimeError(f"could not take the lock {lock!r} of checkpoint {path!r}")
+  _HELD_LOCKS[path] = 1
+  try:
+    yield
+  finally:
+    del _HELD_LOCKS[path]
+    try:
+      os.remove(lock)
+    except FileNotFoundError:
+      pass
+
+
 def save(path: str | os.PathLike, tree: Any) -> None:
   """Writes a pytree of arrays (params, optimizer/estimator state, ...) to ``path``.
 
@@ -97,6 +169,11 @@ def save(path: str | os.PathLike, tree: Any) -> None:
   payload = serialization.to_bytes(jax.device_get(tree))
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
+  with exclusive(path):
+    _write(path, directory, payload)
+
+
+def _write(path: str, directory: str, payload: bytes) -> None:
   remove_orphan_temp_files(path)
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_temp_prefix(path)}{os.getpid()}-")
   try:
@@ -111,16 +188,23 @@ def save(path: str | os.PathLike, tree: Any) -> None:
     raise
 
 
-def _payload(path) -> bytes:
+def _payload(path, allow_unverified: bool = False) -> bytes:
   """The verified payload of the checkpoint at ``path``."""
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"no checkpoint at {path!r}")
+  _checks.check_regular_file(path, "checkpoint")
   with open(path, "rb") as f:
     data = f.read()
   if not data.startswith(_TAG):
-    warnings.warn(f"checkpoint {path!r} has no checksum (written by an older dsgrad, or "
-                  "not a dsgrad checkpoint); it is read without verification", stacklevel=3)
+    if not allow_unverified:
+      raise ValueError(
+          f"checkpoint {path!r} has no dsgrad header and checksum: it is not a dsgrad "
+          "checkpoint, was damaged, or was written by a dsgrad older than the checksum. "
+          "It cannot be verified; to read an old file anyway, call "
+          "dsgrad.checkpoint.restore(path, like, allow_unverified=True) and save it again")
+    warnings.warn(f"checkpoint {path!r} has no checksum; it is read without verification "
+                  "(allow_unverified=True)", stacklevel=3)
     return data
   digest = data[len(_TAG):len(_TAG) + _DIGEST_BYTES]
   payload = data[len(_TAG) + _DIGEST_BYTES:]
@@ -130,7 +214,7 @@ def _payload(path) -> bytes:
   return payload
 
 
-def restore_raw(path: str | os.PathLike) -> dict:
+def restore_raw(path: str | os.PathLike, *, allow_unverified: bool = False) -> dict:
   """Reads a checkpoint written by :func:`save` as nested dicts of numpy arrays, without
   a template (NamedTuples come back as dicts keyed by position).
 
@@ -138,7 +222,7 @@ def restore_raw(path: str | os.PathLike) -> dict:
     FileNotFoundError: if ``path`` does not exist.
     ValueError: if the file is not a valid checkpoint or fails its checksum.
   """
-  payload = _payload(path)
+  payload = _payload(path, allow_unverified)
   try:
     return serialization.msgpack_restore(payload)
   except Exception as err:  # msgpack raises several types
@@ -153,13 +237,15 @@ def _flat_keys(state) -> dict:
   return traverse_util.flatten_dict(state, keep_empty_nodes=True, sep="/")
 
 
-def restore(path: str | os.PathLike, like: Any) -> Any:
+def restore(path: str | os.PathLike, like: Any, *, allow_unverified: bool = False) -> Any:
   """Reads a checkpoint written by :func:`save` into the structure of ``like``.
 
   Args:
     path: the checkpoint file.
     like: a pytree with the structure, shapes and dtypes to restore (e.g. a freshly
       initialized ``(params, opt_state)``, or ``jax.eval_shape`` of one).
+    allow_unverified: read a file without dsgrad's header and checksum (written before
+      checkpoints had one), with a warning; refused otherwise.
 
   Returns:
     The restored pytree, bit-identical to what was saved.
@@ -171,7 +257,7 @@ def restore(path: str | os.PathLike, like: Any) -> Any:
       an array's shape or in its dtype; the message names the entry.
   """
   path = os.fspath(path)
-  return restore_from_raw(restore_raw(path), like, path)
+  return restore_from_raw(restore_raw(path, allow_unverified=allow_unverified), like, path)
 
 
 def restore_from_raw(raw: dict, like: Any, path: str | os.PathLike = "<raw>") -> Any:

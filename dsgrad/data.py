@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import _checks
+
 __all__ = ["DataArray", "HostArray", "open_memmap", "read_rows", "RowReader", "bind",
            "batch_rows", "is_bound", "is_host", "split_host", "join_host", "check_data",
            "jit", "as_argument"]
@@ -331,6 +333,7 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
   name = name or os.path.basename(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{name}: no such file {path!r}")
+  _checks.check_regular_file(path, name)
   with open(path, "rb") as f:
     try:
       version = np.lib.format.read_magic(f)

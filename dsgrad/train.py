@@ -17,8 +17,11 @@ References:
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import hashlib
 import os
+import re
 import time
 from typing import Any, NamedTuple
 
@@ -321,114 +324,124 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   """
   _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
                        checkpoint_path)
-  optimizer = optax.with_extra_args_support(optimizer)
-  settings = run_settings(objective, key, batch_size)
-  if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
-    # The template needs shapes only: no initial full pass, no table materialized whole
-    # on one device before it is sharded.
-    raw = checkpoint_lib.restore_raw(checkpoint_path)
-    _check_resume_settings(checkpoint_path, raw, settings)
-    params, opt_state, start_step = _restore_fit_tree(
-        checkpoint_path, raw, params,
-        jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
-    history = _history_from_raw(raw)
-  # A NaN start would train silently to a NaN history with a plain optax optimizer.
-  _checks.value_checks(_checks.finite_checks(params, "params passed to fit"))
-  if num_steps < start_step:
-    raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
-  eval_every = int(eval_every or max(1, objective.num_data // batch_size))
-  carry_shardings = None
-  # The data enter the segments as an argument (device arrays, and int32 handles of host
-  # arrays); estimators' init reads this objective's data too.
-  data_args, host_data = data_lib.split_host(objective.data_tree())
-  reader = data_lib.RowReader(host_data,
-                              None if mesh is None else parallel.replicated(mesh))
-  if mesh is not None:
-    parallel.check_batch_size(batch_size, mesh)
+  # One run writes a checkpoint path at a time: a second would overwrite its files.
+  with (checkpoint_lib.exclusive(checkpoint_path) if checkpoint_path is not None
+        else contextlib.nullcontext()):
+    optimizer = optax.with_extra_args_support(optimizer)
+    settings = run_settings(objective, key, batch_size)
+    if checkpoint_path is not None:
+      # What determines the state besides the batches: the data themselves (not only N)
+      # and the optimizer's program (estimator, its settings, its approximation).
+      settings.update(state_fingerprints(objective, optimizer, params, batch_size))
+    if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
+      # The template needs shapes only: no initial full pass, no table materialized whole
+      # on one device before it is sharded.
+      raw = checkpoint_lib.restore_raw(checkpoint_path)
+      _check_resume_settings(checkpoint_path, raw, settings)
+      params, opt_state, start_step = _restore_fit_tree(
+          checkpoint_path, raw, params,
+          jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
+      history = _history_from_raw(raw)
+      _checks.value_checks(_checks.finite_checks(
+          opt_state, f"the optimizer state restored from checkpoint_path "
+          f"{os.fspath(checkpoint_path)!r}"))
+    # A NaN start would train silently to a NaN history with a plain optax optimizer.
+    _checks.value_checks(_checks.finite_checks(params, "params passed to fit"))
+    if num_steps < start_step:
+      raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
+    eval_every = int(eval_every or max(1, objective.num_data // batch_size))
+    carry_shardings = None
+    # The data enter the segments as an argument (device arrays, and int32 handles of host
+    # arrays); estimators' init reads this objective's data too.
+    data_args, host_data = data_lib.split_host(objective.data_tree())
+    reader = data_lib.RowReader(host_data,
+                                None if mesh is None else parallel.replicated(mesh))
+    if mesh is not None:
+      parallel.check_batch_size(batch_size, mesh)
+      if opt_state is None:
+        params, opt_state = parallel.init_sharded(optimizer, params, mesh, objective)
+      else:
+        params = jax.device_put(params, parallel.replicated(mesh))
+        opt_state = parallel.shard_state(mesh, opt_state)
+      carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
+                         parallel.state_shardings(mesh, opt_state))
+      # Data split by parallel.shard_data stay where they are; the rest is replicated.
+      data_args = {k: v if isinstance(v, jax.Array) and isinstance(v.sharding, NamedSharding)
+                   and v.sharding.mesh == mesh else jax.device_put(v, parallel.replicated(mesh))
+                   for k, v in data_args.items()}
+    # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
+    # are strongly typed, so that a weakly typed initial value does not make the segments
+    # (which return strong types) compile twice.
+    params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
     if opt_state is None:
-      params, opt_state = parallel.init_sharded(optimizer, params, mesh, objective)
+      with objective.bound():
+        opt_state = optimizer.init(params)
     else:
-      params = jax.device_put(params, parallel.replicated(mesh))
-      opt_state = parallel.shard_state(mesh, opt_state)
-    carry_shardings = (jax.tree.map(lambda _: parallel.replicated(mesh), params),
-                       parallel.state_shardings(mesh, opt_state))
-    # Data split by parallel.shard_data stay where they are; the rest is replicated.
-    data_args = {k: v if isinstance(v, jax.Array) and isinstance(v.sharding, NamedSharding)
-                 and v.sharding.mesh == mesh else jax.device_put(v, parallel.replicated(mesh))
-                 for k, v in data_args.items()}
-  # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
-  # are strongly typed, so that a weakly typed initial value does not make the segments
-  # (which return strong types) compile twice.
-  params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
-  if opt_state is None:
-    with objective.bound():
-      opt_state = optimizer.init(params)
-  else:
-    opt_state = jax.tree.map(jnp.copy, opt_state)
-  estimators_common.check_chain_order(opt_state, "fit")
-  compiled_by_length = {}  # one executable per segment length (at most two)
-  key, eval_key = jax.random.split(key)
-  orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size,
-                        None if mesh is None else parallel.replicated(mesh))
+      opt_state = jax.tree.map(jnp.copy, opt_state)
+    estimators_common.check_chain_order(opt_state, "fit")
+    compiled_by_length = {}  # one executable per segment length (at most two)
+    key, eval_key = jax.random.split(key)
+    orders = _EpochOrders(jax.random.split(key)[0], objective.num_data, batch_size,
+                          None if mesh is None else parallel.replicated(mesh))
 
-  bar = _progress(progress, num_steps - start_step)
-  # The history as lists, one per field, continuing a resumed run's history if given.
-  columns = {name: [] for name in History._fields}
-  if history is not None:
-    if len(history.step) and int(history.step[-1]) != start_step:
-      raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
-                       f"{start_step}; pass the history saved with the checkpoint")
-    columns = {name: list(np.asarray(getattr(history, name), np.float64))
-               for name in History._fields}
-  as_history = lambda: History(*(np.asarray(columns[k], np.float64) for k in History._fields))
-  wall = float(columns["wall_time"][-1]) if columns["wall_time"] else 0.0
-  compile_seconds, step, segment = 0.0, start_step, 0
+    bar = _progress(progress, num_steps - start_step)
+    # The history as lists, one per field, continuing a resumed run's history if given.
+    columns = {name: [] for name in History._fields}
+    if history is not None:
+      if len(history.step) and int(history.step[-1]) != start_step:
+        raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
+                         f"{start_step}; pass the history saved with the checkpoint")
+      columns = {name: list(np.asarray(getattr(history, name), np.float64))
+                 for name in History._fields}
+    as_history = lambda: History(*(np.asarray(columns[k], np.float64) for k in History._fields))
+    wall = float(columns["wall_time"][-1]) if columns["wall_time"] else 0.0
+    compile_seconds, step, segment = 0.0, start_step, 0
 
-  def blocks(at):
-    """The segment starting at step ``at``: its length and its blocks ``(start, steps)``
-    (one block, unless host data are read ahead block by block)."""
-    length = min(eval_every, num_steps - at)
-    cap = min(length, host_block_steps(host_data, batch_size)) if host_data else length
-    return length, [(s, min(cap, at + length - s)) for s in range(at, at + length, cap)]
+    def blocks(at):
+      """The segment starting at step ``at``: its length and its blocks ``(start, steps)``
+      (one block, unless host data are read ahead block by block)."""
+      length = min(eval_every, num_steps - at)
+      cap = min(length, host_block_steps(host_data, batch_size)) if host_data else length
+      return length, [(s, min(cap, at + length - s)) for s in range(at, at + length, cap)]
 
-  def block_indices(start, steps):
-    return _slice_window(orders.window(start, steps), start, steps, objective.num_data,
-                         batch_size)
+    def block_indices(start, steps):
+      return _slice_window(orders.window(start, steps), start, steps, objective.num_data,
+                           batch_size)
 
-  if host_data and step < num_steps:
-    reader.submit(block_indices(*blocks(step)[1][0]))
-  while step < num_steps:
-    length, parts = blocks(step)
-    for k, (start, steps) in enumerate(parts):
-      window = orders.window(start, steps)
-      rows = reader.take() if host_data else {}
-      if steps not in compiled_by_length:
-        compiled_by_length[steps], seconds = _compiled_segment(
-            objective, optimizer, batch_size, steps,
-            ((params, opt_state), key, jnp.int32(start), data_args, window, rows),
-            mesh, carry_shardings)
-        compile_seconds += seconds
-      t0 = time.perf_counter()
-      params, opt_state = compiled_by_length[steps](
-          (params, opt_state), key, jnp.int32(start), data_args, window, rows)
-      following = (parts[k + 1] if k + 1 < len(parts) else
-                   blocks(step + length)[1][0] if step + length < num_steps else None)
-      if host_data and following is not None:  # the next block's rows, while this one runs
-        reader.submit(block_indices(*following))
-      jax.block_until_ready((params, opt_state))
-      wall += time.perf_counter() - t0
-    step += length
-    segment += 1
-    value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),
-                                  elbo_samples) if elbo_samples else (float("nan"),) * 2)
-    for name, v in zip(History._fields, (step, wall, value, se)):
-      columns[name].append(v)
-    bar(length, step, value, se)
-    if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
-      save_fit_checkpoint(checkpoint_path, params, opt_state, step, as_history(),
-                          settings=settings)
-  bar(0, step, None, None, close=True)
-  return FitResult(params, opt_state, as_history(), compile_seconds)
+    if host_data and step < num_steps:
+      reader.submit(block_indices(*blocks(step)[1][0]))
+    while step < num_steps:
+      length, parts = blocks(step)
+      for k, (start, steps) in enumerate(parts):
+        window = orders.window(start, steps)
+        rows = reader.take() if host_data else {}
+        if steps not in compiled_by_length:
+          compiled_by_length[steps], seconds = _compiled_segment(
+              objective, optimizer, batch_size, steps,
+              ((params, opt_state), key, jnp.int32(start), data_args, window, rows),
+              mesh, carry_shardings)
+          compile_seconds += seconds
+        t0 = time.perf_counter()
+        params, opt_state = compiled_by_length[steps](
+            (params, opt_state), key, jnp.int32(start), data_args, window, rows)
+        following = (parts[k + 1] if k + 1 < len(parts) else
+                     blocks(step + length)[1][0] if step + length < num_steps else None)
+        if host_data and following is not None:  # the next block's rows, while this one runs
+          reader.submit(block_indices(*following))
+        jax.block_until_ready((params, opt_state))
+        wall += time.perf_counter() - t0
+      step += length
+      segment += 1
+      value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),
+                                    elbo_samples) if elbo_samples else (float("nan"),) * 2)
+      for name, v in zip(History._fields, (step, wall, value, se)):
+        columns[name].append(v)
+      bar(length, step, value, se)
+      if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
+        save_fit_checkpoint(checkpoint_path, params, opt_state, step, as_history(),
+                            settings=settings)
+    bar(0, step, None, None, close=True)
+    return FitResult(params, opt_state, as_history(), compile_seconds)
 
 
 def run_settings(objective: Objective, key, batch_size: int) -> dict:
@@ -442,6 +455,63 @@ def run_settings(objective: Objective, key, batch_size: int) -> dict:
           "key": np.asarray(jax.device_get(key_data))}
 
 
+def _digest(chunks) -> np.ndarray:
+  h = hashlib.sha256()
+  for chunk in chunks:
+    h.update(chunk if isinstance(chunk, bytes) else str(chunk).encode())
+  return np.frombuffer(h.digest(), np.uint8).copy()
+
+
+def data_fingerprint(objective: Objective, rows: int = 257) -> np.ndarray:
+  """SHA-256 of each data leaf's name, shape, dtype and ``rows`` evenly spaced rows
+  (first and last included): another data set of the same size is told apart without
+  reading all of a large (memory-mapped) array."""
+  chunks = []
+  for name, leaf in sorted(objective.data_tree().items()):
+    shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
+    chunks += [name, shape, dtype.str]
+    if shape and shape[0]:
+      at = np.unique(np.linspace(0, shape[0] - 1, min(rows, shape[0])).astype(np.int64))
+      values = (leaf.rows(at) if isinstance(leaf, data_lib.HostArray)
+                else np.asarray(jax.device_get(jnp.asarray(leaf)[at])))
+      chunks.append(np.ascontiguousarray(values).tobytes())
+  return _digest(chunks)
+
+
+def optimizer_fingerprint(objective: Objective, optimizer, params, batch_size: int
+                          ) -> np.ndarray:
+  """SHA-256 of the traced program of one ``optimizer.update`` (estimator, its settings,
+  approximation, control weight; then the optax rule), with memory addresses removed.
+  A resume with another estimator or approximation whose state has the same shapes
+  would otherwise continue with a table or running mean that belongs to another run."""
+  abstract = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)),
+                          params)
+  with objective.bound():
+    state = jax.eval_shape(optimizer.init, abstract)
+    noise = jax.eval_shape(lambda k: objective.sample_noise(k, batch_size), jax.random.key(0))
+    closed = jax.make_jaxpr(
+        lambda g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e))(
+            abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32), noise)
+  text = re.sub(r"0x[0-9a-fA-F]+", "", str(closed.jaxpr))
+  consts = [np.ascontiguousarray(np.asarray(c)).tobytes()[:1 << 20] for c in closed.consts
+            if hasattr(c, "shape")]
+  return _digest([text] + consts)
+
+
+def state_fingerprints(objective: Objective, optimizer, params, batch_size: int) -> dict:
+  """``{"data": ..., "optimizer": ...}``: saved with :func:`fit`'s checkpoints and compared
+  on resume (:func:`data_fingerprint`, :func:`optimizer_fingerprint`)."""
+  return {"data": data_fingerprint(objective),
+          "optimizer": optimizer_fingerprint(objective, optimizer, params, batch_size)}
+
+
+_FINGERPRINT_MEANING = {
+    "data": "other data (the same number of rows, other values)",
+    "optimizer": "another optimizer: another estimator, other estimator settings or "
+                 "another approximation (or another version of dsgrad or JAX)",
+}
+
+
 def _check_resume_settings(path, raw: dict, settings: dict) -> None:
   saved = raw.get("settings")
   if saved is None:
@@ -449,6 +519,14 @@ def _check_resume_settings(path, raw: dict, settings: dict) -> None:
   for name, value in settings.items():
     if name in saved and not (np.shape(saved[name]) == np.shape(value)
                               and np.array_equal(saved[name], value)):
+      if name in _FINGERPRINT_MEANING:
+        raise ValueError(
+            f"checkpoint_path {os.fspath(path)!r} was written by a run with other "
+            f"{name}: this call has {_FINGERPRINT_MEANING[name]}. Its state (table, "
+            "running mean, snapshot) belongs to that run, so resuming would continue with "
+            "a wrong state. Pass the original data and optimizer, or a new "
+            "checkpoint_path to start a new run")
+
       def shown(v):
         return "a different key" if name == "key" else int(v)
       raise ValueError(

@@ -91,3 +91,121 @@ def test_estimator_samples_refuses_a_chain(objective, params0):
   with pytest.raises(ValueError, match="not an optax.chain"):
     dsgrad.estimator_samples(opt, opt.init(params0), params0, objective, jax.random.key(0),
                              4, BATCH)
+
+
+# ------------------------------------------------------------------ resume identity
+def _fit(objective, opt, params0, path, steps=4, **kw):
+  return dsgrad.fit(objective, opt, params0, jax.random.key(0), num_steps=steps,
+                    batch_size=BATCH, eval_every=2, elbo_samples=0, progress=False,
+                    checkpoint_path=path, resume=True, **kw)
+
+
+def test_resume_with_another_approximation_or_estimator_setting_is_refused(
+    logreg_model, objective, params0, tmp_path):
+  path = str(tmp_path / "run.ckpt")
+  _fit(objective, optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3)), params0, path)
+  other = dsgrad.joint_saga(objective, approx=dsgrad.approx.gaussian_mean_taylor(logreg_model))
+  with pytest.raises(ValueError, match="another estimator, other estimator settings or "
+                                       "another approximation"):
+    _fit(objective, optax.chain(other, optax.sgd(1e-3)), params0, path, steps=6)
+  with pytest.raises(ValueError, match="another approximation"):
+    _fit(objective, optax.chain(dsgrad.joint_saga(objective, warmup_steps=3),
+                                optax.sgd(1e-3)), params0, path, steps=6)
+  # The same optimizer, rebuilt, resumes.
+  _fit(objective, optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3)), params0, path,
+       steps=6)
+
+
+def test_resume_on_other_data_of_the_same_size_is_refused(logreg_data, params0, tmp_path):
+  from dsgrad.models import logistic_regression
+  x, y = logreg_data
+  path = str(tmp_path / "run.ckpt")
+  first = dsgrad.meanfield_gaussian(logistic_regression(x, y))
+  _fit(first, optax.chain(dsgrad.joint_saga(first), optax.sgd(1e-3)), params0, path)
+  flipped = dsgrad.meanfield_gaussian(logistic_regression(x, 1 - np.asarray(y)))
+  with pytest.raises(ValueError, match="other data"):
+    _fit(flipped, optax.chain(dsgrad.joint_saga(flipped), optax.sgd(1e-3)), params0, path,
+         steps=6)
+
+
+def test_checkpoint_with_a_valid_checksum_but_nan_state_is_refused(objective, params0,
+                                                                    tmp_path):
+  from dsgrad import checkpoint
+  path = str(tmp_path / "run.ckpt")
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3))
+  _fit(objective, opt, params0, path)
+  raw = checkpoint.restore_raw(path)
+  saga_state = raw["opt_state"]["0"]  # JointSagaState: the running mean G
+  saga_state["running_mean"] = jax.tree.map(lambda v: np.full_like(v, np.nan),
+                                            saga_state["running_mean"])
+  checkpoint.save(path, raw)  # a fresh, valid checksum over the poisoned state
+  with pytest.raises(ValueError, match="restored from checkpoint_path .* non-finite"):
+    _fit(objective, opt, params0, path, steps=6)
+
+
+def test_checkpoint_without_its_header_is_refused(objective, params0, tmp_path):
+  from dsgrad import checkpoint
+  path = tmp_path / "run.ckpt"
+  checkpoint.save(path, {"a": np.arange(3.0)})
+  data = path.read_bytes()
+  path.write_bytes(data[len(b"DSGRAD-CKPT-1\n") + 32:])  # the bare msgpack payload
+  with pytest.raises(ValueError, match="no dsgrad header and checksum"):
+    checkpoint.restore(path, {"a": np.zeros(3)})
+  with pytest.warns(UserWarning, match="without verification"):
+    restored = checkpoint.restore(path, {"a": np.zeros(3)}, allow_unverified=True)
+  np.testing.assert_array_equal(restored["a"], np.arange(3.0))
+
+
+def test_two_writers_of_one_checkpoint_path_are_refused(tmp_path):
+  import subprocess
+  import sys
+  from dsgrad import checkpoint
+  path = tmp_path / "run.ckpt"
+  # Another live process holds the path (as a running fit does for its whole run).
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time\nfrom dsgrad import checkpoint\n"
+       f"with checkpoint.exclusive({str(path)!r}):\n  print('held', flush=True)\n"
+       "  time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RuntimeError, match="being written by another process"):
+      checkpoint.save(path, {"a": np.zeros(2)})
+  finally:
+    holder.kill()
+    holder.wait()
+  # A lock left by a process that is gone is taken over.
+  checkpoint.save(path, {"a": np.zeros(2)})
+  assert not os.path.exists(str(path) + ".lock")
+
+
+# ------------------------------------------------------------------ file types
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_paths_that_are_not_regular_files_are_refused(tmp_path, kind):
+  from dsgrad import checkpoint, data
+  from dsgrad.datasets import mnist
+  if kind == "fifo":
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+  elif kind == "device":
+    path = "/dev/zero"
+  else:
+    path = tmp_path / "folder"
+    path.mkdir()
+  calls = [lambda: checkpoint.restore(path, {"a": np.zeros(2)}),
+           lambda: data.open_memmap(path)]
+  done = []
+
+  def run():
+    for call in calls:
+      with pytest.raises(ValueError, match="not a regular file"):
+        call()
+      done.append(call)
+
+  worker = threading.Thread(target=run, daemon=True)
+  worker.start()
+  worker.join(20)
+  assert len(done) == len(calls), "a call hung or did not refuse the path"
+  if kind == "fifo":  # the loaders look for their files by name inside a folder
+    os.rename(path, tmp_path / "t10k-images-idx3-ubyte")
+    with pytest.raises(ValueError, match="not a regular file"):
+      mnist.load_mnist(tmp_path, "test")

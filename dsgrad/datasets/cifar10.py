@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dsgrad import _checks
+
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"  # published on the CIFAR-10 page
@@ -85,6 +87,8 @@ def _how_to_get(searched) -> str:
 
 
 def _read_batch(path):
+  if os.path.exists(path):
+    _checks.check_regular_file(path, "cifar10")
   try:
     with open(path, "rb") as f:
       raw = f.read()
@@ -125,6 +129,7 @@ def _read_batch(path):
 
 
 def _extract(archive, target_dir):
+  _checks.check_regular_file(archive, "cifar10")
   with open(archive, "rb") as f:
     digest = hashlib.md5(f.read()).hexdigest()
   if digest != ARCHIVE_MD5:

@@ -8,6 +8,8 @@ import os
 
 import numpy as np
 
+from dsgrad import _checks
+
 # md5 of the official gzipped files (yann.lecun.com/exdb/mnist, as also used by torchvision).
 KNOWN_MD5 = {
     "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
@@ -24,6 +26,7 @@ def _read(directory, stem):
   for name in (stem + ".gz", stem):
     path = os.path.join(directory, name)
     if os.path.exists(path):
+      _checks.check_regular_file(path, "mnist")
       with open(path, "rb") as f:
         raw = f.read()
       if name in KNOWN_MD5 and hashlib.md5(raw).hexdigest() != KNOWN_MD5[name]:

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dsgrad import _checks
+
 GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
           "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
           "Sci-Fi", "Thriller", "War", "Western")
@@ -73,9 +75,11 @@ def _read_100k_files(path):
       full = os.path.join(path, name)
       if not os.path.exists(full):
         raise FileNotFoundError(f"movielens_100k: {path!r} has no {name}. " + _HOW_TO_GET_100K)
+      _checks.check_regular_file(full, "movielens_100k")
       with open(full, "rb") as f:
         files[name] = f.read()
     return files, None
+  _checks.check_regular_file(path, "movielens_100k")
   with open(path, "rb") as f:
     raw = f.read()
   digest = hashlib.md5(raw).hexdigest()
