@@ -11,6 +11,8 @@ Two kinds of checks:
 
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Any, Sequence
 
 import jax
@@ -50,6 +52,34 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
   jax.lax.cond(any_bad, lambda fs: jax.debug.callback(_raise, *fs), lambda fs: None, flags)
 
 
+def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
+  """A real, finite number ``> 0`` (``>= 0`` with ``allow_zero``), or a ``ValueError``
+  naming ``name``: NaN passes comparisons such as ``value <= 0`` unnoticed, and inf
+  freezes or blows up whatever it scales."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+  if isinstance(value, bool) or np.ndim(value) != 0:
+    raise ValueError(f"{name} must be a positive number, got {value!r}")
+  if not np.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    bound = "non-negative" if allow_zero else "positive"
+    raise ValueError(f"{name} must be a finite, {bound} number, got {value!r}")
+  return number
+
+
+def check_count(value, name: str, minimum: int = 0, maximum: int = 2 ** 31 - 1) -> int:
+  """An integer in ``[minimum, maximum]``, or a ``ValueError`` naming ``name``: a float
+  (even ``3.0``) or a bool is refused rather than truncated, and a count beyond the
+  int32 indices JAX uses is refused rather than wrapped."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{name} must be an integer, got {value!r} "
+                     f"({type(value).__name__})")
+  if not minimum <= int(value) <= maximum:
+    raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {value!r}")
+  return int(value)
+
+
 def check_regular_file(path, what: str) -> None:
   """Refuses a path that is not a regular file (a FIFO, a device such as ``/dev/zero``,
   a directory, a socket): reading one can block forever or never end."""
@@ -64,6 +94,26 @@ def check_regular_file(path, what: str) -> None:
             if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
             else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
     raise ValueError(f"{what}: {os.fspath(path)!r} is {kind}, not a regular file")
+
+
+@contextlib.contextmanager
+def plain_errors():
+  """Re-raises a failed value check from inside a compiled program as the ``ValueError``
+  it is.
+
+  Inside ``jit`` a check raises in a host callback, and JAX reports it as
+  ``JaxRuntimeError: INTERNAL: CpuCallback error ...`` with the message below a second
+  traceback. dsgrad's own entry points (:func:`dsgrad.fit`, the diagnostics) run under
+  this context, so their users see ``ValueError: <message>`` alone.
+  """
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as error:
+    text = str(error)
+    found = re.findall(r"^ValueError: (.+)$", text, re.M)
+    if not found:
+      raise
+    raise ValueError(found[-1]) from None
 
 
 def check_batch_size(batch_size: int, num_data: int) -> None:

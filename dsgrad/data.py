@@ -286,6 +286,47 @@ def join_host(args: Mapping[str, Any], host: Mapping[str, HostArray]):
   return {k: ((host[k], v) if k in host else v) for k, v in args.items()}
 
 
+def _check_finite_leaf(value, label: str) -> None:
+  """Refuses NaN or inf in an in-memory floating data leaf, and float64 values beyond
+  float32's range where JAX would cast them to inf (checked before that cast). Host and
+  memory-mapped arrays are left to their loaders, which read them in chunks."""
+  if isinstance(value, DataArray):
+    # A handle's default is checked once: objectives derived from one (reweighted,
+    # with_data copies) share it.
+    if getattr(value, "_finite_checked", False):
+      return
+    _check_finite_leaf(value.default, label)
+    value._finite_checked = True
+    return
+  if isinstance(value, (HostArray, jax.core.Tracer)) or not hasattr(value, "dtype") and \
+      not isinstance(value, (list, tuple)):
+    return
+  dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
+  if not np.issubdtype(dtype, np.inexact):
+    return
+  if isinstance(value, jax.Array):
+    with jax.ensure_compile_time_eval():  # eager even while a caller is being traced
+      finite = bool(jnp.all(jnp.isfinite(value)))
+  else:
+    array = np.asarray(value)
+    finite = bool(np.all(np.isfinite(array)))
+    if (finite and array.size and array.dtype.itemsize > 4
+        and not jax.config.jax_enable_x64
+        and float(np.max(np.abs(array))) > float(np.finfo(np.float32).max)):
+      raise ValueError(f"{label} holds values up to {float(np.max(np.abs(array))):.3g}, "
+                       "beyond float32's range: JAX computes in float32 and they would "
+                       "become inf. Rescale the data")
+  if not finite:
+    raise ValueError(f"{label} contains non-finite values (NaN or inf)")
+
+
+def check_finite_data(tree, who: str = "data") -> None:
+  """Refuses NaN or inf (or float64 values beyond float32's range) in any floating leaf
+  of a data pytree, naming the leaf."""
+  for path, leaf in jax.tree.leaves_with_path(tree):
+    _check_finite_leaf(leaf, f"{who}{jax.tree_util.keystr(path)}")
+
+
 def check_data(values: Mapping[str, Any], num_data: int | None = None,
                who: str = "data") -> int:
   """Checks a data pytree: every leaf an array with the same leading size ``N``.
@@ -304,6 +345,7 @@ def check_data(values: Mapping[str, Any], num_data: int | None = None,
       raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
                        "axis")
     sizes[key] = shape[0]
+    _check_finite_leaf(value, f"{who}[{key!r}]")
   distinct = set(sizes.values())
   if len(distinct) > 1:
     listing = ", ".join(f"{k}: {n}" for k, n in sizes.items())

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
@@ -89,6 +90,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   """
   d, unravel = _latent_unravel(latent)
   n = _num_data(data)
+  data_lib.check_finite_data(data, "data")  # before the cast to float32
   data = jax.tree.map(jnp.asarray, data)
 
   def prior_flat(z):

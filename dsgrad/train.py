@@ -252,8 +252,7 @@ def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoin
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use (issue 21, item 6)."""
   def count(label, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-      raise ValueError(f"{label} must be an integer >= {low}, got {value!r}")
+    _checks.check_count(value, label, low)
   count("num_steps", num_steps, 0)
   count("batch_size", batch_size, 1)
   _checks.check_batch_size(batch_size, objective.num_data)
@@ -325,8 +324,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
                        checkpoint_path)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
-  with (checkpoint_lib.exclusive(checkpoint_path) if checkpoint_path is not None
-        else contextlib.nullcontext()):
+  with _checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
+                                if checkpoint_path is not None else contextlib.nullcontext()):
     optimizer = optax.with_extra_args_support(optimizer)
     settings = run_settings(objective, key, batch_size)
     if checkpoint_path is not None:

@@ -167,10 +167,23 @@ def run_one(objective, make, lr, params0, key, args, tag):
             elbo_samples=args.eval_samples, progress=False)
   path = (os.path.join(args.checkpoint_dir, "runs", f"{tag}.msgpack")
           if args.checkpoint_dir else None)
+  if path:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
   result = dsgrad.fit(objective, optimizer, params0, key, checkpoint_path=path, resume=True,
                       **kw)
   # dsgrad.fit reports the ELBO, -E mean_n f; the dropout objective is E mean_n f.
   return result.history.step.astype(int).tolist(), (-result.history.elbo).tolist()
+
+
+def mark_off_scale(ax, xs, ys, top, color) -> list:
+  """Draws a triangle at the top edge above each point beyond ``top`` or not finite (a
+  diverged run), so that no point leaves the plot unmarked; returns their x values."""
+  xs, ys = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+  off = ~np.isfinite(ys) | (ys > top)
+  if np.any(off):
+    ax.scatter(xs[off], np.full(int(off.sum()), top), marker="^", color=color,
+               clip_on=False, zorder=5)
+  return xs[off].tolist()
 
 
 def figure(histories, lrs, args, path_prefix, what):
@@ -189,7 +202,7 @@ def figure(histories, lrs, args, path_prefix, what):
             ("vs_lr_final", f"objective vs lr after {steps[-1]:,} iterations")]
   for key, title in panels:
     fig, ax = plt.subplots(figsize=(5, 3.6))
-    plotted = []
+    plotted, series = [], []
     for n in names:
       if key == "trace_lr":
         xs, ys = steps, traces[n][lrs.index(args.trace_lr)]
@@ -198,8 +211,9 @@ def figure(histories, lrs, args, path_prefix, what):
       else:
         xs, ys = lrs, traces[n][:, early if key == "vs_lr_early" else -1]
         ax.set_xscale("log")
-      ax.plot(xs, ys, marker="o" if key.startswith("vs_lr") else None, label=n)
+      line, = ax.plot(xs, ys, marker="o" if key.startswith("vs_lr") else None, label=n)
       plotted.append(ys)
+      series.append((xs, ys, line.get_color()))
     # Diverged runs leave the plot through the top, at the uniform predictor's loss.
     plotted = np.concatenate(plotted)
     lo = np.nanmin(plotted)
@@ -208,6 +222,11 @@ def figure(histories, lrs, args, path_prefix, what):
       hi = min(hi, np.nanmax(plotted[np.isfinite(plotted)]))
     margin = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.05
     ax.set_ylim(lo - margin, hi + margin)
+    marked = sum(len(mark_off_scale(ax, xs, ys, hi + margin, color))
+                 for xs, ys, color in series)
+    if marked:
+      ax.text(0.99, 0.99, f"^ at the top: {marked} value(s) off scale (diverged)",
+              transform=ax.transAxes, ha="right", va="top", fontsize=7)
     ax.set_xlabel("iteration" if key.startswith("trace") else "learning rate")
     ax.set_ylabel("full-data objective (cross-entropy)")
     ax.set_title(title, fontsize=9)

@@ -209,3 +209,101 @@ def test_paths_that_are_not_regular_files_are_refused(tmp_path, kind):
     os.rename(path, tmp_path / "t10k-images-idx3-ubyte")
     with pytest.raises(ValueError, match="not a regular file"):
       mnist.load_mnist(tmp_path, "test")
+
+
+# ------------------------------------------------------------------ settings and data
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_non_finite_or_negative_hyperparameters_are_refused_by_name(logreg_data, bad):
+  from dsgrad import mcmc
+  from dsgrad.models import logistic_regression, ppca
+  x, y = logreg_data
+  with pytest.raises(ValueError, match="prior_scale"):
+    logistic_regression(x, y, prior_scale=bad)
+  with pytest.raises(ValueError, match="noise_std"):
+    ppca(np.asarray(x), latent_dim=2, noise_std=bad)
+  model = logistic_regression(x, y)
+  with pytest.raises(ValueError, match="step_size"):
+    mcmc.sgld(model, None, subsample_size=5, step_size=bad, control_variates=False)
+  d = model.latent_dim
+  hmc = mcmc.HMCParameters(jnp.float32(0.01), jnp.int32(3), jnp.eye(d), jnp.eye(d))
+  with pytest.raises(ValueError, match="friction"):
+    mcmc.sghmc(model, None, hmc, subsample_size=5, friction=bad, control_variates=False)
+  with pytest.raises(ValueError, match="control_weight_horizon"):
+    dsgrad.cv(dsgrad.meanfield_gaussian(model), control_weight="adaptive",
+              control_weight_horizon=bad if bad != 0.0 else float("nan"))
+
+
+@pytest.mark.parametrize("bad", [3.0, 2.5, True, 2 ** 40])
+def test_counts_that_are_not_int32_integers_are_refused(objective, params0, bad):
+  with pytest.raises(ValueError, match="num_steps must be an integer"):
+    dsgrad.fit(objective, optax.sgd(1e-3), params0, jax.random.key(0), num_steps=bad,
+               batch_size=BATCH, elbo_samples=0, progress=False)
+
+
+def test_run_chain_refuses_a_chunk_size_of_zero():
+  import importlib
+  sample = importlib.import_module("dsgrad.mcmc.sample")
+  with pytest.raises(ValueError, match="chunk_size"):
+    sample.run_chain(jax.random.key(0), lambda k, s: (s, {}), jnp.zeros(2), 10, chunk_size=0,
+                     progress=False, position=lambda s: s)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e39])
+def test_non_finite_data_are_refused_where_they_enter(logreg_data, bad):
+  from dsgrad.models import logistic_regression
+  x, y = logreg_data
+  dirty = np.asarray(x, np.float64).copy()
+  dirty[3, 1] = bad
+  with pytest.raises(ValueError, match="features"):
+    logistic_regression(dirty, y)
+  clean = dsgrad.meanfield_gaussian(logistic_regression(x, y))
+  with pytest.raises(ValueError, match="non-finite|float32"):
+    clean.with_data({k: (dirty.astype(np.float32) if bad != 1e39 else dirty)
+                     if np.ndim(v) == 2 else v for k, v in clean.data_tree().items()})
+  with pytest.raises(ValueError, match="non-finite|float32"):
+    dsgrad.objective_from_logdensity(
+        lambda z: -0.5 * jnp.sum(z ** 2),
+        lambda z, rows: -0.5 * (rows["x"] @ z) ** 2,
+        {"x": dirty if bad == 1e39 else dirty.astype(np.float32)}, jnp.zeros(x.shape[1]))
+
+
+def test_mnist_of_another_image_size_is_refused(tmp_path):
+  from dsgrad.datasets import mnist
+  rng = np.random.default_rng(0)
+  mnist.write_idx(tmp_path / "t10k-images-idx3-ubyte", rng.integers(0, 256, (4, 32, 32)))
+  mnist.write_idx(tmp_path / "t10k-labels-idx1-ubyte", rng.integers(0, 10, 4))
+  with pytest.raises(ValueError, match=r"\(32, 32\), expected \(28, 28\)"):
+    mnist.load_mnist(tmp_path, "test")
+
+
+def test_tennis_csv_with_a_byte_order_mark_keeps_players_apart(tmp_path):
+  from dsgrad.datasets import tennis
+  path = tmp_path / "matches.csv"
+  path.write_bytes("\ufeffwinner_id,loser_id,winner_name,loser_name\n"
+                   "1,2,Same Name,Same Name\n2,3,Same Name,Other\n".encode("utf-8"))
+  loaded = tennis.load_tennis(path)
+  assert len(loaded.player_ids) == 3, loaded.player_ids
+
+
+def test_errors_inside_fit_reach_the_user_as_the_value_error(objective, params0):
+  # A NaN in the data reaches fit's compiled step only through a loss that makes one:
+  # the estimator's value check fires inside jit, and fit reports the ValueError itself.
+  bad = dsgrad.Objective(lambda p, i, e: jnp.sqrt(-1.0 - jnp.sum(p["loc"] ** 2)) * jnp.ones(i.shape),
+                         objective.noise_fn, objective.num_data, name="nan loss")
+  with pytest.raises(ValueError, match="non-finite") as info:
+    dsgrad.fit(bad, optax.chain(dsgrad.cv(bad), optax.sgd(1e-3)), params0, jax.random.key(0),
+               num_steps=2, batch_size=BATCH, elbo_samples=0, progress=False)
+  assert "INTERNAL" not in str(info.value)
+
+
+def test_cifar_figure_marks_every_off_scale_point():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+  import cifar_dropout
+  fig, ax = plt.subplots()
+  marked = cifar_dropout.mark_off_scale(ax, [1, 2, 3, 4], [0.5, 5e4, np.nan, 2.0], 2.5, "C0")
+  plt.close(fig)
+  assert marked == [2.0, 3.0]

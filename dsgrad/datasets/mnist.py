@@ -87,6 +87,9 @@ def load_mnist(directory: str | os.PathLike, split: str = "train"):
   if images.shape[0] != labels.shape[0]:
     raise ValueError(f"mnist: {img_path!r} has {images.shape[0]} images but {lab_path!r} has "
                      f"{labels.shape[0]} labels")
+  if images.shape[1:] != (28, 28):
+    raise ValueError(f"mnist: {img_path!r} holds images of shape {images.shape[1:]}, "
+                     "expected (28, 28) (not MNIST, or another data set in IDX format)")
   if labels.size and labels.max() > 9:
     raise ValueError(f"mnist: {lab_path!r} has labels above 9 (corrupt)")
   flat = images.reshape(images.shape[0], -1).astype(np.float32) / 255.0

@@ -27,9 +27,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
+
+from dsgrad import _checks
 
 
 class AdaptiveWeightState(NamedTuple):
@@ -59,7 +63,8 @@ def check_control_weight(control_weight, horizon, estimator: str) -> None:
   elif not isinstance(control_weight, (int, float)) or not 0.0 <= control_weight <= 1.0:
     raise ValueError(f"dsgrad.{estimator}: control_weight must be a number in [0, 1] or "
                      f"'adaptive', got {control_weight!r}")
-  if not isinstance(horizon, (int, float)) or horizon < 1:
+  if (isinstance(horizon, bool) or not isinstance(horizon, (int, float))
+      or not math.isfinite(horizon) or horizon < 1):
     raise ValueError(f"dsgrad.{estimator}: control_weight_horizon must be >= 1 (steps), "
                      f"got {horizon!r}")
 

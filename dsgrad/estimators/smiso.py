@@ -76,8 +76,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     datasets with finite sum structure. NeurIPS.
     Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
   """
-  if not step_size > 0:
-    raise ValueError(f"step_size must be positive, got {step_size}")
+  _checks.check_positive(step_size, "step_size")
   if not 0 < alpha <= 1:
     raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
   n = objective.num_data

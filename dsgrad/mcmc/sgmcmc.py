@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import _checks
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm
 from dsgrad.mcmc.proxy import TaylorProxy
@@ -37,10 +38,8 @@ class SGInfo(NamedTuple):
 
 
 def _check(model, subsample_size, step_size):
-  if not 1 <= int(subsample_size) <= model.num_data:
-    raise ValueError(f"subsample_size must lie in [1, n={model.num_data}], got {subsample_size}")
-  if not float(step_size) > 0:
-    raise ValueError(f"step_size must be positive, got {step_size}")
+  _checks.check_count(subsample_size, "subsample_size", 1, model.num_data)
+  _checks.check_positive(step_size, "step_size")
 
 
 def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_size: int,
@@ -113,7 +112,7 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
   """
   _check(model, subsample_size, parameters.step_size)
   grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
-  c = float(friction)
+  c = _checks.check_positive(friction, "friction")
 
   def step(key, state):
     k_p, k_steps = jax.random.split(key)

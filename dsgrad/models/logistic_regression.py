@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import _checks
 from dsgrad.data import HostArray
 from dsgrad.models.base import LinearPredictor, Model, model_data
 
@@ -22,9 +23,13 @@ def _check_features_labels(features, labels):
   chunk = 1 << 18
   for start in range(0, x.shape[0], chunk):
     block = x.array[start:start + chunk] if isinstance(x, HostArray) else x[start:start + chunk]
+    rows = f"rows {start} to {min(start + chunk, x.shape[0]) - 1}"
     if not np.all(np.isfinite(block)):
-      raise ValueError(f"features contain non-finite values (rows {start} to "
-                       f"{min(start + chunk, x.shape[0]) - 1})")
+      raise ValueError(f"features contain non-finite values ({rows})")
+    # Checked before the float32 cast, where they would become inf.
+    if block.size and np.max(np.abs(block)) > np.finfo(np.float32).max:
+      raise ValueError(f"features hold values beyond float32's range ({rows}): JAX "
+                       "computes in float32 and they would become inf. Rescale them")
   return x, y
 
 
@@ -74,8 +79,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     signs = y.astype(np.float64)
   else:
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
-  if prior_scale <= 0:
-    raise ValueError(f"prior_scale must be positive, got {prior_scale}")
+  _checks.check_positive(prior_scale, "prior_scale")
   data = model_data(x=_features(x), signs=jnp.asarray(signs, jnp.float32))
   x, signs = data["x"], data["signs"]
   n, d = x.shape
@@ -160,6 +164,7 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (MNIST, D = 785 x 10).
   """
+  _checks.check_positive(prior_scale, "prior_scale")
   x, y = _check_features_labels(features, labels)
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")
