@@ -13,7 +13,8 @@ large multi-host states). These functions cover the common single-host case with
 
 File layout: the 14-byte tag ``DSGRAD-CKPT-1\\n``, the 32-byte SHA-256 digest of the
 payload, then the payload (``flax.serialization.to_bytes``). Files written before the
-tag existed (plain msgpack) are still read, with a warning that they cannot be verified.
+tag existed (plain msgpack) are refused unless read with ``allow_unverified=True`` (with a
+warning that they cannot be verified). One writer per path: :func:`exclusive`.
 """
 
 from __future__ import annotations
