@@ -64,7 +64,7 @@ def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
     raise ValueError(f"{name} must be a positive number, got {value!r}")
   if not np.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
     bound = "non-negative" if allow_zero else "positive"
-    raise ValueError(f"{name} must be a finite, {bound} number, got {value!r}")
+    raise ValueError(f"{name} must be {bound} and finite, got {value!r}")
   return number
 
 
@@ -72,11 +72,13 @@ def check_count(value, name: str, minimum: int = 0, maximum: int = 2 ** 31 - 1) 
   """An integer in ``[minimum, maximum]``, or a ``ValueError`` naming ``name``: a float
   (even ``3.0``) or a bool is refused rather than truncated, and a count beyond the
   int32 indices JAX uses is refused rather than wrapped."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise ValueError(f"{name} must be an integer, got {value!r} "
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or int(value) < minimum):
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} "
                      f"({type(value).__name__})")
-  if not minimum <= int(value) <= maximum:
-    raise ValueError(f"{name} must be an integer in [{minimum}, {maximum}], got {value!r}")
+  if int(value) > maximum:
+    raise ValueError(f"{name} must be an integer >= {minimum} and <= {maximum}, got "
+                     f"{value!r}")
   return int(value)
 
 

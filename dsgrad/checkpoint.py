@@ -200,8 +200,8 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
   if not data.startswith(_TAG):
     if not allow_unverified:
       raise ValueError(
-          f"checkpoint {path!r} has no dsgrad header and checksum: it is not a dsgrad "
-          "checkpoint, was damaged, or was written by a dsgrad older than the checksum. "
+          f"checkpoint {path!r} has no dsgrad header and checksum: it is corrupt, not a "
+          "dsgrad checkpoint, or written by a dsgrad older than the checksum. "
           "It cannot be verified; to read an old file anyway, call "
           "dsgrad.checkpoint.restore(path, like, allow_unverified=True) and save it again")
     warnings.warn(f"checkpoint {path!r} has no checksum; it is read without verification "

@@ -93,14 +93,17 @@ def test_a_flipped_byte_is_refused_by_the_checksum(tmp_path):
     dsgrad.checkpoint.restore_raw(path)
 
 
-def test_a_file_without_checksum_is_read_with_a_warning(tmp_path):
-  """Checkpoints written before the checksum existed still restore, with a warning."""
+def test_a_file_without_checksum_is_refused_unless_asked_for(tmp_path):
+  """Checkpoints written before the checksum existed cannot be verified: refused by
+  default, restored with a warning when the caller passes allow_unverified=True."""
   from flax import serialization
   tree = {"w": np.arange(4, dtype=np.float32)}
   path = tmp_path / "old"
   path.write_bytes(serialization.to_bytes(tree))
+  with pytest.raises(ValueError, match="no dsgrad header and checksum"):
+    dsgrad.checkpoint.restore(path, tree)
   with pytest.warns(UserWarning, match="no checksum"):
-    restored = dsgrad.checkpoint.restore(path, tree)
+    restored = dsgrad.checkpoint.restore(path, tree, allow_unverified=True)
   np.testing.assert_array_equal(restored["w"], tree["w"])
 
 
