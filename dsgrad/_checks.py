@@ -65,6 +65,12 @@ def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
   if not np.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
     bound = "non-negative" if allow_zero else "positive"
     raise ValueError(f"{name} must be {bound} and finite, got {value!r}")
+  # JAX computes in float32: a larger value becomes inf, a smaller non-zero one 0 (or a
+  # denormal whose reciprocal is inf), silently, inside the first step.
+  info = np.finfo(np.float32)
+  if number > info.max or 0 < number < info.tiny:
+    raise ValueError(f"{name} must be positive and finite within float32's range "
+                     f"[{info.tiny:.3g}, {info.max:.3g}], got {value!r}")
   return number
 
 

@@ -183,9 +183,15 @@ def _write(path: str, directory: str, payload: bytes) -> None:
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as error:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if isinstance(error, OSError):
+      # The OS error of a full disk or a lost mount names no file; the user needs the path
+      # (the previous checkpoint there, if any, is intact: the write went to a temporary).
+      raise OSError(error.errno, f"writing checkpoint {path!r} ({len(payload):,} bytes) "
+                    f"failed: {error.strerror or error}; the previous checkpoint at that "
+                    "path, if any, is unchanged", path) from error
     raise
 
 

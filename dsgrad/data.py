@@ -76,6 +76,11 @@ class HostArray:
       raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
     self.array = array
     self.name = name
+    # A memory map reads the file lazily: if the file is truncated or rewritten after it
+    # was opened, a read past the new end kills the process (SIGBUS) and a rewritten one
+    # reads other (or zero) bytes. Its identity is recorded here and checked per read.
+    filename = getattr(array, "filename", None) if isinstance(array, np.memmap) else None
+    self._file = (filename, _file_identity(filename)) if filename else None
     with HostArray._lock:
       self.handle = HostArray._next[0]
       HostArray._next[0] += 1
@@ -99,6 +104,7 @@ class HostArray:
     of cached pages about three times slower (the sort, and putting the rows back in
     order). The result is aligned to 64 bytes, so that ``jax.device_put`` on a CPU
     device can use it in place instead of copying it."""
+    self.check_unchanged()
     idx = np.asarray(indices).astype(np.int64, copy=False)
     flat = idx.reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
@@ -107,6 +113,31 @@ class HostArray:
     # mode="clip" (the indices are checked above): "raise" would read through a buffer.
     np.take(self.array, flat, axis=0, out=out, mode="clip")
     return out.reshape(idx.shape + self.shape[1:])
+
+
+  def check_unchanged(self) -> None:
+    """Raises ``ValueError`` if the memory-mapped file was truncated or rewritten since
+    it was opened (a no-op for an in-memory array)."""
+    if self._file is None:
+      return
+    path, opened = self._file
+    try:
+      now = _file_identity(path)
+    except OSError as error:
+      raise ValueError(f"{self.name}: the memory-mapped file {path!r} is gone ({error}); "
+                       "reopen it") from error
+    if now != opened:
+      raise ValueError(
+          f"{self.name}: the memory-mapped file {path!r} changed after it was opened (size "
+          f"{opened[0]:,} -> {now[0]:,} bytes, or rewritten): reading it would crash the "
+          "process or return other rows. Reopen it (dsgrad.data.open_memmap) once it is "
+          "complete")
+
+
+def _file_identity(path) -> tuple:
+  """(size, modification time, inode) of a file: what changes if it is rewritten."""
+  info = os.stat(path)
+  return info.st_size, info.st_mtime_ns, info.st_ino
 
 
 def _aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:

@@ -111,8 +111,10 @@ def _slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):
   """Batches ``start ...`` from the stacked permutations of the window's epochs."""
   per_epoch = num_data // batch_size
   first_epoch = start // per_epoch
+  # int32 offsets whatever jax_enable_x64 says: dynamic_slice wants one index dtype.
+  offset = jnp.asarray(start - first_epoch * per_epoch, jnp.int32)
   return jax.lax.dynamic_slice(perms.reshape(-1, batch_size),
-                               (start - first_epoch * per_epoch, 0), (num_steps, batch_size))
+                               (offset, jnp.zeros((), jnp.int32)), (num_steps, batch_size))
 
 
 @functools.lru_cache(maxsize=16)
@@ -372,6 +374,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     # are strongly typed, so that a weakly typed initial value does not make the segments
     # (which return strong types) compile twice.
     params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
+    with objective.bound():
+      estimators_common.check_objective_evaluates(objective, params, "fit")
     if opt_state is None:
       with objective.bound():
         opt_state = optimizer.init(params)
@@ -524,7 +528,9 @@ def _check_resume_settings(path, raw: dict, settings: dict) -> None:
             f"{name}: this call has {_FINGERPRINT_MEANING[name]}. Its state (table, "
             "running mean, snapshot) belongs to that run, so resuming would continue with "
             "a wrong state. Pass the original data and optimizer, or a new "
-            "checkpoint_path to start a new run")
+            "checkpoint_path to start a new run (if only the JAX or dsgrad version "
+            "changed, dsgrad.restore_fit_checkpoint reads the state without this check, "
+            "and fit(opt_state=..., start_step=...) continues from it)")
 
       def shown(v):
         return "a different key" if name == "key" else int(v)

@@ -359,3 +359,19 @@ def test_model_parameters_are_learned_through_the_bound():
   assert np.isfinite(float(g["model"]["log_sigma"])) and float(g["model"]["log_sigma"]) != 0
   with pytest.raises(ValueError, match="theta -> Model"):
     AnnealedVI(model, 2, model_params=theta0)
+
+
+@pytest.mark.parametrize("k", [0, 8])
+def test_dais_weight_is_an_unbiased_estimate_of_the_evidence(k):
+  """Ground truth for the DAIS bound: ``exp(log W)`` is an unbiased estimate of the
+  evidence (uncorrected leapfrog moves are volume preserving and the momentum is part of
+  the extended target), so ``E[exp(log W - log Z)] = 1``."""
+  model, log_z, post_mean, post_cov = _regression()
+  vi = AnnealedVI(model, k)
+  params = vi.init_params(loc=post_mean + 0.05, log_scale=0.5 * np.log(np.diag(post_cov)),
+                          step_size=0.05)
+  keys = jax.random.split(jax.random.key(5), 20000)
+  values = jax.jit(jax.vmap(lambda key: vi.log_weight(params, vi.noise_fn(key, 1))))(keys)
+  ratio, se = _mean_and_se(np.exp(np.asarray(values, np.float64) - log_z))
+  assert se < 0.03, se
+  assert abs(ratio - 1.0) < Z * se, (ratio, se)

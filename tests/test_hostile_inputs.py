@@ -307,3 +307,191 @@ def test_cifar_figure_marks_every_off_scale_point():
   marked = cifar_dropout.mark_off_scale(ax, [1, 2, 3, 4], [0.5, 5e4, np.nan, 2.0], 2.5, "C0")
   plt.close(fig)
   assert marked == [2.0, 3.0]
+
+
+# --- NumPyro bridge: each way a model can read its data other than `x[idx]` -----------------
+
+numpyro = pytest.importorskip("numpyro")
+dist = pytest.importorskip("numpyro.distributions")
+bridge = pytest.importorskip("dsgrad.contrib.numpyro")
+
+
+def _bridge_data(n=60, d=3):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+  y = jnp.asarray(rng.integers(0, 2, n), jnp.float32)
+  return x, y
+
+
+def test_bridge_refuses_rows_read_with_dynamic_slice():
+  x, y = _bridge_data()
+
+  def model(x, y):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([x.shape[1]]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=10) as idx:
+      rows = jax.lax.dynamic_slice_in_dim(x, idx[0], idx.shape[0])
+      labels = jax.lax.dynamic_slice_in_dim(y, idx[0], idx.shape[0])
+      numpyro.sample("y", dist.Bernoulli(logits=rows @ w), obs=labels)
+
+  with pytest.raises(ValueError, match="dynamic_slice"):
+    bridge.objective(model, x, y)
+
+
+@pytest.mark.parametrize("plate_size", [50, 80])
+def test_bridge_refuses_closed_over_data_of_another_length_than_the_plate(plate_size):
+  x, y = _bridge_data()
+
+  def model():
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([3]).to_event(1))
+    with numpyro.plate("data", plate_size, subsample_size=10) as idx:
+      numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+  with pytest.raises(ValueError, match="closes over.*size 60|closes over"):
+    bridge.objective(model)
+
+
+def test_bridge_refuses_a_second_subsampled_plate_and_an_extra_scale():
+  y = jnp.asarray(np.random.default_rng(1).normal(size=(8, 60)), jnp.float32)
+
+  def two_plates(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("groups", 8, subsample_size=4, dim=-2) as g:
+      with numpyro.plate("data", 60, subsample_size=10, dim=-1) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1), obs=y[g][:, idx])
+
+  def scaled(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.handlers.scale(scale=0.5), numpyro.plate("data", 60, subsample_size=10) as i:
+      numpyro.sample("y", dist.Normal(mu, 1), obs=y[0, i])
+
+  with pytest.raises(ValueError, match="'groups'.*subsample too"):
+    bridge.objective(two_plates, y, data_plate="data")
+  with pytest.raises(ValueError, match="scale"):
+    bridge.objective(scaled, y)
+
+
+@pytest.mark.parametrize("data_dim", [-1, -2])
+def test_bridge_nested_plates_give_numpyro_own_log_joint(data_dim):
+  """A data plate inside (or around) a plate of groups is accepted, and its per-datum terms
+  add up to NumPyro's log density of the full model at every latent value."""
+  from numpyro import handlers
+  from numpyro.infer.util import potential_energy
+  n, g = 60, 3
+  y = jnp.asarray(np.random.default_rng(2).normal(size=(g, n)), jnp.float32)
+
+  def model(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("groups", g, dim=-3 - data_dim):
+      theta = numpyro.sample("theta", dist.Normal(mu, 1))
+      with numpyro.plate("data", n, subsample_size=10, dim=data_dim) as idx:
+        obs = y[:, idx] if data_dim == -1 else y[:, idx].T
+        numpyro.sample("y", dist.Normal(theta, 1), obs=obs)
+
+  found = bridge.to_model(model, y)
+  z = jnp.linspace(-0.5, 0.7, found.model.latent_dim)
+  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood(z, jnp.arange(n)))
+  full = handlers.substitute(model, data={"data": jnp.arange(n)})
+  with pytest.warns(UserWarning, match="subsample_size"):
+    theirs = -potential_energy(full, (y,), {}, found.unravel(z))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
+# --- files that change under a reader or cannot be written ----------------------------------
+
+@pytest.mark.parametrize("change", ["truncated", "rewritten"])
+def test_memory_map_changed_after_opening_is_refused_not_read(tmp_path, change):
+  from dsgrad import data
+  path = tmp_path / "x.npy"
+  np.save(path, np.arange(400, dtype=np.float32).reshape(100, 4))
+  host = data.open_memmap(path)
+  np.testing.assert_array_equal(host.rows(np.array([99])), [[396, 397, 398, 399]])
+  if change == "truncated":
+    os.truncate(path, 200)  # reading row 99 now would be past the end: SIGBUS
+  else:
+    stat = os.stat(path)
+    np.save(path, np.zeros((100, 4), np.float32))  # same size, other rows
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+  with pytest.raises(ValueError, match="changed after it was opened"):
+    host.rows(np.array([99]))
+
+
+def test_a_full_disk_names_the_checkpoint_path_and_keeps_the_old_one(tmp_path, monkeypatch):
+  import errno
+  from dsgrad import checkpoint
+  path = tmp_path / "run.ckpt"
+  checkpoint.save(path, {"a": np.arange(3.0)})
+
+  def no_space(fd):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "fsync", no_space)
+  with pytest.raises(OSError, match="run.ckpt.*No space left") as caught:
+    checkpoint.save(path, {"a": np.arange(5.0)})
+  assert caught.value.errno == errno.ENOSPC
+  monkeypatch.undo()
+  np.testing.assert_array_equal(checkpoint.restore(path, {"a": np.zeros(3)})["a"], np.arange(3.0))
+  assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no temporary left behind
+
+
+# --- mistakes that used to surface as internal errors ---------------------------------------
+
+def test_another_estimators_state_is_refused_by_name(objective, params0):
+  saga = optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3))
+  svrg_state = optax.chain(dsgrad.joint_svrg(objective, every=10), optax.sgd(1e-3)).init(params0)
+  indices, noise = _batch(objective)
+  grads = objective.grad(params0, indices, noise)
+  with pytest.raises(ValueError, match="JointSvrgState.*JointSagaState.*another estimator"):
+    saga.update(grads, svrg_state, params0, indices=indices, noise=noise)
+  with pytest.raises(ValueError, match="another estimator"):
+    dsgrad.fit(objective, saga, params0, jax.random.key(0), num_steps=2, batch_size=BATCH,
+               opt_state=svrg_state, elbo_samples=0, progress=False)
+
+
+@pytest.mark.parametrize("change", ["renamed", "dropped", "reshaped"])
+def test_params_with_a_leaf_renamed_dropped_or_reshaped_are_refused_by_name(
+    objective, params0, change):
+  bad = {"renamed": {"mean": params0["loc"], "log_scale": params0["log_scale"]},
+         "dropped": {"loc": params0["loc"]},
+         "reshaped": {"loc": params0["loc"][:-1], "log_scale": params0["log_scale"]}}[change]
+  match = {"renamed": r"reads params\['loc'\].*they have \['log_scale', 'mean'\]",
+           "dropped": r"reads params\['log_scale'\]", "reshaped": "shapes"}[change]
+  for optimizer in (optax.adam(1e-2), optax.chain(dsgrad.cv(objective), optax.adam(1e-2))):
+    with pytest.raises(ValueError, match=match):
+      dsgrad.fit(objective, optimizer, bad, jax.random.key(0), num_steps=2, batch_size=BATCH,
+                 elbo_samples=0, progress=False)
+
+
+def test_fit_under_jax_enable_x64_trains():
+  import subprocess
+  import sys
+  script = (
+      "import jax\njax.config.update('jax_enable_x64', True)\n"
+      "import jax.numpy as jnp, numpy as np, optax, dsgrad\n"
+      "from dsgrad.models import logistic_regression, synthetic_logistic_data\n"
+      "x, y, _ = synthetic_logistic_data(jax.random.key(0), 200, 3)\n"
+      "obj = dsgrad.meanfield_gaussian(logistic_regression(np.asarray(x), np.asarray(y)))\n"
+      "p = {'loc': jnp.zeros(3), 'log_scale': jnp.full(3, -1.0)}\n"
+      "for tx in (optax.adam(1e-2), optax.chain(dsgrad.joint_saga(obj), optax.adam(1e-2))):\n"
+      "  r = dsgrad.fit(obj, tx, p, jax.random.key(0), num_steps=40, batch_size=10,\n"
+      "                 progress=False)\n"
+      "  assert np.all(np.isfinite(r.history.elbo)) and r.history.elbo[-1] > r.history.elbo[0]\n"
+      "print('ok')\n")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("genres", ["Action, Comedy", "Action;Comedy", "Acton|Comedy", "nan"])
+def test_movielens_genres_in_another_format_are_refused_not_zeroed(genres):
+  from dsgrad import datasets
+  with pytest.raises(ValueError, match="not a MovieLens genre"):
+    datasets.movielens_from_columns([1, 2], ["Drama", genres], [3.0, 4.0])
+
+
+def test_movielens_genre_names_ignore_case_and_spaces():
+  from dsgrad import datasets
+  loose = datasets.movielens_from_columns([1, 2], [" action | COMEDY", "(no genres listed)"],
+                                          [3.0, 4.0])
+  strict = datasets.movielens_from_columns([1, 2], ["Action|Comedy", "IMAX"], [3.0, 4.0])
+  np.testing.assert_array_equal(loose.genres, strict.genres)
+  assert loose.genres[0].sum() == 2 and loose.genres[1].sum() == 0

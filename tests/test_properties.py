@@ -1,10 +1,12 @@
-"""Property-based bad-input suite (issue 21): random bad indices, shapes, dtypes and
+"""Property-based bad-input suite: random bad indices, shapes, dtypes and
 non-finite values fed to every estimator's ``update`` and to ``fit``.
 
 Each example either raises a ``ValueError``/``TypeError`` whose message names the
 argument that was damaged, or returns finite output that equals the output for the same
 (valid) input computed another way; the returned state never holds a NaN.
 """
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -204,3 +206,172 @@ def test_fit_names_the_bad_argument_or_trains_to_finite_params(logreg_model, par
   assert target is None, f"fit accepted a bad {target}: {kwargs}"
   assert _all_finite((result.params, result.opt_state))
   assert np.all(np.isfinite(result.history.elbo))
+
+
+# --- Generated hostile values of each kind, at the other entry points ----------------------
+# Each example either raises ValueError/TypeError naming the argument (or file), or returns
+# what the clean computation returns.
+
+KIND_SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
+                         suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                HealthCheck.too_slow])
+
+
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(dtype=st.sampled_from(["uint8", "uint16", "uint32", "uint64", "int8", "int16",
+                              "int64"]),
+       seed=st.integers(0, 2 ** 16), name=st.sampled_from(["cv", "joint_saga", "joint_svrg"]))
+def test_any_integer_index_dtype_gives_the_int32_update(setups, params0, dtype, seed, name):
+  objective, tx, state = setups[name]
+  key = jax.random.key(seed)
+  indices = jax.random.choice(key, N_DATA, (BATCH,), replace=False).astype(jnp.int32)
+  noise = objective.sample_noise(jax.random.fold_in(key, 1), BATCH)
+  grads = objective.grad(params0, indices, noise)
+  want, want_state = tx.update(grads, state, params0, indices=indices, noise=noise)
+  got, got_state = tx.update(grads, state, params0, indices=np.asarray(indices).astype(dtype),
+                             noise=noise)
+  for a, b in zip(jax.tree.leaves((got, got_state)), jax.tree.leaves((want, want_state))):
+    np.testing.assert_array_equal(a, b)
+
+
+def _setting_entry_points(x, y):
+  from dsgrad import mcmc
+  from dsgrad.models import logistic_regression, ppca, softmax_regression
+  model = logistic_regression(x, y)
+  d = model.latent_dim
+  hmc = lambda s: mcmc.HMCParameters(jnp.float32(s), jnp.int32(3), jnp.eye(d), jnp.eye(d))
+  labels3 = np.asarray(y, np.int32) + np.arange(len(y)) % 2
+  return {
+      "prior_scale": lambda v: logistic_regression(x, y, prior_scale=v),
+      "prior_scale ": lambda v: softmax_regression(x, labels3, 3, prior_scale=v),
+      "noise_std": lambda v: ppca(np.asarray(x), latent_dim=2, noise_std=v),
+      "step_size": lambda v: mcmc.sgld(model, None, subsample_size=5, step_size=v,
+                                       control_variates=False),
+      "friction": lambda v: mcmc.sghmc(model, None, hmc(0.01), subsample_size=5, friction=v,
+                                       control_variates=False),
+      "step_size  ": lambda v: dsgrad.smiso(dsgrad.meanfield_gaussian(model), v),
+  }
+
+
+@KIND_SETTINGS
+@given(which=st.integers(0, 5),
+       value=st.one_of(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e300, 1e-300]),
+                       st.floats(-1e6, -1e-30), st.floats(1e-3, 10.0)))
+def test_positive_settings_are_refused_by_name_or_accepted_when_valid(logreg_data, which,
+                                                                       value):
+  x, y = logreg_data
+  entries = _setting_entry_points(x, y)
+  label = sorted(entries)[which]
+  info = np.finfo(np.float32)
+  valid = np.isfinite(value) and info.tiny <= value <= info.max
+  try:
+    entries[label](value)
+  except (ValueError, TypeError) as error:
+    assert not valid, f"{label.strip()}={value} refused: {error}"
+    assert label.strip() in str(error), f"the error does not name {label.strip()}: {error}"
+    return
+  assert valid, f"{label.strip()}={value} accepted silently"
+
+
+@KIND_SETTINGS
+@given(kind=st.sampled_from(["nan", "inf", "-inf", "beyond_float32", "valid"]),
+       row=st.integers(0, 49), column=st.integers(0, 4),
+       entry=st.sampled_from(["logistic_regression", "with_data", "from_logdensity"]))
+def test_non_finite_data_are_refused_where_they_enter(logreg_data, kind, row, column, entry):
+  from dsgrad.models import logistic_regression
+  x, y = (np.asarray(a, np.float64) for a in logreg_data)
+  bad = x.copy()
+  bad[row, column % x.shape[1]] = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf,
+                                   "beyond_float32": 1e39, "valid": 0.25}[kind]
+  clean = dsgrad.meanfield_gaussian(logistic_regression(x.astype(np.float32), y))
+  try:
+    if entry == "logistic_regression":
+      logistic_regression(bad, y)
+    elif entry == "with_data":
+      clean.with_data({k: (bad.astype(np.asarray(v).dtype) if kind != "beyond_float32" else bad)
+                       if np.ndim(v) == 2 else v for k, v in clean.data_tree().items()})
+    else:
+      dsgrad.objective_from_logdensity(
+          lambda z: -0.5 * jnp.sum(z ** 2), lambda z, batch: batch["x"] @ z, {"x": bad},
+          x.shape[1])
+  except (ValueError, TypeError) as error:
+    assert kind != "valid", f"{entry} refused valid data: {error}"
+    assert any(w in str(error) for w in ("non-finite", "finite", "float32")), str(error)
+    return
+  assert kind == "valid", f"{entry} accepted {kind} data silently"
+
+
+FILE_KINDS = ("valid", "missing", "folder", "fifo", "empty", "truncated", "text", "devnull")
+
+
+def _make_file(kind: str, path, valid_bytes: bytes) -> str:
+  import os
+  if kind == "valid":
+    path.write_bytes(valid_bytes)
+  elif kind == "folder":
+    path.mkdir()
+  elif kind == "fifo":
+    os.mkfifo(path)
+  elif kind == "empty":
+    path.write_bytes(b"")
+  elif kind == "truncated":
+    path.write_bytes(valid_bytes[:len(valid_bytes) // 2])
+  elif kind == "text":
+    path.write_text("these are not the bytes you are looking for\n" * 3)
+  elif kind == "devnull":
+    return "/dev/null"
+  return str(path)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(kind=st.sampled_from(FILE_KINDS),
+       entry=st.sampled_from(["open_memmap", "checkpoint", "australian"]))
+def test_files_of_every_kind_are_read_or_refused_by_name_never_hung(tmp_path_factory, kind,
+                                                                    entry):
+  import io
+  import threading
+  from dsgrad import checkpoint, data
+  from dsgrad.datasets import uci
+  folder = tmp_path_factory.mktemp("files")
+  good = np.arange(12, dtype=np.float32).reshape(4, 3)
+  if entry == "open_memmap":
+    buffer = io.BytesIO()
+    np.save(buffer, good)
+    read = lambda p: data.open_memmap(p).rows(np.arange(4))  # noqa: E731
+  elif entry == "checkpoint":
+    checkpoint.save(folder / "reference", {"a": good})
+    buffer = io.BytesIO((folder / "reference").read_bytes())
+    read = lambda p: checkpoint.restore(p, {"a": np.zeros_like(good)})["a"]  # noqa: E731
+  else:
+    shipped = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+                           "australian.dat")
+    if not os.path.exists(shipped):
+      return  # the shipped copy is the only valid australian file
+    with open(shipped, "rb") as f:
+      buffer = io.BytesIO(f.read())
+    read = lambda p: uci.load_australian(p)[0]  # noqa: E731
+  path = _make_file(kind, folder / "input.bin", buffer.getvalue())
+  outcome = []
+
+  def run():
+    try:
+      outcome.append(("value", read(path)))
+    except (ValueError, TypeError, OSError) as error:
+      outcome.append(("error", error))
+
+  worker = threading.Thread(target=run, daemon=True)
+  worker.start()
+  worker.join(20)
+  assert outcome, f"{entry} hung on a {kind} path"
+  what, result = outcome[0]
+  if kind == "valid":
+    assert what == "value", f"{entry} refused a valid file: {result}"
+    if entry != "australian":
+      np.testing.assert_array_equal(result, good)
+    return
+  assert what == "error", f"{entry} read a {kind} path silently: {result}"
+  shown = os.path.basename(path)
+  assert shown in str(result) or path in str(result), (
+      f"{entry}: the error for a {kind} path does not name it: {result}")

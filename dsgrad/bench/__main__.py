@@ -19,12 +19,25 @@ BENCHMARKS = {
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
-    print("usage: python -m dsgrad.bench {" + ",".join(BENCHMARKS) + "} [options]")
+    print("usage: python -m dsgrad.bench {" + ",".join(BENCHMARKS) + "} [options] "
+          "[--out DIR] [--data-dir DIR]")
+    print("  --out DIR       where tables (DIR/benchmarks.md) and figures (DIR/figures/) go; "
+          "default: the checkout's docs/")
+    print("  --data-dir DIR  the embedded data sets; default: ../shared/data beside the "
+          "checkout, or $DSGRAD_DATA_DIR")
     for name, module in BENCHMARKS.items():
       print(f"  {name:<12} {module}")
     return 0 if argv and argv[0] in ("-h", "--help") else 2
+  import argparse
   import importlib
-  return importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:])
+  from dsgrad.bench import _report
+  # Folders every benchmark shares, accepted anywhere after the benchmark's name.
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument("--out", default=None)
+  common.add_argument("--data-dir", default=None)
+  folders, rest = common.parse_known_args(argv[1:])
+  _report.set_folders(folders.out, folders.data_dir)
+  return importlib.import_module(BENCHMARKS[argv[0]]).main(rest)
 
 
 if __name__ == "__main__":

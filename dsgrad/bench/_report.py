@@ -30,7 +30,48 @@ def environment() -> str:
           f"numpy {numpy.__version__}")
 
 
-DOCS_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "docs"))
+# The repository root when this code runs from a checkout (it has pyproject.toml and docs/
+# beside the package); None for an installed copy, which must be told where to write.
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_IN_CHECKOUT = (os.path.isfile(os.path.join(_ROOT, "pyproject.toml"))
+                and os.path.isdir(os.path.join(_ROOT, "docs")))
+DOCS_DIR = os.path.join(_ROOT, "docs") if _IN_CHECKOUT else None
+_FOLDERS = {"out": None, "data": None}
+
+
+def set_folders(out: str | None = None, data: str | None = None) -> None:
+  """Sets the output folder (tables go to ``<out>/benchmarks.md``, figures to
+  ``<out>/figures/``) and the data folder for this process (``--out``, ``--data-dir``)."""
+  if out is not None:
+    _FOLDERS["out"] = os.path.abspath(out)
+  if data is not None:
+    if not os.path.isdir(data):
+      raise SystemExit(f"--data-dir {data!r} is not a folder")
+    _FOLDERS["data"] = os.path.abspath(data)
+
+
+def out_dir() -> str:
+  """Where tables and figures go: ``--out``, else the checkout's ``docs/``."""
+  if _FOLDERS["out"] is not None:
+    return _FOLDERS["out"]
+  if DOCS_DIR is None:
+    raise SystemExit("this copy of the benchmarks is not in a dsgrad checkout, so it has no "
+                     "docs/ to write to: pass --out DIR (or --no-write to print only)")
+  return DOCS_DIR
+
+
+def data_dir() -> str:
+  """The folder of the embedded data sets: ``--data-dir``, else ``DSGRAD_DATA_DIR``, else
+  ``../shared/data`` beside the checkout."""
+  if _FOLDERS["data"] is not None:
+    return _FOLDERS["data"]
+  if os.environ.get("DSGRAD_DATA_DIR"):
+    return os.environ["DSGRAD_DATA_DIR"]
+  beside = os.path.join(_ROOT, "..", "shared", "data")
+  if _IN_CHECKOUT and os.path.isdir(beside):
+    return os.path.abspath(beside)
+  raise SystemExit("no data folder: pass --data-dir DIR (the folder holding australian.dat, "
+                   "sonar.all-data, ...) or set DSGRAD_DATA_DIR")
 
 
 def format_bytes(b: int) -> str:
@@ -39,8 +80,11 @@ def format_bytes(b: int) -> str:
 
 
 def docs_path(relative: str) -> str:
-  """Absolute path of ``relative`` (e.g. ``figures/x.png``) under the project's docs/."""
-  return os.path.join(DOCS_DIR, relative)
+  """Absolute path of ``relative`` (e.g. ``figures/x.png``) under the output folder
+  (:func:`out_dir`), its parent folders created."""
+  path = os.path.join(out_dir(), relative)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  return path
 
 
 def write_section(name: str, body: str, path: str | None = None) -> str:

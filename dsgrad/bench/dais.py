@@ -86,9 +86,9 @@ def _data(name: str, seed: int, quick: bool):
                                       feature_correlation=rho)
     return (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
   from dsgrad.datasets.uci import add_intercept, load_australian
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
-                      "australian.dat")
-  x, y = load_australian(os.environ.get("DSGRAD_AUSTRALIAN", path))
+  path = os.environ.get("DSGRAD_AUSTRALIAN") or os.path.join(_report.data_dir(),
+                                                             "australian.dat")
+  x, y = load_australian(path)
   x = add_intercept(x)
   perm = np.random.default_rng(seed).permutation(x.shape[0])
   cut = int(0.8 * x.shape[0])

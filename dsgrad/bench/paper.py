@@ -278,13 +278,14 @@ def main(argv=None):
       "large (all four): see `python -m dsgrad.bench paper mnist --help`.")
   parser.add_argument("task", choices=["uci"], help="which experiment")
   parser.add_argument("--datasets", default="sonar,australian")
-  parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"))
+  parser.add_argument("--data-dir", default=None, help="folder with the UCI files (default: see python -m dsgrad.bench --help)")
   parser.add_argument("--steps", type=int, default=10_000)
   parser.add_argument("--evals", type=int, default=40)
   parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--estimators", default=",".join(ESTIMATORS))
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)
+  args.data_dir = args.data_dir or _report.data_dir()
   estimators = tuple(args.estimators.split(","))
   unknown = set(estimators) - set(ESTIMATORS)
   if unknown or "naive" not in estimators:
@@ -297,9 +298,10 @@ def main(argv=None):
                                         step_sizes=UCI_STEP_SIZES, estimators=estimators)
     steps, best_trace, rows = summarize(dataset, results, args.steps, args.evals, UCI_STEP_SIZES)
     figure = f"figures/paper_uci_{dataset}.png"
-    _figure(dataset, steps, best_trace, rows, UCI_STEP_SIZES, _report.docs_path(figure))
     var_figure = f"figures/paper_uci_{dataset}_variance.png"
-    _variance_figure(dataset, var_trace, _report.docs_path(var_figure))
+    if not args.no_write:  # --no-write prints only: no table and no figure is written
+      _figure(dataset, steps, best_trace, rows, UCI_STEP_SIZES, _report.docs_path(figure))
+      _variance_figure(dataset, var_trace, _report.docs_path(var_figure))
     sections.append(format_uci(dataset, model, rows, variances, config, figure)
                     + f"\n\n![{dataset} variance]({var_figure})\n\n"
                     + format_variance_trace(var_trace))

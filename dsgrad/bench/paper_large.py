@@ -416,7 +416,8 @@ def main(argv=None):
                    estimator_names=names)
     steps, budget, rows = summarize(task, out, args.steps, args.evals)
     figure = f"figures/paper_{name}.png"
-    _figure(task, steps, rows, out["times"], _report.docs_path(figure))
+    if not args.no_write:  # --no-write prints only: no table and no figure is written
+      _figure(task, steps, rows, out["times"], _report.docs_path(figure))
     section = format_task(task, out, steps, budget, rows, figure, args.steps)
     body = "\n\n".join([
         f"Command: `python -m dsgrad.bench paper {name} --steps {args.steps} --seeds "

@@ -677,12 +677,13 @@ def main(argv=None):
   parser.add_argument("--tuning-seeds", type=int, default=2, help="seeds for the lr choice")
   parser.add_argument("--lrs", default="0.1,0.03,0.01,0.003", help="Adam learning rates")
   parser.add_argument("--only", default=None, help="';'-separated substrings of contenders")
-  parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"),
+  parser.add_argument("--data-dir", default=None,
                       help="folder with australian.dat and sonar.all-data")
   parser.add_argument("--section", default=None, help="docs/benchmarks.md section "
                       "(default peers-<task>-<backend>, peers-quick-... with --quick)")
   parser.add_argument("--no-write", action="store_true", help="print only")
   args = parser.parse_args(argv)
+  args.data_dir = args.data_dir or _report.data_dir()
   if args.quick:
     args.tasks, args.seeds, args.tuning_seeds, args.evals = "australian", 2, 1, 10
     args.lrs = "0.03,0.01" if args.lrs == parser.get_default("lrs") else args.lrs

@@ -194,7 +194,7 @@ def _argument_name(model, path) -> str:
 def _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, probe, plate: str,
                       num_data: int) -> None:
   """Refuses a data plate whose size differs from the number of rows the model reads with
-  the plate's indices (issue 21, item 1).
+  the plate's indices.
 
   JAX clamps out-of-range gathers, so a plate of 120 over 100 rows would silently read
   row 99 again for indices 100-119, and a plate of 80 would never use 20 rows. The check
@@ -215,20 +215,75 @@ def _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, 
   closed = jax.make_jaxpr(given)([values[i] for i in positions], z, probe)
   jaxpr = closed.jaxpr
   array_vars = {v: positions[k] for k, v in enumerate(jaxpr.invars[:len(positions)])}
+  # Arrays the model closes over (module-level data) are constants of the program; their
+  # reads at the plate's indices must match the plate just the same.
+  array_vars.update({v: -1 - k for k, v in enumerate(jaxpr.constvars)})
   found: list = []
   _plate_reads(jaxpr, array_vars, {jaxpr.invars[-1]}, found)
   for position, rows in found:
     if rows == num_data:
       continue
-    where = _argument_name(model, leaves[position][0])
+    if position >= 0:
+      where = _argument_name(model, leaves[position][0])
+      shape = tuple(values[position].shape)
+    else:
+      shape = tuple(np.shape(closed.consts[-1 - position]))
+      where = "an array the model closes over (not one of its arguments)"
     consequence = (f"indices {rows}-{num_data - 1} would silently read row {rows - 1} again "
                    "(JAX clamps out-of-range reads)" if rows < num_data else
                    f"rows {num_data}-{rows - 1} would never be used")
     raise ValueError(
         f"plate {plate!r} has size {num_data} but the model reads {where} "
-        f"(shape {tuple(values[position].shape)}) with the plate's indices along an axis "
+        f"(shape {shape}) with the plate's indices along an axis "
         f"of {rows}: {consequence}. Give the plate the data's length, "
         f"`numpyro.plate({plate!r}, {rows}, subsample_size=...)`")
+
+
+def _probe_indices(num_data: int) -> jax.Array:
+  """A few distinct indices spread over the data (first, last, middle, ...)."""
+  picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
+  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
+
+
+def _check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: str,
+                     num_data: int) -> None:
+  """Refuses a model whose plate term is not a per-datum function of the plate's indices,
+  or whose per-datum terms do not add up to NumPyro's own density of the model.
+
+  dsgrad relies on ``log_likelihood(z, indices)[k]`` depending only on datum
+  ``indices[k]``. A model that reads its batch another way (``lax.dynamic_slice`` from the
+  first index, a running offset) or nests the data plate so that the per-datum split
+  differs from NumPyro's scaling would give a wrong ELBO silently. Both are checked once,
+  at a few spread indices: the terms must not depend on the order or company of the
+  indices, and ``log p(z) + N/|S| sum_S log p(x_n | z)`` must equal NumPyro's log density of
+  the model subsampled at ``S``.
+  """
+  probe = _probe_indices(num_data)
+  batch = log_likelihood(z, probe)
+  if not bool(jnp.all(jnp.isfinite(batch))):
+    return  # the latent draw is off the model's support; nothing to compare
+  flipped = log_likelihood(z, probe[::-1])[::-1]
+  singles = jnp.concatenate([log_likelihood(z, probe[k:k + 1]) for k in range(probe.shape[0])])
+  scale = 1e-3 * (1.0 + jnp.abs(batch))
+  for other, how in ((flipped, "in reversed order"), (singles, "one at a time")):
+    if not bool(jnp.all(jnp.abs(other - batch) <= scale)):
+      raise ValueError(
+          f"the model's terms for plate {plate!r} change when its indices "
+          f"{np.asarray(probe).tolist()} are given {how}: they do not depend on each datum's "
+          "own index alone (e.g. rows read with lax.dynamic_slice from the first index). "
+          "dsgrad substitutes random indices for the plate's, so read the data as "
+          "`x[idx]` with the plate's indices")
+  theirs = log_joint_subsampled(z, probe)
+  ours = log_prior(z) + num_data / probe.shape[0] * jnp.sum(batch)
+  if bool(jnp.isfinite(theirs)) and not bool(jnp.abs(theirs - ours)
+                                             <= 1e-3 * (1.0 + jnp.abs(theirs))):
+    raise ValueError(
+        f"the per-datum terms dsgrad reads from plate {plate!r} do not add up to NumPyro's "
+        f"log density of the model ({float(ours):.6g} against {float(theirs):.6g} at one "
+        "latent draw): the observations carry a scale besides the plate's N/B (a "
+        "numpyro.handlers.scale, or a data plate nested in another scaled plate). dsgrad "
+        "weighs each datum's log-likelihood by N; remove the extra scale (temper the "
+        "likelihood in the distribution instead)")
 
 
 def to_model(model, *model_args, data_plate: str | None = None,
@@ -270,6 +325,13 @@ def to_model(model, *model_args, data_plate: str | None = None,
         "subsample_size=...) as idx:` and `obs=y[idx]`, with every per-datum array indexed "
         "the same way") from error
   plate = _find_data_plate(trace, data_plate)
+  others = sorted(name for name, site in trace.items() if site["type"] == "plate"
+                  and name != plate and site["args"][1] not in (None, site["args"][0]))
+  if others:
+    raise ValueError(f"plate(s) {others} subsample too, besides the data plate {plate!r}: "
+                     "dsgrad draws the mini-batch of one plate only, and a second "
+                     "subsampled plate would be rescaled at random inside every step. Give "
+                     "them no subsample_size")
   num_data, subsample_size = trace[plate]["args"]
   num_data = int(num_data)
   batch_size = int(subsample_size or num_data)
@@ -365,6 +427,14 @@ def to_model(model, *model_args, data_plate: str | None = None,
         "subsample_size=...) as idx:` and `obs=y[idx]`") from error
   _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
                     num_data)
+
+  def log_joint_subsampled(z, indices):
+    subsampled = _with_indices(model, plate, indices)
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="subsample_size does not match")
+      return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
+
+  _check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), data=handles or None)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,

@@ -202,7 +202,9 @@ def movielens_from_columns(user_ids, genre_strings, ratings, *, expected=None) -
 
   Args:
     user_ids: ``(N,)`` integer user ids (any values; renumbered in sorted order).
-    genre_strings: ``(N,)`` pipe-separated genre names (e.g. ``"Action|Comedy"``).
+    genre_strings: ``(N,)`` pipe-separated genre names (e.g. ``"Action|Comedy"``; case
+      and spaces around names do not matter; ``IMAX`` and ``(no genres listed)`` carry
+      no flag). Any other name is refused.
     ratings: ``(N,)`` ratings in ``{0.5, 1, ..., 5}``.
     expected: optional ``{"ratings": int, "users": int}`` counts to verify.
   """
@@ -221,12 +223,23 @@ def movielens_from_columns(user_ids, genre_strings, ratings, *, expected=None) -
     found = {"ratings": int(ids.shape[0]), "users": int(unique.shape[0])}
     if found != expected:
       raise ValueError(f"movielens: found {found}, expected {expected}")
-  index = {g: i for i, g in enumerate(GENRES)}
-  index["Children"] = index["Children's"]
+  # Names are matched without case or surrounding spaces; a name outside MovieLens's
+  # vocabulary (another separator, a misspelling, a missing value) is refused rather than
+  # read as "no genre", which would silently zero every flag of that rating.
+  index = {g.lower(): i for i, g in enumerate(GENRES)}
+  index["children"] = index["children's"]
+  ignored = {"imax", "(no genres listed)", "unknown"}
   genres = np.zeros((ids.shape[0], len(GENRES)), np.int32)
   for row, text in enumerate(genre_strings):
     for g in str(text).split("|"):
-      if g in index:
-        genres[row, index[g]] = 1
+      name = g.strip().lower()
+      if name in index:
+        genres[row, index[name]] = 1
+      elif name not in ignored:
+        raise ValueError(
+            f"movielens: rating {row} has genre {g.strip()!r} (in {str(text)[:80]!r}), which "
+            "is not a MovieLens genre; genres must be pipe-separated names of "
+            f"dsgrad.datasets.movielens.GENRES (e.g. 'Action|Comedy'), or "
+            "'(no genres listed)'")
   classes = (np.ceil(r) - 1).astype(np.int32)
   return MovieLensData(users.astype(np.int32), genres, classes, int(unique.shape[0]))

@@ -64,6 +64,9 @@ def _read_rows(path, delimiter, name, uci_name):
 
 
 def _check_shape(rows, name, path, num_rows, num_cols, uci_name):
+  if not rows:
+    raise ValueError(f"{name}: {path!r} is empty (no data rows). "
+                     + _HOW_TO_GET.format(name=uci_name))
   widths = {len(r) for r in rows}
   if widths != {num_cols}:
     bad = next(i for i, r in enumerate(rows) if len(r) != num_cols)

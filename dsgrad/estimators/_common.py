@@ -163,25 +163,20 @@ def _first_line(error: Exception) -> str:
 def check_params_fit(objective: Objective, params, estimator: str, approx=None) -> None:
   """Static checks, at ``init``: ``params`` of at least 32-bit floats
   (:func:`require_full_precision`), and ``objective`` (and ``approx``, when given) can be
-  evaluated at them (issue 21, item 9): params or an approximation made for a model of
-  another dimension are refused by name with the shapes involved, not met with an
-  internal ``dot_general``/broadcasting error inside the first full pass.
+  evaluated at them: params or an approximation made for a model of another dimension
+  are refused by name with the shapes involved, not met with an internal
+  ``dot_general``/broadcasting error inside the first full pass.
 
   Costs one abstract trace (``jax.eval_shape``), no computation.
   """
   require_full_precision(params, estimator)
   if not has_leaves(params):  # optax.tree.map_params placeholder
     return
-  indices = jnp.zeros((1,), jnp.int32)
-  noise = objective.zero_noise(1)
-  try:
-    jax.eval_shape(objective.loss_fn, params, indices, noise)
-  except (TypeError, ValueError, IndexError) as error:
-    raise ValueError(f"dsgrad.{estimator}: objective {objective.name!r} cannot be evaluated "
-                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
-                     "Were the params made for another model?") from error
+  check_objective_evaluates(objective, params, estimator)
   if approx is None:
     return
+  indices = jnp.zeros((1,), jnp.int32)
+  noise = objective.zero_noise(1)
   try:
     grads = jax.eval_shape(lambda p: approx.grad_and_expected(objective, p, indices, noise),
                            params)
@@ -194,6 +189,27 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
       raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} returns a {which} "
                        f"of shapes {_shapes(tree)} for params of shapes {_shapes(params)}; "
                        "was it built from another model than the objective?")
+
+
+def check_objective_evaluates(objective: Objective, params, who: str) -> None:
+  """Refuses, by name, params at which ``objective`` cannot be evaluated (a leaf renamed,
+  dropped or of another shape), with one abstract trace instead of an internal error
+  inside the first compiled step."""
+  indices = jnp.zeros((1,), jnp.int32)
+  noise = objective.zero_noise(1)
+  try:
+    jax.eval_shape(objective.loss_fn, params, indices, noise)
+  except KeyError as error:
+    keys = (sorted(map(str, params)) if isinstance(params, dict)
+            else jax.tree_util.tree_structure(params))
+    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} reads params"
+                     f"[{error.args[0]!r}], which these params lack (they have {keys}). "
+                     "Was a params leaf renamed or dropped, or were the params made for "
+                     "another objective?") from error
+  except (TypeError, ValueError, IndexError, AttributeError) as error:
+    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be evaluated "
+                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
+                     "Were the params made for another model?") from error
 
 
 def check_state_matches_params(tree, params, estimator: str, field: str) -> None:
@@ -389,19 +405,50 @@ def tree_bytes(tree) -> int:
                  for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
 
 
-def bound_transformation(objective: Objective, init_fn, update_fn):
+def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "estimator"):
   """``optax.GradientTransformationExtraArgs(init_fn, update_fn)`` whose functions read
   ``objective``'s data (:meth:`dsgrad.Objective.bound`) unless an enclosing jitted program
   has bound them to its arguments, so that an estimator built for one objective serves
-  its :meth:`~dsgrad.Objective.with_data` copies inside :func:`dsgrad.fit`."""
+  its :meth:`~dsgrad.Objective.with_data` copies inside :func:`dsgrad.fit`.
+
+  ``update`` also refuses, by name, a state that this estimator's ``init`` does not make
+  (another estimator's state, or a chain's states in another order), which would
+  otherwise fail deep inside the step on a missing field.
+  """
   def init(params):
     with objective.bound():
       return init_fn(params)
 
+  expected_types: dict = {}
+
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:
       extra_args["indices"] = _checks.as_index_array(extra_args["indices"])
+    if params is not None and has_leaves(params):
+      _check_state_type(state, params, init, expected_types, name)
     with objective.bound():
       return update_fn(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _check_state_type(state, params, init, cache: dict, name: str) -> None:
+  key = jax.tree.structure(params), tuple((jnp.shape(p), jnp.result_type(p))
+                                          for p in jax.tree.leaves(params))
+  if key not in cache:  # one abstract trace of init per params structure
+    cache[key] = jax.eval_shape(init, params)
+  expected = cache[key]
+  if type(state) is type(expected):
+    return
+  # Containers rebuilt by other code (Flax NNX turns NamedTuples into tuples; `()` for a
+  # stateless estimator) pass when their arrays are the ones init makes; another
+  # NamedTuple (another estimator's state) never does.
+  same_arrays = ([(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)]
+                 == [(x.shape, x.dtype) for x in jax.tree.leaves(expected)])
+  if same_arrays and not hasattr(state, "_fields"):
+    return
+  raise ValueError(
+      f"dsgrad.{name}: the state passed to update is a {type(state).__name__}, but this "
+      f"estimator's init makes a {type(expected).__name__}. Was the state created by another "
+      "estimator (or by a chain with its transforms in another order)? Pass the state "
+      "that this optimizer's init returned")

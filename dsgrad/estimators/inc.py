@@ -86,4 +86,4 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
     new_state = IncState(_common.set_rows(state.table, indices, params))
     return optax.tree.cast_like(out, updates), new_state
 
-  return _common.bound_transformation(objective, init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn, "inc")

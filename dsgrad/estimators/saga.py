@@ -210,7 +210,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return _common.bound_transformation(objective, init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")
 
 
 def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
@@ -287,4 +287,4 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return _common.bound_transformation(objective, init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")

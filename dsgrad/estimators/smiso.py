@@ -117,4 +117,4 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     step = optax.tree.sub(running_mean, params)
     return optax.tree.cast_like(step, updates), SmisoState(table, running_mean)
 
-  return _common.bound_transformation(objective, init_fn, update_fn)
+  return _common.bound_transformation(objective, init_fn, update_fn, "smiso")

@@ -21,6 +21,8 @@ def _check_features_labels(features, labels):
   if y.shape != (x.shape[0],):
     raise ValueError(f"labels must have shape ({x.shape[0]},) to match features, got {y.shape}")
   chunk = 1 << 18
+  if isinstance(x, HostArray):
+    x.check_unchanged()
   for start in range(0, x.shape[0], chunk):
     block = x.array[start:start + chunk] if isinstance(x, HostArray) else x[start:start + chunk]
     rows = f"rows {start} to {min(start + chunk, x.shape[0]) - 1}"

@@ -1,0 +1,57 @@
+"""Benchmarks write where they are told: ``--out`` for tables and figures, ``--data-dir``
+for data, the checkout's ``docs/`` only by default, and nothing at all with ``--no-write``."""
+
+import os
+
+import pytest
+
+from dsgrad.bench import __main__ as bench_main
+from dsgrad.bench import _report
+
+
+@pytest.fixture(autouse=True)
+def _restore_folders():
+  saved = dict(_report._FOLDERS)
+  yield
+  _report._FOLDERS.update(saved)
+
+
+def test_out_sends_tables_to_the_given_folder(tmp_path):
+  docs = os.path.join(_report._ROOT, "docs", "benchmarks.md")
+  before = os.stat(docs).st_mtime_ns
+  code = bench_main.main(["checks", "--sizes", "200x3", "--batch-size", "10", "--steps", "2",
+                          "--rounds", "1", "--estimators", "naive", "--out", str(tmp_path)])
+  assert code == 0
+  assert "<!-- bench:checks-" in (tmp_path / "benchmarks.md").read_text()
+  assert "<!-- bench:checks-" in (tmp_path / "errors.md").read_text()
+  assert os.stat(docs).st_mtime_ns == before  # the checkout's docs untouched
+
+
+def test_an_installed_copy_needs_out_and_data_dir(monkeypatch, tmp_path):
+  monkeypatch.setattr(_report, "DOCS_DIR", None)
+  monkeypatch.setattr(_report, "_IN_CHECKOUT", False)
+  monkeypatch.delenv("DSGRAD_DATA_DIR", raising=False)
+  _report._FOLDERS.update(out=None, data=None)
+  with pytest.raises(SystemExit, match="--out DIR"):
+    _report.docs_path("benchmarks.md")
+  with pytest.raises(SystemExit, match="--data-dir DIR"):
+    _report.data_dir()
+  _report.set_folders(out=str(tmp_path), data=str(tmp_path))
+  assert _report.docs_path("figures/x.png") == str(tmp_path / "figures" / "x.png")
+  assert _report.data_dir() == str(tmp_path)
+  with pytest.raises(SystemExit, match="not a folder"):
+    _report.set_folders(data=str(tmp_path / "missing"))
+
+
+def test_paper_no_write_writes_no_figure(monkeypatch):
+  from dsgrad.bench import paper_large
+
+  def refuse(*args):
+    raise AssertionError(f"--no-write wrote {args}")
+
+  monkeypatch.setattr(_report, "docs_path", refuse)
+  monkeypatch.setattr(_report, "write_section", refuse)
+  code = paper_large.main(["ppca", "--steps", "20", "--evals", "2", "--seeds", "1",
+                           "--trace-samples", "4", "--final-samples", "8",
+                           "--estimators", "naive", "--no-write"])
+  assert code == 0
