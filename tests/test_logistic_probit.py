@@ -28,7 +28,7 @@ def test_mixture_is_the_sigmoid_to_within_its_stated_error():
 def test_gaussian_mean_is_the_quadrature_of_the_mixture(mean, sd):
   """Closed form vs adaptive quadrature (scipy, float64) of the mixture itself."""
   from scipy import integrate, stats
-  from dsgrad.approx import _PROBIT_SLOPES, _PROBIT_WEIGHTS
+  from dsgrad.approx.glm import _PROBIT_SLOPES, _PROBIT_WEIGHTS
   mixture = lambda a: float(np.sum(np.asarray(_PROBIT_WEIGHTS)
                                    * stats.norm.cdf(a * np.asarray(_PROBIT_SLOPES))))
   quadrature = integrate.quad(lambda xi: mixture(mean + sd * xi) * stats.norm.pdf(xi),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optax
 
-from dsgrad import approx as approx_lib
+from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
 

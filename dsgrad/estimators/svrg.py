@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import _checks, approx as approx_lib
+from dsgrad import _checks
 from dsgrad import data as data_lib
+from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
 

@@ -1,0 +1,198 @@
+"""Approximations ``f~(w; n, eps)`` whose noise expectation is known in closed form.
+
+The control-variate estimators (``cv``, ``joint_saga``, ``joint_svrg``) need, for a batch
+of data, the mean over the batch of
+
+* ``grad_w f~(w; n, eps_n)``          -- the approximation's gradient at the drawn noise;
+* ``E_xi grad_w f~(w; n, xi)``        -- its expectation over the noise, in closed form.
+
+This module holds the protocol, which depends only on the
+objective. An :class:`Approximation` bundles two functions computing these:
+
+    grad_and_expected(objective, params, indices, noise) -> (mean grad f~, mean E grad f~)
+    expected_grad(objective, params, indices)            -> mean E grad f~
+
+Both return trees shaped like ``params`` (means over the batch). Estimators that need
+values at per-datum parameters (the SAGA table) call them on batches of size one under
+``jax.vmap``. To bring your own approximation, construct ``Approximation`` with two such
+functions; :func:`linearize` is the generic choice.
+
+Compact tables: an approximation may also carry :class:`DatumStatistics`, saying that
+its per-datum part depends on the parameters only through a small per-datum statistic
+(for a GLM, the ``K`` logits ``x_n^T Z``). ``joint_saga`` then stores that statistic
+instead of a copy of the parameters per datum (:func:`dsgrad.approx.glm_mean_taylor` for
+GLMs, :func:`dsgrad.approx.sparse_linearize` for models whose likelihood terms read a few
+coordinates).
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 4, App. E (dropout), App. F (mean-field Gaussian).
+  Miller et al. (2017). Reducing reparameterization gradient variance. NeurIPS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad.objective import Objective
+
+
+class DatumStatistics(NamedTuple):
+  """An approximation split into a per-datum part held in a compact table and a
+  data-independent part evaluated at the current parameters.
+
+  ``grad f~(w; n, eps) = d_n(s_n, w, eps) + c(w, eps)`` where ``s_n = statistics(w^n, n)``
+  is what the SAGA table stores for datum ``n`` (taken at the parameters ``w^n`` of its
+  last visit) and ``c`` is the data-independent part (prior, entropy). Requirements for
+  an unbiased ``joint_saga``: ``E_eps d_n(s, w, eps)`` depends on ``s`` and ``n`` only
+  (not on ``w``) and ``E_eps c(w, eps)`` is known.
+
+  Attributes:
+    statistics: ``(params, indices) -> tree`` with leaves ``(B, ...)``.
+    datum_terms: ``(objective, params, stats, indices, noise, weights) -> (d, e)``,
+      ``d = sum_b weights_b d_b(stats_b, params, eps_b)`` and
+      ``e = sum_b weights_b E d_b(stats_b)``, both shaped like ``params``.
+    datum_expected: ``(objective, params, stats, indices, weights) -> e`` as above;
+      ``params`` serves only as a template for the output's structure.
+    global_terms: ``(objective, params, noise) -> (c, E c)``: the data-independent part,
+      averaged over the batch's noise draws.
+    expected_of_mean: optional ``(params, mean) -> expectation``, linear in ``mean``.
+      When set, ``datum_expected`` returns a statistic that does not depend on ``w``
+      (what ``joint_saga`` keeps as its running mean) and the expectation of the
+      per-datum part at the current parameters is ``expected_of_mean(params, mean)``.
+      :func:`glm_taylor` uses it for the scale: ``E d_n = sigma^2 * curvature_n``, with
+      the stored curvature and the current ``sigma``. ``None``: the identity.
+  """
+
+  statistics: Callable[..., Any]
+  datum_terms: Callable[..., tuple[Any, Any]]
+  datum_expected: Callable[..., Any]
+  global_terms: Callable[..., tuple[Any, Any]]
+  expected_of_mean: Callable[[Any, Any], Any] | None = None
+
+  def expectation(self, params, mean):
+    """The per-datum part's expectation at ``params`` from a ``datum_expected`` mean."""
+    return mean if self.expected_of_mean is None else self.expected_of_mean(params, mean)
+
+
+class Approximation(NamedTuple):
+  """An approximation ``f~`` of a doubly-stochastic objective (see module docstring).
+
+  Attributes:
+    grad_and_expected: ``(objective, params, indices, noise) -> (g_tilde, e_tilde)``,
+      the batch means of ``grad f~(w; n, eps_n)`` and ``E_xi grad f~(w; n, xi)``.
+    expected_grad: ``(objective, params, indices) -> e_tilde``.
+    name: label for tables and messages.
+    through_objective: ``True`` if both functions see the data only through
+      ``objective.loss_fn``, so that weighting the per-datum losses weights the batch
+      means. Estimators then get weighted sums over a batch from one call on a
+      reweighted objective instead of one call per datum. Leave ``False`` if unsure.
+    statistics: optional :class:`DatumStatistics`; when present, ``joint_saga`` keeps
+      a compact table of per-datum statistics instead of per-datum parameters.
+  """
+
+  grad_and_expected: Callable[..., tuple[Any, Any]]
+  expected_grad: Callable[..., Any]
+  name: str = "custom"
+  through_objective: bool = False
+  statistics: DatumStatistics | None = None
+
+
+def _resolve_mask(mask, params):
+  if mask is None:
+    return None
+  if callable(mask):
+    mask = mask(params)
+  return jax.tree.map(lambda m, p: jnp.asarray(m, bool), mask, params)
+
+
+def _apply_mask(mask, tree):
+  if mask is None:
+    return tree
+  return jax.tree.map(lambda m, x: jnp.where(m, x, jnp.zeros_like(x)), mask, tree)
+
+
+def _require_continuous_noise(objective: Objective, noise) -> None:
+  """Refuses noise with integer leaves: it has no derivative to expand in, and its
+  expectation is not the value at zero (NS-DAIS's dynamics mini-batch, for example)."""
+  discrete = [jax.tree_util.keystr(path) for path, leaf in
+              jax.tree_util.tree_leaves_with_path(noise)
+              if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+  if discrete:
+    raise TypeError(f"linearize() expands the gradient in continuous noise, but the noise of "
+                    f"{objective.name} has discrete leaves {discrete}; its expectation is not "
+                    f"the value at zero, so no control variate from linearize() is unbiased "
+                    f"for it. Use the naive estimator (or an approximation written for it).")
+
+
+def linearize(mask: Any = None) -> Approximation:
+  """First-order expansion of the gradient in the noise around its mean (zero).
+
+  ``grad f~(w; n, eps) = grad f(w; n, 0) + d/d(eps) grad f(w; n, eps)|_{eps=0} [eps]``,
+  so ``E grad f~ = grad f(w; n, 0)`` for zero-mean noise. Both come from one
+  forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction); the
+  expectation alone costs one gradient at ``eps = 0``. For mean-field Gaussian BBVI with
+  ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
+  approximation (App. F, Eq. 63-64); see :func:`gaussian_mean_taylor`.
+
+  Args:
+    mask: optional tree of booleans with the structure of the params (or a callable
+      ``params -> mask``, as in ``optax.masked``). Leaves marked ``False`` get no control
+      variate (their ``f~`` gradient and its expectation are zero).
+
+  Returns:
+    An :class:`Approximation`. Requires the objective's noise to have mean zero.
+
+  References:
+    Wang, Geffner, Domke (2024), Sec. 4 and App. F; DESIGN.md, Sec. 3.
+  """
+
+  def grad_and_expected(objective: Objective, params, indices, noise):
+    _require_continuous_noise(objective, noise)
+
+    def grad_at(eps):
+      return objective.grad(params, indices, eps, validate=False)
+
+    zero = jax.tree.map(jnp.zeros_like, noise)
+    expected, deviation = jax.jvp(grad_at, (zero,), (noise,))
+    m = _resolve_mask(mask, params)
+    return (_apply_mask(m, optax.tree.add(expected, deviation)), _apply_mask(m, expected))
+
+  def expected_grad(objective: Objective, params, indices):
+    zero = objective.zero_noise(indices.shape[0])
+    _require_continuous_noise(objective, zero)
+    g = objective.grad(params, indices, zero, validate=False)
+    return _apply_mask(_resolve_mask(mask, params), g)
+
+  return Approximation(grad_and_expected, expected_grad,
+                       "linearize" if mask is None else "linearize(masked)",
+                       through_objective=True)
+
+
+def with_statistics(statistics, datum_terms, datum_expected, global_terms, name: str,
+                     dtype, expected_of_mean=None) -> Approximation:
+  """An :class:`Approximation` whose batch means come from its :class:`DatumStatistics`
+  (statistics at the current parameters, uniform weights, plus the global part)."""
+
+  def uniform(indices):
+    return jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)
+
+  def grad_and_expected(objective, params, indices, noise):
+    d, e = datum_terms(objective, params, statistics(params, indices), indices, noise,
+                       uniform(indices))
+    c, ec = global_terms(objective, params, noise)
+    return optax.tree.add(d, c), optax.tree.add(e, ec)
+
+  fns = DatumStatistics(statistics, datum_terms, datum_expected, global_terms,
+                        expected_of_mean)
+
+  def expected_grad(objective, params, indices):
+    e = fns.expectation(params, datum_expected(objective, params, statistics(params, indices),
+                                               indices, uniform(indices)))
+    zero = objective.zero_noise(indices.shape[0])
+    return optax.tree.add(e, global_terms(objective, params, zero)[1])
+
+  return Approximation(grad_and_expected, expected_grad, name, statistics=fns)

@@ -1,0 +1,142 @@
+""":func:`linearize` with a compact table for models whose per-datum terms read a
+few coordinates of the latent vector (e.g. Bradley-Terry, hierarchical models).
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 4.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad.approx.base import Approximation, with_statistics
+from dsgrad.bbvi import meanfield_entropy
+from dsgrad.models.base import Model
+
+
+def sparse_linearize(model: Model) -> Approximation:
+  """:func:`linearize` for mean-field Gaussian BBVI with a table of each datum's coordinates.
+
+  For a model that declares which latent coordinates each likelihood term reads
+  (``model.sparse``, a :class:`dsgrad.models.SparseLikelihood`), the per-datum loss of
+  :func:`dsgrad.meanfield_gaussian` splits into a likelihood term that depends on the
+  variational parameters only through ``w_n = (loc[c_n], log_scale[c_n])`` and a
+  data-independent term (prior and entropy):
+
+      f(w; n, eps) = l_n(w_n, eps[c_n]) + c(w, eps),
+      l_n = -N log p(x_n | loc[c_n] + exp(log_scale[c_n]) * eps[c_n]),
+      c   = -log p(loc + exp(log_scale) * eps) - H(w).
+
+  Both terms are linearized in the noise around zero, exactly as :func:`linearize`
+  does for the whole loss (linearization is linear in the loss, so at the current
+  parameters the two approximations coincide -- tested). ``joint_saga`` then stores
+  per datum only ``w_n``: ``2 k`` numbers instead of ``2 d`` (MovieLens 100K: 180
+  instead of 170,100), evaluates ``l_n``'s terms at the stored ``w_n`` and ``c``'s at the
+  current parameters. With a flat prior this is the dense ``joint_saga(objective,
+  linearize())`` estimator update for update (tested); with a prior, the prior's
+  control variate is taken at the current parameters rather than the stored ones
+  (both are unbiased; the prior is cheap to evaluate at ``w``).
+
+  Cost per step: one gradient and one JVP of ``l_n`` per batch datum on ``k``
+  coordinates, a gather and a scatter-add of ``B k`` values, and one gradient and JVP
+  of the prior over ``d`` -- no ``d``-sized work per datum.
+
+  Args:
+    model: a model with ``model.sparse`` set (``dsgrad.models.movielens``,
+      ``dsgrad.models.bradley_terry``, or any model via
+      :func:`dsgrad.models.with_coordinates`), used with
+      :func:`dsgrad.meanfield_gaussian` (shared or per-datum noise).
+
+  Returns:
+    An :class:`Approximation` with :class:`DatumStatistics` for params
+    ``{"loc", "log_scale"}``.
+
+  Raises:
+    ValueError: if the model declares no sparse likelihood, or (when called) the params
+      are not mean-field Gaussian params of the model's dimension.
+
+  References:
+    Wang, Geffner, Domke (2024), Sec. 4 (the approximation), Sec. 7.1 (MovieLens, where
+    the dense table did not fit in memory).
+  """
+  sparse = model.sparse
+  if sparse is None:
+    raise ValueError(f"sparse_linearize needs a model that declares which coordinates "
+                     f"each likelihood term reads (model.sparse); {model.name!r} has none. "
+                     f"Declare it with dsgrad.models.with_coordinates(model, k, fn), or "
+                     f"use linearize().")
+  n, d, k = model.num_data, model.latent_dim, sparse.num_coordinates
+
+  def check(params):
+    if not isinstance(params, dict) or set(params) != {"loc", "log_scale"}:
+      raise ValueError(f"sparse_linearize({model.name}) works on mean-field Gaussian "
+                       f"params {{'loc', 'log_scale'}}, got {jax.tree.structure(params)}")
+    for key, value in params.items():
+      if jnp.shape(value) != (d,):
+        raise ValueError(f"sparse_linearize({model.name}): params[{key!r}] has shape "
+                         f"{jnp.shape(value)}, expected ({d},)")
+
+  def coordinates(indices):
+    coords = sparse.coordinates(indices)
+    if coords.shape != indices.shape + (k,):
+      raise ValueError(f"{model.name}: sparse.coordinates returned shape {coords.shape}, "
+                       f"expected {indices.shape + (k,)}")
+    return coords
+
+  def statistics(params, indices):
+    check(params)
+    coords = coordinates(indices)
+    return {"loc": params["loc"][coords], "log_scale": params["log_scale"][coords]}
+
+  def local_noise(objective, noise, coords):
+    if objective.shared_noise:
+      return noise[coords]
+    return jnp.take_along_axis(noise, coords, axis=1)
+
+  def local_loss(row, index, eps):
+    z = row["loc"] + jnp.exp(row["log_scale"]) * eps
+    return -n * sparse.log_likelihood_local(z[None], index[None])[0]
+
+  def local_terms(row, index, eps):
+    def grad_at(e):
+      return jax.grad(local_loss)(row, index, e)
+    expected, deviation = jax.jvp(grad_at, (jnp.zeros_like(eps),), (eps,))
+    return optax.tree.add(expected, deviation), expected
+
+  def scatter(params, rows, coords, weights):
+    flat = coords.reshape(-1)
+    return {key: jnp.zeros_like(params[key]).at[flat].add(
+        (rows[key] * weights[:, None].astype(rows[key].dtype)).reshape(-1)
+        .astype(params[key].dtype)) for key in ("loc", "log_scale")}
+
+  def datum_terms(objective, params, stats, indices, noise, weights):
+    check(params)
+    coords = coordinates(indices)
+    eps = local_noise(objective, noise, coords)
+    rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
+    d_rows, e_rows = jax.vmap(local_terms)(rows, indices, eps)
+    return scatter(params, d_rows, coords, weights), scatter(params, e_rows, coords, weights)
+
+  def datum_expected(objective, params, stats, indices, weights):
+    del objective
+    coords = coordinates(indices)
+    rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
+    e_rows = jax.vmap(jax.grad(local_loss))(rows, indices, jnp.zeros_like(rows["loc"]))
+    return scatter(params, e_rows, coords, weights)
+
+  def global_loss(params, eps):
+    z = params["loc"] + jnp.exp(params["log_scale"]) * eps
+    return -model.log_prior(z) - meanfield_entropy(params["log_scale"])
+
+  def global_terms(objective, params, noise):
+    check(params)
+    if not objective.shared_noise:
+      noise = jnp.mean(noise, 0)  # the linearization is linear in the noise
+    expected, deviation = jax.jvp(lambda e: jax.grad(global_loss)(params, e),
+                                  (jnp.zeros_like(noise),), (noise,))
+    return optax.tree.add(expected, deviation), expected
+
+  return with_statistics(statistics, datum_terms, datum_expected, global_terms,
+                          "sparse_linearize", jnp.float32)

@@ -1,0 +1,33 @@
+"""The layout shows the architecture: the estimators depend on the approximation protocol
+(``dsgrad.approx.base``) only, and the protocol depends on the objective only, not on
+models, families or Flax."""
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dsgrad"
+
+
+def _dsgrad_imports(path: pathlib.Path) -> set:
+  """``module.name`` for every ``from dsgrad... import name`` and ``import dsgrad...``."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsgrad"):
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names if a.name.startswith("dsgrad"))
+  return names
+
+
+def test_estimators_import_only_the_approximation_protocol():
+  for path in sorted((PACKAGE / "estimators").glob("*.py")):
+    approx = {n for n in _dsgrad_imports(path) if n.startswith("dsgrad.approx")}
+    assert all(n.startswith("dsgrad.approx.base") for n in approx), (path, approx)
+    assert not {n for n in _dsgrad_imports(path)
+                if n.startswith(("dsgrad.models", "dsgrad.families", "dsgrad.mcvae"))}, path
+
+
+def test_the_approximation_protocol_depends_on_the_objective_only():
+  imports = _dsgrad_imports(PACKAGE / "approx" / "base.py")
+  assert {n.split(".")[1] for n in imports} <= {"objective", "_checks", "data"}, imports
+  assert "flax" not in (PACKAGE / "approx" / "base.py").read_text()
