@@ -3,7 +3,7 @@
 ``jax.random.permutation`` shuffles by sorting (random key, value) pairs, in as many rounds
 as ``N`` needs for the keys to be unlikely to tie. On a CPU, XLA sorts pairs far more slowly
 than a single array of integers, so that one epoch's order of ``N = 10^6`` data can cost
-more than the epoch's steps (``python -m dsgrad.bench scale steps``, "epoch order" rows).
+more than the epoch's steps (``python -m benchmarks scale steps``, "epoch order" rows).
 
 Here the keys are ``h(i)`` for a random bijection ``h`` of the 32-bit integers, drawn from
 the PRNG key: ``h`` is a few rounds of "xor a random word, then murmur3's finalizer", each

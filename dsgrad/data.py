@@ -452,7 +452,7 @@ class RowReader:
   of the next steps overlap the current steps' computation, and the compiled steps
   receive their rows as an argument (no host callback in a step, and no copy on the
   dispatching thread, where passing NumPy rows to the compiled call would copy them;
-  ``python -m dsgrad.bench scale steps`` measures a step with its rows on the device).
+  ``python -m benchmarks scale steps`` measures a step with its rows on the device).
 
   Args:
     host_arrays: ``{name: HostArray}``.

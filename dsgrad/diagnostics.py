@@ -17,8 +17,8 @@ import optax
 from dsgrad import _checks
 from dsgrad import _permutation
 from dsgrad import data as dsgrad_data
-from dsgrad.estimators._common import full_pass_mean, tree_bytes
 from dsgrad.objective import Objective, per_datum
+from dsgrad.tables import full_pass_mean, tree_bytes
 
 
 def table_bytes(state: Any) -> int:
@@ -123,7 +123,7 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     ``(estimate, standard_error)`` as floats.
   """
   with objective.bound():
-    values = np.asarray(_elbo_runner(objective, num_samples, chunk_size)(params, key),
+    values = np.asarray(elbo_draws(objective, num_samples, chunk_size)(params, key),
                         np.float64)
   return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
 
@@ -131,10 +131,36 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
 _ELBO_RUNNERS: dict = {}
 
 
-def _elbo_runner(objective: Objective, num_samples: int, chunk_size: int):
-  """The compiled ELBO estimate, shared by objectives of one structure: the data are its
-  arguments (:func:`dsgrad.data.jit`), so :meth:`~dsgrad.Objective.with_data` copies reuse
-  it. Chunks run in the estimators' chunked pass (a program of constant size in ``N``)."""
+def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
+  """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws
+  of the full-data ELBO, whose mean :func:`elbo` reports. Use it to evaluate many
+  parameter sets in one program (``jax.vmap`` over params) with the same noise.
+
+  Shared by objectives of one structure: the data are its arguments
+  (:func:`dsgrad.data.jit`), so :meth:`~dsgrad.Objective.with_data` copies reuse it.
+  Chunks run in :func:`dsgrad.tables.full_pass_mean` (a program of constant size in
+  ``N``).
+
+  Args:
+    objective: the objective.
+    num_samples: Monte Carlo draws per call.
+    chunk_size: data per chunk of the full pass.
+
+  Returns:
+    A function ``(params, key) -> (num_samples,)`` array; call it inside
+    ``objective.bound()`` or under :func:`dsgrad.data.jit` when the objective has data.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
+    >>> with objective.bound():
+    ...   draws = dsgrad.diagnostics.elbo_draws(objective, 8)(params, jax.random.key(1))
+    >>> draws.shape
+    (8,)
+  """
   key = (objective.structure_key(), num_samples, chunk_size)
   if key in _ELBO_RUNNERS:
     return _ELBO_RUNNERS[key]

@@ -37,8 +37,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dsgrad import data as data_lib
-from dsgrad.estimators._common import tree_bytes
 from dsgrad.objective import Objective
+from dsgrad.tables import tree_bytes
 
 DATA_AXIS = "data"
 

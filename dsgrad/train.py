@@ -252,7 +252,7 @@ def _build_segment_fn(objective: Objective, optimizer, batch_size: int, length: 
 def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
                          checkpoint_path) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
-  :func:`fit` cannot use (issue 21, item 6)."""
+  :func:`fit` cannot use."""
   def count(label, value, low):
     _checks.check_count(value, label, low)
   count("num_steps", num_steps, 0)

@@ -1,7 +1,7 @@
-"""``python -m dsgrad.bench checks`` runs end to end on a tiny problem and its table holds
+"""``python -m benchmarks checks`` runs end to end on a tiny problem and its table holds
 one row per estimator and size, with positive step times."""
 
-from dsgrad.bench import checks
+from benchmarks import checks
 
 
 def test_checks_benchmark_smoke():

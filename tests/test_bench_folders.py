@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from dsgrad.bench import __main__ as bench_main
-from dsgrad.bench import _report
+from benchmarks import __main__ as bench_main
+from benchmarks import _report
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def test_an_installed_copy_needs_out_and_data_dir(monkeypatch, tmp_path):
 
 
 def test_paper_no_write_writes_no_figure(monkeypatch):
-  from dsgrad.bench import paper_large
+  from benchmarks import paper_large
 
   def refuse(*args):
     raise AssertionError(f"--no-write wrote {args}")

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _grid
+from benchmarks import _grid
 from dsgrad.train import batch_indices
 
 
@@ -73,8 +73,8 @@ def test_diverged_mask_is_sticky():
 
 
 def test_import_does_not_start_the_backend():
-  # XLA_FLAGS set after `import dsgrad` must still take effect (dsgrad.bench relies on it).
-  code = ("import dsgrad, dsgrad.bench.paper, dsgrad.bench.paper_large\n"
+  # XLA_FLAGS set after `import dsgrad` must still take effect (the benchmarks rely on it).
+  code = ("import dsgrad, benchmarks.paper, benchmarks.paper_large\n"
           "from jax._src import xla_bridge\n"
           "assert not xla_bridge.backends_are_initialized()\n")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

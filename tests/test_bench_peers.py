@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsgrad.bench import peers
+from benchmarks import peers
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dsgrad import mcmc
-from dsgrad.bench import peers_mcmc
+from benchmarks import peers_mcmc
 
 
 @pytest.fixture(scope="module")

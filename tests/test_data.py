@@ -1,4 +1,4 @@
-"""Data as arguments of compiled programs (dsgrad.data, Objective.with_data; issue 20)."""
+"""Data as arguments of compiled programs (dsgrad.data, Objective.with_data)."""
 
 import functools
 import os

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from dsgrad.estimators._common import first_occurrence
+from dsgrad.tables import first_occurrence
 
 
 @settings(max_examples=60, deadline=None)

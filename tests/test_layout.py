@@ -31,3 +31,31 @@ def test_the_approximation_protocol_depends_on_the_objective_only():
   imports = _dsgrad_imports(PACKAGE / "approx" / "base.py")
   assert {n.split(".")[1] for n in imports} <= {"objective", "_checks", "data"}, imports
   assert "flax" not in (PACKAGE / "approx" / "base.py").read_text()
+
+
+def test_benchmarks_live_outside_the_installed_package():
+  root = PACKAGE.parent
+  assert not (PACKAGE / "bench").exists()
+  assert (root / "benchmarks" / "__main__.py").exists()
+  pyproject = (root / "pyproject.toml").read_text()
+  assert 'include = ["dsgrad*"]' in pyproject  # setuptools installs dsgrad* only
+  for path in (root / "benchmarks").glob("*.py"):
+    private = {n for n in _dsgrad_imports(path)
+               if any(part.startswith("_") for part in n.split(".")[1:])}
+    assert not private, (path.name, private)  # benchmarks use the public API
+
+
+def test_docstring_examples_run():
+  """Every ``>>>`` example in dsgrad's docstrings runs and prints what it shows."""
+  import doctest
+  import importlib
+  failures = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    if ">>>" not in path.read_text():
+      continue
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    module = importlib.import_module(name.removesuffix(".__init__"))
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    if result.failed:
+      failures.append(name)
+  assert not failures, failures

@@ -1,4 +1,4 @@
-"""Subsampling MCMC (issue 7): the Taylor control variates, the difference and
+"""Subsampling MCMC: the Taylor control variates, the difference and
 block-Poisson estimators, HMC-ECS (perturbed and signed) against an exact Gaussian
 posterior, the SG-MCMC baselines, diagnostics and bad input."""
 
@@ -294,7 +294,7 @@ def test_bad_input(logreg):
                         (dict(position=jnp.full(logreg.latent_dim, jnp.nan)), "position must be finite"),
                         (dict(reference_point=jnp.full(logreg.latent_dim, jnp.inf)),
                          "reference_point must be finite")):
-    with pytest.raises(ValueError, match=match):  # issue 21, item 5: never a frozen/NaN chain
+    with pytest.raises(ValueError, match=match):  # never a frozen or NaN chain
       mcmc.sample(jax.random.key(0), logreg, num_samples=5, subsample_size=10, num_blocks=1,
                   progress=False, **kwargs)
   with pytest.raises(ValueError, match="signs sum"):

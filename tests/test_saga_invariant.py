@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.estimators._common import full_pass_mean
+from dsgrad.tables import full_pass_mean
 
 
 def _recomputed_mean(approx, objective, table, like):

@@ -20,7 +20,7 @@ ppca_module = importlib.import_module("dsgrad.models.ppca")
 if sys.argv[3] == "lapack":
   ppca_module._cholesky = jax.numpy.linalg.cholesky
   ppca_module._solve_lower = lambda chol, b: jax.scipy.linalg.solve_triangular(chol, b, lower=True)
-from dsgrad.bench import paper_large as pl, _grid
+from benchmarks import paper_large as pl, _grid
 task = pl.build_task("ppca", argparse.Namespace(mnist_dir=None, mnist_n=0))
 g = pl.gradient_estimators(task, 100); m = pl.optimizers(task, g)
 train = _grid.trainer(m["joint"], task.objective, task.params0, 100, int(sys.argv[1]), int(sys.argv[2]))

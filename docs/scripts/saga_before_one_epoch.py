@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import peers
+from benchmarks import peers
 
 n = int(sys.argv[1])
 x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), n, 100)

@@ -2,7 +2,7 @@
 
 Mean-field Gaussian BBVI of the DAIS benchmark's synthetic logistic regression (N = 50,000,
 d = 20, B = 256, Adam 0.01 divided by 10 at 60% and 85% of the steps, 3,000 steps, one
-noise draw per batch), as in `python -m dsgrad.bench dais`. Variants that separate the
+noise draw per batch), as in `python -m benchmarks dais`. Variants that separate the
 candidate causes:
 
 * snapshot age: refreshed once an epoch (every = N/B = 195) vs 4 times (49);

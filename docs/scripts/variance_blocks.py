@@ -10,7 +10,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _grid, paper
+from benchmarks import _grid, paper
 from dsgrad.diagnostics import estimator_samples
 
 for ds in ("sonar", "australian"):

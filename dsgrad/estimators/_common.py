@@ -1,4 +1,5 @@
-"""Helpers shared by the estimators: checks, per-datum tables, chunked full passes."""
+"""Helpers shared by the estimators: checks and the optax binding (tables and full
+passes: :mod:`dsgrad.tables`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import optax
 
 from dsgrad import _checks
 from dsgrad.objective import Objective
-
-# Stored in a table field when ``init`` is called on a tree without leaves (optax's
-# ``tree.map_params`` placeholder): a leaf, so the table is never mistaken for params.
-_NOT_PARAMS = np.zeros((0,), np.float32)
+# The table helpers are public in dsgrad.tables; the estimators reach them through here.
+from dsgrad.tables import (_NOT_PARAMS, first_occurrence, full_pass_mean,  # noqa: F401
+                           full_pass_rows, gather_rows, new_table, set_row_values,
+                           set_rows, tree_bytes)
 
 
 def has_leaves(params) -> bool:
@@ -56,7 +57,7 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
     checks += _checks.index_checks(indices, objective.num_data)
   if check_finite:
     # Everything that enters the state: a NaN in params or noise would be written into
-    # the table or running mean and poison a later, healthy step (issue 21, item 3).
+    # the table or running mean and poison a later, healthy step.
     checks += _checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
     checks += _checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
     checks += _checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
@@ -140,7 +141,7 @@ def require_full_precision(params, estimator: str) -> None:
   dtype, which JAX refuses for mixed low-precision inputs (an internal dtype error), and
   a half-precision table or running mean would be built silently. Training in float32
   and storing a compact table in bfloat16 (``joint_saga(table_dtype=jnp.bfloat16)``)
-  keeps the memory saving (issue 21, item 4).
+  keeps the memory saving.
   """
   for leaf in jax.tree.leaves(params):
     dtype = jnp.result_type(leaf)
@@ -214,7 +215,7 @@ def check_objective_evaluates(objective: Objective, params, who: str) -> None:
 
 def check_state_matches_params(tree, params, estimator: str, field: str) -> None:
   """Static check that a params-shaped part of an estimator's state (a snapshot, a running
-  mean, a table's rows) has the shapes of ``params`` (issue 21, item 9): a state made
+  mean, a table's rows) has the shapes of ``params``: a state made
   for a model of another dimension is refused by name, not met with an internal
   broadcasting error."""
   if not has_leaves(params) or not has_leaves(tree):
@@ -288,57 +289,6 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
         f"max_table_bytes=None to skip this check.")
 
 
-def new_table(params, num_data: int, dtype=None):
-  """A per-datum table with every row equal to ``params`` (leaves ``(N, *shape)``)."""
-  if not has_leaves(params):
-    return _NOT_PARAMS
-  return jax.tree.map(
-      lambda p: jnp.broadcast_to(jnp.asarray(p, dtype or jnp.asarray(p).dtype),
-                                 (num_data,) + jnp.shape(p)), params)
-
-
-def gather_rows(table, indices, like):
-  """Rows ``table[indices]`` cast to the dtypes of ``like``."""
-  return jax.tree.map(lambda t, p: t[indices].astype(p.dtype), table, like)
-
-
-def set_rows(table, indices, params):
-  """``table[indices] = params`` for every index (duplicates write the same value).
-
-  Written so that XLA updates a donated table in place. When the rows read earlier in
-  the step (``table[indices]``) and the values written do not depend on each other, XLA
-  cannot order the read before the in-place write and copies the whole table (measured:
-  ~300 ms instead of ~2 ms per step for a 377 MB table). Selecting the new values with a
-  condition that is true for every index that can write (``index >= -N``; JAX wraps
-  negative indices) but that XLA cannot fold makes the written values depend on the
-  read rows, which removes the copy.
-  """
-  return set_row_values(table, indices, jax.tree.map(
-      lambda t, p: jnp.broadcast_to(p, indices.shape + t.shape[1:]), table, params))
-
-
-def set_row_values(table, indices, values):
-  """``table[indices[b]] = values[b]`` (leaves of ``values`` are ``(B, ...)``), in place
-  for a donated table (see :func:`set_rows`). Repeated indices must carry equal values."""
-  def one(t, v):
-    old = t[indices]
-    keep_new = (indices >= -t.shape[0]).reshape((-1,) + (1,) * (t.ndim - 1))
-    return t.at[indices].set(jnp.where(keep_new, v.astype(t.dtype), old))
-  return jax.tree.map(one, table, values)
-
-
-def first_occurrence(indices):
-  """Boolean mask: ``True`` where ``indices[b]`` has not appeared earlier in the batch.
-
-  A stable sort, ``O(B log B)`` (the ``B x B`` comparison it replaces cost 10^6
-  comparisons a step at ``B = 1,000``).
-  """
-  order = jnp.argsort(indices, stable=True)
-  ranked = indices[order]
-  first_in_sorted = jnp.concatenate([jnp.ones((1,), bool), ranked[1:] != ranked[:-1]])
-  return jnp.zeros(indices.shape, bool).at[order].set(first_in_sorted)
-
-
 def reweighted(objective: Objective, weights) -> Objective:
   """The objective whose per-datum losses on a batch are multiplied by ``weights``."""
   def loss_fn(params, indices, noise):
@@ -350,59 +300,6 @@ def masked_sum(tree, mask):
   """``sum_b mask_b * tree[b]`` over the leading axis."""
   return jax.tree.map(
       lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), tree)
-
-
-def full_pass_rows(batch_fn: Callable[[jax.Array], Any], num_data: int, chunk_size: int):
-  """``batch_fn(arange(N))`` computed in chunks inside ``jit``: per-datum outputs (leaves
-  with leading axis ``N``) while reading at most ``chunk_size`` data at a time (a table's
-  initial rows from data that live on the host or on disk)."""
-  chunk_size = max(1, min(int(chunk_size), num_data))
-  num_full, remainder = divmod(num_data, chunk_size)
-  starts = chunk_size * jnp.arange(num_full, dtype=jnp.int32)
-  parts = jax.lax.map(lambda s: batch_fn(s + jnp.arange(chunk_size, dtype=jnp.int32)), starts)
-  rows = jax.tree.map(lambda v: v.reshape((num_full * chunk_size,) + v.shape[2:]), parts)
-  if remainder:
-    rest = batch_fn(num_full * chunk_size + jnp.arange(remainder, dtype=jnp.int32))
-    rows = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), rows, rest)
-  return rows
-
-
-def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
-                   chunk_size: int):
-  """Mean over all data of a batch-mean function, in chunks inside ``jit``.
-
-  Args:
-    batch_mean_fn: ``indices -> tree``, the mean over a batch of data.
-    num_data: ``N``.
-    chunk_size: data per chunk; memory is that of one chunk.
-
-  Returns:
-    ``(1/N) sum_n value(n)`` as a tree. Cost: ``N`` evaluations in ``ceil(N/C)`` chunks.
-  """
-  chunk_size = max(1, min(int(chunk_size), num_data))
-  num_full = num_data // chunk_size
-  remainder = num_data - num_full * chunk_size
-
-  def body(total, start):
-    idx = start + jnp.arange(chunk_size)
-    value = batch_mean_fn(idx)
-    return jax.tree.map(lambda t, v: t + v * chunk_size, total, value), None
-
-  first = batch_mean_fn(jnp.arange(chunk_size))
-  total = jax.tree.map(lambda v: v * chunk_size, first)
-  if num_full > 1:
-    starts = chunk_size * jnp.arange(1, num_full)
-    total, _ = jax.lax.scan(body, total, starts)
-  if remainder:
-    rest = batch_mean_fn(num_full * chunk_size + jnp.arange(remainder))
-    total = jax.tree.map(lambda t, v: t + v * remainder, total, rest)
-  return jax.tree.map(lambda t: t / num_data, total)
-
-
-def tree_bytes(tree) -> int:
-  """Total bytes of the array leaves of a tree."""
-  return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
-                 for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
 
 
 def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "estimator"):

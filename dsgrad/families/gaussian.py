@@ -113,7 +113,7 @@ class _Family(nnx.Module):
 
 def _initial_vector(value, dim: int, name: str) -> jax.Array:
   """``value`` (a scalar or a ``(dim,)`` vector) as a float32 ``(dim,)`` vector; any other
-  shape is refused by name (issue 21, item 9) instead of a raw broadcasting error."""
+  shape is refused by name instead of a raw broadcasting error."""
   array = jnp.asarray(value, jnp.float32)
   if array.shape not in ((), (dim,)):
     raise ValueError(f"{name} has shape {array.shape} but the family's dimension is {dim}: "

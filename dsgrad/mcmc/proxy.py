@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from dsgrad import data as data_lib
 from dsgrad._checks import _is_concrete
-from dsgrad.estimators._common import full_pass_mean
 from dsgrad.models.base import Model
+from dsgrad.tables import full_pass_mean
 
 
 class TaylorProxy(NamedTuple):

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.train import batch_indices, train_step
 
 _bytes = _report.format_bytes
@@ -206,7 +206,7 @@ def _figure(out, path):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench scale movielens",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks scale movielens",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--movielens-dir", default=None,
                       help="MovieLens 100K (directory or ml-100k.zip); default: the "
@@ -221,14 +221,14 @@ def main(argv=None):
   parser.add_argument("--final-samples", type=int, default=200)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
-  from dsgrad.bench.paper_large import load_movielens
+  from benchmarks.paper_large import load_movielens
   data, source = load_movielens(args.movielens_dir)
   model = dsgrad.models.movielens(data.users, data.genres, data.ratings, data.num_users)
   print(f"{source}: N = {model.num_data:,}, D = {model.latent_dim:,}", flush=True)
   out, dense = run(model, batch_size=args.batch_size, learning_rate=args.learning_rate,
                    budget_seconds=args.budget, chunk_steps=args.chunk_steps, evals=args.evals,
                    elbo_samples=args.elbo_samples, final_samples=args.final_samples)
-  command = "python -m dsgrad.bench scale movielens" + "".join(
+  command = "python -m benchmarks scale movielens" + "".join(
       f" {a}" for a in (argv if argv is not None else []))
   config = dict(vars(args), budget_seconds=args.budget, command=command.strip())
   figure = None

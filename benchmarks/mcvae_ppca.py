@@ -1,7 +1,7 @@
 """The MCVAE paper's PPCA check (Sec. 4.2, Fig. 2): Monte Carlo estimators of the log
 evidence and of its gradient on a linear Gaussian model whose evidence is exact.
 
-    python -m dsgrad.bench mcvae-ppca [--repetitions 200] [--no-write]
+    python -m benchmarks mcvae-ppca [--repetitions 200] [--no-write]
 
 Model: ``p(z) = N(0, I_d)``, ``p(x | z) = N(theta0 + theta1 z, sigma^2 I_p)`` with fixed
 ``theta``, on a batch of 100 scikit-learn digits (``p = 64``, ``d = 16``). The amortized
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.mcvae import bounds
 
 D_LATENT, SIGMA, BATCH = 16, 0.3, 100
@@ -119,7 +119,7 @@ def estimator(kind: str, num_steps: int, step_size: float, control_variate: bool
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench mcvae-ppca",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks mcvae-ppca",
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--repetitions", type=int, default=200,
                       help="independent draws of each estimator")
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                  f"{np.median(r['grad_err']):.3f} | {acc} |")
   table = "\n".join(lines)
   elapsed = time.perf_counter() - t_start
-  body = (f"`python -m dsgrad.bench mcvae-ppca --repetitions {args.repetitions}` "
+  body = (f"`python -m benchmarks mcvae-ppca --repetitions {args.repetitions}` "
           f"({elapsed:.0f} s). {_report.environment()}\n\n"
           f"Linear Gaussian model on 100 digits (p = 64, d = {D_LATENT}, sigma = {SIGMA}); "
           f"exact log p(x) = {log_p:.2f}; mean-field linear encoder fitted by IWAE-100 "

@@ -30,9 +30,9 @@ def environment() -> str:
           f"numpy {numpy.__version__}")
 
 
-# The repository root when this code runs from a checkout (it has pyproject.toml and docs/
-# beside the package); None for an installed copy, which must be told where to write.
-_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The repository root when this code runs from a checkout (pyproject.toml and docs/ beside
+# benchmarks/); a copy elsewhere must be told where to write.
+_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 _IN_CHECKOUT = (os.path.isfile(os.path.join(_ROOT, "pyproject.toml"))
                 and os.path.isdir(os.path.join(_ROOT, "docs")))
 DOCS_DIR = os.path.join(_ROOT, "docs") if _IN_CHECKOUT else None

@@ -32,9 +32,9 @@ import optax
 import dsgrad
 from dsgrad import data as data_lib
 from dsgrad import train as train_lib
-from dsgrad.bench import _report, _timing
+from benchmarks import _report, _timing
 from dsgrad.diagnostics import epoch_batches
-from dsgrad.estimators import _common
+from dsgrad import tables
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 CRITERION = 1.3
@@ -129,7 +129,7 @@ def _full_pass_seconds(objective, params, repeats=3):
   noise = objective.sample_noise(jax.random.key(0), 1)  # shared noise: one draw
 
   def full_grad(params):
-    return _common.full_pass_mean(
+    return tables.full_pass_mean(
         lambda idx: objective.grad(params, idx, noise, validate=False), objective.num_data,
         4096)
 
@@ -327,7 +327,7 @@ def _in_fresh_process(call: str, one_core: bool = False):
   import sys
   pin = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
          if one_core else "")
-  code = (f"{pin}import json; from dsgrad.bench import scale; "
+  code = (f"{pin}import json; from benchmarks import scale; "
           f"print('RESULT' + json.dumps(scale.{call}))")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         check=True)
@@ -345,8 +345,8 @@ def format_table(out, config, figure=None, trained=None, cold=None):
   names = list(out[cases[0]]["times"])
   ms = lambda v: f"{1e3 * v:.3f}"  # noqa: E731
   lines = [
-      f"Command: `python -m dsgrad.bench scale steps {config['argv']}`"
-      if config.get("argv") else "Command: `python -m dsgrad.bench scale steps`",
+      f"Command: `python -m benchmarks scale steps {config['argv']}`"
+      if config.get("argv") else "Command: `python -m benchmarks scale steps`",
       "",
       f"Binary logistic regression, synthetic, D = {config['num_features']} (intercept "
       f"included), mean-field Gaussian BBVI, B = {config['batch_size']}, Adam; "
@@ -498,26 +498,26 @@ def main(argv=None):
   import sys
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv and argv[0] == "movielens":
-    from dsgrad.bench import scale_movielens
+    from benchmarks import scale_movielens
     return scale_movielens.main(argv[1:])
   if argv and argv[0] == "steps":
     return main_steps(argv[1:])
   if argv and argv[0] in ("-h", "--help"):
-    print("usage: python -m dsgrad.bench scale [steps|movielens] [options]\n"
+    print("usage: python -m benchmarks scale [steps|movielens] [options]\n"
           "  steps      per-step time against N (synthetic logistic regression)\n"
           "  movielens  joint SAGA on a sparse table vs SVRG, naive, cv on MovieLens\n"
           "  (no part)  both, with their default options")
     return 0
   if argv:
     return main_steps(argv)
-  from dsgrad.bench import scale_movielens
+  from benchmarks import scale_movielens
   return main_steps([]) or scale_movielens.main([])
 
 
 def main_steps(argv=None):
   import sys
   argv = list(sys.argv[2:] if argv is None else argv)
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench scale steps",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks scale steps",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--sizes", default="1000,10000,100000,1000000",
                       help="comma-separated N with device data")

@@ -1,4 +1,4 @@
-"""State memory of every estimator on the paper's tasks at their full size (issue 8, item 3).
+"""State memory of every estimator on the paper's tasks at their full size.
 
 Each estimator's state is built with ``jax.eval_shape`` (shapes only, nothing allocated)
 on synthetic data of the paper's sizes: MNIST softmax regression (N = 60,000,
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 import dsgrad
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad import models
 
 _bytes = _report.format_bytes
@@ -73,7 +73,7 @@ def run():
 
 def format_table(rows):
   lines = [
-      "Command: `python -m dsgrad.bench memory` -- each estimator's state from "
+      "Command: `python -m benchmarks memory` -- each estimator's state from "
       "`jax.eval_shape(estimator.init, params)` (nothing allocated) for mean-field Gaussian "
       "BBVI at the paper's sizes on synthetic data of those shapes. `P = 2 D` variational "
       "parameters. The paper's dense figure is `N x D` float32 (its 34 GB for MovieLens).",
@@ -90,7 +90,7 @@ def format_table(rows):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench memory",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks memory",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``python -m dsgrad.bench dais``: annealed VI on Bayesian logistic regression, with
+"""``python -m benchmarks dais``: annealed VI on Bayesian logistic regression, with
 NumPyro's ``AutoDAIS`` / ``AutoSurrogateLikelihoodDAIS`` side by side.
 
 Methods (each trained with the naive estimator and with joint SVRG, where defined):
@@ -55,7 +55,7 @@ from flax import nnx
 
 import dsgrad
 from dsgrad.annealing import AnnealedVI, NeuralSurrogate, coreset_surrogate, rand_surrogate
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.logistic_regression import logistic_regression, synthetic_logistic_data
 from dsgrad.train import batch_indices
@@ -404,7 +404,7 @@ def _table(dataset, n, d, n_test, batch_size, results, args) -> str:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench dais", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m benchmarks dais", description=__doc__.split("\n\n")[0])
   parser.add_argument("--datasets", default="synthetic,australian",
                       help="comma-separated: synthetic, synthetic-corr, synthetic-sharp, "
                            "australian")
@@ -456,7 +456,7 @@ def main(argv=None) -> int:
     print(table, flush=True)
     sections.append(table)
   argv = sys.argv[1:] if argv is None else argv
-  command = "python -m dsgrad.bench dais " + shlex.join(argv)
+  command = "python -m benchmarks dais " + shlex.join(argv)
   try:
     import numpyro
     numpyro_version = f"numpyro {numpyro.__version__}"

@@ -1,4 +1,4 @@
-"""The variance cost of storing joint SAGA's table in low precision (issue 8, item 2).
+"""The variance cost of storing joint SAGA's table in low precision.
 
 ``dsgrad.joint_saga(..., table_dtype=...)`` stores the table rows in bfloat16 or float16
 and computes in float32; ``G`` is kept consistent with the rounded rows, so the estimator
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 import dsgrad
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 DTYPES = {"float32": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -61,7 +61,7 @@ def run(num_data=10_000, num_features=100, batch_size=100, steps=1000, draws=200
 
 def format_table(rows, config):
   lines = [
-      f"Command: `python -m dsgrad.bench precision` -- binary logistic regression, synthetic, "
+      f"Command: `python -m benchmarks precision` -- binary logistic regression, synthetic, "
       f"N = {config['num_data']:,}, D = {config['num_features']} (intercept included), "
       f"mean-field Gaussian BBVI, batch {config['batch_size']}, Adam {config['lr']}, "
       f"{config['steps']:,} steps from the same start with the same batches and noise; "
@@ -81,7 +81,7 @@ def format_table(rows, config):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench precision",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks precision",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--num-data", type=int, default=10_000, help="N")
   parser.add_argument("--num-features", type=int, default=100, help="D, intercept included")

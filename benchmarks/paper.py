@@ -1,7 +1,7 @@
-"""The joint control variate paper's experiments, side by side (``python -m dsgrad.bench paper``).
+"""The joint control variate paper's experiments, side by side (``python -m benchmarks paper``).
 
 The large tasks (``mnist``, ``ppca``, ``tennis``, ``movielens``, or ``large`` for all
-four) live in :mod:`dsgrad.bench.paper_large`.
+four) live in :mod:`benchmarks.paper_large`.
 
 Subcommand ``uci``: Sonar and Australian, Bayesian logistic regression with mean-field
 Gaussian BBVI, batch 5, plain SGD, the step-size grid of App. D, estimators naive / cv /
@@ -36,7 +36,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _grid, _report, paper_large
+from benchmarks import _grid, _report, paper_large
 from dsgrad.diagnostics import estimator_samples, total_variance
 
 UCI_STEP_SIZES = (7.5e-3, 5e-3, 2.5e-3, 1e-3, 5e-4, 1e-4, 5e-5, 2.5e-5, 1e-5)
@@ -273,12 +273,12 @@ def main(argv=None):
   if argv and argv[0] in paper_large.LARGE_TASKS:
     return paper_large.main(argv)
   parser = argparse.ArgumentParser(
-      prog="python -m dsgrad.bench paper",
+      prog="python -m benchmarks paper",
       description=__doc__.split("\n\n")[0] + " Tasks mnist, ppca, tennis, movielens and "
-      "large (all four): see `python -m dsgrad.bench paper mnist --help`.")
+      "large (all four): see `python -m benchmarks paper mnist --help`.")
   parser.add_argument("task", choices=["uci"], help="which experiment")
   parser.add_argument("--datasets", default="sonar,australian")
-  parser.add_argument("--data-dir", default=None, help="folder with the UCI files (default: see python -m dsgrad.bench --help)")
+  parser.add_argument("--data-dir", default=None, help="folder with the UCI files (default: see python -m benchmarks --help)")
   parser.add_argument("--steps", type=int, default=10_000)
   parser.add_argument("--evals", type=int, default=40)
   parser.add_argument("--seeds", type=int, default=5)
@@ -306,7 +306,7 @@ def main(argv=None):
                     + f"\n\n![{dataset} variance]({var_figure})\n\n"
                     + format_variance_trace(var_trace))
   body = "\n\n".join([
-      f"Command: `python -m dsgrad.bench paper uci --steps {args.steps} --seeds {args.seeds}"
+      f"Command: `python -m benchmarks paper uci --steps {args.steps} --seeds {args.seeds}"
       + ("" if estimators == ESTIMATORS else f" --estimators {args.estimators}") + "` -- "
       f"SGD, batch 5, step sizes {', '.join(f'{s:g}' for s in UCI_STEP_SIZES)} (App. D), "
       f"{args.seeds} seeds, {args.steps:,} iterations, ELBO every {args.steps // args.evals} "

@@ -1,5 +1,5 @@
 """Subsampling MCMC on a large logistic regression: HMC-ECS against SGLD, SG-HMC, full-data
-HMC and NumPyro's HMCECS (``python -m dsgrad.bench hmcecs``).
+HMC and NumPyro's HMCECS (``python -m benchmarks hmcecs``).
 
 Data: seeded synthetic logistic regression, ``dsgrad.models.synthetic_logistic_data(
 key(0), N, D)`` (standard normal features plus an intercept column, true weight
@@ -19,7 +19,7 @@ same control variates and a fixed step):
 * ``numpyro HMCECS`` -- ``numpyro.infer.HMCECS`` with an HMC inner kernel
   (``trajectory_length=1.2``), the Taylor proxy around the same ``theta*``, the same
   ``m`` and number of blocks, NumPyro's default diagonal mass adaptation (so *not*
-  like-for-like with the rows above; ``python -m dsgrad.bench peers mcmc`` compares
+  like-for-like with the rows above; ``python -m benchmarks peers mcmc`` compares
   under the same mass treatment).
 
 Reported: the largest posterior-mean error in units of the reference posterior sd, the
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import mcmc
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 
@@ -64,7 +64,7 @@ def _summary(name, samples, seconds, evals_per_iter, ref_mean, ref_sd, signs=Non
 def _numpyro_reference(x, y, key, num_warmup, num_samples):
   from numpyro.infer import MCMC, NUTS
 
-  from dsgrad.bench import peers_mcmc
+  from benchmarks import peers_mcmc
   model = peers_mcmc.numpyro_model(x.shape[0], None)  # all data: the plate is the identity
   run = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples, progress_bar=False)
   run.run(key, x, y)
@@ -74,10 +74,10 @@ def _numpyro_reference(x, y, key, num_warmup, num_samples):
 def _numpyro_hmcecs(x, y, model, key, theta_star, subsample_size, num_blocks, num_warmup,
                     num_samples):
   """NumPyro's HMCECS with its default diagonal mass adaptation, timed with its own
-  ``MCMC.run`` (:func:`dsgrad.bench.peers_mcmc.numpyro_chains`). Not like-for-like with
-  the dsgrad rows (Laplace mass): ``python -m dsgrad.bench peers mcmc`` is the fair
+  ``MCMC.run`` (:func:`benchmarks.peers_mcmc.numpyro_chains`). Not like-for-like with
+  the dsgrad rows (Laplace mass): ``python -m benchmarks peers mcmc`` is the fair
   comparison."""
-  from dsgrad.bench import peers_mcmc
+  from benchmarks import peers_mcmc
   problem = peers_mcmc.Problem(x, y, model, jnp.asarray(theta_star), None, subsample_size,
                                num_blocks)
   c = peers_mcmc.numpyro_chains(problem, "hmcecs", "adapt", key, 1, num_warmup, num_samples)
@@ -181,12 +181,12 @@ def format_table(rows, config):
             + f" ({full['ct'] / pert['ct']:.1f}x)"]
   if np_row is not None:
     lines[-1] += (". The NumPyro row adapts a diagonal mass while the dsgrad rows use the "
-                  "Laplace mass: not a comparison (`python -m dsgrad.bench peers mcmc` is).")
+                  "Laplace mass: not a comparison (`python -m benchmarks peers mcmc` is).")
   return "\n".join(lines)
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench hmcecs",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks hmcecs",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--num-data", type=int, default=100_000)
   parser.add_argument("--dim", type=int, default=11, help="D, the intercept included")
@@ -202,7 +202,7 @@ def main(argv=None):
   rows, _ = run(args.num_data, args.dim, args.subsample_size, args.num_blocks,
                 args.num_samples, args.num_warmup, args.reference_samples,
                 with_numpyro=not args.no_numpyro)
-  command = "python -m dsgrad.bench hmcecs" + "".join(f" {a}" for a in (argv or []))
+  command = "python -m benchmarks hmcecs" + "".join(f" {a}" for a in (argv or []))
   table = format_table(rows, dict(vars(args), command=command))
   _report.publish(f"hmcecs-{jax.default_backend()}", table, not args.no_write)
   return 0

@@ -1,5 +1,5 @@
 """Subsampling MCMC beside NumPyro and BlackJAX, under the same mass-matrix treatment
-(``python -m dsgrad.bench peers mcmc``).
+(``python -m benchmarks peers mcmc``).
 
 The question: on a large logistic regression, how many effective draws per second of
 wall-clock does each sampler deliver, and does it stay on the posterior? Every sampler
@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import mcmc
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 TRAJECTORY = 1.2
@@ -213,7 +213,7 @@ def sg_settings(problem: Problem) -> dict:
   """One fixed step per method, from the Laplace covariance: SGLD's ``epsilon`` = 0.1 x
   the smallest posterior variance (it is not preconditioned); SG-HMC (identity mass):
   ``h`` = 0.1 x the smallest posterior sd, ``L = 10``, friction with ``h C = 0.1``; SG-HMC
-  with the Laplace mass: as in ``python -m dsgrad.bench hmcecs``, 0.3 x the step HMC-ECS
+  with the Laplace mass: as in ``python -m benchmarks hmcecs``, 0.3 x the step HMC-ECS
   tunes with that mass (a short warm-up), the same trajectory length, friction 1."""
   cov = np.linalg.inv(problem.precision)
   smallest_var = float(np.min(np.linalg.eigvalsh(cov)))
@@ -517,7 +517,7 @@ def run(args) -> str:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench peers mcmc",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks peers mcmc",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true",
                       help="N = 20,000, D = 6, 2 chains x 1 seed, 300 + 300 iterations")
@@ -536,7 +536,7 @@ def main(argv=None):
   if args.quick:
     args.num_data, args.dim, args.chains, args.seeds = 20_000, 6, 2, 1
     args.num_warmup, args.num_samples, args.reference_samples = 300, 300, 1000
-  command = "python -m dsgrad.bench peers mcmc" + (f" {' '.join(argv)}" if argv else "")
+  command = "python -m benchmarks peers mcmc" + (f" {' '.join(argv)}" if argv else "")
   body = run(args)
   body = f"Command: `{command}`. Measured: {_report.environment()}\n\n" + body
   section = f"peers{'-quick' if args.quick else ''}-mcmc-{jax.default_backend()}"

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _report, _timing
+from benchmarks import _report, _timing
 from dsgrad.models import logistic_regression, softmax_regression
 
 
@@ -45,16 +45,16 @@ def _table_traffic_floor(num_data):
   gradient through, touched by the rows so that nothing is optimized away. Its step time
   is a lower bound for ``joint_saga`` with a dense table on this machine.
   """
-  from dsgrad.estimators import _common
+  from dsgrad import tables
 
   def init_fn(params):
-    return dsgrad.IncState(_common.new_table(params, num_data))  # a state with a `table`
+    return dsgrad.IncState(tables.new_table(params, num_data))  # a state with a `table`
 
   def update_fn(updates, state, params=None, *, indices=None, **extra_args):
     del extra_args
-    rows = _common.gather_rows(state.table, indices, params)
+    rows = tables.gather_rows(state.table, indices, params)
     touched = jax.tree.map(lambda u, r: u + 1e-30 * jnp.mean(r, 0), updates, rows)
-    return touched, dsgrad.IncState(_common.set_rows(state.table, indices, params))
+    return touched, dsgrad.IncState(tables.set_rows(state.table, indices, params))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -130,7 +130,7 @@ PAPER = {"naive": "10.4 ms (1.00x)", "cv (App. F)": "12.8 ms (1.23x)",
 
 def format_table(rows, config):
   lines = [
-      f"Command: `python -m dsgrad.bench step-cost"
+      f"Command: `python -m benchmarks step-cost"
       f"{'' if config['num_classes'] == 10 else ' --classes ' + str(config['num_classes'])}"
       f"` -- {'binary logistic' if config['num_classes'] == 1 else 'softmax'} regression, "
       f"N={config['num_data']:,}, "
@@ -158,7 +158,7 @@ def format_table(rows, config):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench step-cost",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks step-cost",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--num-data", type=int, default=60_000)
   parser.add_argument("--batch-size", type=int, default=100)

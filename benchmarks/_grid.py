@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad.diagnostics import _elbo_runner
+from dsgrad.diagnostics import elbo_draws
 from dsgrad.train import batch_indices, train_step
 
 
@@ -76,7 +76,7 @@ def elbo_many(objective, num_samples: int, chunk_size: int = 4096):
 
   The vmapped :func:`dsgrad.elbo` (same chunking and noise), averaged over samples.
   """
-  runner = _elbo_runner(objective, num_samples, chunk_size)
+  runner = elbo_draws(objective, num_samples, chunk_size)
   return jax.jit(jax.vmap(lambda p, k: jnp.mean(runner(p, k)), in_axes=(0, None)))
 
 

@@ -1,25 +1,25 @@
-"""``python -m dsgrad.bench <benchmark> [options]``."""
+"""``python -m benchmarks <benchmark> [options]``."""
 
 import sys
 
 BENCHMARKS = {
-    "step-cost": "dsgrad.bench.step_cost",
-    "paper": "dsgrad.bench.paper",
-    "scale": "dsgrad.bench.scale",
-    "precision": "dsgrad.bench.precision",
-    "memory": "dsgrad.bench.memory",
-    "hmcecs": "dsgrad.bench.hmcecs",
-    "mcvae-ppca": "dsgrad.bench.mcvae_ppca",
-    "dais": "dsgrad.bench.dais",
-    "peers": "dsgrad.bench.peers",
-    "checks": "dsgrad.bench.checks",
+    "step-cost": "benchmarks.step_cost",
+    "paper": "benchmarks.paper",
+    "scale": "benchmarks.scale",
+    "precision": "benchmarks.precision",
+    "memory": "benchmarks.memory",
+    "hmcecs": "benchmarks.hmcecs",
+    "mcvae-ppca": "benchmarks.mcvae_ppca",
+    "dais": "benchmarks.dais",
+    "peers": "benchmarks.peers",
+    "checks": "benchmarks.checks",
 }
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
-    print("usage: python -m dsgrad.bench {" + ",".join(BENCHMARKS) + "} [options] "
+    print("usage: python -m benchmarks {" + ",".join(BENCHMARKS) + "} [options] "
           "[--out DIR] [--data-dir DIR]")
     print("  --out DIR       where tables (DIR/benchmarks.md) and figures (DIR/figures/) go; "
           "default: the checkout's docs/")
@@ -30,7 +30,7 @@ def main(argv=None):
     return 0 if argv and argv[0] in ("-h", "--help") else 2
   import argparse
   import importlib
-  from dsgrad.bench import _report
+  from benchmarks import _report
   # Folders every benchmark shares, accepted anywhere after the benchmark's name.
   common = argparse.ArgumentParser(add_help=False)
   common.add_argument("--out", default=None)

@@ -1,4 +1,4 @@
-"""The joint control variate paper's large tasks under Adam (``python -m dsgrad.bench paper
+"""The joint control variate paper's large tasks under Adam (``python -m benchmarks paper
 {mnist,ppca,tennis,movielens,large}``).
 
 Mean-field Gaussian BBVI, batch 100, one noise draw per batch, Adam over the step-size
@@ -43,7 +43,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _grid, _report, _timing
+from benchmarks import _grid, _report, _timing
 from dsgrad.diagnostics import estimator_samples, total_variance
 
 TASKS = ("mnist", "ppca", "tennis", "movielens")
@@ -381,7 +381,7 @@ def _estimators_flag(names):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench paper",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks paper",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("task", choices=LARGE_TASKS,
                       help="one task, or 'large' for all four")
@@ -420,7 +420,7 @@ def main(argv=None):
       _figure(task, steps, rows, out["times"], _report.docs_path(figure))
     section = format_task(task, out, steps, budget, rows, figure, args.steps)
     body = "\n\n".join([
-        f"Command: `python -m dsgrad.bench paper {name} --steps {args.steps} --seeds "
+        f"Command: `python -m benchmarks paper {name} --steps {args.steps} --seeds "
         f"{args.seeds}{_estimators_flag(names)}` -- Adam over {', '.join(f'{s:g}' for s in ADAM_STEP_SIZES)} "
         f"(SMISO: gamma over {', '.join(f'{s:g}' for s in SMISO_STEP_SIZES[name])}, "
         f"alpha 0.9), batch 100, {args.seeds} seeds, {args.steps:,} iterations, ELBO every "

@@ -1,4 +1,4 @@
-"""Time to a target ELBO: dsgrad beside what a user runs today (``python -m dsgrad.bench peers``).
+"""Time to a target ELBO: dsgrad beside what a user runs today (``python -m benchmarks peers``).
 
 The question a user asks before adopting dsgrad: how long until my model reaches a given
 ELBO, with dsgrad and with what I use now? Every contender fits the *same* model
@@ -48,7 +48,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from dsgrad.bench import _report
+from benchmarks import _report
 from dsgrad.diagnostics import epoch_batches
 
 INIT_SCALE = 0.1
@@ -111,7 +111,7 @@ def load_task(name: str, data_dir: str, quick: bool = False) -> Task:
                 "(`synthetic_logistic_data(key(0), N, 100)`), 3 epochs")
   if name == "bradley-terry":
     # Tennis-sized (the paper's Sec. 7.1 shape at 2 CPU cores: 500 players, 20,000 matches,
-    # as in `dsgrad.bench paper tennis`). Bradley-Terry is logistic regression on
+    # as in `python -m benchmarks paper tennis`). Bradley-Terry is logistic regression on
     # x_n = e_winner - e_loser with every label 1, which every contender can express;
     # nobody uses the two-coordinate sparsity here (a dense 20,000 x 500 design).
     players, matches = (100, 2_000) if quick else (500, 20_000)
@@ -661,9 +661,9 @@ def figure(result: dict, summary: dict, path: str) -> None:
 
 def main(argv=None):
   if argv and argv[0] == "mcmc":  # subsampling MCMC: its own protocol and options
-    from dsgrad.bench import peers_mcmc
+    from benchmarks import peers_mcmc
     return peers_mcmc.main(argv[1:])
-  parser = argparse.ArgumentParser(prog="python -m dsgrad.bench peers",
+  parser = argparse.ArgumentParser(prog="python -m benchmarks peers",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("tasks", nargs="?", default="australian,sonar,digits,synthetic",
                       help=f"comma-separated tasks from {', '.join(TASKS)}; or `mcmc` "
@@ -705,7 +705,7 @@ def main(argv=None):
         figure(result, summary, _report.docs_path(fig))
       except ImportError:
         fig = None
-    command = "python -m dsgrad.bench peers" + (f" {' '.join(argv)}" if argv else "")
+    command = "python -m benchmarks peers" + (f" {' '.join(argv)}" if argv else "")
     body = (f"Command: `{command}` ({time.perf_counter() - started:.0f} s for this task). "
             f"Measured: {_report.environment()}\n\n"
             + format_task(result, summary, args.evals, fig))

@@ -1,1 +1,0 @@
-"""Benchmarks: ``python -m dsgrad.bench <name>``. See docs/benchmarks.md."""
