@@ -49,6 +49,16 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True) -> Objective:
     An :class:`dsgrad.Objective` with params ``{"loc", "log_scale"}``; its mean over data
     and noise is the negative ELBO. Cost per datum: one likelihood evaluation at one
     ``z``; with per-datum noise the likelihood is evaluated at ``B`` different ``z``.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, numpy as np, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
+    >>> noise = objective.sample_noise(jax.random.key(1), 4)
+    >>> objective.loss(params, jnp.arange(4), noise).shape  # one loss per datum
+    (4,)
   """
   return bbvi_objective(model, MeanFieldGaussian.transform, MeanFieldGaussian.entropy_at,
                         shared_noise=shared_noise, name="meanfield_gaussian")

@@ -51,6 +51,22 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`IncState`.
 
+  Example::
+
+    >>> import jax, jax.numpy as jnp, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y), shared_noise=True)
+    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.full(3, -1.0)}
+    >>> opt = optax.chain(dsgrad.inc(objective), optax.adam(1e-2))
+    >>> state = opt.init(params)
+    >>> indices = jnp.arange(10)
+    >>> noise = objective.sample_noise(jax.random.key(1), 10)
+    >>> grads = objective.grad(params, indices, noise)
+    >>> updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
+    >>> params = optax.apply_updates(params, updates)
+    >>> jax.tree.map(jnp.shape, params)
+    {'loc': (3,), 'log_scale': (3,)}
+
   References:
     Wang, Geffner, Domke (2024), Eq. 13-14, App. C.2.
   """

@@ -71,6 +71,22 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`SmisoState`.
 
+  Example::
+
+    >>> import jax, jax.numpy as jnp, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.full(3, -1.0)}
+    >>> opt = dsgrad.smiso(objective, step_size=0.01)  # a complete optimizer
+    >>> state = opt.init(params)
+    >>> indices = jnp.arange(10)
+    >>> noise = objective.sample_noise(jax.random.key(1), 10)
+    >>> grads = objective.grad(params, indices, noise)
+    >>> updates, state = opt.update(grads, state, params, indices=indices, noise=noise)
+    >>> params = optax.apply_updates(params, updates)
+    >>> jax.tree.map(jnp.shape, params)
+    {'loc': (3,), 'log_scale': (3,)}
+
   References:
     Bietti, Mairal (2017). Stochastic optimization with variance reduction for infinite
     datasets with finite sum structure. NeurIPS.

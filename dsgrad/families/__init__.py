@@ -18,6 +18,13 @@ def by_name(name: str, dim: int, **init):
 
   Raises:
     ValueError: on an unknown name (the message lists the known ones).
+
+  Example::
+
+    >>> import dsgrad
+    >>> family = dsgrad.families.by_name("fullrank", 3)
+    >>> sorted(family.params())
+    ['loc', 'log_diag', 'off_diag']
   """
   if name not in FAMILIES:
     raise ValueError(f"unknown variational family {name!r}; choose one of {sorted(FAMILIES)}")

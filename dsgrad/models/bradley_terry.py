@@ -49,6 +49,14 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (tennis, Bradley-Terry).
     Bradley, Terry (1952). Rank analysis of incomplete block designs. Biometrika.
+
+  Example::
+
+    >>> import numpy as np, dsgrad
+    >>> winners, losers = np.array([0, 1, 2, 0]), np.array([1, 2, 0, 2])
+    >>> model = dsgrad.models.bradley_terry(winners, losers, num_players=3)
+    >>> model.num_data, model.latent_dim
+    (4, 3)
   """
   a = _check_players("player_a", player_a, num_players)
   b = _check_players("player_b", player_b, num_players)

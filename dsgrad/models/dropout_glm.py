@@ -93,6 +93,14 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
 
   Returns:
     The model.
+
+  Example::
+
+    >>> import numpy as np, dsgrad
+    >>> x = np.random.default_rng(0).normal(size=(40, 5)).astype(np.float32)
+    >>> glm = dsgrad.models.dropout_glm(x, np.arange(40) % 2, num_outputs=2)
+    >>> glm.num_data
+    40
   """
   x = np.asarray(features, np.float32)
   y = np.asarray(labels)

@@ -72,6 +72,14 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
 
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (Sonar, Australian).
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, numpy as np, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y, prior_scale=2.0)
+    >>> model.num_data, model.latent_dim
+    (100, 3)
   """
   x, y = _check_features_labels(features, labels)
   values = set(np.unique(y).tolist())
@@ -165,6 +173,15 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
 
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (MNIST, D = 785 x 10).
+
+  Example::
+
+    >>> import numpy as np, dsgrad
+    >>> x = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
+    >>> labels = np.arange(60) % 3
+    >>> model = dsgrad.models.softmax_regression(x, labels, num_classes=3)
+    >>> model.latent_dim  # D * K
+    12
   """
   _checks.check_positive(prior_scale, "prior_scale")
   x, y = _check_features_labels(features, labels)

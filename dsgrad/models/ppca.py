@@ -69,6 +69,14 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
   References:
     Wang, Geffner, Domke (2024), Sec. 7.1 (PPCA, K = 16, lambda = 1).
     Tipping, Bishop (1999). Probabilistic principal component analysis. JRSS B.
+
+  Example::
+
+    >>> import numpy as np, dsgrad
+    >>> data = np.random.default_rng(0).normal(size=(50, 6)).astype(np.float32)
+    >>> model = dsgrad.models.ppca(data, latent_dim=2, noise_std=0.5)
+    >>> model.latent_dim  # the D x K loading matrix W, flattened
+    12
   """
   x = np.asarray(data)
   if x.ndim != 2:
