@@ -25,8 +25,9 @@ from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
                                SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
-from dsgrad.train import (FitResult, History, fit, restore_fit_checkpoint, restore_fit_history,
-                          save_fit_checkpoint, train_step)
+from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
+                           save_fit_checkpoint)
+from dsgrad.train import FitResult, fit, train_step
 
 __version__ = "0.1.0"
 

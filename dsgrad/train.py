@@ -19,9 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import hashlib
 import os
-import re
 import time
 from typing import Any, NamedTuple
 
@@ -38,24 +36,11 @@ from dsgrad import data as data_lib
 from dsgrad import diagnostics
 from dsgrad.estimators import _common as estimators_common
 from dsgrad import parallel
+from dsgrad import resume as resume_lib
 from dsgrad.objective import Objective
-
-
-class History(NamedTuple):
-  """What :func:`fit` records after every segment of ``eval_every`` steps.
-
-  Attributes:
-    step: steps taken so far.
-    wall_time: seconds spent in training steps so far (compilation and ELBO evaluation
-      excluded), for ELBO-vs-wall-clock plots.
-    elbo: full-data ELBO estimate (``nan`` when ``elbo_samples = 0``).
-    elbo_se: its Monte Carlo standard error.
-  """
-
-  step: np.ndarray
-  wall_time: np.ndarray
-  elbo: np.ndarray
-  elbo_se: np.ndarray
+# Re-exported: fit's checkpoints and history are dsgrad.resume's.
+from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
+                           run_settings, save_fit_checkpoint, state_fingerprints)
 
 
 class FitResult(NamedTuple):
@@ -338,11 +323,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       # The template needs shapes only: no initial full pass, no table materialized whole
       # on one device before it is sharded.
       raw = checkpoint_lib.restore_raw(checkpoint_path)
-      _check_resume_settings(checkpoint_path, raw, settings)
-      params, opt_state, start_step = _restore_fit_tree(
+      resume_lib.check_resume_settings(checkpoint_path, raw, settings)
+      params, opt_state, start_step = resume_lib.restore_fit_tree(
           checkpoint_path, raw, params,
           jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
-      history = _history_from_raw(raw)
+      history = resume_lib.history_from_raw(raw)
       _checks.value_checks(_checks.finite_checks(
           opt_state, f"the optimizer state restored from checkpoint_path "
           f"{os.fspath(checkpoint_path)!r}"))
@@ -445,147 +430,6 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                             settings=settings)
     bar(0, step, None, None, close=True)
     return FitResult(params, opt_state, as_history(), compile_seconds)
-
-
-def run_settings(objective: Objective, key, batch_size: int) -> dict:
-  """The settings that, with the step, determine every batch and noise draw of a
-  :func:`fit` run; saved with its checkpoints so that a resume with other settings is
-  refused rather than silently continuing a different run."""
-  key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
-      else key
-  return {"num_data": np.asarray(objective.num_data, np.int64),
-          "batch_size": np.asarray(batch_size, np.int64),
-          "key": np.asarray(jax.device_get(key_data))}
-
-
-def _digest(chunks) -> np.ndarray:
-  h = hashlib.sha256()
-  for chunk in chunks:
-    h.update(chunk if isinstance(chunk, bytes) else str(chunk).encode())
-  return np.frombuffer(h.digest(), np.uint8).copy()
-
-
-def data_fingerprint(objective: Objective, rows: int = 257) -> np.ndarray:
-  """SHA-256 of each data leaf's name, shape, dtype and ``rows`` evenly spaced rows
-  (first and last included): another data set of the same size is told apart without
-  reading all of a large (memory-mapped) array."""
-  chunks = []
-  for name, leaf in sorted(objective.data_tree().items()):
-    shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
-    chunks += [name, shape, dtype.str]
-    if shape and shape[0]:
-      at = np.unique(np.linspace(0, shape[0] - 1, min(rows, shape[0])).astype(np.int64))
-      values = (leaf.rows(at) if isinstance(leaf, data_lib.HostArray)
-                else np.asarray(jax.device_get(jnp.asarray(leaf)[at])))
-      chunks.append(np.ascontiguousarray(values).tobytes())
-  return _digest(chunks)
-
-
-def optimizer_fingerprint(objective: Objective, optimizer, params, batch_size: int
-                          ) -> np.ndarray:
-  """SHA-256 of the traced program of one ``optimizer.update`` (estimator, its settings,
-  approximation, control weight; then the optax rule), with memory addresses removed.
-  A resume with another estimator or approximation whose state has the same shapes
-  would otherwise continue with a table or running mean that belongs to another run."""
-  abstract = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)),
-                          params)
-  with objective.bound():
-    state = jax.eval_shape(optimizer.init, abstract)
-    noise = jax.eval_shape(lambda k: objective.sample_noise(k, batch_size), jax.random.key(0))
-    closed = jax.make_jaxpr(
-        lambda g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e))(
-            abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32), noise)
-  text = re.sub(r"0x[0-9a-fA-F]+", "", str(closed.jaxpr))
-  consts = [np.ascontiguousarray(np.asarray(c)).tobytes()[:1 << 20] for c in closed.consts
-            if hasattr(c, "shape")]
-  return _digest([text] + consts)
-
-
-def state_fingerprints(objective: Objective, optimizer, params, batch_size: int) -> dict:
-  """``{"data": ..., "optimizer": ...}``: saved with :func:`fit`'s checkpoints and compared
-  on resume (:func:`data_fingerprint`, :func:`optimizer_fingerprint`)."""
-  return {"data": data_fingerprint(objective),
-          "optimizer": optimizer_fingerprint(objective, optimizer, params, batch_size)}
-
-
-_FINGERPRINT_MEANING = {
-    "data": "other data (the same number of rows, other values)",
-    "optimizer": "another optimizer: another estimator, other estimator settings or "
-                 "another approximation (or another version of dsgrad or JAX)",
-}
-
-
-def _check_resume_settings(path, raw: dict, settings: dict) -> None:
-  saved = raw.get("settings")
-  if saved is None:
-    return  # a checkpoint written before settings were saved: nothing to compare
-  for name, value in settings.items():
-    if name in saved and not (np.shape(saved[name]) == np.shape(value)
-                              and np.array_equal(saved[name], value)):
-      if name in _FINGERPRINT_MEANING:
-        raise ValueError(
-            f"checkpoint_path {os.fspath(path)!r} was written by a run with other "
-            f"{name}: this call has {_FINGERPRINT_MEANING[name]}. Its state (table, "
-            "running mean, snapshot) belongs to that run, so resuming would continue with "
-            "a wrong state. Pass the original data and optimizer, or a new "
-            "checkpoint_path to start a new run (if only the JAX or dsgrad version "
-            "changed, dsgrad.restore_fit_checkpoint reads the state without this check, "
-            "and fit(opt_state=..., start_step=...) continues from it)")
-
-      def shown(v):
-        return "a different key" if name == "key" else int(v)
-      raise ValueError(
-          f"checkpoint_path {os.fspath(path)!r} was written by a run with "
-          f"{name}={shown(saved[name])}, but this call has {name}={shown(value)}: resuming "
-          "would not continue that run. Pass the original setting, or a new "
-          "checkpoint_path to start a new run")
-
-
-def save_fit_checkpoint(path, params, opt_state, step: int,
-                        history: History | None = None, *, settings: dict | None = None
-                        ) -> None:
-  """Saves ``(params, opt_state, step)``, optionally the history and the run's settings
-  (:func:`run_settings`), atomically and with a checksum (what :func:`fit` writes)."""
-  tree = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int64)}
-  if history is not None:
-    tree["history"] = {k: np.asarray(v, np.float64) for k, v in history._asdict().items()}
-  if settings is not None:
-    tree["settings"] = dict(settings)
-  checkpoint_lib.save(path, tree)
-
-
-def _restore_fit_tree(path, raw: dict, params_like, opt_state_like):
-  like = {"params": params_like, "opt_state": opt_state_like,
-          "step": np.asarray(0, np.int64)}
-  for metadata in ("history", "settings"):  # free-form: restored as saved
-    if metadata in raw:
-      like[metadata] = raw[metadata]
-  tree = checkpoint_lib.restore_from_raw(raw, like, path)
-  return tree["params"], tree["opt_state"], int(tree["step"])
-
-
-def restore_fit_checkpoint(path, params_like, opt_state_like):
-  """Restores ``(params, opt_state, step)`` saved by :func:`fit`; pass ``step`` as
-  ``start_step`` to continue.
-
-  Raises:
-    ValueError: a damaged file, or entries, shapes or dtypes other than the templates'
-      (:func:`dsgrad.checkpoint.restore`).
-  """
-  return _restore_fit_tree(path, checkpoint_lib.restore_raw(path), params_like,
-                           opt_state_like)
-
-
-def _history_from_raw(raw: dict) -> History:
-  saved = raw.get("history") or {}
-  return History(*(np.asarray(saved.get(k, np.zeros(0)), np.float64)
-                   for k in History._fields))
-
-
-def restore_fit_history(path) -> History:
-  """The :class:`History` saved with a :func:`fit` checkpoint (pass it back to ``fit`` as
-  ``history`` when resuming); empty if the checkpoint has none."""
-  return _history_from_raw(checkpoint_lib.restore_raw(path))
 
 
 def _progress(enabled: bool, total: int):
