@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import integrators
 from dsgrad.mcvae.bounds import gaussian_log_prob, schedule_from_logits
 
 
@@ -148,9 +149,9 @@ def dais_log_weight(guide: Callable, target: Callable, base_sample, base_log_pro
   def step(carry, inputs):
     z, v = carry
     beta, eta, refresh_noise = inputs
-    z_half = z + 0.5 * eta * v / mass
-    v_hat = v + eta * (beta * grad_guide(z_half) + (1 - beta) * grad_base(z_half))
-    z = z_half + 0.5 * eta * v_hat / mass
+    z, v_hat = integrators.position_verlet_step(
+        z, v, lambda x: beta * grad_guide(x) + (1 - beta) * grad_base(x), eta,
+        lambda u: u / mass)
     kinetic = momentum_log_prob(v_hat) - momentum_log_prob(v)
     v = gamma * v_hat + jnp.sqrt(1 - gamma ** 2) * momentum_sd * refresh_noise
     return (z, v), (z, kinetic)

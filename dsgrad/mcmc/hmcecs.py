@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import _checks
+from dsgrad import integrators
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.mcmc.subsample import SubsampleScheme
 from dsgrad.models.base import Model
@@ -164,23 +165,16 @@ def build_kernel(model: Model, scheme: SubsampleScheme):
 
     # 2. theta, p | u: HMC on the estimated Hamiltonian (Eq. 3.6-3.7).
     potential = _potential_fn(model, scheme, proxy, state.subsample)
-    grad_fn = jax.value_and_grad(potential, has_aux=True)
-    inv_mass, eps = params.inverse_mass_matrix, params.step_size
+    inv_mass = params.inverse_mass_matrix
     momentum = params.mass_cholesky @ jax.random.normal(k_p, state.position.shape)
     kinetic0 = 0.5 * momentum @ inv_mass @ momentum
-
-    def leapfrog(_, carry):
-      theta, p, grad, _, _ = carry
-      p = p - 0.5 * eps * grad
-      theta = theta + eps * inv_mass @ p
-      (u_new, aux), grad = grad_fn(theta)
-      p = p - 0.5 * eps * grad
-      return theta, p, grad, u_new, aux
-
-    carry = (state.position, momentum, state.potential_grad, state.potential,
-             (state.log_likelihood, state.sign))
-    theta, p, grad, u_new, (log_lik, sign) = jax.lax.fori_loop(
-        0, params.num_integration_steps, leapfrog, carry)
+    start = integrators.IntegratorState(state.position, momentum, state.potential,
+                                        state.potential_grad,
+                                        (state.log_likelihood, state.sign))
+    end = integrators.velocity_verlet(
+        start, integrators.value_and_grad_with_aux(potential), params.step_size,
+        lambda p: inv_mass @ p, params.num_integration_steps)
+    theta, p, u_new, grad, (log_lik, sign) = end
     energy_change = (u_new + 0.5 * p @ inv_mass @ p) - (state.potential + kinetic0)
     energy_change = jnp.where(jnp.isnan(energy_change), jnp.inf, energy_change)
     accept_prob = jnp.minimum(1.0, jnp.exp(-energy_change))

@@ -29,6 +29,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import integrators
+
 _LOG_2PI = math.log(2 * math.pi)
 
 LogJoint = Callable[[jax.Array], jax.Array]
@@ -383,19 +385,15 @@ def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps
 
   def hmc(key, beta, z):
     k_p, k_u = jax.random.split(key)
-    grad = jax.grad(lambda w: log_gamma(beta, w))
+    value_and_grad = integrators.value_and_grad_with_aux(
+        lambda w: (-log_gamma(beta, w), None))
     p0 = jax.random.normal(k_p, z.shape)
-
-    def leapfrog(_, carry):
-      w, p = carry
-      p = p + 0.5 * step_size * grad(w)
-      w = w + step_size * p
-      p = p + 0.5 * step_size * grad(w)
-      return w, p
-
-    w, p = jax.lax.fori_loop(0, num_leapfrog, leapfrog, (z, p0))
-    log_accept = (log_gamma(beta, w) - 0.5 * jnp.sum(p ** 2)
-                  - log_gamma(beta, z) + 0.5 * jnp.sum(p0 ** 2))
+    start = integrators.initial_state(z, p0, value_and_grad)
+    end = integrators.velocity_verlet(start, value_and_grad, step_size, lambda p: p,
+                                      num_leapfrog)
+    w, p = end.position, end.momentum
+    log_accept = (-end.potential - 0.5 * jnp.sum(p ** 2)
+                  + start.potential + 0.5 * jnp.sum(p0 ** 2))
     take = jnp.log(jax.random.uniform(k_u)) < log_accept
     return jnp.where(take, w, z)
 
