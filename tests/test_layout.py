@@ -71,3 +71,9 @@ def test_one_leapfrog_implementation():
   for path in PACKAGE.rglob("*.py"):
     if path.name != "integrators.py":
       assert "def leapfrog" not in path.read_text(), path
+
+
+def test_annealing_does_not_reach_into_the_vae_package():
+  """DAIS shares the tempered path with the Monte Carlo VAEs through dsgrad.tempering."""
+  for path in (PACKAGE / "annealing").glob("*.py"):
+    assert not any(n.startswith("dsgrad.mcvae") for n in _dsgrad_imports(path)), path

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import integrators
-from dsgrad.mcvae.bounds import gaussian_log_prob, schedule_from_logits
+from dsgrad.tempering import gaussian_log_prob, schedule_from_logits
 
 
 class ChainSettings(NamedTuple):

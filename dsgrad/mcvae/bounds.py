@@ -23,23 +23,17 @@ References:
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from dsgrad import integrators
-
-_LOG_2PI = math.log(2 * math.pi)
+# The tempered path's pieces, shared with DAIS; re-exported as dsgrad.mcvae's.
+from dsgrad.tempering import (check_schedule, gaussian_log_prob,  # noqa: F401
+                              linear_schedule, schedule_from_logits)
 
 LogJoint = Callable[[jax.Array], jax.Array]
-
-
-def gaussian_log_prob(z, mean, log_scale) -> jax.Array:
-  """``log N(z; mean, diag(exp(log_scale))^2)`` summed over the last axis."""
-  std = (z - mean) * jnp.exp(-log_scale)
-  return jnp.sum(-0.5 * std ** 2 - log_scale - 0.5 * _LOG_2PI, axis=-1)
 
 
 def vae_bound(log_joint: LogJoint, mean, log_scale, eps) -> jax.Array:
@@ -58,31 +52,6 @@ def iwae_bound(log_joint: LogJoint, mean, log_scale, eps) -> jax.Array:
     raise ValueError(f"iwae_bound needs eps of shape (K, d), got {eps.shape}")
   log_w = jax.vmap(lambda e: vae_bound(log_joint, mean, log_scale, e))(eps)
   return jax.scipy.special.logsumexp(log_w) - jnp.log(eps.shape[0])
-
-
-def linear_schedule(num_steps: int) -> jax.Array:
-  """``beta_k = k / K`` for ``k = 0..K``."""
-  return jnp.linspace(0.0, 1.0, num_steps + 1)
-
-
-def schedule_from_logits(logits) -> jax.Array:
-  """A learnable annealing schedule, increasing from 0 to 1 by construction.
-
-  ``beta_k = sum_{i <= k} softmax(logits)_i`` with ``beta_0 = 0``: ``K`` free logits give
-  ``K + 1`` temperatures; zero logits give :func:`linear_schedule`. The paper's third
-  option, temperatures learned as inference parameters (Sec. 4.1).
-  """
-  logits = jnp.asarray(logits)
-  if logits.ndim != 1:
-    raise ValueError(f"schedule logits must be a vector (K,), got shape {logits.shape}")
-  increments = jax.nn.softmax(logits)
-  betas = jnp.concatenate([jnp.zeros((1,), increments.dtype), jnp.cumsum(increments)])
-  return betas.at[-1].set(1.0)
-
-
-def _check_schedule(betas, num_steps):
-  if betas.shape != (num_steps + 1,):
-    raise ValueError(f"betas must have shape (K + 1,) = ({num_steps + 1},), got {betas.shape}")
 
 
 class LangevinPath(NamedTuple):
@@ -180,7 +149,7 @@ def langevin_sis_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, step_s
     raise ValueError(f"noise must have shape (K, {eps0.shape[0]}), got {noise.shape}")
   k = noise.shape[0]
   betas = linear_schedule(k) if betas is None else jnp.asarray(betas)
-  _check_schedule(betas, k)
+  check_schedule(betas, k)
   at = _evaluator(log_joint, mean, log_scale)
   start = at(mean + jnp.exp(log_scale) * eps0)
 
@@ -264,7 +233,7 @@ def mala_ais_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, accept_noi
   if accept_noise.shape != (k,):
     raise ValueError(f"accept_noise must have shape (K,) = ({k},), got {accept_noise.shape}")
   betas = linear_schedule(k) if betas is None else jnp.asarray(betas)
-  _check_schedule(betas, k)
+  check_schedule(betas, k)
   at = _evaluator(log_joint, mean, log_scale)
   start = at(mean + jnp.exp(log_scale) * eps0)
 
@@ -372,7 +341,7 @@ def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps
     raise ValueError(f"num_steps and num_particles must be >= 1, got {num_steps}, "
                      f"{num_particles}")
   betas = linear_schedule(num_steps) if betas is None else jnp.asarray(betas)
-  _check_schedule(betas, num_steps)
+  check_schedule(betas, num_steps)
   if precondition:
     log_joint = _whitened(log_joint, mean, log_scale)
     mean, log_scale = jnp.zeros_like(mean), jnp.zeros_like(log_scale)
