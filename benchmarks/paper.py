@@ -278,14 +278,12 @@ def main(argv=None):
       "large (all four): see `python -m benchmarks paper mnist --help`.")
   parser.add_argument("task", choices=["uci"], help="which experiment")
   parser.add_argument("--datasets", default="sonar,australian")
-  parser.add_argument("--data-dir", default=None, help="folder with the UCI files (default: see python -m benchmarks --help)")
   parser.add_argument("--steps", type=int, default=10_000)
   parser.add_argument("--evals", type=int, default=40)
   parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--estimators", default=",".join(ESTIMATORS))
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)
-  args.data_dir = args.data_dir or _report.data_dir()
   estimators = tuple(args.estimators.split(","))
   unknown = set(estimators) - set(ESTIMATORS)
   if unknown or "naive" not in estimators:
@@ -293,7 +291,7 @@ def main(argv=None):
   sections = []
   config = dict(batch_size=5)
   for dataset in args.datasets.split(","):
-    model, results, variances, var_trace = run_uci(dataset, args.data_dir, num_steps=args.steps,
+    model, results, variances, var_trace = run_uci(dataset, _report.data_dir(), num_steps=args.steps,
                                         num_evals=args.evals, seeds=args.seeds,
                                         step_sizes=UCI_STEP_SIZES, estimators=estimators)
     steps, best_trace, rows = summarize(dataset, results, args.steps, args.evals, UCI_STEP_SIZES)

@@ -83,11 +83,13 @@ def _dim(task: Task) -> int:
   return task.x.shape[1] * task.num_classes
 
 
-def load_task(name: str, data_dir: str, quick: bool = False) -> Task:
+def load_task(name: str, data_dir: str | None = None, quick: bool = False) -> Task:
+  """The task ``name``; UCI files are read from ``data_dir`` (default: the benchmarks'
+  data folder, ``--data-dir``)."""
   if name in ("australian", "sonar"):
     loader, file = {"australian": (dsgrad.datasets.load_australian, "australian.dat"),
                     "sonar": (dsgrad.datasets.load_sonar, "sonar.all-data")}[name]
-    x, y = loader(os.path.join(data_dir, file))
+    x, y = loader(os.path.join(data_dir or _report.data_dir(), file))
     x = dsgrad.datasets.add_intercept(x)
     return Task(name, np.asarray(x, np.float32), np.asarray(y, np.int32), 1,
                 32, 600 if quick else 3000,
@@ -677,19 +679,16 @@ def main(argv=None):
   parser.add_argument("--tuning-seeds", type=int, default=2, help="seeds for the lr choice")
   parser.add_argument("--lrs", default="0.1,0.03,0.01,0.003", help="Adam learning rates")
   parser.add_argument("--only", default=None, help="';'-separated substrings of contenders")
-  parser.add_argument("--data-dir", default=None,
-                      help="folder with australian.dat and sonar.all-data")
   parser.add_argument("--section", default=None, help="docs/benchmarks.md section "
                       "(default peers-<task>-<backend>, peers-quick-... with --quick)")
   parser.add_argument("--no-write", action="store_true", help="print only")
   args = parser.parse_args(argv)
-  args.data_dir = args.data_dir or _report.data_dir()
   if args.quick:
     args.tasks, args.seeds, args.tuning_seeds, args.evals = "australian", 2, 1, 10
     args.lrs = "0.03,0.01" if args.lrs == parser.get_default("lrs") else args.lrs
   for name in args.tasks.split(","):
     started = time.perf_counter()
-    task = load_task(name.strip(), args.data_dir, args.quick)
+    task = load_task(name.strip(), quick=args.quick)
     if args.steps:
       task = task._replace(steps=args.steps)
     if task.steps % args.evals:

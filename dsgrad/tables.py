@@ -27,17 +27,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["new_table", "gather_rows", "set_rows", "set_row_values", "first_occurrence",
+__all__ = ["EMPTY_TABLE", "new_table", "gather_rows", "set_rows", "set_row_values", "first_occurrence",
            "full_pass_rows", "full_pass_mean", "tree_bytes"]
 
-# A table that is not there (params without leaves, e.g. optax's map_params placeholder).
-_NOT_PARAMS = np.zeros((0,), np.float32)
+# The table of params without leaves (optax's ``tree.map_params`` placeholder): a leaf, so
+# that a state's table field is never mistaken for params.
+EMPTY_TABLE = np.zeros((0,), np.float32)
 
 
 def new_table(params, num_data: int, dtype=None):
   """A per-datum table with every row equal to ``params`` (leaves ``(N, *shape)``)."""
   if not jax.tree.leaves(params):
-    return _NOT_PARAMS
+    return EMPTY_TABLE
   return jax.tree.map(
       lambda p: jnp.broadcast_to(jnp.asarray(p, dtype or jnp.asarray(p).dtype),
                                  (num_data,) + jnp.shape(p)), params)

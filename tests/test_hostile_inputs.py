@@ -346,7 +346,7 @@ def test_bridge_refuses_closed_over_data_of_another_length_than_the_plate(plate_
     with numpyro.plate("data", plate_size, subsample_size=10) as idx:
       numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
-  with pytest.raises(ValueError, match="closes over.*size 60|closes over"):
+  with pytest.raises(ValueError, match="closes over"):
     bridge.objective(model)
 
 

@@ -35,6 +35,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import warnings
@@ -86,10 +87,17 @@ class _PlateMismatch(ValueError):
   """An observed site whose batch shape does not follow the data plate's indices."""
 
 
-def _trace(fn, args, kwargs, seed=0):
+@contextlib.contextmanager
+def _other_batch_sizes_allowed():
+  """Silences NumPyro's warning about a batch of another size than the plate's
+  ``subsample_size``: dsgrad substitutes batches of its own size on purpose."""
   with warnings.catch_warnings():
-    # Substituting a batch of another size than the model's subsample_size is intended.
     warnings.filterwarnings("ignore", message="subsample_size does not match")
+    yield
+
+
+def _trace(fn, args, kwargs, seed=0):
+  with _other_batch_sizes_allowed():
     return handlers.trace(handlers.seed(fn, seed)).get_trace(*args, **kwargs)
 
 
@@ -430,8 +438,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
 
   def log_joint_subsampled(z, indices):
     subsampled = _with_indices(model, plate, indices)
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message="subsample_size does not match")
+    with _other_batch_sizes_allowed():
       return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
 
   _check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)

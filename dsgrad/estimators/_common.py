@@ -1,11 +1,10 @@
 """Helpers shared by the estimators: checks and the optax binding (tables and full
-passes: :mod:`dsgrad.tables`)."""
+passes are :mod:`dsgrad.tables`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +13,7 @@ import optax
 
 from dsgrad import _checks
 from dsgrad.objective import Objective
-# The table helpers are public in dsgrad.tables; the estimators reach them through here.
-from dsgrad.tables import (_NOT_PARAMS, first_occurrence, full_pass_mean,  # noqa: F401
-                           full_pass_rows, gather_rows, new_table, set_row_values,
-                           set_rows, tree_bytes)
+from dsgrad.tables import tree_bytes
 
 
 def has_leaves(params) -> bool:

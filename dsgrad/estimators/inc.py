@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import tables
 from dsgrad.estimators import _common
 from dsgrad.objective import Objective, per_datum
 
@@ -82,7 +83,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
   def init_fn(params):
     _common.check_params_fit(objective, params, "inc")
     _common.check_table_fits(params, n, None, max_table_bytes, "inc")
-    return IncState(_common.new_table(params, n))
+    return IncState(tables.new_table(params, n))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
@@ -93,13 +94,13 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
                              state.table)})
 
     def table_mean(idx):
-      rows = _common.gather_rows(state.table, idx, params)
+      rows = tables.gather_rows(state.table, idx, params)
       return jax.tree.map(lambda x: jnp.mean(x, 0), grads_at_rows(rows, idx, noise))
 
-    full = _common.full_pass_mean(table_mean, n, chunk_size)
+    full = tables.full_pass_mean(table_mean, n, chunk_size)
     batch = table_mean(indices)
     out = optax.tree.add(updates, optax.tree.sub(full, batch))
-    new_state = IncState(_common.set_rows(state.table, indices, params))
+    new_state = IncState(tables.set_rows(state.table, indices, params))
     return optax.tree.cast_like(out, updates), new_state
 
   return _common.bound_transformation(objective, init_fn, update_fn, "inc")

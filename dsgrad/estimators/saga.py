@@ -11,6 +11,7 @@ import optax
 
 from dsgrad import _checks
 from dsgrad import data as data_lib
+from dsgrad import tables
 from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective, per_datum
@@ -180,15 +181,15 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
   @functools.partial(data_lib.jit, objective.data)
   def initial_mean(params):
-    return _common.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
+    return tables.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
 
   def init_fn(params):
     _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
+      return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
                             _weights.init(control_weight, params))
     _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
-    table = _common.new_table(params, n, table_dtype)
+    table = tables.new_table(params, n, table_dtype)
     return JointSagaState(jnp.zeros([], jnp.int32), table,
                           initial_mean(_as_stored(params, table)),
                           _weights.init(control_weight, params))
@@ -202,17 +203,17 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     if check_gradient:
       _checks.value_checks(_common.first_update_gradient_checks(
           "joint_saga", objective, updates, params, indices, noise, state.count == 0))
-    rows = _common.gather_rows(state.table, indices, params)
+    rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
     control = optax.tree.sub(state.running_mean,
                              jax.tree.map(lambda x: jnp.mean(x, 0), g_rows))
 
-    new_table = _common.set_rows(state.table, indices, params)
+    new_table = tables.set_rows(state.table, indices, params)
     # The expectation at w is taken at the value actually stored (differs only for a
     # low-precision table), keeping G equal to the mean over the stored table.
     stored = _as_stored(params, state.table)
-    first = _common.first_occurrence(indices)
+    first = tables.first_occurrence(indices)
     if approx.through_objective:
       # sum_b first_b E grad f~(w; n_b) as one batch call on the reweighted objective:
       # shared params, so no per-datum gradients are formed.
@@ -252,7 +253,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
   @functools.partial(data_lib.jit, objective.data)
   def initial_state(params):
-    exact = _common.full_pass_rows(lambda idx: stats_fns.statistics(params, idx), n,
+    exact = tables.full_pass_rows(lambda idx: stats_fns.statistics(params, idx), n,
                                    chunk_size)
     table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
     dtype = jax.tree.leaves(params)[0].dtype
@@ -262,12 +263,12 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
       weights = jnp.full(idx.shape, 1.0 / idx.shape[0], dtype)
       return stats_fns.datum_expected(objective, params, rows, idx, weights)
 
-    return table, _common.full_pass_mean(chunk_mean, n, chunk_size)
+    return table, tables.full_pass_mean(chunk_mean, n, chunk_size)
 
   def init_fn(params):
     _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), _common._NOT_PARAMS, params,
+      return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
                             _weights.init(weight[0], params))
     table, running_mean = initial_state(params)
     return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
@@ -294,13 +295,13 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
     # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)): one call on
     # the stacked rows with weights (+first, -first).
-    first = _common.first_occurrence(indices).astype(dtype)
+    first = tables.first_occurrence(indices).astype(dtype)
     both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
     change = stats_fns.datum_expected(objective, params, both,
                                       jnp.concatenate([indices, indices]),
                                       jnp.concatenate([first, -first]))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
-    new_table = _common.set_row_values(state.table, indices, new_rows)
+    new_table = tables.set_row_values(state.table, indices, new_rows)
 
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 

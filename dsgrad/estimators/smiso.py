@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import _checks
+from dsgrad import tables
 from dsgrad.estimators import _common
 from dsgrad.objective import Objective
 
@@ -101,7 +102,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     _common.check_params_fit(objective, params, "smiso")
     _common.check_table_fits(params, n, None, max_table_bytes, "smiso")
     # A copy, so that params and state can both be donated to a jitted step.
-    return SmisoState(_common.new_table(params, n), jax.tree.map(jnp.copy, params))
+    return SmisoState(tables.new_table(params, n), jax.tree.map(jnp.copy, params))
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
@@ -121,10 +122,10 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
            "objective at params: a transform before it changed the gradient (or "
            "indices/noise are not those the gradient was computed with)."),
       ])
-    old = _common.gather_rows(state.table, indices, params)
+    old = tables.gather_rows(state.table, indices, params)
     new = jax.tree.map(lambda o, p, g: (1 - alpha) * o + alpha * (p[None] - step_size * g),
                        old, params, grads)
-    first = _common.first_occurrence(indices)
+    first = tables.first_occurrence(indices)
     change = _common.masked_sum(optax.tree.sub(new, old), first)
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
     write_at = jnp.where(first, indices, n)  # repeated indices: keep the first, drop others

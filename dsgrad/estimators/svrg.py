@@ -10,6 +10,7 @@ import optax
 
 from dsgrad import _checks
 from dsgrad import data as data_lib
+from dsgrad import tables
 from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
 from dsgrad.objective import Objective
@@ -100,7 +101,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   n = objective.num_data
 
   def full_mean(params):
-    return _common.full_pass_mean(
+    return tables.full_pass_mean(
         lambda idx: approx.expected_grad(objective, params, idx), n, chunk_size)
 
   initial_mean = data_lib.jit(objective.data, full_mean)
