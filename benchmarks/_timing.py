@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 import dsgrad
 from dsgrad import data as data_lib
-from dsgrad.diagnostics import epoch_batches
-from dsgrad.train import train_step
+from dsgrad.batching import epoch_batches
+from dsgrad.segments import train_step
 
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,

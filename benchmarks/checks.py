@@ -78,8 +78,8 @@ def run(sizes=((1_000, 10), (10_000, 100)), batch_size=100, steps=200, rounds=5,
 def _per_call_rows(model, params0, batch_size, steps, rounds, lr):
   """``[(estimator, ms per call on, ms per call off)]``: a Python loop calling one jitted
   step per call, blocking only at the end (so JAX may dispatch asynchronously)."""
-  from dsgrad.diagnostics import epoch_batches
-  from dsgrad.train import train_step
+  from dsgrad.batching import epoch_batches
+  from dsgrad.segments import train_step
   rows = []
   batches = epoch_batches(jax.random.key(2), model.num_data, batch_size, steps)
   keys = jax.random.split(jax.random.key(1), steps)

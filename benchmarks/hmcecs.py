@@ -27,7 +27,7 @@ sd ratio range, ESS (min over parameters), ESS per second of sampling (compilati
 excluded), data evaluations per iteration, the CT measure (Eq. 3.2 / 5.4, max IF over
 parameters) and the relative computational time against full-data HMC (Eq. 6.1).
 
-Issue 7's targets: HMC-ECS posterior means within 0.1 sd of the reference with at least
+The targets: HMC-ECS posterior means within 0.1 sd of the reference with at least
 5x fewer evaluations per effective draw than full-data HMC at N >= 100,000.
 """
 

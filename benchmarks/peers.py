@@ -49,7 +49,7 @@ import optax
 
 import dsgrad
 from benchmarks import _report
-from dsgrad.diagnostics import epoch_batches
+from dsgrad.batching import epoch_batches
 
 INIT_SCALE = 0.1
 TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry", "movielens")

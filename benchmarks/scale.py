@@ -13,7 +13,7 @@ timed window, so its figure is the cost of a step between refreshes; the refresh
 a full pass, O(N) by design, reported separately. The batch's row gather is timed alone in
 the same kind of scan and subtracted.
 
-Issue 20's criterion: step time minus gather time grows at most 1.3x from N = 10^3 to
+The criterion: step time minus gather time grows at most 1.3x from N = 10^3 to
 10^7 for naive, cv and joint SAGA. A 10^7-row memory-mapped data set then trains with
 joint SAGA under :func:`dsgrad.fit`, peak memory reported.
 """
@@ -31,9 +31,10 @@ import optax
 
 import dsgrad
 from dsgrad import data as data_lib
-from dsgrad import train as train_lib
+from dsgrad import segments
 from benchmarks import _report, _timing
-from dsgrad.diagnostics import epoch_batches
+from dsgrad import batching
+from dsgrad.batching import epoch_batches
 from dsgrad import tables
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
@@ -152,7 +153,7 @@ def _order_seconds(n, batch_size, rounds):
   """Seconds for one epoch's order of ``n`` data: ``{"dsgrad": fit's epoch permutation,
   "jax.random.permutation": the same key through JAX's permutation}`` (the latter
   timed once after a warm-up call: it is slow at large N)."""
-  ours = jax.jit(lambda k: train_lib.epoch_permutation(k, 1, n, batch_size))
+  ours = jax.jit(lambda k: batching.epoch_permutation(k, 1, n, batch_size))
   theirs = jax.jit(lambda k: jax.random.permutation(jax.random.fold_in(k, 1), n))
   key = jax.random.key(0)
   return {"dsgrad": _median_seconds(ours, (key,), rounds),
@@ -550,7 +551,7 @@ def main_steps(argv=None):
     memmap_logistic_data(args.memmap_folder, n, args.num_features)  # written if missing
     seconds = _in_fresh_process(
         f"cold_read_seconds({n}, {args.num_features}, {args.batch_size}, "
-        f"{train_lib.HOST_BLOCK_STEPS}, {args.memmap_folder!r})")
+        f"{segments.HOST_BLOCK_STEPS}, {args.memmap_folder!r})")
     if seconds is not None:
       cold[(n, "memmap")] = seconds
       print(f"host read from disk, N = {n:,}: {1e3 * seconds:.3f} ms per step", flush=True)

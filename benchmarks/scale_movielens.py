@@ -38,7 +38,8 @@ import optax
 
 import dsgrad
 from benchmarks import _report
-from dsgrad.train import batch_indices, train_step
+from dsgrad.batching import batch_indices
+from dsgrad.segments import train_step
 
 _bytes = _report.format_bytes
 

@@ -9,7 +9,10 @@ Gradient estimators are optax transformations; swap one for another in one line:
 
 from dsgrad import annealing
 from dsgrad import approx
+from dsgrad import batching
 from dsgrad import checkpoint
+from dsgrad import checks
+from dsgrad import compile_cache
 from dsgrad import data
 from dsgrad import datasets
 from dsgrad import families
@@ -17,6 +20,7 @@ from dsgrad import mcmc
 from dsgrad import mcvae
 from dsgrad import models
 from dsgrad import parallel
+from dsgrad import segments
 from dsgrad.approx import Approximation
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
@@ -27,7 +31,8 @@ from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, Jo
 from dsgrad.objective import Objective, gaussian_noise, per_datum
 from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
                            save_fit_checkpoint)
-from dsgrad.train import FitResult, fit, train_step
+from dsgrad.segments import train_step
+from dsgrad.train import FitResult, fit
 
 __version__ = "0.1.0"
 
@@ -38,7 +43,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "checkpoint", "data", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
+    "models", "batching", "checks", "compile_cache", "segments", "checkpoint", "data", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",

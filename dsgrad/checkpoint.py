@@ -32,13 +32,13 @@ import jax
 import numpy as np
 from flax import serialization, traverse_util
 
-from dsgrad import _checks
+from dsgrad import checks
 
 _TAG = b"DSGRAD-CKPT-1\n"
 _DIGEST_BYTES = 32
 
 
-def _temp_prefix(path: str) -> str:
+def temp_prefix(path: str) -> str:
   """``.<name>.tmp-<host>-``: temporaries of saves to ``path`` from this host (a short
   hash of the host name, so that a shared file system never mixes hosts' process ids)."""
   host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -69,7 +69,7 @@ def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
   """
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
-  prefix = _temp_prefix(path)
+  prefix = temp_prefix(path)
   removed = []
   for tmp in glob.glob(os.path.join(glob.escape(directory), glob.escape(prefix) + "*")):
     pid_text = os.path.basename(tmp)[len(prefix):].split("-", 1)[0]
@@ -176,7 +176,7 @@ def save(path: str | os.PathLike, tree: Any) -> None:
 
 def _write(path: str, directory: str, payload: bytes) -> None:
   remove_orphan_temp_files(path)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{_temp_prefix(path)}{os.getpid()}-")
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{temp_prefix(path)}{os.getpid()}-")
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(_TAG + hashlib.sha256(payload).digest() + payload)
@@ -200,7 +200,7 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"no checkpoint at {path!r}")
-  _checks.check_regular_file(path, "checkpoint")
+  checks.check_regular_file(path, "checkpoint")
   with open(path, "rb") as f:
     data = f.read()
   if not data.startswith(_TAG):

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 __all__ = ["DataArray", "HostArray", "open_memmap", "read_rows", "RowReader", "bind",
            "batch_rows", "is_bound", "is_host", "split_host", "join_host", "check_data",
@@ -406,7 +406,7 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
   name = name or os.path.basename(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{name}: no such file {path!r}")
-  _checks.check_regular_file(path, name)
+  checks.check_regular_file(path, name)
   with open(path, "rb") as f:
     try:
       version = np.lib.format.read_magic(f)

@@ -6,7 +6,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -14,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import _checks
-from dsgrad import _permutation
+from dsgrad import compile_cache
+from dsgrad import checks
+from dsgrad.batching import sample_batch
 from dsgrad import data as dsgrad_data
 from dsgrad.objective import Objective, per_datum
 from dsgrad.tables import full_pass_mean, tree_bytes
@@ -36,16 +36,6 @@ def table_bytes(state: Any) -> int:
 def state_bytes(state: Any) -> int:
   """Total bytes of all arrays in a state (tables, running means, optimizer moments)."""
   return tree_bytes(state)
-
-
-def sample_batch(key, objective: Objective, batch_size: int, replace: bool = True):
-  """Uniform random batch ``(indices, noise)``: with or without replacement."""
-  k_idx, k_noise = jax.random.split(key)
-  if replace:
-    indices = jax.random.randint(k_idx, (batch_size,), 0, objective.num_data)
-  else:
-    indices = _permutation.permutation(k_idx, objective.num_data)[:batch_size]
-  return indices.astype(jnp.int32), objective.sample_noise(k_noise, batch_size)
 
 
 def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, params,
@@ -80,7 +70,7 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
   return draws(state, params, jax.random.split(key, num_draws))
 
 
-@functools.lru_cache(maxsize=32)
+@compile_cache.cached
 def _estimator_draws(transform, objective: Objective, batch_size: int, replace: bool):
   @jax.jit
   def draws(state, params, keys):
@@ -128,9 +118,6 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
   return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
 
 
-_ELBO_RUNNERS: dict = {}
-
-
 def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
   """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws
   of the full-data ELBO, whose mean :func:`elbo` reports. Use it to evaluate many
@@ -161,10 +148,12 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     >>> draws.shape
     (8,)
   """
-  key = (objective.structure_key(), num_samples, chunk_size)
-  if key in _ELBO_RUNNERS:
-    return _ELBO_RUNNERS[key]
+  return compile_cache.get_or_build(
+      ("elbo_draws", objective.structure_key(), num_samples, chunk_size),
+      lambda: _elbo_program(objective, num_samples, chunk_size))[0]
 
+
+def _elbo_program(objective: Objective, num_samples: int, chunk_size: int):
   def one(params, k):
     def chunk_mean(idx):
       k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
@@ -175,28 +164,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
   def run(params, key):
     return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
-  runner = dsgrad_data.jit(objective.data, run)
-  if len(_ELBO_RUNNERS) > 64:
-    _ELBO_RUNNERS.clear()
-  _ELBO_RUNNERS[key] = runner
-  return runner
-
-
-def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):
-  """Indices for ``num_steps`` mini-batches drawn as reshuffled epochs.
-
-  Each epoch is a fresh permutation cut into ``num_data // batch_size`` batches (the
-  remainder is dropped), as in the paper's experiments.
-
-  Returns:
-    ``(num_steps, batch_size)`` int32 array.
-  """
-  _checks.check_batch_size(batch_size, num_data)
-  per_epoch = num_data // batch_size
-  epochs = -(-num_steps // per_epoch)
-  perms = jax.vmap(lambda k: _permutation.permutation(k, num_data)[:per_epoch * batch_size])(
-      jax.random.split(key, epochs))
-  return perms.reshape(-1, batch_size)[:num_steps].astype(jnp.int32)
+  return dsgrad_data.jit(objective.data, run)
 
 
 def variance_decomposition(objective: Objective, params, key, batch_size: int, *,
@@ -249,7 +217,7 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
           "V_eps": v_eps, "V_eps_se": v_eps_se}
 
 
-@functools.lru_cache(maxsize=32)
+@compile_cache.cached
 def _decomposition_fns(objective: Objective, batch_size: int, noise_draws: int):
   """The jitted pieces of :func:`variance_decomposition`, compiled once per objective."""
   n = objective.num_data

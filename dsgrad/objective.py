@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad import data as data_lib
 
 Params = Any
@@ -166,25 +166,25 @@ class Objective:
       TypeError/ValueError: naming ``indices`` or ``noise`` when the dtype, rank or
         shapes are wrong.
     """
-    batch_size = _checks.check_indices_static(indices)
-    _checks.check_same_structure(
+    batch_size = checks.check_indices_static(indices)
+    checks.check_same_structure(
         noise, self.noise_spec(batch_size), "noise",
         f"{self.name}.sample_noise(key, batch_size={batch_size})")
     return batch_size
 
   def value_checks(self, indices, noise=None, **trees):
     """Value checks for a batch: index range and finite noise and ``trees``."""
-    checks = _checks.index_checks(indices, self.num_data)
+    pending = checks.index_checks(indices, self.num_data)
     if noise is not None:
-      checks += _checks.finite_checks(noise, "noise")
+      pending += checks.finite_checks(noise, "noise")
     for name, tree in trees.items():
-      checks += _checks.finite_checks(tree, name)
-    return checks
+      pending += checks.finite_checks(tree, name)
+    return pending
 
   def validate(self, indices, noise, **trees) -> int:
     """Static and value checks of a batch (see :meth:`check_batch`)."""
     batch_size = self.check_batch(indices, noise)
-    _checks.value_checks(self.value_checks(indices, noise, **trees))
+    checks.value_checks(self.value_checks(indices, noise, **trees))
     return batch_size
 
   # -------------------------------------------------------------- values

@@ -74,6 +74,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def place_data(mesh: Mesh, data: dict) -> dict:
+  """The data a training program takes, placed for ``mesh``: arrays already split by
+  :func:`shard_data` on this mesh stay where they are, the rest is replicated."""
+  def place(value):
+    if (isinstance(value, jax.Array) and isinstance(value.sharding, NamedSharding)
+        and value.sharding.mesh == mesh):
+      return value
+    return jax.device_put(value, replicated(mesh))
+  return {name: place(value) for name, value in data.items()}
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """The sharding that splits an array's leading (batch) axis across ``mesh``."""
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS))

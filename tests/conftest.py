@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from dsgrad.diagnostics import sample_batch
+from dsgrad.batching import sample_batch
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 N_DATA, DIM, BATCH = 50, 5, 5

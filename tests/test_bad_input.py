@@ -153,7 +153,7 @@ def test_loss_fn_returning_wrong_shape(params0):
 
 @pytest.mark.parametrize("name", ["inc", "smiso"])
 def test_table_estimators_refuse_a_table_that_does_not_fit(logreg_model, params0, name):
-  """Issue 21, item 8: inc and smiso check the table's size before allocating, like
+  """inc and smiso check the table's size before allocating, like
   joint_saga, and say how large it would be."""
   shared = dsgrad.meanfield_gaussian(logreg_model, shared_noise=True)
   make = {"inc": lambda **kw: dsgrad.inc(shared, **kw),
@@ -169,7 +169,7 @@ def test_table_estimators_refuse_a_table_that_does_not_fit(logreg_model, params0
 @pytest.mark.parametrize("name", ["cv", "inc", "joint_saga", "joint_svrg"])
 @pytest.mark.parametrize("bad", ["params", "noise"])
 def test_nan_params_or_noise_never_enter_the_state(logreg_model, params0, name, bad):
-  """Issue 21, item 3: a NaN in params or noise is refused by name (eagerly and under
+  """a NaN in params or noise is refused by name (eagerly and under
   jit), instead of being written into the table or running mean with a finite output."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
   tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
@@ -188,7 +188,7 @@ def test_nan_params_or_noise_never_enter_the_state(logreg_model, params0, name, 
 @pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_low_precision_params_are_refused_at_init(logreg_model, params0, name, dtype):
-  """Issue 21, item 4: half-precision params get a clear error at init naming their dtype
+  """half-precision params get a clear error at init naming their dtype
   (before: an internal jax.jvp dtype error at the first update, and joint_saga first
   built a half-precision table silently); naive keeps working."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
@@ -215,7 +215,7 @@ def _wider_model(model):
 @pytest.mark.parametrize("name,field", [("joint_svrg", "snapshot"), ("joint_saga", "running_mean"),
                                         ("smiso", "running_mean"), ("inc", "table rows")])
 def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name, field):
-  """Issue 21, item 9: a state built for params of another dimension names the state's
+  """a state built for params of another dimension names the state's
   field and both shapes (before: an internal broadcasting or dot_general error)."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
   tx = {"inc": lambda: dsgrad.inc(objective), "smiso": lambda: dsgrad.smiso(objective, 0.01),
@@ -239,7 +239,7 @@ def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name
 
 @pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
 def test_params_of_another_model_are_refused_at_init(logreg_model, params0, name):
-  """Issue 21, item 9: params of another dimension used to fail inside init's full pass
+  """params of another dimension used to fail inside init's full pass
   (joint_saga, joint_svrg) or at the first update with an internal broadcasting error."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
   tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
@@ -258,7 +258,7 @@ def test_params_of_another_model_are_refused_at_init(logreg_model, params0, name
 @pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
 def test_approximation_of_another_model_is_refused_at_init(logreg_model, params0, name,
                                                            approx_name):
-  """Issue 21, item 9: an approximation built from a model of another dimension used to
+  """an approximation built from a model of another dimension used to
   give an internal dot_general error in the first full pass or update."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
   approx = getattr(dsgrad.approx, approx_name)(_wider_model(logreg_model))
@@ -273,7 +273,7 @@ def test_approximation_of_another_model_is_refused_at_init(logreg_model, params0
 @pytest.mark.parametrize("argument", ["loc", "log_scale"])
 def test_family_and_dais_initial_values_of_the_wrong_shape_are_named(logreg_model, family,
                                                                      argument):
-  """Issue 21, item 9: a ``loc`` of the wrong shape (families, DAIS's ``init_params``) used
+  """a ``loc`` of the wrong shape (families, DAIS's ``init_params``) used
   to be a raw broadcasting error."""
   d = logreg_model.latent_dim
   with pytest.raises(ValueError, match=rf"{argument} has shape \({d + 2},\) but the family's "

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.diagnostics import sample_batch
+from dsgrad.batching import sample_batch
 from conftest import BATCH
 
 
@@ -80,7 +80,7 @@ def test_orbax_round_trip(logreg_model, params0, tmp_path):
 
 
 def test_a_flipped_byte_is_refused_by_the_checksum(tmp_path):
-  """Issue 21, item 2: a damaged payload used to restore silently with a wrong value."""
+  """a damaged payload used to restore silently with a wrong value."""
   tree = {"w": np.arange(64, dtype=np.float32)}
   path = tmp_path / "ckpt"
   dsgrad.checkpoint.save(path, tree)
@@ -108,7 +108,7 @@ def test_a_file_without_checksum_is_refused_unless_asked_for(tmp_path):
 
 
 def test_template_dtype_and_keys_must_match(tmp_path):
-  """Issue 21, item 2: a template of another dtype used to get float32 silently, and a
+  """a template of another dtype used to get float32 silently, and a
   template without a saved key silently dropped it."""
   path = tmp_path / "ckpt"
   dsgrad.checkpoint.save(path, {"w": np.zeros(3, np.float32), "b": np.zeros((), np.float32)})
@@ -125,13 +125,13 @@ def test_template_dtype_and_keys_must_match(tmp_path):
 
 
 def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
-  """Issue 21, item 2: ``kill -9`` during a save left its temporary file forever. The next
+  """``kill -9`` during a save left its temporary file forever. The next
   save to the same path removes temporaries whose writer is dead, and only those."""
   import subprocess
   import sys
   path = tmp_path / "run.ckpt"
   # A real kill -9 mid-write: a child writes a large temporary file and is killed.
-  prefix = dsgrad.checkpoint._temp_prefix(str(path))
+  prefix = dsgrad.checkpoint.temp_prefix(str(path))
   child = subprocess.Popen([sys.executable, "-c", (
       "import os, sys, tempfile, time\n"
       f"fd, tmp = tempfile.mkstemp(dir={str(tmp_path)!r}, "

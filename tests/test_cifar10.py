@@ -100,7 +100,7 @@ def test_damaged_batches_get_a_clear_error(tmp_path, damage):
     (True, "label of type bool"),
 ])
 def test_labels_that_are_not_integers_are_refused(tmp_path, label, match):
-  """Issue 21, item 7: float labels were silently truncated to integers and string labels
+  """float labels were silently truncated to integers and string labels
   raised a raw int() error that did not name the file."""
   folder, _, _ = _write_folder(tmp_path)
   path = folder / "test_batch"

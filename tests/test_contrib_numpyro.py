@@ -224,7 +224,7 @@ def plate_model(plate_size):
     (N - 20, f"rows {N - 20}-{N - 1} would never be used")])
 def test_plate_size_other_than_the_data_length_is_refused(logreg_data, plate_size,
                                                           consequence):
-  """Issue 21, item 1: JAX clamps out-of-range gathers, so a plate longer than the data
+  """JAX clamps out-of-range gathers, so a plate longer than the data
   rereads the last row and a shorter one never uses the tail; both are refused, naming the
   argument, both sizes and the consequence."""
   x, y = logreg_data
@@ -252,7 +252,7 @@ def test_plate_size_check_reads_keyword_arguments_and_ignores_lookup_tables():
 
 
 def test_observation_not_indexed_by_a_subsampled_plate_is_explained():
-  """Issue 21, item 1: ``obs=y`` (all rows) in a subsampled plate used to surface as
+  """``obs=y`` (all rows) in a subsampled plate used to surface as
   NumPyro's raw broadcasting error."""
   def model(x, y):
     w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))

@@ -29,7 +29,7 @@ def test_estimators_import_only_the_approximation_protocol():
 
 def test_the_approximation_protocol_depends_on_the_objective_only():
   imports = _dsgrad_imports(PACKAGE / "approx" / "base.py")
-  assert {n.split(".")[1] for n in imports} <= {"objective", "_checks", "data"}, imports
+  assert {n.split(".")[1] for n in imports} <= {"objective", "checks", "data"}, imports
   assert "flax" not in (PACKAGE / "approx" / "base.py").read_text()
 
 
@@ -77,3 +77,94 @@ def test_annealing_does_not_reach_into_the_vae_package():
   """DAIS shares the tempered path with the Monte Carlo VAEs through dsgrad.tempering."""
   for path in (PACKAGE / "annealing").glob("*.py"):
     assert not any(n.startswith("dsgrad.mcvae") for n in _dsgrad_imports(path)), path
+
+
+def _package_of(module: str) -> str:
+  """``dsgrad.estimators`` for ``dsgrad.estimators.saga``; ``dsgrad`` for ``dsgrad.train``."""
+  parts = module.split(".")
+  path = PACKAGE.parent.joinpath(*parts)
+  return module if path.is_dir() else ".".join(parts[:-1])
+
+
+def _private_imports(path: pathlib.Path, importer_package: str | None) -> list:
+  """Imports of a private dsgrad name (a ``_x`` module or name) from a package other than
+  ``importer_package`` (``None``: from any package)."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsgrad"):
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        target = full if PACKAGE.parent.joinpath(*full.split(".")).is_dir() or \
+            PACKAGE.parent.joinpath(*full.split(".")).with_suffix(".py").exists() else node.module
+        private = [p for p in full.split(".")[1:] if p.startswith("_") and p != "__init__"]
+        if private and _package_of(target) != importer_package:
+          found.append(full)
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.startswith("dsgrad") and any(
+            p.startswith("_") for p in alias.name.split(".")[1:]):
+          if _package_of(alias.name) != importer_package:
+            found.append(alias.name)
+  return found
+
+
+def test_no_module_imports_a_private_name_from_another_package():
+  """What several packages need is a public module; ``_x`` stays inside its package."""
+  offenders = {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    package = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+    if found := _private_imports(path, package):
+      offenders[str(path.relative_to(PACKAGE))] = found
+  assert not offenders, offenders
+
+
+def test_tests_use_the_public_api():
+  offenders = {path.name: found for path in sorted(pathlib.Path(__file__).parent.glob("*.py"))
+               if (found := _private_imports(path, None))}
+  assert not offenders, offenders
+
+
+def test_the_private_import_check_can_fail(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("from dsgrad.estimators import _common\nfrom dsgrad.checks import _x\n")
+  assert _private_imports(bad, "dsgrad.models") == ["dsgrad.estimators._common", "dsgrad.checks._x"]
+  assert _private_imports(bad, "dsgrad.estimators") == ["dsgrad.checks._x"]
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80  # of code: a docstring, however long, does not count
+
+
+def test_modules_and_functions_fit_on_a_screen():
+  long_modules, long_functions = {}, {}
+  for path in sorted(PACKAGE.rglob("*.py")):
+    text = path.read_text()
+    if len(text.splitlines()) > MAX_MODULE_LINES:
+      long_modules[str(path.relative_to(PACKAGE))] = len(text.splitlines())
+    for node in ast.walk(ast.parse(text)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        first = node.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str):
+          lines -= first.end_lineno - first.lineno + 1
+        if lines > MAX_FUNCTION_LINES:
+          long_functions[f"{path.relative_to(PACKAGE)}:{node.name}"] = lines
+  assert not long_modules, long_modules
+  assert not long_functions, long_functions
+
+
+def test_one_batch_sampler_and_one_compile_cache():
+  """Data indices are drawn by dsgrad.batching; compiled programs are kept by
+  dsgrad.compile_cache, under one bound."""
+  for path in PACKAGE.rglob("*.py"):
+    text = path.read_text()
+    if path.name != "compile_cache.py":
+      assert "lru_cache" not in text and "functools.cache" not in text, path
+    if path.name != "batching.py":
+      assert "random.permutation(" not in text, path
+  uses = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+          if "dsgrad.batching" in _dsgrad_imports(p) or any(
+              n.startswith("dsgrad.batching") for n in _dsgrad_imports(p))}
+  assert {"segments.py", "diagnostics.py", "mcmc/sample.py", "mcmc/sgmcmc.py",
+          "mcmc/subsample.py"} <= uses, uses

@@ -68,7 +68,7 @@ def test_movielens_100k_bad_files(tmp_path):
 
 
 def test_movielens_100k_hostile_values_are_named(tmp_path):
-  """Issue 21, item 7: a non-ASCII digit in a rating ('²' passes str.isdigit) and an id
+  """a non-ASCII digit in a rating ('²' passes str.isdigit) and an id
   beyond int32 used to raise raw int()/overflow errors; each now names the line."""
   _write_ml100k(tmp_path / "a", RATINGS, ITEMS)
   with open(tmp_path / "a" / "u.data", "ab") as f:
@@ -81,7 +81,7 @@ def test_movielens_100k_hostile_values_are_named(tmp_path):
 
 
 def test_movielens_100k_sparse_user_ids_are_renumbered(tmp_path):
-  """Issue 21, item 7: ids {1, 5,000,000} used to give num_users = 5,000,000 (a table of
+  """ids {1, 5,000,000} used to give num_users = 5,000,000 (a table of
   5 million users for two). Users are renumbered in order of id, which for contiguous
   ids is id - 1 as before."""
   _write_ml100k(tmp_path / "a", [(5_000_000, 1, 5), (1, 2, 3), (5_000_000, 3, 1)], ITEMS)

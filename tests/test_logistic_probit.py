@@ -28,9 +28,9 @@ def test_mixture_is_the_sigmoid_to_within_its_stated_error():
 def test_gaussian_mean_is_the_quadrature_of_the_mixture(mean, sd):
   """Closed form vs adaptive quadrature (scipy, float64) of the mixture itself."""
   from scipy import integrate, stats
-  from dsgrad.approx.glm import _PROBIT_SLOPES, _PROBIT_WEIGHTS
-  mixture = lambda a: float(np.sum(np.asarray(_PROBIT_WEIGHTS)
-                                   * stats.norm.cdf(a * np.asarray(_PROBIT_SLOPES))))
+  from dsgrad.approx.glm import PROBIT_SLOPES, PROBIT_WEIGHTS
+  mixture = lambda a: float(np.sum(np.asarray(PROBIT_WEIGHTS)
+                                   * stats.norm.cdf(a * np.asarray(PROBIT_SLOPES))))
   quadrature = integrate.quad(lambda xi: mixture(mean + sd * xi) * stats.norm.pdf(xi),
                               -12, 12, points=[-mean / sd], limit=200, epsabs=1e-10)[0]
   closed = float(sigmoid_probit_mixture_gaussian_mean(jnp.float32(mean), jnp.float32(sd)))

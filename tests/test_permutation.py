@@ -1,4 +1,4 @@
-"""The epoch orders' permutation (dsgrad._permutation): a permutation, and uniform."""
+"""The epoch orders' permutation (dsgrad.batching.permutation): a permutation, and uniform."""
 
 import collections
 import itertools
@@ -9,27 +9,27 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dsgrad import _permutation
+from dsgrad import batching
 
 
 def _draws(n, num, seed):
   keys = jax.random.split(jax.random.key(seed), num)
-  return np.asarray(jax.jit(jax.vmap(lambda k: _permutation.permutation(k, n)))(keys))
+  return np.asarray(jax.jit(jax.vmap(lambda k: batching.permutation(k, n)))(keys))
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1000, 65537])
 def test_every_index_once(n):
-  perm = np.asarray(_permutation.permutation(jax.random.key(n), n))
+  perm = np.asarray(batching.permutation(jax.random.key(n), n))
   assert perm.dtype == np.int32
   np.testing.assert_array_equal(np.sort(perm), np.arange(n))
 
 
 def test_the_mixing_is_a_bijection_of_the_32_bit_integers():
-  words = list(jax.random.bits(jax.random.key(0), (_permutation.ROUNDS,), jnp.uint32))
+  words = list(jax.random.bits(jax.random.key(0), (batching.ROUNDS,), jnp.uint32))
   x = jnp.concatenate([jnp.arange(4096, dtype=jnp.uint32),
                        jnp.array([2**31 - 1, 2**31, 2**32 - 1], dtype=jnp.uint32)])
-  mixed = _permutation._mix(x, words)
-  np.testing.assert_array_equal(_permutation._unmix(mixed, words), x)
+  mixed = batching.mix_bits(x, words)
+  np.testing.assert_array_equal(batching.unmix_bits(mixed, words), x)
   assert len(np.unique(np.asarray(mixed))) == len(x)
 
 
@@ -66,7 +66,7 @@ def test_no_order_left_in_a_long_permutation():
   # Position against index, and each index against the next: rank correlations about 0,
   # within 4 standard errors (1 / sqrt(n)).
   n = 100_000
-  perm = np.asarray(_permutation.permutation(jax.random.key(3), n)).astype(np.float64)
+  perm = np.asarray(batching.permutation(jax.random.key(3), n)).astype(np.float64)
   bound = 4.0 / np.sqrt(n)
   assert abs(np.corrcoef(np.arange(n), perm)[0, 1]) < bound
   assert abs(np.corrcoef(perm[:-1], perm[1:])[0, 1]) < bound
@@ -75,4 +75,4 @@ def test_no_order_left_in_a_long_permutation():
 
 def test_refuses_more_than_int32_indices():
   with pytest.raises(ValueError, match=r"\[0, 2\^31\)"):
-    _permutation.permutation(jax.random.key(0), 2**31)
+    batching.permutation(jax.random.key(0), 2**31)

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.train import batch_indices
+from dsgrad.batching import batch_indices
 from conftest import BATCH, N_DATA
 from estimator_cases import CASES
 
@@ -92,7 +92,7 @@ def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path
     (dict(checkpoint_path="/nonexistent-folder/run.ckpt"), "checkpoint_path"),
 ])
 def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match):
-  """Issue 21, item 6: every bad count or path is refused before training, naming it
+  """every bad count or path is refused before training, naming it
   (before: ZeroDivisionError, an obscure TypeError, a silent default, or an error only
   after the first segment had trained)."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
@@ -107,7 +107,7 @@ def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match)
     (dict(key=jax.random.key(4)), "with key=a different key"),
 ])
 def test_resume_with_other_settings_is_refused(logreg_model, params0, tmp_path, change, match):
-  """Issue 21, item 2: ``fit(resume=True)`` with another batch size or key used to continue
+  """``fit(resume=True)`` with another batch size or key used to continue
   silently a run that is not the original one."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
   opt = optax.adam(1e-2)

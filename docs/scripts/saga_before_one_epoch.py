@@ -1,4 +1,4 @@
-"""One-off: joint SAGA and SVRG within less than one epoch (issue 22's synthetic task at
+"""One-off: joint SAGA and SVRG within less than one epoch (the peers benchmark's synthetic task at
 batch 100). Synthetic logistic regression with N rows (argument), D = 100, mean-field BBVI,
 Adam 0.01, 3,000 steps of batch 100, from loc 0 and scale 0.1; final ELBO by quadrature.
 ``python docs/scripts/saga_before_one_epoch.py 1000000`` gives the figures quoted in

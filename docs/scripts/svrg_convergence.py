@@ -1,4 +1,4 @@
-"""Why does joint SVRG end behind naive on mean-field BBVI? (issue 23, item 3)
+"""Why does joint SVRG end behind naive on mean-field BBVI?
 
 Mean-field Gaussian BBVI of the DAIS benchmark's synthetic logistic regression (N = 50,000,
 d = 20, B = 256, Adam 0.01 divided by 10 at 60% and 85% of the steps, 3,000 steps, one

@@ -20,13 +20,14 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import batching
+from dsgrad import compile_cache
 from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
@@ -171,8 +172,8 @@ class AnnealedVI:
              "momentum": jax.random.normal(k1, (self.num_steps, d))}
     if self.dynamics_batch_size is not None:
       # With replacement: O(B_dyn) per draw (without replacement costs a sort of all N).
-      noise["dynamics_indices"] = jax.random.randint(
-          k2, (self.dynamics_batch_size,), 0, self._template.num_data, dtype=jnp.int32)
+      noise["dynamics_indices"] = batching.uniform_indices(
+          k2, self._template.num_data, (self.dynamics_batch_size,))
     return noise
 
   def guide(self, params, noise=None) -> Callable:
@@ -247,7 +248,7 @@ class AnnealedVI:
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
 
 
-@functools.lru_cache(maxsize=32)
+@compile_cache.cached
 def _elbo_runner(vi: AnnealedVI, num_samples: int, chunk_size: int):
   @jax.jit
   def run(params, key):

@@ -294,17 +294,17 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
 # maximum absolute error 6.83e-07 over the real line (fitted by
 # docs/scripts/probit_mixture_fit.py; Monahan and Stefanski, 1992). Symmetric by
 # construction (the weights sum to one), so 1 - mixture(a) = mixture(-a).
-_PROBIT_WEIGHTS = (0.02272679947235489, 0.04636018583277259, 0.4273662837027873,
+PROBIT_WEIGHTS = (0.02272679947235489, 0.04636018583277259, 0.4273662837027873,
                    0.29982761515524337, 0.20371911583684196)
-_PROBIT_SLOPES = (0.2908939547987842, 1.1177027767637808, 0.5733797503044391,
+PROBIT_SLOPES = (0.2908939547987842, 1.1177027767637808, 0.5733797503044391,
                   0.7996983577121225, 0.4094193686200046)
 
 
 def sigmoid_probit_mixture(a):
   """``sum_k w_k Phi(c_k a)``: the logistic sigmoid to within 6.83e-07 (absolute)."""
   a = jnp.asarray(a)
-  w = jnp.asarray(_PROBIT_WEIGHTS, a.dtype)
-  c = jnp.asarray(_PROBIT_SLOPES, a.dtype)
+  w = jnp.asarray(PROBIT_WEIGHTS, a.dtype)
+  c = jnp.asarray(PROBIT_SLOPES, a.dtype)
   return jnp.sum(w * jax.scipy.stats.norm.cdf(a[..., None] * c), axis=-1)
 
 
@@ -312,8 +312,8 @@ def sigmoid_probit_mixture_gaussian_mean(mean, sd):
   """``E sigmoid_probit_mixture(mean + sd * xi)`` for ``xi ~ N(0, 1)``, in closed form:
   ``sum_k w_k Phi(c_k mean / sqrt(1 + c_k^2 sd^2))``."""
   mean, sd = jnp.asarray(mean), jnp.asarray(sd)
-  w = jnp.asarray(_PROBIT_WEIGHTS, mean.dtype)
-  c = jnp.asarray(_PROBIT_SLOPES, mean.dtype)
+  w = jnp.asarray(PROBIT_WEIGHTS, mean.dtype)
+  c = jnp.asarray(PROBIT_SLOPES, mean.dtype)
   shrunk = c * mean[..., None] / jnp.sqrt(1.0 + (c * sd[..., None]) ** 2)
   return jnp.sum(w * jax.scipy.stats.norm.cdf(shrunk), axis=-1)
 

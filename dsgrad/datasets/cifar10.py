@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -88,7 +88,7 @@ def _how_to_get(searched) -> str:
 
 def _read_batch(path):
   if os.path.exists(path):
-    _checks.check_regular_file(path, "cifar10")
+    checks.check_regular_file(path, "cifar10")
   try:
     with open(path, "rb") as f:
       raw = f.read()
@@ -129,7 +129,7 @@ def _read_batch(path):
 
 
 def _extract(archive, target_dir):
-  _checks.check_regular_file(archive, "cifar10")
+  checks.check_regular_file(archive, "cifar10")
   with open(archive, "rb") as f:
     digest = hashlib.md5(f.read()).hexdigest()
   if digest != ARCHIVE_MD5:

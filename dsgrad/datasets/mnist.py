@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 # md5 of the official gzipped files (yann.lecun.com/exdb/mnist, as also used by torchvision).
 KNOWN_MD5 = {
@@ -26,7 +26,7 @@ def _read(directory, stem):
   for name in (stem + ".gz", stem):
     path = os.path.join(directory, name)
     if os.path.exists(path):
-      _checks.check_regular_file(path, "mnist")
+      checks.check_regular_file(path, "mnist")
       with open(path, "rb") as f:
         raw = f.read()
       if name in KNOWN_MD5 and hashlib.md5(raw).hexdigest() != KNOWN_MD5[name]:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
           "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
@@ -75,11 +75,11 @@ def _read_100k_files(path):
       full = os.path.join(path, name)
       if not os.path.exists(full):
         raise FileNotFoundError(f"movielens_100k: {path!r} has no {name}. " + _HOW_TO_GET_100K)
-      _checks.check_regular_file(full, "movielens_100k")
+      checks.check_regular_file(full, "movielens_100k")
       with open(full, "rb") as f:
         files[name] = f.read()
     return files, None
-  _checks.check_regular_file(path, "movielens_100k")
+  checks.check_regular_file(path, "movielens_100k")
   with open(path, "rb") as f:
     raw = f.read()
   digest = hashlib.md5(raw).hexdigest()

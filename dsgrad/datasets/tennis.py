@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 _HOW_TO_GET = ("Use CSVs with a header and winner_id/loser_id columns, e.g. "
                "atp_matches_YYYY.csv from github.com/JeffSackmann/tennis_atp.")
@@ -70,7 +70,7 @@ def load_tennis(path: str | os.PathLike | list) -> TennisData:
   for p in paths:
     if not os.path.exists(p):
       raise FileNotFoundError(f"tennis: no file at {p!r}. " + _HOW_TO_GET)
-    _checks.check_regular_file(p, "tennis")
+    checks.check_regular_file(p, "tennis")
     # utf-8-sig: a byte-order mark would otherwise become part of the first column's
     # name, so the id columns would not be found and players would be merged by name.
     with open(p, newline="", encoding="utf-8-sig", errors="replace") as f:

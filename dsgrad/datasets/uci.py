@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 
 _HOW_TO_GET = ("Download it from the UCI Machine Learning Repository ({name}) or use the "
                "copy in the repository's ../shared/data/, and pass its path.")
@@ -57,7 +57,7 @@ def _read_rows(path, delimiter, name, uci_name):
   path = os.fspath(path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{name}: no file at {path!r}. " + _HOW_TO_GET.format(name=uci_name))
-  _checks.check_regular_file(path, name)
+  checks.check_regular_file(path, name)
   with open(path, "r", errors="replace") as f:
     lines = [line.strip() for line in f if line.strip()]
   return [line.split(delimiter) if delimiter else line.split() for line in lines]

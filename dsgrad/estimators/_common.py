@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
 
@@ -47,17 +47,17 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
                      f"indices=... and noise=... to update (the same ones used to "
                      f"compute the gradient)")
   batch_size = objective.check_batch(indices, noise)
-  _checks.check_same_structure(updates, params, "updates (gradient)", "params")
-  checks = []
+  checks.check_same_structure(updates, params, "updates (gradient)", "params")
+  pending = []
   if check_indices:
-    checks += _checks.index_checks(indices, objective.num_data)
+    pending += checks.index_checks(indices, objective.num_data)
   if check_finite:
     # Everything that enters the state: a NaN in params or noise would be written into
     # the table or running mean and poison a later, healthy step.
-    checks += _checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
-    checks += _checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
-    checks += _checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
-  _checks.value_checks(checks)
+    pending += checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
+    pending += checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
+    pending += checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
+  checks.value_checks(pending)
   return batch_size
 
 
@@ -98,38 +98,6 @@ def first_update_gradient_checks(name: str, objective: Objective, updates, param
   return [(gap > tolerance, CHAIN_ORDER_MESSAGE.format(name=name, tolerance=tolerance))]
 
 
-def _is_estimator_state(state) -> bool:
-  # Imported here: the estimator modules import this one.
-  from dsgrad.estimators._weights import AdaptiveWeightState
-  from dsgrad.estimators.inc import IncState
-  from dsgrad.estimators.saga import JointSagaState
-  from dsgrad.estimators.smiso import SmisoState
-  from dsgrad.estimators.svrg import JointSvrgState
-  kinds = (JointSagaState, JointSvrgState, IncState, SmisoState, AdaptiveWeightState)
-  return any(isinstance(s, kinds) for s in
-             jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, kinds)))
-
-
-def check_chain_order(opt_state, where: str) -> None:
-  """Refuses an ``optax.chain`` state in which a stateful transform (Adam's moments, a
-  schedule's count, ...) comes before a dsgrad estimator: that transform rescales the
-  gradient before the estimator corrects it, and every update would be wrong."""
-  if not isinstance(opt_state, tuple) or hasattr(opt_state, "_fields"):
-    return
-  for position, member in enumerate(opt_state):
-    if _is_estimator_state(member):
-      before = [i for i, s in enumerate(opt_state[:position]) if jax.tree.leaves(s)]
-      if before:
-        raise ValueError(
-            f"{where}: the optimizer chains a stateful transform (position {before[0]}, "
-            f"state {type(opt_state[before[0]]).__name__}) before the dsgrad estimator "
-            f"(position {position}). The estimator corrects the gradient, so it must "
-            "come first: optax.chain(dsgrad.joint_saga(...), optax.adam(...)).")
-      check_chain_order(member, where)
-      return
-    check_chain_order(member, where)
-
-
 def require_full_precision(params, estimator: str) -> None:
   """Refuses, by name, floating ``params`` below 32 bits (float16, bfloat16).
 
@@ -147,16 +115,6 @@ def require_full_precision(params, estimator: str) -> None:
                        "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
 
 
-def _shapes(tree) -> list:
-  return [tuple(x.shape) if hasattr(x, "shape") else tuple(jnp.shape(x))
-          for x in jax.tree.leaves(tree)]
-
-
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0].rstrip(".") if text else type(error).__name__
-
-
 def check_params_fit(objective: Objective, params, estimator: str, approx=None) -> None:
   """Static checks, at ``init``: ``params`` of at least 32-bit floats
   (:func:`require_full_precision`), and ``objective`` (and ``approx``, when given) can be
@@ -169,7 +127,7 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
   require_full_precision(params, estimator)
   if not has_leaves(params):  # optax.tree.map_params placeholder
     return
-  check_objective_evaluates(objective, params, estimator)
+  checks.check_objective_evaluates(objective, params, estimator)
   if approx is None:
     return
   indices = jnp.zeros((1,), jnp.int32)
@@ -179,34 +137,13 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
                            params)
   except (TypeError, ValueError, IndexError) as error:
     raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} cannot be evaluated "
-                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
+                     f"at these params (shapes {checks.leaf_shapes(params)}): {checks.first_line(error)}. "
                      "Was it built from another model than the objective?") from error
   for which, tree in zip(("gradient", "expected gradient"), grads):
-    if _shapes(tree) != _shapes(params):
+    if checks.leaf_shapes(tree) != checks.leaf_shapes(params):
       raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} returns a {which} "
-                       f"of shapes {_shapes(tree)} for params of shapes {_shapes(params)}; "
+                       f"of shapes {checks.leaf_shapes(tree)} for params of shapes {checks.leaf_shapes(params)}; "
                        "was it built from another model than the objective?")
-
-
-def check_objective_evaluates(objective: Objective, params, who: str) -> None:
-  """Refuses, by name, params at which ``objective`` cannot be evaluated (a leaf renamed,
-  dropped or of another shape), with one abstract trace instead of an internal error
-  inside the first compiled step."""
-  indices = jnp.zeros((1,), jnp.int32)
-  noise = objective.zero_noise(1)
-  try:
-    jax.eval_shape(objective.loss_fn, params, indices, noise)
-  except KeyError as error:
-    keys = (sorted(map(str, params)) if isinstance(params, dict)
-            else jax.tree_util.tree_structure(params))
-    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} reads params"
-                     f"[{error.args[0]!r}], which these params lack (they have {keys}). "
-                     "Was a params leaf renamed or dropped, or were the params made for "
-                     "another objective?") from error
-  except (TypeError, ValueError, IndexError, AttributeError) as error:
-    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be evaluated "
-                     f"at these params (shapes {_shapes(params)}): {_first_line(error)}. "
-                     "Were the params made for another model?") from error
 
 
 def check_state_matches_params(tree, params, estimator: str, field: str) -> None:
@@ -216,7 +153,7 @@ def check_state_matches_params(tree, params, estimator: str, field: str) -> None
   broadcasting error."""
   if not has_leaves(params) or not has_leaves(tree):
     return
-  mine, theirs = _shapes(tree), _shapes(params)
+  mine, theirs = checks.leaf_shapes(tree), checks.leaf_shapes(params)
   if mine != theirs:
     raise ValueError(f"dsgrad.{estimator}: the state's {field} has shapes {mine} but params "
                      f"have shapes {theirs}; was this state created for another model or "
@@ -316,7 +253,7 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
 
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:
-      extra_args["indices"] = _checks.as_index_array(extra_args["indices"])
+      extra_args["indices"] = checks.as_index_array(extra_args["indices"])
     if params is not None and has_leaves(params):
       _check_state_type(state, params, init, expected_types, name)
     with objective.bound():

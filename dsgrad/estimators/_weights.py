@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 
 
 class AdaptiveWeightState(NamedTuple):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 
 
 def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
@@ -51,9 +51,9 @@ def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs
     if params is not None and jax.tree.leaves(params):
       # Static: a gradient of other shapes would be broadcast into params by
       # optax.apply_updates, or fail there without naming the gradient.
-      _checks.check_same_structure(updates, params, "updates (gradient)", "params")
+      checks.check_same_structure(updates, params, "updates (gradient)", "params")
     if check_finite:
-      _checks.value_checks(_checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
+      checks.value_checks(checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
     return updates, state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -201,7 +201,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
     if check_gradient:
-      _checks.value_checks(_common.first_update_gradient_checks(
+      checks.value_checks(_common.first_update_gradient_checks(
           "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
@@ -281,7 +281,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
                                  table=state.table,
                                  params_like={"running_mean": state.running_mean})
     if check_gradient:
-      _checks.value_checks(_common.first_update_gradient_checks(
+      checks.value_checks(_common.first_update_gradient_checks(
           "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     new_rows = stored(stats_fns.statistics(params, indices))
     old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)

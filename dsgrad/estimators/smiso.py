@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad import tables
 from dsgrad.estimators import _common
 from dsgrad.objective import Objective
@@ -93,7 +93,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     datasets with finite sum structure. NeurIPS.
     Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
   """
-  _checks.check_positive(step_size, "step_size")
+  checks.check_positive(step_size, "step_size")
   if not 0 < alpha <= 1:
     raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
   n = objective.num_data
@@ -113,7 +113,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
     if check_chain:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-      _checks.value_checks([
+      checks.value_checks([
           (_common.relative_gap(params, state.running_mean) > tolerance,
            _CHAIN_MESSAGE + "The params differ from SMISO's iterate: a transform after it "
            "changed its step (or the params were modified outside the optimizer)."),

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -122,7 +122,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                          check_indices=check_indices, check_finite=check_finite,
                          params_like={"snapshot": state.snapshot})
     if check_gradient:
-      _checks.value_checks(_common.first_update_gradient_checks(
+      checks.value_checks(_common.first_update_gradient_checks(
           "joint_svrg", objective, updates, params, indices, noise, state.count == 0))
     refresh = (state.count > 0) & (state.count % every == 0)
     params_like = optax.tree.cast_like(params, state.snapshot)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad import integrators
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.mcmc.subsample import SubsampleScheme
@@ -104,7 +104,7 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
   if not bool(jnp.all(jnp.isfinite(chol))):
     raise ValueError("mass_matrix is not positive definite")
   inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(mass_matrix.shape[0]))
-  _checks.check_positive(step_size, "step_size")
+  checks.check_positive(step_size, "step_size")
   if not float(step_size) > 0:
     raise ValueError(f"step_size must be positive, got {step_size}")
   if int(num_integration_steps) < 1:

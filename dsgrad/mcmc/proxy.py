@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import data as data_lib
-from dsgrad._checks import _is_concrete
+from dsgrad.checks import is_concrete
 from dsgrad.models.base import Model
 from dsgrad.tables import full_pass_mean
 
@@ -61,7 +61,7 @@ def _check_theta(model: Model, theta, name="theta_star"):
                      f"{model.name!r}, got {theta.shape}")
   if not jnp.issubdtype(theta.dtype, jnp.floating):
     raise ValueError(f"{name} must be a floating array, got dtype {theta.dtype}")
-  if _is_concrete(theta) and not bool(jnp.all(jnp.isfinite(theta))):
+  if is_concrete(theta) and not bool(jnp.all(jnp.isfinite(theta))):
     raise ValueError(f"{name} must be finite, got {theta}")
   return theta
 

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import _checks
+from dsgrad import batching
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
@@ -54,7 +55,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   """
   n = model.num_data
   size = min(n, int(subset_size or _default_subset_size(n)))
-  subset = jax.random.choice(key, n, (size,), replace=False).astype(jnp.int32)
+  subset = batching.uniform_indices(key, n, size, replace=False)
   start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
            else _check_theta(model, position, "position"))
 
@@ -173,8 +174,8 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
     seconds)``; compilation (once per chunk length, at most two) is excluded from
     ``seconds``.
   """
-  _checks.check_count(chunk_size, "chunk_size", 1)
-  _checks.check_count(num_samples, "num_samples", 1)
+  checks.check_count(chunk_size, "chunk_size", 1)
+  checks.check_count(num_samples, "num_samples", 1)
   if sign is None:
     def sign(s):
       return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
@@ -295,10 +296,10 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
   for label, value in (("trajectory_length", trajectory_length),
                        ("initial_step_size", initial_step_size)):
-    _checks.check_positive(value, label)
-  _checks.check_count(max_integration_steps, "max_integration_steps", 1)
-  _checks.check_count(num_samples, "num_samples", 1)
-  _checks.check_count(num_warmup, "num_warmup", 0)
+    checks.check_positive(value, label)
+  checks.check_count(max_integration_steps, "max_integration_steps", 1)
+  checks.check_count(num_samples, "num_samples", 1)
+  checks.check_count(num_warmup, "num_warmup", 0)
   if num_samples < 1 or num_warmup < 0:
     raise ValueError(f"num_samples must be >= 1 and num_warmup >= 0, got {num_samples}, "
                      f"{num_warmup}")

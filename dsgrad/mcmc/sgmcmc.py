@@ -18,7 +18,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dsgrad import _checks
+from dsgrad import batching
+from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm
 from dsgrad.mcmc.proxy import TaylorProxy
@@ -38,8 +39,8 @@ class SGInfo(NamedTuple):
 
 
 def _check(model, subsample_size, step_size):
-  _checks.check_count(subsample_size, "subsample_size", 1, model.num_data)
-  _checks.check_positive(step_size, "step_size")
+  checks.check_count(subsample_size, "subsample_size", 1, model.num_data)
+  checks.check_positive(step_size, "step_size")
 
 
 def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_size: int,
@@ -52,7 +53,7 @@ def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_si
     raise ValueError("control variates need a TaylorProxy (dsgrad.mcmc.taylor_proxy)")
 
   def grad(key, theta):
-    idx = jax.random.randint(key, (m,), 0, n, jnp.int32)
+    idx = batching.uniform_indices(key, n, (m,))
     if control_variates:
       g_lik = proxy_lib.gradient_estimate(model, proxy, theta, idx)
     else:
@@ -112,7 +113,7 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
   """
   _check(model, subsample_size, parameters.step_size)
   grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
-  c = _checks.check_positive(friction, "friction")
+  c = checks.check_positive(friction, "friction")
 
   def step(key, state):
     k_p, k_steps = jax.random.split(key)

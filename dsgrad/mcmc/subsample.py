@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import batching
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
 
@@ -98,12 +99,12 @@ def perturbed(model: Model, subsample_size: int, num_blocks: int = 100) -> Subsa
   per_block = m // g
 
   def init(key):
-    return jax.random.randint(key, (m,), 0, n, jnp.int32)
+    return batching.uniform_indices(key, n, (m,))
 
   def propose(key, u):
     k_block, k_new = jax.random.split(key)
     block = jax.random.randint(k_block, (), 0, g)
-    fresh = jax.random.randint(k_new, (per_block,), 0, n, jnp.int32)
+    fresh = batching.uniform_indices(k_new, n, (per_block,))
     return jax.lax.dynamic_update_slice(u, fresh, (block * per_block,))
 
   def log_likelihood(proxy, theta, u):
@@ -176,7 +177,7 @@ def block_poisson(model: Model, subsample_size: int, num_blocks: int, lower_boun
   def draw(key, num):
     k_count, k_idx = jax.random.split(key)
     counts = jnp.minimum(jax.random.poisson(k_count, 1.0, (num,)), max_factors)
-    indices = jax.random.randint(k_idx, (num, max_factors, m), 0, n, jnp.int32)
+    indices = batching.uniform_indices(k_idx, n, (num, max_factors, m))
     return counts.astype(jnp.int32), indices
 
   def init(key):
@@ -229,7 +230,7 @@ def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
   n = model.num_data
 
   def d_hats(theta, k):
-    idx = jax.random.randint(k, (num_draws, subsample_size), 0, n, jnp.int32)
+    idx = batching.uniform_indices(k, n, (num_draws, subsample_size))
     return jax.vmap(lambda i: n * jnp.mean(proxy_lib.differences(model, proxy, theta, i)))(idx)
 
   values = jax.vmap(d_hats)(thetas, jax.random.split(key, thetas.shape[0]))

@@ -29,7 +29,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -37,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dsgrad import compile_cache
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
                                    gaussian_log_likelihood)
@@ -284,7 +284,7 @@ class MonteCarloVAE:
     return float(nll.mean()), float(nll.std(ddof=1) / np.sqrt(nll.size)), nll
 
 
-@functools.lru_cache(maxsize=32)
+@compile_cache.cached
 def _ais_chunk_fn(vae: MonteCarloVAE, num_steps, num_leapfrog, num_particles, step_size):
   """The jitted AIS evaluation of a chunk of images, compiled once per model and setting."""
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad.data import DataArray
 from dsgrad.models.base import model_data
 from dsgrad.objective import Objective, gaussian_noise
@@ -110,7 +110,7 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
     raise ValueError(f"labels must have leading dimension {x.shape[0]}, got shape {y.shape}")
   if not np.all(np.isfinite(x)):
     raise ValueError("features contain non-finite values")
-  _checks.check_positive(dropout_std, "dropout_std")
+  checks.check_positive(dropout_std, "dropout_std")
   if loss is softmax_cross_entropy and (
       not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_outputs):
     raise ValueError(f"labels must be integers in [0, {num_outputs}) for cross-entropy")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import _checks
+from dsgrad import checks
 from dsgrad.models.base import Model, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
@@ -87,7 +87,7 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
   k = int(latent_dim)
   if not 1 <= k <= d:
     raise ValueError(f"latent_dim must be in [1, D={d}], got {latent_dim}")
-  _checks.check_positive(noise_std, "noise_std")
+  checks.check_positive(noise_std, "noise_std")
   data = model_data(x=jnp.asarray(x, jnp.float32))
   x = data["x"]
   var = float(noise_std) ** 2

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
@@ -35,7 +35,7 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
     return
   flags = [jnp.asarray(bad) for bad, _ in checks]
   messages = [m for _, m in checks]
-  if all(_is_concrete(f) for f in flags):
+  if all(is_concrete(f) for f in flags):
     for flag, message in zip(flags, messages):
       if bool(np.any(np.asarray(flag))):
         raise ValueError(message)
@@ -173,7 +173,7 @@ def as_index_array(indices, name: str = "indices"):
     return indices  # check_indices_static names the problem
   if indices.dtype == jnp.int32:
     return indices
-  if _is_concrete(indices):
+  if is_concrete(indices):
     values = np.asarray(indices)
     if values.size and (values.max() > np.iinfo(np.int32).max
                         or values.min() < np.iinfo(np.int32).min):
@@ -194,3 +194,36 @@ def check_same_structure(tree, reference, name: str, reference_name: str) -> Non
     if jnp.shape(leaf) != jnp.shape(ref_leaf):
       raise ValueError(f"{name}{jax.tree_util.keystr(path)} has shape {jnp.shape(leaf)}, "
                        f"expected {jnp.shape(ref_leaf)} (as in {reference_name})")
+
+
+def leaf_shapes(tree) -> list:
+  """The shape of every leaf of ``tree``, for error messages."""
+  return [tuple(x.shape) if hasattr(x, "shape") else tuple(jnp.shape(x))
+          for x in jax.tree.leaves(tree)]
+
+
+def first_line(error: Exception) -> str:
+  """The first line of an error's message, for quoting it inside another message."""
+  text = str(error).strip()
+  return text.splitlines()[0].rstrip(".") if text else type(error).__name__
+
+
+def check_objective_evaluates(objective, params, who: str) -> None:
+  """Refuses, by name, params at which ``objective`` cannot be evaluated (a leaf renamed,
+  dropped or of another shape), with one abstract trace instead of an internal error
+  inside the first compiled step."""
+  indices = jnp.zeros((1,), jnp.int32)
+  noise = objective.zero_noise(1)
+  try:
+    jax.eval_shape(objective.loss_fn, params, indices, noise)
+  except KeyError as error:
+    keys = (sorted(map(str, params)) if isinstance(params, dict)
+            else jax.tree_util.tree_structure(params))
+    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} reads params"
+                     f"[{error.args[0]!r}], which these params lack (they have {keys}). "
+                     "Was a params leaf renamed or dropped, or were the params made for "
+                     "another objective?") from error
+  except (TypeError, ValueError, IndexError, AttributeError) as error:
+    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be evaluated "
+                     f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "
+                     "Were the params made for another model?") from error

@@ -1,0 +1,204 @@
+"""Mini-batches: the one sampler of data orders that :func:`dsgrad.fit`, the diagnostics,
+the benchmarks and the MCMC code share.
+
+A run's batches are a deterministic function of one PRNG key: epoch ``e`` is the
+permutation drawn from ``fold_in(key, e)``, cut into ``N // B`` batches (the remainder
+dropped, as in the paper), and batch ``t`` is slice ``t`` of the epochs laid end to end
+(:func:`batch_indices`). A run resumed at step ``t`` therefore sees the same batches as
+an uninterrupted one. :func:`sample_batch` draws one uniform batch (with or without
+replacement) with its noise, for Monte Carlo draws of an estimator at fixed parameters.
+
+Permutations
+------------
+Random permutations of ``0 .. N-1`` by one sort of distinct random integers.
+
+``jax.random.permutation`` shuffles by sorting (random key, value) pairs, in as many rounds
+as ``N`` needs for the keys to be unlikely to tie. On a CPU, XLA sorts pairs far more slowly
+than a single array of integers, so that one epoch's order of ``N = 10^6`` data can cost
+more than the epoch's steps (``python -m benchmarks scale steps``, "epoch order" rows).
+
+Here the keys are ``h(i)`` for a random bijection ``h`` of the 32-bit integers, drawn from
+the PRNG key: ``h`` is a few rounds of "xor a random word, then murmur3's finalizer", each
+step of which is invertible. The keys are distinct, because ``h`` is a bijection; sorting
+them alone is the fast sort; mapping the sorted keys back through ``h^-1`` gives the
+indices in key order, a permutation of ``0 .. N-1``. Its law is that of the order of ``h``
+over ``0 .. N-1``: uniform for a uniformly random bijection, and pseudo-random here (the
+tests check position, adjacency and pairwise-order frequencies against the uniform law).
+
+References:
+  Knuth, TAOCP vol. 2, Sec. 3.4.2 (a random permutation as the sort order of random keys).
+  Appleby, MurmurHash3 (2011): the 32-bit finalizer ``fmix32``.
+
+Example::
+
+    >>> import jax, dsgrad
+    >>> batches = dsgrad.batching.epoch_batches(jax.random.key(0), 10, 3, 4)
+    >>> batches.shape, bool((jax.numpy.sort(batches[:3].ravel()) < 10).all())
+    ((4, 3), True)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsgrad import checks
+from dsgrad import compile_cache
+
+ROUNDS = 3
+_M1, _M2 = 0x85EBCA6B, 0xC2B2AE35  # fmix32's multipliers (odd, so invertible mod 2^32)
+_M1_INV, _M2_INV = pow(_M1, -1, 2**32), pow(_M2, -1, 2**32)
+
+
+def mix_bits(x, words):
+  """The bijection ``h`` of uint32 ``x``: per word, xor it, then murmur3's ``fmix32``."""
+  for w in words:
+    x = x ^ w
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(_M1)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(_M2)
+    x = x ^ (x >> 16)
+  return x
+
+
+def unmix_bits(y, words):
+  """The inverse of :func:`mix_bits` with the same ``words``."""
+  for w in reversed(words):
+    y = y ^ (y >> 16)
+    y = y * jnp.uint32(_M2_INV)
+    y = y ^ (y >> 13) ^ (y >> 26)  # the inverse of x ^ (x >> 13) on 32 bits
+    y = y * jnp.uint32(_M1_INV)
+    y = y ^ (y >> 16)
+    y = y ^ w
+  return y
+
+
+def permutation(key, num: int):
+  """A random permutation of ``0 .. num-1``, ``(num,)`` int32; jittable and vmappable in
+  ``key``.
+
+  Args:
+    key: a JAX PRNG key.
+    num: ``N``, at most ``2^31 - 1``.
+
+  Returns:
+    ``(num,)`` int32 array holding every index once.
+  """
+  if not 0 <= num < 2**31:
+    raise ValueError(f"permutation: num must lie in [0, 2^31), got {num}")
+  words = list(jax.random.bits(key, (ROUNDS,), jnp.uint32))
+  keys = jax.lax.sort(mix_bits(jnp.arange(num, dtype=jnp.uint32), words))
+  return unmix_bits(keys, words).astype(jnp.int32)
+
+
+def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
+  """Indices of batches ``start, ..., start + num_steps - 1`` of reshuffled epochs.
+
+  Epoch ``e`` is the permutation :func:`epoch_permutation` draws from ``fold_in(key, e)``,
+  cut into ``N // B`` batches (the remainder is dropped, as in the paper). Jittable in
+  ``start``.
+
+  Returns:
+    ``(num_steps, batch_size)`` int32 array.
+  """
+  checks.check_batch_size(batch_size, num_data)
+  num_epochs = window_epochs(num_steps, num_data, batch_size)
+  first_epoch = start // (num_data // batch_size)
+  perms = jax.vmap(lambda e: epoch_permutation(key, e, num_data, batch_size))(
+      first_epoch + jnp.arange(num_epochs))
+  return slice_window(perms, start, num_steps, num_data, batch_size)
+
+
+def epoch_permutation(key, epoch, num_data: int, batch_size: int):
+  """Epoch ``epoch``'s data order, ``(N // B * B,)`` int32 (the remainder dropped).
+
+  A uniformly shuffled order from one sort of distinct random integers
+  (:func:`permutation`), not ``jax.random.permutation``, whose sort of pairs on a
+  CPU costs more than an epoch of cheap steps at large ``N``. Earlier dsgrad versions
+  used ``jax.random.permutation``, so the same key gives other batches than with them."""
+  perm = permutation(jax.random.fold_in(key, epoch), num_data)
+  return perm[:(num_data // batch_size) * batch_size]
+
+
+def window_epochs(num_steps: int, num_data: int, batch_size: int) -> int:
+  return num_steps // (num_data // batch_size) + 2  # epochs a window of num_steps can touch
+
+
+def slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):
+  """Batches ``start ...`` from the stacked permutations of the window's epochs."""
+  per_epoch = num_data // batch_size
+  first_epoch = start // per_epoch
+  # int32 offsets whatever jax_enable_x64 says: dynamic_slice wants one index dtype.
+  offset = jnp.asarray(start - first_epoch * per_epoch, jnp.int32)
+  return jax.lax.dynamic_slice(perms.reshape(-1, batch_size),
+                               (offset, jnp.zeros((), jnp.int32)), (num_steps, batch_size))
+
+
+@compile_cache.cached
+def _epoch_permutation_program(num_data: int, batch_size: int):
+  return jax.jit(lambda k, e: epoch_permutation(k, e, num_data, batch_size))
+
+
+class EpochOrders:
+  """The epoch permutations of a :func:`fit` run, each computed once on device and kept
+  while segments need it (a permutation of N costs O(N log N), which per segment would
+  dominate the steps at large N). The stacked window of the latest
+  epochs is kept too, placed with ``sharding`` when given (a mesh: every process holds
+  the same orders), so that the blocks of one window share one copy."""
+
+  def __init__(self, key, num_data: int, batch_size: int, sharding=None):
+    self.key, self.n, self.b, self.sharding = key, num_data, batch_size, sharding
+    self.cache: dict = {}
+    self.stacked = (None, None)  # (epochs, their stacked permutations)
+    self.one = _epoch_permutation_program(num_data, batch_size)
+
+  def window(self, start: int, length: int):
+    """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
+    first = start // (self.n // self.b)
+    wanted = range(first, first + window_epochs(length, self.n, self.b))
+    if self.stacked[0] == wanted:
+      return self.stacked[1]
+    for epoch in wanted:
+      if epoch not in self.cache:
+        self.cache[epoch] = self.one(self.key, jnp.int32(epoch))
+    for epoch in [e for e in self.cache if e < first]:
+      del self.cache[epoch]
+    stacked = jnp.stack([self.cache[e] for e in wanted])
+    if self.sharding is not None:
+      stacked = jax.device_put(np.asarray(stacked), self.sharding)
+    self.stacked = (wanted, stacked)
+    return stacked
+
+
+def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):
+  """Indices of the first ``num_steps`` batches of reshuffled epochs: the batches
+  :func:`dsgrad.fit` takes with this key (``batch_indices(key, 0, num_steps, ...)``).
+
+  Returns:
+    ``(num_steps, batch_size)`` int32 array.
+  """
+  return batch_indices(key, 0, num_steps, num_data, batch_size)
+
+
+def uniform_indices(key, num_data: int, shape, replace: bool = True):
+  """Indices drawn uniformly from ``0 .. num_data-1``, int32: independently (``replace``,
+  any ``shape``), or distinct (``shape`` an int at most ``num_data``; the first entries
+  of a :func:`permutation`).
+
+  The subsampling MCMC methods draw with replacement, as their estimators assume;
+  Monte Carlo draws of an estimator use either.
+  """
+  if replace:
+    return jax.random.randint(key, shape, 0, num_data, jnp.int32)
+  return permutation(key, num_data)[:shape]
+
+
+def sample_batch(key, objective, batch_size: int, replace: bool = True):
+  """Uniform random batch ``(indices, noise)`` of ``objective``'s data: with or without
+  replacement (:func:`uniform_indices`), its noise from an independent key."""
+  k_idx, k_noise = jax.random.split(key)
+  indices = uniform_indices(k_idx, objective.num_data, (batch_size,) if replace else batch_size,
+                            replace)
+  return indices, objective.sample_noise(k_noise, batch_size)

@@ -1,0 +1,213 @@
+"""Training segments: many steps in one compiled ``lax.scan``, fed with reshuffled epochs.
+
+A segment of ``length`` steps is one program ``(carry, key, start, data, orders, rows) ->
+carry``: it slices its batches from the epoch orders (:mod:`dsgrad.batching`), folds the
+step number into the noise key and runs :func:`train_step` ``length`` times, with the
+``(params, opt_state)`` carry donated. The data are arguments, bound once for the whole
+segment (:func:`dsgrad.data.bind`), so one executable serves every objective of the same
+structure (:meth:`~dsgrad.Objective.with_data` copies, resumed and staged runs); it lives
+in :mod:`dsgrad.compile_cache`.
+
+Data kept on the host (memory-mapped, :class:`dsgrad.data.HostArray`) cannot be
+gathered on the device: :class:`SegmentRunner` cuts a segment into blocks of at most
+:func:`host_block_steps` steps, and a thread reads the next block's rows while the device
+runs the current one.
+
+Example::
+
+    >>> import jax, jax.numpy as jnp, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> optimizer = optax.with_extra_args_support(optax.adam(1e-2))
+    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
+    >>> runner = dsgrad.segments.SegmentRunner(objective, optimizer, 10, jax.random.key(1))
+    >>> params, state = runner.run(params, optimizer.init(params), 0, 20)
+    >>> runner.compile_seconds > 0, params["loc"].shape
+    (True, (3,))
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad import batching
+from dsgrad import compile_cache
+from dsgrad import data as data_lib
+from dsgrad import parallel
+from dsgrad.objective import Objective
+
+
+def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
+               mesh=None):
+  """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
+
+  Jittable; the value checks of ``objective.grad`` are off (run them once outside).
+
+  Args:
+    objective: the :class:`dsgrad.Objective`.
+    optimizer: an optax transformation that accepts ``indices`` and ``noise``
+      (a dsgrad estimator chained with an update rule, or :func:`dsgrad.smiso`).
+    params: current params.
+    opt_state: the optimizer's state.
+    indices: ``(B,)`` batch indices.
+    noise_key: PRNG key for this step's noise.
+    mesh: optional :func:`dsgrad.parallel.data_mesh`: the batch (indices and per-datum
+      noise) is split across its devices.
+
+  Returns:
+    ``(new params, new optimizer state)``.
+  """
+  noise = objective.sample_noise(noise_key, indices.shape[0])
+  if mesh is not None:
+    indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
+  grads = objective.grad(params, indices, noise, validate=False)
+  updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
+                                        noise=noise)
+  return optax.apply_updates(params, updates), opt_state
+
+
+HOST_BLOCK_STEPS = 1000
+"""With data on the host (memory-mapped), the rows of this many steps are read ahead on a
+thread while the device runs the previous steps (fewer if a block's rows would exceed
+:data:`HOST_BLOCK_BYTES`)."""
+
+HOST_BLOCK_BYTES = 256 * 2**20
+"""The most bytes of rows one block of steps holds (two blocks are alive at a time)."""
+
+
+def host_block_steps(host_data: dict, batch_size: int) -> int:
+  """Steps per block of rows read ahead: :data:`HOST_BLOCK_STEPS`, fewer when a block's
+  rows (``steps * batch_size`` rows of every host array) would exceed
+  :data:`HOST_BLOCK_BYTES`; at least one."""
+  step_bytes = sum(batch_size * int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
+                   for a in host_data.values())
+  return int(max(1, min(HOST_BLOCK_STEPS, HOST_BLOCK_BYTES // max(step_bytes, 1))))
+
+
+def segment_program(objective: Objective, optimizer, batch_size: int, length: int,
+                    mesh=None, carry_shardings=None):
+  """The jitted (not yet compiled) segment ``(carry, key, start, data, orders, rows) ->
+  carry`` of ``length`` steps from step ``start``.
+
+  ``orders`` is the window :meth:`dsgrad.batching.EpochOrders.window` gives for
+  ``(start, length)``; ``data`` the objective's device data and int32 handles of its host
+  arrays (:func:`dsgrad.data.split_host`); ``rows`` the host arrays' rows of every step,
+  ``{}`` without host data.
+  """
+  host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
+
+  def run(carry, key, start, data, orders, rows):
+    _, noise_key = jax.random.split(key)
+    indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
+    steps = start + jnp.arange(length)
+
+    def step(carry, xs):
+      idx, t, rows_t = xs
+      with data_lib.batch_rows(objective.data or {}, idx, rows_t):
+        return train_step(objective, optimizer, *carry, idx,
+                          jax.random.fold_in(noise_key, t), mesh=mesh), None
+
+    with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
+      return jax.lax.scan(step, carry, (indices, steps, rows))[0]
+
+  return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
+
+
+def compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
+                     example_args, mesh=None, carry_shardings=None):
+  """:func:`segment_program` compiled for ``example_args``; ``(executable, seconds spent
+  compiling)``.
+
+  On one device the executable is cached (:mod:`dsgrad.compile_cache`) under the
+  objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
+  :meth:`~dsgrad.Objective.with_data` copies with the same optimizer object share it."""
+  def build():
+    return segment_program(objective, optimizer, batch_size, length, mesh,
+                           carry_shardings).lower(*example_args).compile()
+  if mesh is not None:  # placed on this mesh's devices: not shared
+    t0 = time.perf_counter()
+    return build(), time.perf_counter() - t0
+  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
+  key = ("fit segment", objective.structure_key(), optimizer, batch_size, length,
+         jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
+  return compile_cache.get_or_build(key, build)
+
+
+class SegmentRunner:
+  """Runs the segments of one training run: the epoch orders of ``key``, one executable
+  per segment length, and, with host data, the rows of the next block read while the
+  device runs the current one.
+
+  Args:
+    objective: the objective, with its data.
+    optimizer: an optax transformation that accepts ``indices`` and ``noise``.
+    batch_size: data per step.
+    key: the run's PRNG key; the batches come from ``split(key)[0]`` and step ``t``'s
+      noise from ``fold_in(split(key)[1], t)``.
+    mesh: optional :func:`dsgrad.parallel.data_mesh`.
+    carry_shardings: with ``mesh``, the shardings of ``(params, opt_state)``.
+    data_args: the device data to pass (default: the objective's, placed as they are).
+
+  Attributes:
+    compile_seconds: total time spent compiling so far.
+    step_seconds: total time spent running steps so far (compilation excluded).
+  """
+
+  def __init__(self, objective: Objective, optimizer, batch_size: int, key, *, mesh=None,
+               carry_shardings=None, data_args=None):
+    self.objective, self.optimizer, self.batch_size = objective, optimizer, batch_size
+    self.key, self.mesh, self.carry_shardings = key, mesh, carry_shardings
+    device_data, self.host_data = data_lib.split_host(objective.data_tree())
+    self.data_args = device_data if data_args is None else data_args
+    replicated = None if mesh is None else parallel.replicated(mesh)
+    self.orders = batching.EpochOrders(jax.random.split(key)[0], objective.num_data,
+                                       batch_size, replicated)
+    self.reader = data_lib.RowReader(self.host_data, replicated)
+    self.block = (host_block_steps(self.host_data, batch_size) if self.host_data else None)
+    self.pending = None  # the block whose rows the reader is reading
+    self.executables: dict = {}  # by number of steps (at most two per run)
+    self.compile_seconds = self.step_seconds = 0.0
+
+  def _read_ahead(self, start: int, steps: int) -> None:
+    if self.host_data and self.pending != (start, steps):
+      window = self.orders.window(start, steps)
+      self.reader.submit(batching.slice_window(window, start, steps, self.objective.num_data,
+                                               self.batch_size))
+      self.pending = (start, steps)
+
+  def blocks(self, start: int, length: int) -> list:
+    """The ``(start, steps)`` blocks of a segment: one, unless host rows are read ahead."""
+    cap = min(length, self.block) if self.block else length
+    return [(s, min(cap, start + length - s)) for s in range(start, start + length, cap)]
+
+  def run(self, params, opt_state, start: int, length: int, following=None):
+    """Steps ``start .. start + length - 1``; returns ``(params, opt_state)``, ready.
+
+    ``following``, the ``(start, length)`` of the next segment, lets the rows of its first
+    block be read while this segment's last block runs."""
+    parts = self.blocks(start, length)
+    parts_next = self.blocks(*following)[:1] if following is not None else []
+    for k, (at, steps) in enumerate(parts):
+      self._read_ahead(at, steps)
+      rows = self.reader.take() if self.host_data else {}
+      self.pending = None
+      args = ((params, opt_state), self.key, jnp.int32(at), self.data_args,
+              self.orders.window(at, steps), rows)
+      if steps not in self.executables:
+        self.executables[steps], seconds = compiled_segment(
+            self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
+            self.carry_shardings)
+        self.compile_seconds += seconds
+      t0 = time.perf_counter()
+      params, opt_state = self.executables[steps](*args)
+      upcoming = parts[k + 1:] or parts_next
+      if upcoming:  # the next block's rows, while this one runs
+        self._read_ahead(*upcoming[0])
+      jax.block_until_ready((params, opt_state))
+      self.step_seconds += time.perf_counter() - t0
+    return params, opt_state
