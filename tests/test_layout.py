@@ -64,7 +64,7 @@ def test_docstring_examples_run():
 def test_one_leapfrog_implementation():
   """HMC-ECS, the AIS bound and DAIS integrate with dsgrad.integrators; no module keeps a
   leapfrog of its own."""
-  for relative in ("mcmc/hmcecs.py", "mcvae/bounds.py", "annealing/dais.py"):
+  for relative in ("mcmc/hmc.py", "mcvae/bounds.py", "annealing/dais.py"):
     assert "dsgrad.integrators" in _dsgrad_imports(PACKAGE / relative) or any(
         n.startswith("dsgrad.integrators") for n in _dsgrad_imports(PACKAGE / relative)), \
         relative

@@ -16,6 +16,7 @@ References:
 
 from dsgrad.mcmc.diagnostics import (computational_time, effective_sample_size,
                                      inefficiency_factor, positive_fraction, signed_mean)
+from dsgrad.mcmc import hmc
 from dsgrad.mcmc.hmcecs import (HMCECSInfo, HMCECSState, HMCParameters, SamplingAlgorithm,
                                 build_kernel, hmc_parameters, hmcecs, init, reset)
 from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
@@ -30,7 +31,7 @@ from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_pois
 
 __all__ = [
     "sample", "MCMCResult", "run_chain",
-    "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
+    "hmc", "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",
     "TaylorProxy", "taylor_proxy", "proxy_sum", "proxy_values", "differences",
     "difference_estimator", "log_likelihood_estimate", "gradient_estimate",

@@ -9,8 +9,10 @@ slightly perturbed posterior; with the block-Poisson scheme it targets ``|L_hat|
 expectations are sign-corrected (:func:`dsgrad.mcmc.signed_mean`).
 
 The API follows BlackJAX: :func:`init` and :func:`build_kernel` are pure and jit-able,
-states are NamedTuples, PRNG keys are explicit; :func:`dsgrad.mcmc.sample` adds warm-up
-and a progress bar.
+states are NamedTuples, PRNG keys are explicit; the ``theta`` move is a kernel composed
+in (:mod:`dsgrad.mcmc.hmc` by default, any kernel of its shape otherwise, as NumPyro's
+``HMCECS`` wraps an inner kernel); :func:`dsgrad.mcmc.sample` adds warm-up and a
+progress bar.
 
 References:
   Dang, Quiroz, Kohn, Tran, Villani (2019). Hamiltonian Monte Carlo with energy
@@ -19,13 +21,13 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from dsgrad import checks
-from dsgrad import integrators
+from dsgrad.mcmc import hmc
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.mcmc.subsample import SubsampleScheme
 from dsgrad.models.base import Model
@@ -141,17 +143,28 @@ def reset(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
   return HMCECSState(position, subsample, log_lik, sign, potential, grad)
 
 
-def build_kernel(model: Model, scheme: SubsampleScheme):
+def build_kernel(model: Model, scheme: SubsampleScheme, move: Callable | None = None):
   """The HMC-ECS transition ``kernel(key, state, proxy, parameters) -> (state, info)``.
 
-  One iteration of Alg. 1: the pseudo-marginal subsample update, then ``L`` leapfrog
-  steps on the estimated Hamiltonian for the (new) subsample and a Metropolis
-  correction with the same Hamiltonian. Pure and jit-able; ``proxy`` and
-  ``parameters`` are arguments so that warm-up can change them without recompiling.
+  One iteration of Alg. 1, a Gibbs sampler on ``(theta, u)``: the pseudo-marginal
+  subsample update, then ``move`` on ``theta`` with the estimated potential of the (new)
+  subsample, ``U_hat(theta) = -log |L_hat(theta; u)| - log p(theta)``, in its dynamics
+  *and* its acceptance. Pure and jit-able; ``proxy`` and ``parameters`` are arguments so
+  that warm-up can change them without recompiling.
+
+  Args:
+    model: the model.
+    scheme: the subsample scheme.
+    move: the ``theta`` kernel ``move(key, hmc_state, potential_fn, parameters) ->
+      (hmc_state, hmc_info)`` (:func:`dsgrad.mcmc.hmc.build_kernel`'s shape); default
+      fixed-length HMC with velocity Verlet, as in the paper. Its info must have
+      ``acceptance_rate``, ``is_accepted``, ``energy_change`` and
+      ``num_integration_steps``.
   """
+  move = hmc.build_kernel() if move is None else move
 
   def kernel(key, state: HMCECSState, proxy: TaylorProxy, params: HMCParameters):
-    k_u, k_u_accept, k_p, k_accept = jax.random.split(key, 4)
+    k_u, k_u_accept, k_move = jax.random.split(key, 3)
 
     # 1. u | theta: pseudo-marginal MH with a correlated proposal (Eq. 3.5).
     if scheme.fixed:
@@ -163,43 +176,33 @@ def build_kernel(model: Model, scheme: SubsampleScheme):
       take_u = jnp.log(jax.random.uniform(k_u_accept)) < log_ratio
       state = jax.tree.map(lambda new, old: jnp.where(take_u, new, old), candidate, state)
 
-    # 2. theta, p | u: HMC on the estimated Hamiltonian (Eq. 3.6-3.7).
-    potential = _potential_fn(model, scheme, proxy, state.subsample)
-    inv_mass = params.inverse_mass_matrix
-    momentum = params.mass_cholesky @ jax.random.normal(k_p, state.position.shape)
-    kinetic0 = 0.5 * momentum @ inv_mass @ momentum
-    start = integrators.IntegratorState(state.position, momentum, state.potential,
-                                        state.potential_grad,
-                                        (state.log_likelihood, state.sign))
-    end = integrators.velocity_verlet(
-        start, integrators.value_and_grad_with_aux(potential), params.step_size,
-        lambda p: inv_mass @ p, params.num_integration_steps)
-    theta, p, u_new, grad, (log_lik, sign) = end
-    energy_change = (u_new + 0.5 * p @ inv_mass @ p) - (state.potential + kinetic0)
-    energy_change = jnp.where(jnp.isnan(energy_change), jnp.inf, energy_change)
-    accept_prob = jnp.minimum(1.0, jnp.exp(-energy_change))
-    take = jax.random.uniform(k_accept) < accept_prob
-    moved = HMCECSState(theta, state.subsample, log_lik, sign, u_new, grad)
-    state = jax.tree.map(lambda new, old: jnp.where(take, new, old), moved, state)
+    # 2. theta | u: the move on the estimated Hamiltonian (Eq. 3.6-3.7).
+    inner = hmc.HMCState(state.position, state.potential, state.potential_grad,
+                         (state.log_likelihood, state.sign))
+    inner, info = move(k_move, inner, _potential_fn(model, scheme, proxy, state.subsample),
+                       params)
+    state = HMCECSState(inner.position, state.subsample, *inner.aux, inner.potential,
+                        inner.potential_grad)
 
     evaluations = scheme.evaluations(state.subsample) * (
-        params.num_integration_steps + (0 if scheme.fixed else 1))
-    info = HMCECSInfo(accept_prob, take, take_u, energy_change, params.num_integration_steps,
-                      evaluations)
-    return state, info
+        info.num_integration_steps + (0 if scheme.fixed else 1))
+    return state, HMCECSInfo(info.acceptance_rate, info.is_accepted, take_u,
+                             info.energy_change, info.num_integration_steps, evaluations)
 
   return kernel
 
 
 class SamplingAlgorithm(NamedTuple):
-  """``init(position, key) -> state`` and ``step(key, state) -> (state, info)``."""
+  """``init(position, key) -> state`` and ``step(key, state) -> (state, info)``: the
+  fields of ``blackjax.base.SamplingAlgorithm`` (BlackJAX is not a dependency of dsgrad),
+  so code written for BlackJAX's algorithms runs these too."""
 
   init: Any
   step: Any
 
 
 def hmcecs(model: Model, proxy: TaylorProxy, scheme: SubsampleScheme,
-           parameters: HMCParameters) -> SamplingAlgorithm:
+           parameters: HMCParameters, move: Callable | None = None) -> SamplingAlgorithm:
   """HMC-ECS with fixed tuning, as a BlackJAX-style pair of pure functions.
 
   Args:
@@ -207,11 +210,12 @@ def hmcecs(model: Model, proxy: TaylorProxy, scheme: SubsampleScheme,
     proxy: the Taylor control variates (:func:`dsgrad.mcmc.taylor_proxy`).
     scheme: :func:`dsgrad.mcmc.perturbed` or :func:`dsgrad.mcmc.block_poisson`.
     parameters: :func:`hmc_parameters`.
+    move: the ``theta`` kernel (:func:`build_kernel`); default fixed-length HMC.
 
   Returns:
     A :class:`SamplingAlgorithm`; jit ``step`` yourself or use :func:`dsgrad.mcmc.sample`.
   """
-  kernel = build_kernel(model, scheme)
+  kernel = build_kernel(model, scheme, move)
   return SamplingAlgorithm(
       lambda position, key: init(model, scheme, proxy, position, key),
       lambda key, state: kernel(key, state, proxy, parameters))

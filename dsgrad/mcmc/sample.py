@@ -290,102 +290,30 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
       ``target_accept`` outside (0, 1), or a non-positive trajectory length, initial step
       size or step cap.
   """
-  if estimator not in ("perturbed", "signed", "full"):
-    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
-  if not 0.0 < float(target_accept) < 1.0:
-    raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
-  for label, value in (("trajectory_length", trajectory_length),
-                       ("initial_step_size", initial_step_size)):
-    checks.check_positive(value, label)
-  checks.check_count(max_integration_steps, "max_integration_steps", 1)
-  checks.check_count(num_samples, "num_samples", 1)
-  checks.check_count(num_warmup, "num_warmup", 0)
-  if num_samples < 1 or num_warmup < 0:
-    raise ValueError(f"num_samples must be >= 1 and num_warmup >= 0, got {num_samples}, "
-                     f"{num_warmup}")
+  _check_settings(estimator, target_accept, trajectory_length, initial_step_size,
+                  max_integration_steps, num_samples, num_warmup, mass_window)
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
   scheme = (subsample_lib.full_data(model) if estimator == "full"
             else subsample_lib.perturbed(model, subsample_size, num_blocks))
-  n = model.num_data
   evaluations = 0
   if reference_point is None:
     reference_point = find_reference_point(model, k_ref)
-    evaluations += REFERENCE_STEPS * _default_subset_size(n)  # line searches not counted
+    # Line searches not counted.
+    evaluations += REFERENCE_STEPS * _default_subset_size(model.num_data)
   reference_point = _check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
-  evaluations += n
-  d = model.latent_dim
-  if mass_window < 1:
-    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
-  if isinstance(mass_matrix, str):
-    if mass_matrix not in ("laplace", "adapt"):
-      raise ValueError(f"mass_matrix must be 'laplace', 'adapt' or an array, got {mass_matrix!r}")
-    mass_mode = mass_matrix
-    precision = (laplace_precision(model, proxy) if mass_mode == "laplace"
-                 else jnp.eye(d, dtype=jnp.float32))
-  else:
-    mass_mode = "fixed"
-    given = np.asarray(mass_matrix, np.float64)
-    if given.shape == (d,):
-      given = np.diag(given)
-    if given.shape != (d, d) or not np.all(np.isfinite(given)):
-      raise ValueError(f"mass_matrix must be finite with shape ({d},) or ({d}, {d}), got "
-                       f"shape {given.shape}")
-    precision = jnp.asarray(given, jnp.float32)
+  evaluations += model.num_data
+  mass_mode, precision = _initial_precision(model, proxy, mass_matrix)
   position = reference_point if position is None else _check_theta(model, position, "position")
-  kernel = build_kernel(model, scheme)
+  warmup = _Warmup(model, scheme, trajectory_length, max_integration_steps, target_accept,
+                   initial_step_size, proxy_order)
   state = init(model, scheme, proxy, position, k_init)
-
-  @functools.partial(data_lib.jit, model.data)
-  def warm_window(state, adapt, proxy, params, keys):
-    def body(carry, k):
-      state, adapt = carry
-      step = jnp.exp(adapt.log_step)
-      params_now = params._replace(step_size=step, num_integration_steps=_steps_for(
-          step, trajectory_length, max_integration_steps))
-      state, info = kernel(k, state, proxy, params_now)
-      adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
-      return (state, adapt), (state.position, info.num_evaluations)
-    return jax.lax.scan(body, (state, adapt), keys)
-
-  params = hmc_parameters(initial_step_size, 1, precision)
-  adapt = dual_averaging_init(initial_step_size)
-  # Warm-up runs in windows that end at every reference update and every mass update;
-  # each update reads the draws since its own previous update (the last period's).
-  periods = [p for p in (reference_updates_every, mass_window if mass_mode == "adapt" else 0)
-             if p]
-  window = math.gcd(*periods) if periods else num_warmup
-  done, warm_draws = 0, []
-  warm_keys = jax.random.split(k_warm, max(num_warmup, 1))
-  while done < num_warmup:
-    size = min(window, num_warmup - done)
-    (state, adapt), (positions, evals) = warm_window(state, adapt, proxy, params,
-                                                     warm_keys[done:done + size])
-    warm_draws.append(positions)
-    evaluations += int(np.sum(evals))
-    done += size
-    if done >= num_warmup:
-      break
-    if reference_updates_every and done % reference_updates_every == 0:
-      recent = jnp.concatenate(warm_draws)[-reference_updates_every:]
-      proxy = taylor_proxy(model, jnp.mean(recent, 0), order=proxy_order)
-      evaluations += n
-      if mass_mode == "laplace":
-        precision = laplace_precision(model, proxy)
-        params = hmc_parameters(initial_step_size, 1, precision)
-      state = reset(model, scheme, proxy, state.position, state.subsample)
-    if mass_mode == "adapt" and done % mass_window == 0:
-      recent = jnp.concatenate(warm_draws)[-mass_window:]
-      w = recent.shape[0]
-      variance = (w / (w + 5.0)) * jnp.var(recent, 0) + 1e-3 * (5.0 / (w + 5.0))
-      params = hmc_parameters(initial_step_size, 1, jnp.diag(1.0 / variance))
-      adapt = dual_averaging_init(jnp.exp(adapt.log_step))
-  step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else initial_step_size
-  params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
-                           num_integration_steps=_steps_for(step_size, trajectory_length,
-                                                            max_integration_steps))
-
+  state, proxy, params, warm_evaluations = warmup.run(
+      state, proxy, hmc_parameters(initial_step_size, 1, precision), k_warm, num_warmup,
+      reference_updates_every, mass_mode, mass_window)
+  evaluations += warm_evaluations
+  kernel = build_kernel(model, scheme)
   if estimator == "signed":
     draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 50)
     lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
@@ -400,3 +328,102 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
       progress=progress, data=model.data)
   return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
                     seconds, evaluations)
+
+
+def _check_settings(estimator, target_accept, trajectory_length, initial_step_size,
+                    max_integration_steps, num_samples, num_warmup, mass_window) -> None:
+  if estimator not in ("perturbed", "signed", "full"):
+    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
+  if not 0.0 < float(target_accept) < 1.0:
+    raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
+  for label, value in (("trajectory_length", trajectory_length),
+                       ("initial_step_size", initial_step_size)):
+    checks.check_positive(value, label)
+  checks.check_count(max_integration_steps, "max_integration_steps", 1)
+  checks.check_count(num_samples, "num_samples", 1)
+  checks.check_count(num_warmup, "num_warmup", 0)
+  if mass_window < 1:
+    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
+
+
+def _initial_precision(model: Model, proxy: TaylorProxy, mass_matrix):
+  """``(mode, M)``: ``"laplace"`` (the posterior precision at ``theta*``), ``"adapt"``
+  (identity, adapted in warm-up) or ``"fixed"`` (the user's, a ``(d,)`` diagonal or
+  ``(d, d)``)."""
+  d = model.latent_dim
+  if isinstance(mass_matrix, str):
+    if mass_matrix not in ("laplace", "adapt"):
+      raise ValueError(f"mass_matrix must be 'laplace', 'adapt' or an array, got {mass_matrix!r}")
+    return mass_matrix, (laplace_precision(model, proxy) if mass_matrix == "laplace"
+                         else jnp.eye(d, dtype=jnp.float32))
+  given = np.asarray(mass_matrix, np.float64)
+  if given.shape == (d,):
+    given = np.diag(given)
+  if given.shape != (d, d) or not np.all(np.isfinite(given)):
+    raise ValueError(f"mass_matrix must be finite with shape ({d},) or ({d}, {d}), got "
+                     f"shape {given.shape}")
+  return "fixed", jnp.asarray(given, jnp.float32)
+
+
+class _Warmup:
+  """The perturbed warm-up of :func:`sample`: dual averaging of the step size with
+  ``L = ceil(trajectory_length / eps)``, in windows that end at every reference update
+  and every mass update; each update reads the draws since its own previous one."""
+
+  def __init__(self, model, scheme, trajectory_length, max_integration_steps, target_accept,
+               initial_step_size, proxy_order):
+    self.model, self.proxy_order, self.initial_step_size = model, proxy_order, initial_step_size
+    self.scheme, self.trajectory_length = scheme, trajectory_length
+    self.max_steps = max_integration_steps
+    kernel = build_kernel(model, scheme)
+
+    @functools.partial(data_lib.jit, model.data)
+    def window(state, adapt, proxy, params, keys):
+      def body(carry, k):
+        state, adapt = carry
+        step = jnp.exp(adapt.log_step)
+        params_now = params._replace(step_size=step, num_integration_steps=_steps_for(
+            step, trajectory_length, max_integration_steps))
+        state, info = kernel(k, state, proxy, params_now)
+        adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
+        return (state, adapt), (state.position, info.num_evaluations)
+      return jax.lax.scan(body, (state, adapt), keys)
+    self.window = window
+
+  def run(self, state, proxy, params, key, num_warmup, reference_updates_every, mass_mode,
+          mass_window):
+    """``(state, proxy, tuned params, data evaluations)`` after ``num_warmup`` iterations."""
+    model, evaluations = self.model, 0
+    adapt = dual_averaging_init(self.initial_step_size)
+    periods = [p for p in (reference_updates_every, mass_window if mass_mode == "adapt" else 0)
+               if p]
+    window = math.gcd(*periods) if periods else num_warmup
+    done, draws = 0, []
+    keys = jax.random.split(key, max(num_warmup, 1))
+    while done < num_warmup:
+      size = min(window, num_warmup - done)
+      (state, adapt), (positions, evals) = self.window(state, adapt, proxy, params,
+                                                       keys[done:done + size])
+      draws.append(positions)
+      evaluations += int(np.sum(evals))
+      done += size
+      if done >= num_warmup:
+        break
+      if reference_updates_every and done % reference_updates_every == 0:
+        recent = jnp.concatenate(draws)[-reference_updates_every:]
+        proxy = taylor_proxy(model, jnp.mean(recent, 0), order=self.proxy_order)
+        evaluations += model.num_data
+        if mass_mode == "laplace":
+          params = hmc_parameters(self.initial_step_size, 1, laplace_precision(model, proxy))
+        state = reset(model, self.scheme, proxy, state.position, state.subsample)
+      if mass_mode == "adapt" and done % mass_window == 0:
+        recent = jnp.concatenate(draws)[-mass_window:]
+        w = recent.shape[0]
+        variance = (w / (w + 5.0)) * jnp.var(recent, 0) + 1e-3 * (5.0 / (w + 5.0))
+        params = hmc_parameters(self.initial_step_size, 1, jnp.diag(1.0 / variance))
+        adapt = dual_averaging_init(jnp.exp(adapt.log_step))
+    step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else self.initial_step_size
+    params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
+                             num_integration_steps=_steps_for(
+                                 step_size, self.trajectory_length, self.max_steps))
+    return state, proxy, params, evaluations
