@@ -27,9 +27,7 @@ only, like NumPyro's effect handlers; nothing is looked up when the program runs
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import weakref
 from typing import Any, Iterator, Mapping
 
 import jax
@@ -37,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad.host_data import (HostArray, RowReader, host_gather, open_memmap,  # noqa: F401
+                               read_rows)
 
 __all__ = ["DataArray", "HostArray", "open_memmap", "read_rows", "RowReader", "bind",
            "batch_rows", "is_bound", "is_host", "split_host", "join_host", "check_data",
@@ -49,113 +49,6 @@ def _bindings() -> list:
   if not hasattr(_STATE, "stack"):
     _STATE.stack = []
   return _STATE.stack
-
-
-class HostArray:
-  """A per-datum array kept in host memory (or on disk, memory-mapped), never on device.
-
-  Rows are read on demand: eagerly by NumPy indexing, inside ``jit`` by a host callback
-  (``jax.pure_callback``) that receives the indices and returns their rows. The callback
-  identifies the array by a small integer handle passed as an argument, so one compiled
-  program serves every host array of the same shape and dtype.
-
-  Attributes:
-    array: the NumPy array or ``np.memmap``.
-    name: label for messages.
-  """
-
-  _registry: "weakref.WeakValueDictionary[int, HostArray]" = weakref.WeakValueDictionary()
-  _next = [1]
-  _lock = threading.Lock()
-
-  def __init__(self, array, name: str = "host array"):
-    array = np.asarray(array) if not isinstance(array, np.ndarray) else array
-    if array.ndim < 1:
-      raise ValueError(f"{name}: a per-datum array needs a leading datum axis, got a scalar")
-    if array.dtype.kind not in "biuf":
-      raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
-    self.array = array
-    self.name = name
-    # A memory map reads the file lazily: if the file is truncated or rewritten after it
-    # was opened, a read past the new end kills the process (SIGBUS) and a rewritten one
-    # reads other (or zero) bytes. Its identity is recorded here and checked per read.
-    filename = getattr(array, "filename", None) if isinstance(array, np.memmap) else None
-    self._file = (filename, _file_identity(filename)) if filename else None
-    with HostArray._lock:
-      self.handle = HostArray._next[0]
-      HostArray._next[0] += 1
-      HostArray._registry[self.handle] = self
-
-  shape = property(lambda self: self.array.shape)
-  dtype = property(lambda self: self.array.dtype)
-  ndim = property(lambda self: self.array.ndim)
-
-  def __len__(self):
-    return self.shape[0]
-
-  def __repr__(self):
-    return f"HostArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
-
-  def rows(self, indices) -> np.ndarray:
-    """The rows ``array[indices]`` read on the host, in the order of ``indices``.
-
-    Read in that order: sorting a block's indices first (for sequential reads) did not
-    make reads from disk faster on the machine of ``docs/benchmarks.md`` and made reads
-    of cached pages about three times slower (the sort, and putting the rows back in
-    order). The result is aligned to 64 bytes, so that ``jax.device_put`` on a CPU
-    device can use it in place instead of copying it."""
-    self.check_unchanged()
-    idx = np.asarray(indices).astype(np.int64, copy=False)
-    flat = idx.reshape(-1)
-    if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
-      raise IndexError(f"{self.name}: indices outside [0, {self.shape[0]})")
-    out = _aligned_empty((flat.size,) + self.shape[1:], self.dtype)
-    # mode="clip" (the indices are checked above): "raise" would read through a buffer.
-    np.take(self.array, flat, axis=0, out=out, mode="clip")
-    return out.reshape(idx.shape + self.shape[1:])
-
-
-  def check_unchanged(self) -> None:
-    """Raises ``ValueError`` if the memory-mapped file was truncated or rewritten since
-    it was opened (a no-op for an in-memory array)."""
-    if self._file is None:
-      return
-    path, opened = self._file
-    try:
-      now = _file_identity(path)
-    except OSError as error:
-      raise ValueError(f"{self.name}: the memory-mapped file {path!r} is gone ({error}); "
-                       "reopen it") from error
-    if now != opened:
-      raise ValueError(
-          f"{self.name}: the memory-mapped file {path!r} changed after it was opened (size "
-          f"{opened[0]:,} -> {now[0]:,} bytes, or rewritten): reading it would crash the "
-          "process or return other rows. Reopen it (dsgrad.data.open_memmap) once it is "
-          "complete")
-
-
-def _file_identity(path) -> tuple:
-  """(size, modification time, inode) of a file: what changes if it is rewritten."""
-  info = os.stat(path)
-  return info.st_size, info.st_mtime_ns, info.st_ino
-
-
-def _aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
-  """An uninitialized C-contiguous array whose data start at a multiple of ``alignment``
-  bytes (NumPy's own large allocations are 16-byte aligned)."""
-  size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-  raw = np.empty(size + alignment, np.uint8)
-  start = -raw.ctypes.data % alignment
-  return raw[start:start + size].view(dtype).reshape(shape)
-
-
-def _host_gather(handle, indices):
-  # Under vmap the handle arrives with the indices' added axes; every entry is the same.
-  number = int(np.asarray(handle).reshape(-1)[0])
-  array = HostArray._registry.get(number)
-  if array is None:
-    raise ValueError(f"host array handle {number} is no longer alive")
-  return array.rows(indices)
 
 
 class DataArray:
@@ -240,7 +133,7 @@ class _BoundHost:
       raise TypeError(f"{self.host.name}: host data support integer row indices only, "
                       f"got {index.dtype}")
     spec = jax.ShapeDtypeStruct(index.shape + self.host.shape[1:], self.host.dtype)
-    return jax.pure_callback(_host_gather, spec, self.handle, index,
+    return jax.pure_callback(host_gather, spec, self.handle, index,
                              vmap_method="expand_dims")
 
 
@@ -386,117 +279,6 @@ def check_data(values: Mapping[str, Any], num_data: int | None = None,
   if num_data is not None and n != num_data:
     raise ValueError(f"{who} has {n} rows per leaf but num_data is {num_data}")
   return n
-
-
-def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> HostArray:
-  """Opens a ``.npy`` file memory-mapped (read-only) as a :class:`HostArray`.
-
-  Args:
-    path: a ``.npy`` file (written by ``np.save`` or ``np.lib.format.open_memmap``).
-    dtype: the dtype the caller expects; a file of another dtype is refused.
-    shape: the shape the caller expects (``None`` entries match anything).
-    name: label for messages (default: the file name).
-
-  Raises:
-    FileNotFoundError: no such file.
-    ValueError: not a ``.npy`` file, truncated (fewer bytes than its header declares), or
-      a dtype/shape other than expected.
-  """
-  path = os.fspath(path)
-  name = name or os.path.basename(path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{name}: no such file {path!r}")
-  checks.check_regular_file(path, name)
-  with open(path, "rb") as f:
-    try:
-      version = np.lib.format.read_magic(f)
-      header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                else np.lib.format.read_array_header_2_0)(f)
-    except ValueError as error:
-      raise ValueError(f"{name}: {path!r} is not a .npy file ({error})") from error
-    offset = f.tell()
-  file_shape, fortran, file_dtype = header
-  expected = offset + int(np.prod(file_shape, dtype=np.int64)) * file_dtype.itemsize
-  actual = os.path.getsize(path)
-  if actual < expected:
-    raise ValueError(f"{name}: {path!r} is truncated: its header declares shape {file_shape} "
-                     f"of {file_dtype} ({expected:,} bytes with the header) but the file has "
-                     f"{actual:,} bytes")
-  if dtype is not None and np.dtype(dtype) != file_dtype:
-    raise ValueError(f"{name}: {path!r} holds {file_dtype}, expected {np.dtype(dtype)}; "
-                     "convert the file (no silent cast)")
-  if shape is not None:
-    if len(shape) != len(file_shape) or any(
-        s is not None and s != t for s, t in zip(shape, file_shape)):
-      raise ValueError(f"{name}: {path!r} has shape {file_shape}, expected {tuple(shape)}")
-  if fortran and len(file_shape) > 1:
-    raise ValueError(f"{name}: {path!r} is in Fortran order; rows would not be contiguous. "
-                     "Save it in C order")
-  array = np.load(path, mmap_mode="r")
-  return HostArray(array, name)
-
-
-def read_rows(host_arrays: Mapping[str, HostArray], indices) -> dict:
-  """``{name: rows}`` of every host array at ``indices`` (any shape), read on the host."""
-  idx = np.asarray(indices)
-  return {k: a.rows(idx) for k, a in host_arrays.items()}
-
-
-class RowReader:
-  """Reads blocks of future batches' rows of host arrays on a background thread.
-
-  ``submit(indices)`` starts reading the rows of an ``(S, B)`` block of batch indices for
-  every host array and copying them to the device; ``take()`` waits for them and returns
-  ``{name: (S, B, ...) jax.Array}``. :func:`dsgrad.fit` submits block ``t + 1`` before it
-  runs block ``t`` on the device, so the disk and host reads *and the host-to-device copy*
-  of the next steps overlap the current steps' computation, and the compiled steps
-  receive their rows as an argument (no host callback in a step, and no copy on the
-  dispatching thread, where passing NumPy rows to the compiled call would copy them;
-  ``python -m benchmarks scale steps`` measures a step with its rows on the device).
-
-  Args:
-    host_arrays: ``{name: HostArray}``.
-    placement: where the rows go (a device or a sharding, as for ``jax.device_put``);
-      default the default device.
-  """
-
-  def __init__(self, host_arrays: Mapping[str, HostArray], placement=None):
-    self.arrays = dict(host_arrays)
-    self.placement = placement
-    self._thread = None
-    self._result = None
-    self._error = None
-
-  def submit(self, indices) -> None:
-    self.take_pending()
-    idx = np.asarray(indices)
-
-    def read():
-      try:
-        self._result = jax.block_until_ready(
-            jax.device_put(read_rows(self.arrays, idx), self.placement))
-      except BaseException as error:  # re-raised by take()
-        self._error = error
-
-    self._thread = threading.Thread(target=read, daemon=True)
-    self._thread.start()
-
-  def take_pending(self):
-    """Waits for the block in flight (if any) and returns its rows (``None`` if none)."""
-    if self._thread is None:
-      return None
-    self._thread.join()
-    self._thread = None
-    result, error, self._result, self._error = self._result, self._error, None, None
-    if error is not None:
-      raise error
-    return result
-
-  def take(self) -> dict:
-    rows = self.take_pending()
-    if rows is None:
-      raise RuntimeError("RowReader.take() without a submitted block")
-    return rows
 
 
 def _current_values(refs: Mapping[str, DataArray]):

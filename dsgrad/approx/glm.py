@@ -271,23 +271,29 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
   def expected_of_mean(params, mean):
     return {"loc": mean["loc"], "log_scale": mean["log_scale"] * variance(params)}
 
-  def prior_terms(params, eps):
+  return with_statistics(statistics, datum_terms, datum_expected, _prior_terms(model),
+                          who, x.dtype, expected_of_mean)
+
+
+def _prior_terms(model: Model):
+  """The prior's and entropy's terms of a mean-field second-order approximation:
+  ``global_terms(objective, params, noise) -> (drawn, expected)``."""
+  def drawn_at(params, eps):
     scaled = jnp.exp(params["log_scale"]) * eps
     g, hv = jax.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
     return {"loc": -(g + hv), "log_scale": -(g + hv) * scaled - 1.0}, g
 
   def global_terms(objective, params, noise):
     if objective.shared_noise:
-      drawn, g = prior_terms(params, noise)
+      drawn, g = drawn_at(params, noise)
     else:
       drawn, g = jax.tree.map(lambda a: jnp.mean(a, 0),
-                              jax.vmap(lambda e: prior_terms(params, e))(noise))
+                              jax.vmap(lambda e: drawn_at(params, e))(noise))
     hess = _prior_hessian_diag(model, params["loc"])
-    expected = {"loc": -g, "log_scale": -hess * variance(params) - 1.0}
+    expected = {"loc": -g, "log_scale": -hess * jnp.exp(2.0 * params["log_scale"]) - 1.0}
     return optax.tree.cast_like(drawn, params), optax.tree.cast_like(expected, params)
 
-  return with_statistics(statistics, datum_terms, datum_expected, global_terms,
-                          who, x.dtype, expected_of_mean)
+  return global_terms
 
 
 # Normal scale mixture for the logistic sigmoid: sigmoid(a) ~= sum_k w_k Phi(c_k a),
@@ -295,9 +301,9 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
 # docs/scripts/probit_mixture_fit.py; Monahan and Stefanski, 1992). Symmetric by
 # construction (the weights sum to one), so 1 - mixture(a) = mixture(-a).
 PROBIT_WEIGHTS = (0.02272679947235489, 0.04636018583277259, 0.4273662837027873,
-                   0.29982761515524337, 0.20371911583684196)
+                  0.29982761515524337, 0.20371911583684196)
 PROBIT_SLOPES = (0.2908939547987842, 1.1177027767637808, 0.5733797503044391,
-                  0.7996983577121225, 0.4094193686200046)
+                 0.7996983577121225, 0.4094193686200046)
 
 
 def sigmoid_probit_mixture(a):

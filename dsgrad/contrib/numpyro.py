@@ -35,10 +35,7 @@ References:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
-import warnings
 from typing import Callable, NamedTuple
 
 try:
@@ -55,6 +52,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dsgrad import families
+from dsgrad.contrib import _numpyro_trace as trace_lib
 from dsgrad.data import DataArray
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
@@ -81,217 +79,6 @@ class NumpyroModel(NamedTuple):
   unravel: Callable[[jax.Array], dict]
   constrain: Callable[[jax.Array], dict]
   batch_size: int
-
-
-class _PlateMismatch(ValueError):
-  """An observed site whose batch shape does not follow the data plate's indices."""
-
-
-@contextlib.contextmanager
-def _other_batch_sizes_allowed():
-  """Silences NumPyro's warning about a batch of another size than the plate's
-  ``subsample_size``: dsgrad substitutes batches of its own size on purpose."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="subsample_size does not match")
-    yield
-
-
-def _trace(fn, args, kwargs, seed=0):
-  with _other_batch_sizes_allowed():
-    return handlers.trace(handlers.seed(fn, seed)).get_trace(*args, **kwargs)
-
-
-def _with_indices(model, plate: str, indices):
-  """The model with the data plate's subsample indices fixed to ``indices``."""
-  return handlers.substitute(model, data={plate: indices})
-
-
-def _find_data_plate(trace, data_plate: str | None) -> str:
-  plates = {name: site for name, site in trace.items() if site["type"] == "plate"}
-  observed = {name: site for name, site in trace.items()
-              if site["type"] == "sample" and site["is_observed"]}
-  if not observed:
-    raise ValueError("the model has no observed sample site (obs=...), so there are no data "
-                     "to subsample")
-  stacks = {name: {frame.name for frame in site["cond_indep_stack"]}
-            for name, site in observed.items()}
-  if data_plate is not None:
-    if data_plate not in plates:
-      raise ValueError(f"data_plate={data_plate!r} is not a plate of the model; its plates "
-                       f"are {sorted(plates)}")
-    return data_plate
-  subsampled = sorted({p for stack in stacks.values() for p in stack
-                       if plates[p]["args"][1] not in (None, plates[p]["args"][0])})
-  if len(subsampled) > 1:
-    raise ValueError(f"the observations sit in two subsampled data plates {subsampled}; "
-                     "dsgrad needs one plate that indexes the data. Merge them into one "
-                     "plate, or pass data_plate=... to choose one (observations outside it "
-                     "are then evaluated in full at every step)")
-  if len(subsampled) == 1:
-    return subsampled[0]
-  common = set.intersection(*stacks.values())
-  if not common:
-    raise ValueError("the observed sites " + ", ".join(
-        f"{n!r} (plates {sorted(s) or 'none'})" for n, s in stacks.items())
-        + " share no plate; dsgrad needs the observations in one data plate, e.g. "
-        "`with numpyro.plate('data', N, subsample_size=100) as idx:`")
-  if len(common) > 1:
-    raise ValueError(f"every observation sits in the nested plates {sorted(common)}; pass "
-                     "data_plate=... to say which one indexes the data")
-  return common.pop()
-
-
-# Primitives through which an array stays "the plate's indices" (index arithmetic and
-# reshaping, as ``x[idx]`` lowers to); a gather's output is data, not indices, so a lookup
-# such as ``table[user[idx]]`` is not mistaken for a per-datum read of ``table``.
-_INDEX_PRIMITIVES = frozenset({
-    "lt", "le", "gt", "ge", "add", "sub", "select_n", "broadcast_in_dim", "reshape",
-    "convert_element_type", "squeeze", "expand_dims", "concatenate", "copy", "clamp",
-    "rem", "max", "min"})
-
-
-def _plate_reads(jaxpr, array_inputs: dict, index_inputs: set, found: list) -> None:
-  """Appends ``(input position, axis size)`` for every gather in ``jaxpr`` that reads an
-  input array along one axis at the plate's indices.
-
-  Args:
-    jaxpr: a ``jax.core.Jaxpr``.
-    array_inputs: variable -> position of the model argument it is (or is a cast of).
-    index_inputs: variables that hold the plate's indices (or index arithmetic on them).
-    found: the list the reads are appended to.
-  """
-  arrays, indices = dict(array_inputs), set(index_inputs)
-  is_var = lambda v: not hasattr(v, "val")  # literals carry a value
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    ins = [v for v in eqn.invars if is_var(v)]
-    if name == "gather":
-      operand, where = eqn.invars[0], eqn.invars[1]
-      axes = eqn.params["dimension_numbers"].start_index_map
-      if is_var(operand) and operand in arrays and is_var(where) and where in indices \
-          and len(axes) == 1:
-        found.append((arrays[operand], operand.aval.shape[axes[0]]))
-      continue
-    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-    if inner is not None:
-      inner = getattr(inner, "jaxpr", inner)
-      inner_arrays = {iv: arrays[ov] for iv, ov in zip(inner.invars, eqn.invars)
-                      if is_var(ov) and ov in arrays}
-      inner_indices = {iv for iv, ov in zip(inner.invars, eqn.invars)
-                       if is_var(ov) and ov in indices}
-      _plate_reads(inner, inner_arrays, inner_indices, found)
-      continue
-    if name in _INDEX_PRIMITIVES and any(v in indices for v in ins):
-      indices.update(eqn.outvars)
-    elif name in ("convert_element_type", "copy", "device_put") and ins and ins[0] in arrays:
-      arrays[eqn.outvars[0]] = arrays[ins[0]]
-
-
-def _argument_name(model, path) -> str:
-  """``"argument 'x'"`` for the model-argument leaf at ``path`` in ``(args, kwargs)``."""
-  head, first, rest = path[0].idx, path[1], jax.tree_util.keystr(tuple(path[2:]))
-  if head == 1:
-    return f"argument {first.key!r}{rest}"
-  try:
-    name = list(inspect.signature(model).parameters)[first.idx]
-  except (TypeError, ValueError, IndexError):
-    name = f"#{first.idx}"
-  return f"argument {name!r}{rest}"
-
-
-def _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, probe, plate: str,
-                      num_data: int) -> None:
-  """Refuses a data plate whose size differs from the number of rows the model reads with
-  the plate's indices.
-
-  JAX clamps out-of-range gathers, so a plate of 120 over 100 rows would silently read
-  row 99 again for indices 100-119, and a plate of 80 would never use 20 rows. The check
-  reads the model's jaxpr: every gather of a model argument at the plate's indices must
-  be over an axis of the plate's size.
-  """
-  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
-  positions = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
-  values = [leaf for _, leaf in leaves]
-
-  def given(arrays, z, indices):
-    full = list(values)
-    for i, a in zip(positions, arrays):
-      full[i] = a
-    args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-    return log_likelihood_given(args, kwargs, z, indices)
-
-  closed = jax.make_jaxpr(given)([values[i] for i in positions], z, probe)
-  jaxpr = closed.jaxpr
-  array_vars = {v: positions[k] for k, v in enumerate(jaxpr.invars[:len(positions)])}
-  # Arrays the model closes over (module-level data) are constants of the program; their
-  # reads at the plate's indices must match the plate just the same.
-  array_vars.update({v: -1 - k for k, v in enumerate(jaxpr.constvars)})
-  found: list = []
-  _plate_reads(jaxpr, array_vars, {jaxpr.invars[-1]}, found)
-  for position, rows in found:
-    if rows == num_data:
-      continue
-    if position >= 0:
-      where = _argument_name(model, leaves[position][0])
-      shape = tuple(values[position].shape)
-    else:
-      shape = tuple(np.shape(closed.consts[-1 - position]))
-      where = "an array the model closes over (not one of its arguments)"
-    consequence = (f"indices {rows}-{num_data - 1} would silently read row {rows - 1} again "
-                   "(JAX clamps out-of-range reads)" if rows < num_data else
-                   f"rows {num_data}-{rows - 1} would never be used")
-    raise ValueError(
-        f"plate {plate!r} has size {num_data} but the model reads {where} "
-        f"(shape {shape}) with the plate's indices along an axis "
-        f"of {rows}: {consequence}. Give the plate the data's length, "
-        f"`numpyro.plate({plate!r}, {rows}, subsample_size=...)`")
-
-
-def _probe_indices(num_data: int) -> jax.Array:
-  """A few distinct indices spread over the data (first, last, middle, ...)."""
-  picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
-  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
-
-
-def _check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: str,
-                     num_data: int) -> None:
-  """Refuses a model whose plate term is not a per-datum function of the plate's indices,
-  or whose per-datum terms do not add up to NumPyro's own density of the model.
-
-  dsgrad relies on ``log_likelihood(z, indices)[k]`` depending only on datum
-  ``indices[k]``. A model that reads its batch another way (``lax.dynamic_slice`` from the
-  first index, a running offset) or nests the data plate so that the per-datum split
-  differs from NumPyro's scaling would give a wrong ELBO silently. Both are checked once,
-  at a few spread indices: the terms must not depend on the order or company of the
-  indices, and ``log p(z) + N/|S| sum_S log p(x_n | z)`` must equal NumPyro's log density of
-  the model subsampled at ``S``.
-  """
-  probe = _probe_indices(num_data)
-  batch = log_likelihood(z, probe)
-  if not bool(jnp.all(jnp.isfinite(batch))):
-    return  # the latent draw is off the model's support; nothing to compare
-  flipped = log_likelihood(z, probe[::-1])[::-1]
-  singles = jnp.concatenate([log_likelihood(z, probe[k:k + 1]) for k in range(probe.shape[0])])
-  scale = 1e-3 * (1.0 + jnp.abs(batch))
-  for other, how in ((flipped, "in reversed order"), (singles, "one at a time")):
-    if not bool(jnp.all(jnp.abs(other - batch) <= scale)):
-      raise ValueError(
-          f"the model's terms for plate {plate!r} change when its indices "
-          f"{np.asarray(probe).tolist()} are given {how}: they do not depend on each datum's "
-          "own index alone (e.g. rows read with lax.dynamic_slice from the first index). "
-          "dsgrad substitutes random indices for the plate's, so read the data as "
-          "`x[idx]` with the plate's indices")
-  theirs = log_joint_subsampled(z, probe)
-  ours = log_prior(z) + num_data / probe.shape[0] * jnp.sum(batch)
-  if bool(jnp.isfinite(theirs)) and not bool(jnp.abs(theirs - ours)
-                                             <= 1e-3 * (1.0 + jnp.abs(theirs))):
-    raise ValueError(
-        f"the per-datum terms dsgrad reads from plate {plate!r} do not add up to NumPyro's "
-        f"log density of the model ({float(ours):.6g} against {float(theirs):.6g} at one "
-        "latent draw): the observations carry a scale besides the plate's N/B (a "
-        "numpyro.handlers.scale, or a data plate nested in another scaled plate). dsgrad "
-        "weighs each datum's log-likelihood by N; remove the extra scale (temper the "
-        "likelihood in the distribution instead)")
 
 
 def to_model(model, *model_args, data_plate: str | None = None,
@@ -323,7 +110,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
   as_jax = lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a
   model_args, model_kwargs = jax.tree.map(as_jax, (model_args, model_kwargs))
   try:
-    trace = _trace(model, model_args, model_kwargs)
+    trace = trace_lib.trace(model, model_args, model_kwargs)
   except ValueError as error:
     if "broadcast" not in str(error).lower():
       raise
@@ -332,7 +119,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
         "its data must be indexed with the plate's indices: `with numpyro.plate('data', N, "
         "subsample_size=...) as idx:` and `obs=y[idx]`, with every per-datum array indexed "
         "the same way") from error
-  plate = _find_data_plate(trace, data_plate)
+  plate = trace_lib.find_data_plate(trace, data_plate)
   others = sorted(name for name, site in trace.items() if site["type"] == "plate"
                   and name != plate and site["args"][1] not in (None, site["args"][0]))
   if others:
@@ -343,6 +130,62 @@ def to_model(model, *model_args, data_plate: str | None = None,
   num_data, subsample_size = trace[plate]["args"]
   num_data = int(num_data)
   batch_size = int(subsample_size or num_data)
+  latent, observed = _global_latents_and_observations(trace, plate)
+
+  fixed = trace_lib.with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
+  unconstrained = numpyro_util.unconstrain_fn(fixed, model_args, model_kwargs, latent)
+  flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
+                                for k, v in unconstrained.items()})
+  latent_sites = tuple(sorted(latent))
+
+  def constrain(z):
+    return numpyro_util.constrain_fn(fixed, model_args, model_kwargs, unravel(z))
+
+  prior_model = handlers.block(fixed, hide=observed)
+
+  def log_prior(z):
+    return -numpyro_util.potential_energy(prior_model, model_args, model_kwargs, unravel(z))
+
+  log_likelihood_given = _per_datum_log_likelihood(model, plate, observed, fixed, unravel)
+
+  # The model's per-datum arrays (leading axis N) become data handles, so that compiled
+  # programs take them as arguments (dsgrad.data); the likelihood reads them through the
+  # handles and hands the current arrays to the NumPyro model.
+  handles, current_arguments = _data_handles(model_args, model_kwargs, num_data)
+
+  def log_likelihood(z, indices):
+    args, kwargs = current_arguments()
+    return log_likelihood_given(args, kwargs, z, indices)
+
+  probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
+  try:
+    jax.eval_shape(log_likelihood, flat, probe)
+  except trace_lib.PlateMismatch:
+    raise
+  except (ValueError, TypeError, IndexError) as error:
+    raise ValueError(
+        f"evaluating the model on a batch of {probe.shape[0]} indices of plate {plate!r} "
+        f"failed ({error}). dsgrad substitutes its mini-batch for the plate's indices, so "
+        f"the model must index its data with them: `with numpyro.plate({plate!r}, N, "
+        "subsample_size=...) as idx:` and `obs=y[idx]`") from error
+  trace_lib.check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
+                    num_data)
+
+  def log_joint_subsampled(z, indices):
+    subsampled = trace_lib.with_indices(model, plate, indices)
+    with trace_lib.other_batch_sizes_allowed():
+      return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
+
+  trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
+  dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
+                       getattr(model, "__name__", "numpyro_model"), data=handles or None)
+  return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
+                      batch_size)
+
+
+def _global_latents_and_observations(trace, plate: str):
+  """``({latent site: value}, [observed sites in the plate])``; refuses local, discrete
+  or missing latent sites and a plate without observations."""
   latent, observed = {}, []
   for name, site in trace.items():
     if site["type"] != "sample" or site["infer"].get("is_auxiliary"):
@@ -367,24 +210,16 @@ def to_model(model, *model_args, data_plate: str | None = None,
   if not latent:
     raise ValueError("the model has no latent sample site to infer")
 
-  fixed = _with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
-  unconstrained = numpyro_util.unconstrain_fn(fixed, model_args, model_kwargs, latent)
-  flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
-                                for k, v in unconstrained.items()})
-  latent_sites = tuple(sorted(latent))
+  return latent, observed
 
-  def constrain(z):
-    return numpyro_util.constrain_fn(fixed, model_args, model_kwargs, unravel(z))
 
-  prior_model = handlers.block(fixed, hide=observed)
-
-  def log_prior(z):
-    return -numpyro_util.potential_energy(prior_model, model_args, model_kwargs, unravel(z))
+def _per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
+  """``(args, kwargs, z, indices) -> (B,)``: the data plate's log-likelihood per datum,
+  with the model's arguments explicit."""
 
   def log_likelihood_given(args, kwargs, z, indices):
-    """The data plate's log-likelihood per datum, with the model's arguments explicit."""
     constrained = numpyro_util.constrain_fn(fixed, args, kwargs, unravel(z))
-    batch_trace = _trace(handlers.substitute(_with_indices(model, plate, indices),
+    batch_trace = trace_lib.trace(handlers.substitute(trace_lib.with_indices(model, plate, indices),
                                              data=constrained), args, kwargs)
     total = 0.0
     for name in observed:
@@ -394,7 +229,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
       dim = next(f.dim for f in site["cond_indep_stack"] if f.name == plate)
       axis = log_prob.ndim + dim
       if axis < 0 or log_prob.shape[axis] != indices.shape[0]:
-        raise _PlateMismatch(
+        raise trace_lib.PlateMismatch(
             f"observed site {name!r} has batch shape {log_prob.shape}, which does not "
             f"follow the {indices.shape[0]} indices of plate {plate!r}: index the data "
             f"with the plate's indices (`with numpyro.plate({plate!r}, N, "
@@ -403,59 +238,25 @@ def to_model(model, *model_args, data_plate: str | None = None,
                               axis=1)
     return total
 
-  # The model's per-datum arrays (leading axis N) become data handles, so that compiled
-  # programs take them as arguments (dsgrad.data); the likelihood reads them through the
-  # handles and hands the current arrays to the NumPyro model.
+  return log_likelihood_given
+
+
+def _data_handles(model_args, model_kwargs, num_data: int):
+  """The model's per-datum arrays (leading axis N) as data handles, so that compiled
+  programs take them as arguments (:mod:`dsgrad.data`), and ``current_arguments()``:
+  the model's arguments with the arrays the handles read now."""
   paths_leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
   handles = {}
   for path, leaf in paths_leaves:
     if isinstance(leaf, jax.Array) and leaf.ndim >= 1 and leaf.shape[0] == num_data:
-      name = _argument_label(path)
+      name = trace_lib.argument_label(path)
       handles[name] = DataArray(leaf, name)
 
   def current_arguments():
-    values = [handles[_argument_label(path)].value()
-              if _argument_label(path) in handles else leaf for path, leaf in paths_leaves]
+    values = [handles[trace_lib.argument_label(path)].value()
+              if trace_lib.argument_label(path) in handles else leaf for path, leaf in paths_leaves]
     return jax.tree.unflatten(treedef, values)
-
-  def log_likelihood(z, indices):
-    args, kwargs = current_arguments()
-    return log_likelihood_given(args, kwargs, z, indices)
-
-  probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
-  try:
-    jax.eval_shape(log_likelihood, flat, probe)
-  except _PlateMismatch:
-    raise
-  except (ValueError, TypeError, IndexError) as error:
-    raise ValueError(
-        f"evaluating the model on a batch of {probe.shape[0]} indices of plate {plate!r} "
-        f"failed ({error}). dsgrad substitutes its mini-batch for the plate's indices, so "
-        f"the model must index its data with them: `with numpyro.plate({plate!r}, N, "
-        "subsample_size=...) as idx:` and `obs=y[idx]`") from error
-  _check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
-                    num_data)
-
-  def log_joint_subsampled(z, indices):
-    subsampled = _with_indices(model, plate, indices)
-    with _other_batch_sizes_allowed():
-      return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
-
-  _check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
-  dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
-                       getattr(model, "__name__", "numpyro_model"), data=handles or None)
-  return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
-                      batch_size)
-
-
-def _argument_label(path) -> str:
-  """``x`` for keyword argument ``x``, ``arg0`` for the first positional one, and a key
-  path below them (``x['a']``): the data names of a NumPyro model's arrays."""
-  (group, first), rest = path[:2], path[2:]
-  del group
-  head = (f"arg{first.idx}" if isinstance(first, jax.tree_util.SequenceKey)
-          else str(getattr(first, "key", first)))
-  return head + jax.tree_util.keystr(tuple(rest))
+  return handles, current_arguments
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

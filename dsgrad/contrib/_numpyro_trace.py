@@ -1,0 +1,236 @@
+"""Tracing a NumPyro model and checking what :mod:`dsgrad.contrib.numpyro` assumes of it:
+one data plate, per-datum terms that sum to NumPyro's own density, arrays that follow the
+plate's size. Private to :mod:`dsgrad.contrib`."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+
+from numpyro import handlers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class PlateMismatch(ValueError):
+  """An observed site whose batch shape does not follow the data plate's indices."""
+
+
+@contextlib.contextmanager
+def other_batch_sizes_allowed():
+  """Silences NumPyro's warning about a batch of another size than the plate's
+  ``subsample_size``: dsgrad substitutes batches of its own size on purpose."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="subsample_size does not match")
+    yield
+
+
+def trace(fn, args, kwargs, seed=0):
+  with other_batch_sizes_allowed():
+    return handlers.trace(handlers.seed(fn, seed)).get_trace(*args, **kwargs)
+
+
+def with_indices(model, plate: str, indices):
+  """The model with the data plate's subsample indices fixed to ``indices``."""
+  return handlers.substitute(model, data={plate: indices})
+
+
+def find_data_plate(trace, data_plate: str | None) -> str:
+  plates = {name: site for name, site in trace.items() if site["type"] == "plate"}
+  observed = {name: site for name, site in trace.items()
+              if site["type"] == "sample" and site["is_observed"]}
+  if not observed:
+    raise ValueError("the model has no observed sample site (obs=...), so there are no data "
+                     "to subsample")
+  stacks = {name: {frame.name for frame in site["cond_indep_stack"]}
+            for name, site in observed.items()}
+  if data_plate is not None:
+    if data_plate not in plates:
+      raise ValueError(f"data_plate={data_plate!r} is not a plate of the model; its plates "
+                       f"are {sorted(plates)}")
+    return data_plate
+  subsampled = sorted({p for stack in stacks.values() for p in stack
+                       if plates[p]["args"][1] not in (None, plates[p]["args"][0])})
+  if len(subsampled) > 1:
+    raise ValueError(f"the observations sit in two subsampled data plates {subsampled}; "
+                     "dsgrad needs one plate that indexes the data. Merge them into one "
+                     "plate, or pass data_plate=... to choose one (observations outside it "
+                     "are then evaluated in full at every step)")
+  if len(subsampled) == 1:
+    return subsampled[0]
+  common = set.intersection(*stacks.values())
+  if not common:
+    raise ValueError("the observed sites " + ", ".join(
+        f"{n!r} (plates {sorted(s) or 'none'})" for n, s in stacks.items())
+        + " share no plate; dsgrad needs the observations in one data plate, e.g. "
+        "`with numpyro.plate('data', N, subsample_size=100) as idx:`")
+  if len(common) > 1:
+    raise ValueError(f"every observation sits in the nested plates {sorted(common)}; pass "
+                     "data_plate=... to say which one indexes the data")
+  return common.pop()
+
+
+# Primitives through which an array stays "the plate's indices" (index arithmetic and
+# reshaping, as ``x[idx]`` lowers to); a gather's output is data, not indices, so a lookup
+# such as ``table[user[idx]]`` is not mistaken for a per-datum read of ``table``.
+INDEX_PRIMITIVES = frozenset({
+    "lt", "le", "gt", "ge", "add", "sub", "select_n", "broadcast_in_dim", "reshape",
+    "convert_element_type", "squeeze", "expand_dims", "concatenate", "copy", "clamp",
+    "rem", "max", "min"})
+
+
+def plate_reads(jaxpr, array_inputs: dict, index_inputs: set, found: list) -> None:
+  """Appends ``(input position, axis size)`` for every gather in ``jaxpr`` that reads an
+  input array along one axis at the plate's indices.
+
+  Args:
+    jaxpr: a ``jax.core.Jaxpr``.
+    array_inputs: variable -> position of the model argument it is (or is a cast of).
+    index_inputs: variables that hold the plate's indices (or index arithmetic on them).
+    found: the list the reads are appended to.
+  """
+  arrays, indices = dict(array_inputs), set(index_inputs)
+  is_var = lambda v: not hasattr(v, "val")  # literals carry a value
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    ins = [v for v in eqn.invars if is_var(v)]
+    if name == "gather":
+      operand, where = eqn.invars[0], eqn.invars[1]
+      axes = eqn.params["dimension_numbers"].start_index_map
+      if is_var(operand) and operand in arrays and is_var(where) and where in indices \
+          and len(axes) == 1:
+        found.append((arrays[operand], operand.aval.shape[axes[0]]))
+      continue
+    inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if inner is not None:
+      inner = getattr(inner, "jaxpr", inner)
+      inner_arrays = {iv: arrays[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                      if is_var(ov) and ov in arrays}
+      inner_indices = {iv for iv, ov in zip(inner.invars, eqn.invars)
+                       if is_var(ov) and ov in indices}
+      plate_reads(inner, inner_arrays, inner_indices, found)
+      continue
+    if name in INDEX_PRIMITIVES and any(v in indices for v in ins):
+      indices.update(eqn.outvars)
+    elif name in ("convert_element_type", "copy", "device_put") and ins and ins[0] in arrays:
+      arrays[eqn.outvars[0]] = arrays[ins[0]]
+
+
+def argument_name(model, path) -> str:
+  """``"argument 'x'"`` for the model-argument leaf at ``path`` in ``(args, kwargs)``."""
+  head, first, rest = path[0].idx, path[1], jax.tree_util.keystr(tuple(path[2:]))
+  if head == 1:
+    return f"argument {first.key!r}{rest}"
+  try:
+    name = list(inspect.signature(model).parameters)[first.idx]
+  except (TypeError, ValueError, IndexError):
+    name = f"#{first.idx}"
+  return f"argument {name!r}{rest}"
+
+
+def check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, probe, plate: str,
+                      num_data: int) -> None:
+  """Refuses a data plate whose size differs from the number of rows the model reads with
+  the plate's indices.
+
+  JAX clamps out-of-range gathers, so a plate of 120 over 100 rows would silently read
+  row 99 again for indices 100-119, and a plate of 80 would never use 20 rows. The check
+  reads the model's jaxpr: every gather of a model argument at the plate's indices must
+  be over an axis of the plate's size.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  positions = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
+  values = [leaf for _, leaf in leaves]
+
+  def given(arrays, z, indices):
+    full = list(values)
+    for i, a in zip(positions, arrays):
+      full[i] = a
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+    return log_likelihood_given(args, kwargs, z, indices)
+
+  closed = jax.make_jaxpr(given)([values[i] for i in positions], z, probe)
+  jaxpr = closed.jaxpr
+  array_vars = {v: positions[k] for k, v in enumerate(jaxpr.invars[:len(positions)])}
+  # Arrays the model closes over (module-level data) are constants of the program; their
+  # reads at the plate's indices must match the plate just the same.
+  array_vars.update({v: -1 - k for k, v in enumerate(jaxpr.constvars)})
+  found: list = []
+  plate_reads(jaxpr, array_vars, {jaxpr.invars[-1]}, found)
+  for position, rows in found:
+    if rows == num_data:
+      continue
+    if position >= 0:
+      where = argument_name(model, leaves[position][0])
+      shape = tuple(values[position].shape)
+    else:
+      shape = tuple(np.shape(closed.consts[-1 - position]))
+      where = "an array the model closes over (not one of its arguments)"
+    consequence = (f"indices {rows}-{num_data - 1} would silently read row {rows - 1} again "
+                   "(JAX clamps out-of-range reads)" if rows < num_data else
+                   f"rows {num_data}-{rows - 1} would never be used")
+    raise ValueError(
+        f"plate {plate!r} has size {num_data} but the model reads {where} "
+        f"(shape {shape}) with the plate's indices along an axis "
+        f"of {rows}: {consequence}. Give the plate the data's length, "
+        f"`numpyro.plate({plate!r}, {rows}, subsample_size=...)`")
+
+
+def probe_indices(num_data: int) -> jax.Array:
+  """A few distinct indices spread over the data (first, last, middle, ...)."""
+  picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
+  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
+
+
+def check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: str,
+                     num_data: int) -> None:
+  """Refuses a model whose plate term is not a per-datum function of the plate's indices,
+  or whose per-datum terms do not add up to NumPyro's own density of the model.
+
+  dsgrad relies on ``log_likelihood(z, indices)[k]`` depending only on datum
+  ``indices[k]``. A model that reads its batch another way (``lax.dynamic_slice`` from the
+  first index, a running offset) or nests the data plate so that the per-datum split
+  differs from NumPyro's scaling would give a wrong ELBO silently. Both are checked once,
+  at a few spread indices: the terms must not depend on the order or company of the
+  indices, and ``log p(z) + N/|S| sum_S log p(x_n | z)`` must equal NumPyro's log density of
+  the model subsampled at ``S``.
+  """
+  probe = probe_indices(num_data)
+  batch = log_likelihood(z, probe)
+  if not bool(jnp.all(jnp.isfinite(batch))):
+    return  # the latent draw is off the model's support; nothing to compare
+  flipped = log_likelihood(z, probe[::-1])[::-1]
+  singles = jnp.concatenate([log_likelihood(z, probe[k:k + 1]) for k in range(probe.shape[0])])
+  scale = 1e-3 * (1.0 + jnp.abs(batch))
+  for other, how in ((flipped, "in reversed order"), (singles, "one at a time")):
+    if not bool(jnp.all(jnp.abs(other - batch) <= scale)):
+      raise ValueError(
+          f"the model's terms for plate {plate!r} change when its indices "
+          f"{np.asarray(probe).tolist()} are given {how}: they do not depend on each datum's "
+          "own index alone (e.g. rows read with lax.dynamic_slice from the first index). "
+          "dsgrad substitutes random indices for the plate's, so read the data as "
+          "`x[idx]` with the plate's indices")
+  theirs = log_joint_subsampled(z, probe)
+  ours = log_prior(z) + num_data / probe.shape[0] * jnp.sum(batch)
+  if bool(jnp.isfinite(theirs)) and not bool(jnp.abs(theirs - ours)
+                                             <= 1e-3 * (1.0 + jnp.abs(theirs))):
+    raise ValueError(
+        f"the per-datum terms dsgrad reads from plate {plate!r} do not add up to NumPyro's "
+        f"log density of the model ({float(ours):.6g} against {float(theirs):.6g} at one "
+        "latent draw): the observations carry a scale besides the plate's N/B (a "
+        "numpyro.handlers.scale, or a data plate nested in another scaled plate). dsgrad "
+        "weighs each datum's log-likelihood by N; remove the extra scale (temper the "
+        "likelihood in the distribution instead)")
+
+
+def argument_label(path) -> str:
+  """``x`` for keyword argument ``x``, ``arg0`` for the first positional one, and a key
+  path below them (``x['a']``): the data names of a NumPyro model's arrays."""
+  (group, first), rest = path[:2], path[2:]
+  del group
+  head = (f"arg{first.idx}" if isinstance(first, jax.tree_util.SequenceKey)
+          else str(getattr(first, "key", first)))
+  return head + jax.tree_util.keystr(tuple(rest))
