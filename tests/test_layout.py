@@ -168,3 +168,18 @@ def test_one_batch_sampler_and_one_compile_cache():
               n.startswith("dsgrad.batching") for n in _dsgrad_imports(p))}
   assert {"segments.py", "diagnostics.py", "mcmc/sample.py", "mcmc/sgmcmc.py",
           "mcmc/subsample.py"} <= uses, uses
+
+
+def test_the_concepts_map_names_the_modules_that_exist():
+  """docs/concepts.md opens with a map of the package; it names every module and
+  package of dsgrad, and nothing that is not there."""
+  import re
+  text = (PACKAGE.parent / "docs" / "concepts.md").read_text()
+  block = re.search(r"## Map of the package\n\n```text\n(.*?)```", text, re.S).group(1)
+  named = set(re.findall(r"([a-z_]+(?:\.py|/))", block)) - {"dsgrad/", "benchmarks/"}
+  named = {n.rstrip("/").removesuffix(".py") for n in named}
+  named |= set(re.findall(r"contrib/([a-z_]+)", block)) | {"contrib"}
+  actual = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+  actual |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+  assert {"base", "gaussian", "glm", "sparse", "dropout", "numpyro"} | actual >= named, named - actual
+  assert not actual - named, actual - named
