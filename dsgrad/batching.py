@@ -123,7 +123,8 @@ def epoch_permutation(key, epoch, num_data: int, batch_size: int):
 
 
 def window_epochs(num_steps: int, num_data: int, batch_size: int) -> int:
-  return num_steps // (num_data // batch_size) + 2  # epochs a window of num_steps can touch
+  """How many consecutive epochs a window of ``num_steps`` batches can touch."""
+  return num_steps // (num_data // batch_size) + 2
 
 
 def slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):

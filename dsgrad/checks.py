@@ -1,4 +1,6 @@
-"""Input validation shared by objectives and estimators.
+"""Input validation where data and settings enter dsgrad: shared by the objectives,
+estimators, models, loaders and the fit loop, and public so that code built on dsgrad
+(a new estimator, model or loader) refuses bad input the same way, with the same messages.
 
 Two kinds of checks:
 
@@ -21,6 +23,7 @@ import numpy as np
 
 
 def is_concrete(x) -> bool:
+  """Whether ``x`` is a value (not a tracer): value checks can run on it now."""
   return not isinstance(x, jax.core.Tracer)
 
 

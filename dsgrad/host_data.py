@@ -218,6 +218,8 @@ class RowReader:
     self._error = None
 
   def submit(self, indices) -> None:
+    """Starts reading the rows of the ``(S, B)`` batch ``indices`` (waits for the block
+    in flight first)."""
     self.take_pending()
     idx = np.asarray(indices)
 
@@ -243,6 +245,8 @@ class RowReader:
     return result
 
   def take(self) -> dict:
+    """Waits for the submitted block and returns ``{name: (S, B, ...) rows}`` on the
+    device."""
     rows = self.take_pending()
     if rows is None:
       raise RuntimeError("RowReader.take() without a submitted block")
