@@ -146,3 +146,28 @@ def test_checkpoint_round_trip(logreg_model, params0, tmp_path):
   dsgrad.checkpoint.save(tmp_path / "s.msgpack", (params, state))
   restored = dsgrad.checkpoint.restore(tmp_path / "s.msgpack", (params0, opt.init(params0)))
   chex.assert_trees_all_equal(restored, (params, state))
+
+
+@pytest.mark.parametrize("which", ["glm_mean_taylor", "glm_taylor", "logistic_probit",
+                                   "glm_taylor softmax"])
+def test_expected_change_is_the_difference_of_two_expectations(logreg_model, which):
+  """joint_saga adds ``expected_change(new, old)`` to its running mean; it must equal
+  ``datum_expected(new) - datum_expected(old)`` with the same weights, duplicates too."""
+  model = _softmax_model() if which.endswith("softmax") else logreg_model
+  approx = getattr(dsgrad.approx, which.split()[0])(model)
+  stats = approx.statistics
+  objective = dsgrad.meanfield_gaussian(model)
+  d = model.latent_dim
+  new_params = {"loc": 0.3 * jax.random.normal(jax.random.key(1), (d,)),
+                "log_scale": jnp.full((d,), -0.5)}
+  old_params = {"loc": -0.2 * jax.random.normal(jax.random.key(2), (d,)),
+                "log_scale": jnp.full((d,), -1.0)}
+  indices = jnp.array([3, 7, 3, 11, 0], jnp.int32)
+  weights = dsgrad.tables.first_occurrence(indices).astype(jnp.float32)
+  new, old = stats.statistics(new_params, indices), stats.statistics(old_params, indices)
+  change = stats.expected_change(objective, new_params, new, old, indices, weights)
+  difference = jax.tree.map(
+      jnp.subtract, stats.datum_expected(objective, new_params, new, indices, weights),
+      stats.datum_expected(objective, new_params, old, indices, weights))
+  _tree_close(change, difference, rtol=1e-5, atol=1e-4)
+  assert float(jnp.abs(change["loc"]).max()) > 1e-3  # not trivially zero

@@ -65,6 +65,12 @@ class DatumStatistics(NamedTuple):
       per-datum part at the current parameters is ``expected_of_mean(params, mean)``.
       :func:`glm_taylor` uses it for the scale: ``E d_n = sigma^2 * curvature_n``, with
       the stored curvature and the current ``sigma``. ``None``: the identity.
+    expected_change: optional ``(objective, params, new_stats, old_stats, indices,
+      weights) -> datum_expected(new) - datum_expected(old)`` (same weights), which
+      ``joint_saga`` adds to its running mean each step. Set it when the difference is
+      cheaper than two calls (a GLM projects the difference of two ``(B, K)`` logit
+      terms onto the batch's rows once). ``None``: one ``datum_expected`` call on the
+      stacked rows.
   """
 
   statistics: Callable[..., Any]
@@ -72,6 +78,7 @@ class DatumStatistics(NamedTuple):
   datum_expected: Callable[..., Any]
   global_terms: Callable[..., tuple[Any, Any]]
   expected_of_mean: Callable[[Any, Any], Any] | None = None
+  expected_change: Callable[..., Any] | None = None
 
   def expectation(self, params, mean):
     """The per-datum part's expectation at ``params`` from a ``datum_expected`` mean."""
@@ -173,7 +180,7 @@ def linearize(mask: Any = None) -> Approximation:
 
 
 def with_statistics(statistics, datum_terms, datum_expected, global_terms, name: str,
-                     dtype, expected_of_mean=None) -> Approximation:
+                     dtype, expected_of_mean=None, expected_change=None) -> Approximation:
   """An :class:`Approximation` whose batch means come from its :class:`DatumStatistics`
   (statistics at the current parameters, uniform weights, plus the global part)."""
 
@@ -187,7 +194,7 @@ def with_statistics(statistics, datum_terms, datum_expected, global_terms, name:
     return optax.tree.add(d, c), optax.tree.add(e, ec)
 
   fns = DatumStatistics(statistics, datum_terms, datum_expected, global_terms,
-                        expected_of_mean)
+                        expected_of_mean, expected_change)
 
   def expected_grad(objective, params, indices):
     e = fns.expectation(params, datum_expected(objective, params, statistics(params, indices),

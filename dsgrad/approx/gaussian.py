@@ -109,7 +109,7 @@ def _likelihood_hessian_diag(model: Model, z, indices):
     x = linear.features[indices]
     logits = x @ z.reshape(x.shape[1], linear.num_outputs)
     curvature = _logit_hessian_diag(linear, logits, indices)
-    return (n / indices.shape[0]) * ((x ** 2).T @ curvature).reshape(-1).astype(z.dtype)
+    return (n / indices.shape[0]) * (curvature.T @ x ** 2).T.reshape(-1).astype(z.dtype)
   return _hessian_diag(lambda zz: n * jnp.mean(model.log_likelihood(zz, indices)), z)
 
 

@@ -70,7 +70,8 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
 
   def weighted_outer(indices, terms, weights):
     """``sum_b weights_b x_b terms_b^T`` as a ``(D, K)`` matrix."""
-    return x[indices].T @ (terms * weights[:, None].astype(terms.dtype))
+    # Written (v^T x)^T: XLA:CPU compiles x^T v with x gathered into a slow loop fusion.
+    return ((terms * weights[:, None].astype(terms.dtype)).T @ x[indices]).T
 
   return _GlmParts(linear, x, dim, k, check, statistics, logit_grad, logit_terms,
                    weighted_outer)
@@ -131,6 +132,11 @@ def glm_mean_taylor(model: Model) -> Approximation:
     del objective
     return to_params(params, glm.logit_grad(stats, indices), indices, weights)
 
+  def expected_change(objective, params, new, old, indices, weights):
+    del objective
+    change = glm.logit_grad(new, indices) - glm.logit_grad(old, indices)
+    return to_params(params, change, indices, weights)
+
   def global_terms(objective, params, noise):
     scaled = jnp.exp(params["log_scale"]) * noise
     if not objective.shared_noise:
@@ -140,7 +146,7 @@ def glm_mean_taylor(model: Model) -> Approximation:
     return {"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros}
 
   return with_statistics(glm.statistics, datum_terms, datum_expected, global_terms,
-                          "glm_mean_taylor", glm.x.dtype)
+                          "glm_mean_taylor", glm.x.dtype, expected_change=expected_change)
 
 
 def glm_taylor(model: Model) -> Approximation:
@@ -231,7 +237,7 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
   def curvature(stats, indices, weights):
     """``sum_b weights_b x_b^2 diag ell''(a_b)^T``, flattened; independent of ``w``."""
     h = _logit_hessian_diag(glm.linear, logits_of(stats), indices)
-    return ((x[indices] ** 2).T @ (h * weights[:, None].astype(h.dtype))).reshape(-1)
+    return ((h * weights[:, None].astype(h.dtype)).T @ x[indices] ** 2).T.reshape(-1)
 
   def variance(params):
     return jnp.exp(2.0 * params["log_scale"])
@@ -260,19 +266,32 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
     d = {"loc": loc, "log_scale": scale}
     return (optax.tree.cast_like(d, params), optax.tree.cast_like(expected, params))
 
-  def datum_expected(objective, params, stats, indices, weights):
-    del objective
+  def expected_terms(stats, indices):
+    """The ``(B, K)`` logit-space terms whose projections are ``E d``'s loc and scale."""
     per_datum = (glm.logit_grad(stats, indices) if loc_terms is None else
                  loc_terms.expected(stats["logit"], stats["extra"], indices))
+    return per_datum, _logit_hessian_diag(glm.linear, logits_of(stats), indices)
+
+  def project(params, per_datum, hessian, indices, weights):
+    w = weights[:, None].astype(hessian.dtype)
     mean = {"loc": -n * glm.weighted_outer(indices, per_datum, weights).reshape(-1),
-            "log_scale": -n * curvature(stats, indices, weights)}
+            "log_scale": -n * ((hessian * w).T @ x[indices] ** 2).T.reshape(-1)}
     return optax.tree.cast_like(mean, params)
+
+  def datum_expected(objective, params, stats, indices, weights):
+    del objective
+    return project(params, *expected_terms(stats, indices), indices, weights)
+
+  def expected_change(objective, params, new, old, indices, weights):
+    del objective
+    (g_new, h_new), (g_old, h_old) = expected_terms(new, indices), expected_terms(old, indices)
+    return project(params, g_new - g_old, h_new - h_old, indices, weights)
 
   def expected_of_mean(params, mean):
     return {"loc": mean["loc"], "log_scale": mean["log_scale"] * variance(params)}
 
   return with_statistics(statistics, datum_terms, datum_expected, _prior_terms(model),
-                          who, x.dtype, expected_of_mean)
+                          who, x.dtype, expected_of_mean, expected_change)
 
 
 def _prior_terms(model: Model):

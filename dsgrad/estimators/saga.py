@@ -293,13 +293,15 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     control = optax.tree.add(optax.tree.sub(expected, d_old),
                              optax.tree.sub(c_expected, c_now))
 
-    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)): one call on
-    # the stacked rows with weights (+first, -first).
+    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)).
     first = tables.first_occurrence(indices).astype(dtype)
-    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
-    change = stats_fns.datum_expected(objective, params, both,
-                                      jnp.concatenate([indices, indices]),
-                                      jnp.concatenate([first, -first]))
+    if stats_fns.expected_change is not None:
+      change = stats_fns.expected_change(objective, params, new_rows, old_rows, indices, first)
+    else:  # one call on the stacked rows with weights (+first, -first)
+      both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
+      change = stats_fns.datum_expected(objective, params, both,
+                                        jnp.concatenate([indices, indices]),
+                                        jnp.concatenate([first, -first]))
     running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
     new_table = tables.set_row_values(state.table, indices, new_rows)
 
