@@ -43,10 +43,11 @@ def _optimizer(name: str, objective, checks: bool, lr: float):
     return optax.chain(dsgrad.naive(**flags), optax.adam(lr))
   if name == "smiso":
     return dsgrad.smiso(objective, lr, **flags)
-  estimator = {"cv": lambda: dsgrad.cv(objective, **flags),
+  paper = dict(flags, control_weight=1.0)  # the weight the published table used
+  estimator = {"cv": lambda: dsgrad.cv(objective, **paper),
                "inc": lambda: dsgrad.inc(objective, **flags),
-               "joint_saga": lambda: dsgrad.joint_saga(objective, **flags),
-               "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=100, **flags)}[name]()
+               "joint_saga": lambda: dsgrad.joint_saga(objective, **paper),
+               "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=100, **paper)}[name]()
   return optax.chain(estimator, optax.adam(lr))
 
 

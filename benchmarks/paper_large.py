@@ -152,7 +152,7 @@ def load_movielens(movielens_dir=None):
 def gradient_estimators(task: Task, batch_size: int):
   """``{naive, cv, joint}`` estimators for the task, unchecked (runs are vmapped)."""
   model, objective = task.model, task.objective
-  off = dict(check_indices=False, check_finite=False)
+  off = dict(check_indices=False, check_finite=False, control_weight=1.0)  # the paper's c
   taylor = dsgrad.approx.gaussian_mean_taylor(model)
   epoch = model.num_data // batch_size
   if task.name == "mnist":

@@ -39,7 +39,7 @@ def run(num_data=10_000, num_features=100, batch_size=100, steps=1000, draws=200
   rows = []
   for approx_name, approx in approximations.items():
     for dtype_name, dtype in DTYPES.items():
-      estimator = dsgrad.joint_saga(objective, approx, table_dtype=dtype)
+      estimator = dsgrad.joint_saga(objective, approx, table_dtype=dtype, control_weight=1.0)
       fit = dsgrad.fit(objective, optax.chain(estimator, optax.adam(lr)), params0,
                        jax.random.key(1), num_steps=steps, batch_size=batch_size,
                        elbo_samples=0, progress=False)

@@ -48,11 +48,11 @@ def _estimators(objective, model, never):
   taylor = dsgrad.approx.gaussian_mean_taylor(model)
   return {
       "naive": dsgrad.naive(),
-      "cv (App. F)": dsgrad.cv(objective, taylor),
-      "joint_saga (logit table)": dsgrad.joint_saga(objective,
-                                                    dsgrad.approx.glm_mean_taylor(model)),
-      "joint_svrg (App. F), between refreshes": dsgrad.joint_svrg(objective, taylor,
-                                                                  every=never),
+      "cv (App. F)": dsgrad.cv(objective, taylor, control_weight=1.0),
+      "joint_saga (logit table)": dsgrad.joint_saga(
+          objective, dsgrad.approx.glm_mean_taylor(model), control_weight=1.0),
+      "joint_svrg (App. F), between refreshes": dsgrad.joint_svrg(
+          objective, taylor, every=never, control_weight=1.0),
   }
 
 

@@ -46,7 +46,7 @@ _bytes = _report.format_bytes
 
 def estimators(model, objective, batch_size):
   """``{name: estimator}`` compared by this benchmark."""
-  off = dict(check_indices=False, check_finite=False)
+  off = dict(check_indices=False, check_finite=False, control_weight=1.0)
   linear = dsgrad.approx.linearize()
   epoch = model.num_data // batch_size
   return {

@@ -143,9 +143,12 @@ def estimators(glm, objective, batch_size):
   epoch = max(1, glm.num_data // batch_size)
   return {
       "naive": lambda: dsgrad.naive(),
-      "cv": lambda: dsgrad.cv(objective, approx),
-      "joint_saga": lambda: dsgrad.joint_saga(objective, approx, warmup_steps=epoch),
-      "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx, every=epoch),
+      # The paper's estimators (c = 1), beside the adaptive weight (dsgrad's default).
+      "cv": lambda: dsgrad.cv(objective, approx, control_weight=1.0),
+      "joint_saga": lambda: dsgrad.joint_saga(objective, approx, warmup_steps=epoch,
+                                              control_weight=1.0),
+      "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx, every=epoch,
+                                              control_weight=1.0),
       # The same with the variance-minimizing weight of the control, from earlier steps:
       # a poor approximation (large weights, App. E's expansion) is switched off.
       "cv_adaptive": lambda: dsgrad.cv(objective, approx, control_weight="adaptive"),

@@ -126,9 +126,10 @@ def test_chain_with_sgd_and_nnx_optimizer(objective, params0):
   idx = jnp.arange(BATCH, dtype=jnp.int32)
   noise = objective.sample_noise(jax.random.key(4), BATCH)
   grads = objective.grad(params0, idx, noise)
-  opt = optax.chain(dsgrad.cv(objective), optax.sgd(0.1))
+  opt = optax.chain(dsgrad.cv(objective, control_weight=1.0), optax.sgd(0.1))
   updates, _ = opt.update(grads, opt.init(params0), params0, indices=idx, noise=noise)
-  cv_out, _ = dsgrad.cv(objective).update(grads, (), params0, indices=idx, noise=noise)
+  cv_out, _ = dsgrad.cv(objective, control_weight=1.0).update(grads, (), params0, indices=idx,
+                                                              noise=noise)
   chex.assert_trees_all_close(updates, jax.tree.map(lambda g: -0.1 * g, cv_out))
 
   class Variational(nnx.Module):

@@ -47,7 +47,7 @@ def test_glm_mean_taylor_equals_app_f_at_current_params(logreg_model, shared_noi
   grads = objective.grad(params, indices, noise)
   outs = []
   for approx in (app_f, glm):
-    tx = dsgrad.joint_saga(objective, approx)
+    tx = dsgrad.joint_saga(objective, approx, control_weight=1.0)  # the paper's estimator
     outs.append(tx.update(grads, tx.init(params), params, indices=indices, noise=noise)[0])
   _tree_close(outs[0], outs[1], rtol=1e-4, atol=1e-3)
 
@@ -131,7 +131,7 @@ def test_variance_below_naive_and_cv_with_stale_table(logreg_model, params0):
 
   joint, joint_se = variance(tx, state, 52)
   naive, naive_se = variance(dsgrad.naive(), (), 53)
-  cv, cv_se = variance(dsgrad.cv(objective, approx), (), 54)
+  cv, cv_se = variance(dsgrad.cv(objective, approx, control_weight=1.0), (), 54)
   assert joint + 4 * joint_se < naive - 4 * naive_se
   assert joint + 4 * joint_se < cv - 4 * cv_se
 

@@ -119,9 +119,24 @@ def test_fixed_weight_scales_the_control(logreg_model, params0):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   indices, noise = sample_batch(jax.random.key(6), objective, BATCH)
   g = objective.grad(params0, indices, noise)
-  full, _ = dsgrad.cv(objective).update(g, (), params0, indices=indices, noise=noise)
+  full, _ = dsgrad.cv(objective, control_weight=1.0).update(g, (), params0, indices=indices, noise=noise)
   half, _ = dsgrad.cv(objective, control_weight=0.5).update(g, (), params0, indices=indices,
                                                             noise=noise)
   for key in g:
     np.testing.assert_allclose(half[key], g[key] + 0.5 * (full[key] - g[key]), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_the_adaptive_weight_is_the_default(logreg_model, params0):
+  """A control variate that adds variance must not cost the user: cv, joint SAGA and joint
+  SVRG adapt their weight unless told otherwise (``control_weight=1.0``: the paper's)."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  for make in (lambda **kw: dsgrad.cv(objective, **kw),
+               lambda **kw: dsgrad.joint_saga(objective, **kw),
+               lambda **kw: dsgrad.joint_svrg(objective, every=10, **kw)):
+    default = jax.tree.leaves(make().init(params0),
+                              is_leaf=lambda s: isinstance(s, dsgrad.AdaptiveWeightState))
+    paper = jax.tree.leaves(make(control_weight=1.0).init(params0),
+                            is_leaf=lambda s: isinstance(s, dsgrad.AdaptiveWeightState))
+    assert any(isinstance(s, dsgrad.AdaptiveWeightState) for s in default)
+    assert not any(isinstance(s, dsgrad.AdaptiveWeightState) for s in paper)

@@ -140,12 +140,12 @@ def test_joint_variance_below_naive_and_cv_with_stale_table(logreg_model, params
   """Table filled along a trajectory (rows at different iterates), evaluated at the
   current parameters: joint's variance is still below naive's and cv's."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=True)
-  saga_tx = dsgrad.joint_saga(objective)
+  saga_tx = dsgrad.joint_saga(objective, control_weight=1.0)  # the paper's estimators
   state, params = fill_by_training(saga_tx, objective, params0, jax.random.key(21),
                                    steps=2 * N_DATA // BATCH, lr=2e-3)
   joint_var, joint_se = _variance(saga_tx, state, params, objective, 22)
   naive_var, naive_se = _variance(dsgrad.naive(), (), params, objective, 23)
-  cv_tx = dsgrad.cv(objective)
+  cv_tx = dsgrad.cv(objective, control_weight=1.0)
   cv_var, cv_se = _variance(cv_tx, (), params, objective, 24)
   assert joint_var + 4 * joint_se < naive_var - 4 * naive_se
   assert joint_var + 4 * joint_se < cv_var - 4 * cv_se

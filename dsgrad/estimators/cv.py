@@ -10,7 +10,7 @@ from dsgrad.objective import Objective
 
 
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-       control_weight: float | str = 1.0, control_weight_horizon: float = 100,
+       control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
        check_indices: bool = True, check_finite: bool = True
        ) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).
@@ -27,12 +27,14 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   Args:
     objective: the objective whose gradient is passed as ``updates``.
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
-    control_weight: ``c`` in ``g + c (E grad f~ - grad f~)``: ``1`` (the paper), another
-      number in ``[0, 1]``, or ``"adaptive"``: one ``c`` per parameter leaf that minimizes
-      the estimator's variance, estimated from moving averages over earlier steps and
-      clipped to ``[0, 1]`` (unbiased; falls back towards naive when the approximation
-      is poor). Adaptive costs three params-sized moving averages (state
-      :class:`dsgrad.estimators.AdaptiveWeightState`).
+    control_weight: ``c`` in ``g + c (E grad f~ - grad f~)``: ``"adaptive"`` (the
+      default): one ``c`` per parameter leaf that minimizes the estimator's variance,
+      estimated from moving averages over earlier steps and clipped to ``[0, 1]``
+      (unbiased; falls back towards naive when the approximation is poor or the state
+      stale, so that a control variate does not cost the user); or a fixed number in
+      ``[0, 1]``, ``1`` being the paper's estimator. Adaptive costs three params-sized
+      moving averages (state :class:`dsgrad.estimators.AdaptiveWeightState`) and about
+      5-10% of a GLM step.
     control_weight_horizon: horizon of those moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)`` (a host check each step).
     check_finite: raise on a non-finite incoming gradient.

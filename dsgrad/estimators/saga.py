@@ -61,7 +61,7 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
 
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
-               control_weight: float | str = 1.0, control_weight_horizon: float = 100,
+               control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
                check_indices: bool = True, check_finite: bool = True,
                check_gradient: bool = True,
                max_table_bytes: int | str | None = "auto"
@@ -123,9 +123,9 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     table_dtype: dtype of the stored table (default: the params' dtypes). Rows are
       read back in the params' dtype; ``G`` is kept consistent with the stored
       (rounded) rows, so the estimator stays unbiased.
-    control_weight: ``c`` in ``g + c (G - mean grad f~(w^n))``: ``1`` (the paper), a
-      number in ``[0, 1]``, or ``"adaptive"`` (per-leaf, from earlier steps; see
-      :func:`dsgrad.cv`).
+    control_weight: ``c`` in ``g + c (G - mean grad f~(w^n))``: ``"adaptive"`` (the
+      default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
+      ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient (set ``False`` under

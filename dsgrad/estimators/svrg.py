@@ -35,7 +35,7 @@ class JointSvrgState(NamedTuple):
 
 
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-               every: int, chunk_size: int = 1024, control_weight: float | str = 1.0,
+               every: int, chunk_size: int = 1024, control_weight: float | str = "adaptive",
                control_weight_horizon: float = 100, check_indices: bool = True,
                check_finite: bool = True, check_gradient: bool = True
                ) -> optax.GradientTransformationExtraArgs:
@@ -59,9 +59,9 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
     every: refresh period ``K`` in updates (positive).
     chunk_size: data per chunk in the full pass.
-    control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``1`` (the paper), a number
-      in ``[0, 1]``, or ``"adaptive"`` (per-leaf, from earlier steps; see
-      :func:`dsgrad.cv`).
+    control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``"adaptive"`` (the
+      default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
+      ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)``.
     check_finite: raise on a non-finite incoming gradient.
