@@ -22,6 +22,7 @@ from dsgrad import models
 from dsgrad import parallel
 from dsgrad import segments
 from dsgrad.approx import Approximation
+from dsgrad.advice import Recommendation, recommend
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
@@ -47,5 +48,5 @@ __all__ = [
     "fit", "train_step", "FitResult", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
-    "variance_decomposition",
+    "variance_decomposition", "recommend", "Recommendation",
 ]

@@ -46,12 +46,17 @@ def load(dataset: str, data_dir: str):
   return dsgrad.datasets.add_intercept(x), np.asarray(y, int)
 
 
+def make_approx(model, approx_name: str):
+  """The approximation ``f~`` named by ``--approx``."""
+  return {"probit": lambda: dsgrad.approx.logistic_probit(model),
+          "taylor2": lambda: dsgrad.approx.glm_taylor(model),
+          "taylor": lambda: dsgrad.approx.gaussian_mean_taylor(model),
+          "linearize": dsgrad.approx.linearize}[approx_name]()
+
+
 def make_estimators(objective, model, approx_name: str, steps_per_epoch: int):
   """The five estimators; cv and the joint ones share the approximation ``f~``."""
-  approx = {"probit": lambda: dsgrad.approx.logistic_probit(model),
-            "taylor2": lambda: dsgrad.approx.glm_taylor(model),
-            "taylor": lambda: dsgrad.approx.gaussian_mean_taylor(model),
-            "linearize": dsgrad.approx.linearize}[approx_name]()
+  approx = make_approx(model, approx_name)
   return {
       "naive": lambda: dsgrad.naive(),
       "cv": lambda: dsgrad.cv(objective, approx),
@@ -165,10 +170,20 @@ def main(argv=None):
     print(f"{name:<11} {r['lr']:>9g} {r['final_elbo_mean']:>18.2f} ({r['final_elbo_se']:.2f}) "
           f"{r['grad_variance']:>14.3g} {r['ms_per_step']:>8.3f} {r['table_bytes']:>8d}B")
   print("\n" + summary(results))
+  # What dsgrad.recommend, measuring for a few seconds at the initial parameters, would
+  # have chosen (before any of the runs above).
+  advice = dsgrad.recommend(objective, init, jax.random.key(args.tune_seed),
+                            batch_size=args.batch_size, approx=make_approx(model, args.approx),
+                            update_rule=optax.sgd(chosen["naive"]))
+  print(f"\ndsgrad.recommend from the initial parameters (seconds of measurement, before "
+        f"any run above):\n"
+        f"{advice}")
 
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"args": vars(args), "results": results, "traces": traces}, f, indent=1)
+    json.dump({"args": vars(args), "results": results, "traces": traces,
+               "recommend": {"best": advice.best, "reasons": list(advice.reasons)}}, f,
+              indent=1)
   try:
     import matplotlib
     matplotlib.use("Agg")

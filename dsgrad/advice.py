@@ -1,0 +1,256 @@
+"""Which estimator for this model? Measured on the user's own objective, in seconds.
+
+What decides the choice is not the memory footprint alone but expected progress per
+second: an estimator whose gradients have variance ``V`` and cost ``t`` seconds per step
+makes, at a step size tuned for it, progress that scales with ``1 / (V t)`` in the
+variance-dominated regime of SGD (halving the variance is worth as much as halving the
+step's cost). :func:`recommend` runs one epoch of naive steps from the user's parameters
+(past the first transient, where nothing is representative) and half an epoch more, and
+measures there
+
+* the variance decomposition (``V_n`` from subsampling, ``V_eps`` from Monte Carlo noise,
+  :func:`dsgrad.variance_decomposition`), which says which control variate can help;
+* each candidate's gradient variance with a *fresh* state and with a *half-epoch-old*
+  state (built at the parameters half an epoch earlier: the average age of a joint SAGA
+  row, or of an SVRG snapshot refreshed every epoch), since in training a table or
+  snapshot is always somewhat stale;
+* each candidate's time per step (the user's update rule after it, steps in one
+  compiled ``lax.scan``) and its state's memory;
+
+and ranks the candidates by ``V_stale x seconds per step`` (lower is better), with the
+reasons in plain words. Naive wins when no control variate pays for its cost; the advice
+then is to stay with naive and a decaying step size.
+
+Example::
+
+    >>> import jax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> advice = dsgrad.recommend(objective, dsgrad.meanfield_init(model), jax.random.key(1),
+    ...                           batch_size=10, num_draws=64, timing_steps=20)
+    >>> advice.best in {"naive", "cv", "joint_svrg", "joint_saga"}
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad import checks
+from dsgrad import diagnostics
+from dsgrad import estimators
+from dsgrad import segments
+from dsgrad.batching import epoch_batches
+from dsgrad.objective import Objective
+
+CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga")
+
+
+class Candidate(NamedTuple):
+  """One estimator's measurements.
+
+  Attributes:
+    name: ``"naive"``, ``"cv"``, ``"joint_svrg"`` or ``"joint_saga"``.
+    variance_fresh: trace of the gradient covariance with a state made at ``params``.
+    variance_stale: the same with a state made half an epoch earlier (equal to the fresh
+      one for stateless estimators).
+    seconds_per_step: time of one step with Adam, in a compiled ``lax.scan``.
+    state_bytes: memory of the estimator's state.
+    score: ``variance_stale * seconds_per_step``, relative to naive's (lower is better;
+      ``inf`` when the candidate cannot run, e.g. its table does not fit).
+    note: why it cannot run, when it cannot.
+  """
+
+  name: str
+  variance_fresh: float
+  variance_stale: float
+  seconds_per_step: float
+  state_bytes: int
+  score: float
+  note: str = ""
+
+
+class Recommendation(NamedTuple):
+  """What :func:`recommend` returns.
+
+  Attributes:
+    best: the name of the top-ranked estimator.
+    ranking: the :class:`Candidate` s, best first.
+    reasons: the reasons, in plain words, one per line.
+    decomposition: :func:`dsgrad.variance_decomposition` where the variances were
+      measured.
+  """
+
+  best: str
+  ranking: tuple
+  reasons: tuple
+  decomposition: dict
+
+  def __str__(self) -> str:
+    lines = [f"recommended: {self.best}"] + [f"  {r}" for r in self.reasons]
+    return "\n".join(lines)
+
+
+def _make(name: str, objective: Objective, approx, every: int, max_table_bytes):
+  if name == "naive":
+    return estimators.naive(check_finite=False)
+  off = dict(check_indices=False, check_finite=False)
+  if name == "cv":
+    return estimators.cv(objective, approx, **off)
+  if name == "joint_svrg":
+    return estimators.joint_svrg(objective, approx, every=every, check_gradient=False, **off)
+  return estimators.joint_saga(objective, approx, max_table_bytes=max_table_bytes,
+                               check_gradient=False, **off)
+
+
+def _seconds_per_step(objective, estimator, rule, params, key, batch_size, steps) -> float:
+  """Median over three timed runs of ``steps`` steps (after one compiling run)."""
+  optimizer = optax.chain(estimator, rule)
+  batches = epoch_batches(key, objective.num_data, batch_size, steps)
+
+  @jax.jit
+  def run(params, state):
+    def step(carry, xs):
+      idx, t = xs
+      return segments.train_step(objective, optimizer, *carry, idx,
+                                 jax.random.fold_in(key, t)), None
+    return jax.lax.scan(step, (params, state), (batches, jnp.arange(steps)))[0]
+
+  with objective.bound():
+    state = optimizer.init(params)
+    jax.block_until_ready(run(params, state))
+    times = []
+    for _ in range(3):
+      t0 = time.perf_counter()
+      jax.block_until_ready(run(params, state))
+      times.append(time.perf_counter() - t0)
+  return float(np.median(times)) / steps
+
+
+def _half_an_epoch_apart(objective, params, key, batch_size, rule):
+  """``(earlier, now)``: the parameters after one epoch of naive steps of ``rule`` from
+  ``params`` (past the first transient), and half an epoch later: a state made at
+  ``earlier`` is as old at ``now`` as a joint SAGA row or an SVRG snapshot refreshed
+  every epoch is on average."""
+  epoch = max(1, objective.num_data // batch_size)
+  steps = epoch + max(1, epoch // 2)
+  optimizer = optax.with_extra_args_support(rule)
+  batches = epoch_batches(key, objective.num_data, batch_size, steps)
+
+  @jax.jit
+  def run(params):
+    def step(carry, xs):
+      idx, t = xs
+      carry = segments.train_step(objective, optimizer, *carry, idx,
+                                  jax.random.fold_in(key, t))
+      return carry, None
+    first = jax.lax.scan(step, (params, optimizer.init(params)),
+                         (batches[:epoch], jnp.arange(epoch)))[0]
+    second = jax.lax.scan(step, first, (batches[epoch:], jnp.arange(epoch, steps)))[0]
+    return first[0], second[0]
+
+  with objective.bound():
+    return run(params)
+
+
+def _reasons(ranking, decomposition, naive) -> list:
+  v_n, v_eps = decomposition["V_n"], decomposition["V_eps"]
+  share = v_n / max(v_n + v_eps, 1e-300)
+  lines = [f"subsampling variance V_n {v_n:.3g}, Monte Carlo noise variance V_eps "
+           f"{v_eps:.3g} ({100 * share:.0f}% / {100 * (1 - share):.0f}% of their sum): cv "
+           "can remove only the noise part, the joint estimators both."]
+  for c in ranking:
+    if c.note:
+      lines.append(f"{c.name}: not an option here ({c.note}).")
+      continue
+    cost = c.seconds_per_step / naive.seconds_per_step
+    lines.append(f"{c.name}: variance {c.variance_stale / naive.variance_stale:.3g}x naive's "
+                 f"with a half-epoch-old state ({c.variance_fresh / naive.variance_fresh:.3g}x "
+                 f"fresh), step {cost:.2f}x naive's, state {c.state_bytes / 2**20:.3g} MiB: "
+                 f"{1 / c.score:.2f}x naive's progress per second.")
+  if ranking[0].name == "naive":
+    lines.append("no control variate pays for its cost here: stay with naive and a decaying "
+                 "step size (e.g. optax.cosine_decay_schedule), tuned.")
+  return lines
+
+
+def recommend(objective: Objective, params, key, *, batch_size: int, approx=None,
+              candidates=CANDIDATES, num_draws: int = 200, timing_steps: int = 50,
+              update_rule: optax.GradientTransformation | None = None,
+              max_table_bytes: int | str | None = "auto") -> Recommendation:
+  """Ranks gradient estimators for ``objective`` by expected progress per second.
+
+  Args:
+    objective: the user's objective, with its data.
+    params: where training starts (e.g. the initial parameters, or a checkpoint's); the
+      measurements are taken one and a half epochs of naive steps later.
+    key: PRNG key; the measurement is a deterministic function of it (timings aside).
+    batch_size: the batch size training will use.
+    approx: the approximation for ``cv`` and the joint estimators (default
+      :func:`dsgrad.approx.linearize`).
+    candidates: names among ``("naive", "cv", "joint_svrg", "joint_saga")``.
+    num_draws: gradient draws per variance estimate.
+    timing_steps: steps per timed run.
+    update_rule: the optax rule chained after the estimator in training (default
+      ``optax.adam(1e-2)``): it is timed with each estimator and runs the naive steps
+      that lead to the measured parameters.
+    max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`); a table
+      that does not fit rules it out, with the reason.
+
+  Returns:
+    A :class:`Recommendation`; ``str()`` of it reads as advice.
+
+  Raises:
+    ValueError: on an unknown candidate, a candidate list without ``"naive"`` (the
+      reference), or counts that are not positive integers.
+
+  References:
+    Wang, Geffner, Domke (2024), Sec. 3 and Table 1 (the variance decomposition).
+  """
+  unknown = set(candidates) - set(CANDIDATES)
+  if unknown or "naive" not in candidates:
+    raise ValueError(f"candidates must include 'naive' and be among {CANDIDATES}, got "
+                     f"{tuple(candidates)}")
+  checks.check_batch_size(checks.check_count(batch_size, "batch_size", 1),
+                          objective.num_data)
+  checks.check_count(num_draws, "num_draws", 2)
+  checks.check_count(timing_steps, "timing_steps", 1)
+  rule = optax.adam(1e-2) if update_rule is None else update_rule
+  k_dec, k_epoch, k_fresh, k_stale, k_time = jax.random.split(key, 5)
+  earlier, now = _half_an_epoch_apart(objective, params, k_epoch, batch_size, rule)
+  decomposition = diagnostics.variance_decomposition(objective, now, k_dec, batch_size,
+                                                     num_draws=num_draws,
+                                                     full_draws=num_draws)
+  every = max(1, objective.num_data // batch_size)
+  rows = []
+  for name in candidates:
+    try:
+      estimator = _make(name, objective, approx, every, max_table_bytes)
+      fresh_state, stale_state = estimator.init(now), estimator.init(earlier)
+    except MemoryError as error:
+      rows.append(Candidate(name, np.inf, np.inf, np.inf, 0, np.inf,
+                            str(error).split(". ")[0]))
+      continue
+    fresh = diagnostics.total_variance(diagnostics.estimator_samples(
+        estimator, fresh_state, now, objective, k_fresh, num_draws, batch_size))[0]
+    stale = fresh if name in ("naive", "cv") else diagnostics.total_variance(
+        diagnostics.estimator_samples(estimator, stale_state, now, objective, k_stale,
+                                      num_draws, batch_size))[0]
+    seconds = _seconds_per_step(objective, estimator, rule, now, k_time, batch_size,
+                                timing_steps)
+    rows.append(Candidate(name, fresh, stale, seconds, diagnostics.state_bytes(fresh_state),
+                          0.0))
+  naive = next(r for r in rows if r.name == "naive")
+  reference = naive.variance_stale * naive.seconds_per_step
+  rows = [r._replace(score=r.variance_stale * r.seconds_per_step / reference)
+          if not r.note else r for r in rows]
+  ranking = tuple(sorted(rows, key=lambda r: r.score))
+  return Recommendation(ranking[0].name, ranking,
+                        tuple(_reasons(ranking, decomposition, naive)), decomposition)
