@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,15 @@ import dsgrad
 from dsgrad import data as data_lib
 from dsgrad.batching import epoch_batches
 from dsgrad.segments import train_step
+
+
+class FusedStep(NamedTuple):
+  """A contender that replaces the whole step (gradient, estimator, update rule):
+  ``init(params) -> state`` and ``step(params, state, indices, noise_key) -> (params,
+  state)``, jittable. :func:`time_per_step` times it like the optimizers."""
+
+  init: Callable
+  step: Callable
 
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
@@ -59,6 +69,8 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     def step(carry, xs, opt=opt):
       idx, key, rows = xs
       with data_lib.batch_rows(refs, idx, rows):
+        if isinstance(opt, FusedStep):
+          return opt.step(*carry, idx, key), None
         return train_step(objective, opt, *carry, idx, key), None
 
     def run(carry, xs, data, step=step):

@@ -174,7 +174,8 @@ def main(argv=None):
   # have chosen (before any of the runs above).
   advice = dsgrad.recommend(objective, init, jax.random.key(args.tune_seed),
                             batch_size=args.batch_size, approx=make_approx(model, args.approx),
-                            update_rule=optax.sgd(chosen["naive"]))
+                            update_rule=optax.sgd(chosen["naive"]), num_draws=100,
+                            timing_steps=20)
   print(f"\ndsgrad.recommend from the initial parameters (seconds of measurement, before "
         f"any run above):\n"
         f"{advice}")

@@ -28,7 +28,8 @@ def test_noise_dominated_model_gets_a_control_variate():
   objective = dsgrad.meanfield_gaussian(model)
   advice = dsgrad.recommend(objective, dsgrad.meanfield_init(model, 0.0, 0.0),
                             jax.random.key(1), batch_size=BATCH, num_draws=64,
-                            timing_steps=10, approx=dsgrad.approx.glm_taylor(model))
+                            timing_steps=10, approx=dsgrad.approx.glm_taylor(model),
+                            candidates=("naive", "cv"))
   d = advice.decomposition
   assert d["V_n"] < 0.01 * d["V_eps"], d
   rows = _by_name(advice)
