@@ -61,13 +61,13 @@ def _table_traffic_floor(num_data):
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-FLOOR = "hand-fused joint_saga (App. F, logit table): the floor"
+FLOOR = "hand-fused joint_saga (App. F, logit table)"
 
 
 def hand_fused_saga(objective, model, learning_rate: float = 1e-3) -> _timing.FusedStep:
-  """The floor: binary logistic regression's joint SAGA step with App. F's logit table
-  (``joint_saga(objective, glm_mean_taylor(model), control_weight=1.0)`` then Adam),
-  written by hand as one pass over the batch's rows.
+  """The hand-fused reference: binary logistic regression's joint SAGA step with App.
+  F's logit table (``joint_saga(objective, glm_mean_taylor(model), control_weight=1.0)``
+  then Adam), written by hand as one pass over the batch's rows.
 
   It computes the same numbers as dsgrad's step (tested) with the least work: one
   product of the rows with ``[mu, sigma eps]`` gives the logits at the mean and the
@@ -232,7 +232,7 @@ def format_table(rows, config):
   lines += ["", "Targets, from this table: " + "; ".join(verdicts) + "."]
   by_name = {name: ms for name, ms, *_ in rows}
   if FLOOR in by_name:
-    lines += ["", "Ratio to the hand-fused floor (the same numbers, computed by hand in one "
+    lines += ["", "Ratio to the hand-fused step (the same numbers, computed by hand in one "
               "pass): " + "; ".join(
                   f"{name} {by_name[name] / by_name[FLOOR]:.2f}x"
                   for name in ("naive", "joint_saga (App. F, logit table)",
