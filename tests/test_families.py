@@ -136,3 +136,66 @@ def _gaussian_kl(m0, s0, m1, s1):
   d = m0.size
   return 0.5 * (np.trace(s1_inv @ s0) + (m1 - m0) @ s1_inv @ (m1 - m0) - d
                 + np.linalg.slogdet(s1)[1] - np.linalg.slogdet(s0)[1])
+
+
+def _network_regression():
+  """A one-hidden-layer network's nnx.State as the latent, Gaussian regression."""
+  from flax import nnx
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden = nnx.Linear(2, 8, rngs=rngs)
+      self.out = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(jnp.tanh(self.hidden(x)))[:, 0]
+
+  net = Net(nnx.Rngs(0))
+  graph, state = nnx.split(net, nnx.Param)
+  x = jax.random.normal(jax.random.key(1), (300, 2))
+  y = jnp.sin(x[:, 0]) + 0.1 * jax.random.normal(jax.random.key(2), (300,))
+
+  def log_prior(z):
+    return -0.5 * sum(jnp.sum(v ** 2) for v in jax.tree.leaves(z))
+
+  def log_lik(z, batch):
+    pred = nnx.merge(graph, z)(batch["x"])
+    return -0.5 * ((pred - batch["y"]) / 0.1) ** 2
+
+  flat = dsgrad.objective_from_logdensity(log_prior, log_lik, {"x": x, "y": y}, state)
+  return flat, state
+
+
+def test_structured_params_take_the_latents_structure_and_give_the_flat_values():
+  flat, state = _network_regression()
+  objective = dsgrad.families.structured(flat, state)
+  params = dsgrad.families.structured_init(state, log_scale=-2.0)
+  assert jax.tree.structure(params["loc"]) == jax.tree.structure(state)
+  indices = jnp.arange(16)
+  noise = objective.sample_noise(jax.random.key(3), 16)
+  flat_params = dsgrad.families.flat_params(params)
+  chex.assert_trees_all_close(objective.loss_fn(params, indices, noise),
+                              flat.loss_fn(flat_params, indices, noise))
+  grads = objective.grad(params, indices, noise)
+  assert jax.tree.structure(grads) == jax.tree.structure(params)
+  chex.assert_trees_all_close(
+      grads, dsgrad.families.structured_params(flat.grad(flat_params, indices, noise), state),
+      rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="latent has"):
+    dsgrad.families.structured_params({"loc": jnp.zeros(3)}, state)
+  with pytest.raises(TypeError, match="floating"):
+    dsgrad.families.structured(flat, {"w": jnp.zeros(3, jnp.int32)})
+
+
+def test_a_network_posterior_trains_with_any_estimator_without_flattening():
+  flat, state = _network_regression()
+  objective = dsgrad.families.structured(flat, state)
+  params = dsgrad.families.structured_init(state, log_scale=-3.0)
+  optimizer = optax.chain(dsgrad.joint_svrg(objective, every=30), optax.adam(1e-2))
+  result = dsgrad.fit(objective, optimizer, params, jax.random.key(4), num_steps=300,
+                      batch_size=10, eval_every=150, elbo_samples=64, progress=False)
+  assert jax.tree.structure(result.params) == jax.tree.structure(params)
+  first, last = result.history.elbo[0], result.history.elbo[-1]
+  assert last > first + 10 * result.history.elbo_se[-1], (first, last)
+  draws = dsgrad.families.sample_structured(result.params, jax.random.key(5), 7)
+  assert jax.tree.map(jnp.shape, draws) == jax.tree.map(lambda v: (7,) + v.shape, state)

@@ -1,6 +1,9 @@
-"""Variational families as Flax NNX modules (mean-field and full-rank Gaussian)."""
+"""Variational families as Flax NNX modules (mean-field and full-rank Gaussian), and
+parameters shaped like any pytree latent (:func:`structured`)."""
 
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian, bbvi_objective
+from dsgrad.families.pytree import (flat_params, sample_structured, structured,
+                                       structured_init, structured_params)
 
 FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 

@@ -1,0 +1,125 @@
+"""Variational parameters shaped like the model's own parameters (any pytree).
+
+A network's posterior should not need hand-written flattening. The families work on a
+flat latent ``z`` in R^d; :func:`structured` turns an objective over flat mean-field (or
+full-rank) parameters into the same objective over parameters whose ``loc`` and
+``log_scale`` (or ``log_diag``) have the structure of an example latent: a dict of
+arrays, a Flax NNX module's ``nnx.State``, any pytree. Every estimator works on it
+unchanged (they work on any pytree) and gives back the same structure; the loss and its
+gradients are the flat objective's, rearranged.
+
+Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> latent = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}
+    >>> x, y = jnp.ones((20, 2)), jnp.zeros((20, 3))
+    >>> def log_prior(z):
+    ...   return -0.5 * sum(jnp.sum(v ** 2) for v in jax.tree.leaves(z))
+    >>> def log_lik(z, batch):
+    ...   return -0.5 * jnp.sum((batch["x"] @ z["w"] + z["b"] - batch["y"]) ** 2, axis=1)
+    >>> flat = dsgrad.objective_from_logdensity(log_prior, log_lik, {"x": x, "y": y}, latent)
+    >>> objective = dsgrad.families.structured(flat, latent)
+    >>> params = dsgrad.families.structured_init(latent, log_scale=-1.0)
+    >>> jax.tree.map(jnp.shape, objective.grad(params, jnp.arange(4),
+    ...                                       objective.sample_noise(jax.random.key(0), 4)))
+    {'loc': {'b': (3,), 'w': (2, 3)}, 'log_scale': {'b': (3,), 'w': (2, 3)}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from dsgrad.objective import Objective
+
+STRUCTURED_FIELDS = ("loc", "log_scale", "log_diag")
+"""The parameter fields that take the latent's structure; others (a full-rank factor's
+``off_diag``) stay as they are."""
+
+
+def _check_latent(latent) -> int:
+  leaves = jax.tree.leaves(latent)
+  if not leaves:
+    raise ValueError("latent is an empty pytree; give an example value of the latent")
+  for leaf in leaves:
+    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
+      raise TypeError(f"latent leaves must be floating arrays, got dtype "
+                      f"{jnp.result_type(leaf)}")
+  return int(ravel_pytree(latent)[0].shape[0])
+
+
+def flat_params(params) -> dict:
+  """Structured parameters as the flat ones the families use (``ravel_pytree`` of each
+  structured field)."""
+  return {k: ravel_pytree(v)[0] if k in STRUCTURED_FIELDS else v for k, v in params.items()}
+
+
+def structured_params(params, latent) -> dict:
+  """Flat family parameters (e.g. ``family.params()``, :func:`dsgrad.meanfield_init`)
+  with their structured fields rearranged like ``latent``.
+
+  Raises:
+    ValueError: if a structured field's size is not the latent's.
+  """
+  d = _check_latent(latent)
+  unravel = ravel_pytree(latent)[1]
+  out = {}
+  for k, v in params.items():
+    if k in STRUCTURED_FIELDS:
+      if jnp.shape(v) != (d,):
+        raise ValueError(f"params[{k!r}] has shape {jnp.shape(v)} but the latent has {d} "
+                         "entries")
+      v = unravel(jnp.asarray(v))
+    out[k] = v
+  return out
+
+
+def structured_init(latent, loc=None, log_scale: float = 0.0) -> dict:
+  """Mean-field parameters shaped like ``latent``: ``loc`` the latent itself (default;
+  e.g. a network's initialized weights) or ``loc``, ``log_scale`` a constant."""
+  _check_latent(latent)
+  loc = latent if loc is None else loc
+  return {"loc": jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), loc),
+          "log_scale": jax.tree.map(lambda v: jnp.full(jnp.shape(v), log_scale, jnp.float32),
+                                    latent)}
+
+
+def structured(objective: Objective, latent) -> Objective:
+  """``objective`` (over flat family parameters) over parameters shaped like ``latent``.
+
+  Args:
+    objective: a BBVI objective of a model whose flat latent is ``ravel_pytree(latent)``
+      (e.g. :func:`dsgrad.objective_from_logdensity` with this ``latent``).
+    latent: an example value of the latent: any pytree of float arrays.
+
+  Returns:
+    An :class:`dsgrad.Objective` with the same data, noise and number of data whose
+    params have ``loc`` and ``log_scale`` (or ``log_diag``) shaped like ``latent``
+    (:func:`structured_init`, :func:`structured_params`); its values equal the flat
+    objective's at the flattened params, and its gradients are theirs, rearranged.
+
+  Raises:
+    ValueError/TypeError: an empty latent or one with non-float leaves.
+  """
+  _check_latent(latent)
+  flat_loss = objective.loss_fn
+
+  def loss_fn(params, indices, noise):
+    return flat_loss(flat_params(params), indices, noise)
+
+  return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]")
+
+
+def sample_structured(params, key, num_samples: int):
+  """``num_samples`` draws from the mean-field posterior with structured ``params``:
+  a pytree like the latent whose leaves have a leading axis ``num_samples``."""
+  def draw(loc, log_scale, k):
+    eps = jax.random.normal(k, (num_samples,) + jnp.shape(loc), jnp.result_type(loc))
+    return loc + jnp.exp(log_scale) * eps
+  leaves, treedef = jax.tree.flatten(params["loc"])
+  keys = jax.random.split(key, len(leaves))
+  scales = treedef.flatten_up_to(params["log_scale"])
+  return jax.tree.unflatten(treedef, [draw(m, s, k) for m, s, k in zip(leaves, scales, keys)])
