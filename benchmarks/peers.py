@@ -18,7 +18,12 @@ default), batch size, Adam and number of steps, in one process:
   the joint estimators with the second-order GLM approximation
   (:func:`dsgrad.approx.glm_taylor`, a table of logits for SAGA) and the adaptive
   control-variate weight; joint SVRG refreshes once an epoch, joint SAGA fills its table
-  during one naive epoch first (Alg. 1).
+  during one naive epoch first (Alg. 1);
+* scheduled contenders (`` + cosine``): what a demanding user runs instead of a constant
+  rate, naive gradients with a cosine-decayed Adam rate (hand-written optax, NumPyro SVI
+  with indices passed in, dsgrad naive), and dsgrad's joint estimators under the same
+  schedule. The peak rate and the final fraction (``ALPHAS``) are tuned by the same rule
+  as every other contender's rate.
 
 Protocol. Adam's learning rate is chosen per contender from ``--lrs`` on tuning seeds that
 are not reported (rule: the best mean final ELBO over the tuning seeds); the idiomatic
@@ -52,6 +57,26 @@ from benchmarks import _report
 from dsgrad.batching import epoch_batches
 
 INIT_SCALE = 0.1
+SCHEDULED = " + cosine"
+"""Suffix of the contenders whose Adam step size decays: ``optax.cosine_decay_schedule``
+from a peak rate to ``alpha`` times it at the last step, both tuned (``ALPHAS``)."""
+ALPHAS = (0.01, 0.1)
+
+
+def adam(setting, steps: int):
+  """Adam at a constant rate (``setting`` a float) or at a cosine-decayed one
+  (``setting = (peak, alpha)``)."""
+  if isinstance(setting, tuple):
+    peak, alpha = setting
+    return optax.adam(optax.cosine_decay_schedule(peak, steps, alpha))
+  return optax.adam(setting)
+
+
+def format_setting(setting) -> str:
+  """``0.01`` or ``0.01 cosine to 0.1x``."""
+  if isinstance(setting, tuple):
+    return f"{setting[0]:g} cosine to {setting[1]:g}x"
+  return f"{setting:g}"
 TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry", "movielens")
 
 
@@ -247,7 +272,7 @@ def optax_runner(task: Task, lr: float) -> Runner:
   """The floor: the naive reparameterization gradient written by hand."""
   n, dim = task.x.shape[0], _dim(task)
   log_lik, log_prior = _log_likelihood(task), _log_prior(task)
-  tx = optax.adam(lr)
+  tx = adam(lr, task.steps)
 
   def negative_elbo(params, idx, eps):
     z = params["loc"] + jnp.exp(params["log_scale"]) * eps
@@ -298,7 +323,7 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
                                               warmup_steps=max(1, n // b),
                                               control_weight="adaptive", **off),
   }[estimator]()
-  opt = optax.chain(est, optax.adam(lr))
+  opt = optax.chain(est, adam(lr, task.steps))
 
   def segment(state, indices, keys):
     def step(carry, xs):
@@ -367,7 +392,7 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
   guide = AutoNormal(model, init_loc_fn=init_to_value(
       values={name: jnp.zeros(shape) for name, shape in sites.items()}), init_scale=INIT_SCALE)
   loss = {"Trace_ELBO": Trace_ELBO, "TraceMeanField_ELBO": TraceMeanField_ELBO}[elbo]()
-  svi = SVI(model, guide, optax_to_numpyro(optax.adam(lr)), loss)
+  svi = SVI(model, guide, optax_to_numpyro(adam(lr, task.steps)), loss)
   # One eager init: AutoNormal sets up its prototype (initial values) on the first call;
   # made under jit, that would keep tracers, and a later retrace would read them.
   svi.init(jax.random.key(0), jnp.arange(b, dtype=jnp.int32)) if fed else svi.init(
@@ -399,21 +424,38 @@ def contenders(task: Task) -> dict:
     out[fed] = (lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, True), None)
     out[f"NumPyro SVI {elbo}, plate(subsample_size=)"] = (
         lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, False), fed)
-  for est in ("naive", "cv", "joint_svrg", "joint_saga"):
-    label = ({"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
-              "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
-              "joint_saga": "dsgrad joint SAGA (1st order, sparse table, adaptive)"}
-             if _is_movielens(task) else
-             {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
-              "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
-              "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})[est]
+  labels = ({"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
+             "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
+             "joint_saga": "dsgrad joint SAGA (1st order, sparse table, adaptive)"}
+            if _is_movielens(task) else
+            {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
+             "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
+             "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})
+  for est, label in labels.items():
     out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
   if not _is_movielens(task) and task.num_classes == 1:  # binary logistic regression
     for est, label in (("joint_svrg_probit", "dsgrad joint SVRG (probit, adaptive)"),
                        ("joint_saga_probit", "dsgrad joint SAGA (probit, logit table, "
                                              "adaptive)")):
       out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
+  # What users run instead of a constant rate: naive gradients with a decaying one (the
+  # peak rate and the final fraction tuned by the same rule), and dsgrad's estimators
+  # under the same schedule.
+  out["optax (hand-written), naive" + SCHEDULED] = (lambda s: optax_runner(task, s), None)
+  out["NumPyro SVI Trace_ELBO, indices passed in" + SCHEDULED] = (
+      lambda s: numpyro_runner(task, s, "Trace_ELBO", True), None)
+  out["dsgrad naive" + SCHEDULED] = (lambda s: dsgrad_runner(task, s, "naive"), None)
+  for est in ("joint_svrg", "joint_saga"):
+    out[labels[est] + SCHEDULED] = (lambda s, est=est: dsgrad_runner(task, s, est), None)
   return out
+
+
+def settings_grid(name: str, lrs) -> list:
+  """The settings tuned for a contender: Adam's rates, or (peak, alpha) pairs for the
+  scheduled ones."""
+  if name.endswith(SCHEDULED):
+    return [(lr, alpha) for lr in lrs for alpha in ALPHAS]
+  return list(lrs)
 
 
 # ---------------------------------------------------------------------------- running
@@ -481,23 +523,24 @@ def run_task(task: Task, args) -> dict:
     if like is not None:
       continue
     scores = []
-    for lr in lrs:
+    grid = settings_grid(name, lrs)
+    for lr in grid:
       finals = []
       for seed in tuning_seeds:
         runner, comp = runner_for(name, lr)
         r = run_one(runner, comp, task, seed, 1, evaluate)
         finals.append(r.elbo[-1] if np.isfinite(r.elbo[-1]) else -np.inf)
       scores.append(float(np.mean(finals)))
-    chosen[name] = lrs[int(np.argmax(scores))]
+    chosen[name] = grid[int(np.argmax(scores))]
     tuning[name] = scores
     # Free the other rates' executables: each holds the data as a constant (400 MB for the
     # 10^6-row task), so keeping them all would not fit in memory.
-    for lr in lrs:
+    for lr in grid:
       if lr != chosen[name]:
         runners.pop((name, lr), None)
         compiled.pop((name, lr), None)
     jax.clear_caches()
-    print(f"  {task.name}: {name:<58} lr {chosen[name]:g}  (tuning ELBOs "
+    print(f"  {task.name}: {name:<58} lr {format_setting(chosen[name])}  (tuning ELBOs "
           + ", ".join(f"{s:.1f}" for s in scores) + ")", flush=True)
   for name, (_, like) in table.items():
     if like is not None:
@@ -589,7 +632,7 @@ def format_task(result: dict, summary: dict, evals: int, figure: str | None) -> 
   for name, row in rows.items():
     ratio = f"{row['ms_per_step'] / ref:.2f}x" if ref > 0 else ""
     to_peer = f"{row['to_peer']:.3f}" if np.isfinite(row["to_peer"]) else "not reached"
-    lines.append(f"| {name} | {row['lr']:g} | {_fmt_time(row)} | {to_peer} | "
+    lines.append(f"| {name} | {format_setting(row['lr'])} | {_fmt_time(row)} | {to_peer} | "
                  f"{row['final']:,.2f} ({row['final_q'][0]:,.2f} to {row['final_q'][1]:,.2f}) | "
                  f"{row['ms_per_step']:.4f} | {ratio} | {row['init_seconds']:.3f} | "
                  f"{row['compile']:.1f} |")

@@ -4,6 +4,7 @@ indices reach NumPyro's plate, and a smoke run of every contender completes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from benchmarks import peers
@@ -82,3 +83,17 @@ def test_movielens_numpyro_model_with_fed_indices_is_the_dsgrad_model():
   loc, log_scale = runner.params(runner.init(jax.random.key(0)))
   assert loc.shape == log_scale.shape == (model.latent_dim,)
   np.testing.assert_allclose(np.exp(log_scale), peers.INIT_SCALE, rtol=1e-5)
+
+
+def test_scheduled_contenders_tune_the_peak_rate_and_the_final_fraction():
+  task = peers.load_task("synthetic", quick=True)
+  names = list(peers.contenders(task))
+  assert "optax (hand-written), naive + cosine" in names
+  assert "NumPyro SVI Trace_ELBO, indices passed in + cosine" in names
+  assert sum(n.endswith(peers.SCHEDULED) for n in names) >= 4
+  grid = peers.settings_grid("dsgrad naive + cosine", [0.1, 0.01])
+  assert grid == [(0.1, a) for a in peers.ALPHAS] + [(0.01, a) for a in peers.ALPHAS]
+  assert peers.settings_grid("dsgrad naive", [0.1, 0.01]) == [0.1, 0.01]
+  schedule_rate = optax.cosine_decay_schedule(0.1, 100, 0.01)
+  assert abs(float(schedule_rate(100)) - 0.001) < 1e-9  # ends at alpha x the peak
+  assert peers.format_setting((0.1, 0.01)) == "0.1 cosine to 0.01x"
