@@ -450,11 +450,11 @@ def contenders(task: Task) -> dict:
   return out
 
 
-def settings_grid(name: str, lrs) -> list:
+def settings_grid(name: str, lrs, quick: bool = False) -> list:
   """The settings tuned for a contender: Adam's rates, or (peak, alpha) pairs for the
-  scheduled ones."""
+  scheduled ones (``quick``: one alpha, the smoke run's)."""
   if name.endswith(SCHEDULED):
-    return [(lr, alpha) for lr in lrs for alpha in ALPHAS]
+    return [(lr, alpha) for lr in lrs for alpha in (ALPHAS[-1:] if quick else ALPHAS)]
   return list(lrs)
 
 
@@ -523,7 +523,7 @@ def run_task(task: Task, args) -> dict:
     if like is not None:
       continue
     scores = []
-    grid = settings_grid(name, lrs)
+    grid = settings_grid(name, lrs, getattr(args, "quick", False))
     for lr in grid:
       finals = []
       for seed in tuning_seeds:
