@@ -524,6 +524,9 @@ def run_task(task: Task, args) -> dict:
       continue
     scores = []
     grid = settings_grid(name, lrs, getattr(args, "quick", False))
+    if len(grid) == 1:  # nothing to choose: no tuning runs
+      chosen[name], tuning[name] = grid[0], [float("nan")]
+      continue
     for lr in grid:
       finals = []
       for seed in tuning_seeds:
