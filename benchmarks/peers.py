@@ -523,7 +523,7 @@ def run_task(task: Task, args) -> dict:
     if like is not None:
       continue
     scores = []
-    grid = settings_grid(name, lrs, getattr(args, "quick", False))
+    grid = settings_grid(name, lrs, args.quick)
     if len(grid) == 1:  # nothing to choose: no tuning runs
       chosen[name], tuning[name] = grid[0], [float("nan")]
       continue

@@ -102,11 +102,10 @@ def hand_fused_saga(objective, model, learning_rate: float = 1e-3) -> _timing.Fu
     s_new, _ = slopes(a_mu, indices)
     b = indices.shape[0]
     first = dsgrad.tables.first_occurrence(indices).astype(mu.dtype)[:, None]
-    terms = jnp.concatenate([(n / b) * (s_old + curvature(direction) - s_z),
-                             -n * first * (s_new - s_old)], 1)
     # Row 0: the naive gradient's data part plus the control's; row 1: the change of
     # the running mean; row 2: the naive gradient's data part alone (for the scales).
-    terms = jnp.concatenate([terms, -(n / b) * s_z], 1)
+    terms = jnp.concatenate([(n / b) * (s_old + curvature(direction) - s_z),
+                             -n * first * (s_new - s_old), -(n / b) * s_z], 1)
     projected = terms.T @ rows  # (3, D)
     prior_at_z = jax.grad(model.log_prior)(mu + scaled)
     prior_hv = jax.jvp(jax.grad(model.log_prior), (mu,), (scaled,))[1]

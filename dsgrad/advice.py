@@ -4,9 +4,9 @@ What decides the choice is not the memory footprint alone but expected progress 
 second: an estimator whose gradients have variance ``V`` and cost ``t`` seconds per step
 makes, at a step size tuned for it, progress that scales with ``1 / (V t)`` in the
 variance-dominated regime of SGD (halving the variance is worth as much as halving the
-step's cost). :func:`recommend` runs one epoch of naive steps from the user's parameters
-(past the first transient, where nothing is representative) and half an epoch more, and
-measures there
+step's cost). :func:`recommend` runs about one epoch of naive steps from the user's
+parameters (past the first transient, where nothing is representative) and half an epoch
+more, in :func:`dsgrad.fit`'s compiled segments, and measures there
 
 * the variance decomposition (``V_n`` from subsampling, ``V_eps`` from Monte Carlo noise,
   :func:`dsgrad.variance_decomposition`), which says which control variate can help;
@@ -36,7 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import time
 from typing import Any, NamedTuple
 
 import jax
@@ -48,7 +47,6 @@ from dsgrad import checks
 from dsgrad import diagnostics
 from dsgrad import estimators
 from dsgrad import segments
-from dsgrad.batching import epoch_batches
 from dsgrad.objective import Objective
 
 CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga")
@@ -111,54 +109,40 @@ def _make(name: str, objective: Objective, approx, every: int, max_table_bytes):
                                check_gradient=False, **off)
 
 
+def _copy(tree):
+  """A strongly typed copy: the segments donate their carry."""
+  return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.asarray(x).dtype), tree)
+
+
 def _seconds_per_step(objective, estimator, rule, params, key, batch_size, steps) -> float:
-  """Median over three timed runs of ``steps`` steps (after one compiling run)."""
-  optimizer = optax.chain(estimator, rule)
-  batches = epoch_batches(key, objective.num_data, batch_size, steps)
-
-  @jax.jit
-  def run(params, state):
-    def step(carry, xs):
-      idx, t = xs
-      return segments.train_step(objective, optimizer, *carry, idx,
-                                 jax.random.fold_in(key, t)), None
-    return jax.lax.scan(step, (params, state), (batches, jnp.arange(steps)))[0]
-
-  with objective.bound():
-    state = optimizer.init(params)
-    jax.block_until_ready(run(params, state))
-    times = []
-    for _ in range(3):
-      t0 = time.perf_counter()
-      jax.block_until_ready(run(params, state))
-      times.append(time.perf_counter() - t0)
+  """Median over three timed runs of ``steps`` steps, in :func:`dsgrad.fit`'s compiled
+  segments (a first run compiles and is not counted)."""
+  optimizer = optax.with_extra_args_support(optax.chain(estimator, rule))
+  runner = segments.SegmentRunner(objective, optimizer, batch_size, key)
+  state = optimizer.init(params)
+  times = []
+  for round_ in range(4):
+    before = runner.step_seconds
+    runner.run(_copy(params), _copy(state), 0, steps)
+    if round_:
+      times.append(runner.step_seconds - before)
   return float(np.median(times)) / steps
 
 
 def _half_an_epoch_apart(objective, params, key, batch_size, rule):
-  """``(earlier, now)``: the parameters after one epoch of naive steps of ``rule`` from
-  ``params`` (past the first transient), and half an epoch later: a state made at
-  ``earlier`` is as old at ``now`` as a joint SAGA row or an SVRG snapshot refreshed
-  every epoch is on average."""
-  epoch = max(1, objective.num_data // batch_size)
-  steps = epoch + max(1, epoch // 2)
+  """``(earlier, now)``: the parameters after about one epoch of naive steps of ``rule``
+  from ``params`` (past the first transient; two half epochs), and half an epoch later:
+  a state made at ``earlier`` is as old at ``now`` as a joint SAGA row or an SVRG
+  snapshot refreshed every epoch is on average."""
+  half = max(1, objective.num_data // batch_size // 2)
   optimizer = optax.with_extra_args_support(rule)
-  batches = epoch_batches(key, objective.num_data, batch_size, steps)
-
-  @jax.jit
-  def run(params):
-    def step(carry, xs):
-      idx, t = xs
-      carry = segments.train_step(objective, optimizer, *carry, idx,
-                                  jax.random.fold_in(key, t))
-      return carry, None
-    first = jax.lax.scan(step, (params, optimizer.init(params)),
-                         (batches[:epoch], jnp.arange(epoch)))[0]
-    second = jax.lax.scan(step, first, (batches[epoch:], jnp.arange(epoch, steps)))[0]
-    return first[0], second[0]
-
-  with objective.bound():
-    return run(params)
+  runner = segments.SegmentRunner(objective, optimizer, batch_size, key)
+  params = _copy(params)
+  carry = (params, optimizer.init(params))
+  for start in (0, half):
+    carry = runner.run(*carry, start, half)
+  earlier = _copy(carry[0])
+  return earlier, runner.run(*carry, 2 * half, half)[0]
 
 
 def _reasons(ranking, decomposition, naive) -> list:
@@ -191,7 +175,7 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
   Args:
     objective: the user's objective, with its data.
     params: where training starts (e.g. the initial parameters, or a checkpoint's); the
-      measurements are taken one and a half epochs of naive steps later.
+      measurements are taken about one and a half epochs of naive steps later.
     key: PRNG key; the measurement is a deterministic function of it (timings aside).
     batch_size: the batch size training will use.
     approx: the approximation for ``cv`` and the joint estimators (default
@@ -234,14 +218,16 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
   for name in candidates:
     try:
       estimator = _make(name, objective, approx, every, max_table_bytes)
-      fresh_state, stale_state = estimator.init(now), estimator.init(earlier)
+      fresh_state = estimator.init(now)
+      stateless = name in ("naive", "cv")
+      stale_state = None if stateless else estimator.init(earlier)
     except MemoryError as error:
       rows.append(Candidate(name, np.inf, np.inf, np.inf, 0, np.inf,
                             str(error).split(". ")[0]))
       continue
     fresh = diagnostics.total_variance(diagnostics.estimator_samples(
         estimator, fresh_state, now, objective, k_fresh, num_draws, batch_size))[0]
-    stale = fresh if name in ("naive", "cv") else diagnostics.total_variance(
+    stale = fresh if stateless else diagnostics.total_variance(
         diagnostics.estimator_samples(estimator, stale_state, now, objective, k_stale,
                                       num_draws, batch_size))[0]
     seconds = _seconds_per_step(objective, estimator, rule, now, k_time, batch_size,

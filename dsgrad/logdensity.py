@@ -20,7 +20,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from dsgrad import data as data_lib
 from dsgrad import families
@@ -33,16 +32,7 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
     if latent < 1:
       raise ValueError(f"latent must be a positive dimension or an example pytree, got {latent}")
     return int(latent), lambda z: z
-  leaves = jax.tree.leaves(latent)
-  if not leaves:
-    raise ValueError("latent is an empty pytree; give the latent dimension or an example "
-                     "value of z")
-  for leaf in leaves:
-    if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
-      raise TypeError(f"latent leaves must be floating arrays, got dtype "
-                      f"{jnp.result_type(leaf)}")
-  flat, unravel = ravel_pytree(latent)
-  return int(flat.shape[0]), unravel
+  return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
 def _num_data(data) -> int:

@@ -32,6 +32,7 @@ class _GlmParts(NamedTuple):
   logit_grad: Callable[..., Any]
   logit_terms: Callable[..., Any]
   weighted_outer: Callable[..., Any]
+  weighted_square_outer: Callable[..., Any]
 
 
 def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
@@ -73,8 +74,12 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
     # Written (v^T x)^T: XLA:CPU compiles x^T v with x gathered into a slow loop fusion.
     return ((terms * weights[:, None].astype(terms.dtype)).T @ x[indices]).T
 
+  def weighted_square_outer(indices, terms, weights):
+    """``sum_b weights_b x_b^2 terms_b^T`` (elementwise square) as a ``(D, K)`` matrix."""
+    return ((terms * weights[:, None].astype(terms.dtype)).T @ x[indices] ** 2).T
+
   return _GlmParts(linear, x, dim, k, check, statistics, logit_grad, logit_terms,
-                   weighted_outer)
+                   weighted_outer, weighted_square_outer)
 
 
 def glm_mean_taylor(model: Model) -> Approximation:
@@ -237,7 +242,7 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
   def curvature(stats, indices, weights):
     """``sum_b weights_b x_b^2 diag ell''(a_b)^T``, flattened; independent of ``w``."""
     h = _logit_hessian_diag(glm.linear, logits_of(stats), indices)
-    return ((h * weights[:, None].astype(h.dtype)).T @ x[indices] ** 2).T.reshape(-1)
+    return glm.weighted_square_outer(indices, h, weights).reshape(-1)
 
   def variance(params):
     return jnp.exp(2.0 * params["log_scale"])
@@ -273,9 +278,8 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
     return per_datum, _logit_hessian_diag(glm.linear, logits_of(stats), indices)
 
   def project(params, per_datum, hessian, indices, weights):
-    w = weights[:, None].astype(hessian.dtype)
     mean = {"loc": -n * glm.weighted_outer(indices, per_datum, weights).reshape(-1),
-            "log_scale": -n * ((hessian * w).T @ x[indices] ** 2).T.reshape(-1)}
+            "log_scale": -n * glm.weighted_square_outer(indices, hessian, weights).reshape(-1)}
     return optax.tree.cast_like(mean, params)
 
   def datum_expected(objective, params, stats, indices, weights):

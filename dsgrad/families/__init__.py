@@ -2,8 +2,8 @@
 parameters shaped like any pytree latent (:func:`structured`)."""
 
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian, bbvi_objective
-from dsgrad.families.pytree import (flat_params, sample_structured, structured,
-                                       structured_init, structured_params)
+from dsgrad.families.pytree import (flat_params, latent_unravel, sample_structured,
+                                       structured, structured_init, structured_params)
 
 FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 

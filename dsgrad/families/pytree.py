@@ -40,15 +40,23 @@ STRUCTURED_FIELDS = ("loc", "log_scale", "log_diag")
 ``off_diag``) stay as they are."""
 
 
-def _check_latent(latent) -> int:
+def latent_unravel(latent, what: str = "an example value of the latent"):
+  """``(d, unravel)``: the size of an example latent's flattening and the function that
+  rearranges a flat ``(d,)`` vector like it.
+
+  Raises:
+    ValueError: an empty pytree (the message asks for ``what``).
+    TypeError: a leaf that is not a floating array.
+  """
   leaves = jax.tree.leaves(latent)
   if not leaves:
-    raise ValueError("latent is an empty pytree; give an example value of the latent")
+    raise ValueError(f"latent is an empty pytree; give {what}")
   for leaf in leaves:
     if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating):
       raise TypeError(f"latent leaves must be floating arrays, got dtype "
                       f"{jnp.result_type(leaf)}")
-  return int(ravel_pytree(latent)[0].shape[0])
+  flat, unravel = ravel_pytree(latent)
+  return int(flat.shape[0]), unravel
 
 
 def flat_params(params) -> dict:
@@ -64,8 +72,7 @@ def structured_params(params, latent) -> dict:
   Raises:
     ValueError: if a structured field's size is not the latent's.
   """
-  d = _check_latent(latent)
-  unravel = ravel_pytree(latent)[1]
+  d, unravel = latent_unravel(latent)
   out = {}
   for k, v in params.items():
     if k in STRUCTURED_FIELDS:
@@ -80,7 +87,7 @@ def structured_params(params, latent) -> dict:
 def structured_init(latent, loc=None, log_scale: float = 0.0) -> dict:
   """Mean-field parameters shaped like ``latent``: ``loc`` the latent itself (default;
   e.g. a network's initialized weights) or ``loc``, ``log_scale`` a constant."""
-  _check_latent(latent)
+  latent_unravel(latent)
   loc = latent if loc is None else loc
   return {"loc": jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), loc),
           "log_scale": jax.tree.map(lambda v: jnp.full(jnp.shape(v), log_scale, jnp.float32),
@@ -104,7 +111,7 @@ def structured(objective: Objective, latent) -> Objective:
   Raises:
     ValueError/TypeError: an empty latent or one with non-float leaves.
   """
-  _check_latent(latent)
+  latent_unravel(latent)
   flat_loss = objective.loss_fn
 
   def loss_fn(params, indices, noise):

@@ -138,9 +138,8 @@ def init(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
 def reset(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
           subsample) -> HMCECSState:
   """The state at ``(position, subsample)`` recomputed (e.g. after the proxy changed)."""
-  (potential, (log_lik, sign)), grad = jax.value_and_grad(
-      _potential_fn(model, scheme, proxy, subsample), has_aux=True)(position)
-  return HMCECSState(position, subsample, log_lik, sign, potential, grad)
+  inner = hmc.init(position, _potential_fn(model, scheme, proxy, subsample))
+  return HMCECSState(position, subsample, *inner.aux, inner.potential, inner.potential_grad)
 
 
 def build_kernel(model: Model, scheme: SubsampleScheme, move: Callable | None = None):
