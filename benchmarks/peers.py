@@ -812,9 +812,22 @@ def speedup_reading(summary: dict) -> str:
             f"one does, in {ra['median']:.3f} s: the 1.5x criterion is met.")
   speedup = rp["median"] / ra["median"]
   met = speedup >= SPEEDUP
+  if met:
+    why = "."
+  elif advice.best == "naive":
+    why = (": `recommend` measured no control variate whose variance reduction pays for its "
+           "step cost (1.5 epochs into training), so it keeps naive, and naive against a "
+           f"scheduled naive peer differs only in step cost ({ra['ms_per_step'] / rp['ms_per_step']:.2f}x).")
+  else:
+    why = ": " + _limit(ra, rp, summary)
+  fastest = min((k for k in rows if k.startswith("dsgrad")), key=lambda k: rows[k]["median"])
+  other = ""
+  if fastest != label and np.isfinite(rows[fastest]["median"]):
+    other = (f" dsgrad's fastest contender, {fastest}, takes {rows[fastest]['median']:.3f} s "
+             f"({rp['median'] / rows[fastest]['median']:.2f}x).")
   return (head + f". Time to target {ra['median']:.3f} s against {rp['median']:.3f} s: "
           f"{speedup:.2f}x, so the {SPEEDUP}x criterion is {'met' if met else 'not met'}"
-          + ("." if met else ": " + _limit(ra, rp, summary)))
+          + why + other)
 
 
 def _limit(ra: dict, rp: dict, summary: dict) -> str:
@@ -912,7 +925,8 @@ def main(argv=None):
     summary = summarize(result, args.evals)
     fig = None
     if not args.no_write:
-      fig = f"figures/peers_{task.name}{'_quick' if args.quick else ''}.png"
+      backend = "" if jax.default_backend() == "cpu" else f"_{jax.default_backend()}"
+      fig = f"figures/peers_{task.name}{'_quick' if args.quick else ''}{backend}.png"
       try:
         figure(result, summary, _report.docs_path(fig))
       except ImportError:
