@@ -97,3 +97,41 @@ def test_scheduled_contenders_tune_the_peak_rate_and_the_final_fraction():
   schedule_rate = optax.cosine_decay_schedule(0.1, 100, 0.01)
   assert abs(float(schedule_rate(100)) - 0.001) < 1e-9  # ends at alpha x the peak
   assert peers.format_setting((0.1, 0.01)) == "0.1 cosine to 0.01x"
+
+
+def test_models_users_bring_are_the_same_objective_for_every_contender():
+  """The hand-written log density of the count model is the NumPyro bridge's (checked
+  when the task is built), and a wrong one is refused rather than benchmarked."""
+  from benchmarks import peers_models
+  spec = peers_models.count_model(500, 50)
+  found = spec.objective.numpyro_model
+  assert found.model.num_data == 500 and found.model.latent_dim == 108
+  assert set(spec.init_values) == set(found.latent_sites)
+  with pytest.raises(AssertionError, match="differs from the NumPyro bridge"):
+    peers_models._finish(spec.numpyro_model, spec.log_likelihood,
+                         lambda z: spec.log_prior(z) + 1.0, 500)
+
+
+def _row(median, ms, to_peer, final=-1.0, init=0.0):
+  return dict(median=median, ms_per_step=ms, to_peer=to_peer, final=final,
+              init_seconds=init)
+
+
+def test_speedup_reading_meets_or_names_the_limit():
+  class Advice:
+    best = "joint_svrg"
+
+  peer = "optax (hand-written), naive" + peers.SCHEDULED
+  ours = "dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED
+  rows = {peer: _row(1.0, 0.1, 0.5), ours: _row(0.5, 0.2, 0.2)}
+  text = peers.speedup_reading({"rows": rows, "advice": (ours, Advice)})
+  assert "2.00x, so the 1.5x criterion is met" in text
+  # Fewer steps (0.2 s / 0.2 ms = 1,000 against 5,000) that do not pay for dearer steps.
+  rows[ours] = _row(0.9, 1.2, 1.2)
+  text = peers.speedup_reading({"rows": rows, "advice": (ours, Advice)})
+  assert "not met" in text and "what limits it is the step cost" in text
+  assert "1,000 steps against the peer's 5,000" in text
+  # No fewer steps at all: the variance reduction is what falls short.
+  rows[ours] = _row(0.9, 0.1, 0.6)
+  text = peers.speedup_reading({"rows": rows, "advice": (ours, Advice)})
+  assert "the variance reduction" in text
