@@ -590,6 +590,10 @@ def run_task(task: Task, args) -> dict:
       compiled[(name, lr)] = {}
     return runners[(name, lr)], compiled[(name, lr)]
 
+  # Each executable holds the data as a constant: with a large data set, keeping every
+  # contender's compiled (seen: 24 GB for 18 contenders on 10^6 rows) does not fit, so
+  # each is compiled again per seed (compilation is never timed).
+  keep = task.x.nbytes * len(table) < 2 * 2**30
   chosen, tuning = {}, {}
   for name, (_, like) in table.items():
     if like is not None:
@@ -611,7 +615,7 @@ def run_task(task: Task, args) -> dict:
     # Free the other rates' executables: each holds the data as a constant (400 MB for the
     # 10^6-row task), so keeping them all would not fit in memory.
     for lr in grid:
-      if lr != chosen[name]:
+      if lr != chosen[name] or not keep:
         runners.pop((name, lr), None)
         compiled.pop((name, lr), None)
     jax.clear_caches()
@@ -623,10 +627,6 @@ def run_task(task: Task, args) -> dict:
 
   runs = {name: [] for name in table}
   compile_seconds = {}
-  # Each executable holds the data as a constant: with a large data set, keeping every
-  # contender's compiled (seen: 24 GB for 18 contenders on 10^6 rows) does not fit, so
-  # each is compiled again per seed (compilation is never timed).
-  keep = task.x.nbytes * len(table) < 2 * 2**30
   for seed in reported:
     for name in table:
       runner, comp = runner_for(name, chosen[name])
