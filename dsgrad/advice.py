@@ -13,7 +13,10 @@ more, in :func:`dsgrad.fit`'s compiled segments, and measures there
 * each candidate's gradient variance with a *fresh* state and with a *half-epoch-old*
   state (built at the parameters half an epoch earlier: the average age of a joint SAGA
   row, or of an SVRG snapshot refreshed every epoch), since in training a table or
-  snapshot is always somewhat stale;
+  snapshot is always somewhat stale. The variance is taken at the control-variate weight
+  that the default ``control_weight="adaptive"`` settles on (per parameter leaf, fitted
+  to the same draws), which is what training with the default gets; the paper's ``c = 1``
+  is reported beside it;
 * each candidate's time per step (the user's update rule after it, steps in one
   compiled ``lax.scan``) and its state's memory;
 
@@ -57,9 +60,13 @@ class Candidate(NamedTuple):
 
   Attributes:
     name: ``"naive"``, ``"cv"``, ``"joint_svrg"`` or ``"joint_saga"``.
-    variance_fresh: trace of the gradient covariance with a state made at ``params``.
+    variance_fresh: trace of the gradient covariance with a state made at ``params``, at
+      the control-variate weight the default adaptive rule settles on (per parameter
+      leaf, ``c* = -tr Cov(g, control) / tr V[control]`` clipped to ``[0, 1]``, from the
+      same draws).
     variance_stale: the same with a state made half an epoch earlier (equal to the fresh
       one for stateless estimators).
+    variance_unweighted: ``(fresh, stale)`` at the paper's weight ``c = 1``.
     seconds_per_step: time of one step with Adam, in a compiled ``lax.scan``.
     state_bytes: memory of the estimator's state.
     score: ``variance_stale * seconds_per_step``, relative to naive's (lower is better;
@@ -74,6 +81,7 @@ class Candidate(NamedTuple):
   state_bytes: int
   score: float
   note: str = ""
+  variance_unweighted: tuple = (np.nan, np.nan)
 
 
 class Recommendation(NamedTuple):
@@ -107,6 +115,24 @@ def _make(name: str, objective: Objective, approx, every: int, max_table_bytes):
     return estimators.joint_svrg(objective, approx, every=every, check_gradient=False, **off)
   return estimators.joint_saga(objective, approx, max_table_bytes=max_table_bytes,
                                check_gradient=False, **off)
+
+
+def _weighted_variance(naive_draws, draws, leaf_sizes) -> float:
+  """``tr V[g + c* control]`` with ``control = draws - naive_draws`` (paired draws made at
+  weight 1) and, per leaf, the variance-minimizing ``c*`` clipped to ``[0, 1]``: what
+  ``control_weight="adaptive"`` converges to."""
+  g = np.asarray(naive_draws, np.float64)
+  control = np.asarray(draws, np.float64) - g
+  out, start = g.copy(), 0
+  for size in leaf_sizes:
+    leaf = slice(start, start + size)
+    start += size
+    gc = g[:, leaf] - g[:, leaf].mean(0)
+    cc = control[:, leaf] - control[:, leaf].mean(0)
+    v = float(np.sum(cc * cc))
+    weight = 0.0 if v == 0 else float(np.clip(-np.sum(gc * cc) / v, 0.0, 1.0))
+    out[:, leaf] += weight * control[:, leaf]
+  return diagnostics.total_variance(out)[0]
 
 
 def _copy(tree):
@@ -156,10 +182,15 @@ def _reasons(ranking, decomposition, naive) -> list:
       lines.append(f"{c.name}: not an option here ({c.note}).")
       continue
     cost = c.seconds_per_step / naive.seconds_per_step
+    paper = ""
+    if c.name != "naive":
+      paper = (f" (at the paper's weight c = 1: "
+               f"{c.variance_unweighted[1] / naive.variance_stale:.3g}x)")
     lines.append(f"{c.name}: variance {c.variance_stale / naive.variance_stale:.3g}x naive's "
-                 f"with a half-epoch-old state ({c.variance_fresh / naive.variance_fresh:.3g}x "
-                 f"fresh), step {cost:.2f}x naive's, state {c.state_bytes / 2**20:.3g} MiB: "
-                 f"{1 / c.score:.2f}x naive's progress per second.")
+                 f"with a half-epoch-old state{paper}, {c.variance_fresh / naive.variance_fresh:.3g}x "
+                 f"fresh, at the adaptive weight; step {cost:.2f}x naive's, state "
+                 f"{c.state_bytes / 2**20:.3g} MiB: {1 / c.score:.2f}x naive's progress per "
+                 "second.")
   if ranking[0].name == "naive":
     lines.append("no control variate pays for its cost here: stay with naive and a decaying "
                  "step size (e.g. optax.cosine_decay_schedule), tuned.")
@@ -215,7 +246,9 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
                                                      full_draws=num_draws)
   every = max(1, objective.num_data // batch_size)
   rows = []
-  for name in candidates:
+  leaf_sizes = [int(np.size(leaf)) for leaf in jax.tree.leaves(now)]
+  # naive first: the others' weights are fitted against its draws.
+  for name in sorted(candidates, key=lambda c: c != "naive"):
     try:
       estimator = _make(name, objective, approx, every, max_table_bytes)
       fresh_state = estimator.init(now)
@@ -225,15 +258,25 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
       rows.append(Candidate(name, np.inf, np.inf, np.inf, 0, np.inf,
                             str(error).split(". ")[0]))
       continue
-    fresh = diagnostics.total_variance(diagnostics.estimator_samples(
-        estimator, fresh_state, now, objective, k_fresh, num_draws, batch_size))[0]
-    stale = fresh if stateless else diagnostics.total_variance(
-        diagnostics.estimator_samples(estimator, stale_state, now, objective, k_stale,
-                                      num_draws, batch_size))[0]
+    fresh_draws = diagnostics.estimator_samples(estimator, fresh_state, now, objective,
+                                                k_fresh, num_draws, batch_size)
+    stale_draws = fresh_draws if stateless else diagnostics.estimator_samples(
+        estimator, stale_state, now, objective, k_stale, num_draws, batch_size)
+    if name == "naive":
+      naive_draws = (fresh_draws, diagnostics.estimator_samples(
+          estimator, fresh_state, now, objective, k_stale, num_draws, batch_size))
+      unweighted = (diagnostics.total_variance(fresh_draws)[0],) * 2
+      fresh = stale = unweighted[0]
+    else:
+      # The same keys draw the same batches and noise: the draws pair with naive's.
+      unweighted = (diagnostics.total_variance(fresh_draws)[0],
+                    diagnostics.total_variance(stale_draws)[0])
+      fresh = _weighted_variance(naive_draws[0], fresh_draws, leaf_sizes)
+      stale = _weighted_variance(naive_draws[0 if stateless else 1], stale_draws, leaf_sizes)
     seconds = _seconds_per_step(objective, estimator, rule, now, k_time, batch_size,
                                 timing_steps)
     rows.append(Candidate(name, fresh, stale, seconds, diagnostics.state_bytes(fresh_state),
-                          0.0))
+                          0.0, variance_unweighted=unweighted))
   naive = next(r for r in rows if r.name == "naive")
   reference = naive.variance_stale * naive.seconds_per_step
   rows = [r._replace(score=r.variance_stale * r.seconds_per_step / reference)

@@ -57,6 +57,13 @@ def test_subsampling_dominated_model_and_a_table_that_does_not_fit():
   assert saga.score == np.inf and "table" in saga.note
   assert advice.ranking[-1].name == "joint_saga"
   assert any(line.startswith("joint_saga: not an option") for line in advice.reasons)
+  # At the weight the adaptive rule settles on (fitted to the same, paired draws) a
+  # control variate is never worse than naive nor than its c = 1 self.
+  for name in ("cv", "joint_svrg"):
+    row = rows[name]
+    assert row.variance_fresh <= min(naive, row.variance_unweighted[0]) * (1 + 1e-9), name
+    assert row.variance_stale <= row.variance_unweighted[1] * (1 + 1e-9), name
+  assert "c = 1" in "".join(advice.reasons)
 
 
 @pytest.mark.parametrize("kwargs", [dict(candidates=("cv", "joint_svrg")),
