@@ -182,13 +182,12 @@ def _reasons(ranking, decomposition, naive) -> list:
       lines.append(f"{c.name}: not an option here ({c.note}).")
       continue
     cost = c.seconds_per_step / naive.seconds_per_step
-    paper = ""
+    variance = (f"variance {c.variance_stale / naive.variance_stale:.3g}x naive's with a "
+                f"half-epoch-old state, {c.variance_fresh / naive.variance_fresh:.3g}x fresh")
     if c.name != "naive":
-      paper = (f" (at the paper's weight c = 1: "
-               f"{c.variance_unweighted[1] / naive.variance_stale:.3g}x)")
-    lines.append(f"{c.name}: variance {c.variance_stale / naive.variance_stale:.3g}x naive's "
-                 f"with a half-epoch-old state{paper}, {c.variance_fresh / naive.variance_fresh:.3g}x "
-                 f"fresh, at the adaptive weight; step {cost:.2f}x naive's, state "
+      variance += (f", at the adaptive weight (at the paper's c = 1: "
+                   f"{c.variance_unweighted[1] / naive.variance_stale:.3g}x stale)")
+    lines.append(f"{c.name}: {variance}; step {cost:.2f}x naive's, state "
                  f"{c.state_bytes / 2**20:.3g} MiB: {1 / c.score:.2f}x naive's progress per "
                  "second.")
   if ranking[0].name == "naive":
