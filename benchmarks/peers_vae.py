@@ -87,6 +87,7 @@ def evaluator(task, draws: int = 2):
 
 def contenders(task, runner_cls, adam, scheduled: str) -> dict:
   """``{label: (factory(setting) -> Runner, None)}``."""
+  from benchmarks import peers  # imported here: peers imports this module
   s = task.spec
   n = s.objective.num_data
   objective, vae = s.objective, s.vae
@@ -120,18 +121,8 @@ def contenders(task, runner_cls, adam, scheduled: str) -> dict:
                                                    every=max(1, n // task.batch_size),
                                                    chunk_size=min(n, 2_000), **off)}[estimator]()
     opt = optax.chain(est, adam(setting, task.steps))
-
-    def segment(state, indices, keys):
-      def step(carry, xs):
-        return dsgrad.train_step(objective, opt, *carry, *xs), None
-      return jax.lax.scan(step, state, (indices, keys))[0]
-
-    def init(key):
-      del key
-      params = vae.init_params()
-      return params, opt.init(params)
-
-    return runner_cls(init, segment, lambda st: (st[0], None))
+    return peers.train_step_runner(objective, opt, vae.init_params,
+                                   lambda st: (st[0], None))
 
   out = {"optax (hand-written step), naive": (optax_runner, None)}
   labels = {"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
