@@ -705,7 +705,7 @@ def summarize(result: dict, evals: int) -> dict:
     train_ms = 1e3 * np.median([(r.seconds[-1] - r.seconds[0]) / (steps - steps // evals)
                                 for r in rs]) if evals > 1 else float("nan")
     to_peer = np.asarray([time_to_target(r, peer_target) for r in rs])
-    rows[name] = dict(lr=result["chosen"][name], times=times,
+    rows[name] = dict(lr=result["chosen"][name], times=times, finals=finals,
                       median=float(np.median(times)),
                       # Quartiles without interpolation: runs that never reach are +inf.
                       q1=float(np.percentile(times, 25, method="lower")),
@@ -797,10 +797,35 @@ def reading(summary: dict) -> str:
   final = (f"Final ELBO: dsgrad's best {rows[best_ours]['final']:,.2f} ({best_ours}), the "
            f"peers' best {rows[best_theirs]['final']:,.2f} ({best_theirs})")
   out = ("Reading (written by the benchmark from this table): " + verdict + ". " + final
-         + ".")
+         + ". " + never_worse(rows))
   if summary.get("advice") is not None:
     out += " " + speedup_reading(summary)
   return out
+
+
+def never_worse(rows: dict) -> str:
+  """Whether any seed of a dsgrad control variate ends more than 2 standard errors
+  (over seeds) behind dsgrad naive's mean final ELBO under the same schedule."""
+  behind, checked = [], 0
+  for name, row in rows.items():
+    if not name.startswith("dsgrad") or name.startswith("dsgrad naive"):
+      continue
+    naive = rows.get("dsgrad naive" + (SCHEDULED if name.endswith(SCHEDULED) else ""))
+    if naive is None:
+      continue
+    checked += 1
+    base = naive["finals"]
+    se = float(np.std(base, ddof=1) / np.sqrt(len(base))) if len(base) > 1 else 0.0
+    worst = float(np.min(row["finals"]))
+    if worst < float(np.mean(base)) - 2 * se:
+      behind.append(f"{name} (worst seed {worst:,.2f} against naive's {np.mean(base):,.2f}, "
+                    f"se {se:.2f})")
+  if not checked:
+    return ""
+  if not behind:
+    return (f"Never worse than naive: no seed of the {checked} control-variate rows ends "
+            "more than 2 se behind dsgrad naive's mean final ELBO under the same schedule.")
+  return ("Behind naive by more than 2 se on some seed: " + "; ".join(behind) + ".")
 
 
 def speedup_reading(summary: dict) -> str:

@@ -135,3 +135,16 @@ def test_speedup_reading_meets_or_names_the_limit():
   rows[ours] = _row(0.9, 0.1, 0.6)
   text = peers.speedup_reading({"rows": rows, "advice": (ours, Advice)})
   assert "the variance reduction" in text
+
+
+def test_never_worse_names_a_control_variate_seed_behind_naive():
+  rows = {"dsgrad naive": dict(finals=np.array([-10.0, -10.2, -9.8])),
+          "dsgrad cv (1st order, adaptive)": dict(finals=np.array([-9.0, -9.5, -9.9])),
+          "dsgrad naive" + peers.SCHEDULED: dict(finals=np.array([-10.0, -10.1])),
+          "dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED:
+              dict(finals=np.array([-12.0, -9.0]))}
+  text = peers.never_worse(rows)
+  assert "joint SVRG" in text and "cv" not in text.split("Behind")[1].split(":")[0]
+  rows["dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED]["finals"] = np.array(
+      [-10.05, -9.0])
+  assert peers.never_worse(rows).startswith("Never worse than naive: no seed of the 2")
