@@ -27,9 +27,7 @@ def test_numpyro_model_is_the_dsgrad_model(problem):
 
 
 def test_laplace_setting_hands_both_libraries_the_same_mass_matrix(problem):
-  chains = peers_mcmc.numpyro_chains(problem, "hmcecs", "laplace", jax.random.key(0), 1,
-                                     30, 5)
-  assert chains.samples.shape == (1, 5, 3)
+  # (NumPyro's HMCECS chains under this setting run in the smoke run below.)
   kernel = peers_mcmc.numpyro_kernel(problem, "hmc", "laplace")
   from numpyro.infer import MCMC
   runner = MCMC(kernel, num_warmup=30, num_samples=1, progress_bar=False)
