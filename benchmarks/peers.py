@@ -90,7 +90,8 @@ class Task(NamedTuple):
   steps: int
   description: str
   users: np.ndarray | None = None  # movielens: (N,) user of each rating; x holds genres
-  spec: peers_models.ModelSpec | None = None  # a model users bring (x: its features)
+  # A model users bring (x: its features, or the VAE's images).
+  spec: peers_models.ModelSpec | peers_vae.VaeSpec | None = None
 
 
 def _is_movielens(task: Task) -> bool:
@@ -496,17 +497,13 @@ def contenders(task: Task) -> dict:
     out[fed] = (lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, True), None)
     out[f"NumPyro SVI {elbo}, plate(subsample_size=)"] = (
         lambda lr, elbo=elbo: numpyro_runner(task, lr, elbo, False), fed)
-  labels = ({"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
-             "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
-             "joint_saga": "dsgrad joint SAGA (1st order, parameter table, adaptive)"}
-            if task.spec is not None else
-            {"naive": "dsgrad naive", "cv": "dsgrad cv (1st order, adaptive)",
-             "joint_svrg": "dsgrad joint SVRG (1st order, adaptive)",
-             "joint_saga": "dsgrad joint SAGA (1st order, sparse table, adaptive)"}
-            if _is_movielens(task) else
-            {"naive": "dsgrad naive", "cv": "dsgrad cv (2nd order, adaptive)",
-             "joint_svrg": "dsgrad joint SVRG (2nd order, adaptive)",
-             "joint_saga": "dsgrad joint SAGA (2nd order, logit table, adaptive)"})
+  # The approximation and SAGA's table as dsgrad_runner chooses them for the task.
+  order, table = (("1st order", "parameter table") if task.spec is not None else
+                  ("1st order", "sparse table") if _is_movielens(task) else
+                  ("2nd order", "logit table"))
+  labels = {"naive": "dsgrad naive", "cv": f"dsgrad cv ({order}, adaptive)",
+            "joint_svrg": f"dsgrad joint SVRG ({order}, adaptive)",
+            "joint_saga": f"dsgrad joint SAGA ({order}, {table}, adaptive)"}
   for est, label in labels.items():
     out[label] = (lambda lr, est=est: dsgrad_runner(task, lr, est), None)
   if task.spec is None and not _is_movielens(task) and task.num_classes == 1:  # binary logistic regression
@@ -659,12 +656,10 @@ def advise(task: Task, chosen: dict):
   """``(label, Recommendation)``: what :func:`dsgrad.recommend` picks for the task (the
   contenders' approximation, the tuned scheduled Adam of dsgrad naive), as the table's
   contender: its scheduled row where there is one."""
-  if _is_vae(task):
-    objective, approx = task.spec.objective, None
-  else:
-    objective = _objective(task)
-    approx = (None if task.spec is not None or _is_movielens(task)
-              else dsgrad.approx.glm_taylor(_model(task)))
+  objective = _objective(task)
+  # The GLMs' contenders use glm_taylor; the others linearize, recommend's default.
+  approx = (None if task.spec is not None or _is_movielens(task)
+            else dsgrad.approx.glm_taylor(_model(task)))
   params = (task.spec.vae.init_params() if _is_vae(task) else _initial(_dim(task)))
   setting = chosen.get("dsgrad naive" + SCHEDULED, chosen.get("dsgrad naive"))
   advice = dsgrad.recommend(objective, params, jax.random.key(777),
@@ -718,8 +713,7 @@ def summarize(result: dict, evals: int) -> dict:
                       init_seconds=float(np.median([r.init_seconds for r in rs])),
                       compile=result["compile_seconds"].get(name, float("nan")))
   return dict(target=target, target_from=best_name, peer_target=peer_target,
-              peer_from=peer_name, rows=rows, advice=result.get("advice"),
-              num_data=result["task"].x.shape[0], steps=result["task"].steps)
+              peer_from=peer_name, rows=rows, advice=result.get("advice"))
 
 
 def _fmt_time(row):
@@ -843,7 +837,7 @@ def speedup_reading(summary: dict) -> str:
   if not np.isfinite(ra["median"]):
     return (head + f". The recommended configuration does not reach the target in the median "
             f"run (final ELBO {ra['final']:,.2f}), so the 1.5x criterion is not met: "
-            + _limit(ra, rp, summary))
+            + _limit(ra, rp))
   if not np.isfinite(rp["median"]):
     return (head + f", which does not reach the target in the median run; the recommended "
             f"one does, in {ra['median']:.3f} s: the 1.5x criterion is met.")
@@ -856,7 +850,7 @@ def speedup_reading(summary: dict) -> str:
            "step cost (1.5 epochs into training), so it keeps naive, and naive against a "
            f"scheduled naive peer differs only in step cost ({ra['ms_per_step'] / rp['ms_per_step']:.2f}x).")
   else:
-    why = ": " + _limit(ra, rp, summary)
+    why = ": " + _limit(ra, rp)
   fastest = min((k for k in rows if k.startswith("dsgrad")), key=lambda k: rows[k]["median"])
   other = ""
   if fastest != label and np.isfinite(rows[fastest]["median"]):
@@ -867,7 +861,7 @@ def speedup_reading(summary: dict) -> str:
           + why + other)
 
 
-def _limit(ra: dict, rp: dict, summary: dict) -> str:
+def _limit(ra: dict, rp: dict) -> str:
   """Why: the step cost ratio, and the steps each needs to the peers' half-budget ELBO
   (time to it over ms per step, initial pass excluded)."""
   cost = ra["ms_per_step"] / rp["ms_per_step"]

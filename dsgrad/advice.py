@@ -257,21 +257,25 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
       rows.append(Candidate(name, np.inf, np.inf, np.inf, 0, np.inf,
                             str(error).split(". ")[0]))
       continue
+    pairing = "fresh" if stateless else "stale"  # the draws the stale state's pair with
     fresh_draws = diagnostics.estimator_samples(estimator, fresh_state, now, objective,
                                                 k_fresh, num_draws, batch_size)
     stale_draws = fresh_draws if stateless else diagnostics.estimator_samples(
         estimator, stale_state, now, objective, k_stale, num_draws, batch_size)
     if name == "naive":
-      naive_draws = (fresh_draws, diagnostics.estimator_samples(
-          estimator, fresh_state, now, objective, k_stale, num_draws, batch_size))
+      naive_draws, naive_at = {"fresh": fresh_draws}, (estimator, fresh_state)
       unweighted = (diagnostics.total_variance(fresh_draws)[0],) * 2
       fresh = stale = unweighted[0]
     else:
-      # The same keys draw the same batches and noise: the draws pair with naive's.
+      # The same keys draw the same batches and noise: the draws pair with naive's. Naive's
+      # draws at the stale key are made once, for the first stateful candidate.
+      if pairing not in naive_draws:
+        naive_draws[pairing] = diagnostics.estimator_samples(
+            *naive_at, now, objective, k_stale, num_draws, batch_size)
       unweighted = (diagnostics.total_variance(fresh_draws)[0],
                     diagnostics.total_variance(stale_draws)[0])
-      fresh = _weighted_variance(naive_draws[0], fresh_draws, leaf_sizes)
-      stale = _weighted_variance(naive_draws[0 if stateless else 1], stale_draws, leaf_sizes)
+      fresh = _weighted_variance(naive_draws["fresh"], fresh_draws, leaf_sizes)
+      stale = _weighted_variance(naive_draws[pairing], stale_draws, leaf_sizes)
     seconds = _seconds_per_step(objective, estimator, rule, now, k_time, batch_size,
                                 timing_steps)
     rows.append(Candidate(name, fresh, stale, seconds, diagnostics.state_bytes(fresh_state),
