@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 
 import dsgrad
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.batching import epoch_batches
 from dsgrad.segments import train_step
@@ -22,6 +25,17 @@ class FusedStep(NamedTuple):
 
   init: Callable
   step: Callable
+
+
+class DeferredChecks(NamedTuple):
+  """An optimizer timed as :func:`dsgrad.fit` runs it: its value checks deferred to the
+  end of the compiled scan (:func:`dsgrad.checks.deferred`) instead of a conditional
+  host callback in every step."""
+
+  optimizer: object
+
+  def init(self, params):
+    return self.optimizer.init(params)
 
 
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
@@ -66,9 +80,12 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   runners = {}
   for name, opt in optimizers.items():
 
-    def step(carry, xs, opt=opt):
+    deferred = isinstance(opt, DeferredChecks)
+
+    def step(carry, xs, opt=opt.optimizer if deferred else opt, deferred=deferred):
       idx, key, rows = xs
-      with data_lib.batch_rows(refs, idx, rows):
+      with data_lib.batch_rows(refs, idx, rows), (
+          checks.deferred() if deferred else contextlib.nullcontext()):
         if isinstance(opt, FusedStep):
           return opt.step(*carry, idx, key), None
         return train_step(objective, opt, *carry, idx, key), None
@@ -77,7 +94,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
       with data_lib.bind(refs, data_lib.join_host(data, host)):
         return jax.lax.scan(step, carry, xs)[0]
 
-    runners[name] = jax.jit(run, donate_argnums=0)
+    runners[name] = jax.jit(checkify.checkify(run) if deferred else run, donate_argnums=0)
 
   host_rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
 

@@ -30,7 +30,7 @@ from flax import serialization
 
 import dsgrad
 from benchmarks import _report
-from benchmarks._timing import time_per_step
+from benchmarks._timing import DeferredChecks, time_per_step
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 ESTIMATORS = ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg")
@@ -62,7 +62,8 @@ def _median_seconds(fn, repeats: int) -> float:
 
 def run(sizes=((1_000, 10), (10_000, 100)), batch_size=100, steps=200, rounds=5, lr=1e-2,
         estimators=ESTIMATORS):
-  """``(step rows, per-call rows, once rows)``: ``[(N, D, estimator, ms on, ms off)]``,
+  """``(step rows, per-call rows, once rows)``: ``[(N, D, estimator, ms on, ms off,
+  ms deferred)]``,
   ``[(estimator, ms per call on, off)]`` and ``[(what, seconds)]`` (the last two at the
   last size)."""
   step_rows = []
@@ -115,13 +116,16 @@ def _step_rows(model, params0, num_data, num_features, batch_size, steps, rounds
     # inc stores one noise draw per datum: it needs shared noise.
     objective = dsgrad.meanfield_gaussian(model, shared_noise=name == "inc")
     optimizers = {f"{name} checks on": _optimizer(name, objective, True, lr),
-                  f"{name} checks off": _optimizer(name, objective, False, lr)}
+                  f"{name} checks off": _optimizer(name, objective, False, lr),
+                  f"{name} checks deferred": DeferredChecks(_optimizer(name, objective, True,
+                                                                       lr))}
     seconds, _ = time_per_step(objective, optimizers, params0, batch_size, steps,
                                rounds=rounds)
-    on, off = 1e3 * seconds[f"{name} checks on"], 1e3 * seconds[f"{name} checks off"]
-    rows.append((num_data, num_features, name, on, off))
+    on, off, deferred = (1e3 * seconds[f"{name} checks {how}"]
+                         for how in ("on", "off", "deferred"))
+    rows.append((num_data, num_features, name, on, off, deferred))
     print(f"  N={num_data} D={num_features} {name:<11} on {on:.4f} ms  off {off:.4f} ms  "
-          f"ratio {on / off:.3f}", flush=True)
+          f"deferred {deferred:.4f} ms  ratio {on / off:.3f}", flush=True)
   return rows
 
 
@@ -156,17 +160,21 @@ def format_table(step_rows, per_call, once, config):
       f"batch {config['batch_size']}; one jitted step = naive gradient + estimator + Adam, "
       f"{config['steps']} steps per timed run inside `lax.scan`, median of "
       f"{config['rounds']} rounds (rotated order, compile round discarded). "
-      "\"on\": `check_indices=True, check_finite=True` (the defaults); \"off\": both `False`.",
+      "\"on\": `check_indices=True, check_finite=True` (the defaults), each check a "
+      "conditional host callback in the step, as in a loop the user writes; \"deferred\": the "
+      "same checks as `dsgrad.fit` runs them, carried out of the compiled scan "
+      "(`dsgrad.checks.deferred`); \"off\": both `False` (the chain-order checks, "
+      "`check_gradient` and smiso's `check_chain`, stay on).",
       "",
       f"Measured: {_report.environment()}",
       "",
-      "| N | D | estimator | ms/step, checks on | ms/step, checks off | on / off | "
-      "on - off (us) |",
-      "| ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+      "| N | D | estimator | ms/step, checks on | ms/step, deferred | ms/step, checks off | "
+      "on / off | deferred / off | on - off (us) |",
+      "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
   ]
-  for n, d, name, on, off in step_rows:
-    lines.append(f"| {n:,} | {d} | {name} | {on:.4f} | {off:.4f} | {on / off:.3f}x | "
-                 f"{1e3 * (on - off):.1f} |")
+  for n, d, name, on, off, deferred in step_rows:
+    lines.append(f"| {n:,} | {d} | {name} | {on:.4f} | {deferred:.4f} | {off:.4f} | "
+                 f"{on / off:.3f}x | {deferred / off:.3f}x | {1e3 * (on - off):.1f} |")
   n, d = step_rows[-1][:2]
   lines += ["", f"A Python loop calling one jitted step per call (N = {n:,}, D = {d}; "
             f"{config['steps']} calls, blocking at the end, median of {config['rounds']} "

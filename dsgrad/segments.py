@@ -34,8 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import checkify
 
 from dsgrad import batching
+from dsgrad import checks
 from dsgrad import compile_cache
 from dsgrad import data as data_lib
 from dsgrad import parallel
@@ -92,7 +94,8 @@ def host_block_steps(host_data: dict, batch_size: int) -> int:
 def segment_program(objective: Objective, optimizer, batch_size: int, length: int,
                     mesh=None, carry_shardings=None):
   """The jitted (not yet compiled) segment ``(carry, key, start, data, orders, rows) ->
-  carry`` of ``length`` steps from step ``start``.
+  (error, carry)`` of ``length`` steps from step ``start``; ``error`` is the first value
+  check that failed (:func:`dsgrad.checks.raise_deferred` raises it).
 
   ``orders`` is the window :meth:`dsgrad.batching.EpochOrders.window` gives for
   ``(start, length)``; ``data`` the objective's device data and int32 handles of its host
@@ -108,14 +111,18 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 
     def step(carry, xs):
       idx, t, rows_t = xs
-      with data_lib.batch_rows(objective.data or {}, idx, rows_t):
+      # The estimators' value checks travel out with the results instead of a host
+      # round trip per step (a GPU synchronization each); SegmentRunner raises them.
+      with data_lib.batch_rows(objective.data or {}, idx, rows_t), checks.deferred(t):
         return train_step(objective, optimizer, *carry, idx,
                           jax.random.fold_in(noise_key, t), mesh=mesh), None
 
     with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
       return jax.lax.scan(step, carry, (indices, steps, rows))[0]
 
-  return jax.jit(run, donate_argnums=0, out_shardings=carry_shardings)
+  out_shardings = (None if carry_shardings is None
+                   else (parallel.replicated(mesh), carry_shardings))
+  return jax.jit(checkify.checkify(run), donate_argnums=0, out_shardings=out_shardings)
 
 
 def compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
@@ -204,10 +211,11 @@ class SegmentRunner:
             self.carry_shardings)
         self.compile_seconds += seconds
       t0 = time.perf_counter()
-      params, opt_state = self.executables[steps](*args)
+      error, (params, opt_state) = self.executables[steps](*args)
       upcoming = parts[k + 1:] or parts_next
       if upcoming:  # the next block's rows, while this one runs
         self._read_ahead(*upcoming[0])
       jax.block_until_ready((params, opt_state))
       self.step_seconds += time.perf_counter() - t0
+      checks.raise_deferred(error)
     return params, opt_state

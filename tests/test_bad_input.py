@@ -283,3 +283,40 @@ def test_family_and_dais_initial_values_of_the_wrong_shape_are_named(logreg_mode
   with pytest.raises(ValueError, match=rf"{argument} has shape \({d + 2},\)"):
     vi.init_params(**{argument: jnp.zeros(d + 2)})
   assert vi.init_params(**{argument: jnp.zeros(d)})["base"]["loc"].shape == (d,)
+
+
+@pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
+def test_deferred_checks_raise_the_same_error_naming_the_step(objective, params0, name):
+  # As fit runs its segments: the value checks leave the compiled scan with its results
+  # (no host round trip per step) and are raised afterwards, naming the first bad step.
+  from jax.experimental import checkify
+  tx = ESTIMATORS[name](objective)
+  state = tx.init(params0)
+  idx, noise = _batch(objective)
+  grads = objective.grad(params0, idx, noise)
+  good = jnp.tile(idx, (5, 1))
+
+  def run(state, batches):
+    def body(state, xs):
+      t, indices = xs
+      with dsgrad.checks.deferred(t):
+        return tx.update(grads, state, params0, indices=indices, noise=noise)[1], None
+    return jax.lax.scan(body, state, (jnp.arange(5), batches))[0]
+
+  program = jax.jit(checkify.checkify(run))
+  dsgrad.checks.raise_deferred(program(state, good)[0])  # nothing failed: no error
+  bad = good.at[3, 4].set(50).at[4, 0].set(-1)
+  with pytest.raises(ValueError, match=r"^indices out of range: every index must lie in "
+                                       r"\[0, 50\) \(at step 3\)$"):
+    dsgrad.checks.raise_deferred(program(state, bad)[0])
+
+
+def test_fit_segments_hold_no_host_callback(objective, params0):
+  # A conditional host callback per step synchronizes a GPU with its host on every step.
+  from dsgrad import data as data_lib
+  optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  segment = dsgrad.segments.segment_program(objective, optimizer, BATCH, 3)
+  orders = dsgrad.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)
+  text = segment.lower((params0, optimizer.init(params0)), jax.random.key(0), jnp.int32(0),
+                       data_lib.split_host(objective.data_tree())[0], orders, {}).as_text()
+  assert "callback" not in text
