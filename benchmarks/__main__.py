@@ -13,6 +13,7 @@ BENCHMARKS = {
     "dais": "benchmarks.dais",
     "peers": "benchmarks.peers",
     "checks": "benchmarks.checks",
+    "bridge-cost": "benchmarks.bridge_cost",
 }
 
 

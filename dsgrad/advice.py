@@ -54,6 +54,12 @@ from dsgrad.objective import Objective
 
 CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga")
 
+DECOMPOSITION_DATA = 2048
+"""The most data whose per-datum gradients enter the ``V_n`` estimate (a uniform sample
+without replacement beyond it), and the scale of the full passes for ``V_eps``: a model
+with many latent variables and many data would otherwise spend minutes on dense
+per-datum gradients that only set the words of the advice."""
+
 
 class Candidate(NamedTuple):
   """One estimator's measurements.
@@ -211,7 +217,8 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
     approx: the approximation for ``cv`` and the joint estimators (default
       :func:`dsgrad.approx.linearize`).
     candidates: names among ``("naive", "cv", "joint_svrg", "joint_saga")``.
-    num_draws: gradient draws per variance estimate.
+    num_draws: gradient draws per variance estimate (the full passes for ``V_eps``
+      are fewer when ``N`` exceeds :data:`DECOMPOSITION_DATA`: at least 20).
     timing_steps: steps per timed run.
     update_rule: the optax rule chained after the estimator in training (default
       ``optax.adam(1e-2)``): it is timed with each estimator and runs the naive steps
@@ -240,9 +247,11 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
   rule = optax.adam(1e-2) if update_rule is None else update_rule
   k_dec, k_epoch, k_fresh, k_stale, k_time = jax.random.split(key, 5)
   earlier, now = _half_an_epoch_apart(objective, params, k_epoch, batch_size, rule)
-  decomposition = diagnostics.variance_decomposition(objective, now, k_dec, batch_size,
-                                                     num_draws=num_draws,
-                                                     full_draws=num_draws)
+  n = objective.num_data
+  decomposition = diagnostics.variance_decomposition(
+      objective, now, k_dec, batch_size, num_draws=num_draws,
+      full_draws=max(min(num_draws, 20), min(num_draws, num_draws * DECOMPOSITION_DATA // n)),
+      num_data_sampled=min(n, DECOMPOSITION_DATA))
   every = max(1, objective.num_data // batch_size)
   rows = []
   leaf_sizes = [int(np.size(leaf)) for leaf in jax.tree.leaves(now)]

@@ -169,7 +169,8 @@ def _elbo_program(objective: Objective, num_samples: int, chunk_size: int):
 
 def variance_decomposition(objective: Objective, params, key, batch_size: int, *,
                            num_draws: int = 2000, full_draws: int = 200,
-                           noise_draws_per_datum: int = 8, chunk_size: int = 256) -> dict:
+                           noise_draws_per_datum: int = 8, chunk_size: int = 256,
+                           num_data_sampled: int | None = None) -> dict:
   """The variance decomposition of Table 1 at ``params``, for batches of ``batch_size``.
 
   Variances are traces of covariance matrices, for a batch of ``B`` i.i.d. data:
@@ -180,11 +181,16 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
     batch draw: ``tr Cov_n[grad f(w; n)] / B``. Each ``grad f(w; n)`` is estimated with
     ``K = noise_draws_per_datum`` draws for every datum; the Monte Carlo inflation
     ``E_n tr V_eps[grad f(w; n, eps)] / K`` is estimated from the within-datum sample
-    variances and subtracted, so the estimate is unbiased.
+    variances and subtracted, so the estimate is unbiased. With ``num_data_sampled = m
+    < N`` only ``m`` data drawn uniformly without replacement enter it: their sample
+    covariance (divisor ``m - 1``) is unbiased for the population's (divisor
+    ``N - 1``), at ``m / N`` of the cost.
   * ``V_eps``: of the full-data gradient ``grad f(w; eps) = mean_n grad f(w; n, eps)``
     over the noise: ``full_draws`` full passes.
 
-  Cost: ``num_draws`` batch gradients, ``N (K + full_draws)`` per-datum gradients.
+  Cost: ``num_draws`` batch gradients, ``full_draws`` full-data gradients, and ``m K``
+  per-datum gradients (``m = N`` by default), each a dense vector of the params' size:
+  the term that dominates for a model with many latent variables.
 
   Returns:
     ``{"V_n_eps", "V_n", "V_eps"}`` and their standard errors (``"*_se"``; for ``V_n``
@@ -201,16 +207,21 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
       naive_draws(params, jax.random.split(k_naive, num_draws)))
 
   kk = noise_draws_per_datum
-  chunk = min(chunk_size, n)
+  if num_data_sampled is None or num_data_sampled >= n:
+    data, m = jnp.arange(n, dtype=jnp.int32), n
+  else:
+    m = checks.check_count(num_data_sampled, "num_data_sampled", 2)
+    data = jnp.sort(jax.random.choice(jax.random.fold_in(k_datum, 2**30), n, (m,),
+                                      replace=False)).astype(jnp.int32)
+  chunk = min(chunk_size, m)
   total, total_sq, within_sum = 0.0, 0.0, 0.0
-  for c, start in enumerate(range(0, n, chunk)):
-    idx = jnp.arange(start, min(start + chunk, n), dtype=jnp.int32)
-    s, sq, w = datum_stats(params, idx, jax.random.fold_in(k_datum, c))
+  for c, start in enumerate(range(0, m, chunk)):
+    s, sq, w = datum_stats(params, data[start:start + chunk], jax.random.fold_in(k_datum, c))
     total, total_sq, within_sum = total + s, total_sq + sq, within_sum + w
-  mean_all = total / n
+  mean_all = total / m
   # tr Cov_n of the K-draw means, then remove the E_n tr V_eps / K inflation.
-  cov_trace = (total_sq / n - jnp.sum(mean_all ** 2)) * n / (n - 1)
-  v_n = float((cov_trace - within_sum / n / kk) / batch_size)
+  cov_trace = (total_sq / m - jnp.sum(mean_all ** 2)) * m / (m - 1)
+  v_n = float((cov_trace - within_sum / m / kk) / batch_size)
 
   v_eps, v_eps_se = total_variance(full_draws_fn(params, jax.random.split(k_full, full_draws)))
   return {"V_n_eps": v_n_eps, "V_n_eps_se": v_n_eps_se, "V_n": v_n,

@@ -131,7 +131,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       ``checkpoint_every >= 1``), ``batch_size`` above the number of data, non-finite
       ``params``, or a ``checkpoint_path`` whose folder is missing or not writable; with ``resume``, a
       checkpoint written with other settings, damaged (checksum), or whose entries,
-      shapes or dtypes differ from this optimizer's state.
+      shapes or dtypes differ from this optimizer's state. After a segment, when an
+      estimator's value check failed during it (a non-finite gradient, params or
+      noise), with the check's message and the first step it failed at: the checks
+      travel out of the compiled segment (:func:`dsgrad.checks.deferred`) instead of
+      a host callback per step.
   """
   _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
                        checkpoint_path)

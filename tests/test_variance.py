@@ -165,3 +165,22 @@ def test_variance_decomposition_matches_exact_subsampling_variance(logreg_data, 
   assert abs(d["V_n"] - v_n_exact) < 0.05 * v_n_exact, (d["V_n"], v_n_exact)
   assert d["V_n_eps"] > v_n_exact - 4 * d["V_n_eps_se"]
   assert d["V_eps"] > 0 and d["V_eps_se"] < 0.1 * d["V_eps"]
+
+
+@pytest.mark.parametrize("where", ["start", "endpoint"])
+def test_variance_decomposition_on_a_sample_of_the_data_is_unbiased(logreg_data, logreg_model,
+                                                                     params0, endpoint, where):
+  """V_n from 20 of the 50 data (what dsgrad.recommend does on large data sets): over
+  independent samples its mean is the quadrature value, within 4 standard errors. At the
+  start the mean gradient is far from zero, so a wrong mean term would show."""
+  objective, params = endpoint
+  if where == "start":
+    params = params0
+  v_n_exact = _per_datum_exact_grads(logreg_data, params).var(0, ddof=1).sum() / BATCH
+  estimates = np.array([
+      dsgrad.variance_decomposition(objective, params, jax.random.key(100 + r), BATCH,
+                                    num_draws=2, full_draws=2,
+                                    num_data_sampled=20)["V_n"] for r in range(24)])
+  se = estimates.std(ddof=1) / np.sqrt(len(estimates))
+  assert abs(estimates.mean() - v_n_exact) < 4 * se, (estimates.mean(), v_n_exact, se)
+  assert se < 0.2 * v_n_exact  # the band is narrow enough to catch a wrong divisor
