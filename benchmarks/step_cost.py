@@ -66,28 +66,33 @@ IN_FIT = "joint_saga (App. F, logit table, checks deferred as in fit)"
 
 
 def hand_fused_saga(objective, model, learning_rate: float = 1e-3) -> _timing.FusedStep:
-  """The hand-fused reference: binary logistic regression's joint SAGA step with App.
-  F's logit table (``joint_saga(objective, glm_mean_taylor(model), control_weight=1.0)``
-  then Adam), written by hand as one pass over the batch's rows.
+  """The hand-fused reference: a GLM's (binary or softmax regression's) joint SAGA step
+  with App. F's logit table (``joint_saga(objective, glm_mean_taylor(model),
+  control_weight=1.0)`` then Adam), written by hand as one pass over the batch's rows.
 
   It computes the same numbers as dsgrad's step (tested) with the least work: one
-  product of the rows with ``[mu, sigma eps]`` gives the logits at the mean and the
-  noise direction (their sum is the naive gradient's logits), and one product of the
-  ``(B, 2)`` logit-space terms with the rows gives the naive gradient's and the control's
-  data parts together with the running mean's change. No checks, no extra gathers.
+  product of the rows with ``[mu, sigma eps]`` (each ``D x K``) gives the logits at the
+  mean and the noise direction (their sum is the naive gradient's logits), and one
+  product of the ``(B, 3K)`` logit-space terms with the rows gives the naive gradient's
+  and the control's data parts together with the running mean's change. No checks, no
+  extra gathers.
   """
   x, n = model.linear.features, model.num_data
+  k = model.linear.num_outputs
   ell = model.linear.log_likelihood_of_logits
   adam = optax.adam(learning_rate)
 
-  def slopes(a, indices):  # ell'(a) and ell''(a), elementwise over a (B, 1)
+  def slopes(a, indices):  # ell'(a) and its Hessian-vector product, over logits (B, K)
     grad = jax.grad(lambda v: jnp.sum(ell(v, indices)))
     return grad(a), lambda t: jax.jvp(grad, (a,), (t,))[1]
 
+  def flat(projected):  # (K, D) logit-space products -> the params' (D * K,) layout
+    return projected.T.reshape(-1)
+
   def init(params):
-    logits = x.value() @ params["loc"].reshape(-1, 1)
+    logits = x.value() @ params["loc"].reshape(-1, k)
     g, _ = slopes(logits, jnp.arange(n))
-    mean = {"loc": -(g.T @ x.value()).reshape(-1), "log_scale": jnp.zeros_like(params["loc"])}
+    mean = {"loc": -flat(g.T @ x.value()), "log_scale": jnp.zeros_like(params["loc"])}
     return logits, mean, adam.init(params)
 
   def step(params, state, indices, noise_key):
@@ -95,24 +100,26 @@ def hand_fused_saga(objective, model, learning_rate: float = 1e-3) -> _timing.Fu
     eps = objective.sample_noise(noise_key, indices.shape[0])
     mu, scaled = params["loc"], jnp.exp(params["log_scale"]) * eps
     rows = x[indices]
-    both = rows @ jnp.stack([mu, scaled], 1)  # (B, 2): logits at mu, noise direction
-    a_mu, direction = both[:, :1], both[:, 1:]
+    # (B, 2K): logits at mu, noise direction
+    both = rows @ jnp.concatenate([mu.reshape(-1, k), scaled.reshape(-1, k)], 1)
+    a_mu, direction = both[:, :k], both[:, k:]
     old = table[indices]
     s_z, _ = slopes(a_mu + direction, indices)
     s_old, curvature = slopes(old, indices)
     s_new, _ = slopes(a_mu, indices)
     b = indices.shape[0]
     first = dsgrad.tables.first_occurrence(indices).astype(mu.dtype)[:, None]
-    # Row 0: the naive gradient's data part plus the control's; row 1: the change of
-    # the running mean; row 2: the naive gradient's data part alone (for the scales).
+    # Block 0: the naive gradient's data part plus the control's; block 1: the change
+    # of the running mean; block 2: the naive gradient's data part alone (for the scales).
     terms = jnp.concatenate([(n / b) * (s_old + curvature(direction) - s_z),
                              -n * first * (s_new - s_old), -(n / b) * s_z], 1)
-    projected = terms.T @ rows  # (3, D)
+    projected = terms.T @ rows  # (3K, D)
+    control, change, data = (flat(projected[i * k:(i + 1) * k]) for i in range(3))
     prior_at_z = jax.grad(model.log_prior)(mu + scaled)
     prior_hv = jax.jvp(jax.grad(model.log_prior), (mu,), (scaled,))[1]
-    grads = {"loc": projected[0] - prior_at_z + mean["loc"] + prior_hv,
-             "log_scale": (projected[2] - prior_at_z) * scaled - 1.0}
-    mean = {"loc": mean["loc"] + projected[1] / n, "log_scale": mean["log_scale"]}
+    grads = {"loc": control - prior_at_z + mean["loc"] + prior_hv,
+             "log_scale": (data - prior_at_z) * scaled - 1.0}
+    mean = {"loc": mean["loc"] + change / n, "log_scale": mean["log_scale"]}
     table = dsgrad.tables.set_row_values(table, indices, a_mu)
     updates, adam_state = adam.update(grads, adam_state, params)
     return optax.apply_updates(params, updates), (table, mean, adam_state)
@@ -155,11 +162,10 @@ def _estimators(objective, model, every, include_slow):
       "joint_svrg (2nd order, adaptive)": lambda: dsgrad.joint_svrg(
           objective, taylor2, every=every, control_weight="adaptive"),
   }
+  out["joint_saga (App. F, logit table, no checks)"] = lambda: dsgrad.joint_saga(
+      objective, glm, check_indices=False, check_finite=False, check_gradient=False, **paper)
+  out[FLOOR] = lambda: hand_fused_saga(objective, model)
   if model.linear.logistic_signs is not None:  # binary logistic: the probit mixture
-    out["joint_saga (App. F, logit table, no checks)"] = lambda: dsgrad.joint_saga(
-        objective, glm, check_indices=False, check_finite=False, check_gradient=False,
-        **paper)
-    out[FLOOR] = lambda: hand_fused_saga(objective, model)
     probit = dsgrad.approx.logistic_probit(model)
     out["cv (probit)"] = lambda: dsgrad.cv(objective, probit, **paper)
     out["joint_saga (probit, logit table)"] = lambda: dsgrad.joint_saga(objective, probit,

@@ -8,7 +8,7 @@ import numpy as np
 from benchmarks import bridge_cost
 
 
-def test_every_row_is_the_same_log_density_and_the_table_has_each_row():
+def test_every_row_is_the_same_log_density_and_the_table_states_each_ratio():
   objectives, dim = bridge_cost.objectives(400, 16)
   params = {"loc": 0.3 * jax.random.normal(jax.random.key(0), (dim,)),
             "log_scale": jnp.full(dim, -1.0)}
@@ -21,8 +21,9 @@ def test_every_row_is_the_same_log_density_and_the_table_has_each_row():
   reference = values[bridge_cost.HAND]
   for name, value in values.items():
     np.testing.assert_allclose(value, reference, rtol=1e-4, err_msg=name)
-  seconds = bridge_cost.run(num_data=400, batch_size=16, steps=3, rounds=1, log=False)
+  # The table (timings are the benchmark's own business; running it compiles five scans).
+  seconds = {name: 1e-4 * (i + 1) for i, name in enumerate(objectives)}
   table = bridge_cost.format_table(seconds, dict(num_data=400, batch_size=16, steps=3,
                                                  rounds=1))
-  assert set(seconds) == set(objectives) and all(s > 0 for s in seconds.values())
-  assert "| hand-written log density |" in table and "| 1.00x |" in table
+  assert "| hand-written log density | 0.1000 | 1.00x |" in table
+  assert "| bridge, five sites (as in `peers bnn`) | 0.2000 | 2.00x |" in table

@@ -4,13 +4,15 @@ logit table, c = 1, Adam) exactly, so the ratio of the two is a ratio of costs a
 import jax
 import jax.numpy as jnp
 import optax
+import pytest
 
 import dsgrad
 from benchmarks import step_cost
 
 
-def test_hand_fused_floor_is_dsgrads_joint_saga_step():
-  model = step_cost._problem(500, 12, 1)
+@pytest.mark.parametrize("classes", [1, 3])
+def test_hand_fused_floor_is_dsgrads_joint_saga_step(classes):
+  model = step_cost._problem(500, 12, classes)
   objective = dsgrad.meanfield_gaussian(model)
   params = dsgrad.meanfield_init(model, 0.0, -2.0)
   floor = step_cost.hand_fused_saga(objective, model)
