@@ -143,8 +143,14 @@ def test_never_worse_names_a_control_variate_seed_behind_naive():
           "dsgrad naive" + peers.SCHEDULED: dict(finals=np.array([-10.0, -10.1])),
           "dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED:
               dict(finals=np.array([-12.0, -9.0]))}
+  for name, row in rows.items():
+    row["lr"] = 0.03 if "SVRG" in name else 0.01
+  svrg = "dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED
   text = peers.never_worse(rows)
   assert "joint SVRG" in text and "cv" not in text.split("Behind")[1].split(":")[0]
-  rows["dsgrad joint SVRG (1st order, adaptive)" + peers.SCHEDULED]["finals"] = np.array(
-      [-10.05, -9.0])
+  assert "at lr 0.03 against naive's 0.01" in text
+  # Run again at naive's rate: the reading says whether the rate or the estimator did it.
+  assert "not the control variate" in peers.never_worse(rows, {svrg: (0.01, [-10.0, -9.9])})
+  assert "still behind" in peers.never_worse(rows, {svrg: (0.01, [-11.0, -9.9])})
+  rows[svrg]["finals"] = np.array([-10.05, -9.0])
   assert peers.never_worse(rows).startswith("Never worse than naive: no seed of the 2")
