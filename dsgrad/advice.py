@@ -250,9 +250,9 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
   n = objective.num_data
   decomposition = diagnostics.variance_decomposition(
       objective, now, k_dec, batch_size, num_draws=num_draws,
-      full_draws=max(min(num_draws, 20), min(num_draws, num_draws * DECOMPOSITION_DATA // n)),
+      full_draws=min(num_draws, max(20, num_draws * DECOMPOSITION_DATA // n)),
       num_data_sampled=min(n, DECOMPOSITION_DATA))
-  every = max(1, objective.num_data // batch_size)
+  every = max(1, n // batch_size)
   rows = []
   leaf_sizes = [int(np.size(leaf)) for leaf in jax.tree.leaves(now)]
   # naive first: the others' weights are fitted against its draws.

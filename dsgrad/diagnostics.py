@@ -207,10 +207,11 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
       naive_draws(params, jax.random.split(k_naive, num_draws)))
 
   kk = noise_draws_per_datum
-  if num_data_sampled is None or num_data_sampled >= n:
-    data, m = jnp.arange(n, dtype=jnp.int32), n
+  m = n if num_data_sampled is None else min(
+      n, checks.check_count(num_data_sampled, "num_data_sampled", 2))
+  if m == n:
+    data = jnp.arange(n, dtype=jnp.int32)
   else:
-    m = checks.check_count(num_data_sampled, "num_data_sampled", 2)
     data = jnp.sort(jax.random.choice(jax.random.fold_in(k_datum, 2**30), n, (m,),
                                       replace=False)).astype(jnp.int32)
   chunk = min(chunk_size, m)
