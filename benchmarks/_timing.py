@@ -50,7 +50,8 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   that no optimizer always goes first.
 
   Args:
-    objective: the :class:`dsgrad.Objective`.
+    objective: the :class:`dsgrad.Objective`, or ``{name: objective}`` with one per
+      optimizer (ways of writing one model: the same number of data and params).
     optimizers: ``{name: optax transformation}`` taking ``indices`` and ``noise``.
     params0: initial params (copied for every run).
     batch_size: ``B``.
@@ -72,17 +73,22 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   Returns:
     ``({name: seconds per step}, {name: (table bytes, state bytes)})``.
   """
+  objectives = (objective if isinstance(objective, dict)
+                else dict.fromkeys(optimizers, objective))
+  num_data = next(iter(objectives.values())).num_data
   keys = jax.random.split(jax.random.key(1), steps)
-  batches = epoch_batches(jax.random.key(2), index_range or objective.num_data, batch_size,
-                          steps)
-  data_args, host = data_lib.split_host(objective.data_tree())
-  refs = objective.data or {}
-  runners = {}
+  batches = epoch_batches(jax.random.key(2), index_range or num_data, batch_size, steps)
+  runners, inputs = {}, {}
   for name, opt in optimizers.items():
+    objective = objectives[name]
+    data_args, host = data_lib.split_host(objective.data_tree())
+    refs = objective.data or {}
+    inputs[name] = (objective, data_args, host)
 
     deferred = isinstance(opt, DeferredChecks)
 
-    def step(carry, xs, opt=opt.optimizer if deferred else opt, deferred=deferred):
+    def step(carry, xs, opt=opt.optimizer if deferred else opt, deferred=deferred,
+             objective=objective, refs=refs):
       idx, key, rows = xs
       with data_lib.batch_rows(refs, idx, rows), (
           checks.deferred() if deferred else contextlib.nullcontext()):
@@ -90,16 +96,19 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
           return opt.step(*carry, idx, key), None
         return train_step(objective, opt, *carry, idx, key), None
 
-    def run(carry, xs, data, step=step):
+    def run(carry, xs, data, step=step, refs=refs, host=host):
       with data_lib.bind(refs, data_lib.join_host(data, host)):
         return jax.lax.scan(step, carry, xs)[0]
 
     runners[name] = jax.jit(checkify.checkify(run) if deferred else run, donate_argnums=0)
 
-  host_rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
+  host_rows = {}  # per objective, read once, as fit's reader does
+  for objective, _, host in inputs.values():
+    if id(objective) not in host_rows:
+      host_rows[id(objective)] = jax.device_put(data_lib.read_rows(host, batches))
 
-  def rows_for(n_steps):
-    return {k: v[:n_steps] for k, v in host_rows.items()}
+  def rows_for(objective, n_steps):
+    return {k: v[:n_steps] for k, v in host_rows[id(objective)].items()}
 
   times = {name: [] for name in optimizers}
   memory = {}
@@ -107,8 +116,9 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   for round_ in range(rounds + 1):
     order = names[round_ % len(names):] + names[:round_ % len(names)]
     for name in order:
+      objective, data_args, _ = inputs[name]
       n_steps = steps_for(name) if steps_for else steps
-      xs = (batches[:n_steps], keys[:n_steps], rows_for(n_steps))
+      xs = (batches[:n_steps], keys[:n_steps], rows_for(objective, n_steps))
       params = jax.tree.map(jnp.copy, params0)
       with objective.bound():
         state = optimizers[name].init(params)

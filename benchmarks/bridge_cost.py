@@ -4,27 +4,23 @@ density written by hand in JAX (``python -m benchmarks bridge-cost``).
 The Bayesian neural network of ``peers bnn`` (8 -> 110 tanh -> 1, 1,102 latent
 variables), N = 20,000, B = 100: dsgrad's naive step (noise, gradient, Adam) inside one
 jitted ``lax.scan``, for each way of writing the log density, side by side in one process
-(rounds rotated, median of rounds, compile round discarded). The rows that mix the
-bridge's prior with the hand-written likelihood (and the reverse) say which half of the
-bridged density the extra time is in; the one-site row writes the same network with all
-its weights in one vector site.
+(:func:`benchmarks._timing.time_per_step`: rounds rotated, median of rounds, compile
+round discarded). The rows that mix the bridge's prior with the hand-written likelihood
+(and the reverse) say which half of the bridged density the extra time is in; the
+one-site row writes the same network with all its weights in one vector site.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import optax
 
 import dsgrad
-from benchmarks import _report, peers_models
-from dsgrad import data as data_lib
-from dsgrad.batching import epoch_batches
+from benchmarks import _report, _timing, peers_models
 from dsgrad.models.base import Model
 
 HAND = "hand-written log density"
@@ -82,36 +78,9 @@ def run(num_data=20_000, batch_size=100, steps=400, rounds=7, log=True) -> dict:
   """``{row: seconds per step}`` (median of ``rounds``)."""
   objs, dim = objectives(num_data, batch_size)
   optimizer = optax.chain(dsgrad.naive(check_finite=False), optax.adam(1e-3))
-  batches = epoch_batches(jax.random.key(2), num_data, batch_size, steps)
-  keys = jax.random.split(jax.random.key(1), steps)
-  runners = {}
-  for name, objective in objs.items():
-    refs = objective.data or {}
-    data_args, host = data_lib.split_host(objective.data_tree())
-
-    def segment(carry, xs, data, objective=objective, refs=refs, host=host):
-      def step(carry, batch):
-        return dsgrad.train_step(objective, optimizer, *carry, *batch), None
-      with data_lib.bind(refs, data_lib.join_host(data, host)):
-        return jax.lax.scan(step, carry, xs)[0]
-
-    params = {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
-    state = optimizer.init(params)
-    runners[name] = (jax.jit(segment).lower((params, state), (batches, keys),
-                                            data_args).compile(), params, state, data_args)
-  times = {name: [] for name in runners}
-  names = list(runners)
-  for round_ in range(rounds + 1):
-    for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-      compiled, params, state, data_args = runners[name]
-      start = time.perf_counter()
-      jax.block_until_ready(compiled((params, state), (batches, keys), data_args))
-      if round_:
-        times[name].append((time.perf_counter() - start) / steps)
-  seconds = {name: statistics.median(t) for name, t in times.items()}
-  if log:
-    for name, s in seconds.items():
-      print(f"  {name:<45} {1e3 * s:.4f} ms/step", flush=True)
+  params = {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
+  seconds, _ = _timing.time_per_step(objs, dict.fromkeys(objs, optimizer), params,
+                                     batch_size, steps, rounds=rounds, log=log)
   return seconds
 
 
