@@ -9,7 +9,7 @@ is timed over one whole refresh period (``every = N / B`` steps, including one f
 pass), so its figure is amortized. Rows marked "App. F" use the paper's mean-only
 Taylor approximation (what the paper timed); the others use ``linearize()``. Rows
 without "adaptive" use the paper's weight ``c = 1``; ``control_weight="adaptive"`` (the
-default since 2026-11-24) adds three params-sized moving averages.
+default) adds one params-sized moving average and two scalars per leaf.
 Paper (Table 3, MNIST, GPU): naive 10.4 ms, cv
 12.8 ms (1.23x), joint 17.6 ms (1.69x), inc 328 ms.
 """

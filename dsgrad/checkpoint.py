@@ -23,6 +23,7 @@ import contextlib
 import glob
 import hashlib
 import os
+import re
 import socket
 import tempfile
 import warnings
@@ -267,6 +268,16 @@ def restore(path: str | os.PathLike, like: Any, *, allow_unverified: bool = Fals
   return restore_from_raw(restore_raw(path, allow_unverified=allow_unverified), like, path)
 
 
+def _layout_hint(name: str, got, want) -> str:
+  """Why a saved entry can have another shape than the template: a state layout that
+  changed between dsgrad versions (named), else another model or optimizer."""
+  if re.search(r"\.(cross|control_sq)\b", name) and np.ndim(want) == 0 and np.ndim(got):
+    return (": this checkpoint was written by an earlier dsgrad, whose adaptive control "
+            "weight kept params-shaped moments (now one scalar per parameter leaf). "
+            "Restart the run, or restore it with the dsgrad that wrote it")
+  return " (saved from another model, estimator or optimizer?)"
+
+
 def restore_from_raw(raw: dict, like: Any, path: str | os.PathLike = "<raw>") -> Any:
   """:func:`restore` of a checkpoint already read by :func:`restore_raw` (to read its
   metadata first and restore the rest without reading the file twice)."""
@@ -291,7 +302,7 @@ def restore_from_raw(raw: dict, like: Any, path: str | os.PathLike = "<raw>") ->
   for name, got, want in zip(paths, jax.tree.leaves(restored), jax.tree.leaves(like)):
     if np.shape(got) != np.shape(want):
       raise ValueError(f"checkpoint {path!r}: entry {name} has shape {np.shape(got)} where "
-                       f"the template has {np.shape(want)}")
+                       f"the template has {np.shape(want)}" + _layout_hint(name, got, want))
     want_dtype = getattr(want, "dtype", None)
     if want_dtype is not None and np.dtype(got.dtype) != np.dtype(want_dtype):
       raise ValueError(f"checkpoint {path!r}: entry {name} was saved as {np.dtype(got.dtype)} "

@@ -58,6 +58,21 @@ class Objective:
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
   centred noise ``eps - 1`` instead.
+
+  An objective is a pytree whose leaves are its in-memory data arrays (the functions,
+  ``num_data`` and the host arrays are its static structure), like an equinox module:
+  ``jax.jit(step)(objective, params, indices, noise)`` takes the data as arguments of
+  the compiled program, and :meth:`with_data` copies share the tree structure, so one
+  compilation serves them all::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 50, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> [leaf.shape for leaf in jax.tree.leaves(objective)]
+    [(50,), (50, 3)]
+    >>> other = objective.with_data({"x": -x, "signs": objective.data_tree()["signs"]})
+    >>> jax.tree.structure(other) == jax.tree.structure(objective)
+    True
   """
 
   loss_fn: LossFn
@@ -67,6 +82,10 @@ class Objective:
   name: str = "objective"
   data: Mapping[str, data_lib.DataArray] | None = None
   data_values: Mapping[str, Any] | None = None
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    _register_pytree(cls)
 
   def __post_init__(self):
     if not isinstance(self.num_data, int) or self.num_data < 1:
@@ -230,6 +249,70 @@ class Objective:
     return self.loss_fn(params, jnp.reshape(index, (1,)), noise_one)[0]
 
 
+class _Structure:
+  """The static part of an objective's pytree: everything but its in-memory data.
+
+  Two objectives share a structure (and hence every compiled program taking them as an
+  argument) when :meth:`Objective.structure_key` agrees and they hold the same data keys:
+  exactly the copies :meth:`Objective.with_data` makes with in-memory arrays.
+  """
+
+  __slots__ = ("template", "keys", "host", "_key")
+
+  def __init__(self, template: Objective, keys: tuple, host: dict):
+    self.template, self.keys, self.host = template, keys, host
+    self._key = (template.structure_key(), keys,
+                 tuple((k, id(v)) for k, v in sorted(host.items())))
+
+  def __eq__(self, other):
+    return isinstance(other, _Structure) and self._key == other._key
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __repr__(self):
+    return f"Objective structure of {self.template.name!r} (data {list(self.keys)})"
+
+
+def _flatten_objective(objective: Objective):
+  values = objective.data_tree()
+  host = {k: v for k, v in values.items() if data_lib.is_host(v)}
+  keys = tuple(sorted(k for k in values if k not in host))
+  # The template keeps functions and handles, not the data of a with_data copy, so a
+  # compilation cache does not hold on to a data set it no longer needs.
+  template = objective
+  if objective.data_values is not None:
+    template = object.__new__(type(objective))
+    for field in dataclasses.fields(objective):
+      object.__setattr__(template, field.name, getattr(objective, field.name))
+    object.__setattr__(template, "data_values", None)
+  children = tuple((jax.tree_util.DictKey(k), values[k]) for k in keys)
+  return children, _Structure(template, keys, host)
+
+
+def _unflatten_objective(structure: _Structure, leaves) -> Objective:
+  # No validation here: JAX unflattens with placeholders (tracers, None, shardings) too.
+  template = structure.template
+  out = object.__new__(type(template))
+  for field in dataclasses.fields(template):
+    object.__setattr__(out, field.name, getattr(template, field.name))
+  if template.data:
+    object.__setattr__(out, "data_values", {**structure.host, **dict(zip(structure.keys, leaves))})
+    raw = getattr(template.loss_fn, "_dsgrad_raw_loss", template.loss_fn)
+    object.__setattr__(out, "loss_fn", _binding_loss(out, raw))
+  return out
+
+
+def _flatten_objective_fast(objective: Objective):
+  children, structure = _flatten_objective(objective)
+  return tuple(value for _, value in children), structure
+
+
+def _register_pytree(cls) -> None:
+  jax.tree_util.register_pytree_with_keys(
+      cls, _flatten_objective, _unflatten_objective, flatten_func=_flatten_objective_fast)
+
+
 def _binding_loss(objective: Objective, raw: LossFn) -> LossFn:
   """``raw`` reading ``objective``'s data unless an enclosing computation bound them."""
   @functools.wraps(raw)
@@ -239,6 +322,9 @@ def _binding_loss(objective: Objective, raw: LossFn) -> LossFn:
 
   loss_fn._dsgrad_raw_loss = raw
   return loss_fn
+
+
+_register_pytree(Objective)
 
 
 def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable:

@@ -49,6 +49,11 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
 
   Jittable; the value checks of ``objective.grad`` are off (run them once outside).
+  The objective is a pytree whose leaves are its data: jit the step with the objective
+  as an argument (``jax.jit(functools.partial(train_step, optimizer=opt))`` or a
+  wrapper) and the data are arguments of the compiled program, handed to the estimator
+  as ``update(..., objective=objective)``; one compilation serves every
+  :meth:`~dsgrad.Objective.with_data` copy.
 
   Args:
     objective: the :class:`dsgrad.Objective`.
@@ -68,8 +73,10 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   if mesh is not None:
     indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
   grads = objective.grad(params, indices, noise, validate=False)
+  # The estimators compute with the objective handed to them: under the caller's jit it
+  # carries the data as arguments, as the gradient above does.
   updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
-                                        noise=noise)
+                                        noise=noise, objective=objective)
   return optax.apply_updates(params, updates), opt_state
 
 

@@ -3,12 +3,14 @@
 import os
 
 import chex
+import jax.numpy as jnp
 import jax
 import numpy as np
 import optax
 import pytest
 
 import dsgrad
+from dsgrad import checkpoint
 from dsgrad.batching import sample_batch
 from conftest import BATCH
 
@@ -153,3 +155,19 @@ def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
   assert alive.exists() and elsewhere.exists()
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
       [alive.name, elsewhere.name, "run.ckpt"])
+
+
+def test_a_state_of_the_earlier_adaptive_weight_layout_is_refused_saying_why(
+    logreg_model, params0, tmp_path):
+  """Before the adaptive weight kept per-leaf scalar moments it kept params-shaped ones;
+  such a checkpoint is refused with that reason, not loaded into the wrong layout."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  state = opt.init(params0)
+  moments = state[0].control_weight
+  old = moments._replace(cross=jax.tree.map(jnp.zeros_like, params0),
+                         control_sq=jax.tree.map(jnp.zeros_like, params0))
+  path = str(tmp_path / "old")
+  checkpoint.save(path, (state[0]._replace(control_weight=old),) + tuple(state[1:]))
+  with pytest.raises(ValueError, match="written by an earlier dsgrad"):
+    checkpoint.restore(path, state)

@@ -241,6 +241,11 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
   has bound them to its arguments, so that an estimator built for one objective serves
   its :meth:`~dsgrad.Objective.with_data` copies inside :func:`dsgrad.fit`.
 
+  ``update(..., objective=obj)`` computes with ``obj``'s data instead (``obj`` must be
+  ``objective`` or a :meth:`~dsgrad.Objective.with_data` copy of it): in a user's own
+  jitted step that takes the objective as an argument, the data are then arguments of the
+  compiled program, not constants.
+
   ``update`` also refuses, by name, a state that this estimator's ``init`` does not make
   (another estimator's state, or a chain's states in another order), which would
   otherwise fail deep inside the step on a missing field.
@@ -256,10 +261,36 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
       extra_args["indices"] = checks.as_index_array(extra_args["indices"])
     if params is not None and has_leaves(params):
       _check_state_type(state, params, init, expected_types, name)
-    with objective.bound():
+    handed = explicit_objective(objective, extra_args.pop("objective", None), name)
+    with handed.bound():
       return update_fn(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+def explicit_objective(objective: Objective, handed, name: str) -> Objective:
+  """The objective whose data a step computes with: ``handed`` (the ``objective=`` extra
+  argument of ``update``, e.g. a jit argument of the user's step) when given, else the
+  one the estimator was built with.
+
+  Raises:
+    TypeError: ``handed`` is not an :class:`dsgrad.Objective`.
+    ValueError: ``handed`` is not this estimator's objective on other data (another
+      model, family or number of data), which the estimator's state does not describe.
+  """
+  if handed is None or handed is objective:
+    return objective
+  if not isinstance(handed, Objective):
+    raise TypeError(f"dsgrad.{name}: objective= must be a dsgrad.Objective (the one the "
+                    f"estimator was built with, or its with_data copy), got "
+                    f"{type(handed).__name__}")
+  if handed.structure_key()[:5] != objective.structure_key()[:5]:
+    raise ValueError(
+        f"dsgrad.{name}: the objective passed to update ({handed.name!r}) is not the one "
+        f"this estimator was built with ({objective.name!r}) on other data: its model, "
+        "family or number of data differ. Pass objective.with_data(...) of the estimator's "
+        "objective, or build the estimator for this objective")
+  return handed
 
 
 def _check_state_type(state, params, init, cache: dict, name: str) -> None:

@@ -42,8 +42,10 @@ class AdaptiveWeightState(NamedTuple):
   Attributes:
     weight: per-leaf scalar ``c`` for the *next* update, computed from earlier steps only.
     grad_mean: moving average of the naive gradient (params-shaped).
-    cross: moving average of ``(g - grad_mean) * control`` (params-shaped).
-    control_sq: moving average of ``control^2`` (params-shaped).
+    cross: per-leaf scalar, moving average of ``sum((g - grad_mean) * control)`` over the
+      leaf's entries (the weight needs only the leaf's trace, and the moving average of
+      a sum is the sum of the moving averages, so no params-shaped moment is kept).
+    control_sq: per-leaf scalar, moving average of ``sum(control^2)``.
     count: updates seen (int32).
   """
 
@@ -73,11 +75,12 @@ def init(control_weight, params):
   """``()`` for a fixed weight (no state); :class:`AdaptiveWeightState` otherwise."""
   if control_weight != "adaptive":
     return ()
-  ones = jax.tree.map(lambda p: jnp.ones([], jnp.result_type(p)), params)
-  # Three distinct buffers, so that the state can be donated.
-  return AdaptiveWeightState(ones, optax.tree.zeros_like(params),
-                             optax.tree.zeros_like(params), optax.tree.zeros_like(params),
-                             jnp.zeros([], jnp.int32))
+  def scalars(value):
+    return jax.tree.map(lambda p: jnp.full([], value, jnp.result_type(p)), params)
+
+  # Distinct buffers, so that the state can be donated.
+  return AdaptiveWeightState(scalars(1.0), optax.tree.zeros_like(params), scalars(0.0),
+                             scalars(0.0), jnp.zeros([], jnp.int32))
 
 
 def apply(control_weight, horizon, weight_state, updates, control):
@@ -108,15 +111,17 @@ def apply(control_weight, horizon, weight_state, updates, control):
   def ema(old, new):
     return decay * old + (1.0 - decay) * new
 
-  cross = jax.tree.map(lambda m, g, c, gm: ema(m, (g - correction * gm) * c),
-                       s.cross, updates, control, s.grad_mean)
-  control_sq = jax.tree.map(lambda m, c: ema(m, c * c), s.control_sq, control)
+  # Per-leaf traces only: the weight is a ratio of the leaf's summed moments, and the
+  # moving average of a sum is the sum of the moving averages. One pass over each leaf.
+  cross = jax.tree.map(
+      lambda m, g, c, gm: ema(m, jnp.sum((g - correction.astype(gm.dtype) * gm) * c)),
+      s.cross, updates, control, s.grad_mean)
+  control_sq = jax.tree.map(lambda m, c: ema(m, jnp.sum(c * c)), s.control_sq, control)
   grad_mean = jax.tree.map(ema, s.grad_mean, updates)
 
   def leaf_weight(x, v, w):
-    total = jnp.sum(v)
-    best = jnp.clip(-jnp.sum(x) / jnp.where(total > 0, total, 1.0), 0.0, 1.0)
-    return jnp.where(total > 0, best, 1.0).astype(w.dtype)
+    best = jnp.clip(-x / jnp.where(v > 0, v, 1.0), 0.0, 1.0)
+    return jnp.where(v > 0, best, 1.0).astype(w.dtype)
 
   weight = jax.tree.map(leaf_weight, cross, control_sq, s.weight)
   return out, AdaptiveWeightState(weight, grad_mean, cross, control_sq, count)

@@ -32,11 +32,12 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       estimated from moving averages over earlier steps and clipped to ``[0, 1]``
       (unbiased; falls back towards naive when the approximation is poor or the state
       stale, so that a control variate does not cost the user); or a fixed number in
-      ``[0, 1]``, ``1`` being the paper's estimator. Adaptive costs three params-sized
-      moving averages (state :class:`dsgrad.estimators.AdaptiveWeightState`) and a
-      fixed per-step cost: on the GLM step-cost tables of ``docs/benchmarks.md`` from 0
-      to 0.13 ms, 0-33% of a cheap step; pass ``control_weight=1.0`` where the
-      approximation is known to be good and every microsecond counts.
+      ``[0, 1]``, ``1`` being the paper's estimator. Adaptive keeps one params-sized
+      moving average and two scalars per leaf (state
+      :class:`dsgrad.estimators.AdaptiveWeightState`) and costs one pass over the
+      gradient and the control per step (``python -m benchmarks step-cost`` measures
+      it); pass ``control_weight=1.0`` where the approximation is known to be good and
+      every microsecond counts.
     control_weight_horizon: horizon of those moving averages, in steps.
     check_indices: raise on indices outside ``[0, N)`` (a host check each step).
     check_finite: raise on a non-finite incoming gradient.
