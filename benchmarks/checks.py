@@ -1,9 +1,8 @@
 """What dsgrad's input checks cost: step time with the checks on and off.
 
 Every estimator checks, inside the compiled step, that the batch's indices lie in
-``[0, N)`` (``check_indices``) and that the gradient, params and noise are finite
-(``check_finite``); a failed check raises through a host callback that sits in a branch
-taken only on failure. This benchmark times each estimator's jitted training step
+``[0, N)`` and that the gradient, params and noise are finite (``value_checks``); a
+failed check raises through a host callback that sits in a branch taken only on failure. This benchmark times each estimator's jitted training step
 (naive gradient, estimator, Adam) with both checks on and with both off, side by side
 in one process (rounds rotated, median of rounds), and reports the ratio. It also
 times the checks that run once: ``init``'s abstract trace of the objective and
@@ -37,8 +36,7 @@ ESTIMATORS = ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg")
 
 
 def _optimizer(name: str, objective, checks: bool, lr: float):
-  flags = dict(check_finite=checks) if name == "naive" else dict(check_indices=checks,
-                                                                  check_finite=checks)
+  flags = dict(value_checks=checks)
   if name == "naive":
     return optax.chain(dsgrad.naive(**flags), optax.adam(lr))
   if name == "smiso":
@@ -160,11 +158,11 @@ def format_table(step_rows, per_call, once, config):
       f"batch {config['batch_size']}; one jitted step = naive gradient + estimator + Adam, "
       f"{config['steps']} steps per timed run inside `lax.scan`, median of "
       f"{config['rounds']} rounds (rotated order, compile round discarded). "
-      "\"on\": `check_indices=True, check_finite=True` (the defaults), each check a "
+      "\"on\": `value_checks=True` (the default), each check a "
       "conditional host callback in the step, as in a loop the user writes; \"deferred\": the "
       "same checks as `dsgrad.fit` runs them, carried out of the compiled scan "
-      "(`dsgrad.checks.deferred`); \"off\": both `False` (the chain-order checks, "
-      "`check_gradient` and smiso's `check_chain`, stay on).",
+      "(`dsgrad.checks.deferred`); \"off\": `value_checks=False` (the first-update "
+      "chain-order check and smiso's chain checks are off too).",
       "",
       f"Measured: {_report.environment()}",
       "",

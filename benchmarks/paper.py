@@ -64,11 +64,11 @@ def _estimator(name, objective, model, warmup):
   taylor2 = dsgrad.approx.gaussian_taylor(model)  # second order: scales too (Eq. 65-67)
   # Runs are vmapped: no host checks. The paper's estimators use c = 1 (rows named
   # _adaptive override it).
-  checks_off = dict(check_indices=False, check_finite=False)
+  checks_off = dict(value_checks=False)
   off = dict(checks_off, control_weight=1.0)
   adaptive = dict(checks_off, control_weight="adaptive")
   return {
-      "naive": lambda: dsgrad.naive(check_finite=False),
+      "naive": lambda: dsgrad.naive(value_checks=False),
       "cv": lambda: dsgrad.cv(objective, taylor, **off),
       "inc": lambda: dsgrad.inc(objective, **checks_off),
       "joint": lambda: dsgrad.joint_saga(objective, taylor, warmup_steps=warmup, **off),

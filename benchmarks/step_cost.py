@@ -145,7 +145,7 @@ def _estimators(objective, model, every, include_slow):
       # dsgrad.fit defers the value checks to the end of each compiled segment.
       IN_FIT: lambda: _timing.DeferredChecks(dsgrad.joint_saga(objective, glm, **paper)),
       "joint_saga (no checks)": lambda: dsgrad.joint_saga(
-          objective, check_indices=False, check_finite=False, **paper),
+          objective, value_checks=False, **paper),
       "dense-table traffic only (floor)": lambda: _table_traffic_floor(objective.num_data),
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=every, **paper),
       "joint_svrg (App. F)": lambda: dsgrad.joint_svrg(objective, taylor, every=every, **paper),
@@ -163,7 +163,7 @@ def _estimators(objective, model, every, include_slow):
           objective, taylor2, every=every, control_weight="adaptive"),
   }
   out["joint_saga (App. F, logit table, no checks)"] = lambda: dsgrad.joint_saga(
-      objective, glm, check_indices=False, check_finite=False, check_gradient=False, **paper)
+      objective, glm, value_checks=False, **paper)
   out[FLOOR] = lambda: hand_fused_saga(objective, model)
   if model.linear.logistic_signs is not None:  # binary logistic: the probit mixture
     probit = dsgrad.approx.logistic_probit(model)

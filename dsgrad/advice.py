@@ -113,14 +113,14 @@ class Recommendation(NamedTuple):
 
 def _make(name: str, objective: Objective, approx, every: int, max_table_bytes):
   if name == "naive":
-    return estimators.naive(check_finite=False)
-  off = dict(check_indices=False, check_finite=False)
+    return estimators.naive(value_checks=False)
+  off = dict(value_checks=False)
   if name == "cv":
     return estimators.cv(objective, approx, **off)
   if name == "joint_svrg":
-    return estimators.joint_svrg(objective, approx, every=every, check_gradient=False, **off)
+    return estimators.joint_svrg(objective, approx, every=every, **off)
   return estimators.joint_saga(objective, approx, max_table_bytes=max_table_bytes,
-                               check_gradient=False, **off)
+                               **off)
 
 
 def _weighted_variance(naive_draws, draws, leaf_sizes) -> float:

@@ -183,3 +183,15 @@ def test_the_concepts_map_names_the_modules_that_exist():
   actual |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
   assert {"base", "gaussian", "glm", "sparse", "dropout", "numpyro"} | actual >= named, named - actual
   assert not actual - named, actual - named
+
+
+def test_estimators_have_one_validation_setting():
+  """Every estimator factory turns its per-step value checks off with one keyword,
+  ``value_checks``; none takes a ``check_*`` keyword of its own."""
+  import inspect
+  import dsgrad
+  for name in ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg"):
+    parameters = inspect.signature(getattr(dsgrad, name)).parameters
+    assert "value_checks" in parameters, name
+    assert parameters["value_checks"].default is True, name
+    assert not [p for p in parameters if p.startswith("check_")], name

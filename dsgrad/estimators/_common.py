@@ -27,11 +27,10 @@ def require_params(params, estimator: str):
 
 
 def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
-                 *, check_indices: bool, check_finite: bool, table=None,
+                 *, value_checks: bool, table=None,
                  params_like: dict | None = None) -> int:
-  """Static checks (always) and optional value checks of one estimator update: indices
-  in range (``check_indices``); the gradient, ``params`` and ``noise`` finite
-  (``check_finite``).
+  """Static checks (always) and, with ``value_checks``, the value checks of one estimator
+  update: indices in range; the gradient, ``params`` and ``noise`` finite.
 
   Also checks that ``params`` were passed and, when given, that ``table`` has one row
   per datum and that the state's params-shaped fields (``params_like``: ``{name:
@@ -49,9 +48,8 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   batch_size = objective.check_batch(indices, noise)
   checks.check_same_structure(updates, params, "updates (gradient)", "params")
   pending = []
-  if check_indices:
+  if value_checks:
     pending += checks.index_checks(indices, objective.num_data)
-  if check_finite:
     # Everything that enters the state: a NaN in params or noise would be written into
     # the table or running mean and poison a later, healthy step.
     pending += checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
@@ -76,7 +74,7 @@ CHAIN_ORDER_MESSAGE = (
     "it (optax.adam, optax.scale, optax.clip_by_global_norm, ...): write "
     "optax.chain(dsgrad.{name}(...), optax.adam(...)); and the gradient must be "
     "objective.grad(params, indices, noise) for the indices and noise passed to update. "
-    "Checked on the first update only; check_gradient=False turns it off.")
+    "Checked on the first update only; value_checks=False turns it off.")
 
 
 def first_update_gradient_checks(name: str, objective: Objective, updates, params, indices,

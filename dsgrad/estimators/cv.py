@@ -11,8 +11,7 @@ from dsgrad.objective import Objective
 
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
        control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-       check_indices: bool = True, check_finite: bool = True
-       ) -> optax.GradientTransformationExtraArgs:
+       value_checks: bool = True) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).
 
   ``g_cv = mean_b [grad f(w; n_b, eps_b) + E_xi grad f~(w; n_b, xi) - grad f~(w; n_b, eps_b)]``
@@ -39,8 +38,9 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       it); pass ``control_weight=1.0`` where the approximation is known to be good and
       every microsecond counts.
     control_weight_horizon: horizon of those moving averages, in steps.
-    check_indices: raise on indices outside ``[0, N)`` (a host check each step).
-    check_finite: raise on a non-finite incoming gradient.
+    value_checks: check the values of each update (one policy for all of them): indices
+      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise`` (a host check each step;
+      :func:`dsgrad.fit` defers them to the end of each compiled segment).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. ``update`` needs ``params`` and the
@@ -77,7 +77,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("cv", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite)
+                         value_checks=value_checks)
     g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
     out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
                                 optax.tree.sub(e_tilde, g_tilde))

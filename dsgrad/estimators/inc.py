@@ -23,8 +23,8 @@ class IncState(NamedTuple):
   table: Any
 
 
-def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = True,
-        check_finite: bool = True, max_table_bytes: int | str | None = "auto"
+def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = True,
+        max_table_bytes: int | str | None = "auto"
         ) -> optax.GradientTransformationExtraArgs:
   """SAGA applied at a fixed noise draw (Eq. 13): controls subsampling noise only.
 
@@ -43,8 +43,8 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
   Args:
     objective: an objective with ``shared_noise=True``.
     chunk_size: data per chunk of the full pass.
-    check_indices: raise on indices outside ``[0, N)``.
-    check_finite: raise on a non-finite incoming gradient.
+    value_checks: check the values of each update (one policy for all of them): indices
+      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``.
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
       per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
       memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
@@ -88,7 +88,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, check_indices: bool = T
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("inc", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite,
+                         value_checks=value_checks,
                          table=state.table, params_like={"table rows": jax.tree.map(
                              lambda t: jax.ShapeDtypeStruct(t.shape[1:], t.dtype),
                              state.table)})

@@ -8,14 +8,14 @@ import optax
 from dsgrad import checks
 
 
-def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs:
+def naive(*, value_checks: bool = True) -> optax.GradientTransformationExtraArgs:
   """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
 
   It controls no variance; it exists so that estimators can be swapped in one line and
   compared on equal terms. Cost: none beyond the gradient. Memory: none.
 
   Args:
-    check_finite: raise a ``ValueError`` if the incoming gradient has NaN or inf
+    value_checks: raise a ``ValueError`` if the incoming gradient has NaN or inf
       (set ``False`` under ``optax.apply_if_finite``).
 
   Returns:
@@ -52,7 +52,7 @@ def naive(*, check_finite: bool = True) -> optax.GradientTransformationExtraArgs
       # Static: a gradient of other shapes would be broadcast into params by
       # optax.apply_updates, or fail there without naming the gradient.
       checks.check_same_structure(updates, params, "updates (gradient)", "params")
-    if check_finite:
+    if value_checks:
       checks.value_checks(checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
     return updates, state
 

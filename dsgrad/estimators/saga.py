@@ -48,12 +48,14 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   control_weight, horizon = weight
   corrected, weight_state = _weights.apply(control_weight, horizon, state.control_weight,
                                            updates, control)
-  in_warmup = state.count < warmup_steps
-  out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
-  # The table is still being filled during warm-up: its control says nothing about the
-  # one that follows, so the adaptive weight's moments start after it.
-  weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
-                              state.control_weight, weight_state)
+  out = corrected
+  if warmup_steps:  # (no selects otherwise: each is a kernel of its own on a CPU)
+    in_warmup = state.count < warmup_steps
+    out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
+    # The table is still being filled during warm-up: its control says nothing about the
+    # one that follows, so the adaptive weight's moments start after it.
+    weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
+                                state.control_weight, weight_state)
   new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean,
                              weight_state)
   return optax.tree.cast_like(out, updates), new_state
@@ -62,8 +64,7 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-               check_indices: bool = True, check_finite: bool = True,
-               check_gradient: bool = True,
+               value_checks: bool = True,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with a SAGA table: reduces subsampling *and* MC noise.
@@ -127,13 +128,12 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    check_indices: raise on indices outside ``[0, N)``.
-    check_finite: raise on a non-finite incoming gradient (set ``False`` under
-      ``optax.apply_if_finite``).
-    check_gradient: on the first update, compare the incoming ``updates`` with
-      ``objective.grad(params, indices, noise)`` (one extra mini-batch gradient, once)
-      and raise when they differ: the estimator was chained after a transform that
-      rescales the gradient, or the gradient was taken with other indices or noise.
+    value_checks: check the values of each update (one policy for all of them): indices
+      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
+      first update only, that the incoming ``updates`` equal ``objective.grad(params,
+      indices, noise)`` (one extra mini-batch gradient, once): the estimator was chained
+      after a transform that rescales the gradient, or the gradient was taken with other
+      indices or noise. ``False`` under ``optax.apply_if_finite``.
     max_table_bytes: ``init(params)`` raises ``MemoryError`` (naming the table's size
       and the alternatives) when the parameter table would exceed this many bytes.
       ``"auto"``: 90% of the free memory of one device (the host's free memory on CPU);
@@ -172,8 +172,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   if approx.statistics is not None:
     return _joint_saga_compact(objective, approx, warmup_steps=warmup_steps,
                                chunk_size=chunk_size, table_dtype=table_dtype,
-                               check_indices=check_indices, check_finite=check_finite,
-                               check_gradient=check_gradient, weight=weight)
+                               value_checks=value_checks, weight=weight)
   n = objective.num_data
 
   def expected_at(params, indices):
@@ -197,10 +196,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite,
+                         value_checks=value_checks,
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
-    if check_gradient:
+    if value_checks:
       checks.value_checks(_common.first_update_gradient_checks(
           "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     rows = tables.gather_rows(state.table, indices, params)
@@ -232,8 +231,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
 
 def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
-                        warmup_steps, chunk_size, table_dtype, check_indices, check_finite,
-                        check_gradient, weight):
+                        warmup_steps, chunk_size, table_dtype, value_checks, weight):
   """``joint_saga`` with a table of per-datum statistics (``approx.statistics``).
 
   Same estimator as the parameter-table version with ``f~`` split as
@@ -277,10 +275,10 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     batch = _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                                 check_indices=check_indices, check_finite=check_finite,
+                                 value_checks=value_checks,
                                  table=state.table,
                                  params_like={"running_mean": state.running_mean})
-    if check_gradient:
+    if value_checks:
       checks.value_checks(_common.first_update_gradient_checks(
           "joint_saga", objective, updates, params, indices, noise, state.count == 0))
     new_rows = stored(stats_fns.statistics(params, indices))

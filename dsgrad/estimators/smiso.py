@@ -32,8 +32,7 @@ class SmisoState(NamedTuple):
 
 
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
-          tolerance: float = 1e-3, check_chain: bool = True, check_indices: bool = True,
-          check_finite: bool = True,
+          tolerance: float = 1e-3, value_checks: bool = True,
           max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:
   """SMISO (Bietti & Mairal, 2017), the paper's incremental baseline for large data.
 
@@ -47,7 +46,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   ``alpha * |B| * step_size / N`` (Eq. 26).
 
   SMISO is an optimizer, not a gradient estimator: momentum or adaptive scaling would
-  break its unbiasedness (App. A). With ``check_chain`` it verifies each step that (1)
+  break its unbiasedness (App. A). With ``value_checks`` it verifies each step that (1)
   ``params`` equal its own iterate ``w_bar`` (otherwise a later transform rescaled its
   step) and (2) ``updates`` equal the mini-batch gradient of ``objective`` at
   ``params`` (otherwise an earlier transform changed it), and raises a ``ValueError``
@@ -62,9 +61,9 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     step_size: ``gamma`` (positive).
     alpha: averaging weight in ``(0, 1]`` (the paper uses 0.9).
     tolerance: relative tolerance of the chain checks.
-    check_chain: run the two chain checks above (a host check each step).
-    check_indices: raise on indices outside ``[0, N)``.
-    check_finite: raise on a non-finite incoming gradient.
+    value_checks: check the values of each update (one policy for all of them): indices
+      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and the two
+      chain checks above (a host check each step).
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
       per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
       memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
@@ -107,11 +106,11 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("smiso", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite,
+                         value_checks=value_checks,
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
-    if check_chain:
+    if value_checks:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
       checks.value_checks([
           (_common.relative_gap(params, state.running_mean) > tolerance,

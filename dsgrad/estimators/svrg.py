@@ -36,8 +36,7 @@ class JointSvrgState(NamedTuple):
 
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                every: int, chunk_size: int = 1024, control_weight: float | str = "adaptive",
-               control_weight_horizon: float = 100, check_indices: bool = True,
-               check_finite: bool = True, check_gradient: bool = True
+               control_weight_horizon: float = 100, value_checks: bool = True
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
 
@@ -63,12 +62,10 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    check_indices: raise on indices outside ``[0, N)``.
-    check_finite: raise on a non-finite incoming gradient.
-    check_gradient: on the first update, compare the incoming ``updates`` with
-      ``objective.grad(params, indices, noise)`` (one extra mini-batch gradient, once)
-      and raise when they differ: the estimator was chained after a transform that
-      rescales the gradient, or the gradient was taken with other indices or noise.
+    value_checks: check the values of each update (one policy for all of them): indices
+      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
+      first update only, that the incoming ``updates`` equal the objective's mini-batch
+      gradient (the estimator comes first in the chain).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSvrgState`.
@@ -119,9 +116,9 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args
     _common.check_update("joint_svrg", objective, updates, params, indices, noise,
-                         check_indices=check_indices, check_finite=check_finite,
+                         value_checks=value_checks,
                          params_like={"snapshot": state.snapshot})
-    if check_gradient:
+    if value_checks:
       checks.value_checks(_common.first_update_gradient_checks(
           "joint_svrg", objective, updates, params, indices, noise, state.count == 0))
     refresh = (state.count > 0) & (state.count % every == 0)
