@@ -211,18 +211,19 @@ TARGETS = {"cv": 1.5, "joint_saga": 2.5, "joint_svrg": 2.5, "cv (App. F)": 1.5,
            "joint_saga (App. F)": 2.5, "joint_saga (App. F, logit table)": 2.5,
            "joint_svrg (App. F)": 2.5, "joint_saga (2nd order, logit table)": 2.5,
            "joint_saga (2nd order, logit table, adaptive)": 2.5}
+ADAPTIVE = "joint_saga (App. F, logit table, adaptive)"
 WALL_CLOCK_TARGETS = (
-    ("joint_saga (App. F, logit table)", 2.0, "naive"),
-    ("joint_saga (App. F, logit table, adaptive)", 2.0, "naive"),
-    (IN_FIT, 2.0, "naive"),
-    ("cv", 1.5, "naive"), ("cv (2nd order, adaptive)", 1.5, "naive"),
-    ("joint_svrg", 1.5, "naive"), ("joint_svrg (2nd order, adaptive)", 1.5, "naive"),
     ("joint_saga (App. F, logit table)", 1.25, FLOOR),
     ("joint_saga (App. F, logit table, no checks)", 1.25, FLOOR),
     (IN_FIT, 1.25, FLOOR),
+    (ADAPTIVE, 1.05, "joint_saga (App. F, logit table)"),
+    ("cv (App. F)", 1.3, "naive"), ("joint_svrg (App. F)", 1.3, "naive"),
+    ("cv", 1.3, "naive"), ("joint_svrg", 1.3, "naive"),
 )
-"""The wall-clock issue's targets: ``(row, at most, relative to which row)``; rows
-without "adaptive" use ``c = 1``, the others the default weight."""
+"""The estimator core's step targets: ``(row, at most, relative to which row)``. Joint
+SAGA (``c = 1``) within 1.25x of the hand-fused step; the default adaptive weight within
+1.05x of ``c = 1``; cv and joint SVRG (amortized, its full pass included) within 1.3x of
+naive. Rows without "adaptive" use ``c = 1``."""
 PAPER = {"naive": "10.4 ms (1.00x)", "cv (App. F)": "12.8 ms (1.23x)",
          "joint_saga (App. F)": "17.6 ms (1.69x)", "inc": "328 ms (31.5x)"}
 
@@ -258,11 +259,12 @@ def format_table(rows, config):
   for name, limit, ref in WALL_CLOCK_TARGETS:
     if name in by_name and ref in by_name:
       ratio = by_name[name] / by_name[ref]
-      wall.append(f"{name} {ratio:.2f}x {'naive' if ref == 'naive' else 'the hand-fused step'}"
-                  f" (<= {limit}x: {'met' if ratio <= limit else 'missed'})")
-  lines += ["", "Wall-clock targets (one-liner at most 2.0x naive, cv and joint SVRG at most "
-            "1.5x, the library's step at most 1.25x the hand-fused one), from this table: "
-            + "; ".join(wall) + "."]
+      against = {"naive": "naive", FLOOR: "the hand-fused step"}.get(ref, ref)
+      wall.append(f"{name} {ratio:.2f}x {against} (<= {limit}x: "
+                  f"{'met' if ratio <= limit else 'missed'})")
+  lines += ["", "Step targets (joint SAGA at most 1.25x the hand-fused step, the adaptive "
+            "weight at most 1.05x c = 1, cv and joint SVRG at most 1.3x naive), from this "
+            "table: " + "; ".join(wall) + "."]
   if FLOOR in by_name:
     lines += ["", "Ratio to the hand-fused step (the same numbers, computed by hand in one "
               "pass): " + "; ".join(

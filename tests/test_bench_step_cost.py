@@ -36,3 +36,19 @@ def test_hand_fused_floor_is_dsgrads_joint_saga_step(classes):
   assert float(jnp.max(jnp.abs(floor_state[1]["loc"] - our_state[0].running_mean["loc"]))) \
       < 1e-5 * scale
   assert float(jnp.max(jnp.abs(floor_state[0] - our_state[0].table))) < 1e-5
+
+
+def test_step_targets_are_read_from_the_table():
+  """The targets line reports each row's ratio to its reference row and whether it is
+  within the limit: a row just over its limit is "missed", one under it "met"."""
+  ms = {"naive": 1.0, step_cost.FLOOR: 1.0, "joint_saga (App. F, logit table)": 1.24,
+        step_cost.ADAPTIVE: 1.24 * 1.06, "cv (App. F)": 1.29, "joint_svrg (App. F)": 1.31}
+  rows = [(name, t, t / ms["naive"], 0, 0) for name, t in ms.items()]
+  config = dict(num_classes=10, num_data=100, num_features=5, batch_size=10, steps=11,
+                rounds=1, every=10)
+  text = step_cost.format_table(rows, config)
+  assert "joint_saga (App. F, logit table) 1.24x the hand-fused step (<= 1.25x: met)" in text
+  assert (f"{step_cost.ADAPTIVE} 1.06x joint_saga (App. F, logit table) (<= 1.05x: missed)"
+          in text)
+  assert "cv (App. F) 1.29x naive (<= 1.3x: met)" in text
+  assert "joint_svrg (App. F) 1.31x naive (<= 1.3x: missed)" in text
