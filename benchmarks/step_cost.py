@@ -204,7 +204,8 @@ def run(num_data=60_000, num_features=785, num_classes=10, batch_size=100, round
     t = times[name]
     rows.append((name, 1e3 * t, t / base, memory[name][0], memory[name][1]))
   return rows, dict(num_data=num_data, num_features=num_features, num_classes=num_classes,
-                    batch_size=batch_size, rounds=rounds, steps=steps, every=every)
+                    batch_size=batch_size, rounds=rounds, steps=steps, every=every,
+                    skip_slow=not include_slow)
 
 
 TARGETS = {"cv": 1.5, "joint_saga": 2.5, "joint_svrg": 2.5, "cv (App. F)": 1.5,
@@ -232,6 +233,7 @@ def format_table(rows, config):
   lines = [
       f"Command: `python -m benchmarks step-cost"
       f"{'' if config['num_classes'] == 10 else ' --classes ' + str(config['num_classes'])}"
+      f"{' --skip-slow' if config.get('skip_slow') else ''}"
       f"` -- {'binary logistic' if config['num_classes'] == 1 else 'softmax'} regression, "
       f"N={config['num_data']:,}, "
       f"D={config['num_features']}x{config['num_classes']}, B={config['batch_size']}, Adam; "
@@ -289,11 +291,13 @@ def main(argv=None):
                       help="K; 1 = binary logistic regression (adds the probit rows)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   parser.add_argument("--section", default=None,
-                      help="section name in docs/benchmarks.md (default step-cost-<backend>)")
+                      help="section name in docs/benchmarks.md (default step-cost-<backend>, "
+                           "step-cost-binary-<backend> with --classes 1)")
   args = parser.parse_args(argv)
   rows, config = run(num_data=args.num_data, num_classes=args.classes,
                      batch_size=args.batch_size, rounds=args.rounds, steps=args.steps,
                      include_slow=not args.skip_slow)
   table = format_table(rows, config)
-  _report.publish(args.section or f"step-cost-{jax.default_backend()}", table,
+  default = "step-cost-binary" if args.classes == 1 else "step-cost"
+  _report.publish(args.section or f"{default}-{jax.default_backend()}", table,
                  not args.no_write)
