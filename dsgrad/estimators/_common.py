@@ -28,9 +28,11 @@ def require_params(params, estimator: str):
 
 def check_update(estimator: str, objective: Objective, updates, params, indices, noise,
                  *, value_checks: bool, table=None,
-                 params_like: dict | None = None) -> int:
+                 params_like: dict | None = None, first_update=None) -> int:
   """Static checks (always) and, with ``value_checks``, the value checks of one estimator
-  update: indices in range; the gradient, ``params`` and ``noise`` finite.
+  update: indices in range; the gradient, ``params`` and ``noise`` finite; and, when
+  ``first_update`` (a boolean scalar: whether this is the state's first update) is given,
+  that the gradient is the objective's (:func:`first_update_gradient_checks`).
 
   Also checks that ``params`` were passed and, when given, that ``table`` has one row
   per datum and that the state's params-shaped fields (``params_like``: ``{name:
@@ -55,6 +57,9 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
     pending += checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
     pending += checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
     pending += checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
+    if first_update is not None:
+      pending += first_update_gradient_checks(estimator, objective, updates, params, indices,
+                                              noise, first_update)
   checks.value_checks(pending)
   return batch_size
 

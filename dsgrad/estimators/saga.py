@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -48,14 +47,12 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   control_weight, horizon = weight
   corrected, weight_state = _weights.apply(control_weight, horizon, state.control_weight,
                                            updates, control)
-  out = corrected
-  if warmup_steps:  # (no selects otherwise: each is a kernel of its own on a CPU)
-    in_warmup = state.count < warmup_steps
-    out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
-    # The table is still being filled during warm-up: its control says nothing about the
-    # one that follows, so the adaptive weight's moments start after it.
-    weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
-                                state.control_weight, weight_state)
+  in_warmup = state.count < warmup_steps
+  out = jax.tree.map(lambda u, c: jnp.where(in_warmup, u, c), updates, corrected)
+  # The table is still being filled during warm-up: its control says nothing about the
+  # one that follows, so the adaptive weight's moments start after it.
+  weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
+                              state.control_weight, weight_state)
   new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean,
                              weight_state)
   return optax.tree.cast_like(out, updates), new_state
@@ -198,10 +195,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     _common.check_update("joint_saga", objective, updates, params, indices, noise,
                          value_checks=value_checks,
                          table=state.table,
-                         params_like={"running_mean": state.running_mean})
-    if value_checks:
-      checks.value_checks(_common.first_update_gradient_checks(
-          "joint_saga", objective, updates, params, indices, noise, state.count == 0))
+                         params_like={"running_mean": state.running_mean},
+                         first_update=state.count == 0)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -277,10 +272,8 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     batch = _common.check_update("joint_saga", objective, updates, params, indices, noise,
                                  value_checks=value_checks,
                                  table=state.table,
-                                 params_like={"running_mean": state.running_mean})
-    if value_checks:
-      checks.value_checks(_common.first_update_gradient_checks(
-          "joint_saga", objective, updates, params, indices, noise, state.count == 0))
+                                 params_like={"running_mean": state.running_mean},
+                                 first_update=state.count == 0)
     new_rows = stored(stats_fns.statistics(params, indices))
     old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
     dtype = jax.tree.leaves(params)[0].dtype

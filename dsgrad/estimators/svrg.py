@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -117,10 +116,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     del extra_args
     _common.check_update("joint_svrg", objective, updates, params, indices, noise,
                          value_checks=value_checks,
-                         params_like={"snapshot": state.snapshot})
-    if value_checks:
-      checks.value_checks(_common.first_update_gradient_checks(
-          "joint_svrg", objective, updates, params, indices, noise, state.count == 0))
+                         params_like={"snapshot": state.snapshot},
+                         first_update=state.count == 0)
     refresh = (state.count > 0) & (state.count % every == 0)
     params_like = optax.tree.cast_like(params, state.snapshot)
     snapshot, snapshot_mean = jax.lax.cond(
