@@ -2,8 +2,9 @@
 
 Every estimator checks, inside the compiled step, that the batch's indices lie in
 ``[0, N)`` and that the gradient, params and noise are finite (``value_checks``); a
-failed check raises through a host callback that sits in a branch taken only on failure. This benchmark times each estimator's jitted training step
-(naive gradient, estimator, Adam) with both checks on and with both off, side by side
+failed check raises through a host callback that sits in a branch taken only on failure.
+This benchmark times each estimator's jitted training step (naive gradient, estimator,
+Adam) with the checks on and off, side by side
 in one process (rounds rotated, median of rounds), and reports the ratio. It also
 times the checks that run once: ``init``'s abstract trace of the objective and
 approximation at the params, and a checkpoint's SHA-256 (save and restore of the

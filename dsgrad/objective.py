@@ -92,8 +92,7 @@ class Objective:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
     if self.data:
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
-      raw = getattr(self.loss_fn, "_dsgrad_raw_loss", self.loss_fn)
-      object.__setattr__(self, "loss_fn", _binding_loss(self, raw))
+      object.__setattr__(self, "loss_fn", _binding_loss(self, _raw_loss(self.loss_fn)))
 
   # ------------------------------------------------------------------ data
   def data_tree(self) -> dict:
@@ -156,13 +155,19 @@ class Objective:
       out[key] = value
     return dataclasses.replace(self, data_values=out)
 
+  def model_key(self):
+    """What makes this objective the same model as another, whatever its data: the loss
+    and noise functions, ``N``, the noise sharing and the data handles. Every
+    :meth:`with_data` copy shares it, in memory or on the host."""
+    refs = tuple((k, id(r)) for k, r in sorted((self.data or {}).items()))
+    return (_raw_loss(self.loss_fn), self.noise_fn, self.num_data, self.shared_noise, refs)
+
   def structure_key(self):
     """What determines this objective's compiled programs apart from its data values:
-    objectives made from one another by :meth:`with_data` share it."""
-    raw = getattr(self.loss_fn, "_dsgrad_raw_loss", self.loss_fn)
-    refs = tuple((k, id(r)) for k, r in sorted((self.data or {}).items()))
+    :meth:`model_key` and which data are host arrays. Objectives made from one another
+    by :meth:`with_data` with data of the same kinds share it."""
     host = tuple(sorted(k for k, v in self.data_tree().items() if data_lib.is_host(v)))
-    return (raw, self.noise_fn, self.num_data, self.shared_noise, refs, host)
+    return self.model_key() + (host,)
 
   # ----------------------------------------------------------------- noise
   def sample_noise(self, key: jax.Array, batch_size: int) -> Noise:
@@ -274,32 +279,44 @@ class _Structure:
     return f"Objective structure of {self.template.name!r} (data {list(self.keys)})"
 
 
+def _raw_loss(loss_fn: LossFn) -> LossFn:
+  """The model's loss function behind an objective's data-binding wrapper."""
+  return getattr(loss_fn, "_dsgrad_raw_loss", loss_fn)
+
+
+def _copy(objective: Objective, **changes) -> Objective:
+  """A field-by-field copy with ``changes``, without ``__post_init__``'s validation (the
+  pytree functions copy objectives whose data are tracers or JAX's placeholders)."""
+  out = object.__new__(type(objective))
+  for field in dataclasses.fields(objective):
+    object.__setattr__(out, field.name, changes.get(field.name, getattr(objective, field.name)))
+  return out
+
+
 def _flatten_objective(objective: Objective):
   values = objective.data_tree()
-  host = {k: v for k, v in values.items() if data_lib.is_host(v)}
-  keys = tuple(sorted(k for k in values if k not in host))
-  # The template keeps functions and handles, not the data of a with_data copy, so a
-  # compilation cache does not hold on to a data set it no longer needs.
-  template = objective
-  if objective.data_values is not None:
-    template = object.__new__(type(objective))
-    for field in dataclasses.fields(objective):
-      object.__setattr__(template, field.name, getattr(objective, field.name))
-    object.__setattr__(template, "data_values", None)
-  children = tuple((jax.tree_util.DictKey(k), values[k]) for k in keys)
-  return children, _Structure(template, keys, host)
+  # jit flattens its arguments at every call: the static part is built once per objective.
+  structure = objective.__dict__.get("_pytree_structure")
+  if structure is None:
+    host = {k: v for k, v in values.items() if data_lib.is_host(v)}
+    keys = tuple(sorted(k for k in values if k not in host))
+    # The template keeps functions and handles, not the data of a with_data copy, so a
+    # compilation cache does not hold on to a data set it no longer needs.
+    template = (objective if objective.data_values is None
+                else _copy(objective, data_values=None))
+    structure = _Structure(template, keys, host)
+    object.__setattr__(objective, "_pytree_structure", structure)
+  children = tuple((jax.tree_util.DictKey(k), values[k]) for k in structure.keys)
+  return children, structure
 
 
 def _unflatten_objective(structure: _Structure, leaves) -> Objective:
   # No validation here: JAX unflattens with placeholders (tracers, None, shardings) too.
   template = structure.template
-  out = object.__new__(type(template))
-  for field in dataclasses.fields(template):
-    object.__setattr__(out, field.name, getattr(template, field.name))
-  if template.data:
-    object.__setattr__(out, "data_values", {**structure.host, **dict(zip(structure.keys, leaves))})
-    raw = getattr(template.loss_fn, "_dsgrad_raw_loss", template.loss_fn)
-    object.__setattr__(out, "loss_fn", _binding_loss(out, raw))
+  if not template.data:
+    return _copy(template)
+  out = _copy(template, data_values={**structure.host, **dict(zip(structure.keys, leaves))})
+  object.__setattr__(out, "loss_fn", _binding_loss(out, _raw_loss(template.loss_fn)))
   return out
 
 

@@ -57,9 +57,9 @@ def test_jit_over_the_objective_traces_once_for_two_data_sets():
   first = grad(objective, params, indices, noise)
   second = grad(other, params, indices, noise)
   assert len(traces) == 1
-  chex_close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
-  jax.tree.map(chex_close, first, objective.grad(params, indices, noise))
-  jax.tree.map(chex_close, second, direct.grad(params, indices, noise))
+  close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
+  jax.tree.map(close, first, objective.grad(params, indices, noise))
+  jax.tree.map(close, second, direct.grad(params, indices, noise))
   assert not np.allclose(first["loc"], second["loc"])
 
 

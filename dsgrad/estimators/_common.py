@@ -287,7 +287,7 @@ def explicit_objective(objective: Objective, handed, name: str) -> Objective:
     raise TypeError(f"dsgrad.{name}: objective= must be a dsgrad.Objective (the one the "
                     f"estimator was built with, or its with_data copy), got "
                     f"{type(handed).__name__}")
-  if handed.structure_key()[:5] != objective.structure_key()[:5]:
+  if handed.model_key() != objective.model_key():
     raise ValueError(
         f"dsgrad.{name}: the objective passed to update ({handed.name!r}) is not the one "
         f"this estimator was built with ({objective.name!r}) on other data: its model, "
