@@ -20,6 +20,7 @@ from dsgrad import mcmc
 from dsgrad import mcvae
 from dsgrad import models
 from dsgrad import parallel
+from dsgrad import psis
 from dsgrad import segments
 from dsgrad.approx import Approximation
 from dsgrad.advice import Recommendation, recommend
@@ -30,6 +31,7 @@ from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
                                SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)
 from dsgrad.objective import Objective, gaussian_noise, per_datum
+from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
 from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
                            save_fit_checkpoint)
 from dsgrad.segments import train_step
@@ -49,4 +51,5 @@ __all__ = [
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition", "recommend", "Recommendation",
+    "psis", "pareto_k", "psis_log_weights", "importance_log_ratios",
 ]

@@ -202,6 +202,9 @@ def _reasons(ranking, decomposition, naive) -> list:
   return lines
 
 
+@checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
+                  num_draws=checks.count(2), timing_steps=checks.count(1),
+                  max_table_bytes=checks.byte_budget())
 def recommend(objective: Objective, params, key, *, batch_size: int, approx=None,
               candidates=CANDIDATES, num_draws: int = 200, timing_steps: int = 50,
               update_rule: optax.GradientTransformation | None = None,

@@ -196,6 +196,7 @@ def uniform_indices(key, num_data: int, shape, replace: bool = True):
   return permutation(key, num_data)[:shape]
 
 
+@checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))
 def sample_batch(key, objective, batch_size: int, replace: bool = True):
   """Uniform random batch ``(indices, noise)`` of ``objective``'s data: with or without
   replacement (:func:`uniform_indices`), its noise from an independent key."""

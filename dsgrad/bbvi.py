@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
 from dsgrad.families.gaussian import MeanFieldGaussian, bbvi_objective
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
@@ -29,6 +30,7 @@ def meanfield_entropy(log_scale: jax.Array) -> jax.Array:
   return jnp.sum(log_scale, axis=-1) + 0.5 * d * (1.0 + jnp.log(2.0 * jnp.pi))
 
 
+@checks.arguments(loc=checks.finite_values(), log_scale=checks.finite_values())
 def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
                    log_scale: float | jax.Array = 0.0) -> dict:
   """Variational parameters ``{"loc": (d,), "log_scale": (d,)}`` filled with constants."""

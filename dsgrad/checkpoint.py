@@ -183,6 +183,7 @@ def _write(path: str, directory: str, payload: bytes) -> None:
       f.write(_TAG + hashlib.sha256(payload).digest() + payload)
       f.flush()
       os.fsync(f.fileno())
+    _keep_previous(path)
     os.replace(tmp, path)
   except BaseException as error:
     if os.path.exists(tmp):
@@ -196,6 +197,45 @@ def _write(path: str, directory: str, payload: bytes) -> None:
     raise
 
 
+def previous_path(path: str | os.PathLike) -> str:
+  """``<path>.prev``: the checkpoint :func:`save` replaced last, kept so that a checkpoint
+  damaged after it was written does not lose the run."""
+  return os.fspath(path) + ".prev"
+
+
+def _keep_previous(path: str) -> None:
+  """Moves the checkpoint at ``path`` to :func:`previous_path` before the new one is
+  renamed into place. Killed between the two renames, the newest complete checkpoint is
+  the previous one, and :func:`latest` finds it."""
+  if os.path.exists(path):
+    os.replace(path, previous_path(path))
+
+
+def latest(path: str | os.PathLike) -> str | None:
+  """The newest complete checkpoint a save to ``path`` left: ``path``, or its previous
+  one when a save was killed between moving it aside and renaming the new file into
+  place; ``None`` when neither exists."""
+  path = os.fspath(path)
+  if os.path.exists(path):
+    return path
+  previous = previous_path(path)
+  return previous if os.path.exists(previous) else None
+
+
+def _damaged(path: str, why: str) -> ValueError:
+  """The error for a damaged checkpoint, pointing at the previous one when it is good."""
+  message = f"checkpoint {path!r} is corrupt: {why}"
+  previous = previous_path(path)
+  if os.path.exists(previous):
+    try:
+      _payload(previous)
+      message += (f". The checkpoint it replaced is intact at {previous!r}: move it to "
+                  f"{path!r} to resume from there")
+    except (ValueError, OSError):
+      pass
+  return ValueError(message)
+
+
 def _payload(path, allow_unverified: bool = False) -> bytes:
   """The verified payload of the checkpoint at ``path``."""
   path = os.fspath(path)
@@ -205,6 +245,8 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
   with open(path, "rb") as f:
     data = f.read()
   if not data.startswith(_TAG):
+    if _TAG.startswith(data[:len(_TAG)]) or os.path.exists(previous_path(path)):
+      raise _damaged(path, f"it is truncated to {len(data)} bytes or its header is damaged")
     if not allow_unverified:
       raise ValueError(
           f"checkpoint {path!r} has no dsgrad header and checksum: it is corrupt, not a "
@@ -217,8 +259,8 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
   digest = data[len(_TAG):len(_TAG) + _DIGEST_BYTES]
   payload = data[len(_TAG) + _DIGEST_BYTES:]
   if hashlib.sha256(payload).digest() != digest:
-    raise ValueError(f"checkpoint {path!r} is corrupt: its SHA-256 checksum does not match "
-                     "its contents (the file was damaged or changed after it was written)")
+    raise _damaged(path, "its SHA-256 checksum does not match its contents (the file was "
+                   "damaged, truncated or changed after it was written)")
   return payload
 
 
@@ -234,7 +276,7 @@ def restore_raw(path: str | os.PathLike, *, allow_unverified: bool = False) -> d
   try:
     return serialization.msgpack_restore(payload)
   except Exception as err:  # msgpack raises several types
-    raise ValueError(f"checkpoint {os.fspath(path)!r} is corrupt: {err}") from err
+    raise _damaged(os.fspath(path), str(err)) from err
 
 
 def _flat_keys(state) -> dict:

@@ -28,6 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+# Arguments by kind live in their own module; re-exported here with the other checks.
+from dsgrad.argument_kinds import (  # noqa: F401
+    ArgumentError, Kind, arguments, byte_budget, check_count, check_floating_params,
+    check_id_array, check_numeric_dtype, check_positive, count, finite_values,
+    floating_dtype, optional, or_word, positive, probability, prng_key, real, sizes)
+
 
 def is_concrete(x) -> bool:
   """Whether ``x`` is a value (not a tracer): value checks can run on it now."""
@@ -123,42 +129,6 @@ def raise_deferred(error) -> None:
   message = error.get()
   if message:
     raise ValueError(message.split(_CHECKIFY_SUFFIX)[0])
-
-
-def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
-  """A real, finite number ``> 0`` (``>= 0`` with ``allow_zero``), or a ``ValueError``
-  naming ``name``: NaN passes comparisons such as ``value <= 0`` unnoticed, and inf
-  freezes or blows up whatever it scales."""
-  try:
-    number = float(value)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-  if isinstance(value, bool) or np.ndim(value) != 0:
-    raise ValueError(f"{name} must be a positive number, got {value!r}")
-  if not np.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-    bound = "non-negative" if allow_zero else "positive"
-    raise ValueError(f"{name} must be {bound} and finite, got {value!r}")
-  # JAX computes in float32: a larger value becomes inf, a smaller non-zero one 0 (or a
-  # denormal whose reciprocal is inf), silently, inside the first step.
-  info = np.finfo(np.float32)
-  if number > info.max or 0 < number < info.tiny:
-    raise ValueError(f"{name} must be positive and finite within float32's range "
-                     f"[{info.tiny:.3g}, {info.max:.3g}], got {value!r}")
-  return number
-
-
-def check_count(value, name: str, minimum: int = 0, maximum: int = 2 ** 31 - 1) -> int:
-  """An integer in ``[minimum, maximum]``, or a ``ValueError`` naming ``name``: a float
-  (even ``3.0``) or a bool is refused rather than truncated, and a count beyond the
-  int32 indices JAX uses is refused rather than wrapped."""
-  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-      or int(value) < minimum):
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} "
-                     f"({type(value).__name__})")
-  if int(value) > maximum:
-    raise ValueError(f"{name} must be an integer >= {minimum} and <= {maximum}, got "
-                     f"{value!r}")
-  return int(value)
 
 
 def check_regular_file(path, what: str) -> None:

@@ -226,6 +226,7 @@ def _check_finite_leaf(value, label: str) -> None:
       not isinstance(value, (list, tuple)):
     return
   dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
+  checks.check_numeric_dtype(dtype, label)
   if not np.issubdtype(dtype, np.inexact):
     return
   if isinstance(value, jax.Array):

@@ -38,6 +38,8 @@ def state_bytes(state: Any) -> int:
   return tree_bytes(state)
 
 
+@checks.arguments(key=checks.prng_key(), num_draws=checks.count(2),
+                  batch_size=checks.count(1))
 def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, params,
                       objective: Objective, key, num_draws: int, batch_size: int, *,
                       replace: bool = True):
@@ -94,11 +96,16 @@ def total_variance(samples) -> tuple[float, float]:
     ``(variance, standard_error)`` as floats.
   """
   x = np.asarray(samples, np.float64)
-  m = x.shape[0]
+  m = x.shape[0] if x.ndim else 0
+  if m < 2:
+    raise ValueError(f"total_variance needs at least 2 draws (rows of samples) for a "
+                     f"variance, got {m}")
   sq = np.sum((x - x.mean(0)) ** 2, axis=1) * m / (m - 1)
   return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))
 
 
+@checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
+                  chunk_size=checks.count(1))
 def elbo(objective: Objective, params, key, num_samples: int = 1000,
          chunk_size: int = 4096):
   """Full-data ELBO ``-E_eps mean_n f(w; n, eps)`` by Monte Carlo, in bounded memory.
@@ -118,6 +125,7 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
   return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
 
 
+@checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
   """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws
   of the full-data ELBO, whose mean :func:`elbo` reports. Use it to evaluate many
@@ -167,6 +175,10 @@ def _elbo_program(objective: Objective, num_samples: int, chunk_size: int):
   return dsgrad_data.jit(objective.data, run)
 
 
+@checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
+                  num_draws=checks.count(2), full_draws=checks.count(2),
+                  noise_draws_per_datum=checks.count(2), chunk_size=checks.count(1),
+                  num_data_sampled=checks.optional(checks.count(2)))
 def variance_decomposition(objective: Objective, params, key, batch_size: int, *,
                            num_draws: int = 2000, full_draws: int = 200,
                            noise_draws_per_datum: int = 8, chunk_size: int = 256,

@@ -29,6 +29,7 @@ LossFn = Callable[[Params, jax.Array, Noise], jax.Array]
 NoiseFn = Callable[[jax.Array, int], Noise]
 
 
+@checks.arguments(num_data=checks.count(1))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Objective:
   """A doubly-stochastic objective ``f(w; n, eps)`` over ``num_data`` data.
@@ -54,6 +55,11 @@ class Objective:
       approximations) read; every leading axis is ``num_data``.
     data_values: ``{name: array}`` bound to ``data`` instead of the arrays the handles
       were made with (set by :meth:`with_data`).
+    log_q_offset: optional ``(params, noise) -> log q(z) + H(q)`` at the latent
+      ``z`` the noise gives. An objective whose full-data ELBO draw is
+      ``log p(x, z) + H(q)`` sets it, so that the draw minus the offset is the log
+      importance ratio ``log p(x, z) - log q(z)`` of the PSIS diagnostic
+      (:func:`dsgrad.psis.importance_log_ratios`). The Gaussian families set it.
 
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
@@ -82,6 +88,7 @@ class Objective:
   name: str = "objective"
   data: Mapping[str, data_lib.DataArray] | None = None
   data_values: Mapping[str, Any] | None = None
+  log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -170,14 +177,17 @@ class Objective:
     return self.model_key() + (host,)
 
   # ----------------------------------------------------------------- noise
+  @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))
   def sample_noise(self, key: jax.Array, batch_size: int) -> Noise:
     """Draws the Monte Carlo noise for a batch of ``batch_size`` data."""
     return self.noise_fn(key, batch_size)
 
+  @checks.arguments(batch_size=checks.count(1))
   def noise_spec(self, batch_size: int):
     """Shapes and dtypes of the noise for a batch (a tree of ``ShapeDtypeStruct``)."""
     return jax.eval_shape(lambda key: self.noise_fn(key, batch_size), jax.random.key(0))
 
+  @checks.arguments(batch_size=checks.count(1))
   def zero_noise(self, batch_size: int) -> Noise:
     """The noise value zero (the noise mean), shaped for a batch."""
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self.noise_spec(batch_size))
@@ -367,6 +377,7 @@ def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable
   return jax.vmap(one, in_axes=(params_axis, 0, noise_axis))
 
 
+@checks.arguments(scale=checks.positive())
 def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
                    shared: bool = False) -> NoiseFn:
   """A noise sampler drawing ``scale * N(0, I)`` of the given per-datum ``shape``.

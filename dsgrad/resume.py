@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad.objective import Objective
@@ -142,6 +143,7 @@ def check_resume_settings(path, raw: dict, settings: dict) -> None:
           "checkpoint_path to start a new run")
 
 
+@checks.arguments(step=checks.count(0))
 def save_fit_checkpoint(path, params, opt_state, step: int,
                         history: History | None = None, *, settings: dict | None = None
                         ) -> None:

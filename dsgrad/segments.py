@@ -42,6 +42,7 @@ from dsgrad import compile_cache
 from dsgrad import data as data_lib
 from dsgrad import parallel
 from dsgrad.objective import Objective
+from dsgrad.estimators import chain as chain_lib
 
 
 def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
@@ -72,6 +73,8 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   noise = objective.sample_noise(noise_key, indices.shape[0])
   if mesh is not None:
     indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
+  # Structure only: free, at trace time.
+  chain_lib.check_chain_order(opt_state, "dsgrad.train_step")
   grads = objective.grad(params, indices, noise, validate=False)
   # The estimators compute with the objective handed to them: under the caller's jit it
   # carries the data as arguments, as the gradient above does.

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
+
 __all__ = ["EMPTY_TABLE", "new_table", "gather_rows", "set_rows", "set_row_values", "first_occurrence",
            "full_pass_rows", "full_pass_mean", "tree_bytes"]
 
@@ -101,6 +103,7 @@ def full_pass_rows(batch_fn: Callable[[jax.Array], Any], num_data: int, chunk_si
   return rows
 
 
+@checks.arguments(num_data=checks.count(1), chunk_size=checks.count(1))
 def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
                    chunk_size: int):
   """Mean over all data of a batch-mean function, in chunks inside ``jit``.

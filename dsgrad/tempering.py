@@ -28,6 +28,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
+
 __all__ = ["gaussian_log_prob", "linear_schedule", "schedule_from_logits", "check_schedule"]
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -40,6 +42,7 @@ def gaussian_log_prob(z, mean, log_scale) -> jax.Array:
 
 
 
+@checks.arguments(num_steps=checks.count(1))
 def linear_schedule(num_steps: int) -> jax.Array:
   """``beta_k = k / K`` for ``k = 0..K``."""
   return jnp.linspace(0.0, 1.0, num_steps + 1)

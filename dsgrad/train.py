@@ -35,6 +35,7 @@ from dsgrad import data as data_lib
 from dsgrad import diagnostics
 from dsgrad.estimators.chain import check_chain_order
 from dsgrad import parallel
+from dsgrad import psis
 from dsgrad import resume as resume_lib
 from dsgrad import segments
 from dsgrad.objective import Objective
@@ -51,26 +52,28 @@ class FitResult(NamedTuple):
     opt_state: final optimizer (and estimator) state.
     history: a :class:`History`.
     compile_seconds: time spent compiling the training segment.
+    pareto_k: how far to trust the approximation at the end: PSIS k-hat of the final
+      ELBO evaluation's draws (:mod:`dsgrad.psis`; below 0.5 good, from 0.7 the
+      approximation misses part of the posterior). ``None`` when it was not computed:
+      ``elbo_samples < 25``, or an objective that does not expose ``log q``
+      (``Objective.log_q_offset``) or draws one noise per datum.
+    diagnosis: one sentence on ``pareto_k`` (:func:`dsgrad.psis.diagnose`), or why it
+      was not computed.
   """
 
   params: Any
   opt_state: Any
   history: History
   compile_seconds: float
+  pareto_k: float | None = None
+  diagnosis: str = ""
 
 
-def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
-                         checkpoint_path) -> None:
+def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
-  def count(label, value, low):
-    checks.check_count(value, label, low)
-  count("num_steps", num_steps, 0)
-  count("batch_size", batch_size, 1)
+  # The counts' kinds are checked by fit's argument declarations.
   checks.check_batch_size(batch_size, objective.num_data)
-  if eval_every is not None:
-    count("eval_every", eval_every, 1)
-  count("checkpoint_every", checkpoint_every, 1)
   if checkpoint_path is not None:
     folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint_path)))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -78,6 +81,10 @@ def _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoin
                        "does not exist or is not writable")
 
 
+@checks.arguments(key=checks.prng_key(), num_steps=checks.count(0),
+                  batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
+                  elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
+                  checkpoint_every=checks.count(1))
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
@@ -137,8 +144,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       travel out of the compiled segment (:func:`dsgrad.checks.deferred`) instead of
       a host callback per step.
   """
-  _check_fit_arguments(objective, num_steps, batch_size, eval_every, checkpoint_every,
-                       checkpoint_path)
+  _check_fit_arguments(objective, batch_size, checkpoint_path)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
@@ -148,9 +154,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       # What determines the state besides the batches: the data themselves (not only N)
       # and the optimizer's program (estimator, its settings, its approximation).
       settings.update(state_fingerprints(objective, optimizer, params, batch_size))
-    if resume and checkpoint_path is not None and os.path.exists(checkpoint_path):
-      params, opt_state, start_step, history = _restore(checkpoint_path, settings, optimizer,
+    found = checkpoint_lib.latest(checkpoint_path) if checkpoint_path is not None else None
+    if resume and found is not None:
+      params, opt_state, start_step, history = _restore(found, settings, optimizer,
                                                         params, opt_state)
+    checks.check_floating_params(params, "dsgrad.fit")
     # A NaN start would train silently to a NaN history with a plain optax optimizer.
     checks.value_checks(checks.finite_checks(params, "params passed to fit"))
     if num_steps < start_step:
@@ -162,6 +170,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     runner = segments.SegmentRunner(objective, optimizer, batch_size, key, mesh=mesh,
                                     **placement)
     record = _Recorder(history, start_step)
+    trust_check, diagnosis = _can_check_trust(objective, elbo_samples)
+    k_hat = None
     bar = _progress(progress, num_steps - start_step)
     step, segment = start_step, 0
     while step < num_steps:
@@ -170,15 +180,39 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                    if step + length < num_steps else None)
       params, opt_state = runner.run(params, opt_state, step, length, following)
       step, segment = step + length, segment + 1
-      value, se = (diagnostics.elbo(objective, params, jax.random.fold_in(eval_key, step),
-                                    elbo_samples) if elbo_samples else (float("nan"),) * 2)
+      eval_at = jax.random.fold_in(eval_key, step)
+      if step == num_steps and trust_check:
+        # The last evaluation's draws also give the importance ratios (same key, same
+        # draws as diagnostics.elbo), so k-hat costs no extra full pass.
+        ratios, draws = psis.importance_log_ratios(objective, params, eval_at, elbo_samples)
+        value, se = float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size))
+        k_hat = float(psis.pareto_k(ratios))
+        diagnosis = psis.diagnose(k_hat)
+      else:
+        value, se = (diagnostics.elbo(objective, params, eval_at, elbo_samples)
+                     if elbo_samples else (float("nan"),) * 2)
       record.append(step, runner.step_seconds, value, se)
       bar(length, step, value, se)
       if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
         save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                             settings=settings)
     bar(0, step, None, None, close=True)
-    return FitResult(params, opt_state, record.history(), runner.compile_seconds)
+    if progress and k_hat is not None:
+      print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
+    return FitResult(params, opt_state, record.history(), runner.compile_seconds,
+                     k_hat, diagnosis)
+
+
+def _can_check_trust(objective: Objective, elbo_samples: int) -> tuple[bool, str]:
+  """Whether fit's last evaluation can give the PSIS k-hat, and if not, why."""
+  if objective.log_q_offset is None:
+    return False, ("k-hat not computed: the objective does not expose log q "
+                   "(Objective.log_q_offset)")
+  if not objective.shared_noise:
+    return False, "k-hat not computed: the objective draws one noise per datum"
+  if elbo_samples < 25:
+    return False, f"k-hat not computed: it needs elbo_samples >= 25, got {elbo_samples}"
+  return True, ""
 
 
 def _restore(checkpoint_path, settings: dict, optimizer, params, opt_state):

@@ -279,7 +279,7 @@ def test_numpyro_momentum_convention_matches_a_transcription_of_autodais():
 
 def test_bad_input():
   model, _, _, _ = _regression()
-  with pytest.raises(ValueError, match="K must be >= 0"):
+  with pytest.raises(ValueError, match="num_steps must be an integer >= 0"):
     AnnealedVI(model, -1)
   with pytest.raises(ValueError, match="eta_max"):
     AnnealedVI(model, 4, eta_max=0.0)

@@ -129,18 +129,18 @@ def test_smiso_refuses_to_be_chained(objective, params0):
 def test_constructor_arguments(objective, logreg_data):
   with pytest.raises(ValueError, match="inc needs one noise draw shared"):
     dsgrad.inc(objective)
-  with pytest.raises(ValueError, match="every must be a positive int"):
+  with pytest.raises(ValueError, match="every must be an integer >= 1"):
     dsgrad.joint_svrg(objective, every=0)
   with pytest.raises(ValueError, match="step_size must be positive"):
     dsgrad.smiso(objective, 0.0)
-  with pytest.raises(ValueError, match="alpha must lie in"):
+  with pytest.raises(ValueError, match=r"alpha must be a probability in \(0, 1\]"):
     dsgrad.smiso(objective, 0.1, alpha=1.5)
   x, y = logreg_data
   with pytest.raises(ValueError, match="labels must be in"):
     logistic_regression(x, np.arange(len(y)) % 3)
   with pytest.raises(ValueError, match="labels must have shape"):
     logistic_regression(x, y[:-1])
-  with pytest.raises(ValueError, match="num_data must be a positive int"):
+  with pytest.raises(ValueError, match="num_data must be an integer >= 1"):
     dsgrad.Objective(lambda p, i, e: i, lambda k, b: None, 0)
 
 

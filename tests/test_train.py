@@ -173,4 +173,67 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
   whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
   chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
                               (whole.params, whole.opt_state))
-  assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # the orphan was removed
+  # The orphaned temporary was removed; the checkpoint replaced last is kept beside it.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt", "run.ckpt.prev"]
+
+
+def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tmp_path):
+  """Three SIGKILLs, the second as soon as a checkpoint write is seen in progress (its
+  temporary file exists), each followed by the same command; then the checkpoint is
+  damaged on disk. The damage is refused naming the previous checkpoint, which is intact,
+  and the run resumed from it ends bit for bit where an uninterrupted run does."""
+  import os
+  import shutil
+  import subprocess
+  import sys
+  import time
+  from dsgrad.checkpoint import previous_path, temp_prefix
+  from dsgrad.models import logistic_regression, synthetic_logistic_data
+  path = tmp_path / "run.ckpt"
+  for attempt in range(3):
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(path)])
+    try:
+      deadline = time.monotonic() + 120
+      saw_write = False
+      while time.monotonic() < deadline and child.poll() is None:
+        writing = any(p.name.startswith(temp_prefix(str(path))) for p in tmp_path.iterdir())
+        if attempt == 1 and writing and path.exists():
+          saw_write = True
+          break  # kill now: mid-write
+        if attempt != 1 and path.exists() and os.path.getsize(path) > 0:
+          time.sleep(0.3)
+          break
+        time.sleep(0.001 if attempt == 1 else 0.05)
+    finally:
+      child.kill()
+      child.wait(timeout=30)
+    assert path.exists(), "the child wrote no checkpoint within 120 s"
+    if attempt == 1:
+      assert saw_write, "no checkpoint write was caught in progress within 120 s"
+  x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
+  model = logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  params = dsgrad.meanfield_init(model)
+  kw = dict(batch_size=5, eval_every=10, elbo_samples=0, progress=False)
+  # Resume once, so that both the newest checkpoint and the one it replaced exist.
+  first = dsgrad.restore_fit_checkpoint(dsgrad.checkpoint.latest(path), params,
+                                        opt.init(params))[2]
+  dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=first + 20,
+             checkpoint_path=path, resume=True, **kw)
+  previous = previous_path(path)
+  saved_step = dsgrad.restore_fit_checkpoint(previous, params, opt.init(params))[2]
+  assert saved_step == first + 10
+  # Damage the newest checkpoint: truncate it.
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ValueError, match=r"corrupt.*intact at .*run\.ckpt\.prev"):
+    dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=saved_step + 20,
+               checkpoint_path=path, resume=True, **kw)
+  shutil.move(previous, path)
+  total = saved_step + 20
+  resumed = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total,
+                       checkpoint_path=path, resume=True, **kw)
+  whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
+  chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
+                              (whole.params, whole.opt_state))

@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
 from dsgrad import integrators
 from dsgrad.tempering import gaussian_log_prob, schedule_from_logits
 
@@ -57,6 +58,9 @@ class ChainSettings(NamedTuple):
   momentum_sd: jax.Array | None = None
 
 
+@checks.arguments(num_steps=checks.count(0), dim=checks.count(1),
+                  step_size=checks.positive(), eta_max=checks.positive(),
+                  refresh=checks.probability(low_open=True, high_open=True))
 def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
                       eta_max: float = 0.25, refresh: float = 0.9) -> dict:
   """Unconstrained chain parameters: ``eta = eta_max sigmoid(raw)`` and a slope ``kappa``
@@ -84,6 +88,7 @@ def init_chain_params(num_steps: int, dim: int, *, step_size: float = 0.01,
           "log_mass": jnp.zeros((dim,), jnp.float32)}
 
 
+@checks.arguments(eta_max=checks.positive())
 def chain_settings(chain_params: dict, eta_max: float) -> ChainSettings:
   """Constrained :class:`ChainSettings` from :func:`init_chain_params`-shaped params
   (params without ``step_size_slope`` have a constant step size)."""

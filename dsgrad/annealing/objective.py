@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
 from dsgrad import batching
 from dsgrad import compile_cache
 from dsgrad.annealing import dais
@@ -38,6 +39,8 @@ from dsgrad.objective import Objective
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 
 
+@checks.arguments(num_steps=checks.count(0), eta_max=checks.positive(),
+                  dynamics_batch_size=checks.optional(checks.count(1)))
 @dataclasses.dataclass(frozen=True, eq=False)
 class AnnealedVI:
   """DAIS, NS-DAIS or SL-DAIS on a :class:`dsgrad.models.Model`.
@@ -142,6 +145,8 @@ class AnnealedVI:
     """``dais(K=...)``, ``ns_dais(K=...)`` or ``sl_dais(K=...)``, for tables and messages."""
     return f"{self.method}(K={self.num_steps})"
 
+  @checks.arguments(loc=checks.finite_values(), log_scale=checks.finite_values(),
+                    step_size=checks.positive(), refresh=checks.probability(low_open=True, high_open=True))
   def init_params(self, *, loc=0.0, log_scale: float = -1.0, step_size: float = 0.01,
                   refresh: float = 0.9) -> dict:
     """``{"base": ..., "chain": ..., "surrogate": ..., "model": ...}`` (surrogate and model
@@ -162,6 +167,7 @@ class AnnealedVI:
     """The model at ``params["model"]`` (the fixed model without model learning)."""
     return self._template if self.model_params is None else self.model(params["model"])
 
+  @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))
   def noise_fn(self, key, batch_size: int) -> dict:
     """One shared chain draw: ``eps0 (d,)``, ``momentum (K, d)`` and, for NS-DAIS, the
     dynamics' mini-batch ``dynamics_indices (B_dyn,)`` (uniform, with replacement)."""
@@ -227,6 +233,7 @@ class AnnealedVI:
     everything = jnp.arange(self._template.num_data, dtype=jnp.int32)
     return shared + jnp.sum(self.model_at(params).log_likelihood(z_k, everything))
 
+  @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2), chunk_size=checks.count(1))
   def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):
     """The full-data ELBO ``E[log w]`` by Monte Carlo: ``(estimate, standard error)``.
 
@@ -239,6 +246,7 @@ class AnnealedVI:
     values = np.asarray(values, np.float64)
     return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
 
+  @checks.arguments(key=checks.prng_key(), num=checks.count(1))
   def sample_posterior(self, params, key, num: int) -> jax.Array:
     """``num`` draws of ``z_K`` from the approximate posterior, ``(num, d)``.
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dsgrad import checks
 from dsgrad.models.base import Model
 
 
@@ -123,6 +124,7 @@ class WeightedDataSurrogate(SurrogateLikelihood):
                    * self._datum_log_likelihood(z, self.points[...]))
 
 
+@checks.arguments(num_points=checks.count(1), key=checks.prng_key())
 def rand_surrogate(model: Model, num_points: int, key) -> WeightedDataSurrogate:
   """RAND: ``num_points`` data drawn uniformly without replacement, learnable weights
   initialized at ``N / num_points`` (so the initial total weight is ``N``; Sec. 4).
@@ -138,6 +140,8 @@ def rand_surrogate(model: Model, num_points: int, key) -> WeightedDataSurrogate:
                                name=f"rand({num_points})")
 
 
+@checks.arguments(num_points=checks.count(1), key=checks.prng_key(),
+                  chunk_size=checks.count(1), uniform_mix=checks.probability())
 def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
                       learn_weights: bool = True, chunk_size: int = 8192,
                       uniform_mix: float = 0.5) -> WeightedDataSurrogate:
@@ -200,6 +204,7 @@ def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
                                name=f"coreset_{kind}({num_points})")
 
 
+@checks.arguments(latent_dim=checks.count(1), hidden=checks.sizes(1))
 class NeuralSurrogate(SurrogateLikelihood):
   """NN: ``Psi_hat(z)`` is a small MLP of ``z`` (ELU hidden layers, scalar output).
 

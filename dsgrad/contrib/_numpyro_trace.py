@@ -9,6 +9,7 @@ import inspect
 import warnings
 
 from numpyro import handlers
+from numpyro.infer.initialization import init_to_uniform
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,16 @@ def other_batch_sizes_allowed():
 
 
 def trace(fn, args, kwargs, seed=0):
+  """The model's trace from a prior draw; a latent site whose distribution cannot be
+  sampled (an improper prior such as ``ImproperUniform``, whose ``sample`` raises a bare
+  ``NotImplementedError``) takes a point drawn uniformly in ``(-2, 2)`` of its
+  unconstrained space instead, NumPyro's own ``init_to_uniform``."""
   with other_batch_sizes_allowed():
-    return handlers.trace(handlers.seed(fn, seed)).get_trace(*args, **kwargs)
+    try:
+      return handlers.trace(handlers.seed(fn, seed)).get_trace(*args, **kwargs)
+    except NotImplementedError:
+      seeded = handlers.substitute(handlers.seed(fn, seed), substitute_fn=init_to_uniform)
+      return handlers.trace(seeded).get_trace(*args, **kwargs)
 
 
 def with_indices(model, plate: str, indices):

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from dsgrad import checks
 from dsgrad import families
 from dsgrad.contrib import _numpyro_trace as trace_lib
 from dsgrad.data import DataArray
@@ -271,12 +272,14 @@ class NumpyroObjective(Objective):
   numpyro_model: NumpyroModel | None = None
   family: str = "meanfield"
 
+  @checks.arguments(loc=checks.finite_values(), scale=checks.positive())
   def init_params(self, loc: float | jax.Array = 0.0, scale: float = 0.1) -> dict:
     """Initial variational parameters: mean ``loc`` and standard deviation ``scale`` in
     unconstrained space (NumPyro's ``AutoNormal`` starts at scale 0.1 too)."""
     return families.by_name(self.family, self.numpyro_model.model.latent_dim, loc=loc,
                             log_scale=float(np.log(scale))).params()
 
+  @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1))
   def sample_posterior(self, key: jax.Array, params: dict, num_samples: int) -> dict:
     """Draws from the fitted ``q`` as NumPyro-style posterior samples.
 
@@ -352,5 +355,6 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
       found.model, shared_noise=shared_noise)
   return NumpyroObjective(base.loss_fn, base.noise_fn, base.num_data,
                           shared_noise=base.shared_noise, data=base.data,
+                          log_q_offset=base.log_q_offset,
                           name=f"numpyro:{found.model.name}", numpyro_model=found,
                           family=family)

@@ -208,7 +208,7 @@ def movielens_from_columns(user_ids, genre_strings, ratings, *, expected=None) -
     ratings: ``(N,)`` ratings in ``{0.5, 1, ..., 5}``.
     expected: optional ``{"ratings": int, "users": int}`` counts to verify.
   """
-  ids = np.asarray(user_ids)
+  ids = checks.check_id_array(user_ids, "movielens: user_ids")
   try:
     r = np.asarray(ratings, np.float64)
   except (TypeError, ValueError) as err:

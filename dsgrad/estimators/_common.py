@@ -110,6 +110,7 @@ def require_full_precision(params, estimator: str) -> None:
   and storing a compact table in bfloat16 (``joint_saga(table_dtype=jnp.bfloat16)``)
   keeps the memory saving.
   """
+  checks.check_floating_params(params, f"dsgrad.{estimator}")
   for leaf in jax.tree.leaves(params):
     dtype = jnp.result_type(leaf)
     if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:

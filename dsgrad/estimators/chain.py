@@ -1,44 +1,96 @@
-"""How a dsgrad estimator composes with other optax transformations.
+"""How a dsgrad estimator composes with other optax transformations: the chain-order rule.
 
-An estimator corrects the *raw* gradient, so in an ``optax.chain`` it comes before any
-transformation that rescales the gradient (Adam's moments, clipping, a schedule):
-``optax.chain(dsgrad.joint_saga(...), optax.adam(...))``. :func:`check_chain_order`
-refuses a chain built the other way round, which would run without error and give
-wrong updates.
+An estimator corrects the *raw* mini-batch gradient, so in an ``optax.chain`` it comes
+first: ``optax.chain(dsgrad.joint_saga(...), optax.adam(...))``. The rule, in one place:
+
+* **Nothing may stand before an estimator in a chain**: not a stateful transform (Adam's
+  moments, a schedule's count) and not a stateless one (``optax.clip_by_global_norm``,
+  ``optax.scale``, whose states are empty). Each changes the gradient the estimator
+  corrects, and a clipping threshold may do so only on some steps, so no check of the
+  first update's values can see it.
+* **A transformation may contain an estimator**: a wrapper whose state holds the chain's
+  (``optax.inject_hyperparams``, ``optax.apply_if_finite``) is looked through, and an
+  ensemble that maps the whole chain over a batch of models (``jax.vmap`` of its ``init``
+  and ``update``) has the chain's state with a leading model axis: the same structure,
+  in the same order, so it passes.
+
+:func:`check_chain_order` applies the rule to an optimizer state's structure (no
+values: it costs nothing and runs at trace time); :func:`dsgrad.fit` and
+:func:`dsgrad.train_step` call it. A hand-written loop calling ``optimizer.update``
+directly gets the estimators' own first-update check instead, which compares the
+incoming gradient with the objective's and so catches any transformation that changed
+it on that step.
 """
 
 from __future__ import annotations
 
-import jax
+from typing import NamedTuple
 
 
-def _is_estimator_state(state) -> bool:
+class FixedWeightState(NamedTuple):
+  """The state of a control variate with a fixed weight ``c`` (no fields): it marks the
+  estimator's place in a chain for :func:`check_chain_order`."""
+
+
+def _estimator_kinds():
   # Imported here: the estimator modules import this one.
   from dsgrad.estimators._weights import AdaptiveWeightState
   from dsgrad.estimators.inc import IncState
   from dsgrad.estimators.saga import JointSagaState
   from dsgrad.estimators.smiso import SmisoState
   from dsgrad.estimators.svrg import JointSvrgState
-  kinds = (JointSagaState, JointSvrgState, IncState, SmisoState, AdaptiveWeightState)
-  return any(isinstance(s, kinds) for s in
-             jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, kinds)))
+  return (JointSagaState, JointSvrgState, IncState, SmisoState, AdaptiveWeightState,
+          FixedWeightState)
+
+
+def _members(state):
+  """The sub-states of a container state: a chain's tuple, a wrapper's NamedTuple
+  fields, a ``multi_transform``'s dict or list."""
+  if isinstance(state, dict):
+    return list(state.values())
+  if isinstance(state, (tuple, list)):
+    return list(state)
+  return []
+
+
+def _holds_estimator(state, kinds) -> bool:
+  if isinstance(state, kinds):
+    return True
+  return any(_holds_estimator(s, kinds) for s in _members(state))
 
 
 def check_chain_order(opt_state, where: str) -> None:
-  """Refuses an ``optax.chain`` state in which a stateful transform (Adam's moments, a
-  schedule's count, ...) comes before a dsgrad estimator: that transform rescales the
-  gradient before the estimator corrects it, and every update would be wrong."""
-  if not isinstance(opt_state, tuple) or hasattr(opt_state, "_fields"):
-    return
-  for position, member in enumerate(opt_state):
-    if _is_estimator_state(member):
-      before = [i for i, s in enumerate(opt_state[:position]) if jax.tree.leaves(s)]
-      if before:
-        raise ValueError(
-            f"{where}: the optimizer chains a stateful transform (position {before[0]}, "
-            f"state {type(opt_state[before[0]]).__name__}) before the dsgrad estimator "
-            f"(position {position}). The estimator corrects the gradient, so it must "
-            "come first: optax.chain(dsgrad.joint_saga(...), optax.adam(...)).")
-      check_chain_order(member, where)
+  """Refuses an optimizer state in which any transformation stands before a dsgrad
+  estimator in an ``optax.chain`` (see the module docstring for the rule).
+
+  Args:
+    opt_state: the optimizer's state, or its abstract shapes (only the structure is
+      read).
+    where: the caller's name, for the message.
+
+  Raises:
+    ValueError: naming the position and state type of the first transformation before
+      the estimator.
+  """
+  kinds = _estimator_kinds()
+
+  def walk(state):
+    if isinstance(state, kinds):
       return
-    check_chain_order(member, where)
+    is_chain = isinstance(state, tuple) and not hasattr(state, "_fields")
+    members = _members(state)
+    for position, member in enumerate(members):
+      if not _holds_estimator(member, kinds):
+        continue
+      if is_chain and position > 0:
+        first = type(members[0]).__name__
+        raise ValueError(
+            f"{where}: the optimizer chains a transformation (position 0, state {first}) "
+            f"before the dsgrad estimator (position {position}). The estimator corrects "
+            "the raw mini-batch gradient, so nothing may come before it, stateful (Adam, "
+            "a schedule) or not (clipping, scaling): write "
+            "optax.chain(dsgrad.joint_saga(...), optax.clip_by_global_norm(...), "
+            "optax.adam(...)).")
+      walk(member)
+
+  walk(opt_state)

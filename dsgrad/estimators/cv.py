@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import optax
 
+from dsgrad import checks
 from dsgrad.approx import base as approx_lib
-from dsgrad.estimators import _common, _weights
+from dsgrad.estimators import _common, _weights, chain
 from dsgrad.objective import Objective
 
 
+@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+                  control_weight_horizon=checks.positive())
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
        control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
        value_checks: bool = True) -> optax.GradientTransformationExtraArgs:
@@ -72,7 +75,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     _common.check_params_fit(objective, params, "cv", approx)
     if control_weight == "adaptive":
       return _weights.init(control_weight, params)
-    return optax.EmptyState()
+    return chain.FixedWeightState()
 
   def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
     del extra_args

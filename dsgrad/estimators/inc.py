@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import checks
 from dsgrad import tables
 from dsgrad.estimators import _common
 from dsgrad.objective import Objective, per_datum
@@ -23,6 +24,7 @@ class IncState(NamedTuple):
   table: Any
 
 
+@checks.arguments(chunk_size=checks.count(1), max_table_bytes=checks.byte_budget())
 def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = True,
         max_table_bytes: int | str | None = "auto"
         ) -> optax.GradientTransformationExtraArgs:

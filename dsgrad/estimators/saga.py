@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -58,6 +59,11 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   return optax.tree.cast_like(out, updates), new_state
 
 
+@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+                  warmup_steps=checks.count(0), chunk_size=checks.count(1),
+                  table_dtype=checks.optional(checks.floating_dtype()),
+                  control_weight_horizon=checks.positive(),
+                  max_table_bytes=checks.byte_budget())
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                control_weight: float | str = "adaptive", control_weight_horizon: float = 100,

@@ -31,6 +31,8 @@ class SmisoState(NamedTuple):
   running_mean: Any
 
 
+@checks.arguments(step_size=checks.positive(), alpha=checks.probability(low_open=True),
+                  tolerance=checks.positive(), max_table_bytes=checks.byte_budget())
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
           tolerance: float = 1e-3, value_checks: bool = True,
           max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:
@@ -92,9 +94,6 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     datasets with finite sum structure. NeurIPS.
     Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
   """
-  checks.check_positive(step_size, "step_size")
-  if not 0 < alpha <= 1:
-    raise ValueError(f"alpha must lie in (0, 1], got {alpha}")
   n = objective.num_data
 
   def init_fn(params):

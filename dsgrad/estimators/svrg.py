@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
@@ -33,6 +34,9 @@ class JointSvrgState(NamedTuple):
   control_weight: Any = ()
 
 
+@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+                  every=checks.count(1), chunk_size=checks.count(1),
+                  control_weight_horizon=checks.positive())
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                every: int, chunk_size: int = 1024, control_weight: float | str = "adaptive",
                control_weight_horizon: float = 100, value_checks: bool = True

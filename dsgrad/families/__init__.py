@@ -1,6 +1,7 @@
 """Variational families as Flax NNX modules (mean-field and full-rank Gaussian), and
 parameters shaped like any pytree latent (:func:`structured`)."""
 
+from dsgrad import checks
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian, bbvi_objective
 from dsgrad.families.pytree import (flat_params, latent_unravel, sample_structured,
                                        structured, structured_init, structured_params)
@@ -8,6 +9,7 @@ from dsgrad.families.pytree import (flat_params, latent_unravel, sample_structur
 FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
 
 
+@checks.arguments(dim=checks.count(1))
 def by_name(name: str, dim: int, **init):
   """A family module by name: ``"meanfield"`` or ``"fullrank"``.
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import jax.scipy as jsp
 from flax import nnx
 
+from dsgrad import checks
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective, gaussian_noise
 
@@ -45,6 +46,9 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     shared_noise: one ``eps ~ N(0, I_d)`` for the whole batch (the default, as in the
       authors' code) or one per datum.
     name: label.
+
+  ``transform`` must be affine in ``eps`` (a location-scale family), which makes
+  ``log q(z) + H(q) = d/2 - |eps|^2/2`` the objective's ``log_q_offset`` (PSIS).
 
   Returns:
     An :class:`dsgrad.Objective` whose mean over data and noise is the negative ELBO.
@@ -67,8 +71,15 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
       log_prior = jax.vmap(model.log_prior)(z)
     return -n * log_lik - log_prior - entropy(params)
 
+  def log_q_offset(params, noise):
+    # For z = T_w(eps) affine in standard normal eps, log q(z) = log N(eps; 0, I) - log|det T'|
+    # and H(q) = d/2 (1 + log 2 pi) + log|det T'|: their sum is d/2 - |eps|^2 / 2.
+    del params
+    return 0.5 * d - 0.5 * jnp.sum(jnp.square(noise))
+
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
-                   shared_noise=shared_noise, name=f"{name}({model.name})", data=model.data)
+                   shared_noise=shared_noise, name=f"{name}({model.name})", data=model.data,
+                   log_q_offset=log_q_offset)
 
 
 class _Family(nnx.Module):
@@ -121,6 +132,8 @@ def _initial_vector(value, dim: int, name: str) -> jax.Array:
   return jnp.broadcast_to(array, (dim,))
 
 
+@checks.arguments(dim=checks.count(1), loc=checks.finite_values(),
+                  log_scale=checks.finite_values())
 class MeanFieldGaussian(_Family):
   """``q_w(z) = N(loc, diag(exp(log_scale))^2)``, params ``{"loc", "log_scale"}``.
 
@@ -160,6 +173,8 @@ class MeanFieldGaussian(_Family):
     return jnp.exp(2.0 * params["log_scale"])
 
 
+@checks.arguments(dim=checks.count(1), loc=checks.finite_values(),
+                  log_scale=checks.finite_values())
 class FullRankGaussian(_Family):
   """``q_w(z) = N(loc, L L^T)`` with a Cholesky factor ``L``.
 

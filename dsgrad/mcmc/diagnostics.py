@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dsgrad import checks
+
 
 def _autocovariance(x: np.ndarray) -> np.ndarray:
   """Autocovariance of each column of ``x`` (R, d) at lags 0..R-1, by FFT."""
@@ -59,6 +61,7 @@ def inefficiency_factor(samples) -> np.ndarray:
   return x.shape[0] / np.maximum(effective_sample_size(x), 1e-12)
 
 
+@checks.arguments(evaluations_per_iteration=checks.positive())
 def computational_time(samples, evaluations_per_iteration: float,
                        signs=None) -> np.ndarray:
   """The CT measure per parameter: ``IF x`` data density-and-gradient evaluations per

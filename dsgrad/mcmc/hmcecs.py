@@ -89,6 +89,8 @@ class HMCParameters(NamedTuple):
   mass_cholesky: jax.Array
 
 
+@checks.arguments(step_size=checks.positive(), num_integration_steps=checks.count(1),
+                  dim=checks.optional(checks.count(1)))
 def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=None,
                    dim: int | None = None) -> HMCParameters:
   """Builds :class:`HMCParameters` from a mass matrix ``M`` (default identity of ``dim``).
@@ -122,6 +124,7 @@ def _potential_fn(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, sub
   return potential
 
 
+@checks.arguments(key=checks.prng_key())
 def init(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
          key) -> HMCECSState:
   """The chain's state at ``position`` with a fresh subsample drawn with ``key``.

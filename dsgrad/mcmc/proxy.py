@@ -28,6 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.checks import is_concrete
 from dsgrad.models.base import Model
@@ -66,6 +67,7 @@ def _check_theta(model: Model, theta, name="theta_star"):
   return theta
 
 
+@checks.arguments(order=checks.count(1), chunk_size=checks.count(1))
 def taylor_proxy(model: Model, theta_star, *, order: int = 2,
                  chunk_size: int = 2048) -> TaylorProxy:
   """Computes the control variates' full-data sums around ``theta_star`` in one pass.

@@ -36,6 +36,8 @@ def _default_subset_size(n: int) -> int:
   return min(n, 10 * math.isqrt(n) + 1000)
 
 
+@checks.arguments(key=checks.prng_key(), subset_size=checks.optional(checks.count(1)),
+                  num_steps=checks.count(0))
 def find_reference_point(model: Model, key, *, subset_size: int | None = None,
                          num_steps: int = REFERENCE_STEPS, position=None) -> jax.Array:
   """``theta*``: the posterior mode on a random data subset, rescaled to ``n`` data.
@@ -89,6 +91,7 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   return jnp.asarray((vectors * values) @ vectors.T, jnp.float32)
 
 
+@checks.arguments(key=checks.prng_key(), num=checks.count(1))
 def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
   """``num`` draws from ``N(theta*, precision^{-1})``."""
   chol = jnp.linalg.cholesky(precision)
@@ -113,6 +116,9 @@ def dual_averaging_init(step_size) -> DualAveraging:
   return DualAveraging(log_step, log_step, jnp.zeros(()), jnp.zeros(()), log_step + jnp.log(10.0))
 
 
+@checks.arguments(target=checks.probability(low_open=True, high_open=True),
+                  gamma=checks.positive(), t0=checks.positive(allow_zero=True),
+                  kappa=checks.positive())
 def dual_averaging_update(state: DualAveraging, accept_prob, target: float = 0.8,
                           gamma: float = 0.05, t0: float = 10.0,
                           kappa: float = 0.75) -> DualAveraging:
@@ -160,6 +166,8 @@ class MCMCResult(NamedTuple):
   setup_evaluations: int
 
 
+@checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
+                  chunk_size=checks.count(1))
 def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data=None,
               progress: bool = True, position=lambda s: s.position, sign=None):
   """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
@@ -228,6 +236,15 @@ def _bar(enabled, total):
   return update
 
 
+@checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
+                  subsample_size=checks.count(1), num_warmup=checks.count(0),
+                  num_blocks=checks.count(1), proxy_order=checks.count(1),
+                  trajectory_length=checks.positive(),
+                  target_accept=checks.probability(low_open=True, high_open=True),
+                  initial_step_size=checks.positive(),
+                  max_integration_steps=checks.count(1),
+                  reference_updates_every=checks.count(1),
+                  signed_blocks_per_update=checks.count(1), mass_window=checks.count(1))
 def sample(key, model: Model, *, num_samples: int, subsample_size: int,
            num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
            position=None, reference_point=None, proxy_order: int = 2,

@@ -43,6 +43,7 @@ def _check(model, subsample_size, step_size):
   checks.check_positive(step_size, "step_size")
 
 
+@checks.arguments(subsample_size=checks.count(1))
 def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_size: int,
                            control_variates: bool = True):
   """``(key, theta) -> estimate of grad log p(theta | y)`` from a fresh subsample of
@@ -63,6 +64,7 @@ def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_si
   return grad
 
 
+@checks.arguments(step_size=checks.positive(), subsample_size=checks.count(1))
 def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample_size: int,
          control_variates: bool = True) -> SamplingAlgorithm:
   """SGLD with a fixed step: ``theta += (eps/2) grad_hat log p(theta | y) + N(0, eps I)``.
@@ -91,6 +93,7 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
   return SamplingAlgorithm(lambda position, key: SGState(jnp.asarray(position)), step)
 
 
+@checks.arguments(subsample_size=checks.count(1), friction=checks.positive())
 def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
           subsample_size: int, friction: float = 1.0,
           control_variates: bool = True) -> SamplingAlgorithm:

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
 from dsgrad import batching
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
@@ -51,6 +52,7 @@ class SubsampleScheme(NamedTuple):
   fixed: bool = False
 
 
+@checks.arguments(chunk_size=checks.count(1))
 def full_data(model: Model, chunk_size: int = 8192) -> SubsampleScheme:
   """No subsampling: the exact log likelihood over all ``n`` data (plain HMC).
 
@@ -71,6 +73,7 @@ def full_data(model: Model, chunk_size: int = 8192) -> SubsampleScheme:
                          log_likelihood, lambda u: jnp.asarray(n), "full data", fixed=True)
 
 
+@checks.arguments(subsample_size=checks.count(1), num_blocks=checks.count(1))
 def perturbed(model: Model, subsample_size: int, num_blocks: int = 100) -> SubsampleScheme:
   """``m`` indices drawn uniformly with replacement, updated one block of ``m / G`` at a
   time (correlation ``rho ~ 1 - 1/G`` between successive log-likelihood estimates), with
@@ -128,6 +131,9 @@ class PoissonSubsample(NamedTuple):
   indices: jax.Array
 
 
+@checks.arguments(subsample_size=checks.count(1), num_blocks=checks.count(1),
+                  lower_bound=checks.real(), blocks_per_update=checks.count(1),
+                  max_factors=checks.count(1))
 def block_poisson(model: Model, subsample_size: int, num_blocks: int, lower_bound: float,
                   *, blocks_per_update: int = 1, max_factors: int = 8) -> SubsampleScheme:
   """The block-Poisson estimator of the likelihood (Eq. 5.1).
@@ -205,6 +211,8 @@ def block_poisson(model: Model, subsample_size: int, num_blocks: int, lower_boun
                          f"block_poisson(m={m}, lambda={lam}, a={a:g})")
 
 
+@checks.arguments(key=checks.prng_key(), subsample_size=checks.count(1),
+                  num_draws=checks.count(2), negative_sd=checks.positive())
 def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,
                           subsample_size: int, *, num_draws: int = 20,
                           negative_sd: float = 3.0) -> tuple[int, float]:

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dsgrad import checks
 from dsgrad import integrators
 # The tempered path's pieces, shared with DAIS; re-exported as dsgrad.mcvae's.
 from dsgrad.tempering import (check_schedule, gaussian_log_prob,  # noqa: F401
@@ -303,6 +304,9 @@ def _whitened(log_joint: LogJoint, mean, log_scale) -> LogJoint:
   return whitened
 
 
+@checks.arguments(key=checks.prng_key(), num_steps=checks.count(1),
+                  num_particles=checks.count(1), step_size=checks.positive(),
+                  num_leapfrog=checks.count(1))
 def ais_hmc_log_evidence(key, log_joint: LogJoint, mean, log_scale, *, num_steps: int,
                          num_particles: int = 1, step_size: float = 0.1,
                          num_leapfrog: int = 3, betas=None,

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dsgrad import checks
 from dsgrad import compile_cache
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
@@ -46,6 +47,8 @@ from dsgrad.objective import Objective
 METHODS = ("vae", "iwae", "lmcvae", "amcvae")
 
 
+@checks.arguments(num_particles=checks.count(1), num_steps=checks.count(0),
+                  step_size=checks.positive(), observation_scale=checks.positive())
 @dataclasses.dataclass(frozen=True, eq=False)
 class MonteCarloVAE:
   """A latent-variable model ``p(z) p_theta(x | z)`` with an amortized ``q_phi(z | x)``.
@@ -154,6 +157,7 @@ class MonteCarloVAE:
     return jnp.exp(log_eta), bounds.schedule_from_logits(logits)
 
   # ------------------------------------------------------------------- noise
+  @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))
   def noise_fn(self, key, batch_size: int) -> dict:
     """All randomness of a batch, each part centred (mean zero), leading axis ``B``."""
     n, k, d = self.num_particles, self.num_steps, self.latent_dim
@@ -234,6 +238,7 @@ class MonteCarloVAE:
     out = decoder(z)
     return out if self.gaussian else jax.nn.sigmoid(out)
 
+  @checks.arguments(key=checks.prng_key(), num=checks.count(1))
   def sample_images(self, params, key, num: int) -> jax.Array:
     """Pixel means of ``p(x | z)`` for ``num`` draws ``z ~ p(z)``, shape ``(num, D)``."""
     _, decoder = self.modules(params)
@@ -245,6 +250,9 @@ class MonteCarloVAE:
     x = jnp.asarray(check_images(images, self.data_dim))
     return self._means(decoder, encoder(x)[0])
 
+  @checks.arguments(key=checks.prng_key(), num_steps=checks.count(1), num_leapfrog=checks.count(1),
+                    num_particles=checks.count(1), step_size=checks.positive(),
+                    chunk_size=checks.count(1))
   def ais_nll(self, params, images, key, *, num_steps: int = 5, num_leapfrog: int = 3,
               num_particles: int = 1, step_size: float = 0.2, binarize_key=None,
               chunk_size: int = 256):
@@ -273,6 +281,9 @@ class MonteCarloVAE:
       ``(mean NLL, its standard error over images, per-image NLL array)``.
     """
     x = jnp.asarray(check_images(images, self.data_dim))
+    if x.shape[0] < 2:
+      raise ValueError(f"ais_nll needs at least 2 images for the standard error of the "
+                       f"mean NLL, got {x.shape[0]}")
     if self.binarize == "dynamic":
       binarize_key = jax.random.fold_in(key, 1) if binarize_key is None else binarize_key
       x = (jax.random.uniform(binarize_key, x.shape) < x).astype(x.dtype)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dsgrad import checks
+
 
 class _MLP(nnx.Module):
   """ReLU hidden layers and a linear head; checks the input's last axis."""
@@ -42,6 +44,7 @@ class _MLP(nnx.Module):
     return self.head(h)
 
 
+@checks.arguments(data_dim=checks.count(1), latent_dim=checks.count(1), hidden=checks.sizes(1))
 class MLPEncoder(nnx.Module):
   """``x (..., data_dim) -> (mean, log_scale)``, each ``(..., latent_dim)``.
 
@@ -62,6 +65,7 @@ class MLPEncoder(nnx.Module):
     return mean, log_scale
 
 
+@checks.arguments(latent_dim=checks.count(1), data_dim=checks.count(1), hidden=checks.sizes(1))
 class MLPDecoder(nnx.Module):
   """``z (..., latent_dim) -> logits (..., data_dim)`` of independent Bernoullis.
 
@@ -100,6 +104,7 @@ def _as_images(x, shape, owner):
   return x.reshape((-1,) + shape), x.shape[:-1]
 
 
+@checks.arguments(latent_dim=checks.count(1), channels=checks.sizes(1))
 class ConvEncoder(nnx.Module):
   """``x (..., H*W*C) -> (mean, log_scale)`` with a convolutional body (Sec. 4.3).
 
@@ -138,6 +143,7 @@ class ConvEncoder(nnx.Module):
     return mean, log_scale
 
 
+@checks.arguments(latent_dim=checks.count(1), channels=checks.sizes(1))
 class ConvDecoder(nnx.Module):
   """``z (..., d) -> (..., H*W*C)``: Bernoulli logits, or Gaussian means in ``(0, 1)``.
 
@@ -182,6 +188,7 @@ class ConvDecoder(nnx.Module):
     return jax.nn.sigmoid(out) if self.output == "gaussian" else out
 
 
+@checks.arguments(scale=checks.positive())
 def gaussian_log_likelihood(means, x, scale: float) -> jax.Array:
   """``sum_i log N(x_i; means_i, scale^2)`` over the last axis (colour images)."""
   return jnp.sum(-0.5 * ((x - means) / scale) ** 2 - jnp.log(scale)
@@ -194,6 +201,7 @@ def bernoulli_log_likelihood(logits, x) -> jax.Array:
   return -jnp.sum(jnp.logaddexp(0.0, logits) - x * logits, axis=-1)
 
 
+@checks.arguments(data_dim=checks.optional(checks.count(1)))
 def check_images(x, data_dim: int | None = None, name: str = "images") -> np.ndarray:
   """Validates images for a Bernoulli decoder and returns them as float32 ``(N, D)``.
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
 from dsgrad.data import DataArray
 
 
@@ -104,6 +105,7 @@ class Model(NamedTuple):
     return self.num_data * self.log_likelihood(z, index[None])[0] + self.log_prior(z)
 
 
+@checks.arguments(num_coordinates=checks.count(1))
 def with_coordinates(model: Model, num_coordinates: int,
                      coordinates: Callable[[jax.Array], jax.Array]) -> Model:
   """``model`` with a :class:`SparseLikelihood` built from its full likelihood.
@@ -137,6 +139,7 @@ def with_coordinates(model: Model, num_coordinates: int,
                                                 log_likelihood_local))
 
 
+@checks.arguments(rtol=checks.positive())
 def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
                             rtol: float = 1e-5) -> None:
   """Raises ``ValueError`` if ``model.sparse`` disagrees with ``model.log_likelihood``.

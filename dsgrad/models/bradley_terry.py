@@ -22,6 +22,7 @@ def _check_players(name, values, num_players):
   return v
 
 
+@checks.arguments(num_players=checks.count(2), prior_scale=checks.positive())
 def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
                   prior_scale: float = 1.0, name: str = "bradley_terry") -> Model:
   """Bradley-Terry: ``theta_m ~ N(0, s^2)``, ``y_n ~ Bern(sigmoid(theta_a_n - theta_b_n))``.
@@ -91,6 +92,8 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
                sparse=SparseLikelihood(2, coordinates, log_likelihood_local), data=data)
 
 
+@checks.arguments(key=checks.prng_key(), num_players=checks.count(2),
+                  num_matches=checks.count(1))
 def synthetic_bradley_terry_data(key, num_players: int, num_matches: int):
   """Seeded matches ``(winners (N,), losers (N,), true theta (M,))`` as numpy arrays.
 

@@ -80,6 +80,7 @@ class DropoutGLM(NamedTuple):
                      self.num_data, shared_noise=False, name="dropout_glm", data=data)
 
 
+@checks.arguments(num_outputs=checks.count(1), dropout_std=checks.positive())
 def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
                 loss: Callable = softmax_cross_entropy) -> DropoutGLM:
   """Builds a :class:`DropoutGLM`, checking shapes and values.

@@ -52,6 +52,7 @@ def _isotropic_hessian_diag(prior_scale: float):
   return hessian_diag
 
 
+@checks.arguments(prior_scale=checks.positive())
 def logistic_regression(features, labels, prior_scale: float = 1.0,
                         name: str = "logistic_regression") -> Model:
   """Binary Bayesian logistic regression: ``z ~ N(0, s^2 I)``, ``y_n ~ Bern(sigmoid(x_n . z))``.
@@ -109,6 +110,8 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
                log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data)
 
 
+@checks.arguments(key=checks.prng_key(), num_data=checks.count(1), dim=checks.count(1),
+                  feature_correlation=checks.probability(high_open=True))
 def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = True,
                             feature_correlation: float = 0.0, intercept_value=None):
   """Seeded synthetic logistic-regression data with a known generating weight.
@@ -154,6 +157,7 @@ def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = T
   return np.asarray(x), np.asarray(y), np.asarray(w)
 
 
+@checks.arguments(num_classes=checks.count(2), prior_scale=checks.positive())
 def softmax_regression(features, labels, num_classes: int, prior_scale: float = 1.0,
                        name: str = "softmax_regression") -> Model:
   """Multi-class Bayesian logistic regression with a flat latent of size ``D * K``.

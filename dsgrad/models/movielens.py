@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
@@ -27,6 +28,8 @@ class MovieLensLatent(NamedTuple):
   user_weights: jax.Array
 
 
+@checks.arguments(num_users=checks.count(1), num_genres=checks.count(1),
+                  num_classes=checks.count(2))
 def movielens_latent(z, num_users: int, num_genres: int = 18, num_classes: int = 5
                      ) -> MovieLensLatent:
   """Splits the flat latent of :func:`movielens` (layout ``[mu, sigma, Z]``, row-major)."""
@@ -36,6 +39,7 @@ def movielens_latent(z, num_users: int, num_genres: int = 18, num_classes: int =
                          z[2 * gc:].reshape(num_users, num_genres, num_classes))
 
 
+@checks.arguments(num_users=checks.count(1), num_classes=checks.count(2))
 def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
               name: str = "movielens") -> Model:
   """Hierarchical multinomial regression of ratings on a movie's genres, per user.
@@ -112,6 +116,9 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
                sparse=SparseLikelihood(gc, coordinates, log_likelihood_local), data=data)
 
 
+@checks.arguments(key=checks.prng_key(), num_users=checks.count(1),
+                  num_movies=checks.count(1), num_ratings=checks.count(1),
+                  num_genres=checks.count(1), num_classes=checks.count(2))
 def synthetic_movielens_data(key, num_users: int, num_movies: int, num_ratings: int,
                              num_genres: int = 18, num_classes: int = 5):
   """Seeded ratings with MovieLens's shapes, drawn from the model itself.

@@ -44,6 +44,7 @@ def _solve_lower(chol, b):
   return jax.lax.fori_loop(0, chol.shape[0], row, jnp.zeros_like(b))
 
 
+@checks.arguments(latent_dim=checks.count(1), noise_std=checks.positive())
 def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca") -> Model:
   """Probabilistic PCA: ``W ~ N(0, I)``, ``x_n ~ N(0, W W^T + noise_std^2 I)``.
 
@@ -108,6 +109,8 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
   return Model(log_prior, log_likelihood, n, d * k, name, data=data)
 
 
+@checks.arguments(key=checks.prng_key(), num_data=checks.count(1), dim=checks.count(1),
+                  latent_dim=checks.count(1), noise_std=checks.positive())
 def synthetic_ppca_data(key, num_data: int, dim: int, latent_dim: int,
                         noise_std: float = 1.0):
   """Seeded draws from the PPCA model: ``(data (N, D), true W (D, K))`` as numpy arrays."""

@@ -1,0 +1,200 @@
+"""Every public entry point checks its numeric and key arguments by kind.
+
+Two generated tests, not one per case:
+
+* every numeric or key argument of every public function (by annotation, default or
+  name) is declared with :func:`dsgrad.checks.arguments`, so a new public function with
+  an unchecked count, size, probability or key fails here;
+* for every declaration, hypothesis draws bad values of its kind (a float or a bool
+  for a count, NaN, inf, zero or a string for a size, ...) and the call must raise a
+  ``ValueError``/``TypeError`` naming the function's argument and the value received.
+"""
+
+import importlib
+import inspect
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import dsgrad
+
+MODULES = ["dsgrad", "dsgrad.annealing", "dsgrad.mcvae", "dsgrad.mcmc", "dsgrad.diagnostics",
+           "dsgrad.datasets", "dsgrad.contrib.numpyro", "dsgrad.models", "dsgrad.families",
+           "dsgrad.approx", "dsgrad.psis", "dsgrad.checkpoint"]
+
+# Public functions whose numeric arguments are not entry points for users' settings, with
+# the reason. Everything else must declare its kinds.
+EXEMPT = {
+    # Run inside jit on traced arrays: their callers check the settings they pass.
+    "dsgrad.annealing.dais_log_weight", "dsgrad.mcvae.langevin_sis_bound",
+    "dsgrad.mcvae.mala_ais_bound", "dsgrad.mcvae.langevin_kernel_log_density",
+    "dsgrad.mcvae.amcvae_surrogate", "dsgrad.mcmc.dual_averaging_init",
+    "dsgrad.train_step",
+    # Reports a k-hat, including inf and NaN, in words.
+    "dsgrad.psis.diagnose",
+    # A NamedTuple or dataclass of results or state, not a setting.
+    "dsgrad.FitResult", "dsgrad.History", "dsgrad.mcmc.MCMCResult",
+    "dsgrad.mcmc.HMCParameters", "dsgrad.mcmc.DualAveraging", "dsgrad.annealing.Surrogate",
+    "dsgrad.annealing.ChainSettings", "dsgrad.models.LinearPredictor",
+    "dsgrad.models.SparseLikelihood", "dsgrad.models.DropoutGLM",
+    "dsgrad.datasets.MovieLensData", "dsgrad.contrib.numpyro.NumpyroModel",
+    "dsgrad.contrib.numpyro.Model", "dsgrad.models.Model",
+    # The NumPyro bridge's objective class is built by dsgrad.contrib.numpyro.objective,
+    # whose base Objective checks num_data.
+    "dsgrad.contrib.numpyro.NumpyroObjective",
+}
+NUMERIC = re.compile(r"\b(int|float)\b")
+
+
+def _public_callables():
+  seen = {}
+  for name in MODULES:
+    module = importlib.import_module(name)
+    for attr in getattr(module, "__all__", [a for a in dir(module) if not a.startswith("_")]):
+      obj = getattr(module, attr, None)
+      if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        continue
+      if not (getattr(obj, "__module__", "") or "").startswith("dsgrad"):
+        continue
+      if id(obj) in seen:
+        continue
+      seen[id(obj)] = (f"{name}.{attr}", obj)
+      if inspect.isclass(obj) and "__dsgrad_arguments__" in vars(obj):
+        for method_name, method in vars(obj).items():
+          if inspect.isfunction(method) and not method_name.startswith("_"):
+            seen[id(method)] = (f"{name}.{attr}.{method_name}", method)
+  return sorted(seen.values(), key=lambda item: item[0])
+
+
+def _numeric_parameters(obj):
+  try:
+    signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+  except (TypeError, ValueError):
+    return []
+  found = []
+  for p in signature.parameters.values():
+    annotation = p.annotation if isinstance(p.annotation, str) else getattr(
+        p.annotation, "__name__", str(p.annotation))
+    default = p.default
+    numeric_default = (isinstance(default, (int, float)) and not isinstance(default, bool)
+                       and default is not inspect.Parameter.empty)
+    if (p.name == "key" or NUMERIC.search(annotation or "") or numeric_default):
+      found.append(p.name)
+  return found
+
+
+CALLABLES = _public_callables()
+
+
+def test_every_numeric_argument_of_a_public_function_declares_its_kind():
+  undeclared = []
+  for name, obj in CALLABLES:
+    if name in EXEMPT:
+      continue
+    declared = _declared(obj)
+    missing = [p for p in _numeric_parameters(obj) if p not in declared]
+    if missing:
+      undeclared.append(f"{name}: {missing}")
+  assert not undeclared, ("public arguments without a declared kind "
+                          "(dsgrad.checks.arguments):\n" + "\n".join(undeclared))
+
+
+def _declared(obj):
+  # A class's own declarations only: a subclass inherits the attribute, not the check.
+  if inspect.isclass(obj):
+    return vars(obj).get("__dsgrad_arguments__", {})
+  return getattr(obj, "__dsgrad_arguments__", {})
+
+
+DECLARATIONS = sorted(
+    {(name, argument, obj) for name, obj in CALLABLES for argument in _declared(obj)},
+    key=lambda item: (item[0], item[1]))
+
+
+def test_the_declarations_cover_the_entry_points_the_kinds_are_for():
+  names = {name for name, _, _ in DECLARATIONS}
+  for expected in ["dsgrad.fit", "dsgrad.mcmc.sample", "dsgrad.annealing.AnnealedVI",
+                   "dsgrad.mcvae.MonteCarloVAE", "dsgrad.mcvae.MonteCarloVAE.ais_nll",
+                   "dsgrad.elbo", "dsgrad.variance_decomposition", "dsgrad.joint_saga",
+                   "dsgrad.importance_log_ratios", "dsgrad.recommend"]:
+    assert expected in names
+  assert len(DECLARATIONS) > 120
+
+
+_TEXT = st.sampled_from(["5", "1GB", "auto ", "", "nan", "0.5"])
+_NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+def _bad_values(kind):
+  """A strategy of values the kind must refuse."""
+  spec = kind.spec
+  bad = [_TEXT.filter(lambda t: t not in spec.get("words", ())), st.just(True),
+         st.just(False)]
+  if not spec.get("optional"):
+    bad.append(st.just(None))
+  if kind.kind == "count":
+    low, also = spec["minimum"], spec["also"]
+    bad.append(st.floats(allow_nan=True, allow_infinity=True))  # even 3.0: not truncated
+    bad.append(st.integers(-2 ** 40, low - 1).filter(lambda n: n not in also))
+    bad.append(st.integers(2 ** 31, 2 ** 40))
+    bad.append(st.just(np.ones(2, np.int32)))
+  elif kind.kind == "positive":
+    bad += [_NOT_FINITE, st.floats(max_value=-1e-30, allow_infinity=False),
+            st.just(1e39), st.just(np.ones(2))]
+    if not spec.get("allow_zero"):
+      bad.append(st.just(0.0))
+  elif kind.kind == "real":
+    bad += [_NOT_FINITE, st.just(np.ones(2))]
+  elif kind.kind == "finite":
+    bad += [_NOT_FINITE, st.just(np.array([0.0, np.nan])), st.just(np.array([1 + 2j]))]
+  elif kind.kind == "probability":
+    bad += [_NOT_FINITE, st.floats(min_value=1.0, exclude_min=True, allow_infinity=False),
+            st.floats(max_value=0.0, exclude_max=True, allow_infinity=False)]
+    if spec.get("low_open"):
+      bad.append(st.just(0.0))
+    if spec.get("high_open"):
+      bad.append(st.just(1.0))
+  elif kind.kind == "key":
+    bad = [st.integers(-5, 5), st.floats(allow_nan=False), _TEXT,
+           st.just(np.zeros(2, np.float32)), st.just(jax.random.split(jax.random.key(0), 2))]
+    if not spec.get("optional"):
+      bad.append(st.just(None))
+  elif kind.kind == "bytes":
+    bad = [_TEXT, st.just(True), st.just(0), st.integers(max_value=-1), _NOT_FINITE]
+  elif kind.kind == "sizes":
+    bad = [_TEXT, st.just(3), st.just([2.5]), st.just([0]), st.just([True]), st.just(["8"])]
+  elif kind.kind == "dtype":
+    bad = [st.sampled_from([jnp.int32, np.int8, "int64", bool, "not a dtype"])]
+  else:
+    raise AssertionError(f"no bad values for kind {kind.kind!r}: add them here")
+  return st.one_of(*bad)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_bad_values_of_every_kind_are_refused_by_name(data):
+  name, argument, obj = data.draw(st.sampled_from(DECLARATIONS), label="declaration")
+  kind = obj.__dsgrad_arguments__[argument]
+  bad = data.draw(_bad_values(kind), label=f"{name}({argument}=...)")
+  call = obj
+  with pytest.raises((ValueError, TypeError)) as error:
+    call(**{argument: bad})
+  message = str(error.value)
+  assert re.search(rf"\b{argument}\b", message), message
+  assert "must be" in message, message
+
+
+@pytest.mark.parametrize("name,argument,obj", DECLARATIONS[::7],
+                         ids=[f"{n}.{a}" for n, a, _ in DECLARATIONS[::7]])
+def test_a_good_value_passes_the_check(name, argument, obj):
+  # The checks refuse what they should and nothing else: a value of the kind passes.
+  kind = obj.__dsgrad_arguments__[argument]
+  good = {"count": max(kind.spec.get("minimum", 0), 2), "positive": 0.5, "real": -1.5,
+          "finite": np.zeros(3), "probability": 0.5, "key": jax.random.key(0),
+          "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8)}[kind.kind]
+  assert kind.check(good, f"{name}: {argument}") is not None

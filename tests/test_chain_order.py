@@ -1,0 +1,70 @@
+"""The chain-order rule (dsgrad.estimators.chain): nothing may stand before an estimator
+in an optax.chain, stateful or not; wrappers and vmapped ensembles that contain the whole
+chain may."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import dsgrad
+
+
+@pytest.fixture(scope="module")
+def problem():
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
+  model = dsgrad.models.logistic_regression(x, y)
+  return dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+
+
+@pytest.mark.parametrize("before", [optax.clip_by_global_norm(1e6), optax.clip(1e6),
+                                    optax.scale(1.0), optax.scale_by_adam()],
+                         ids=["clip_by_global_norm", "clip", "scale", "scale_by_adam"])
+@pytest.mark.parametrize("estimator", ["cv_fixed_weight", "cv", "joint_saga"])
+def test_any_transformation_before_an_estimator_is_refused(problem, before, estimator):
+  objective, params = problem
+  make = {"cv_fixed_weight": lambda: dsgrad.cv(objective, control_weight=1.0),
+          "cv": lambda: dsgrad.cv(objective), "joint_saga": lambda: dsgrad.joint_saga(objective)}
+  optimizer = optax.chain(before, make[estimator](), optax.adam(1e-2))
+  # Clipping at 1e6 never acts on this problem's gradients: only the structure can tell.
+  with pytest.raises(ValueError, match="before the dsgrad estimator"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
+               elbo_samples=0, progress=False)
+  state = optimizer.init(params)
+  step = jax.jit(lambda o, p, s, i, k: dsgrad.train_step(o, optimizer, p, s, i, k))
+  with pytest.raises(ValueError, match="before the dsgrad estimator"):
+    step(objective, params, state, jnp.arange(10), jax.random.key(1))
+
+
+def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
+  objective, params = problem
+  for optimizer in [
+      optax.chain(dsgrad.cv(objective), optax.clip_by_global_norm(1.0), optax.adam(1e-2)),
+      optax.inject_hyperparams(lambda learning_rate: optax.chain(
+          dsgrad.joint_saga(objective), optax.adam(learning_rate)))(learning_rate=1e-2)]:
+    result = dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=20,
+                        batch_size=10, elbo_samples=0, progress=False)
+    assert all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree.leaves(result.params))
+
+
+def test_a_vmapped_ensemble_of_chains_passes_and_equals_its_members(problem):
+  objective, params = problem
+  optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  models = 3
+  ensemble = jax.tree.map(lambda p: jnp.stack([p + 0.1 * m for m in range(models)]), params)
+  states = jax.vmap(optimizer.init)(ensemble)
+  indices = jnp.stack([jnp.arange(10) + 10 * m for m in range(models)])
+  keys = jax.random.split(jax.random.key(4), models)
+
+  def member_step(p, s, i, k):
+    return dsgrad.train_step(objective, optimizer, p, s, i, k)
+
+  # Three steps, so the first-update gradient check and later steps both run.
+  for _ in range(3):
+    ensemble, states = jax.jit(jax.vmap(member_step))(ensemble, states, indices, keys)
+  single = jax.tree.map(lambda p: p + 0.1, params)
+  state = optimizer.init(single)
+  for _ in range(3):
+    single, state = jax.jit(member_step)(single, state, indices[1], keys[1])
+  for leaf, expected in zip(jax.tree.leaves(ensemble), jax.tree.leaves(single)):
+    assert jnp.allclose(leaf[1], expected, rtol=1e-5, atol=1e-6)
