@@ -42,7 +42,7 @@ def gaussian_log_prob(z, mean, log_scale) -> jax.Array:
 
 
 
-@checks.arguments(num_steps=checks.count(1))
+@checks.arguments(num_steps=checks.count(0))
 def linear_schedule(num_steps: int) -> jax.Array:
   """``beta_k = k / K`` for ``k = 0..K``."""
   return jnp.linspace(0.0, 1.0, num_steps + 1)

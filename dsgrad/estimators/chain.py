@@ -87,8 +87,8 @@ def check_chain_order(opt_state, where: str) -> None:
         raise ValueError(
             f"{where}: the optimizer chains a transformation (position 0, state {first}) "
             f"before the dsgrad estimator (position {position}). The estimator corrects "
-            "the raw mini-batch gradient, so nothing may come before it, stateful (Adam, "
-            "a schedule) or not (clipping, scaling): write "
+            "the raw mini-batch gradient, so it must come first: nothing may come before "
+            "it, stateful (Adam, a schedule) or not (clipping, scaling). Write "
             "optax.chain(dsgrad.joint_saga(...), optax.clip_by_global_norm(...), "
             "optax.adam(...)).")
       walk(member)

@@ -243,7 +243,7 @@ def _bar(enabled, total):
                   target_accept=checks.probability(low_open=True, high_open=True),
                   initial_step_size=checks.positive(),
                   max_integration_steps=checks.count(1),
-                  reference_updates_every=checks.count(1),
+                  reference_updates_every=checks.count(0),
                   signed_blocks_per_update=checks.count(1), mass_window=checks.count(1))
 def sample(key, model: Model, *, num_samples: int, subsample_size: int,
            num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
