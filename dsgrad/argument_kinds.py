@@ -333,6 +333,13 @@ def check_numeric_dtype(dtype, label: str) -> None:
                       "floating): convert it, e.g. np.asarray(x, np.float32)")
 
 
+def numeric_array(values, label: str) -> np.ndarray:
+  """``values`` as a NumPy array of a numeric dtype (see :func:`check_numeric_dtype`)."""
+  array = np.asarray(values)
+  check_numeric_dtype(array.dtype, label)
+  return array
+
+
 def check_id_array(values, label: str) -> np.ndarray:
   """Integer ids as an int64 array: floats are accepted only if every value is a finite
   whole number (a NaN id would become a user of its own, 1.5 would be truncated)."""

@@ -31,7 +31,7 @@ from jax.experimental import checkify
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, arguments, byte_budget, check_count, check_floating_params,
-    check_id_array, check_numeric_dtype, check_positive, count, finite_values,
+    check_id_array, check_numeric_dtype, check_positive, count, finite_values, numeric_array,
     floating_dtype, optional, or_word, positive, probability, prng_key, real, sizes)
 
 

@@ -103,8 +103,8 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
     >>> glm.num_data
     40
   """
-  x = np.asarray(features, np.float32)
-  y = np.asarray(labels)
+  x = checks.numeric_array(features, "features").astype(np.float32)
+  y = checks.numeric_array(labels, "labels")
   if x.ndim != 2:
     raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
   if y.shape[:1] != (x.shape[0],):

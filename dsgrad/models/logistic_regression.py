@@ -14,8 +14,9 @@ from dsgrad.models.base import LinearPredictor, Model, model_data
 def _check_features_labels(features, labels):
   """Validates a ``(N, D)`` feature matrix and ``(N,)`` labels; returns numpy arrays (a
   :class:`dsgrad.data.HostArray` of features is returned as is, checked in chunks)."""
-  x = features if isinstance(features, HostArray) else np.asarray(features)
-  y = np.asarray(labels)
+  x = features if isinstance(features, HostArray) else checks.numeric_array(features,
+                                                                            "features")
+  y = checks.numeric_array(labels, "labels")
   if x.ndim != 2:
     raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
   if y.shape != (x.shape[0],):

@@ -79,7 +79,7 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
     >>> model.latent_dim  # the D x K loading matrix W, flattened
     12
   """
-  x = np.asarray(data)
+  x = checks.numeric_array(data, "data")
   if x.ndim != 2:
     raise ValueError(f"data must be a 2-D (N, D) array, got shape {x.shape}")
   if not np.all(np.isfinite(x)):
