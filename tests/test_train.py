@@ -137,6 +137,7 @@ dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=10**7, batch_siz
 """
 
 
+@pytest.mark.slow  # test_kills_during_checkpoint_writes_... kills three times, one mid-write
 def test_kill_9_during_fit_loses_nothing(tmp_path):
   """A run killed with SIGKILL at an arbitrary moment (mid-segment or mid-save) resumes
   from its last checkpoint to the parameters and state of an uninterrupted run, bit for
