@@ -13,13 +13,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 def test_quickstart_runs(tmp_path, capsys):
   import logistic_regression as quickstart
   results = quickstart.main(["--steps", "60", "--batch-size", "10", "--seeds", "2",
-                             "--lrs", "1e-3,2.5e-4", "--no-progress", "--out", str(tmp_path)])
+                             "--lrs", "1e-3", "--no-progress", "--out", str(tmp_path)])
   with open(tmp_path / "results.json") as f:
     saved = json.load(f)
   assert set(saved["results"]) == {"naive", "cv", "inc", "joint_svrg", "joint_saga"}
   for name, r in saved["results"].items():
     assert len(r["final_elbo"]) == 2 and all(math.isfinite(v) for v in r["final_elbo"]), name
-    assert r["grad_variance"] > 0 and r["lr"] in (1e-3, 2.5e-4), name
+    assert r["grad_variance"] > 0 and r["lr"] == 1e-3, name
     assert results[name]["final_elbo_mean"] == r["final_elbo_mean"]
   assert saved["results"]["joint_saga"]["table_bytes"] > 0
   winner = max(results, key=lambda k: results[k]["final_elbo_mean"])
