@@ -137,6 +137,28 @@ dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=10**7, batch_siz
 """
 
 
+def _killed_child_problem():
+  """The objective, optimizer, initial params and fit settings of _KILLED_CHILD."""
+  from dsgrad.models import logistic_regression, synthetic_logistic_data
+  x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
+  model = logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  kw = dict(batch_size=5, eval_every=10, elbo_samples=0, progress=False)
+  return objective, opt, dsgrad.meanfield_init(model), kw
+
+
+def _assert_resume_equals_whole_run(path, total):
+  """Resuming _KILLED_CHILD's run from ``path`` to ``total`` steps ends bit for bit where
+  an uninterrupted run does."""
+  objective, opt, params, kw = _killed_child_problem()
+  resumed = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total,
+                       checkpoint_path=path, resume=True, **kw)
+  whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
+  chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
+                              (whole.params, whole.opt_state))
+
+
 @pytest.mark.slow  # test_kills_during_checkpoint_writes_... kills three times, one mid-write
 def test_kill_9_during_fit_loses_nothing(tmp_path):
   """A run killed with SIGKILL at an arbitrary moment (mid-segment or mid-save) resumes
@@ -146,7 +168,6 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
   import subprocess
   import sys
   import time
-  from dsgrad.models import logistic_regression, synthetic_logistic_data
   path = tmp_path / "run.ckpt"
   child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(path)])
   try:
@@ -160,20 +181,10 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
     child.kill()
     child.wait(timeout=30)
   assert path.exists(), "the child wrote no checkpoint within 120 s"
-  x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
-  model = logistic_regression(x, y)
-  objective = dsgrad.meanfield_gaussian(model)
-  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  params = dsgrad.meanfield_init(model)
-  kw = dict(batch_size=5, eval_every=10, elbo_samples=0, progress=False)
+  objective, opt, params, kw = _killed_child_problem()
   saved_step = dsgrad.restore_fit_checkpoint(path, params, opt.init(params))[2]
   assert saved_step >= 10
-  total = saved_step + 20
-  resumed = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total,
-                       checkpoint_path=path, resume=True, **kw)
-  whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
-  chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
-                              (whole.params, whole.opt_state))
+  _assert_resume_equals_whole_run(path, saved_step + 20)
   # The orphaned temporary was removed; the checkpoint replaced last is kept beside it.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt", "run.ckpt.prev"]
 
@@ -189,7 +200,6 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
   import sys
   import time
   from dsgrad.checkpoint import previous_path, temp_prefix
-  from dsgrad.models import logistic_regression, synthetic_logistic_data
   path = tmp_path / "run.ckpt"
   for attempt in range(3):
     child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(path)])
@@ -211,12 +221,7 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
     assert path.exists(), "the child wrote no checkpoint within 120 s"
     if attempt == 1:
       assert saw_write, "no checkpoint write was caught in progress within 120 s"
-  x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
-  model = logistic_regression(x, y)
-  objective = dsgrad.meanfield_gaussian(model)
-  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  params = dsgrad.meanfield_init(model)
-  kw = dict(batch_size=5, eval_every=10, elbo_samples=0, progress=False)
+  objective, opt, params, kw = _killed_child_problem()
   # Resume once, so that both the newest checkpoint and the one it replaced exist.
   first = dsgrad.restore_fit_checkpoint(dsgrad.checkpoint.latest(path), params,
                                         opt.init(params))[2]
@@ -232,9 +237,4 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
     dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=saved_step + 20,
                checkpoint_path=path, resume=True, **kw)
   shutil.move(previous, path)
-  total = saved_step + 20
-  resumed = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total,
-                       checkpoint_path=path, resume=True, **kw)
-  whole = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=total, **kw)
-  chex.assert_trees_all_equal((resumed.params, resumed.opt_state),
-                              (whole.params, whole.opt_state))
+  _assert_resume_equals_whole_run(path, saved_step + 20)
