@@ -243,10 +243,7 @@ def recommend(objective: Objective, params, key, *, batch_size: int, approx=None
   if unknown or "naive" not in candidates:
     raise ValueError(f"candidates must include 'naive' and be among {CANDIDATES}, got "
                      f"{tuple(candidates)}")
-  checks.check_batch_size(checks.check_count(batch_size, "batch_size", 1),
-                          objective.num_data)
-  checks.check_count(num_draws, "num_draws", 2)
-  checks.check_count(timing_steps, "timing_steps", 1)
+  checks.check_batch_size(batch_size, objective.num_data)
   rule = optax.adam(1e-2) if update_rule is None else update_rule
   k_dec, k_epoch, k_fresh, k_stale, k_time = jax.random.split(key, 5)
   earlier, now = _half_an_epoch_apart(objective, params, k_epoch, batch_size, rule)

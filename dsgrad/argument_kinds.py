@@ -324,10 +324,10 @@ def arguments(**kinds: Kind):
 def check_numeric_dtype(dtype, label: str) -> None:
   """Refuses data of a dtype no model computes with: object (mixed Python values),
   complex (JAX would drop the imaginary part or fail inside a product), strings, dates."""
-  dtype = np.dtype(dtype) if not isinstance(dtype, np.dtype) else dtype
-  if dtype == np.bool_ or np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating):
-    return
-  if jax.dtypes.issubdtype(dtype, jnp.bfloat16) or str(dtype) in ("bfloat16", "float16"):
+  dtype = np.dtype(dtype)
+  # jnp.issubdtype also counts bfloat16 (not a NumPy floating type) as floating.
+  if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype,
+                                                                               jnp.floating):
     return
   raise ArgumentError(f"{label} has dtype {dtype}; data must be numbers (bool, integer or "
                       "floating): convert it, e.g. np.asarray(x, np.float32)")
@@ -343,8 +343,7 @@ def numeric_array(values, label: str) -> np.ndarray:
 def check_id_array(values, label: str) -> np.ndarray:
   """Integer ids as an int64 array: floats are accepted only if every value is a finite
   whole number (a NaN id would become a user of its own, 1.5 would be truncated)."""
-  array = np.asarray(values)
-  check_numeric_dtype(array.dtype, label)
+  array = numeric_array(values, label)
   if np.issubdtype(array.dtype, np.floating):
     if not np.all(np.isfinite(array)):
       raise ArgumentError(f"{label} holds NaN or inf; ids must be whole numbers")
@@ -356,9 +355,10 @@ def check_id_array(values, label: str) -> np.ndarray:
 
 
 def check_floating_params(params, who: str) -> None:
-  """Refuses, by path, a parameter leaf that is not a floating array of at least 32 bits
-  (an integer leaf would get integer gradients, truncated steps, or a dtype error deep
-  inside the optimizer)."""
+  """Refuses, by path, a parameter leaf that is not a floating array (an integer leaf
+  would get integer gradients, truncated steps, or a dtype error deep inside the
+  optimizer). The estimators also require 32 bits or more
+  (``estimators._common.require_full_precision``)."""
   for path, leaf in jax.tree.leaves_with_path(params):
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:

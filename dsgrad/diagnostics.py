@@ -120,9 +120,14 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     ``(estimate, standard_error)`` as floats.
   """
   with objective.bound():
-    values = np.asarray(elbo_draws(objective, num_samples, chunk_size)(params, key),
-                        np.float64)
-  return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
+    values = elbo_draws(objective, num_samples, chunk_size)(params, key)
+  return mean_and_standard_error(values)
+
+
+def mean_and_standard_error(draws) -> tuple[float, float]:
+  """``(mean, standard error of the mean)`` of independent draws, in float64."""
+  values = np.asarray(draws, np.float64)
+  return float(values.mean()), float(values.std(ddof=1) / np.sqrt(values.size))
 
 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
@@ -219,8 +224,7 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
       naive_draws(params, jax.random.split(k_naive, num_draws)))
 
   kk = noise_draws_per_datum
-  m = n if num_data_sampled is None else min(
-      n, checks.check_count(num_data_sampled, "num_data_sampled", 2))
+  m = n if num_data_sampled is None else min(n, num_data_sampled)
   if m == n:
     data = jnp.arange(n, dtype=jnp.int32)
   else:

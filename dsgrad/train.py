@@ -185,7 +185,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
         # The last evaluation's draws also give the importance ratios (same key, same
         # draws as diagnostics.elbo), so k-hat costs no extra full pass.
         ratios, draws = psis.importance_log_ratios(objective, params, eval_at, elbo_samples)
-        value, se = float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size))
+        value, se = diagnostics.mean_and_standard_error(draws)
         k_hat = float(psis.pareto_k(ratios))
         diagnosis = psis.diagnose(k_hat)
       else:

@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dsgrad import checks
 from dsgrad import batching
 from dsgrad import compile_cache
+from dsgrad import diagnostics
 from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
@@ -109,10 +109,6 @@ class AnnealedVI:
       raise TypeError(f"model must be a dsgrad.models.Model (or, with model_params, a "
                       f"function returning one), got {type(template).__name__}")
     object.__setattr__(self, "_template", template)
-    if self.num_steps < 0:
-      raise ValueError(f"the number of annealing steps K must be >= 0, got {self.num_steps}")
-    if not self.eta_max > 0:
-      raise ValueError(f"eta_max must be positive, got {self.eta_max}")
     if self.base not in ("meanfield", "fullrank"):
       raise ValueError(f"base must be 'meanfield' or 'fullrank', got {self.base!r}")
     if self.mass not in ("unit", "base"):
@@ -240,11 +236,8 @@ class AnnealedVI:
     One chain and one full likelihood per sample, ``chunk_size`` samples at a time
     (vectorized), so memory is ``O(chunk_size (N + K d))``.
     """
-    if num_samples < 2:
-      raise ValueError(f"num_samples must be >= 2, got {num_samples}")
     values = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
-    values = np.asarray(values, np.float64)
-    return float(values.mean()), float(values.std(ddof=1) / np.sqrt(num_samples))
+    return diagnostics.mean_and_standard_error(values)
 
   @checks.arguments(key=checks.prng_key(), num=checks.count(1))
   def sample_posterior(self, params, key, num: int) -> jax.Array:

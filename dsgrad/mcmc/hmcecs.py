@@ -108,11 +108,6 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
   if not bool(jnp.all(jnp.isfinite(chol))):
     raise ValueError("mass_matrix is not positive definite")
   inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(mass_matrix.shape[0]))
-  checks.check_positive(step_size, "step_size")
-  if not float(step_size) > 0:
-    raise ValueError(f"step_size must be positive, got {step_size}")
-  if int(num_integration_steps) < 1:
-    raise ValueError(f"num_integration_steps must be at least 1, got {num_integration_steps}")
   return HMCParameters(jnp.asarray(step_size, jnp.float32),
                        jnp.asarray(num_integration_steps, jnp.int32), inverse, chol)
 

@@ -182,8 +182,6 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
     seconds)``; compilation (once per chunk length, at most two) is excluded from
     ``seconds``.
   """
-  checks.check_count(chunk_size, "chunk_size", 1)
-  checks.check_count(num_samples, "num_samples", 1)
   if sign is None:
     def sign(s):
       return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
@@ -307,8 +305,9 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
       ``target_accept`` outside (0, 1), or a non-positive trajectory length, initial step
       size or step cap.
   """
-  _check_settings(estimator, target_accept, trajectory_length, initial_step_size,
-                  max_integration_steps, num_samples, num_warmup, mass_window)
+  # The numeric settings are checked by the argument declarations above.
+  if estimator not in ("perturbed", "signed", "full"):
+    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
   scheme = (subsample_lib.full_data(model) if estimator == "full"
@@ -345,22 +344,6 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
       progress=progress, data=model.data)
   return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
                     seconds, evaluations)
-
-
-def _check_settings(estimator, target_accept, trajectory_length, initial_step_size,
-                    max_integration_steps, num_samples, num_warmup, mass_window) -> None:
-  if estimator not in ("perturbed", "signed", "full"):
-    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
-  if not 0.0 < float(target_accept) < 1.0:
-    raise ValueError(f"target_accept must lie in (0, 1), got {target_accept}")
-  for label, value in (("trajectory_length", trajectory_length),
-                       ("initial_step_size", initial_step_size)):
-    checks.check_positive(value, label)
-  checks.check_count(max_integration_steps, "max_integration_steps", 1)
-  checks.check_count(num_samples, "num_samples", 1)
-  checks.check_count(num_warmup, "num_warmup", 0)
-  if mass_window < 1:
-    raise ValueError(f"mass_window must be >= 1, got {mass_window}")
 
 
 def _initial_precision(model: Model, proxy: TaylorProxy, mass_matrix):

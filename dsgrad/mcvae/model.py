@@ -38,6 +38,7 @@ from flax import nnx
 
 from dsgrad import checks
 from dsgrad import compile_cache
+from dsgrad import diagnostics
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
                                    gaussian_log_likelihood)
@@ -89,14 +90,8 @@ class MonteCarloVAE:
   def __post_init__(self):
     if self.method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-    if self.num_particles < 1:
-      raise ValueError(f"num_particles must be >= 1, got {self.num_particles}")
-    if self.num_steps < 0:
-      raise ValueError(f"num_steps must be >= 0, got {self.num_steps}")
     if self.method in ("lmcvae", "amcvae") and self.num_steps < 1:
       raise ValueError(f"method {self.method!r} needs num_steps >= 1")
-    if not self.step_size > 0:
-      raise ValueError(f"step_size must be positive, got {self.step_size}")
     if self.binarize not in ("dynamic", "none"):
       raise ValueError(f"binarize must be 'dynamic' or 'none', got {self.binarize!r}")
     if self.gaussian and self.binarize != "none":
@@ -292,7 +287,7 @@ class MonteCarloVAE:
     pieces = [chunk(params, x[i:i + chunk_size], keys[i:i + chunk_size])
               for i in range(0, x.shape[0], chunk_size)]
     nll = -np.concatenate([np.asarray(p, np.float64) for p in pieces])
-    return float(nll.mean()), float(nll.std(ddof=1) / np.sqrt(nll.size)), nll
+    return (*diagnostics.mean_and_standard_error(nll), nll)
 
 
 @compile_cache.cached

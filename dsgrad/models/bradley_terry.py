@@ -69,7 +69,6 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
   y = np.ones(a.shape) if outcomes is None else np.asarray(outcomes)
   if y.shape != a.shape or not set(np.unique(y).tolist()) <= {0, 1}:
     raise ValueError(f"outcomes must be a ({a.size},) array of 0/1")
-  checks.check_positive(prior_scale, "prior_scale")
   data = model_data(a=jnp.asarray(a, jnp.int32), b=jnp.asarray(b, jnp.int32),
                     signs=jnp.asarray(2.0 * y - 1.0, jnp.float32))
   a, b, signs = data["a"], data["b"], data["signs"]

@@ -111,7 +111,6 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
     raise ValueError(f"labels must have leading dimension {x.shape[0]}, got shape {y.shape}")
   if not np.all(np.isfinite(x)):
     raise ValueError("features contain non-finite values")
-  checks.check_positive(dropout_std, "dropout_std")
   if loss is softmax_cross_entropy and (
       not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_outputs):
     raise ValueError(f"labels must be integers in [0, {num_outputs}) for cross-entropy")

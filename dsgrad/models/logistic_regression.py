@@ -91,7 +91,6 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
     signs = y.astype(np.float64)
   else:
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
-  checks.check_positive(prior_scale, "prior_scale")
   data = model_data(x=_features(x), signs=jnp.asarray(signs, jnp.float32))
   x, signs = data["x"], data["signs"]
   n, d = x.shape
@@ -188,7 +187,6 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
     >>> model.latent_dim  # D * K
     12
   """
-  checks.check_positive(prior_scale, "prior_scale")
   x, y = _check_features_labels(features, labels)
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")

@@ -88,7 +88,6 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
   k = int(latent_dim)
   if not 1 <= k <= d:
     raise ValueError(f"latent_dim must be in [1, D={d}], got {latent_dim}")
-  checks.check_positive(noise_std, "noise_std")
   data = model_data(x=jnp.asarray(x, jnp.float32))
   x = data["x"]
   var = float(noise_std) ** 2
