@@ -63,4 +63,5 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True) -> Objective:
     (4,)
   """
   return bbvi_objective(model, MeanFieldGaussian.transform, MeanFieldGaussian.entropy_at,
-                        shared_noise=shared_noise, name="meanfield_gaussian")
+                        shared_noise=shared_noise, name="meanfield_gaussian",
+                        source=("meanfield_gaussian", model))

@@ -60,6 +60,10 @@ class Objective:
       ``log p(x, z) + H(q)`` sets it, so that the draw minus the offset is the log
       importance ratio ``log p(x, z) - log q(z)`` of the PSIS diagnostic
       (:func:`dsgrad.psis.importance_log_ratios`). The Gaussian families set it.
+    source: optional ``(family name, model)`` the objective was built from
+      (:func:`dsgrad.meanfield_gaussian` sets ``("meanfield_gaussian", model)``). Fused
+      kernels (:class:`dsgrad.approx.FusedTerms`) compute the naive gradient of exactly
+      that objective from it; an objective whose loss was changed afterwards clears it.
 
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
@@ -89,6 +93,7 @@ class Objective:
   data: Mapping[str, data_lib.DataArray] | None = None
   data_values: Mapping[str, Any] | None = None
   log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
+  source: tuple | None = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

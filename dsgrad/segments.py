@@ -46,7 +46,7 @@ from dsgrad.estimators import chain as chain_lib
 
 
 def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
-               mesh=None):
+               mesh=None, fused: bool | None = None):
   """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
 
   Jittable; the value checks of ``objective.grad`` are off (run them once outside).
@@ -66,6 +66,11 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     noise_key: PRNG key for this step's noise.
     mesh: optional :func:`dsgrad.parallel.data_mesh`: the batch (indices and per-datum
       noise) is split across its devices.
+    fused: ``True``: call ``optimizer.update(None, ...)`` and let the estimator first
+      in the chain compute the naive gradient itself, in one program with its control
+      variate (:class:`dsgrad.approx.FusedTerms`); ``False``: compute the gradient here
+      and pass it (the two-call form; the same numbers); ``None`` (default): fused when
+      the optimizer's first transformation is a dsgrad estimator.
 
   Returns:
     ``(new params, new optimizer state)``.
@@ -75,7 +80,11 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
   # Structure only: free, at trace time.
   chain_lib.check_chain_order(opt_state, "dsgrad.train_step")
-  grads = objective.grad(params, indices, noise, validate=False)
+  if fused is None:
+    fused = chain_lib.computes_own_gradient(opt_state)
+  # The fused step: the estimator computes the naive gradient in the same program as its
+  # control variate, from one read of the batch (the same numbers as the two-call form).
+  grads = None if fused else objective.grad(params, indices, noise, validate=False)
   # The estimators compute with the objective handed to them: under the caller's jit it
   # carries the data as arguments, as the gradient above does.
   updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,

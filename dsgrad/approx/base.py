@@ -85,6 +85,36 @@ class DatumStatistics(NamedTuple):
     return mean if self.expected_of_mean is None else self.expected_of_mean(params, mean)
 
 
+class FusedTerms(NamedTuple):
+  """Lets an estimator compute the naive gradient and the approximation's terms in one
+  program from one read of the batch's rows (the fused step: ``update(None, ...)``).
+
+  A GLM's naive gradient and its approximations are all products of the batch's rows
+  with logit-space terms: computed apart, each reads the rows and multiplies them again;
+  together, one product of the rows with the stacked parameter matrices gives every
+  logit, and one product of the stacked logit-space terms with the rows gives every
+  gradient. The numbers are those of the two-call form (tested to float tolerance).
+
+  Attributes:
+    applies: ``objective -> bool``: whether these functions compute this objective's
+      naive gradient (they are written for one family and one model; anything else uses
+      the two-call form).
+    at_params: ``(objective, params, at, indices, noise, with_expected) -> (naive,
+      g_tilde, e_tilde)``: the naive gradient at ``params`` and the batch means of
+      ``grad f~(at; n, eps_n)`` and, with ``with_expected``, ``E grad f~(at; n)``
+      (else ``None``), for ``cv`` (``at = params``) and ``joint_svrg`` (``at`` the snapshot).
+    at_statistics: ``(objective, params, old, indices, noise, first, store) -> (naive,
+      d_old, new, change)`` for ``joint_saga``'s compact table: the naive gradient; the
+      uniform batch mean of the per-datum part at the stored statistics ``old``; the
+      statistics at ``params``, passed through ``store`` (the table's rounding); and
+      ``datum_expected(new) - datum_expected(old)`` with weights ``first``.
+  """
+
+  applies: Callable[[Objective], bool]
+  at_params: Callable[..., tuple[Any, Any, Any]]
+  at_statistics: Callable[..., tuple[Any, Any, Any, Any]]
+
+
 class Approximation(NamedTuple):
   """An approximation ``f~`` of a doubly-stochastic objective (see module docstring).
 
@@ -99,6 +129,8 @@ class Approximation(NamedTuple):
       reweighted objective instead of one call per datum. Leave ``False`` if unsure.
     statistics: optional :class:`DatumStatistics`; when present, ``joint_saga`` keeps
       a compact table of per-datum statistics instead of per-datum parameters.
+    fused: optional :class:`FusedTerms`: the naive gradient and these terms from one
+      read of the batch, used by the estimators' fused step.
   """
 
   grad_and_expected: Callable[..., tuple[Any, Any]]
@@ -106,6 +138,11 @@ class Approximation(NamedTuple):
   name: str = "custom"
   through_objective: bool = False
   statistics: DatumStatistics | None = None
+  fused: FusedTerms | None = None
+
+  def fused_for(self, objective: Objective) -> FusedTerms | None:
+    """:attr:`fused` if it computes ``objective``'s gradient, else ``None``."""
+    return self.fused if self.fused is not None and self.fused.applies(objective) else None
 
 
 def _resolve_mask(mask, params):
@@ -180,7 +217,8 @@ def linearize(mask: Any = None) -> Approximation:
 
 
 def with_statistics(statistics, datum_terms, datum_expected, global_terms, name: str,
-                     dtype, expected_of_mean=None, expected_change=None) -> Approximation:
+                     dtype, expected_of_mean=None, expected_change=None,
+                     fused: FusedTerms | None = None) -> Approximation:
   """An :class:`Approximation` whose batch means come from its :class:`DatumStatistics`
   (statistics at the current parameters, uniform weights, plus the global part)."""
 
@@ -202,4 +240,4 @@ def with_statistics(statistics, datum_terms, datum_expected, global_terms, name:
     zero = objective.zero_noise(indices.shape[0])
     return optax.tree.add(e, global_terms(objective, params, zero)[1])
 
-  return Approximation(grad_and_expected, expected_grad, name, statistics=fns)
+  return Approximation(grad_and_expected, expected_grad, name, statistics=fns, fused=fused)

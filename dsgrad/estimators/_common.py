@@ -33,6 +33,8 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   update: indices in range; the gradient, ``params`` and ``noise`` finite; and, when
   ``first_update`` (a boolean scalar: whether this is the state's first update) is given,
   that the gradient is the objective's (:func:`first_update_gradient_checks`).
+  ``updates=None`` (the fused step: the estimator computes the gradient itself) skips
+  the gradient's checks.
 
   Also checks that ``params`` were passed and, when given, that ``table`` has one row
   per datum and that the state's params-shaped fields (``params_like``: ``{name:
@@ -48,20 +50,31 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
                      f"indices=... and noise=... to update (the same ones used to "
                      f"compute the gradient)")
   batch_size = objective.check_batch(indices, noise)
-  checks.check_same_structure(updates, params, "updates (gradient)", "params")
+  if updates is not None:
+    checks.check_same_structure(updates, params, "updates (gradient)", "params")
   pending = []
   if value_checks:
     pending += checks.index_checks(indices, objective.num_data)
     # Everything that enters the state: a NaN in params or noise would be written into
     # the table or running mean and poison a later, healthy step.
-    pending += checks.finite_checks(updates, f"updates (gradient) passed to dsgrad.{estimator}")
+    if updates is not None:
+      pending += checks.finite_checks(updates,
+                                      f"updates (gradient) passed to dsgrad.{estimator}")
     pending += checks.finite_checks(params, f"params passed to dsgrad.{estimator}")
     pending += checks.finite_checks(noise, f"noise passed to dsgrad.{estimator}")
-    if first_update is not None:
+    if first_update is not None and updates is not None:
       pending += first_update_gradient_checks(estimator, objective, updates, params, indices,
                                               noise, first_update)
   checks.value_checks(pending)
   return batch_size
+
+
+def naive_if_missing(objective: Objective, updates, params, indices, noise):
+  """``updates``, or, in the fused step (``updates=None``), the naive mini-batch gradient
+  the estimator computes itself in the same program."""
+  if updates is not None:
+    return updates
+  return objective.grad(params, indices, noise, validate=False)
 
 
 def relative_gap(a, b) -> jax.Array:
@@ -230,7 +243,8 @@ def reweighted(objective: Objective, weights) -> Objective:
   """The objective whose per-datum losses on a batch are multiplied by ``weights``."""
   def loss_fn(params, indices, noise):
     return weights * objective.loss_fn(params, indices, noise)
-  return dataclasses.replace(objective, loss_fn=loss_fn, name=objective.name + "*weights")
+  return dataclasses.replace(objective, loss_fn=loss_fn, name=objective.name + "*weights",
+                             source=None)
 
 
 def masked_sum(tree, mask):

@@ -94,3 +94,23 @@ def check_chain_order(opt_state, where: str) -> None:
       walk(member)
 
   walk(opt_state)
+
+
+def computes_own_gradient(opt_state) -> bool:
+  """Whether an optimizer with this state may be called in the fused form,
+  ``update(None, state, params, indices=..., noise=..., objective=...)``: its first
+  transformation is a dsgrad estimator, which then computes the naive gradient itself in
+  the same program as its control variate (one read of the batch). Only the structure
+  is read. A plain chain is looked into; a wrapper (``optax.inject_hyperparams``,
+  ``optax.apply_if_finite``) is not, since it may read the incoming gradient itself.
+  """
+  kinds = _estimator_kinds()
+  state = opt_state
+  while True:
+    if isinstance(state, kinds):
+      return True
+    is_chain = isinstance(state, tuple) and not hasattr(state, "_fields")
+    if not is_chain or not state:
+      return False
+    state = state[0]
+

@@ -81,7 +81,13 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     del extra_args
     _common.check_update("cv", objective, updates, params, indices, noise,
                          value_checks=value_checks)
-    g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
+    fused = approx.fused_for(objective) if updates is None else None
+    if fused is not None:  # one read of the batch for the gradient and the approximation
+      updates, g_tilde, e_tilde = fused.at_params(objective, params, params, indices, noise,
+                                                  True)
+    else:
+      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
     out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
                                 optax.tree.sub(e_tilde, g_tilde))
     return optax.tree.cast_like(out, updates), state

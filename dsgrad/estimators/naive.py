@@ -47,7 +47,13 @@ def naive(*, value_checks: bool = True) -> optax.GradientTransformationExtraArgs
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None, **extra_args):
-    del extra_args
+    if updates is None:  # the fused step: compute the gradient here
+      objective = extra_args.get("objective")
+      if objective is None or "indices" not in extra_args or "noise" not in extra_args:
+        raise ValueError("dsgrad.naive: update(None, ...) computes the gradient itself and "
+                         "needs objective=, indices= and noise=")
+      updates = objective.grad(params, extra_args["indices"], extra_args["noise"],
+                               validate=False)
     if params is not None and jax.tree.leaves(params):
       # Static: a gradient of other shapes would be broadcast into params by
       # optax.apply_updates, or fail there without naming the gradient.

@@ -203,6 +203,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                          table=state.table,
                          params_like={"running_mean": state.running_mean},
                          first_update=state.count == 0)
+    updates = _common.naive_if_missing(objective, updates, params, indices, noise)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -280,21 +281,29 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
                                  table=state.table,
                                  params_like={"running_mean": state.running_mean},
                                  first_update=state.count == 0)
-    new_rows = stored(stats_fns.statistics(params, indices))
-    old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
     dtype = jax.tree.leaves(params)[0].dtype
-    uniform = jnp.full((batch,), 1.0 / batch, dtype)
-    d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
+    first = tables.first_occurrence(indices).astype(dtype)
+    fused = approx.fused_for(objective) if updates is None else None
+    if fused is not None:  # one read of the batch for the gradient and the approximation
+      old_rows = jax.tree.map(lambda t: t[indices].astype(dtype), state.table)
+      updates, d_old, new_rows, change = fused.at_statistics(
+          objective, params, old_rows, indices, noise, first, stored)
+    else:
+      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      new_rows = stored(stats_fns.statistics(params, indices))
+      old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
+      uniform = jnp.full((batch,), 1.0 / batch, dtype)
+      d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
     c_now, c_expected = stats_fns.global_terms(objective, params, noise)
     expected = stats_fns.expectation(params, state.running_mean)
     control = optax.tree.add(optax.tree.sub(expected, d_old),
                              optax.tree.sub(c_expected, c_now))
 
-    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)).
-    first = tables.first_occurrence(indices).astype(dtype)
-    if stats_fns.expected_change is not None:
+    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)); the fused
+    # kernel computed the change above.
+    if fused is None and stats_fns.expected_change is not None:
       change = stats_fns.expected_change(objective, params, new_rows, old_rows, indices, first)
-    else:  # one call on the stacked rows with weights (+first, -first)
+    elif fused is None:  # one call on the stacked rows with weights (+first, -first)
       both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
       change = stats_fns.datum_expected(objective, params, both,
                                         jnp.concatenate([indices, indices]),

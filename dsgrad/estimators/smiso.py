@@ -109,7 +109,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
-    if value_checks:
+    if value_checks and updates is not None:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
       checks.value_checks([
           (_common.relative_gap(params, state.running_mean) > tolerance,
@@ -130,6 +130,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     table = jax.tree.map(lambda t, v: t.at[write_at].set(v.astype(t.dtype), mode="drop"),
                          state.table, new)
     step = optax.tree.sub(running_mean, params)
-    return optax.tree.cast_like(step, updates), SmisoState(table, running_mean)
+    return optax.tree.cast_like(step, params if updates is None else updates), SmisoState(
+        table, running_mean)
 
   return _common.bound_transformation(objective, init_fn, update_fn, "smiso")

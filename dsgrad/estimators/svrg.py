@@ -128,7 +128,12 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
         refresh,
         lambda: (params_like, optax.tree.cast_like(full_mean(params_like), state.snapshot_mean)),
         lambda: (state.snapshot, state.snapshot_mean))
-    g_tilde, _ = approx.grad_and_expected(objective, snapshot, indices, noise)
+    fused = approx.fused_for(objective) if updates is None else None
+    if fused is not None:  # one read of the batch for the gradient and the approximation
+      updates, g_tilde, _ = fused.at_params(objective, params, snapshot, indices, noise, False)
+    else:
+      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      g_tilde, _ = approx.grad_and_expected(objective, snapshot, indices, noise)
     out, weight_state = _weights.apply(control_weight, control_weight_horizon,
                                        state.control_weight, updates,
                                        optax.tree.sub(snapshot_mean, g_tilde))

@@ -36,7 +36,8 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
-                   shared_noise: bool = True, name: str = "bbvi") -> Objective:
+                   shared_noise: bool = True, name: str = "bbvi",
+                   source: tuple | None = None) -> Objective:
   """The BBVI objective ``f(w; n, eps) = -N log p(x_n | z) - log p(z) - H(w)``, ``z = T_w(eps)``.
 
   Args:
@@ -46,6 +47,8 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     shared_noise: one ``eps ~ N(0, I_d)`` for the whole batch (the default, as in the
       authors' code) or one per datum.
     name: label.
+    source: what the objective is, for fused kernels (:attr:`dsgrad.Objective.source`);
+      only the family's own constructors set it.
 
   ``transform`` must be affine in ``eps`` (a location-scale family), which makes
   ``log q(z) + H(q) = d/2 - |eps|^2/2`` the objective's ``log_q_offset`` (PSIS).
@@ -79,7 +82,7 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
 
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
                    shared_noise=shared_noise, name=f"{name}({model.name})", data=model.data,
-                   log_q_offset=log_q_offset)
+                   log_q_offset=log_q_offset, source=source)
 
 
 class _Family(nnx.Module):
@@ -118,8 +121,9 @@ class _Family(nnx.Module):
     if model.latent_dim != self.dim:
       raise ValueError(f"{type(self).__name__} has dim={self.dim} but {model.name!r} "
                        f"has latent_dim={model.latent_dim}")
+    source = ("meanfield_gaussian", model) if isinstance(self, MeanFieldGaussian) else None
     return bbvi_objective(model, self.transform, self.entropy_at, shared_noise=shared_noise,
-                          name=type(self).__name__)
+                          name=type(self).__name__, source=source)
 
 
 def _initial_vector(value, dim: int, name: str) -> jax.Array:

@@ -117,7 +117,8 @@ def structured(objective: Objective, latent) -> Objective:
   def loss_fn(params, indices, noise):
     return flat_loss(flat_params(params), indices, noise)
 
-  return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]")
+  return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]",
+                             source=None)
 
 
 def sample_structured(params, key, num_samples: int):
