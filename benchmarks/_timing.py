@@ -38,6 +38,17 @@ class DeferredChecks(NamedTuple):
     return self.optimizer.init(params)
 
 
+class TwoCalls(NamedTuple):
+  """An optimizer timed in the two-call form: the naive gradient computed first and
+  passed to ``update`` (``train_step(..., fused=False)``), instead of the fused step
+  :func:`dsgrad.fit` uses, in which the estimator computes it with its control variate."""
+
+  optimizer: object
+
+  def init(self, params):
+    return self.optimizer.init(params)
+
+
 def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: int, *,
                   rounds: int = 3, steps_for=None, log: bool = True,
                   compile_seconds: dict | None = None, index_range: int | None = None):
@@ -86,15 +97,16 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     inputs[name] = (objective, data_args, host)
 
     deferred = isinstance(opt, DeferredChecks)
+    fused = None if not isinstance(opt, TwoCalls) else False
 
-    def step(carry, xs, opt=opt.optimizer if deferred else opt, deferred=deferred,
-             objective=objective, refs=refs):
+    def step(carry, xs, opt=opt.optimizer if isinstance(opt, (DeferredChecks, TwoCalls))
+             else opt, deferred=deferred, fused=fused, objective=objective, refs=refs):
       idx, key, rows = xs
       with data_lib.batch_rows(refs, idx, rows), (
           checks.deferred() if deferred else contextlib.nullcontext()):
         if isinstance(opt, FusedStep):
           return opt.step(*carry, idx, key), None
-        return train_step(objective, opt, *carry, idx, key), None
+        return train_step(objective, opt, *carry, idx, key, fused=fused), None
 
     def run(carry, xs, data, step=step, refs=refs, host=host):
       with data_lib.bind(refs, data_lib.join_host(data, host)):
