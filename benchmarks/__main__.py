@@ -14,6 +14,7 @@ BENCHMARKS = {
     "peers": "benchmarks.peers",
     "checks": "benchmarks.checks",
     "bridge-cost": "benchmarks.bridge_cost",
+    "fit-overhead": "benchmarks.fit_overhead",
 }
 
 

@@ -101,8 +101,28 @@ def write_section(name: str, body: str, path: str | None = None) -> str:
   return path
 
 
-def publish(section: str, body: str, write: bool) -> None:
-  """Prints a benchmark's ``body`` and, if ``write``, puts it in docs/benchmarks.md."""
+def publish(section: str, body: str, write: bool, data=None) -> None:
+  """Prints a benchmark's ``body`` and, if ``write``, puts it in docs/benchmarks.md and,
+  when ``data`` (the raw numbers, JSON-serializable) is given, appends a run record
+  (machine and versions, date, command, the numbers) to ``docs/data/<section>.json``."""
   print(body, flush=True)
   if write:
     print(f"\nwrote {write_section(section, body)}")
+    if data is not None:
+      print(f"wrote {save_run(section, data)}")
+
+
+def save_run(section: str, data) -> str:
+  """Appends one run's record to ``<out>/data/<section>.json`` (a JSON list of runs, the
+  newest last) and returns the path."""
+  import json
+  import sys
+  path = docs_path(os.path.join("data", f"{section}.json"))
+  runs = json.load(open(path)) if os.path.exists(path) else []
+  runs.append({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "environment": environment(),
+               "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+               "results": data})
+  with open(path, "w") as f:
+    json.dump(runs, f, indent=1)
+  return path

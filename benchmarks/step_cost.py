@@ -316,4 +316,8 @@ def main(argv=None):
   table = format_table(rows, config)
   default = "step-cost-binary" if args.classes == 1 else "step-cost"
   _report.publish(args.section or f"{default}-{jax.default_backend()}", table,
-                 not args.no_write)
+                 not args.no_write,
+                 data={"config": config,
+                       "rows": [dict(zip(("estimator", "ms_per_step", "ratio_to_naive",
+                                          "table_bytes", "state_bytes"), row))
+                                for row in rows]})

@@ -69,12 +69,24 @@ def check_update(estimator: str, objective: Objective, updates, params, indices,
   return batch_size
 
 
-def naive_if_missing(objective: Objective, updates, params, indices, noise):
+def naive_if_missing(estimator: str, objective: Objective, updates, params, indices, noise,
+                     value_checks: bool):
   """``updates``, or, in the fused step (``updates=None``), the naive mini-batch gradient
-  the estimator computes itself in the same program."""
+  the estimator computes itself in the same program (value-checked as an incoming one
+  would be, :func:`check_own_gradient`)."""
   if updates is not None:
     return updates
-  return objective.grad(params, indices, noise, validate=False)
+  return check_own_gradient(estimator, objective.grad(params, indices, noise, validate=False),
+                            value_checks)
+
+
+def check_own_gradient(estimator: str, gradient, value_checks: bool):
+  """Value check of a gradient the estimator computed itself (the fused step): finite,
+  as :func:`check_update` checks an incoming one. Returns ``gradient``."""
+  if value_checks:
+    checks.value_checks(checks.finite_checks(
+        gradient, f"the mini-batch gradient computed by dsgrad.{estimator}"))
+  return gradient
 
 
 def relative_gap(a, b) -> jax.Array:

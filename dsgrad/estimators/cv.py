@@ -85,8 +85,10 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     if fused is not None:  # one read of the batch for the gradient and the approximation
       updates, g_tilde, e_tilde = fused.at_params(objective, params, params, indices, noise,
                                                   True)
+      updates = _common.check_own_gradient("cv", updates, value_checks)
     else:
-      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      updates = _common.naive_if_missing("cv", objective, updates, params, indices,
+                                           noise, value_checks)
       g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
     out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
                                 optax.tree.sub(e_tilde, g_tilde))

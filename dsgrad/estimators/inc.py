@@ -94,7 +94,8 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = Tr
                          table=state.table, params_like={"table rows": jax.tree.map(
                              lambda t: jax.ShapeDtypeStruct(t.shape[1:], t.dtype),
                              state.table)})
-    updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+    updates = _common.naive_if_missing("inc", objective, updates, params, indices,
+                                           noise, value_checks)
 
     def table_mean(idx):
       rows = tables.gather_rows(state.table, idx, params)

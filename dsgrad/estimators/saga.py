@@ -203,7 +203,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                          table=state.table,
                          params_like={"running_mean": state.running_mean},
                          first_update=state.count == 0)
-    updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+    updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
+                                           noise, value_checks)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -288,8 +289,10 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
       old_rows = jax.tree.map(lambda t: t[indices].astype(dtype), state.table)
       updates, d_old, new_rows, change = fused.at_statistics(
           objective, params, old_rows, indices, noise, first, stored)
+      updates = _common.check_own_gradient("joint_saga", updates, value_checks)
     else:
-      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
+                                           noise, value_checks)
       new_rows = stored(stats_fns.statistics(params, indices))
       old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
       uniform = jnp.full((batch,), 1.0 / batch, dtype)

@@ -109,17 +109,22 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
                          table=state.table,
                          params_like={"running_mean": state.running_mean})
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
-    if value_checks and updates is not None:
+    if value_checks:
       mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-      checks.value_checks([
+      pending = [
           (_common.relative_gap(params, state.running_mean) > tolerance,
            _CHAIN_MESSAGE + "The params differ from SMISO's iterate: a transform after it "
-           "changed its step (or the params were modified outside the optimizer)."),
-          (_common.relative_gap(updates, mean_grad) > tolerance,
-           _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
-           "objective at params: a transform before it changed the gradient (or "
-           "indices/noise are not those the gradient was computed with)."),
-      ])
+           "changed its step (or the params were modified outside the optimizer).")]
+      if updates is not None:
+        pending.append((
+            _common.relative_gap(updates, mean_grad) > tolerance,
+            _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
+            "objective at params: a transform before it changed the gradient (or "
+            "indices/noise are not those the gradient was computed with)."))
+      else:  # the fused step: the gradient computed here is checked as an incoming one
+        pending += checks.finite_checks(
+            mean_grad, "the mini-batch gradient computed by dsgrad.smiso")
+      checks.value_checks(pending)
     old = tables.gather_rows(state.table, indices, params)
     new = jax.tree.map(lambda o, p, g: (1 - alpha) * o + alpha * (p[None] - step_size * g),
                        old, params, grads)

@@ -131,8 +131,10 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     fused = approx.fused_for(objective) if updates is None else None
     if fused is not None:  # one read of the batch for the gradient and the approximation
       updates, g_tilde, _ = fused.at_params(objective, params, snapshot, indices, noise, False)
+      updates = _common.check_own_gradient("joint_svrg", updates, value_checks)
     else:
-      updates = _common.naive_if_missing(objective, updates, params, indices, noise)
+      updates = _common.naive_if_missing("joint_svrg", objective, updates, params, indices,
+                                           noise, value_checks)
       g_tilde, _ = approx.grad_and_expected(objective, snapshot, indices, noise)
     out, weight_state = _weights.apply(control_weight, control_weight_horizon,
                                        state.control_weight, updates,
