@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad.approx.base import Approximation, FusedTerms, with_statistics
+from dsgrad.approx.base import Approximation, with_statistics
+from dsgrad.approx.glm_fused import LogitSpec as _LogitSpec
+from dsgrad.approx.glm_fused import fused_terms as _fused_terms
 from dsgrad.approx.gaussian import _gaussian_family, _logit_hessian_diag, _prior_hessian_diag
 from dsgrad.models.base import Model
 
@@ -80,138 +82,6 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
 
   return _GlmParts(linear, x, dim, k, check, statistics, logit_grad, logit_terms,
                    weighted_outer, weighted_square_outer)
-
-
-class _LogitSpec(NamedTuple):
-  """A GLM approximation in logit space, for its fused kernel (:func:`_fused_terms`).
-
-  Attributes:
-    new_stats: ``(params, logits (B, K), rows (B, D), indices) -> stats`` at ``params``.
-    drawn: ``(params, stats, direction (B, K), indices) -> (t_loc, t_scale)``: the
-      logit-space terms whose ``-N x_b`` projections are the per-datum part's ``loc`` and
-      (times the scaled noise) ``log_scale`` gradients; ``t_scale`` is ``None`` for an
-      approximation without scale terms and may be ``t_loc`` itself.
-    expected: ``(stats, indices) -> (B, K)``: the noise expectation of ``t_loc``.
-    logits_of: ``stats -> (B, K)`` logits (the curvature's argument).
-    second_order: whether the scale's expectation has the curvature term
-      ``-N x_b^2 diag ell''(a_b) * exp(2 log_scale)``.
-    global_terms: the prior's and entropy's ``(drawn, expected)`` terms.
-  """
-
-  new_stats: Callable[..., Any]
-  drawn: Callable[..., Any]
-  expected: Callable[..., Any]
-  logits_of: Callable[[Any], Any]
-  second_order: bool
-  global_terms: Callable[..., Any]
-
-
-def _fused_terms(model: Model, glm: _GlmParts, spec: _LogitSpec) -> FusedTerms:
-  """The fused kernel of a GLM approximation for the mean-field Gaussian objective of the
-  same model with one noise draw per batch (:class:`dsgrad.approx.FusedTerms`).
-
-  With ``Z = loc + s * eps`` (``s = exp(log_scale)``), the naive gradient is
-  ``G = -(N/B) sum_b x_b ell'(a_b(Z)) - grad log p(Z)`` for ``loc`` and ``G * s * eps - 1``
-  for ``log_scale``, and the logits are linear in ``Z``: ``a(Z) = a(loc) + a(s * eps)``.
-  So one product of the rows with ``[loc, s eps]`` (and a snapshot's) gives every logit,
-  and one product of the stacked logit-space terms with the rows every gradient.
-  """
-  x, dim, k, n = glm.x, glm.dim, glm.k, model.num_data
-
-  def applies(objective) -> bool:
-    source = objective.source
-    return (source is not None and source[0] == "meanfield_gaussian"
-            and source[1] is model and objective.shared_noise)
-
-  def forward(rows, vectors):
-    """``[rows @ v.reshape(D, K) for v in vectors]`` as one product."""
-    out = rows @ jnp.concatenate([v.reshape(dim, k) for v in vectors], 1)
-    return [out[:, i * k:(i + 1) * k] for i in range(len(vectors))]
-
-  def project(rows, terms):
-    """``[(x_b^T t_b summed over b).reshape(-1) for t in terms]`` as one product; written
-    ``(t^T x)^T``, which XLA:CPU compiles without a slow gather fusion."""
-    out = jnp.concatenate(terms, 1).T @ rows
-    return [out[i * k:(i + 1) * k].T.reshape(-1) for i in range(len(terms))]
-
-  def curvature_sum(rows, stats, indices, weights):
-    """``sum_b weights_b x_b^2 diag ell''(a_b)``, flattened (the scale's expectation)."""
-    h = _logit_hessian_diag(glm.linear, spec.logits_of(stats), indices)
-    return ((h * weights[:, None]).T @ rows ** 2).T.reshape(-1)
-
-  def naive(params, noise, projected_data, scaled):
-    """The objective's mini-batch gradient from its data part ``-(N/B) sum x_b ell'``."""
-    g = projected_data - jax.grad(model.log_prior)(params["loc"] + scaled)
-    return {"loc": g, "log_scale": g * scaled - 1.0}
-
-  def scale_part(params, t_scale_projected, scaled):
-    if t_scale_projected is None:
-      return jnp.zeros_like(params["log_scale"])
-    return t_scale_projected * scaled
-
-  def drawn_terms(params, stats, direction, indices):
-    t_loc, t_scale = spec.drawn(params, stats, direction, indices)
-    terms = [t_loc] if t_scale is None or t_scale is t_loc else [t_loc, t_scale]
-    return t_loc, t_scale, terms
-
-  def at_params(objective, params, at, indices, noise, with_expected):
-    glm.check(params)
-    rows, b = x[indices], indices.shape[0]
-    scaled = jnp.exp(params["log_scale"]) * noise
-    same = at is params
-    scaled_at = scaled if same else jnp.exp(at["log_scale"]) * noise
-    logits = forward(rows, [params["loc"], scaled] + ([] if same else [at["loc"], scaled_at]))
-    a_mu, direction = logits[0], logits[1]
-    a_at, direction_at = (a_mu, direction) if same else (logits[2], logits[3])
-    stats = spec.new_stats(at, a_at, rows, indices)
-    t_loc, t_scale, drawn = drawn_terms(at, stats, direction_at, indices)
-    terms = [glm.logit_grad(a_mu + direction, indices)] + drawn
-    if with_expected:
-      terms.append(spec.expected(stats, indices))
-    projected = [-(n / b) * p for p in project(rows, terms)]
-    data, p_loc = projected[0], projected[1]
-    p_scale = None if t_scale is None else (p_loc if t_scale is t_loc else projected[2])
-    g_global, e_global = spec.global_terms(objective, at, noise)
-    g_tilde = {"loc": p_loc + g_global["loc"],
-               "log_scale": scale_part(at, p_scale, scaled_at) + g_global["log_scale"]}
-    e_tilde = None
-    if with_expected:
-      e_scale = jnp.zeros_like(at["log_scale"])
-      if spec.second_order:
-        uniform = jnp.full((b,), 1.0 / b, rows.dtype)
-        e_scale = -n * curvature_sum(rows, stats, indices, uniform) * jnp.exp(
-            2.0 * at["log_scale"])
-      e_tilde = {"loc": projected[-1] + e_global["loc"],
-                 "log_scale": e_scale + e_global["log_scale"]}
-      e_tilde = optax.tree.cast_like(e_tilde, params)
-    return (optax.tree.cast_like(naive(params, noise, data, scaled), params),
-            optax.tree.cast_like(g_tilde, params), e_tilde)
-
-  def at_statistics(objective, params, old, indices, noise, first, store):
-    del objective
-    glm.check(params)
-    rows, b = x[indices], indices.shape[0]
-    scaled = jnp.exp(params["log_scale"]) * noise
-    a_mu, direction = forward(rows, [params["loc"], scaled])
-    new = store(spec.new_stats(params, a_mu, rows, indices))
-    t_loc, t_scale, drawn = drawn_terms(params, old, direction, indices)
-    first = first.astype(rows.dtype)
-    change = first[:, None] * (spec.expected(new, indices) - spec.expected(old, indices))
-    terms = [glm.logit_grad(a_mu + direction, indices)] + drawn + [change]
-    projected = project(rows, terms)
-    data, p_loc = -(n / b) * projected[0], -(n / b) * projected[1]
-    p_scale = None if t_scale is None else (
-        p_loc if t_scale is t_loc else -(n / b) * projected[2])
-    d_old = {"loc": p_loc, "log_scale": scale_part(params, p_scale, scaled)}
-    change_scale = jnp.zeros_like(params["log_scale"])
-    if spec.second_order:
-      change_scale = -n * (curvature_sum(rows, new, indices, first)
-                           - curvature_sum(rows, old, indices, first))
-    change = {"loc": -n * projected[-1], "log_scale": change_scale}
-    return (optax.tree.cast_like(naive(params, noise, data, scaled), params),
-            optax.tree.cast_like(d_old, params), new, optax.tree.cast_like(change, params))
-
-  return FusedTerms(applies, at_params, at_statistics)
 
 
 def glm_mean_taylor(model: Model) -> Approximation:
@@ -357,6 +227,29 @@ class _LocTerms(NamedTuple):
   expected: Callable[..., Any]
 
 
+def _variance(params):
+  return jnp.exp(2.0 * params["log_scale"])
+
+
+def _second_order_spec(glm: _GlmParts, loc_terms: _LocTerms | None, logits_of,
+                       expected_loc, global_terms) -> _LogitSpec:
+  """:func:`_glm_second_order`'s approximation in logit space, for its fused kernel."""
+  def new_stats(params, logits, rows, indices):
+    if loc_terms is None:
+      return logits
+    return {"logit": logits, "extra": loc_terms.statistics(params, indices, rows)}
+
+  def drawn(params, stats, direction, indices):
+    logits = logits_of(stats)
+    g, hv = jax.jvp(lambda a: glm.logit_grad(a, indices), (logits,), (direction,))
+    taylor = g + hv
+    if loc_terms is None:
+      return taylor, taylor
+    return loc_terms.drawn(params, logits, stats["extra"], direction, indices), taylor
+
+  return _LogitSpec(new_stats, drawn, expected_loc, logits_of, True, global_terms)
+
+
 def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None,
                       alternative: str = "gaussian_taylor(model)") -> Approximation:
   """:func:`glm_taylor`, or with ``loc_terms``, the same scale and prior terms with
@@ -373,10 +266,7 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
 
   def statistics(params, indices):
     check(params)
-    logits = glm.statistics(params, indices)
-    if loc_terms is None:
-      return logits
-    return {"logit": logits, "extra": loc_terms.statistics(params, indices)}
+    return spec.new_stats(params, glm.statistics(params, indices), None, indices)
 
   def logits_of(stats):
     return stats if loc_terms is None else stats["logit"]
@@ -386,8 +276,6 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
     h = _logit_hessian_diag(glm.linear, logits_of(stats), indices)
     return glm.weighted_square_outer(indices, h, weights).reshape(-1)
 
-  def variance(params):
-    return jnp.exp(2.0 * params["log_scale"])
 
   def datum_terms(objective, params, stats, indices, noise, weights):
     check(params)
@@ -409,7 +297,7 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
       loc_mean = glm.weighted_outer(
           indices, loc_terms.expected(stats["logit"], stats["extra"], indices), weights)
     expected = {"loc": -n * loc_mean.reshape(-1),
-                "log_scale": -n * curvature(stats, indices, weights) * variance(params)}
+                "log_scale": -n * curvature(stats, indices, weights) * _variance(params)}
     d = {"loc": loc, "log_scale": scale}
     return (optax.tree.cast_like(d, params), optax.tree.cast_like(expected, params))
 
@@ -434,26 +322,12 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
     return project(params, g_new - g_old, h_new - h_old, indices, weights)
 
   def expected_of_mean(params, mean):
-    return {"loc": mean["loc"], "log_scale": mean["log_scale"] * variance(params)}
-
-  def new_stats(params, logits, rows, indices):
-    if loc_terms is None:
-      return logits
-    return {"logit": logits, "extra": loc_terms.statistics(params, indices, rows)}
-
-  def drawn(params, stats, direction, indices):
-    logits = logits_of(stats)
-    g, hv = jax.jvp(lambda a: glm.logit_grad(a, indices), (logits,), (direction,))
-    taylor = g + hv
-    if loc_terms is None:
-      return taylor, taylor
-    return loc_terms.drawn(params, logits, stats["extra"], direction, indices), taylor
-
-  def expected_loc(stats, indices):
-    return expected_terms(stats, indices)[0]
+    return {"loc": mean["loc"], "log_scale": mean["log_scale"] * _variance(params)}
 
   global_terms = _prior_terms(model)
-  spec = _LogitSpec(new_stats, drawn, expected_loc, logits_of, True, global_terms)
+  spec = _second_order_spec(glm, loc_terms, logits_of,
+                            lambda stats, indices: expected_terms(stats, indices)[0],
+                            global_terms)
   return with_statistics(statistics, datum_terms, datum_expected, global_terms,
                           who, x.dtype, expected_of_mean, expected_change,
                           fused=_fused_terms(model, glm, spec))
