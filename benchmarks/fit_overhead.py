@@ -143,7 +143,7 @@ def _epoch_batches(key, num_data, batch_size, steps):
   return jnp.concatenate(orders).reshape(-1, batch_size)[:steps]
 
 
-def run(models=tuple(MODELS), steps=3_000, batch_size=100, rounds=3, learning_rate=1e-3):
+def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_rate=1e-3):
   results = {}
   for name in models:
     model = MODELS[name](jax.random.key(0))
@@ -223,7 +223,7 @@ def format_table(results, config):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks fit-overhead",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--steps", type=int, default=3_000)
+  parser.add_argument("--steps", type=int, default=20_000)
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")

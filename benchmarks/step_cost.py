@@ -153,7 +153,9 @@ def _estimators(objective, model, every, include_slow):
       IN_FIT: lambda: _timing.DeferredChecks(dsgrad.joint_saga(objective, glm, **paper)),
       "joint_saga (no checks)": lambda: dsgrad.joint_saga(
           objective, value_checks=False, **paper),
-      "dense-table traffic only (floor)": lambda: _table_traffic_floor(objective.num_data),
+      # Not an estimator (it computes no gradient): the gradient is passed to it.
+      "dense-table traffic only (floor)": lambda: _timing.TwoCalls(
+          _table_traffic_floor(objective.num_data)),
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=every, **paper),
       "joint_svrg (App. F)": lambda: dsgrad.joint_svrg(objective, taylor, every=every, **paper),
       "cv (2nd order)": lambda: dsgrad.cv(objective, taylor2, **paper),

@@ -128,16 +128,20 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
 
+    # Step t's noise key is fold_in(noise_key, t) (so a resumed run draws the same
+    # noise), derived for the whole segment in one vectorized call rather than one
+    # serial hash per step.
+    keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
+
     def step(carry, xs):
-      idx, t, rows_t = xs
+      idx, t, key_t, rows_t = xs
       # The estimators' value checks travel out with the results instead of a host
       # round trip per step (a GPU synchronization each); SegmentRunner raises them.
       with data_lib.batch_rows(objective.data or {}, idx, rows_t), checks.deferred(t):
-        return train_step(objective, optimizer, *carry, idx,
-                          jax.random.fold_in(noise_key, t), mesh=mesh), None
+        return train_step(objective, optimizer, *carry, idx, key_t, mesh=mesh), None
 
     with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
-      return jax.lax.scan(step, carry, (indices, steps, rows))[0]
+      return jax.lax.scan(step, carry, (indices, steps, keys, rows))[0]
 
   out_shardings = (None if carry_shardings is None
                    else (parallel.replicated(mesh), carry_shardings))
