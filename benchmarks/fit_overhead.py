@@ -13,8 +13,8 @@ Mean-field Gaussian BBVI, batch 100, one noise draw per batch, Adam 1e-3, the sa
 number of steps for every contender. Contenders:
 
 * **hand-written loop**: a jitted ``lax.scan`` over the steps of plain JAX and optax
-  (value-and-grad of the negative ELBO, Adam), with the batches (reshuffled epochs)
-  precomputed as an index array;
+  (value-and-grad of the negative ELBO, Adam), with fit's batches (reshuffled epochs,
+  :func:`dsgrad.batching.epoch_batches`) precomputed as an index array;
 * **fit naive**: ``dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-3)),
   ...)`` with one segment and no ELBO evaluation; its time is the call's wall-clock minus
   its compile time (so argument checks, state set-up and the checks' round trip count);
@@ -145,11 +145,14 @@ def _epoch_batches(key, num_data, batch_size, steps):
 
 def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_rate=1e-3):
   results = {}
+  fit_key = jax.random.key(3)
   for name in models:
     model = MODELS[name](jax.random.key(0))
     objective = dsgrad.meanfield_gaussian(model)
     params0 = dsgrad.meanfield_init(model, 0.0, -2.0)
-    batches = _epoch_batches(jax.random.key(1), model.num_data, batch_size, steps)
+    # fit's own batches: it draws them from split(key)[0] of the key it is given.
+    batches = dsgrad.batching.epoch_batches(jax.random.split(fit_key)[0], model.num_data,
+                                            batch_size, steps)
     keys = jax.random.split(jax.random.key(2), steps)
     hand = {}
     for label, with_cv in (("hand-written loop", False), ("hand-written cv (c = 1)", True)):
@@ -173,7 +176,7 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
           times[label].append(time.perf_counter() - t0)
       for label, optimizer in made.items():
         t0 = time.perf_counter()
-        result = dsgrad.fit(objective, optimizer, params0, jax.random.key(3),
+        result = dsgrad.fit(objective, optimizer, params0, fit_key,
                             num_steps=steps, batch_size=batch_size, eval_every=steps,
                             elbo_samples=0, progress=False)
         jax.block_until_ready(result.params)

@@ -276,7 +276,6 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
     h = _logit_hessian_diag(glm.linear, logits_of(stats), indices)
     return glm.weighted_square_outer(indices, h, weights).reshape(-1)
 
-
   def datum_terms(objective, params, stats, indices, noise, weights):
     check(params)
     g, hv, scaled, direction = glm.logit_terms(objective, params, logits_of(stats), indices,

@@ -25,7 +25,7 @@ from dsgrad.models.base import Model
 
 
 class LogitSpec(NamedTuple):
-  """A GLM approximation in logit space, for its fused kernel (:func:`_fused_terms`).
+  """A GLM approximation in logit space, for its fused kernel (:func:`fused_terms`).
 
   Attributes:
     new_stats: ``(params, logits (B, K), rows (B, D), indices) -> stats`` at ``params``.
@@ -61,10 +61,10 @@ def _project(rows, terms, k: int):
   return [out[i * k:(i + 1) * k].T.reshape(-1) for i in range(len(terms))]
 
 
-def _curvature_sum(glm, spec, rows, stats, indices, weights):
-  """``sum_b weights_b x_b^2 diag ell''(a_b)``, flattened (the scale's expectation)."""
-  h = _logit_hessian_diag(glm.linear, spec.logits_of(stats), indices)
-  return ((h * weights[:, None]).T @ rows ** 2).T.reshape(-1)
+def _curvature(glm, spec, stats, indices):
+  """``diag ell''(a_b)`` at the statistics' logits, ``(B, K)``: projected on ``x_b^2``, the
+  scale's expectation."""
+  return _logit_hessian_diag(glm.linear, spec.logits_of(stats), indices)
 
 
 def _naive_gradient(model: Model, params, projected_data, scaled):
@@ -74,8 +74,9 @@ def _naive_gradient(model: Model, params, projected_data, scaled):
 
 
 def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
-  """The fused kernel of a GLM approximation (``glm``: its shared parts, ``_GlmParts``) for the mean-field Gaussian objective of the
-  same model with one noise draw per batch (:class:`dsgrad.approx.FusedTerms`).
+  """The fused kernel of a GLM approximation for the mean-field Gaussian objective of the
+  same model with one noise draw per batch (:class:`dsgrad.approx.FusedTerms`); ``glm``
+  holds the approximation's shared parts (``dsgrad.approx.glm._GlmParts``).
 
   With ``Z = loc + s * eps`` (``s = exp(log_scale)``), the naive gradient is
   ``G = -(N/B) sum_b x_b ell'(a_b(Z)) - grad log p(Z)`` for ``loc`` and ``G * s * eps - 1``
@@ -126,8 +127,9 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
       e_scale = jnp.zeros_like(at["log_scale"])
       if spec.second_order:
         uniform = jnp.full((b,), 1.0 / b, rows.dtype)
-        e_scale = -n * _curvature_sum(glm, spec, rows, stats, indices, uniform) * jnp.exp(
-            2.0 * at["log_scale"])
+        curvature = glm.weighted_square_outer(indices, _curvature(glm, spec, stats, indices),
+                                              uniform).reshape(-1)
+        e_scale = -n * curvature * jnp.exp(2.0 * at["log_scale"])
       e_tilde = {"loc": projected[-1] + e_global["loc"],
                  "log_scale": e_scale + e_global["log_scale"]}
       e_tilde = optax.tree.cast_like(e_tilde, params)
@@ -152,8 +154,9 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
     d_old = {"loc": p_loc, "log_scale": scale_part(params, p_scale, scaled)}
     change_scale = jnp.zeros_like(params["log_scale"])
     if spec.second_order:
-      change_scale = -n * (_curvature_sum(glm, spec, rows, new, indices, first)
-                           - _curvature_sum(glm, spec, rows, old, indices, first))
+      difference = (_curvature(glm, spec, new, indices)
+                    - _curvature(glm, spec, old, indices))
+      change_scale = -n * glm.weighted_square_outer(indices, difference, first).reshape(-1)
     change = {"loc": -n * projected[-1], "log_scale": change_scale}
     return (optax.tree.cast_like(_naive_gradient(model, params, data, scaled), params),
             optax.tree.cast_like(d_old, params), new, optax.tree.cast_like(change, params))

@@ -53,6 +53,12 @@ def _members(state):
   return []
 
 
+def _is_chain(state) -> bool:
+  """An ``optax.chain``'s state: a plain tuple of its members' states (a NamedTuple is one
+  transformation's state)."""
+  return isinstance(state, tuple) and not hasattr(state, "_fields")
+
+
 def _holds_estimator(state, kinds) -> bool:
   if isinstance(state, kinds):
     return True
@@ -77,7 +83,7 @@ def check_chain_order(opt_state, where: str) -> None:
   def walk(state):
     if isinstance(state, kinds):
       return
-    is_chain = isinstance(state, tuple) and not hasattr(state, "_fields")
+    is_chain = _is_chain(state)
     members = _members(state)
     for position, member in enumerate(members):
       if not _holds_estimator(member, kinds):
@@ -109,8 +115,6 @@ def computes_own_gradient(opt_state) -> bool:
   while True:
     if isinstance(state, kinds):
       return True
-    is_chain = isinstance(state, tuple) and not hasattr(state, "_fields")
-    if not is_chain or not state:
+    if not _is_chain(state) or not state:
       return False
     state = state[0]
-

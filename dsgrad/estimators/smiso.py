@@ -121,10 +121,9 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
             _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
             "objective at params: a transform before it changed the gradient (or "
             "indices/noise are not those the gradient was computed with)."))
-      else:  # the fused step: the gradient computed here is checked as an incoming one
-        pending += checks.finite_checks(
-            mean_grad, "the mini-batch gradient computed by dsgrad.smiso")
       checks.value_checks(pending)
+      if updates is None:  # the fused step: the gradient computed here, as an incoming one
+        _common.check_own_gradient("smiso", mean_grad, value_checks)
     old = tables.gather_rows(state.table, indices, params)
     new = jax.tree.map(lambda o, p, g: (1 - alpha) * o + alpha * (p[None] - step_size * g),
                        old, params, grads)
