@@ -19,6 +19,7 @@ from dsgrad import families
 from dsgrad import mcmc
 from dsgrad import mcvae
 from dsgrad import models
+from dsgrad import noise
 from dsgrad import parallel
 from dsgrad import psis
 from dsgrad import segments
@@ -30,6 +31,7 @@ from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_byte
 from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
                                SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)
+from dsgrad.noise import multi_sample
 from dsgrad.objective import Objective, gaussian_noise, per_datum
 from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
 from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
@@ -40,7 +42,7 @@ from dsgrad.train import FitResult, fit
 __version__ = "0.1.0"
 
 __all__ = [
-    "Objective", "gaussian_noise", "per_datum",
+    "Objective", "gaussian_noise", "per_datum", "multi_sample", "noise",
     "Approximation", "approx",
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",

@@ -39,13 +39,18 @@ def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
           "log_scale": jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (d,))}
 
 
-def meanfield_gaussian(model: Model, *, shared_noise: bool = True) -> Objective:
+def meanfield_gaussian(model: Model, *, shared_noise: bool = True,
+                       path_derivative: bool = False) -> Objective:
   """The mean-field Gaussian BBVI objective of a model (Eq. 3).
 
   Args:
     model: the model (log prior and per-datum log likelihood).
     shared_noise: if true (the default, as in the authors' code), one draw
       ``eps ~ N(0, I_d)`` serves the whole mini-batch; otherwise each datum has its own.
+    path_derivative: "sticking the landing" (Roeder et al., 2017): the gradient drops the
+      score term of ``log q``; unbiased, exact at a posterior inside the family, but it
+      can raise the variance where ``q`` is far from the posterior, so it is off by
+      default (:func:`dsgrad.families.bbvi_objective`).
 
   Returns:
     An :class:`dsgrad.Objective` with params ``{"loc", "log_scale"}``; its mean over data
@@ -64,4 +69,5 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True) -> Objective:
   """
   return bbvi_objective(model, MeanFieldGaussian.transform, MeanFieldGaussian.entropy_at,
                         shared_noise=shared_noise, name="meanfield_gaussian",
-                        source=("meanfield_gaussian", model))
+                        source=("meanfield_gaussian", model),
+                        path_derivative=path_derivative, log_prob=MeanFieldGaussian.log_prob_at)

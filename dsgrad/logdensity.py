@@ -105,7 +105,8 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,
                               family: str = "meanfield", shared_noise: bool = True,
-                              name: str = "logdensity") -> Objective:
+                              name: str = "logdensity",
+                              path_derivative: bool = False) -> Objective:
   """The BBVI objective (Eq. 3) of :func:`model_from_logdensity`'s model.
 
   Args:
@@ -117,10 +118,13 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
       (params ``{"loc", "log_diag", "off_diag"}``); see :mod:`dsgrad.families`.
     shared_noise: one noise draw for the whole batch (default) or one per datum.
     name: label for messages and tables.
+    path_derivative: the "sticking the landing" gradient
+      (:func:`dsgrad.families.bbvi_objective`); off by default.
 
   Returns:
     An :class:`dsgrad.Objective`; initial params from
     ``dsgrad.families.by_name(family, d).params()``.
   """
   model = model_from_logdensity(log_prior, log_lik, data, latent, name=name)
-  return families.by_name(family, model.latent_dim).objective(model, shared_noise=shared_noise)
+  return families.by_name(family, model.latent_dim).objective(
+      model, shared_noise=shared_noise, path_derivative=path_derivative)

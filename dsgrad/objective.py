@@ -402,4 +402,6 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
     full = shape if shared else (batch_size,) + shape
     return scale * jax.random.normal(key, full, dtype)
 
+  # What the randomized QMC sampler (dsgrad.multi_sample) needs to know to replace it.
+  noise_fn.gaussian = (shape, dtype, scale, shared)
   return noise_fn

@@ -330,7 +330,8 @@ class NumpyroObjective(Objective):
 
 
 def objective(model, *model_args, family: str = "meanfield", shared_noise: bool = True,
-              data_plate: str | None = None, **model_kwargs) -> NumpyroObjective:
+              data_plate: str | None = None, path_derivative: bool = False,
+              **model_kwargs) -> NumpyroObjective:
   """The BBVI objective (Eq. 3) of a NumPyro model, over a Gaussian family in
   unconstrained space.
 
@@ -341,6 +342,8 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
     family: ``"meanfield"`` or ``"fullrank"`` (:mod:`dsgrad.families`).
     shared_noise: one noise draw for the whole batch (default) or one per datum.
     data_plate: the plate that indexes the data (found automatically by default).
+    path_derivative: the "sticking the landing" gradient
+      (:func:`dsgrad.families.bbvi_objective`); off by default.
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -352,7 +355,7 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
   """
   found = to_model(model, *model_args, data_plate=data_plate, **model_kwargs)
   base = families.by_name(family, found.model.latent_dim).objective(
-      found.model, shared_noise=shared_noise)
+      found.model, shared_noise=shared_noise, path_derivative=path_derivative)
   return NumpyroObjective(base.loss_fn, base.noise_fn, base.num_data,
                           shared_noise=base.shared_noise, data=base.data,
                           log_q_offset=base.log_q_offset,

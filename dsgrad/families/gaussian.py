@@ -37,7 +37,8 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
                    shared_noise: bool = True, name: str = "bbvi",
-                   source: tuple | None = None) -> Objective:
+                   source: tuple | None = None, path_derivative: bool = False,
+                   log_prob: Callable | None = None) -> Objective:
   """The BBVI objective ``f(w; n, eps) = -N log p(x_n | z) - log p(z) - H(w)``, ``z = T_w(eps)``.
 
   Args:
@@ -49,6 +50,14 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     name: label.
     source: what the objective is, for fused kernels (:attr:`dsgrad.Objective.source`);
       only the family's own constructors set it.
+    path_derivative: "sticking the landing": replace ``-H(w)`` by ``log q_v(z)`` at
+      ``v = stop_gradient(w)``, so the gradient keeps only the path through
+      ``z = T_w(eps)`` and drops the score term ``grad_w log q_w(z)`` (mean zero). The
+      gradient stays unbiased, and it vanishes draw by draw (with the full data) where
+      ``q`` equals the posterior; far from it the variance can be *larger* than with the
+      closed-form entropy (Dhaka et al., 2020), hence off by default. The loss values
+      then estimate the same negative ELBO with the draw's ``log q`` in place of ``-H``.
+    log_prob: ``(params, z (d,)) -> log q_w(z)``, needed with ``path_derivative``.
 
   ``transform`` must be affine in ``eps`` (a location-scale family), which makes
   ``log q(z) + H(q) = d/2 - |eps|^2/2`` the objective's ``log_q_offset`` (PSIS).
@@ -60,8 +69,22 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
 
   References:
     Wang, Geffner, Domke (2024), Eq. 3.
+    Roeder, Wu, Duvenaud (2017). Sticking the landing: simple, lower-variance gradient
+    estimators for variational inference. NeurIPS (Eq. 8, ``path_derivative``).
+    Dhaka et al. (2020). Robust, accurate stochastic optimization for variational
+    inference. NeurIPS (when the path derivative raises the variance).
   """
   n, d = model.num_data, model.latent_dim
+  if path_derivative and log_prob is None:
+    raise ValueError("path_derivative=True needs the family's log_prob(params, z)")
+
+  def minus_entropy(params, z):
+    if not path_derivative:
+      return -entropy(params)
+    frozen = jax.lax.stop_gradient(params)
+    if shared_noise:
+      return log_prob(frozen, z)
+    return jax.vmap(lambda zb: log_prob(frozen, zb))(z)
 
   def loss_fn(params, indices, noise):
     if shared_noise:
@@ -72,17 +95,21 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
       z = jax.vmap(lambda e: transform(params, e))(noise)
       log_lik = jax.vmap(lambda zb, i: model.log_likelihood(zb, i[None])[0])(z, indices)
       log_prior = jax.vmap(model.log_prior)(z)
-    return -n * log_lik - log_prior - entropy(params)
+    return -n * log_lik - log_prior + minus_entropy(params, z)
 
   def log_q_offset(params, noise):
     # For z = T_w(eps) affine in standard normal eps, log q(z) = log N(eps; 0, I) - log|det T'|
     # and H(q) = d/2 (1 + log 2 pi) + log|det T'|: their sum is d/2 - |eps|^2 / 2.
+    # With the path derivative the draw already holds -log q(z): nothing to add back.
     del params
-    return 0.5 * d - 0.5 * jnp.sum(jnp.square(noise))
+    return 0.0 * jnp.sum(noise) if path_derivative else 0.5 * d - 0.5 * jnp.sum(
+        jnp.square(noise))
 
+  label = f"{name}({model.name})" + ("[path derivative]" if path_derivative else "")
+  # A fused kernel computes the closed-form-entropy gradient: not this objective's.
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
-                   shared_noise=shared_noise, name=f"{name}({model.name})", data=model.data,
-                   log_q_offset=log_q_offset, source=source)
+                   shared_noise=shared_noise, name=label, data=model.data,
+                   log_q_offset=log_q_offset, source=None if path_derivative else source)
 
 
 class _Family(nnx.Module):
@@ -116,14 +143,19 @@ class _Family(nnx.Module):
     """``H(q_w)`` in closed form."""
     return self.entropy_at(self.params())
 
-  def objective(self, model: Model, *, shared_noise: bool = True) -> Objective:
-    """The BBVI objective of ``model`` over this family's :meth:`params` (Eq. 3)."""
+  def objective(self, model: Model, *, shared_noise: bool = True,
+                path_derivative: bool = False) -> Objective:
+    """The BBVI objective of ``model`` over this family's :meth:`params` (Eq. 3).
+
+    ``path_derivative=True`` selects the "sticking the landing" gradient
+    (:func:`bbvi_objective`)."""
     if model.latent_dim != self.dim:
       raise ValueError(f"{type(self).__name__} has dim={self.dim} but {model.name!r} "
                        f"has latent_dim={model.latent_dim}")
     source = ("meanfield_gaussian", model) if isinstance(self, MeanFieldGaussian) else None
     return bbvi_objective(model, self.transform, self.entropy_at, shared_noise=shared_noise,
-                          name=type(self).__name__, source=source)
+                          name=type(self).__name__, source=source,
+                          path_derivative=path_derivative, log_prob=self.log_prob_at)
 
 
 def _initial_vector(value, dim: int, name: str) -> jax.Array:
