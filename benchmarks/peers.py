@@ -674,9 +674,13 @@ def advise(task: Task, chosen: dict):
             else dsgrad.approx.glm_taylor(_model(task)))
   params = (task.spec.vae.init_params() if _is_vae(task) else _initial(_dim(task)))
   setting = chosen.get("dsgrad naive" + SCHEDULED, chosen.get("dsgrad naive"))
-  advice = dsgrad.recommend(objective, params, jax.random.key(777),
-                            batch_size=task.batch_size, approx=approx,
-                            update_rule=adam(setting, task.steps))
+  # The budget is the task's: naive's steps, each contender's schedule stretched over
+  # the steps it affords in that time; the four estimators the table has rows for.
+  advice = dsgrad.recommend(objective, lambda steps: adam(setting, steps), params,
+                            jax.random.key(777), batch_size=task.batch_size, approx=approx,
+                            budget=task.steps, budget_in="naive_steps",
+                            candidates=("naive", "cv", "joint_svrg", "joint_saga"),
+                            progress=False)
   rows = [k for k in chosen if k.startswith("dsgrad")]
   stem = {"naive": "dsgrad naive", "cv": "dsgrad cv", "joint_svrg": "dsgrad joint SVRG",
           "joint_saga": "dsgrad joint SAGA"}[advice.best]

@@ -1,298 +1,396 @@
-"""Which estimator for this model? Measured on the user's own objective, in seconds.
+"""Which way to train this model? Decided by racing the candidates on the user's budget.
 
-What decides the choice is not the memory footprint alone but expected progress per
-second: an estimator whose gradients have variance ``V`` and cost ``t`` seconds per step
-makes, at a step size tuned for it, progress that scales with ``1 / (V t)`` in the
-variance-dominated regime of SGD (halving the variance is worth as much as halving the
-step's cost). :func:`recommend` runs about one epoch of naive steps from the user's
-parameters (past the first transient, where nothing is representative) and half an epoch
-more, in :func:`dsgrad.fit`'s compiled segments, and measures there
-
-* the variance decomposition (``V_n`` from subsampling, ``V_eps`` from Monte Carlo noise,
-  :func:`dsgrad.variance_decomposition`), which says which control variate can help;
-* each candidate's gradient variance with a *fresh* state and with a *half-epoch-old*
-  state (built at the parameters half an epoch earlier: the average age of a joint SAGA
-  row, or of an SVRG snapshot refreshed every epoch), since in training a table or
-  snapshot is always somewhat stale. The variance is taken at the control-variate weight
-  that the default ``control_weight="adaptive"`` settles on (per parameter leaf, fitted
-  to the same draws), which is what training with the default gets; the paper's ``c = 1``
-  is reported beside it;
-* each candidate's time per step (the user's update rule after it, steps in one
-  compiled ``lax.scan``) and its state's memory;
-
-and ranks the candidates by ``V_stale x seconds per step`` (lower is better), with the
-reasons in plain words. Naive wins when no control variate pays for its cost; the advice
-then is to stay with naive and a decaying step size.
+A proxy such as "gradient variance times seconds per step" misjudges a budgeted run: once
+the variance is small, progress is limited by the number and size of steps, and a
+schedule that decays the step size removes much of the noise by itself. So
+:func:`recommend` measures what the user will get instead. Each candidate -- an
+estimator, a noise control, or an equal-cost use of naive's time -- is the user's own
+optimizer with its schedule stretched over the steps that candidate affords in the
+budget. Their steps are timed in interleaved rounds; then the first part of each
+candidate's run is raced by successive halving (naive always races, as the reference),
+and the ELBOs are compared with common random numbers at equal wall-clock. The advice is
+naive, said plainly, unless a candidate beats naive by more than twice the standard
+error of the difference; :meth:`Recommendation.fit` continues the winner's raced run
+where it stopped.
 
 Example::
 
-    >>> import jax, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> import jax, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
     >>> model = dsgrad.models.logistic_regression(x, y)
     >>> objective = dsgrad.meanfield_gaussian(model)
-    >>> advice = dsgrad.recommend(objective, dsgrad.meanfield_init(model), jax.random.key(1),
-    ...                           batch_size=10, candidates=("naive", "cv"), num_draws=16,
-    ...                           timing_steps=5)
+    >>> schedule = lambda steps: optax.adam(optax.cosine_decay_schedule(3e-2, steps))
+    >>> advice = dsgrad.recommend(objective, schedule, dsgrad.meanfield_init(model),
+    ...                           jax.random.key(1), batch_size=10, budget=2000,
+    ...                           budget_in="naive_steps", candidates=("naive", "cv"),
+    ...                           share=0.2, progress=False)
     >>> advice.best in {"naive", "cv"}, len(advice.ranking)
     (True, 2)
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad import diagnostics
 from dsgrad import estimators
-from dsgrad import segments
+from dsgrad import noise as noise_lib
+from dsgrad import race as race_lib
 from dsgrad.objective import Objective
 
-CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga")
+CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga", "path_derivative", "rqmc",
+              "naive_samples", "naive_batch")
+"""What :func:`recommend` can race: naive; the control variates ``cv``, ``joint_svrg``
+and ``joint_saga``; naive with the path-derivative ("sticking the landing") gradient
+(mean-field Gaussian objectives); naive with ``K`` randomized QMC samples per datum
+(Gaussian noise); and the equal-cost baselines: naive with ``K`` independent samples per
+datum, and naive with a ``K``-times larger batch, ``K`` the control variates' cost in naive
+steps."""
 
-DECOMPOSITION_DATA = 2048
-"""The most data whose per-datum gradients enter the ``V_n`` estimate (a uniform sample
-without replacement beyond it), and the scale of the full passes for ``V_eps``: a model
-with many latent variables and many data would otherwise spend minutes on dense
-per-datum gradients that only set the words of the advice."""
+_EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
 
 class Candidate(NamedTuple):
-  """One estimator's measurements.
+  """What :func:`recommend` measured for one candidate.
 
   Attributes:
-    name: ``"naive"``, ``"cv"``, ``"joint_svrg"`` or ``"joint_saga"``.
-    variance_fresh: trace of the gradient covariance with a state made at ``params``, at
-      the control-variate weight the default adaptive rule settles on (per parameter
-      leaf, ``c* = -tr Cov(g, control) / tr V[control]`` clipped to ``[0, 1]``, from the
-      same draws).
-    variance_stale: the same with a state made half an epoch earlier (equal to the fresh
-      one for stateless estimators).
-    variance_unweighted: ``(fresh, stale)`` at the paper's weight ``c = 1``.
-    seconds_per_step: time of one step with Adam, in a compiled ``lax.scan``.
-    state_bytes: memory of the estimator's state.
-    score: ``variance_stale * seconds_per_step``, relative to naive's (lower is better;
-      ``inf`` when the candidate cannot run, e.g. its table does not fit).
-    note: why it cannot run, when it cannot.
+    name: a name from :data:`CANDIDATES`.
+    description: what it is, in words (e.g. ``"naive, 3 MC samples per datum"``).
+    seconds_per_step: median of interleaved timing rounds.
+    budget_steps: the steps it affords in the budget (its schedule's length).
+    state_bytes: its estimator and optimizer state's memory.
+    raced_fraction: the fraction of its run (and of the budget) it was raced to.
+    elbo: its ELBO at that point, and ``elbo_se`` its standard error.
+    gain: ``elbo`` minus naive's at the same wall-clock (common random numbers), and
+      ``gain_se`` its standard error.
+    time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
+      relative to naive's (below 1: faster; ``inf``: not reached in the race).
+    note: why it did not race, when it did not.
+    rounds: the rounds of successive halving it raced.
   """
 
   name: str
-  variance_fresh: float
-  variance_stale: float
-  seconds_per_step: float
-  state_bytes: int
-  score: float
+  description: str
+  seconds_per_step: float = math.nan
+  budget_steps: int = 0
+  state_bytes: int = 0
+  raced_fraction: float = 0.0
+  elbo: float = math.nan
+  elbo_se: float = math.nan
+  gain: float = math.nan
+  gain_se: float = math.nan
+  time_ratio: float = math.nan
   note: str = ""
-  variance_unweighted: tuple = (np.nan, np.nan)
+  rounds: int = 0
 
 
 class Recommendation(NamedTuple):
-  """What :func:`recommend` returns.
+  """What :func:`recommend` returns; ``str()`` reads as advice.
 
   Attributes:
-    best: the name of the top-ranked estimator.
-    ranking: the :class:`Candidate` s, best first.
-    reasons: the reasons, in plain words, one per line.
-    decomposition: :func:`dsgrad.variance_decomposition` where the variances were
-      measured.
+    best: the recommended candidate's name.
+    ranking: the :class:`Candidate` s, the recommended first.
+    reasons: the measurements, in plain words, one per line.
+    budget_seconds: the budget in seconds.
+    seconds_spent: the wall-clock time :func:`recommend` took.
+    runs: ``{name: race lane}``: each raced candidate's run so far (objective, optimizer,
+      params, state, steps); :meth:`fit` continues the best one.
+    key: the runs' key.
   """
 
   best: str
   ranking: tuple
   reasons: tuple
-  decomposition: dict
+  budget_seconds: float
+  seconds_spent: float
+  runs: dict
+  key: Any
 
   def __str__(self) -> str:
-    lines = [f"recommended: {self.best}"] + [f"  {r}" for r in self.reasons]
-    return "\n".join(lines)
+    return "\n".join([f"recommended: {self.best}"] + [f"  {r}" for r in self.reasons])
+
+  def fit(self, name: str | None = None, **fit_kwargs):
+    """Continues the recommended candidate's raced run to the end of its schedule with
+    :func:`dsgrad.fit` (same key, so the steps are those a run from the start would take).
+
+    Args:
+      name: another raced candidate to continue instead of the best.
+      **fit_kwargs: passed to :func:`dsgrad.fit` (``eval_every``, ``progress``, ...).
+
+    Returns:
+      :func:`dsgrad.fit`'s :class:`~dsgrad.FitResult`.
+    """
+    from dsgrad.train import fit
+    lane = self.runs[name or self.best]
+    return fit(lane.contender.objective, lane.optimizer, race_lib.copy_tree(lane.params),
+               self.key, num_steps=lane.total_steps, batch_size=lane.contender.batch_size,
+               opt_state=race_lib.copy_tree(lane.opt_state), start_step=lane.steps,
+               **fit_kwargs)
 
 
-def _make(name: str, objective: Objective, approx, every: int, max_table_bytes):
-  if name == "naive":
-    return estimators.naive(value_checks=False)
-  off = dict(value_checks=False)
-  if name == "cv":
-    return estimators.cv(objective, approx, **off)
-  if name == "joint_svrg":
-    return estimators.joint_svrg(objective, approx, every=every, **off)
-  return estimators.joint_saga(objective, approx, max_table_bytes=max_table_bytes,
-                               **off)
+def _optimizer_factory(optimizer):
+  if isinstance(optimizer, optax.GradientTransformation):
+    return lambda steps: optimizer
+  if callable(optimizer):
+    return optimizer
+  raise TypeError("optimizer must be an optax transformation or a function "
+                  f"num_steps -> optax transformation, got {type(optimizer).__name__}")
 
 
-def _weighted_variance(naive_draws, draws, leaf_sizes) -> float:
-  """``tr V[g + c* control]`` with ``control = draws - naive_draws`` (paired draws made at
-  weight 1) and, per leaf, the variance-minimizing ``c*`` clipped to ``[0, 1]``: what
-  ``control_weight="adaptive"`` converges to."""
-  g = np.asarray(naive_draws, np.float64)
-  control = np.asarray(draws, np.float64) - g
-  out, start = g.copy(), 0
-  for size in leaf_sizes:
-    leaf = slice(start, start + size)
-    start += size
-    gc = g[:, leaf] - g[:, leaf].mean(0)
-    cc = control[:, leaf] - control[:, leaf].mean(0)
-    v = float(np.sum(cc * cc))
-    weight = 0.0 if v == 0 else float(np.clip(-np.sum(gc * cc) / v, 0.0, 1.0))
-    out[:, leaf] += weight * control[:, leaf]
-  return diagnostics.total_variance(out)[0]
-
-
-def _copy(tree):
-  """A strongly typed copy: the segments donate their carry."""
-  return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.asarray(x).dtype), tree)
-
-
-def _seconds_per_step(objective, estimator, rule, params, key, batch_size, steps) -> float:
-  """Median over three timed runs of ``steps`` steps, in :func:`dsgrad.fit`'s compiled
-  segments (a first run compiles and is not counted)."""
-  optimizer = optax.with_extra_args_support(optax.chain(estimator, rule))
-  runner = segments.SegmentRunner(objective, optimizer, batch_size, key)
-  state = optimizer.init(params)
-  times = []
-  for round_ in range(4):
-    before = runner.step_seconds
-    runner.run(_copy(params), _copy(state), 0, steps)
-    if round_:
-      times.append(runner.step_seconds - before)
-  return float(np.median(times)) / steps
-
-
-def _half_an_epoch_apart(objective, params, key, batch_size, rule):
-  """``(earlier, now)``: the parameters after about one epoch of naive steps of ``rule``
-  from ``params`` (past the first transient; two half epochs), and half an epoch later:
-  a state made at ``earlier`` is as old at ``now`` as a joint SAGA row or an SVRG
-  snapshot refreshed every epoch is on average."""
-  half = max(1, objective.num_data // batch_size // 2)
-  optimizer = optax.with_extra_args_support(rule)
-  runner = segments.SegmentRunner(objective, optimizer, batch_size, key)
-  params = _copy(params)
-  carry = (params, optimizer.init(params))
-  for start in (0, half):
-    carry = runner.run(*carry, start, half)
-  earlier = _copy(carry[0])
-  return earlier, runner.run(*carry, 2 * half, half)[0]
-
-
-def _reasons(ranking, decomposition, naive) -> list:
-  v_n, v_eps = decomposition["V_n"], decomposition["V_eps"]
-  share = v_n / max(v_n + v_eps, 1e-300)
-  lines = [f"subsampling variance V_n {v_n:.3g}, Monte Carlo noise variance V_eps "
-           f"{v_eps:.3g} ({100 * share:.0f}% / {100 * (1 - share):.0f}% of their sum): cv "
-           "can remove only the noise part, the joint estimators both."]
-  for c in ranking:
-    if c.note:
-      lines.append(f"{c.name}: not an option here ({c.note}).")
+def _base_contenders(names, objective, approx, batch_size, max_table_bytes):
+  """``[(Contender | None, description, note)]`` for the candidates that need no cost
+  ratio."""
+  n, out = objective.num_data, []
+  for name in names:
+    if name in _EQUAL_COST:
       continue
-    cost = c.seconds_per_step / naive.seconds_per_step
-    variance = (f"variance {c.variance_stale / naive.variance_stale:.3g}x naive's with a "
-                f"half-epoch-old state, {c.variance_fresh / naive.variance_fresh:.3g}x fresh")
-    if c.name != "naive":
-      variance += (f", at the adaptive weight (at the paper's c = 1: "
-                   f"{c.variance_unweighted[1] / naive.variance_stale:.3g}x stale)")
-    lines.append(f"{c.name}: {variance}; step {cost:.2f}x naive's, state "
-                 f"{c.state_bytes / 2**20:.3g} MiB: {1 / c.score:.2f}x naive's progress per "
-                 "second.")
-  if ranking[0].name == "naive":
-    lines.append("no control variate pays for its cost here: stay with naive and a decaying "
-                 "step size (e.g. optax.cosine_decay_schedule), tuned.")
+    try:
+      if name == "naive":
+        out.append((name, race_lib.Contender(name, objective, estimators.naive(), batch_size),
+                    "naive", ""))
+      elif name == "path_derivative":
+        source = objective.source or ()
+        if source[:1] != ("meanfield_gaussian",):
+          out.append((name, None, "naive, path derivative", "only for objectives made by "
+                      "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
+          continue
+        from dsgrad.bbvi import meanfield_gaussian
+        variant = meanfield_gaussian(source[1], shared_noise=objective.shared_noise,
+                                     path_derivative=True)
+        out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),
+                    "naive, path derivative (sticking the landing)", ""))
+      else:
+        factory = getattr(estimators, name)
+        extra = ({"every": max(1, n // batch_size)} if name == "joint_svrg" else
+                 {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
+        out.append((name, race_lib.Contender(name, objective, factory(objective, approx, **extra),
+                                       batch_size), name, ""))
+    except MemoryError as error:
+      out.append((name, None, name, str(error).split(". ")[0]))
+  return out
+
+
+def _equal_cost_contenders(names, objective, batch_size, ratio):
+  k = max(2, int(round(ratio)))
+  out = []
+  for name in names:
+    if name == "naive_samples":
+      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k),
+                                     estimators.naive(), batch_size),
+                  f"naive, {k} MC samples per datum", ""))
+    elif name == "rqmc":
+      if getattr(objective.noise_fn, "gaussian", None) is None:
+        out.append((name, None, f"naive, {k} RQMC samples", "the noise is not dsgrad.gaussian_noise"))
+        continue
+      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k, sampler="rqmc"),
+                                     estimators.naive(), batch_size),
+                  f"naive, {k} randomized QMC samples per datum", ""))
+    elif name == "naive_batch":
+      big = min(objective.num_data, k * batch_size)
+      out.append((name, race_lib.Contender(name, objective, estimators.naive(), big),
+                  f"naive, batch {big}", ""))
+  return out
+
+
+def _lanes(contenders, make_optimizer, params, key, memory_limit, provisional_steps):
+  """Lanes for the contenders whose state fits; ``(lanes, ruled_out)``."""
+  lanes, ruled_out = [], []
+  for name, contender, description, note in contenders:
+    if contender is None:
+      ruled_out.append(Candidate(name, description, note=note))
+      continue
+    probe = optax.chain(contender.estimator, make_optimizer(provisional_steps))
+    try:
+      size = race_lib.state_bytes_before_allocation(probe.init, params)
+    except MemoryError as error:
+      ruled_out.append(Candidate(contender.name, description, note=str(error).split(". ")[0]))
+      continue
+    if size > memory_limit:
+      ruled_out.append(Candidate(
+          contender.name, description, state_bytes=size,
+          note=f"its state needs {size / 2**20:.4g} MiB, more than the "
+               f"{memory_limit / 2**20:.4g} MiB allowed (memory_share of what is free)"))
+      continue
+    lane = race_lib.Lane(contender, make_optimizer, provisional_steps, params, key)
+    lane.description, lane.size = description, size
+    lanes.append(lane)
+  return lanes, ruled_out
+
+
+def _candidates(lanes, traces, naive_index, ruled_out):
+  naive_trace = traces[naive_index]
+  final_f, final_draws = naive_trace[-1]
+  target = final_draws.mean()
+  rows = []
+  for i, lane in enumerate(lanes):
+    f, draws = traces[i][-1]
+    # Naive raced every round: its entry of the same round is at the same wall-clock.
+    gain, gain_se = race_lib.paired_difference(draws, naive_trace[len(traces[i]) - 1][1])
+    means = [(ff, d.mean()) for ff, d in traces[i]]
+    ratio = (race_lib.time_to_reach(means, target) / final_f if i != naive_index else 1.0)
+    rows.append(Candidate(
+        lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
+        lane.size, f, float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size)),
+        gain if i != naive_index else 0.0, gain_se if i != naive_index else 0.0, ratio,
+        rounds=len(traces[i]) - 1))
+  return rows + list(ruled_out)
+
+
+def _step_seconds(lanes, step_costs, progress) -> list:
+  if step_costs is None:
+    race_lib.announce(progress, f"timing {len(lanes)} candidates")
+    return race_lib.time_steps(lanes)
+  missing = [lane.contender.name for lane in lanes if lane.contender.name not in step_costs]
+  if missing:
+    raise ValueError(f"step_costs has no cost for {missing}")
+  costs = [float(step_costs[lane.contender.name]) for lane in lanes]
+  if not all(np.isfinite(c) and c > 0 for c in costs):
+    raise ValueError(f"step_costs must be positive and finite, got {step_costs}")
+  return costs
+
+
+def _pick(rows) -> Candidate:
+  raced = [r for r in rows if not r.note]
+  furthest = max(r.rounds for r in raced)
+  finalists = [r for r in raced if r.rounds == furthest and r.name != "naive"]
+  naive = next(r for r in raced if r.name == "naive")
+  winner = max(finalists, key=lambda r: r.gain, default=naive)
+  return winner if winner.gain > 2 * winner.gain_se and winner.gain > 0 else naive
+
+
+def _reasons(ranking, best, budget_seconds, spent) -> list:
+  lines = [f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
+           f"({100 * spent / budget_seconds:.2g}% of it)."]
+  naive = next(r for r in ranking if r.name == "naive")
+  for r in ranking:
+    if r.note:
+      lines.append(f"{r.description}: ruled out ({r.note}).")
+      continue
+    speed = naive.seconds_per_step / r.seconds_per_step
+    line = (f"{r.description}: {speed:.3g}x naive's steps per second ({r.budget_steps} steps "
+            f"in the budget); raced to {100 * r.raced_fraction:.2g}% of the budget: ELBO "
+            f"{r.elbo:.6g} +- {r.elbo_se:.2g}")
+    if r.name != "naive":
+      reach = ("did not reach naive's final race ELBO" if not np.isfinite(r.time_ratio)
+               else f"reached naive's final race ELBO in {r.time_ratio:.2g}x naive's time")
+      line += f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time; {reach}"
+    lines.append(line + ".")
+  if best.name == "naive":
+    lines.append("no candidate beat naive by more than twice its standard error at equal "
+                 "wall-clock: stay with naive and your decaying step size.")
+  else:
+    lines.append(f"{best.description} beat naive at equal wall-clock by {best.gain:.4g} "
+                 f"+- {best.gain_se:.2g} nats; continue it with Recommendation.fit().")
   return lines
 
 
 @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
-                  num_draws=checks.count(2), timing_steps=checks.count(1),
-                  max_table_bytes=checks.byte_budget())
-def recommend(objective: Objective, params, key, *, batch_size: int, approx=None,
-              candidates=CANDIDATES, num_draws: int = 200, timing_steps: int = 50,
-              update_rule: optax.GradientTransformation | None = None,
-              max_table_bytes: int | str | None = "auto") -> Recommendation:
-  """Ranks gradient estimators for ``objective`` by expected progress per second.
+                  budget=checks.positive(), share=checks.probability(low_open=True),
+                  memory_share=checks.probability(low_open=True),
+                  elbo_samples=checks.count(2), max_table_bytes=checks.byte_budget())
+def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
+              budget: float, budget_in: str = "seconds", approx=None,
+              candidates=CANDIDATES, share: float = 0.1, memory_share: float = 0.5,
+              elbo_samples: int = 64, progress: bool = True,
+              max_table_bytes: int | str | None = "auto",
+              step_costs: dict | None = None) -> Recommendation:
+  """Races ways to train ``objective`` at equal wall-clock and recommends the best.
 
   Args:
     objective: the user's objective, with its data.
-    params: where training starts (e.g. the initial parameters, or a checkpoint's); the
-      measurements are taken about one and a half epochs of naive steps later.
-    key: PRNG key; the measurement is a deterministic function of it (timings aside).
+    optimizer: the optax rule chained after the estimator: a transformation (used as it
+      is), or a function ``num_steps -> transformation`` whose schedule spans
+      ``num_steps`` (e.g. ``lambda n: optax.adam(optax.cosine_decay_schedule(1e-2, n))``),
+      stretched over the steps each candidate affords in the budget.
+    params: where training starts.
+    key: the runs' PRNG key, as :func:`dsgrad.fit` takes it (the races are the first
+      steps of those runs).
     batch_size: the batch size training will use.
-    approx: the approximation for ``cv`` and the joint estimators (default
-      :func:`dsgrad.approx.linearize`).
-    candidates: names among ``("naive", "cv", "joint_svrg", "joint_saga")``.
-    num_draws: gradient draws per variance estimate (the full passes for ``V_eps``
-      are fewer when ``N`` exceeds :data:`DECOMPOSITION_DATA`: at least 20).
-    timing_steps: steps per timed run.
-    update_rule: the optax rule chained after the estimator in training (default
-      ``optax.adam(1e-2)``): it is timed with each estimator and runs the naive steps
-      that lead to the measured parameters.
-    max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`); a table
-      that does not fit rules it out, with the reason.
+    budget: the training budget, in ``budget_in`` units.
+    budget_in: ``"seconds"`` (wall-clock) or ``"naive_steps"`` (the time naive takes for
+      that many steps, as timed here).
+    approx: the approximation of the control variates (default: each estimator's).
+    candidates: names from :data:`CANDIDATES`; ``"naive"`` is required (the reference).
+    share: the fraction of the budget the timing and the race may take together.
+    memory_share: a candidate whose state (computed from shapes, before anything is
+      allocated) needs more than this fraction of the free memory is ruled out.
+    elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
+    progress: print which candidate is racing.
+    max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`).
+    step_costs: optional ``{name: seconds per step}`` to use instead of timing (every
+      raced candidate's, naive's included): reproducible advice, e.g. from costs measured
+      on the machine that will train. The equal-cost baselines' ``K`` then comes from it.
 
   Returns:
-    A :class:`Recommendation`; ``str()`` of it reads as advice.
+    A :class:`Recommendation`.
 
   Raises:
-    ValueError: on an unknown candidate, a candidate list without ``"naive"`` (the
-      reference), or counts that are not positive integers.
+    ValueError: an unknown candidate, no ``"naive"``, an unknown ``budget_in``, a batch
+      larger than the data, or settings out of range.
 
   References:
-    Wang, Geffner, Domke (2024), Sec. 3 and Table 1 (the variance decomposition).
+    Jamieson, Talwalkar (2016), successive halving; Wang, Geffner, Domke (2024), Sec. 7.
   """
+  started = time.perf_counter()
   unknown = set(candidates) - set(CANDIDATES)
   if unknown or "naive" not in candidates:
     raise ValueError(f"candidates must include 'naive' and be among {CANDIDATES}, got "
                      f"{tuple(candidates)}")
+  if budget_in not in ("seconds", "naive_steps"):
+    raise ValueError(f"budget_in must be 'seconds' or 'naive_steps', got {budget_in!r}")
   checks.check_batch_size(batch_size, objective.num_data)
-  rule = optax.adam(1e-2) if update_rule is None else update_rule
-  k_dec, k_epoch, k_fresh, k_stale, k_time = jax.random.split(key, 5)
-  earlier, now = _half_an_epoch_apart(objective, params, k_epoch, batch_size, rule)
-  n = objective.num_data
-  decomposition = diagnostics.variance_decomposition(
-      objective, now, k_dec, batch_size, num_draws=num_draws,
-      full_draws=min(num_draws, max(20, num_draws * DECOMPOSITION_DATA // n)),
-      num_data_sampled=min(n, DECOMPOSITION_DATA))
-  every = max(1, n // batch_size)
-  rows = []
-  leaf_sizes = [int(np.size(leaf)) for leaf in jax.tree.leaves(now)]
-  # naive first: the others' weights are fitted against its draws.
-  for name in sorted(candidates, key=lambda c: c != "naive"):
-    try:
-      estimator = _make(name, objective, approx, every, max_table_bytes)
-      fresh_state = estimator.init(now)
-      stateless = name in ("naive", "cv")
-      stale_state = None if stateless else estimator.init(earlier)
-    except MemoryError as error:
-      rows.append(Candidate(name, np.inf, np.inf, np.inf, 0, np.inf,
-                            str(error).split(". ")[0]))
-      continue
-    pairing = "fresh" if stateless else "stale"  # the draws the stale state's pair with
-    fresh_draws = diagnostics.estimator_samples(estimator, fresh_state, now, objective,
-                                                k_fresh, num_draws, batch_size)
-    stale_draws = fresh_draws if stateless else diagnostics.estimator_samples(
-        estimator, stale_state, now, objective, k_stale, num_draws, batch_size)
-    if name == "naive":
-      naive_draws, naive_at = {"fresh": fresh_draws}, (estimator, fresh_state)
-      unweighted = (diagnostics.total_variance(fresh_draws)[0],) * 2
-      fresh = stale = unweighted[0]
-    else:
-      # The same keys draw the same batches and noise: the draws pair with naive's. Naive's
-      # draws at the stale key are made once, for the first stateful candidate.
-      if pairing not in naive_draws:
-        naive_draws[pairing] = diagnostics.estimator_samples(
-            *naive_at, now, objective, k_stale, num_draws, batch_size)
-      unweighted = (diagnostics.total_variance(fresh_draws)[0],
-                    diagnostics.total_variance(stale_draws)[0])
-      fresh = _weighted_variance(naive_draws["fresh"], fresh_draws, leaf_sizes)
-      stale = _weighted_variance(naive_draws[pairing], stale_draws, leaf_sizes)
-    seconds = _seconds_per_step(objective, estimator, rule, now, k_time, batch_size,
-                                timing_steps)
-    rows.append(Candidate(name, fresh, stale, seconds, diagnostics.state_bytes(fresh_state),
-                          0.0, variance_unweighted=unweighted))
-  naive = next(r for r in rows if r.name == "naive")
-  reference = naive.variance_stale * naive.seconds_per_step
-  rows = [r._replace(score=r.variance_stale * r.seconds_per_step / reference)
-          if not r.note else r for r in rows]
-  ranking = tuple(sorted(rows, key=lambda r: r.score))
-  return Recommendation(ranking[0].name, ranking,
-                        tuple(_reasons(ranking, decomposition, naive)), decomposition)
+  make_optimizer = _optimizer_factory(optimizer)
+  limit = memory_share * race_lib.available_memory_bytes()
+  provisional = max(1, objective.num_data // batch_size)
+  base = _base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
+  lanes, ruled_out = _lanes(base, make_optimizer, params, key, limit, provisional)
+  for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress)):
+    lane.seconds_per_step = seconds
+  naive_lane = next(lane for lane in lanes if lane.contender.name == "naive")
+  controls = [lane.seconds_per_step for lane in lanes
+              if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
+  if any(name in candidates for name in _EQUAL_COST):
+    ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
+    extra, more_out = _lanes(_equal_cost_contenders(candidates, objective, batch_size, ratio),
+                             make_optimizer, params, key, limit, provisional)
+    ruled_out += more_out
+    if extra:
+      timed = _step_seconds([naive_lane] + extra, step_costs, progress)
+      for lane, seconds in zip(extra, timed[1:]):
+        lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
+      lanes += extra
+  budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
+                                    else 1.0)
+  # The real runs: each schedule spans the steps its candidate affords in the budget.
+  for i, lane in enumerate(lanes):
+    total = max(1, int(budget_seconds / lane.seconds_per_step))
+    fresh = race_lib.Lane(lane.contender, make_optimizer, total, params, key)
+    fresh.description, fresh.size = lane.description, lane.size
+    fresh.seconds_per_step, fresh.chunk = lane.seconds_per_step, lane.chunk
+    lanes[i] = fresh
+  spent = time.perf_counter() - started
+  # Timing and compiling come out of the share; given step costs, the race is
+  # deterministic and takes the whole share (of the budget those costs imply).
+  race_share = share if step_costs is not None else max(share - spent / budget_seconds,
+                                                        0.25 * share)
+  eval_key = jax.random.fold_in(key, 7919)
+  naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
+  traces = race_lib.race(
+      lanes, naive_index,
+      lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples), race_share,
+      progress)
+  rows = _candidates(lanes, traces, naive_index, ruled_out)
+  best = _pick(rows)
+  ranking = tuple([best] + sorted((r for r in rows if r is not best),
+                                  key=lambda r: (bool(r.note), -r.rounds, -r.gain)))
+  spent = time.perf_counter() - started
+  return Recommendation(best.name, ranking,
+                        tuple(_reasons(ranking, best, budget_seconds, spent)),
+                        budget_seconds, spent,
+                        {lane.contender.name: lane for lane in lanes}, key)

@@ -170,15 +170,15 @@ def main(argv=None):
     print(f"{name:<11} {r['lr']:>9g} {r['final_elbo_mean']:>18.2f} ({r['final_elbo_se']:.2f}) "
           f"{r['grad_variance']:>14.3g} {r['ms_per_step']:>8.3f} {r['table_bytes']:>8d}B")
   print("\n" + summary(results))
-  # What dsgrad.recommend, measuring for a few seconds at the initial parameters, would
-  # have chosen (before any of the runs above).
-  advice = dsgrad.recommend(objective, init, jax.random.key(args.tune_seed),
-                            batch_size=args.batch_size, approx=make_approx(model, args.approx),
-                            update_rule=optax.sgd(chosen["naive"]), num_draws=100,
-                            timing_steps=20)
-  print(f"\ndsgrad.recommend from the initial parameters (seconds of measurement, before "
-        f"any run above):\n"
-        f"{advice}")
+  # What dsgrad.recommend, racing the estimators for a tenth of naive's budget from the
+  # initial parameters, would have chosen (before any of the runs above).
+  advice = dsgrad.recommend(objective, optax.sgd(chosen["naive"]), init,
+                            jax.random.key(args.tune_seed), batch_size=args.batch_size,
+                            approx=make_approx(model, args.approx), budget=args.steps,
+                            budget_in="naive_steps", progress=not args.no_progress,
+                            candidates=("naive", "cv", "joint_svrg", "joint_saga"))
+  print(f"\ndsgrad.recommend from the initial parameters (a race on a tenth of the "
+        f"budget, before any run above):\n{advice}")
 
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -1,0 +1,220 @@
+"""Training runs raced at equal wall-clock: each contender's real run, cut short.
+
+A contender is an objective, an optimizer (the user's, with its schedule stretched over
+the steps the contender affords in the budget) and a batch size. Racing it means running
+the *first part* of that very run, in :func:`dsgrad.fit`'s compiled segments with fit's
+batches and noise: after a fraction ``f`` of its steps every contender has spent ``f`` of
+the budget, so their ELBOs compare at equal wall-clock, and the winner's run can be
+continued by :func:`dsgrad.fit` (same key, ``start_step``) without starting again.
+
+Time per step is the median of interleaved timing rounds (every contender once per
+round), so that a slow spell of a shared machine hits all of them alike.
+
+References:
+  Jamieson, Talwalkar (2016). Non-stochastic best arm identification and hyperparameter
+  optimization. AISTATS (successive halving).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsgrad import diagnostics
+from dsgrad import segments
+from dsgrad.objective import Objective
+
+
+class Contender(NamedTuple):
+  """One way to train, as raced.
+
+  Attributes:
+    name: its label.
+    objective: the objective it steps on (the user's, or a variant of it: path derivative,
+      more samples per datum).
+    estimator: the dsgrad estimator chained before the user's optimizer.
+    batch_size: data per step.
+  """
+
+  name: str
+  objective: Objective
+  estimator: Any
+  batch_size: int
+
+
+class Lane:
+  """A contender's run in progress: its optimizer, steps taken, params and state."""
+
+  def __init__(self, contender: Contender, make_optimizer: Callable, total_steps: int,
+               params, key):
+    self.contender, self.total_steps = contender, int(total_steps)
+    inner = make_optimizer(self.total_steps)
+    self.optimizer = optax.with_extra_args_support(optax.chain(contender.estimator, inner))
+    # dsgrad.fit runs its steps on split(key)[0] (the other half evaluates): the same
+    # here, so that fit(..., key, start_step=steps) continues this very run.
+    self.runner = segments.SegmentRunner(contender.objective, self.optimizer,
+                                         contender.batch_size, jax.random.split(key)[0])
+    self.params = copy_tree(params)
+    self.opt_state = self.optimizer.init(self.params)
+    self.steps = 0
+    self.chunk = 1  # steps per compiled segment: every advance is whole chunks
+    self.trace: list = []  # ELBO draws at the start and after each round it raced
+
+  def advance_to(self, fraction: float) -> None:
+    """Runs whole chunks of steps up to ``fraction`` of its run (at least one chunk, at
+    most the run): one compiled segment length per lane, whatever the rounds ask."""
+    chunks = max(1, round((fraction * self.total_steps - self.steps) / self.chunk))
+    for _ in range(chunks):
+      length = min(self.chunk, self.total_steps - self.steps)
+      if length <= 0:
+        return
+      self.params, self.opt_state = self.runner.run(self.params, self.opt_state, self.steps,
+                                                    length)
+      self.steps += length
+
+  @property
+  def fraction(self) -> float:
+    return self.steps / self.total_steps
+
+
+def copy_tree(tree):
+  """A strongly typed copy: the segments donate their carry."""
+  return jax.tree.map(lambda x: jnp.array(x, dtype=jnp.asarray(x).dtype), tree)
+
+
+def state_bytes_before_allocation(optimizer_init, params) -> int:
+  """Bytes of ``optimizer_init(params)``'s state, from shapes alone (nothing allocated)."""
+  shapes = jax.eval_shape(optimizer_init, params)
+  return int(sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize
+                 for s in jax.tree.leaves(shapes)))
+
+
+def available_memory_bytes() -> int:
+  """Memory a new state could take now: the default device's free memory where it
+  reports it (GPUs), else the host's available memory (``MemAvailable``)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05) -> list:
+  """Seconds per step of each lane's step, the median of ``rounds`` interleaved rounds.
+
+  Each lane first compiles and runs a few steps (not counted), which sets its steps per
+  round so that a round lasts about ``round_seconds``. The lanes' runs are not advanced:
+  every timed step starts from a copy of the lane's current carry.
+  """
+  per_round = []
+  for lane in lanes:
+    carry = (copy_tree(lane.params), copy_tree(lane.opt_state))
+    lane.runner.run(*carry, 0, 4)  # compiles
+    before = lane.runner.step_seconds
+    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, 4)
+    guess = max(lane.runner.step_seconds - before, 1e-7) / 4
+    per_round.append(int(np.clip(round_seconds / guess, 4, 2000)))
+  times = [[] for _ in lanes]
+  for _ in range(rounds):
+    for i, lane in enumerate(lanes):
+      before = lane.runner.step_seconds
+      lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, per_round[i])
+      times[i].append((lane.runner.step_seconds - before) / per_round[i])
+  for lane, steps in zip(lanes, per_round):
+    lane.chunk = steps
+  return [float(np.median(t)) for t in times]
+
+
+def elbo_draws(objective: Objective, params, key, num_samples: int) -> np.ndarray:
+  """The full-data ELBO's Monte Carlo draws at ``params``; the same ``key`` for every
+  contender gives common random numbers, so their differences are precise."""
+  with objective.bound():
+    return np.asarray(diagnostics.elbo_draws(objective, num_samples)(params, key),
+                      np.float64)
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+  """``(mean(a - b), its standard error)`` for draws made with common random numbers."""
+  d = a - b
+  return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size))
+
+
+def halving_fractions(num_lanes: int, share: float) -> tuple[list, list]:
+  """``(fractions, counts)``: successive halving with a reference that always races.
+
+  Round ``r`` takes its ``counts[r]`` lanes (the reference and the best half, rounded up,
+  of the other lanes still racing) from ``fractions[r - 1]`` to ``fractions[r] = 2^r
+  fractions[0]`` of their runs; the last round has the reference and one other lane.
+  The rounds together cost ``share`` of the budget: each lane spends the same fraction
+  of the budget as of its run.
+  """
+  others, counts = num_lanes - 1, [num_lanes]
+  while others > 1:
+    others = (others + 1) // 2
+    counts.append(others + 1)
+  # Round r costs counts[r] (f_r - f_{r-1}) = counts[r] 2^(r-1) f_0 (f_{-1} = 0).
+  unit = counts[0] + sum(c * 2 ** (r - 1) for r, c in enumerate(counts[1:], start=1))
+  first = share / unit
+  return [first * 2 ** r for r in range(len(counts))], counts
+
+
+def time_to_reach(trace: list, target: float) -> float:
+  """The fraction of its run at which a lane's ELBO trace (``(fraction, mean ELBO)``
+  pairs, from the start) first reaches ``target``, interpolated linearly; ``inf`` if
+  it does not within the trace."""
+  for (f0, e0), (f1, e1) in zip(trace, trace[1:]):
+    if e1 >= target:
+      if e1 == e0:
+        return f1
+      return f0 + (f1 - f0) * float(np.clip((target - e0) / (e1 - e0), 0.0, 1.0))
+  return math.inf
+
+
+def announce(progress: bool, message: str) -> None:
+  if progress:
+    print(f"dsgrad.recommend: {message}", flush=True)
+
+
+def race(lanes: list, reference: int, evaluate: Callable, share: float,
+         progress: bool) -> dict:
+  """Successive halving over ``lanes`` (``reference``, naive, always races).
+
+  Returns:
+    ``{lane index: [(fraction, draws), ...]}`` for every lane: the fraction of its run
+    and its ELBO draws (from ``evaluate(params)``) at the start and after each round it
+    took part in; entry ``r`` of every trace is round ``r``'s (the start is round 0).
+  """
+  start = evaluate(lanes[reference].params)
+  for lane in lanes:
+    lane.trace.append((0.0, start))
+  fractions, counts = halving_fractions(len(lanes), share)
+  for lane in lanes:
+    # Rounds end within half a chunk of their wall-clock mark: chunks of at most an
+    # eighth of the first round keep the lanes' times within 6% of each other.
+    lane.chunk = int(np.clip(fractions[0] * lane.total_steps / 8, 1, lane.chunk))
+  alive = list(range(len(lanes)))
+  for r, fraction in enumerate(fractions):
+    for i in alive:
+      announce(progress, f"round {r + 1}/{len(fractions)}: racing {lanes[i].contender.name} "
+               f"to {100 * fraction:.2g}% of its run")
+      lanes[i].advance_to(fraction)
+      lanes[i].trace.append((lanes[i].fraction, evaluate(lanes[i].params)))
+    if r + 1 < len(fractions):
+      keep = counts[r + 1]
+      others = sorted((i for i in alive if i != reference),
+                      key=lambda i: -lanes[i].trace[-1][1].mean())
+      alive = [reference] + others[:keep - 1]
+  return {i: lane.trace for i, lane in enumerate(lanes)}
