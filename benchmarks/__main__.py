@@ -15,6 +15,7 @@ BENCHMARKS = {
     "checks": "benchmarks.checks",
     "bridge-cost": "benchmarks.bridge_cost",
     "fit-overhead": "benchmarks.fit_overhead",
+    "advice": "benchmarks.advice",
 }
 
 

@@ -1,0 +1,256 @@
+"""Does ``dsgrad.recommend``'s advice hold? Held-out models, equal wall-clock, full runs.
+
+Three models written here, outside dsgrad's catalogue (a hierarchical logistic regression
+with 1,000 groups, a robust Student-t regression, a small MLP likelihood). For each, on
+each reported seed:
+
+1. the baseline users really run: a hand-written optax loop (``lax.scan``, Adam with a
+   cosine schedule) whose peak rate is tuned on a seed that is not reported; its time
+   for ``T`` steps is the wall-clock budget;
+2. ``dsgrad.recommend`` with that tuned schedule as the user's optimizer and that budget,
+   every candidate (the control variates, the path derivative, RQMC, and the equal-cost
+   baselines: naive with ``K`` samples, naive with a ``K``-times batch);
+3. every raced candidate's run continued to the end of its budget
+   (``Recommendation.fit(name)``), so each full run, race included, spends the budget;
+4. the ELBO each reaches (one estimate with common random numbers), and whether the pick
+   is the best dsgrad contender and beats the hand-written loop.
+
+Also measured: the same steps timed twice (does the timing agree within 10%?), each noise
+control's gradient variance per step at the baseline's final parameters, and the
+prediction check (the race's time ratio for the pick against the full runs').
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import dsgrad
+from benchmarks import _report
+from benchmarks.fit_overhead import _hierarchical, _mlp
+from dsgrad import race as race_lib
+
+
+def _student_t(key, num_data=50_000, dim=20, dof=3.0):
+  kx, kw, ke = jax.random.split(key, 3)
+  x = jax.random.normal(kx, (num_data, dim))
+  w = jax.random.normal(kw, (dim,))
+  y = x @ w + jax.random.t(ke, dof, (num_data,))
+
+  def log_likelihood(z, idx):
+    r = y[idx] - x[idx] @ z[:dim]
+    scale = jnp.exp(z[dim])
+    return (-0.5 * (dof + 1) * jnp.log1p((r / scale) ** 2 / dof) - z[dim])
+
+  def log_prior(z):
+    return -0.5 * jnp.sum(z[:dim] ** 2) / 10.0 - 0.5 * z[dim] ** 2
+
+  return dsgrad.models.Model(log_prior, log_likelihood, num_data, dim + 1, name="student_t")
+
+
+MODELS = {
+    "hierarchical": lambda key: _hierarchical(key, num_data=20_000),
+    "student_t": _student_t,
+    "mlp": lambda key: _mlp(key, num_data=10_000),
+}
+PEAKS = (3e-3, 1e-2, 3e-2)
+STEPS = {"hierarchical": 100_000, "student_t": 300_000, "mlp": 60_000}
+"""Each model's ``T``: a few seconds of the hand-written loop on a 2-core CPU."""
+
+
+def _cosine(peak):
+  return lambda steps: optax.adam(optax.cosine_decay_schedule(peak, steps, 0.01))
+
+
+def _hand_loop(model, peak, steps, batch_size, key):
+  """The hand-written baseline: ``(params, seconds)`` after ``steps`` steps (compile
+  excluded), batches from epoch permutations, one noise draw per step."""
+  n = model.num_data
+  adam = _cosine(peak)(steps)
+
+  def loss(params, idx, eps):
+    z = params["loc"] + jnp.exp(params["log_scale"]) * eps
+    return (-n * jnp.mean(model.log_likelihood(z, idx)) - model.log_prior(z)
+            - jnp.sum(params["log_scale"]))
+
+  def step(carry, xs):
+    params, opt_state = carry
+    idx, k = xs
+    grads = jax.grad(loss)(params, idx, jax.random.normal(k, params["loc"].shape))
+    updates, opt_state = adam.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), None
+
+  kb, kn = jax.random.split(key)
+  per_epoch = n // batch_size
+  orders = [jax.random.permutation(k, n)[:per_epoch * batch_size]
+            for k in jax.random.split(kb, -(-steps // per_epoch))]
+  batches = jnp.concatenate(orders).reshape(-1, batch_size)[:steps]
+  keys = jax.random.split(kn, steps)
+  run = jax.jit(lambda p, s: jax.lax.scan(step, (p, s), (batches, keys))[0])
+  params = dsgrad.meanfield_init(model)
+  run.lower(params, adam.init(params)).compile()
+  best = np.inf
+  for _ in range(2):  # the faster of two runs: the loop's time is the budget
+    start = time.perf_counter()
+    out = jax.block_until_ready(run(params, adam.init(params)))
+    best = min(best, time.perf_counter() - start)
+  return out[0], best
+
+
+def _elbo(objective, params, key, samples):
+  return dsgrad.elbo(objective, params, key, num_samples=samples)
+
+
+def _variances(objective, params, key, batch_size, k):
+  """Gradient variance per step (trace) of naive and of the noise controls at ``params``."""
+  variants = {"naive": objective, f"naive, {k} MC samples": dsgrad.multi_sample(objective, k),
+              f"naive, {k} RQMC samples": dsgrad.multi_sample(objective, k, sampler="rqmc")}
+  if objective.source is not None:
+    variants["naive, path derivative"] = dsgrad.meanfield_gaussian(objective.source[1],
+                                                                   path_derivative=True)
+  naive = dsgrad.naive()
+  out = {}
+  for name, variant in variants.items():
+    draws = dsgrad.estimator_samples(naive, naive.init(params), params, variant, key, 100,
+                                     batch_size)
+    out[name] = dsgrad.total_variance(draws)[0]
+  return out
+
+
+def _prediction_check(rows, pick):
+  """The pick's time to reach naive's final ELBO relative to naive's whole run, in the
+  full runs (from their ELBO traces), beside the race's ratio (to naive's race ELBO)."""
+  if pick == "naive" or "trace" not in rows.get(pick, {}):
+    return None
+  naive_trace, pick_trace = rows["naive"]["trace"], rows[pick]["trace"]
+  target, naive_time = naive_trace[-1][1], naive_trace[-1][0]
+  reached = [t for t, e in pick_trace if e >= target]
+  return {"race_time_ratio": rows[pick]["race_time_ratio"],
+          "full_run_time_ratio": (reached[0] / naive_time) if reached else float("inf")}
+
+
+def _timing_agreement(advice) -> float:
+  """The largest relative disagreement between two timings of the same raced steps."""
+  lanes = list(advice.runs.values())
+  first, second = race_lib.time_steps(lanes), race_lib.time_steps(lanes)
+  return float(max(abs(a - b) / min(a, b) for a, b in zip(first, second)))
+
+
+def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
+  model = MODELS[name](jax.random.key(12345))
+  objective = dsgrad.meanfield_gaussian(model)
+  eval_key = jax.random.key(999)
+  tuning = {}
+  for peak in PEAKS:
+    params, _ = _hand_loop(model, peak, steps, batch_size, jax.random.key(tune_seed))
+    tuning[peak] = _elbo(objective, params, eval_key, elbo_samples)[0]
+  peak = max(tuning, key=tuning.get)
+  print(f"{name}: tuned peak {peak} on seed {tune_seed}", flush=True)
+  out = {"latent_dim": model.latent_dim, "num_data": model.num_data, "peak": peak,
+         "tuning": {str(k): v for k, v in tuning.items()}, "seeds": {}}
+  for seed in seeds:
+    hand_params, budget = _hand_loop(model, peak, steps, batch_size, jax.random.key(seed))
+    hand = _elbo(objective, hand_params, eval_key, elbo_samples)
+    started = time.perf_counter()
+    advice = dsgrad.recommend(objective, _cosine(peak), dsgrad.meanfield_init(model),
+                              jax.random.key(seed), batch_size=batch_size, budget=budget,
+                              progress=False)
+    advice_seconds = time.perf_counter() - started
+    rows = {}
+    for c in advice.ranking:
+      row = {"description": c.description, "seconds_per_step": c.seconds_per_step,
+             "budget_steps": c.budget_steps, "race_gain": c.gain, "race_gain_se": c.gain_se,
+             "race_time_ratio": c.time_ratio, "note": c.note}
+      if not c.note:
+        raced_steps = advice.runs[c.name].steps
+        result = advice.fit(c.name, progress=False, elbo_samples=30,
+                            eval_every=max(1, c.budget_steps // 10))
+        row["elbo"], row["elbo_se"] = _elbo(objective, result.params, eval_key, elbo_samples)
+        # The run's time: its raced steps (at the timed rate) and the continuation's.
+        race_seconds = raced_steps * c.seconds_per_step
+        row["trace"] = [(race_seconds + float(t), float(e)) for t, e in
+                        zip(result.history.wall_time, result.history.elbo)]
+        row["raced_steps"] = raced_steps
+      rows[c.name] = row
+    k = max(2, int(round(np.median([rows[n]["seconds_per_step"] for n in
+                                    ("cv", "joint_svrg", "joint_saga")
+                                    if n in rows and not rows[n]["note"]])
+                         / rows["naive"]["seconds_per_step"])))
+    out["seeds"][str(seed)] = {
+        "prediction": _prediction_check(rows, advice.best),
+        "budget_seconds": budget, "hand_elbo": hand[0], "hand_elbo_se": hand[1],
+        "pick": advice.best, "advice_seconds": advice_seconds, "reasons": list(advice.reasons),
+        "candidates": rows, "timing_disagreement": _timing_agreement(advice),
+        "variance_per_step": _variances(objective, hand_params, jax.random.key(7), batch_size, k)}
+    print(f"  seed {seed}: pick {advice.best}, hand {hand[0]:.2f}, " + ", ".join(
+        f"{n} {r.get('elbo', float('nan')):.2f}" for n, r in rows.items()), flush=True)
+  return out
+
+
+def format_table(results, config):
+  lines = [f"Command: `python -m benchmarks advice` -- mean-field BBVI, B = "
+           f"{config['batch_size']}; budget = a hand-written optax loop's time for T "
+           f"steps ({', '.join(f'{k}: {v:,}' for k, v in config['steps'].items())}; Adam, cosine to 1% of a peak tuned on seed "
+           f"{config['tune_seed']} among {list(PEAKS)}); recommend gets that schedule and "
+           "budget; every raced candidate's run is then continued to its budget. ELBO: "
+           f"{config['elbo_samples']} draws, common random numbers.", "",
+           f"Measured: {_report.environment()}", "",
+           "| model | seed | budget, s | pick | hand-written naive | best dsgrad (ELBO) | "
+           "pick's ELBO | pick - hand | recommend's time | timing disagreement |",
+           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+  for name, r in results.items():
+    for seed, s in r["seeds"].items():
+      ran = {n: c for n, c in s["candidates"].items() if "elbo" in c}
+      best = max(ran, key=lambda n: ran[n]["elbo"])
+      pick = ran[s["pick"]]
+      lines.append(
+          f"| {name} | {seed} | {s['budget_seconds']:.2f} | {s['pick']} | "
+          f"{s['hand_elbo']:.2f} | {best} ({ran[best]['elbo']:.2f}) | {pick['elbo']:.2f} | "
+          f"{pick['elbo'] - s['hand_elbo']:+.2f} | {s['advice_seconds']:.1f} s "
+          f"({100 * s['advice_seconds'] / s['budget_seconds']:.0f}%) | "
+          f"{100 * s['timing_disagreement']:.0f}% |")
+  lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "
+            "gradient variance per step at the hand-written run's final parameters, "
+            "relative to naive's):", ""]
+  for name, r in results.items():
+    for seed, s in r["seeds"].items():
+      v = s["variance_per_step"]
+      cells = [f"{c['description']}: " + (f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)"
+                                          if "elbo" in c else f"ruled out ({c['note']})")
+               for c in s["candidates"].values()]
+      lines.append(f"* {name}, seed {seed}: " + "; ".join(cells) + ". Variance: " +
+                   ", ".join(f"{k} {val / v['naive']:.3g}x" for k, val in v.items()
+                             if k != "naive") + ".")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks advice",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--steps", type=int, default=None,
+                      help="T for every model (default: STEPS, per model)")
+  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+  parser.add_argument("--tune-seed", type=int, default=100)
+  parser.add_argument("--elbo-samples", type=int, default=100)
+  parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+  parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+  args = parser.parse_args(argv)
+  steps = {name: args.steps or STEPS[name] for name in args.models}
+  config = {"steps": steps, "batch_size": args.batch_size, "seeds": args.seeds,
+            "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples}
+  if args.tune_seed in args.seeds:
+    parser.error("the tuning seed must not be a reported seed")
+  results = {name: run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
+                             args.elbo_samples) for name in args.models}
+  _report.publish(f"advice-{jax.default_backend()}", format_table(results, config),
+                  not args.no_write, data={"results": results, "config": config})
+
+
+if __name__ == "__main__":
+  main()
