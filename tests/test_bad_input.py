@@ -320,3 +320,26 @@ def test_fit_segments_hold_no_host_callback(objective, params0):
   text = segment.lower((params0, optimizer.init(params0)), jax.random.key(0), jnp.int32(0),
                        data_lib.split_host(objective.data_tree())[0], orders, {}).as_text()
   assert "callback" not in text
+
+
+def test_one_library_wide_switch_for_the_per_step_value_checks():
+  """dsgrad.checks.set_value_checks(False) turns the per-step checks off for estimators
+  built afterwards (a NaN gradient then passes through, as under optax.apply_if_finite);
+  a factory's own value_checks=True still wins; the default is back on afterwards."""
+  params = {"w": jnp.zeros(3)}
+  nan = {"w": jnp.full(3, jnp.nan)}
+  indices = jnp.arange(2)
+  with pytest.raises(ValueError, match="non-finite|NaN"):
+    dsgrad.naive().update(nan, (), params, indices=indices)
+  dsgrad.checks.set_value_checks(False)
+  try:
+    updates, _ = dsgrad.naive().update(nan, (), params, indices=indices)
+    assert bool(jnp.all(jnp.isnan(updates["w"])))
+    with pytest.raises(ValueError, match="non-finite|NaN"):
+      dsgrad.naive(value_checks=True).update(nan, (), params, indices=indices)
+  finally:
+    dsgrad.checks.set_value_checks(True)
+  with pytest.raises(TypeError, match="True or False"):
+    dsgrad.checks.set_value_checks("off")
+  with pytest.raises(TypeError, match="value_checks"):
+    dsgrad.naive(value_checks="no")

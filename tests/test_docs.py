@@ -13,7 +13,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DOCS = os.path.join(ROOT, "docs")
-PAGES = ["getting-started.md"] + sorted(
+PAGES = ["../README.md", "getting-started.md"] + sorted(
     os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "howto", "*.md")))
 sys.path.insert(0, DOCS)
 

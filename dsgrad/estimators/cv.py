@@ -14,7 +14,7 @@ from dsgrad.objective import Objective
                   control_weight_horizon=checks.positive())
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
        control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-       value_checks: bool = True) -> optax.GradientTransformationExtraArgs:
+       value_checks: bool | None = None) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).
 
   ``g_cv = mean_b [grad f(w; n_b, eps_b) + E_xi grad f~(w; n_b, xi) - grad f~(w; n_b, eps_b)]``
@@ -41,7 +41,8 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       it); pass ``control_weight=1.0`` where the approximation is known to be good and
       every microsecond counts.
     control_weight_horizon: horizon of those moving averages, in steps.
-    value_checks: check the values of each update (one policy for all of them): indices
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
       in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise`` (a host check each step;
       :func:`dsgrad.fit` defers them to the end of each compiled segment).
 
@@ -68,6 +69,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   References:
     Wang, Geffner, Domke (2024), Eq. 8-10. Miller et al. (2017), NeurIPS.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
 

@@ -25,7 +25,7 @@ class IncState(NamedTuple):
 
 
 @checks.arguments(chunk_size=checks.count(1), max_table_bytes=checks.byte_budget())
-def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = True,
+def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | None = None,
         max_table_bytes: int | str | None = "auto"
         ) -> optax.GradientTransformationExtraArgs:
   """SAGA applied at a fixed noise draw (Eq. 13): controls subsampling noise only.
@@ -45,7 +45,8 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = Tr
   Args:
     objective: an objective with ``shared_noise=True``.
     chunk_size: data per chunk of the full pass.
-    value_checks: check the values of each update (one policy for all of them): indices
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
       in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``.
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
       per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
@@ -73,6 +74,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool = Tr
   References:
     Wang, Geffner, Domke (2024), Eq. 13-14, App. C.2.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
   if not objective.shared_noise:
     raise ValueError("dsgrad.inc needs one noise draw shared by all data (Eq. 13 uses the "
                      "same eps for every datum); build the objective with shared_noise=True")

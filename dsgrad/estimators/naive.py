@@ -8,14 +8,15 @@ import optax
 from dsgrad import checks
 
 
-def naive(*, value_checks: bool = True) -> optax.GradientTransformationExtraArgs:
+def naive(*, value_checks: bool | None = None) -> optax.GradientTransformationExtraArgs:
   """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
 
   It controls no variance; it exists so that estimators can be swapped in one line and
   compared on equal terms. Cost: none beyond the gradient. Memory: none.
 
   Args:
-    value_checks: raise a ``ValueError`` if the incoming gradient has NaN or inf
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) raise a ``ValueError`` if the incoming gradient has NaN or inf
       (set ``False`` under ``optax.apply_if_finite``).
 
   Returns:
@@ -41,6 +42,7 @@ def naive(*, value_checks: bool = True) -> optax.GradientTransformationExtraArgs
   References:
     Wang, Geffner, Domke (2024), Eq. 4.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
 
   def init_fn(params):
     del params

@@ -67,7 +67,7 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-               value_checks: bool = True,
+               value_checks: bool | None = None,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with a SAGA table: reduces subsampling *and* MC noise.
@@ -131,7 +131,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    value_checks: check the values of each update (one policy for all of them): indices
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
       in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
       first update only, that the incoming ``updates`` equal ``objective.grad(params,
       indices, noise)`` (one extra mini-batch gradient, once): the estimator was chained
@@ -169,6 +170,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Wang, Geffner, Domke (2024), Eq. 5-6, Alg. 1, App. E (Alg. 3).
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)

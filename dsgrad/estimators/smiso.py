@@ -34,7 +34,7 @@ class SmisoState(NamedTuple):
 @checks.arguments(step_size=checks.positive(), alpha=checks.probability(low_open=True),
                   tolerance=checks.positive(), max_table_bytes=checks.byte_budget())
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
-          tolerance: float = 1e-3, value_checks: bool = True,
+          tolerance: float = 1e-3, value_checks: bool | None = None,
           max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:
   """SMISO (Bietti & Mairal, 2017), the paper's incremental baseline for large data.
 
@@ -63,7 +63,8 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     step_size: ``gamma`` (positive).
     alpha: averaging weight in ``(0, 1]`` (the paper uses 0.9).
     tolerance: relative tolerance of the chain checks.
-    value_checks: check the values of each update (one policy for all of them): indices
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
       in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and the two
       chain checks above (a host check each step).
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
@@ -94,6 +95,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     datasets with finite sum structure. NeurIPS.
     Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
   n = objective.num_data
 
   def init_fn(params):

@@ -39,7 +39,7 @@ class JointSvrgState(NamedTuple):
                   control_weight_horizon=checks.positive())
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                every: int, chunk_size: int = 1024, control_weight: float | str = "adaptive",
-               control_weight_horizon: float = 100, value_checks: bool = True
+               control_weight_horizon: float = 100, value_checks: bool | None = None
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
 
@@ -65,7 +65,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    value_checks: check the values of each update (one policy for all of them): indices
+    value_checks: (``None``, the default: the library-wide setting,
+      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
       in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
       first update only, that the incoming ``updates`` equal the objective's mini-batch
       gradient (the estimator comes first in the chain).
@@ -94,6 +95,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     Wang, Geffner, Domke (2024), App. B, Alg. 2.
     Johnson, Zhang (2013). Accelerating SGD using predictive variance reduction. NeurIPS.
   """
+  value_checks = checks.resolve_value_checks(value_checks)
   if not isinstance(every, int) or every < 1:
     raise ValueError(f"every must be a positive int (updates between refreshes), got {every!r}")
   approx = approx or approx_lib.linearize()
