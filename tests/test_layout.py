@@ -187,11 +187,14 @@ def test_the_concepts_map_names_the_modules_that_exist():
 
 def test_estimators_have_one_validation_setting():
   """Every estimator factory turns its per-step value checks off with one keyword,
-  ``value_checks``; none takes a ``check_*`` keyword of its own."""
+  ``value_checks``, whose default (``None``) is the library-wide setting
+  (dsgrad.checks.set_value_checks, on unless switched off); none takes a ``check_*``
+  keyword of its own."""
   import inspect
   import dsgrad
   for name in ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg"):
     parameters = inspect.signature(getattr(dsgrad, name)).parameters
     assert "value_checks" in parameters, name
-    assert parameters["value_checks"].default is True, name
+    assert parameters["value_checks"].default is None, name
+  assert dsgrad.checks.resolve_value_checks(None) is True
     assert not [p for p in parameters if p.startswith("check_")], name
