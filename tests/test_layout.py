@@ -196,5 +196,5 @@ def test_estimators_have_one_validation_setting():
     parameters = inspect.signature(getattr(dsgrad, name)).parameters
     assert "value_checks" in parameters, name
     assert parameters["value_checks"].default is None, name
-  assert dsgrad.checks.resolve_value_checks(None) is True
     assert not [p for p in parameters if p.startswith("check_")], name
+  assert dsgrad.checks.resolve_value_checks(None) is True
