@@ -32,7 +32,7 @@ import optax
 
 import dsgrad
 from benchmarks import _report
-from benchmarks.fit_overhead import _hierarchical, _mlp
+from benchmarks.fit_overhead import _hierarchical, _mlp, bbvi_loss, epoch_batches
 from dsgrad import race as race_lib
 
 
@@ -70,13 +70,8 @@ def _cosine(peak):
 def _hand_loop(model, peak, steps, batch_size, key):
   """The hand-written baseline: ``(params, seconds)`` after ``steps`` steps (compile
   excluded), batches from epoch permutations, one noise draw per step."""
-  n = model.num_data
   adam = _cosine(peak)(steps)
-
-  def loss(params, idx, eps):
-    z = params["loc"] + jnp.exp(params["log_scale"]) * eps
-    return (-n * jnp.mean(model.log_likelihood(z, idx)) - model.log_prior(z)
-            - jnp.sum(params["log_scale"]))
+  loss = bbvi_loss(model)
 
   def step(carry, xs):
     params, opt_state = carry
@@ -86,10 +81,7 @@ def _hand_loop(model, peak, steps, batch_size, key):
     return (optax.apply_updates(params, updates), opt_state), None
 
   kb, kn = jax.random.split(key)
-  per_epoch = n // batch_size
-  orders = [jax.random.permutation(k, n)[:per_epoch * batch_size]
-            for k in jax.random.split(kb, -(-steps // per_epoch))]
-  batches = jnp.concatenate(orders).reshape(-1, batch_size)[:steps]
+  batches = epoch_batches(kb, model.num_data, batch_size, steps)
   keys = jax.random.split(kn, steps)
   run = jax.jit(lambda p, s: jax.lax.scan(step, (p, s), (batches, keys))[0])
   params = dsgrad.meanfield_init(model)

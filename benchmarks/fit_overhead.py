@@ -106,15 +106,23 @@ def _mlp(key, num_data=20_000, inputs=20, hidden=32, classes=2):
 MODELS = {"logistic": _logistic, "hierarchical": _hierarchical, "mlp": _mlp}
 
 
-def _hand_loop(model, batches, learning_rate, with_cv):
-  """The hand-written loop: ``(params, opt_state, keys) -> (params, opt_state)``."""
+def bbvi_loss(model):
+  """The mean-field BBVI mini-batch loss as a hand-written loop computes it (entropy up to
+  its constant): ``(params, indices, eps) -> scalar``."""
   n = model.num_data
-  adam = optax.adam(learning_rate)
 
   def loss(params, idx, eps):
     z = params["loc"] + jnp.exp(params["log_scale"]) * eps
     return (-n * jnp.mean(model.log_likelihood(z, idx)) - model.log_prior(z)
             - jnp.sum(params["log_scale"]))
+
+  return loss
+
+
+def _hand_loop(model, batches, learning_rate, with_cv):
+  """The hand-written loop: ``(params, opt_state, keys) -> (params, opt_state)``."""
+  adam = optax.adam(learning_rate)
+  loss = bbvi_loss(model)
 
   def step(carry, xs):
     params, opt_state = carry
@@ -135,7 +143,7 @@ def _hand_loop(model, batches, learning_rate, with_cv):
   return run, adam
 
 
-def _epoch_batches(key, num_data, batch_size, steps):
+def epoch_batches(key, num_data, batch_size, steps):
   per_epoch = num_data // batch_size
   epochs = -(-steps // per_epoch)
   orders = [jax.random.permutation(k, num_data)[:per_epoch * batch_size]

@@ -217,9 +217,8 @@ def _lanes(contenders, make_optimizer, params, key, memory_limit, provisional_st
           note=f"its state needs {size / 2**20:.4g} MiB, more than the "
                f"{memory_limit / 2**20:.4g} MiB allowed (memory_share of what is free)"))
       continue
-    lane = race_lib.Lane(contender, make_optimizer, provisional_steps, params, key)
-    lane.description, lane.size = description, size
-    lanes.append(lane)
+    lanes.append(race_lib.Lane(contender, make_optimizer, provisional_steps, params, key,
+                               description, size))
   return lanes, ruled_out
 
 
@@ -236,7 +235,8 @@ def _candidates(lanes, traces, naive_index, ruled_out):
     ratio = (race_lib.time_to_reach(means, target) / final_f if i != naive_index else 1.0)
     rows.append(Candidate(
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
-        lane.size, f, float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size)),
+        lane.state_bytes, f, float(draws.mean()),
+        float(draws.std(ddof=1) / np.sqrt(draws.size)),
         gain if i != naive_index else 0.0, gain_se if i != naive_index else 0.0, ratio,
         rounds=len(traces[i]) - 1))
   return rows + list(ruled_out)
@@ -368,12 +368,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
   # The real runs: each schedule spans the steps its candidate affords in the budget.
-  for i, lane in enumerate(lanes):
-    total = max(1, int(budget_seconds / lane.seconds_per_step))
-    fresh = race_lib.Lane(lane.contender, make_optimizer, total, params, key)
-    fresh.description, fresh.size = lane.description, lane.size
-    fresh.seconds_per_step, fresh.chunk = lane.seconds_per_step, lane.chunk
-    lanes[i] = fresh
+  lanes = [lane.restarted(make_optimizer, max(1, int(budget_seconds / lane.seconds_per_step)),
+                          params, key) for lane in lanes]
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share; given step costs, the race is
   # deterministic and takes the whole share (of the budget those costs imply).

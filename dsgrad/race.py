@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -29,6 +28,7 @@ import optax
 
 from dsgrad import diagnostics
 from dsgrad import segments
+from dsgrad import tables
 from dsgrad.objective import Objective
 
 
@@ -50,11 +50,16 @@ class Contender(NamedTuple):
 
 
 class Lane:
-  """A contender's run in progress: its optimizer, steps taken, params and state."""
+  """A contender's run in progress: its optimizer, steps taken, params and state.
+
+  ``description`` and ``state_bytes`` say what it is and what its state costs;
+  ``seconds_per_step`` and ``chunk`` are set by :func:`time_steps`."""
 
   def __init__(self, contender: Contender, make_optimizer: Callable, total_steps: int,
-               params, key):
+               params, key, description: str = "", state_bytes: int = 0):
     self.contender, self.total_steps = contender, int(total_steps)
+    self.description, self.state_bytes = description or contender.name, int(state_bytes)
+    self.seconds_per_step = math.nan
     inner = make_optimizer(self.total_steps)
     self.optimizer = optax.with_extra_args_support(optax.chain(contender.estimator, inner))
     # dsgrad.fit runs its steps on split(key)[0] (the other half evaluates): the same
@@ -79,6 +84,14 @@ class Lane:
                                                     length)
       self.steps += length
 
+  def restarted(self, make_optimizer: Callable, total_steps: int, params, key) -> "Lane":
+    """The same contender's run from ``params`` with a schedule over ``total_steps``,
+    keeping what was measured (description, state size, step time, chunk)."""
+    lane = Lane(self.contender, make_optimizer, total_steps, params, key, self.description,
+                self.state_bytes)
+    lane.seconds_per_step, lane.chunk = self.seconds_per_step, self.chunk
+    return lane
+
   @property
   def fraction(self) -> float:
     return self.steps / self.total_steps
@@ -91,9 +104,7 @@ def copy_tree(tree):
 
 def state_bytes_before_allocation(optimizer_init, params) -> int:
   """Bytes of ``optimizer_init(params)``'s state, from shapes alone (nothing allocated)."""
-  shapes = jax.eval_shape(optimizer_init, params)
-  return int(sum(math.prod(s.shape) * np.dtype(s.dtype).itemsize
-                 for s in jax.tree.leaves(shapes)))
+  return tables.tree_bytes(jax.eval_shape(optimizer_init, params))
 
 
 def available_memory_bytes() -> int:
