@@ -16,6 +16,7 @@ BENCHMARKS = {
     "bridge-cost": "benchmarks.bridge_cost",
     "fit-overhead": "benchmarks.fit_overhead",
     "advice": "benchmarks.advice",
+    "render": "benchmarks.render",
 }
 
 

@@ -101,28 +101,83 @@ def write_section(name: str, body: str, path: str | None = None) -> str:
   return path
 
 
-def publish(section: str, body: str, write: bool, data=None) -> None:
-  """Prints a benchmark's ``body`` and, if ``write``, puts it in docs/benchmarks.md and,
-  when ``data`` (the raw numbers, JSON-serializable) is given, appends a run record
-  (machine and versions, date, command, the numbers) to ``docs/data/<section>.json``."""
-  print(body, flush=True)
+def publish(section: str, body: str | None, write: bool, data=None, render=None) -> None:
+  """Prints a benchmark's result and, if ``write``, records the run and puts its section in
+  docs/benchmarks.md.
+
+  Every run is appended to ``docs/data/<section>.json`` (machine and versions, date, command)
+  and the page's section is rendered from the newest record, so ``python -m benchmarks
+  render`` rebuilds the page from the data files alone.
+
+  Args:
+    section: the section's name (``<!-- bench:section -->`` markers, the data file's name).
+    body: the printed table, for benchmarks without a renderer; the record keeps it as the
+      run's output.
+    write: whether to record the run and update the page (False: print only).
+    data: the raw numbers (JSON-serializable), with ``render``.
+    render: a function of one run record returning the section's text (a module-level
+      function, recorded by name so the page can be re-rendered later).
+  """
+  record = new_record(data, render) if render is not None else new_record(None, None, body)
+  # Rendered from the record as it will be read back, so what is printed now and what the
+  # page shows after a re-render cannot differ.
+  import json
+  record = json.loads(json.dumps(record))
+  text = render_record(record)
+  print(text, flush=True)
   if write:
-    print(f"\nwrote {write_section(section, body)}")
-    if data is not None:
-      print(f"wrote {save_run(section, data)}")
+    print(f"\nwrote {save_run(section, record)}")
+    print(f"wrote {write_section(section, text)}")
 
 
-def save_run(section: str, data) -> str:
+def command() -> str:
+  """This process's command line as a user would type it (``python -m benchmarks ...``),
+  without ``--out`` and ``--data-dir``, which say only where files are."""
+  import sys
+  args, skip = [], False
+  for arg in sys.argv[1:]:
+    if skip:
+      skip = False
+    elif arg in ("--out", "--data-dir"):
+      skip = True
+    elif not arg.startswith(("--out=", "--data-dir=")):
+      args.append(arg)
+  return " ".join(["python -m benchmarks", *args])
+
+
+def new_record(results, render, output: str | None = None) -> dict:
+  """One run's record: date, environment, command, and either the raw ``results`` with the
+  name of the ``render`` function that turns them into the section, or the printed
+  ``output`` of a benchmark that keeps no raw numbers."""
+  record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "environment": environment(), "command": command()}
+  if render is not None:
+    record["renderer"] = f"{render.__module__}:{render.__name__}"
+    record["results"] = results
+  else:
+    record["output"] = output
+  return record
+
+
+def render_record(record: dict) -> str:
+  """The section text of one run record (see :func:`new_record`)."""
+  if "renderer" not in record:
+    if "output" not in record:
+      raise SystemExit(f"a run record of {record.get('command')!r} has neither a renderer "
+                       "nor an output to show")
+    return record["output"]
+  import importlib
+  module, name = record["renderer"].split(":")
+  return getattr(importlib.import_module(module), name)(record)
+
+
+def save_run(section: str, record: dict) -> str:
   """Appends one run's record to ``<out>/data/<section>.json`` (a JSON list of runs, the
   newest last) and returns the path."""
   import json
-  import sys
   path = docs_path(os.path.join("data", f"{section}.json"))
   runs = json.load(open(path)) if os.path.exists(path) else []
-  runs.append({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "environment": environment(),
-               "command": "python -m benchmarks " + " ".join(sys.argv[1:]),
-               "results": data})
+  runs.append(record)
   with open(path, "w") as f:
     json.dump(runs, f, indent=1)
   return path

@@ -184,14 +184,16 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
   return out
 
 
-def format_table(results, config):
-  lines = [f"Command: `python -m benchmarks advice` -- mean-field BBVI, B = "
+def render(record):
+  """The advice section of one run record (``docs/data/advice-*.json``)."""
+  results, config = record["results"]["results"], record["results"]["config"]
+  lines = [f"Command: `{record['command']}` -- mean-field BBVI, B = "
            f"{config['batch_size']}; budget = a hand-written optax loop's time for T "
            f"steps ({', '.join(f'{k}: {v:,}' for k, v in config['steps'].items())}; Adam, cosine to 1% of a peak tuned on seed "
            f"{config['tune_seed']} among {list(PEAKS)}); recommend gets that schedule and "
            "budget; every raced candidate's run is then continued to its budget. ELBO: "
            f"{config['elbo_samples']} draws, common random numbers.", "",
-           f"Measured: {_report.environment()}", "",
+           f"Measured: {record['environment']}", "",
            "| model | seed | budget, s | pick | hand-written naive | best dsgrad (ELBO) | "
            "pick's ELBO | pick - hand | recommend's time | timing disagreement |",
            "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
@@ -240,8 +242,8 @@ def main(argv=None):
     parser.error("the tuning seed must not be a reported seed")
   results = {name: run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
                              args.elbo_samples) for name in args.models}
-  _report.publish(f"advice-{jax.default_backend()}", format_table(results, config),
-                  not args.no_write, data={"results": results, "config": config})
+  _report.publish(f"advice-{jax.default_backend()}", None, not args.no_write,
+                  render=render, data={"results": results, "config": config})
 
 
 if __name__ == "__main__":

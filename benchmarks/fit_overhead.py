@@ -199,14 +199,16 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
                        learning_rate=learning_rate)
 
 
-def format_table(results, config):
+def render(record):
+  """The fit-overhead section of one run record (``docs/data/fit-overhead-*.json``)."""
+  results, config = record["results"]["results"], record["results"]["config"]
   lines = [
-      f"Command: `python -m benchmarks fit-overhead` -- mean-field BBVI, B="
+      f"Command: `{record['command']}` -- mean-field BBVI, B="
       f"{config['batch_size']}, {config['steps']:,} Adam steps per run, median of "
       f"{config['rounds']} interleaved rounds after a compiling round; fit's time is its "
       "wall-clock minus its compile time.",
       "",
-      f"Measured: {_report.environment()}",
+      f"Measured: {record['environment']}",
       "",
       "| model | latent | hand-written loop, ms/step | fit naive | fit cv (c = 1) | "
       "hand-written cv (c = 1) | fit cv (adaptive) | fit naive / hand loop | "
@@ -240,9 +242,8 @@ def main(argv=None):
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   results, config = run(tuple(args.models), steps=args.steps, rounds=args.rounds)
-  table = format_table(results, config)
-  _report.publish(f"fit-overhead-{jax.default_backend()}", table, not args.no_write,
-                  data={"results": results, "config": config})
+  _report.publish(f"fit-overhead-{jax.default_backend()}", None, not args.no_write,
+                  render=render, data={"results": results, "config": config})
 
 
 if __name__ == "__main__":

@@ -247,19 +247,20 @@ PAPER = {"naive": "10.4 ms (1.00x)", "cv (App. F)": "12.8 ms (1.23x)",
          "joint_saga (App. F)": "17.6 ms (1.69x)", "inc": "328 ms (31.5x)"}
 
 
-def format_table(rows, config):
+def render(record):
+  """The step-cost section of one run record (``docs/data/step-cost-*.json``)."""
+  config = record["results"]["config"]
+  rows = [(r["estimator"], r["ms_per_step"], r["ratio_to_naive"], r["table_bytes"],
+           r["state_bytes"]) for r in record["results"]["rows"]]
   lines = [
-      f"Command: `python -m benchmarks step-cost"
-      f"{'' if config['num_classes'] == 10 else ' --classes ' + str(config['num_classes'])}"
-      f"{' --skip-slow' if config.get('skip_slow') else ''}"
-      f"` -- {'binary logistic' if config['num_classes'] == 1 else 'softmax'} regression, "
+      f"Command: `{record['command']}` -- {'binary logistic' if config['num_classes'] == 1 else 'softmax'} regression, "
       f"N={config['num_data']:,}, "
       f"D={config['num_features']}x{config['num_classes']}, B={config['batch_size']}, Adam; "
       f"{config['steps']} steps inside one jitted `lax.scan` (inc: 2 steps), median of "
       f"{config['rounds']} interleaved rounds after a warm-up round; joint_svrg refreshes "
       f"every {config['every']} steps, so its figure includes one full pass (amortized).",
       "",
-      f"Measured: {_report.environment()}",
+      f"Measured: {record['environment']}",
       "",
       "| estimator | ms / step | ratio to naive | target (CPU) | paper, MNIST, GPU (Table 3) | table | all state |",
       "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
@@ -315,10 +316,9 @@ def main(argv=None):
   rows, config = run(num_data=args.num_data, num_classes=args.classes,
                      batch_size=args.batch_size, rounds=args.rounds, steps=args.steps,
                      include_slow=not args.skip_slow)
-  table = format_table(rows, config)
   default = "step-cost-binary" if args.classes == 1 else "step-cost"
-  _report.publish(args.section or f"{default}-{jax.default_backend()}", table,
-                 not args.no_write,
+  _report.publish(args.section or f"{default}-{jax.default_backend()}", None,
+                 not args.no_write, render=render,
                  data={"config": config,
                        "rows": [dict(zip(("estimator", "ms_per_step", "ratio_to_naive",
                                           "table_bytes", "state_bytes"), row))

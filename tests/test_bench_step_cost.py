@@ -43,10 +43,12 @@ def test_step_targets_are_read_from_the_table():
   within the limit: a row just over its limit is "missed", one under it "met"."""
   ms = {"naive": 1.0, step_cost.FLOOR: 1.0, "joint_saga (App. F, logit table)": 1.24,
         step_cost.ADAPTIVE: 1.24 * 1.06, "cv (App. F)": 1.29, "joint_svrg (App. F)": 1.31}
-  rows = [(name, t, t / ms["naive"], 0, 0) for name, t in ms.items()]
+  rows = [dict(estimator=name, ms_per_step=t, ratio_to_naive=t / ms["naive"], table_bytes=0,
+               state_bytes=0) for name, t in ms.items()]
   config = dict(num_classes=10, num_data=100, num_features=5, batch_size=10, steps=11,
                 rounds=1, every=10)
-  text = step_cost.format_table(rows, config)
+  text = step_cost.render({"command": "python -m benchmarks step-cost", "environment": "here",
+                           "results": {"config": config, "rows": rows}})
   assert "joint_saga (App. F, logit table) 1.24x the hand-fused step (<= 1.25x: met)" in text
   assert (f"{step_cost.ADAPTIVE} 1.06x joint_saga (App. F, logit table) (<= 1.05x: missed)"
           in text)

@@ -56,3 +56,28 @@ def test_site_builds_without_warnings(tmp_path):
                           env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def test_benchmarks_page_is_rendered_from_its_data(tmp_path):
+  """Every table of docs/benchmarks.md is what its newest data record renders to, and a
+  record changed on disk changes the page (so the comparison can fail)."""
+  import json
+
+  sys.path.insert(0, ROOT)
+  from benchmarks import render
+  page = open(os.path.join(DOCS, "benchmarks.md")).read()
+  assert render.render_page(page, os.path.join(DOCS, "data")) == page
+  assert "# Benchmarks" in page and page.count("<!-- bench:") >= 40
+
+  # A newer run of one section replaces that section's text and nothing else.
+  data = tmp_path / "data"
+  shutil.copytree(os.path.join(DOCS, "data"), data)
+  runs = json.load(open(data / "memory.json"))
+  runs.append(dict(runs[-1], output="a newer run's table"))
+  json.dump(runs, open(data / "memory.json", "w"))
+  rendered = render.render_page(page, str(data))
+  assert rendered != page
+  assert "<!-- bench:memory -->\na newer run's table\n<!-- /bench:memory -->" in rendered
+  os.remove(data / "memory.json")
+  with pytest.raises(SystemExit, match="memory"):
+    render.render_page(page, str(data))
