@@ -242,10 +242,10 @@ def _candidates(lanes, traces, naive_index, ruled_out):
   return rows + list(ruled_out)
 
 
-def _step_seconds(lanes, step_costs, progress) -> list:
+def _step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
   if step_costs is None:
     race_lib.announce(progress, f"timing {len(lanes)} candidates")
-    return race_lib.time_steps(lanes)
+    return race_lib.time_steps(lanes, step_guess=step_guess)
   missing = [lane.contender.name for lane in lanes if lane.contender.name not in step_costs]
   if missing:
     raise ValueError(f"step_costs has no cost for {missing}")
@@ -350,9 +350,12 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   provisional = max(1, objective.num_data // batch_size)
   base = _base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
   lanes, ruled_out = _lanes(base, make_optimizer, params, key, limit, provisional)
-  for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress)):
-    lane.seconds_per_step = seconds
   naive_lane = next(lane for lane in lanes if lane.contender.name == "naive")
+  # One rough time of naive's step sizes every lane's timing segments, so that each
+  # lane compiles one segment length for its timing.
+  guess = race_lib.guess_step_seconds(naive_lane) if step_costs is None else None
+  for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
+    lane.seconds_per_step = seconds
   controls = [lane.seconds_per_step for lane in lanes
               if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
   if any(name in candidates for name in _EQUAL_COST):
@@ -361,7 +364,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
                              make_optimizer, params, key, limit, provisional)
     ruled_out += more_out
     if extra:
-      timed = _step_seconds([naive_lane] + extra, step_costs, progress)
+      timed = _step_seconds([naive_lane] + extra, step_costs, progress, guess)
       for lane, seconds in zip(extra, timed[1:]):
         lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
       lanes += extra

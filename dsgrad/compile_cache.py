@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 import time
 from typing import Any, Callable, Hashable
 
@@ -30,6 +31,7 @@ MAX_PROGRAMS = 64
 """The most programs kept; the least recently used is dropped first."""
 
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_LOCK = threading.Lock()  # programs may be built in several threads at once
 
 
 def get_or_build(key: Hashable, build: Callable[[], Any]) -> tuple[Any, float]:
@@ -38,15 +40,17 @@ def get_or_build(key: Hashable, build: Callable[[], Any]) -> tuple[Any, float]:
   Returns:
     ``(program, seconds)``: seconds spent in ``build`` (0.0 on a hit).
   """
-  if key in _PROGRAMS:
-    _PROGRAMS.move_to_end(key)
-    return _PROGRAMS[key], 0.0
+  with _LOCK:
+    if key in _PROGRAMS:
+      _PROGRAMS.move_to_end(key)
+      return _PROGRAMS[key], 0.0
   t0 = time.perf_counter()
   program = build()
   seconds = time.perf_counter() - t0
-  _PROGRAMS[key] = program
-  while len(_PROGRAMS) > MAX_PROGRAMS:
-    _PROGRAMS.popitem(last=False)
+  with _LOCK:
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > MAX_PROGRAMS:
+      _PROGRAMS.popitem(last=False)
   return program, seconds
 
 
@@ -65,7 +69,8 @@ def cached(factory: Callable) -> Callable:
 
 def clear() -> None:
   """Drops every cached program."""
-  _PROGRAMS.clear()
+  with _LOCK:
+    _PROGRAMS.clear()
 
 
 def size() -> int:

@@ -17,6 +17,7 @@ References:
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 from typing import Any, Callable, NamedTuple
@@ -56,12 +57,19 @@ class Lane:
   ``seconds_per_step`` and ``chunk`` are set by :func:`time_steps`."""
 
   def __init__(self, contender: Contender, make_optimizer: Callable, total_steps: int,
-               params, key, description: str = "", state_bytes: int = 0):
+               params, key, description: str = "", state_bytes: int = 0,
+               reuse: "Lane | None" = None):
     self.contender, self.total_steps = contender, int(total_steps)
     self.description, self.state_bytes = description or contender.name, int(state_bytes)
     self.seconds_per_step = math.nan
     inner = make_optimizer(self.total_steps)
-    self.optimizer = optax.with_extra_args_support(optax.chain(contender.estimator, inner))
+    if reuse is not None and reuse.inner is inner:
+      # The same transformation (no schedule to stretch): the same chain object, so the
+      # programs compiled for the old lane serve this one (cached by optimizer).
+      self.inner, self.optimizer = inner, reuse.optimizer
+    else:
+      self.inner = inner
+      self.optimizer = optax.with_extra_args_support(optax.chain(contender.estimator, inner))
     # dsgrad.fit runs its steps on split(key)[0] (the other half evaluates): the same
     # here, so that fit(..., key, start_step=steps) continues this very run.
     self.runner = segments.SegmentRunner(contender.objective, self.optimizer,
@@ -88,13 +96,27 @@ class Lane:
     """The same contender's run from ``params`` with a schedule over ``total_steps``,
     keeping what was measured (description, state size, step time, chunk)."""
     lane = Lane(self.contender, make_optimizer, total_steps, params, key, self.description,
-                self.state_bytes)
+                self.state_bytes, reuse=self)
     lane.seconds_per_step, lane.chunk = self.seconds_per_step, self.chunk
     return lane
+
+  def prepare(self, length: int) -> None:
+    """Compiles this lane's segment of ``length`` steps (see :func:`prepare_all`)."""
+    self.runner.prepare(self.params, self.opt_state, self.steps, length)
 
   @property
   def fraction(self) -> float:
     return self.steps / self.total_steps
+
+
+def prepare_all(lanes: list, lengths: list) -> None:
+  """Compiles every lane's segment of its length, several at once: tracing holds the
+  interpreter but XLA's compiler does not, so on a machine of several cores the lanes'
+  compilations overlap instead of queueing."""
+  workers = max(1, min(len(lanes), os.cpu_count() or 1))
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    for future in [pool.submit(lane.prepare, n) for lane, n in zip(lanes, lengths)]:
+      future.result()
 
 
 def copy_tree(tree):
@@ -123,29 +145,45 @@ def available_memory_bytes() -> int:
   return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05) -> list:
+def guess_step_seconds(lane: "Lane", length: int = 8) -> float:
+  """A rough time per step of ``lane`` (one short segment after compiling it), to size the
+  timing rounds; the lane's run is not advanced."""
+  lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
+  before = lane.runner.step_seconds
+  lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
+  return max(lane.runner.step_seconds - before, 1e-7) / length
+
+
+def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
+               step_guess: float | None = None) -> list:
   """Seconds per step of each lane's step, the median of ``rounds`` interleaved rounds.
 
-  Each lane first compiles and runs a few steps (not counted), which sets its steps per
-  round so that a round lasts about ``round_seconds``. The lanes' runs are not advanced:
-  every timed step starts from a copy of the lane's current carry.
+  Every lane runs segments of its ``chunk`` steps (set here from ``step_guess``, a rough
+  time per step, when it is given, so that a segment lasts about a fifth of a round). The
+  lanes' segments are compiled together first (:func:`prepare_all`), then each lane runs
+  one segment uncounted and, in each round, as many segments as last about
+  ``round_seconds``. The lanes' runs are not advanced: every timed step starts from a copy
+  of the lane's current carry.
   """
-  per_round = []
+  if step_guess is not None:
+    for lane in lanes:
+      lane.chunk = int(np.clip(round_seconds / 5 / step_guess, 1, 5000))
+  prepare_all(lanes, [lane.chunk for lane in lanes])
+  calls = []
   for lane in lanes:
-    carry = (copy_tree(lane.params), copy_tree(lane.opt_state))
-    lane.runner.run(*carry, 0, 4)  # compiles
+    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, lane.chunk)
     before = lane.runner.step_seconds
-    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, 4)
-    guess = max(lane.runner.step_seconds - before, 1e-7) / 4
-    per_round.append(int(np.clip(round_seconds / guess, 4, 2000)))
+    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, lane.chunk)
+    seconds = max(lane.runner.step_seconds - before, 1e-7)
+    calls.append(int(np.clip(round(round_seconds / seconds), 1, 1000)))
   times = [[] for _ in lanes]
   for _ in range(rounds):
     for i, lane in enumerate(lanes):
+      carry = (copy_tree(lane.params), copy_tree(lane.opt_state))
       before = lane.runner.step_seconds
-      lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, per_round[i])
-      times[i].append((lane.runner.step_seconds - before) / per_round[i])
-  for lane, steps in zip(lanes, per_round):
-    lane.chunk = steps
+      for _ in range(calls[i]):
+        carry = lane.runner.run(*carry, 0, lane.chunk)
+      times[i].append((lane.runner.step_seconds - before) / (calls[i] * lane.chunk))
   return [float(np.median(t)) for t in times]
 
 
@@ -216,6 +254,7 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     # Rounds end within half a chunk of their wall-clock mark: chunks of at most an
     # eighth of the first round keep the lanes' times within 6% of each other.
     lane.chunk = int(np.clip(fractions[0] * lane.total_steps / 8, 1, lane.chunk))
+  prepare_all(lanes, [lane.chunk for lane in lanes])
   alive = list(range(len(lanes)))
   for r, fraction in enumerate(fractions):
     for i in alive:

@@ -215,6 +215,21 @@ class SegmentRunner:
     cap = min(length, self.block) if self.block else length
     return [(s, min(cap, start + length - s)) for s in range(start, start + length, cap)]
 
+  def prepare(self, params, opt_state, start: int, length: int) -> None:
+    """Compiles the executables that :meth:`run` of the same segment will use, without
+    running anything (safe to call from several threads, one runner each). With host
+    data, whose rows are read per block, it compiles nothing ahead."""
+    if self.host_data:
+      return
+    for at, steps in self.blocks(start, length):
+      if steps not in self.executables:
+        args = ((params, opt_state), self.key, jnp.int32(at), self.data_args,
+                self.orders.window(at, steps), {})
+        self.executables[steps], seconds = compiled_segment(
+            self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
+            self.carry_shardings)
+        self.compile_seconds += seconds
+
   def run(self, params, opt_state, start: int, length: int, following=None):
     """Steps ``start .. start + length - 1``; returns ``(params, opt_state)``, ready.
 
