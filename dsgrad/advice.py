@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, NamedTuple
 
@@ -255,6 +256,49 @@ def _step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
   return costs
 
 
+def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
+                   budget_in, ruled_out, started) -> Recommendation:
+  """The advice when naive is the only candidate left: nothing to race it against, so
+  neither its timing nor a race is spent; its run is set up for the whole budget."""
+  seconds = (float(step_costs["naive"]) if step_costs is not None
+             else race_lib.time_steps([naive_lane], step_guess=guess)[0])
+  budget_seconds = float(budget) * (seconds if budget_in == "naive_steps" else 1.0)
+  lane = naive_lane.restarted(make_optimizer, max(1, int(budget_seconds / seconds)), params,
+                              key)
+  lane.seconds_per_step = seconds
+  best = Candidate("naive", lane.description, seconds, lane.total_steps, lane.state_bytes)
+  ranking = (best, *ruled_out)
+  spent = time.perf_counter() - started
+  reasons = [f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
+             f"({100 * spent / budget_seconds:.2g}% of it).",
+             f"naive: {seconds:.3g} s per step ({lane.total_steps} steps in the "
+             "budget); not raced, as no other candidate is left to race against."]
+  notes: dict = {}
+  for r in ruled_out:
+    notes.setdefault(r.note, []).append(r.description)
+  reasons += [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
+  reasons.append("stay with naive and your decaying step size.")
+  return Recommendation("naive", ranking, tuple(reasons), budget_seconds, spent,
+                        {"naive": lane}, key)
+
+
+def _affordable(naive_lane, guess, budget, budget_in, share, started, step_costs) -> int:
+  """How many candidates besides naive the share of the budget can pay for.
+
+  Each raced lane compiles two programs (its timing segment, and its run with the
+  schedule stretched over its budget) and sets up its state twice. Measured on small
+  models on two CPU cores, a candidate's programs took about four times as long to build
+  as naive's short guess segment, the lanes' compilations overlapped 1.6-fold, and its
+  timing rounds and state set-up added about three quarters of a second. Given ``step_costs`` (nothing is timed) every candidate races."""
+  if step_costs is not None:
+    return len(CANDIDATES)
+  budget_seconds = float(budget) * (guess if budget_in == "naive_steps" else 1.0)
+  overlap = 1.6 if (os.cpu_count() or 1) > 1 else 1.0
+  per_lane = 2 * 4 * naive_lane.runner.compile_seconds / overlap + 0.75
+  left = share * budget_seconds - (time.perf_counter() - started)
+  return max(0, int(left / per_lane))
+
+
 def _pick(rows) -> Candidate:
   raced = [r for r in rows if not r.note]
   furthest = max(r.rounds for r in raced)
@@ -268,9 +312,10 @@ def _reasons(ranking, best, budget_seconds, spent) -> list:
   lines = [f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
            f"({100 * spent / budget_seconds:.2g}% of it)."]
   naive = next(r for r in ranking if r.name == "naive")
+  notes: dict = {}  # one line per reason, naming every candidate it ruled out
   for r in ranking:
     if r.note:
-      lines.append(f"{r.description}: ruled out ({r.note}).")
+      notes.setdefault(r.note, []).append(r.description)
       continue
     speed = naive.seconds_per_step / r.seconds_per_step
     line = (f"{r.description}: {speed:.3g}x naive's steps per second ({r.budget_steps} steps "
@@ -281,6 +326,7 @@ def _reasons(ranking, best, budget_seconds, spent) -> list:
                else f"reached naive's final race ELBO in {r.time_ratio:.2g}x naive's time")
       line += f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time; {reach}"
     lines.append(line + ".")
+  lines += [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
   if best.name == "naive":
     lines.append("no candidate beat naive by more than twice its standard error at equal "
                  "wall-clock: stay with naive and your decaying step size.")
@@ -317,7 +363,12 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       that many steps, as timed here).
     approx: the approximation of the control variates (default: each estimator's).
     candidates: names from :data:`CANDIDATES`; ``"naive"`` is required (the reference).
-    share: the fraction of the budget the timing and the race may take together.
+      Their order is their priority: when compiling them all would cost more than
+      ``share`` of the budget, the last ones are not raced (each says so in the advice).
+    share: the fraction of the budget the advice may take: compiling, timing and the
+      race together. Compilation is a fixed cost (each candidate compiles two programs,
+      about a second each for small models on two CPU cores), so a small budget races
+      fewer candidates; the race takes what compiling leaves of the share.
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
@@ -349,18 +400,31 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   limit = memory_share * race_lib.available_memory_bytes()
   provisional = max(1, objective.num_data // batch_size)
   base = _base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
-  lanes, ruled_out = _lanes(base, make_optimizer, params, key, limit, provisional)
-  naive_lane = next(lane for lane in lanes if lane.contender.name == "naive")
+  lanes, ruled_out = _lanes([c for c in base if c[0] == "naive"], make_optimizer, params,
+                            key, limit, provisional)
+  naive_lane = lanes[0]
   # One rough time of naive's step sizes every lane's timing segments, so that each
   # lane compiles one segment length for its timing.
   guess = race_lib.guess_step_seconds(naive_lane) if step_costs is None else None
+  afford = _affordable(naive_lane, guess, budget, budget_in, share, started, step_costs)
+  priority = [name for name in candidates if name != "naive"][:afford]
+  skipped = [name for name in candidates if name != "naive" and name not in priority]
+  note = (f"not raced: compiling it would take this advice past share = {share:g} of the "
+          "budget (give fewer candidates, a larger budget or a larger share)")
+  ruled_out += [Candidate(name, name, note=note) for name in skipped]
+  more, more_out = _lanes([c for c in base if c[0] in priority], make_optimizer, params,
+                          key, limit, provisional)
+  lanes, ruled_out = lanes + more, ruled_out + more_out
+  if len(lanes) == 1 and not any(name in priority for name in _EQUAL_COST):
+    return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
+                          budget_in, ruled_out, started)
   for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   controls = [lane.seconds_per_step for lane in lanes
               if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
-  if any(name in candidates for name in _EQUAL_COST):
+  if any(name in priority for name in _EQUAL_COST):
     ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-    extra, more_out = _lanes(_equal_cost_contenders(candidates, objective, batch_size, ratio),
+    extra, more_out = _lanes(_equal_cost_contenders(priority, objective, batch_size, ratio),
                              make_optimizer, params, key, limit, provisional)
     ruled_out += more_out
     if extra:
@@ -374,10 +438,13 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   lanes = [lane.restarted(make_optimizer, max(1, int(budget_seconds / lane.seconds_per_step)),
                           params, key) for lane in lanes]
   spent = time.perf_counter() - started
-  # Timing and compiling come out of the share; given step costs, the race is
-  # deterministic and takes the whole share (of the budget those costs imply).
-  race_share = share if step_costs is not None else max(share - spent / budget_seconds,
-                                                        0.25 * share)
+  # Timing and compiling come out of the share, the race's own compilation too (about
+  # what the timing segments took, overlapped as they were); given step costs, the race
+  # is deterministic and takes the whole share (of the budget those costs imply).
+  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / (
+      1.6 if (os.cpu_count() or 1) > 1 else 1.0)
+  race_share = share if step_costs is not None else max(
+      share - (spent + to_compile) / budget_seconds, 0.25 * share)
   eval_key = jax.random.fold_in(key, 7919)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
   traces = race_lib.race(

@@ -145,9 +145,11 @@ def available_memory_bytes() -> int:
   return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def guess_step_seconds(lane: "Lane", length: int = 8) -> float:
+def guess_step_seconds(lane: "Lane", length: int = 64) -> float:
   """A rough time per step of ``lane`` (one short segment after compiling it), to size the
-  timing rounds; the lane's run is not advanced."""
+  timing rounds; the lane's run is not advanced. An overestimate for fast steps: a
+  segment's call has a fixed cost (dispatch, the deferred checks' read-back) of the order
+  of a millisecond's fraction."""
   lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
   before = lane.runner.step_seconds
   lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
@@ -159,7 +161,8 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   """Seconds per step of each lane's step, the median of ``rounds`` interleaved rounds.
 
   Every lane runs segments of its ``chunk`` steps (set here from ``step_guess``, a rough
-  time per step, when it is given, so that a segment lasts about a fifth of a round). The
+  time per step, when it is given, so that a segment lasts about half a round: long
+  enough that the call's fixed cost is a small part of it). The
   lanes' segments are compiled together first (:func:`prepare_all`), then each lane runs
   one segment uncounted and, in each round, as many segments as last about
   ``round_seconds``. The lanes' runs are not advanced: every timed step starts from a copy
@@ -167,7 +170,7 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   """
   if step_guess is not None:
     for lane in lanes:
-      lane.chunk = int(np.clip(round_seconds / 5 / step_guess, 1, 5000))
+      lane.chunk = int(np.clip(round_seconds / 2 / step_guess, 1, 20_000))
   prepare_all(lanes, [lane.chunk for lane in lanes])
   calls = []
   for lane in lanes:

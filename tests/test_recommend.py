@@ -118,3 +118,24 @@ def test_bad_settings_are_refused(kwargs):
   with pytest.raises(ValueError):
     dsgrad.recommend(objective, optax.adam(1e-2), dsgrad.meanfield_init(model),
                      jax.random.key(0), **settings)
+
+
+def test_a_budget_too_small_to_race_in_gets_naive_without_a_race():
+  """When compiling the candidates would take more than ``share`` of the budget, they are
+  not raced, each says why, and naive's run is set up for the whole budget (its steps
+  timed here), ready to continue."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  advice = dsgrad.recommend(objective, _schedule, dsgrad.meanfield_init(model),
+                            jax.random.key(1), batch_size=BATCH, budget=0.05,
+                            progress=False)
+  rows = _by_name(advice)
+  assert advice.best == "naive", str(advice)
+  assert set(rows) == set(dsgrad.advice.CANDIDATES)
+  assert all(rows[n].note.startswith("not raced") for n in rows if n != "naive")
+  lane = advice.runs["naive"]
+  assert lane.steps == 0 and lane.total_steps == rows["naive"].budget_steps >= 1
+  assert rows["naive"].seconds_per_step * lane.total_steps == pytest.approx(0.05, rel=0.5)
+  assert "not raced, as no other candidate is left" in str(advice)
+  result = advice.fit(progress=False, elbo_samples=0)
+  assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(result.params)[0]))
