@@ -89,6 +89,14 @@ def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
 _HELD_LOCKS: dict[str, int] = {}
 
 
+def finally_remove(path: str) -> None:
+  """Removes ``path`` if it is there."""
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass
+
+
 def _lock_owner(lock: str) -> tuple[str, int] | None:
   try:
     with open(lock) as f:
@@ -122,25 +130,30 @@ def exclusive(path: str | os.PathLike):
   os.makedirs(os.path.dirname(path), exist_ok=True)
   me = f"{socket.gethostname()}:{os.getpid()}"
   for _ in range(3):
+    # The owner is written to a private file first and linked into place (atomic, and
+    # refused if the lock exists), so a process killed while taking the lock never leaves
+    # an empty lock file that no later run could attribute, and hence take over. The
+    # private file is named as a save's temporary, so a killed process's is cleaned up.
+    claim = os.path.join(os.path.dirname(lock), f"{temp_prefix(path)}{os.getpid()}-lock")
+    with open(claim, "w") as f:
+      f.write(me)
     try:
-      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      os.link(claim, lock)
     except FileExistsError:
       owner = _lock_owner(lock)
       stale = (owner is not None and owner[0] == socket.gethostname()
                and not _pid_is_running(owner[1]))
       if stale:
-        try:
-          os.remove(lock)
-        except FileNotFoundError:
-          pass
+        finally_remove(lock)
+        finally_remove(claim)
         continue
+      finally_remove(claim)
       raise RuntimeError(
           f"checkpoint {path!r} is being written by another process "
           f"({'unknown' if owner is None else '%s, pid %d' % owner}; lock file {lock!r}). "
           "Two runs writing one checkpoint would overwrite each other: use another "
           "checkpoint path, or remove the lock file if that process is gone") from None
-    with os.fdopen(fd, "w") as f:
-      f.write(me)
+    finally_remove(claim)
     break
   else:
     raise RuntimeError(f"could not take the lock {lock!r} of checkpoint {path!r}")
