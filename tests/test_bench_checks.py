@@ -1,9 +1,12 @@
+import pytest
 """``python -m benchmarks checks`` runs end to end on a tiny problem and its table holds
 one row per estimator and size, with positive step times."""
 
 from benchmarks import checks
 
 
+# A smoke run of benchmark code; the checks themselves are tested in test_bad_input.
+@pytest.mark.slow
 def test_checks_benchmark_smoke():
   step_rows, per_call, once = checks.run(sizes=((200, 3),), batch_size=10, steps=3, rounds=1,
                                estimators=("naive", "joint_saga"))

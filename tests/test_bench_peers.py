@@ -44,6 +44,9 @@ def test_quadrature_elbo_matches_monte_carlo(task):
   assert abs(evaluate(params["loc"], params["log_scale"]) - float(mc)) < 4 * float(se) + 1e-3
 
 
+# A smoke run of every contender; the contenders' objectives are compared equal in
+# test_models_users_bring_are_the_same_objective_for_every_contender.
+@pytest.mark.slow
 def test_every_contender_runs(task, tmp_path):
   class Args:
     only, lrs, tuning_seeds, seeds, evals, quick = None, "0.01", 1, 2, 5, True

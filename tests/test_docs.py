@@ -14,7 +14,8 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DOCS = os.path.join(ROOT, "docs")
 PAGES = ["../README.md", "getting-started.md"] + sorted(
-    os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "howto", "*.md")))
+    os.path.relpath(p, DOCS) for folder in ("howto", "tutorials")
+    for p in glob.glob(os.path.join(DOCS, folder, "*.md")))
 sys.path.insert(0, DOCS)
 
 

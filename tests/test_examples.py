@@ -104,6 +104,8 @@ def _mcvae_args(out, epochs, checkpoint_dir=None):
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
+# The MCVAE tutorial runs the same training; other examples' tests cover exact resumes.
+@pytest.mark.slow
 def test_mcvae_runs_and_resumes_exactly(tmp_path):
   import mcvae
   ckpt = tmp_path / "ckpt"
