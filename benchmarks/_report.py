@@ -118,7 +118,7 @@ def publish(section: str, body: str | None, write: bool, data=None, render=None)
     render: a function of one run record returning the section's text (a module-level
       function, recorded by name so the page can be re-rendered later).
   """
-  record = new_record(data, render) if render is not None else new_record(None, None, body)
+  record = new_record(data, render, body)
   # Rendered from the record as it will be read back, so what is printed now and what the
   # page shows after a re-render cannot differ.
   import json
@@ -147,8 +147,9 @@ def command() -> str:
 
 def new_record(results, render, output: str | None = None) -> dict:
   """One run's record: date, environment, command, and either the raw ``results`` with the
-  name of the ``render`` function that turns them into the section, or the printed
-  ``output`` of a benchmark that keeps no raw numbers."""
+  name of the ``render`` function that turns them into the section (``output`` unused),
+  or, without ``render``, the printed ``output`` of a benchmark that keeps no raw
+  numbers."""
   record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "environment": environment(), "command": command()}
   if render is not None:

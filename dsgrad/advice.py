@@ -57,6 +57,12 @@ steps."""
 _EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
 
+def _compile_overlap() -> float:
+  """How much the lanes' compilations overlap in threads: measured 1.6-fold on two CPU
+  cores (tracing holds the interpreter lock, XLA's compiler does not)."""
+  return 1.6 if (os.cpu_count() or 1) > 1 else 1.0
+
+
 class Candidate(NamedTuple):
   """What :func:`recommend` measured for one candidate.
 
@@ -269,15 +275,10 @@ def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, b
   best = Candidate("naive", lane.description, seconds, lane.total_steps, lane.state_bytes)
   ranking = (best, *ruled_out)
   spent = time.perf_counter() - started
-  reasons = [f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
-             f"({100 * spent / budget_seconds:.2g}% of it).",
+  reasons = [_budget_line(budget_seconds, spent),
              f"naive: {seconds:.3g} s per step ({lane.total_steps} steps in the "
-             "budget); not raced, as no other candidate is left to race against."]
-  notes: dict = {}
-  for r in ruled_out:
-    notes.setdefault(r.note, []).append(r.description)
-  reasons += [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
-  reasons.append("stay with naive and your decaying step size.")
+             "budget); not raced, as no other candidate is left to race against.",
+             *_ruled_out_lines(ruled_out), "stay with naive and your decaying step size."]
   return Recommendation("naive", ranking, tuple(reasons), budget_seconds, spent,
                         {"naive": lane}, key)
 
@@ -288,13 +289,13 @@ def _affordable(naive_lane, guess, budget, budget_in, share, started, step_costs
   Each raced lane compiles two programs (its timing segment, and its run with the
   schedule stretched over its budget) and sets up its state twice. Measured on small
   models on two CPU cores, a candidate's programs took about four times as long to build
-  as naive's short guess segment, the lanes' compilations overlapped 1.6-fold, and its
-  timing rounds and state set-up added about three quarters of a second. Given ``step_costs`` (nothing is timed) every candidate races."""
+  as naive's short guess segment, the lanes' compilations overlapped
+  (:func:`_compile_overlap`), and its timing rounds and state set-up added about three
+  quarters of a second. Given ``step_costs`` (nothing is timed) every candidate races."""
   if step_costs is not None:
     return len(CANDIDATES)
   budget_seconds = float(budget) * (guess if budget_in == "naive_steps" else 1.0)
-  overlap = 1.6 if (os.cpu_count() or 1) > 1 else 1.0
-  per_lane = 2 * 4 * naive_lane.runner.compile_seconds / overlap + 0.75
+  per_lane = 2 * 4 * naive_lane.runner.compile_seconds / _compile_overlap() + 0.75
   left = share * budget_seconds - (time.perf_counter() - started)
   return max(0, int(left / per_lane))
 
@@ -308,14 +309,25 @@ def _pick(rows) -> Candidate:
   return winner if winner.gain > 2 * winner.gain_se and winner.gain > 0 else naive
 
 
-def _reasons(ranking, best, budget_seconds, spent) -> list:
-  lines = [f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
-           f"({100 * spent / budget_seconds:.2g}% of it)."]
-  naive = next(r for r in ranking if r.name == "naive")
-  notes: dict = {}  # one line per reason, naming every candidate it ruled out
-  for r in ranking:
+def _budget_line(budget_seconds, spent) -> str:
+  return (f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
+          f"({100 * spent / budget_seconds:.2g}% of it).")
+
+
+def _ruled_out_lines(rows) -> list:
+  """One line per reason, naming every candidate it ruled out."""
+  notes: dict = {}
+  for r in rows:
     if r.note:
       notes.setdefault(r.note, []).append(r.description)
+  return [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
+
+
+def _reasons(ranking, best, budget_seconds, spent) -> list:
+  lines = [_budget_line(budget_seconds, spent)]
+  naive = next(r for r in ranking if r.name == "naive")
+  for r in ranking:
+    if r.note:
       continue
     speed = naive.seconds_per_step / r.seconds_per_step
     line = (f"{r.description}: {speed:.3g}x naive's steps per second ({r.budget_steps} steps "
@@ -326,7 +338,7 @@ def _reasons(ranking, best, budget_seconds, spent) -> list:
                else f"reached naive's final race ELBO in {r.time_ratio:.2g}x naive's time")
       line += f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time; {reach}"
     lines.append(line + ".")
-  lines += [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
+  lines += _ruled_out_lines(ranking)
   if best.name == "naive":
     lines.append("no candidate beat naive by more than twice its standard error at equal "
                  "wall-clock: stay with naive and your decaying step size.")
@@ -441,8 +453,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   # Timing and compiling come out of the share, the race's own compilation too (about
   # what the timing segments took, overlapped as they were); given step costs, the race
   # is deterministic and takes the whole share (of the budget those costs imply).
-  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / (
-      1.6 if (os.cpu_count() or 1) > 1 else 1.0)
+  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / _compile_overlap()
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile) / budget_seconds, 0.25 * share)
   eval_key = jax.random.fold_in(key, 7919)

@@ -89,8 +89,8 @@ def remove_orphan_temp_files(path: str | os.PathLike) -> list[str]:
 _HELD_LOCKS: dict[str, int] = {}
 
 
-def finally_remove(path: str) -> None:
-  """Removes ``path`` if it is there."""
+def _remove_if_there(path: str) -> None:
+  """Removes ``path`` if it is there (another process may have removed it first)."""
   try:
     os.remove(path)
   except FileNotFoundError:
@@ -144,16 +144,15 @@ def exclusive(path: str | os.PathLike):
       stale = (owner is not None and owner[0] == socket.gethostname()
                and not _pid_is_running(owner[1]))
       if stale:
-        finally_remove(lock)
-        finally_remove(claim)
+        _remove_if_there(lock)  # the claim is written afresh on the next try
         continue
-      finally_remove(claim)
+      _remove_if_there(claim)
       raise RuntimeError(
           f"checkpoint {path!r} is being written by another process "
           f"({'unknown' if owner is None else '%s, pid %d' % owner}; lock file {lock!r}). "
           "Two runs writing one checkpoint would overwrite each other: use another "
           "checkpoint path, or remove the lock file if that process is gone") from None
-    finally_remove(claim)
+    _remove_if_there(claim)
     break
   else:
     raise RuntimeError(f"could not take the lock {lock!r} of checkpoint {path!r}")
@@ -162,10 +161,7 @@ def exclusive(path: str | os.PathLike):
     yield
   finally:
     del _HELD_LOCKS[path]
-    try:
-      os.remove(lock)
-    except FileNotFoundError:
-      pass
+    _remove_if_there(lock)
 
 
 def save(path: str | os.PathLike, tree: Any) -> None:
