@@ -76,3 +76,19 @@ def test_no_order_left_in_a_long_permutation():
 def test_refuses_more_than_int32_indices():
   with pytest.raises(ValueError, match=r"\[0, 2\^31\)"):
     batching.permutation(jax.random.key(0), 2**31)
+
+
+def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
+  # On a CPU, EpochOrders sorts the keys with NumPy; the orders must be the ones the
+  # jitted program (used on accelerators) and batch_indices compute, so a run's batches
+  # do not depend on where it runs.
+  for num_data, batch_size in ((10, 3), (997, 10)):
+    host = batching._epoch_permutation_host_sort(num_data, batch_size)
+    device = batching._epoch_permutation_program(num_data, batch_size)
+    for epoch in range(3):
+      np.testing.assert_array_equal(np.asarray(host(jax.random.key(4), jnp.int32(epoch))),
+                                    np.asarray(device(jax.random.key(4), jnp.int32(epoch))))
+  orders = batching.EpochOrders(jax.random.key(2), 997, 10)
+  window = batching.slice_window(orders.window(0, 250), 0, 250, 997, 10)
+  np.testing.assert_array_equal(np.asarray(window),
+                                np.asarray(batching.epoch_batches(jax.random.key(2), 997, 10, 250)))
