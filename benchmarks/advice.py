@@ -233,6 +233,9 @@ def main(argv=None):
   parser.add_argument("--tune-seed", type=int, default=100)
   parser.add_argument("--elbo-samples", type=int, default=100)
   parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+  parser.add_argument("--section", default="",
+                      help="a name for this run's own section of the page (e.g. 'minute' for "
+                           "a run at minute-scale budgets), beside the default runs")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   steps = {name: args.steps or STEPS[name] for name in args.models}
@@ -242,7 +245,8 @@ def main(argv=None):
     parser.error("the tuning seed must not be a reported seed")
   results = {name: run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
                              args.elbo_samples) for name in args.models}
-  _report.publish(f"advice-{jax.default_backend()}", None, not args.no_write,
+  section = f"advice-{jax.default_backend()}" + (f"-{args.section}" if args.section else "")
+  _report.publish(section, None, not args.no_write,
                   render=render, data={"results": results, "config": config})
 
 
