@@ -118,6 +118,17 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
 
   Returns:
     ``(estimate, standard_error)`` as floats.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> value, standard_error = dsgrad.elbo(objective, params, jax.random.key(1), num_samples=50)
+    >>> bool(standard_error > 0), bool(value < 0)
+    (True, True)
   """
   with objective.bound():
     values = elbo_draws(objective, num_samples, chunk_size)(params, key)

@@ -143,6 +143,22 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       noise), with the check's message and the first step it failed at: the checks
       travel out of the compiled segment (:func:`dsgrad.checks.deferred`) instead of
       a host callback per step.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> import optax
+    >>> optimizer = optax.chain(dsgrad.joint_svrg(objective, every=10), optax.adam(1e-2))
+    >>> result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=100,
+    ...                     batch_size=10, elbo_samples=20, progress=False)
+    >>> result.history.step.tolist()  # one ELBO evaluation per epoch of N / B steps
+    [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
+    >>> bool(result.history.elbo[-1] > result.history.elbo[0])
+    True
   """
   _check_fit_arguments(objective, batch_size, checkpoint_path)
   # One run writes a checkpoint path at a time: a second would overwrite its files.

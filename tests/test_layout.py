@@ -5,6 +5,8 @@ models, families or Flax."""
 import ast
 import pathlib
 
+import pytest
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dsgrad"
 
 
@@ -45,20 +47,19 @@ def test_benchmarks_live_outside_the_installed_package():
     assert not private, (path.name, private)  # benchmarks use the public API
 
 
-def test_docstring_examples_run():
+# One test per module, so that the two test workers share the examples' time.
+_WITH_EXAMPLES = [".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+                  .removesuffix(".__init__")
+                  for path in sorted(PACKAGE.rglob("*.py")) if ">>>" in path.read_text()]
+
+
+@pytest.mark.parametrize("name", _WITH_EXAMPLES)
+def test_docstring_examples_run(name):
   """Every ``>>>`` example in dsgrad's docstrings runs and prints what it shows."""
   import doctest
   import importlib
-  failures = []
-  for path in sorted(PACKAGE.rglob("*.py")):
-    if ">>>" not in path.read_text():
-      continue
-    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    module = importlib.import_module(name.removesuffix(".__init__"))
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    if result.failed:
-      failures.append(name)
-  assert not failures, failures
+  result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+  assert result.attempted and not result.failed, name
 
 
 def test_one_leapfrog_implementation():

@@ -192,6 +192,19 @@ def linearize(mask: Any = None) -> Approximation:
 
   References:
     Wang, Geffner, Domke (2024), Sec. 4 and App. F; DESIGN.md, Sec. 3.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.linearize()  # any model: one JVP of the gradient
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
 
   def grad_and_expected(objective: Objective, params, indices, noise):

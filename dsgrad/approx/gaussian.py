@@ -41,6 +41,19 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
 
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-64.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.gaussian_mean_taylor(model)
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
 
   def grad_k_and_hvp(loc, scale, indices, eps):
@@ -169,6 +182,19 @@ def gaussian_taylor(model: Model) -> Approximation:
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-67.
     Miller et al. (2017). Reducing reparameterization gradient variance. NeurIPS.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.gaussian_taylor(model)
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
   n = model.num_data
 

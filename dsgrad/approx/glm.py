@@ -120,6 +120,19 @@ def glm_mean_taylor(model: Model) -> Approximation:
 
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-64; Sec. 7.3 (Table 3).
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.glm_mean_taylor(model)
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
   glm = _glm_parts(model, "glm_mean_taylor", "gaussian_mean_taylor(model) or linearize()")
   n = model.num_data
@@ -206,6 +219,19 @@ def glm_taylor(model: Model) -> Approximation:
 
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-67; Sec. 7.3 (Table 3).
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.glm_taylor(model)
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
   return _glm_second_order(model, "glm_taylor")
 
@@ -429,6 +455,19 @@ def logistic_probit(model: Model) -> Approximation:
     an unbiased joint control variate), App. F (the scale's second-order terms).
     Monahan, Stefanski (1992). Normal scale mixture approximations to F*(z) and
     computation of the logistic-normal integral.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> approx = dsgrad.approx.logistic_probit(model)
+    >>> expected = approx.expected_grad(objective, params, jnp.arange(10))  # e~ of a batch
+    >>> jax.tree.map(jnp.shape, expected)
+    {'loc': (3,), 'log_scale': (3,)}
+    >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
   linear = model.linear
   if linear is None or linear.logistic_signs is None or linear.num_outputs != 1:
