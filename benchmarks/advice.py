@@ -169,10 +169,12 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
                         zip(result.history.wall_time, result.history.elbo)]
         row["raced_steps"] = raced_steps
       rows[c.name] = row
-    k = max(2, int(round(np.median([rows[n]["seconds_per_step"] for n in
-                                    ("cv", "joint_svrg", "joint_saga")
-                                    if n in rows and not rows[n]["note"]])
-                         / rows["naive"]["seconds_per_step"])))
+    # The equal-cost K: what a raced control-variate step costs in naive steps (2 when
+    # recommend raced none, e.g. when the budget could not pay for compiling them).
+    costs = [rows[n]["seconds_per_step"] for n in ("cv", "joint_svrg", "joint_saga")
+             if n in rows and not rows[n]["note"]]
+    k = (max(2, int(round(np.median(costs) / rows["naive"]["seconds_per_step"])))
+         if costs else 2)
     out["seeds"][str(seed)] = {
         "prediction": _prediction_check(rows, advice.best),
         "budget_seconds": budget, "hand_elbo": hand[0], "hand_elbo_se": hand[1],
