@@ -88,9 +88,20 @@ def permutation(key, num: int):
   """
   if not 0 <= num < 2**31:
     raise ValueError(f"permutation: num must lie in [0, 2^31), got {num}")
-  words = list(jax.random.bits(key, (ROUNDS,), jnp.uint32))
-  keys = jax.lax.sort(mix_bits(jnp.arange(num, dtype=jnp.uint32), words))
-  return unmix_bits(keys, words).astype(jnp.int32)
+  words, keys = _sort_keys(key, num)
+  return _from_sorted_keys(words, jax.lax.sort(keys))
+
+
+def _sort_keys(key, num: int):
+  """``(words, keys)``: the bijection's random words and the distinct keys ``h(i)``
+  whose sort order is :func:`permutation`'s."""
+  words = jax.random.bits(key, (ROUNDS,), jnp.uint32)
+  return words, mix_bits(jnp.arange(num, dtype=jnp.uint32), list(words))
+
+
+def _from_sorted_keys(words, sorted_keys):
+  """The indices in key order: the sorted keys mapped back through ``h^-1``."""
+  return unmix_bits(sorted_keys, list(words)).astype(jnp.int32)
 
 
 def batch_indices(key, start, num_steps: int, num_data: int, batch_size: int):
@@ -119,7 +130,12 @@ def epoch_permutation(key, epoch, num_data: int, batch_size: int):
   CPU costs more than an epoch of cheap steps at large ``N``. Earlier dsgrad versions
   used ``jax.random.permutation``, so the same key gives other batches than with them."""
   perm = permutation(jax.random.fold_in(key, epoch), num_data)
-  return perm[:(num_data // batch_size) * batch_size]
+  return perm[:_epoch_length(num_data, batch_size)]
+
+
+def _epoch_length(num_data: int, batch_size: int) -> int:
+  """Data an epoch uses: ``N // B`` whole batches, the remainder dropped."""
+  return (num_data // batch_size) * batch_size
 
 
 def window_epochs(num_steps: int, num_data: int, batch_size: int) -> int:
@@ -144,16 +160,13 @@ def _epoch_permutation_program(num_data: int, batch_size: int):
 
 @compile_cache.cached
 def _epoch_keys_program(num_data: int):
-  def keys(key, epoch):
-    words = jax.random.bits(jax.random.fold_in(key, epoch), (ROUNDS,), jnp.uint32)
-    return words, mix_bits(jnp.arange(num_data, dtype=jnp.uint32), list(words))
-  return jax.jit(keys)
+  return jax.jit(lambda key, epoch: _sort_keys(jax.random.fold_in(key, epoch), num_data))
 
 
 @compile_cache.cached
 def _epoch_unmix_program(num_data: int, batch_size: int):
-  return jax.jit(lambda words, keys: unmix_bits(keys, list(words)).astype(jnp.int32)[
-      :(num_data // batch_size) * batch_size])
+  return jax.jit(lambda words, keys: _from_sorted_keys(words, keys)[
+      :_epoch_length(num_data, batch_size)])
 
 
 def _epoch_permutation_host_sort(num_data: int, batch_size: int):
