@@ -399,6 +399,22 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
 
   References:
     Jamieson, Talwalkar (2016), successive halving; Wang, Geffner, Domke (2024), Sec. 7.
+
+  Example: advice for a 20-second run with a cosine schedule; ``advice.fit()`` would then
+  continue the winner's raced run to the end of its budget::
+
+    >>> import jax, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 2000, 5)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> advice = dsgrad.recommend(
+    ...     dsgrad.meanfield_gaussian(model),
+    ...     lambda steps: optax.adam(optax.cosine_decay_schedule(1e-2, steps)),
+    ...     dsgrad.meanfield_init(model, 0.0, -1.0), jax.random.key(1), batch_size=20,
+    ...     budget=20.0, candidates=("naive", "cv"), progress=False)
+    >>> [candidate.name for candidate in advice.ranking] in (["naive", "cv"], ["cv", "naive"])
+    True
+    >>> print(advice)  # doctest: +ELLIPSIS
+    recommended: ...
   """
   started = time.perf_counter()
   unknown = set(candidates) - set(CANDIDATES)

@@ -33,7 +33,24 @@ def meanfield_entropy(log_scale: jax.Array) -> jax.Array:
 @checks.arguments(loc=checks.finite_values(), log_scale=checks.finite_values())
 def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
                    log_scale: float | jax.Array = 0.0) -> dict:
-  """Variational parameters ``{"loc": (d,), "log_scale": (d,)}`` filled with constants."""
+  """Variational parameters ``{"loc": (d,), "log_scale": (d,)}`` filled with constants.
+
+  Args:
+    model: the model (gives ``d``).
+    loc: the mean, a scalar or a ``(d,)`` vector.
+    log_scale: the log standard deviation, a scalar or a ``(d,)`` vector.
+
+  Returns:
+    The params of :func:`meanfield_gaussian`'s objective, float32.
+
+  Example::
+
+    >>> import jax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> params = dsgrad.meanfield_init(dsgrad.models.logistic_regression(x, y), 0.0, -1.0)
+    >>> params["log_scale"].tolist()
+    [-1.0, -1.0, -1.0]
+  """
   d = model.latent_dim
   return {"loc": jnp.broadcast_to(jnp.asarray(loc, jnp.float32), (d,)),
           "log_scale": jnp.broadcast_to(jnp.asarray(log_scale, jnp.float32), (d,))}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -169,10 +169,13 @@ class Objective:
 
   def model_key(self):
     """What makes this objective the same model as another, whatever its data: the loss
-    and noise functions, ``N``, the noise sharing and the data handles. Every
-    :meth:`with_data` copy shares it, in memory or on the host."""
+    and noise functions (or the keys their constructor gave them,
+    :func:`with_function_key`), ``N``, the noise sharing and the data handles. Every
+    :meth:`with_data` copy shares it, in memory or on the host, and so does the same
+    constructor called twice on the same model."""
     refs = tuple((k, id(r)) for k, r in sorted((self.data or {}).items()))
-    return (_raw_loss(self.loss_fn), self.noise_fn, self.num_data, self.shared_noise, refs)
+    return (function_key(_raw_loss(self.loss_fn)), function_key(self.noise_fn), self.num_data,
+            self.shared_noise, refs)
 
   def structure_key(self):
     """What determines this objective's compiled programs apart from its data values:
@@ -294,6 +297,26 @@ class _Structure:
     return f"Objective structure of {self.template.name!r} (data {list(self.keys)})"
 
 
+def with_function_key(fn: Callable, key: Hashable) -> Callable:
+  """Marks ``fn`` as computing what every function marked with an equal ``key`` computes.
+
+  A constructor that builds its loss or noise function as a fresh closure marks it with
+  what determines it (the model's functions, the family, the settings), so that an
+  objective built twice from the same model -- ``dsgrad.meanfield_gaussian(model)``
+  handed to an estimator and again to :func:`dsgrad.fit` -- is recognised as one model
+  and shares its compiled programs. A function whose key omits something it depends on
+  would be confused with another, so keys list every input of the closure. A function
+  derived from a marked one is a new function, unmarked until its maker marks it.
+  """
+  fn._dsgrad_function_key = key
+  return fn
+
+
+def function_key(fn: Callable) -> Hashable:
+  """``fn``'s key from :func:`with_function_key`, else ``fn`` itself (identity)."""
+  return getattr(fn, "_dsgrad_function_key", fn)
+
+
 def _raw_loss(loss_fn: LossFn) -> LossFn:
   """The model's loss function behind an objective's data-binding wrapper."""
   return getattr(loss_fn, "_dsgrad_raw_loss", loss_fn)
@@ -395,6 +418,14 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
 
   Returns:
     ``noise_fn(key, batch_size)``.
+
+  Example::
+
+    >>> import jax, dsgrad
+    >>> per_datum = dsgrad.gaussian_noise((3,))
+    >>> per_datum(jax.random.key(0), 5).shape, dsgrad.gaussian_noise((3,), shared=True)(
+    ...     jax.random.key(0), 5).shape
+    ((5, 3), (3,))
   """
   shape = tuple(shape)
 
@@ -404,4 +435,5 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
 
   # What the randomized QMC sampler (dsgrad.multi_sample) needs to know to replace it.
   noise_fn.gaussian = (shape, dtype, scale, shared)
-  return noise_fn
+  return with_function_key(noise_fn, ("gaussian_noise", shape, jnp.dtype(dtype), float(scale),
+                                      bool(shared)))

@@ -110,3 +110,24 @@ def test_update_refuses_an_objective_of_another_model():
     opt.update(grads, state, params, indices=indices, noise=noise, objective=stranger)
   with pytest.raises(TypeError, match="objective= must be a dsgrad.Objective"):
     opt.update(grads, state, params, indices=indices, noise=noise, objective={"x": 1})
+
+
+def test_an_objective_built_twice_from_one_model_is_that_model():
+  """``meanfield_gaussian(model)`` called once for the estimator and once for the step
+  is one model (same updates, one compiled program); another family or setting is not."""
+  _, model, _ = _objective(0)
+  first, second = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_gaussian(model)
+  assert first.model_key() == second.model_key()
+  opt = dsgrad.cv(first)
+  params = dsgrad.meanfield_init(model, 0.0, -1.0)
+  state = opt.init(params)
+  indices, noise = _batch(first)
+  grads = first.grad(params, indices, noise)
+  ours, _ = opt.update(grads, state, params, indices=indices, noise=noise, objective=second)
+  theirs, _ = opt.update(grads, state, params, indices=indices, noise=noise)
+  jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+  for other in (dsgrad.meanfield_gaussian(model, path_derivative=True),
+                dsgrad.meanfield_gaussian(model, shared_noise=False)):
+    assert other.model_key() != first.model_key()
+    with pytest.raises(ValueError, match="not the one this estimator was built with"):
+      opt.update(grads, state, params, indices=indices, noise=noise, objective=other)

@@ -33,7 +33,7 @@ from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective
+from dsgrad.objective import Objective, with_function_key
 
 
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
@@ -86,6 +86,23 @@ class AnnealedVI:
       paper's Alg. 3); ``"mass"`` -- momenta with standard deviation ``M`` and the same
       leapfrog, NumPyro ``AutoDAIS``'s convention, so that with ``mass="unit"`` the chain
       is NumPyro's step for step. Both give a valid bound.
+
+  Example: SL-DAIS with 16 surrogate points, trained with joint SVRG; ``vi.elbo`` is the
+  annealed bound on ``log p(D)``::
+
+    >>> import jax, optax, dsgrad
+    >>> from dsgrad.annealing import AnnealedVI, rand_surrogate
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> vi = AnnealedVI(model, 4, surrogate=rand_surrogate(model, 16, jax.random.key(1)))
+    >>> params = vi.init_params(step_size=0.1)
+    >>> optimizer = optax.chain(dsgrad.joint_svrg(vi.objective(), every=20), optax.adam(1e-2))
+    >>> result = dsgrad.fit(vi.objective(), optimizer, params, jax.random.key(2),
+    ...                     num_steps=400, batch_size=10, elbo_samples=32, progress=False)
+    >>> (before, _), (after, se) = (vi.elbo(p, jax.random.key(3), num_samples=256)
+    ...                             for p in (params, result.params))
+    >>> bool(after > before + 3 * se)
+    True
   """
 
   model: Model | Callable[..., Model]
@@ -221,6 +238,9 @@ class AnnealedVI:
     # A fixed model's data are arguments of compiled programs; a learned model is rebuilt
     # from its parameters at each call, so its arrays stay constants.
     data = self._template.data if self.model_params is None else None
+    # loss_fn reads this instance only (held by the closure, so its id stays its own):
+    # every call of objective() is one model for the estimators and the compiled programs.
+    with_function_key(loss_fn, ("annealed_vi", id(self)))
     return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data)
 
   def log_weight(self, params, noise) -> jax.Array:

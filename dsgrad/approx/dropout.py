@@ -47,6 +47,22 @@ def dropout_taylor(glm: DropoutGLM) -> Approximation:
   Returns:
     An :class:`Approximation` for params ``{"weight", "bias"}``.
 
+  Example: on the full data set, where only the dropout noise varies, the control
+  variate it gives removes most of the gradient's variance::
+
+    >>> import jax, numpy as np, optax, dsgrad
+    >>> x = np.random.default_rng(0).normal(size=(200, 5)).astype(np.float32)
+    >>> glm = dsgrad.models.dropout_glm(x, (x[:, 0] > 0).astype(int), num_outputs=2)
+    >>> objective, params = glm.objective(), glm.init_params(jax.random.key(0), 0.5)
+    >>> def variance(estimator):
+    ...   draws = dsgrad.estimator_samples(estimator, estimator.init(params), params,
+    ...                                    objective, jax.random.key(1), 100, batch_size=200,
+    ...                                    replace=False)
+    ...   return dsgrad.total_variance(draws)[0]
+    >>> cv = dsgrad.cv(objective, dsgrad.approx.dropout_taylor(glm), control_weight=1.0)
+    >>> bool(variance(cv) < 0.5 * variance(dsgrad.naive()))
+    True
+
   References:
     Wang, Geffner, Domke (2024), App. E, Eq. 55-58.
   """

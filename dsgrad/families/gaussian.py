@@ -30,7 +30,7 @@ from flax import nnx
 
 from dsgrad import checks
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective, gaussian_noise
+from dsgrad.objective import Objective, gaussian_noise, with_function_key
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -105,6 +105,10 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     return 0.0 * jnp.sum(noise) if path_derivative else 0.5 * d - 0.5 * jnp.sum(
         jnp.square(noise))
 
+  # Everything loss_fn reads: the same call on the same model computes the same loss.
+  with_function_key(loss_fn, (
+      "bbvi", model.log_prior, model.log_likelihood, n, transform, entropy, log_prob,
+      shared_noise, path_derivative))
   label = f"{name}({model.name})" + ("[path derivative]" if path_derivative else "")
   # A fused kernel computes the closed-form-entropy gradient: not this objective's.
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,

@@ -211,6 +211,27 @@ def hmcecs(model: Model, proxy: TaylorProxy, scheme: SubsampleScheme,
 
   Returns:
     A :class:`SamplingAlgorithm`; jit ``step`` yourself or use :func:`dsgrad.mcmc.sample`.
+
+  Example: the perturbed scheme (50 data per estimate, updated in 10 blocks), stepped
+  in a jitted loop as one would step a BlackJAX kernel::
+
+    >>> import jax, numpy as np, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 2000, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> theta_star = dsgrad.mcmc.find_reference_point(model, jax.random.key(1))
+    >>> proxy = dsgrad.mcmc.taylor_proxy(model, theta_star)
+    >>> parameters = dsgrad.mcmc.hmc_parameters(
+    ...     0.3, 4, dsgrad.mcmc.laplace_precision(model, proxy))
+    >>> algorithm = dsgrad.mcmc.hmcecs(model, proxy, dsgrad.mcmc.perturbed(model, 50, 10),
+    ...                                parameters)
+    >>> state = algorithm.init(theta_star, jax.random.key(2))
+    >>> step = jax.jit(algorithm.step)
+    >>> accepted = 0.0
+    >>> for key in jax.random.split(jax.random.key(3), 100):
+    ...   state, info = step(key, state)
+    ...   accepted += float(info.acceptance_rate) / 100
+    >>> bool(accepted > 0.5), state.position.shape
+    (True, (3,))
   """
   kernel = build_kernel(model, scheme, move)
   return SamplingAlgorithm(

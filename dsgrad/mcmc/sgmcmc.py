@@ -78,6 +78,21 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
 
   Returns:
     A :class:`dsgrad.mcmc.SamplingAlgorithm` (``init(position, key)``, ``step(key, state)``).
+
+  Example: SGLD with control variates around the mode ``theta*``, run for 2,000
+  iterations of 50 data each::
+
+    >>> import jax, numpy as np, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 2000, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> theta_star = dsgrad.mcmc.find_reference_point(model, jax.random.key(1))
+    >>> proxy = dsgrad.mcmc.taylor_proxy(model, theta_star)
+    >>> algorithm = dsgrad.mcmc.sgld(model, proxy, step_size=1e-3, subsample_size=50)
+    >>> draws, *_ = dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step,
+    ...                                   algorithm.init(theta_star, None), 2000,
+    ...                                   chunk_size=1000, progress=False)
+    >>> draws.shape, bool(np.all(np.abs(draws.mean(0) - theta_star) < 0.2))
+    ((2000, 3), True)
   """
   _check(model, subsample_size, step_size)
   grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
@@ -113,6 +128,25 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
     subsample_size: ``m`` per gradient.
     friction: ``C``.
     control_variates: use Eq. 4.7's estimator (default) or the plain mini-batch one.
+
+  Returns:
+    A :class:`dsgrad.mcmc.SamplingAlgorithm`, as :func:`sgld` returns.
+
+  Example: with the Laplace precision at ``theta*`` as the mass matrix::
+
+    >>> import jax, numpy as np, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 2000, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> theta_star = dsgrad.mcmc.find_reference_point(model, jax.random.key(1))
+    >>> proxy = dsgrad.mcmc.taylor_proxy(model, theta_star)
+    >>> parameters = dsgrad.mcmc.hmc_parameters(
+    ...     0.1, 10, dsgrad.mcmc.laplace_precision(model, proxy))
+    >>> algorithm = dsgrad.mcmc.sghmc(model, proxy, parameters, subsample_size=50)
+    >>> draws, *_ = dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step,
+    ...                                   algorithm.init(theta_star, None), 500,
+    ...                                   chunk_size=500, progress=False)
+    >>> draws.shape, bool(np.all(np.isfinite(draws)))
+    ((500, 3), True)
   """
   _check(model, subsample_size, parameters.step_size)
   grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)

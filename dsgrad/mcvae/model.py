@@ -73,6 +73,26 @@ class MonteCarloVAE:
     binarize: ``"dynamic"`` draws a binary image ``x_bin ~ Bernoulli(x)`` per datum and
       step (dynamic binarization, part of the noise); ``"none"`` uses ``x`` as is.
     observation_scale: standard deviation of a Gaussian decoder's pixels.
+
+  Example: an L-MCVAE (two Langevin steps) on 200 random binary 16-pixel images; its
+  held-out negative log-likelihood by AIS falls as it trains::
+
+    >>> import jax, optax, dsgrad
+    >>> from flax import nnx
+    >>> from dsgrad import mcvae
+    >>> images = (jax.random.uniform(jax.random.key(0), (200, 16)) < 0.3).astype(float)
+    >>> rngs = nnx.Rngs(0)
+    >>> vae = mcvae.MonteCarloVAE(mcvae.MLPEncoder(16, 2, (16,), rngs=rngs),
+    ...                           mcvae.MLPDecoder(2, 16, (16,), rngs=rngs),
+    ...                           method="lmcvae", num_steps=2)
+    >>> params = vae.init_params()
+    >>> result = dsgrad.fit(vae.objective(images), optax.adam(1e-2), params,
+    ...                     jax.random.key(1), num_steps=200, batch_size=20, elbo_samples=0,
+    ...                     progress=False)
+    >>> (before, _, _), (after, _, _) = (vae.ais_nll(p, images[:50], jax.random.key(2))
+    ...                                  for p in (params, result.params))
+    >>> bool(after < before)
+    True
   """
 
   encoder: nnx.Module
