@@ -43,8 +43,9 @@ def test_two_processes_compute_what_one_process_does(tmp_path):
   np.save(tmp_path / "x.npy", x.astype(np.float32))
   np.save(tmp_path / "y.npy", y)
   script = os.path.join(os.path.dirname(__file__), "multiprocess_check.py")
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_PLATFORMS"] = "cpu"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")  # one device per process: no device count
+  env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                              if "device_count" not in flag)
   port = _free_port()
   workers = [subprocess.Popen([sys.executable, script, str(i), "2", str(port), str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
