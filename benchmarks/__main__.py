@@ -24,11 +24,12 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
     print("usage: python -m benchmarks {" + ",".join(BENCHMARKS) + "} [options] "
-          "[--out DIR] [--data-dir DIR]")
+          "[--out DIR] [--data-dir DIR] [--quiet]")
     print("  --out DIR       where tables (DIR/benchmarks.md) and figures (DIR/figures/) go; "
           "default: the checkout's docs/")
     print("  --data-dir DIR  the embedded data sets; default: ../shared/data beside the "
           "checkout, or $DSGRAD_DATA_DIR")
+    print("  --quiet         no progress bars (results are still printed)")
     for name, module in BENCHMARKS.items():
       print(f"  {name:<12} {module}")
     return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -39,8 +40,10 @@ def main(argv=None):
   common = argparse.ArgumentParser(add_help=False)
   common.add_argument("--out", default=None)
   common.add_argument("--data-dir", default=None)
+  common.add_argument("--quiet", action="store_true")
   folders, rest = common.parse_known_args(argv[1:])
   _report.set_folders(folders.out, folders.data_dir)
+  _report.set_quiet(folders.quiet)
   return importlib.import_module(BENCHMARKS[argv[0]]).main(rest)
 
 

@@ -39,6 +39,41 @@ DOCS_DIR = os.path.join(_ROOT, "docs") if _IN_CHECKOUT else None
 _FOLDERS = {"out": None, "data": None}
 
 
+_QUIET = {"on": False}
+
+
+def set_quiet(quiet: bool) -> None:
+  """``--quiet``: no progress bars in this process (the printed results stay)."""
+  _QUIET["on"] = bool(quiet)
+
+
+def progress(items, description: str, total: int | None = None):
+  """``items`` with a progress bar on stderr: how many are done, the time each took and
+  an estimate of the time left (tqdm). Set the bar's last result with
+  ``bar.set_postfix_str(...)``. Silent under ``--quiet`` or without tqdm."""
+  items = list(items) if total is None and not hasattr(items, "__len__") else items
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    tqdm = None
+  if _QUIET["on"] or tqdm is None:
+    return _Silent(items)
+  return tqdm(items, desc=description, total=total, leave=False, dynamic_ncols=True)
+
+
+class _Silent:
+  """What :func:`progress` returns when quiet: the items, and a postfix that goes nowhere."""
+
+  def __init__(self, items):
+    self.items = items
+
+  def __iter__(self):
+    return iter(self.items)
+
+  def set_postfix_str(self, *args, **kwargs):
+    pass
+
+
 def set_folders(out: str | None = None, data: str | None = None) -> None:
   """Sets the output folder (tables go to ``<out>/benchmarks.md``, figures to
   ``<out>/figures/``) and the data folder for this process (``--out``, ``--data-dir``)."""

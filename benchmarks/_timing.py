@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax.experimental import checkify
 
 import dsgrad
+from benchmarks import _report
 from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.batching import epoch_batches
@@ -125,7 +126,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   times = {name: [] for name in optimizers}
   memory = {}
   names = list(optimizers)
-  for round_ in range(rounds + 1):
+  for round_ in _report.progress(range(rounds + 1), "timing rounds (the first warms up)"):
     order = names[round_ % len(names):] + names[:round_ % len(names)]
     for name in order:
       objective, data_args, _ = inputs[name]

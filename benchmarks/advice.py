@@ -138,16 +138,20 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
   objective = dsgrad.meanfield_gaussian(model)
   eval_key = jax.random.key(999)
   tuning = {}
-  for peak in PEAKS:
+  bar = _report.progress(PEAKS, f"{name}: tuning the hand loop's peak")
+  for peak in bar:
     params, _ = _hand_loop(model, peak, steps, batch_size, jax.random.key(tune_seed))
     tuning[peak] = _elbo(objective, params, eval_key, elbo_samples)[0]
+    bar.set_postfix_str(f"peak {peak:g}: ELBO {tuning[peak]:.2f}")
   peak = max(tuning, key=tuning.get)
   print(f"{name}: tuned peak {peak} on seed {tune_seed}", flush=True)
   out = {"latent_dim": model.latent_dim, "num_data": model.num_data, "peak": peak,
          "tuning": {str(k): v for k, v in tuning.items()}, "seeds": {}}
-  for seed in seeds:
+  bar = _report.progress(seeds, f"{name}: seeds")
+  for seed in bar:
     hand_params, budget = _hand_loop(model, peak, steps, batch_size, jax.random.key(seed))
     hand = _elbo(objective, hand_params, eval_key, elbo_samples)
+    bar.set_postfix_str(f"seed {seed}: hand loop ELBO {hand[0]:.2f}, recommend racing")
     started = time.perf_counter()
     advice = dsgrad.recommend(objective, _cosine(peak), dsgrad.meanfield_init(model),
                               jax.random.key(seed), batch_size=batch_size, budget=budget,

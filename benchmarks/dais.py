@@ -262,7 +262,7 @@ def run_dataset(dataset: str, args) -> tuple[str, dict]:
   print(f"{dataset}: N={n}, d={d}, test {test[0].shape[0]}, B={batch_size}, {args.steps} "
         f"steps, seeds {args.seeds}", flush=True)
   results = {}
-  for seed in range(args.seeds):
+  for seed in _report.progress(range(args.seeds), f"{dataset}: seeds"):
     for name, r in _run_seed(model, (x, y), test, batch_size, seed, args).items():
       results.setdefault(name, []).append(r)
   return _table(dataset, n, d, test[0].shape[0], batch_size, results, args), results

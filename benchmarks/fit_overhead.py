@@ -177,7 +177,7 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
                                                      optax.adam(learning_rate))}
     made = {label: make() for label, make in fits.items()}
     times = {label: [] for label in list(hand) + list(fits)}
-    for round_ in range(rounds + 1):
+    for round_ in _report.progress(range(rounds + 1), f"{name}: rounds (the first warms up)"):
       for label, (compiled, adam) in hand.items():
         params = jax.tree.map(jnp.copy, params0)
         t0 = time.perf_counter()

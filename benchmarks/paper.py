@@ -95,7 +95,7 @@ def run_uci(dataset, data_dir, *, num_steps, num_evals, seeds, step_sizes, batch
   elbo_trace = _grid.elbo_many(objective, 500)
   elbo_final = _grid.elbo_many(objective, 5000)
   results, endpoint = {}, {}
-  for name in estimators:
+  for name in _report.progress(estimators, f"{dataset}: estimators"):
     est = _estimator(name, objective, model, warmup)
     train = _grid.trainer(_with_sgd(est), objective,
                           params0, batch_size, num_steps, num_evals)
@@ -132,7 +132,7 @@ def _variance_traces(objective, model, params0, batch_size, num_steps, warmup, e
   5e-4, seed 0) at ``points`` evenly spaced iterations, with ``V_n`` and ``V_eps`` at
   the same parameters."""
   out = {}
-  for name in estimators:
+  for name in _report.progress(estimators, "variance along the trajectories"):
     est = _estimator(name, objective, model, warmup)
     train = _grid.trainer(_with_sgd(est), objective,
                           params0, batch_size, num_steps, points, keep_states=True)

@@ -192,7 +192,7 @@ def run_task(task: Task, *, num_steps, num_evals, seeds, batch_size=100, trace_s
   elbo_trace = _grid.elbo_many(objective, trace_samples)
   elbo_final = _grid.elbo_many(objective, final_samples)
   results, skipped = {}, {}
-  for name in estimator_names:
+  for name in _report.progress(estimator_names, f"{task.name}: estimators"):
     lrs = SMISO_STEP_SIZES[task.name] if name == "smiso" else ADAM_STEP_SIZES
     state_bytes = dsgrad.state_bytes(jax.eval_shape(makes[name](1e-3).init, params0))
     if state_bytes * seeds > memory_limit:

@@ -604,13 +604,15 @@ def run_task(task: Task, args) -> dict:
     if len(grid) == 1:  # nothing to choose: no tuning runs
       chosen[name], tuning[name] = grid[0], [float("nan")]
       continue
-    for lr in grid:
+    bar = _report.progress(grid, f"{task.name}: tuning {name}")
+    for lr in bar:
       finals = []
       for seed in tuning_seeds:
         runner, comp = runner_for(name, lr)
         r = run_one(runner, comp, task, seed, 1, evaluate)
         finals.append(r.elbo[-1] if np.isfinite(r.elbo[-1]) else -np.inf)
       scores.append(float(np.mean(finals)))
+      bar.set_postfix_str(f"lr {format_setting(lr)}: ELBO {scores[-1]:.1f}")
     chosen[name] = grid[int(np.argmax(scores))]
     tuning[name] = scores
     # Free the other rates' executables: each holds the data as a constant (400 MB for the
@@ -628,17 +630,21 @@ def run_task(task: Task, args) -> dict:
 
   runs = {name: [] for name in table}
   compile_seconds = {}
-  for seed in reported:
-    for name in table:
-      runner, comp = runner_for(name, chosen[name])
-      r = run_one(runner, comp, task, seed, args.evals, evaluate)
-      compile_seconds[name] = r.compile_seconds
-      runs[name].append(r)
-      if not keep:
-        runners.pop((name, chosen[name]), None)
-        compiled.pop((name, chosen[name]), None)
-        jax.clear_caches()
-    print(f"  {task.name}: seed {seed} done", flush=True)
+  bar = _report.progress([(seed, name) for seed in reported for name in table],
+                         f"{task.name}: reported runs")
+  last = list(table)[-1]
+  for seed, name in bar:
+    runner, comp = runner_for(name, chosen[name])
+    r = run_one(runner, comp, task, seed, args.evals, evaluate)
+    bar.set_postfix_str(f"seed {seed}, {name}: ELBO {r.elbo[-1]:.1f}")
+    compile_seconds[name] = r.compile_seconds
+    runs[name].append(r)
+    if not keep:
+      runners.pop((name, chosen[name]), None)
+      compiled.pop((name, chosen[name]), None)
+      jax.clear_caches()
+    if name == last:
+      print(f"  {task.name}: seed {seed} done", flush=True)
   # A control variate behind naive on some seed, tuned to another rate: run it at naive's
   # rate on the same seeds (untimed), to tell the rate from the estimator.
   same_rate = {}

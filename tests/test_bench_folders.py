@@ -60,3 +60,21 @@ def test_paper_no_write_writes_no_figure(monkeypatch):
   code = paper_large.main(["ppca", "--steps", "20", "--evals", "2", "--seeds", "1",
                            "--estimators", "naive", "--no-write"])
   assert code == 0 and len(ran) == 1
+
+
+def test_progress_bars_show_what_runs_and_quiet_silences_them(capsys):
+  from benchmarks import _report
+  try:
+    _report.set_quiet(False)
+    bar = _report.progress(range(3), "tuning naive")
+    assert list(bar) == [0, 1, 2]
+    bar.set_postfix_str("ELBO -12.5")
+    shown = capsys.readouterr().err
+    assert "tuning naive" in shown and "/3" in shown, shown  # what runs, and how many
+    _report.set_quiet(True)
+    bar = _report.progress(range(3), "tuning naive")
+    assert list(bar) == [0, 1, 2]
+    bar.set_postfix_str("ELBO -12.5")
+    assert capsys.readouterr().err == ""
+  finally:
+    _report.set_quiet(False)
