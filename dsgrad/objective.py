@@ -305,11 +305,32 @@ def with_function_key(fn: Callable, key: Hashable) -> Callable:
   objective built twice from the same model -- ``dsgrad.meanfield_gaussian(model)``
   handed to an estimator and again to :func:`dsgrad.fit` -- is recognised as one model
   and shares its compiled programs. A function whose key omits something it depends on
-  would be confused with another, so keys list every input of the closure. A function
-  derived from a marked one is a new function, unmarked until its maker marks it.
+  would be confused with another, so keys list every input of the closure; an input that
+  is unhashable or compares by value goes in as :class:`by_identity` ``(obj)``. A
+  function derived from a marked one is a new function, unmarked until its maker marks it.
   """
   fn._dsgrad_function_key = key
   return fn
+
+
+class by_identity:  # noqa: N801  (used like a function: by_identity(obj))
+  """``obj`` as a part of a :func:`with_function_key` key, equal only to itself.
+
+  For objects that are unhashable or compare by value (a model holding arrays). It keeps
+  ``obj`` alive: a key holding a bare ``id(obj)`` could, once ``obj`` is collected, match a
+  new object at the same address, and with it a compiled program cached for the old one.
+  """
+
+  __slots__ = ("obj",)
+
+  def __init__(self, obj):
+    self.obj = obj
+
+  def __eq__(self, other):
+    return isinstance(other, by_identity) and other.obj is self.obj
+
+  def __hash__(self):
+    return id(self.obj)
 
 
 def function_key(fn: Callable) -> Hashable:

@@ -131,3 +131,25 @@ def test_an_objective_built_twice_from_one_model_is_that_model():
     assert other.model_key() != first.model_key()
     with pytest.raises(ValueError, match="not the one this estimator was built with"):
       opt.update(grads, state, params, indices=indices, noise=noise, objective=other)
+
+
+def test_a_model_object_keyed_by_identity_is_one_model_and_stays_alive():
+  """``glm.objective()`` and ``vi.objective()`` called twice are one model; the key holds
+  the object itself, so a collected object's address cannot make another model match."""
+  import gc
+  import weakref
+  _, model, (x, y) = _objective(0)
+  glm = dsgrad.models.dropout_glm(np.asarray(x), np.asarray(y).astype(int), num_outputs=2)
+  assert glm.objective().model_key() == glm.objective().model_key()
+  other = dsgrad.models.dropout_glm(np.asarray(x), np.asarray(y).astype(int), num_outputs=2)
+  assert other.objective().model_key() != glm.objective().model_key()
+  vi = dsgrad.annealing.AnnealedVI(model, 2)
+  key = vi.objective().model_key()
+  assert key == vi.objective().model_key()
+  alive = weakref.ref(vi)
+  del vi
+  gc.collect()
+  assert alive() is not None  # held by the key
+  del key
+  gc.collect()
+  assert alive() is None

@@ -33,7 +33,7 @@ from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective, with_function_key
+from dsgrad.objective import Objective, by_identity, with_function_key
 
 
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
@@ -238,9 +238,9 @@ class AnnealedVI:
     # A fixed model's data are arguments of compiled programs; a learned model is rebuilt
     # from its parameters at each call, so its arrays stay constants.
     data = self._template.data if self.model_params is None else None
-    # loss_fn reads this instance only (held by the closure, so its id stays its own):
-    # every call of objective() is one model for the estimators and the compiled programs.
-    with_function_key(loss_fn, ("annealed_vi", id(self)))
+    # loss_fn reads this instance only: every call of objective() is one model for the
+    # estimators and the compiled programs.
+    with_function_key(loss_fn, ("annealed_vi", by_identity(self)))
     return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data)
 
   def log_weight(self, params, noise) -> jax.Array:

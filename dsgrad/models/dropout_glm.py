@@ -21,7 +21,7 @@ import optax
 from dsgrad import checks
 from dsgrad.data import DataArray
 from dsgrad.models.base import model_data
-from dsgrad.objective import Objective, gaussian_noise, with_function_key
+from dsgrad.objective import Objective, by_identity, gaussian_noise, with_function_key
 
 
 def softmax_cross_entropy(logits, label):
@@ -76,8 +76,8 @@ class DropoutGLM(NamedTuple):
 
     data = ({"features": self.features, "labels": labels}
             if isinstance(self.features, DataArray) and isinstance(labels, DataArray) else None)
-    # loss_fn reads this model only (held by the closure, so its id stays its own).
-    with_function_key(loss_fn, ("dropout_glm", id(self)))
+    # loss_fn reads this model only: every call of objective() is one model.
+    with_function_key(loss_fn, ("dropout_glm", by_identity(self)))
     return Objective(loss_fn, gaussian_noise((self.features.shape[1],), scale=self.dropout_std),
                      self.num_data, shared_noise=False, name="dropout_glm", data=data)
 
