@@ -283,21 +283,94 @@ def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, b
                         {"naive": lane}, key)
 
 
-def _affordable(naive_lane, guess, budget, budget_in, share, started, step_costs) -> int:
-  """How many candidates besides naive the share of the budget can pay for.
+# Each raced lane, besides compiling, runs its timing rounds (five rounds of about 0.05 s,
+# after two warm-up segments) and sets up its state twice.
+_LANE_OVERHEAD_SECONDS = 0.35
 
-  Each raced lane compiles two programs (its timing segment, and its run with the
-  schedule stretched over its budget) and sets up its state twice. Measured on small
-  models on two CPU cores, a candidate's programs took about four times as long to build
-  as naive's short guess segment, the lanes' compilations overlapped
-  (:func:`_compile_overlap`), and its timing rounds and state set-up added about three
-  quarters of a second. Given ``step_costs`` (nothing is timed) every candidate races."""
-  if step_costs is not None:
-    return len(CANDIDATES)
-  budget_seconds = float(budget) * (guess if budget_in == "naive_steps" else 1.0)
-  per_lane = 2 * 4 * naive_lane.runner.compile_seconds / _compile_overlap() + 0.75
-  left = share * budget_seconds - (time.perf_counter() - started)
-  return max(0, int(left / per_lane))
+
+class _Share:
+  """The advice's time share as it is spent: what has gone, and what the lanes admitted so
+  far will still cost (each compiles its race program, about what its timing program
+  took, and runs its timing rounds). A quarter of the share is kept for the race itself.
+
+  A lane not yet compiled is priced at the median compile time measured on the lanes
+  compiled so far; before any, at twice naive's (measured on small models on two CPU
+  cores, a control variate's program took 1.5-2.5x naive's to build)."""
+
+  def __init__(self, allowed: float, started: float, naive_lane, eval_seconds: float = 0.0):
+    self.allowed, self.started = allowed, started
+    self.naive_compile = naive_lane.runner.compile_seconds
+    # A lane's ELBO is estimated after its first round, and after a second if it stays.
+    self.per_lane = _LANE_OVERHEAD_SECONDS + 2 * eval_seconds
+    self.measured: list = []
+    # Naive still compiles its timing and its race programs.
+    self.owed = 2 * self.naive_compile / _compile_overlap() + self.per_lane
+
+  def left(self) -> float:
+    return 0.75 * self.allowed - (time.perf_counter() - self.started) - self.owed
+
+  def price(self, lanes: int = 1) -> float:
+    """The whole cost of ``lanes`` more lanes compiled together: their timing programs
+    (overlapped only when there are several), their race programs (compiled with the
+    others') and their timing rounds and ELBO estimates."""
+    each = float(np.median(self.measured)) if self.measured else 2 * self.naive_compile
+    together = _compile_overlap() if lanes > 1 else 1.0
+    return lanes * (each / together + each / _compile_overlap() + self.per_lane)
+
+  def compiled(self, lane) -> None:
+    self.measured.append(lane.runner.compile_seconds)
+    self.owed += lane.runner.compile_seconds / _compile_overlap() + self.per_lane
+
+  def release(self, lane) -> None:
+    self.owed -= lane.runner.compile_seconds / _compile_overlap() + self.per_lane
+
+
+def _not_raced(name, description, share, reason) -> Candidate:
+  return Candidate(name, description, note=(
+      f"not raced: {reason} would take this advice past share = {share:g} of the budget "
+      "(give fewer candidates, a larger budget or a larger share)"))
+
+
+def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, provisional,
+           share, progress):
+  """Compiles the contenders' timing programs in priority order, two at a time where
+  compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
+
+  Each pair is priced before it compiles (:meth:`_Share.price`); after it compiled, its
+  measured compile times price what is left, and a lane whose race would no longer fit
+  is let go (the last first). Given ``ledger=None`` (step costs passed in) every
+  contender that fits in memory is admitted, compiled by the race."""
+  lanes, ruled_out = _lanes(contenders, make_optimizer, params, key, memory_limit,
+                            provisional) if ledger is None else ([], [])
+  if ledger is None:
+    return lanes, ruled_out
+  pending = list(contenders)
+  group = 2 if _compile_overlap() > 1 else 1
+  while pending:
+    batch, pending = pending[:group], pending[group:]
+    if ledger.left() < ledger.price(len(batch)):
+      batch, pending = batch[:1], batch[1:] + pending
+      if ledger.left() < ledger.price():
+        ruled_out += [_not_raced(c[0], c[2], share, "compiling it") for c in batch + pending]
+        break
+    fresh, out = _lanes(batch, make_optimizer, params, key, memory_limit, provisional)
+    ruled_out += out
+    if not fresh:
+      continue
+    race_lib.announce(progress, "compiling " + ", ".join(l.contender.name for l in fresh))
+    for lane in fresh:
+      lane.chunk = race_lib.timing_chunk(guess)
+    race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
+    for lane in fresh:
+      ledger.compiled(lane)
+    while fresh and ledger.left() < 0:
+      lane = fresh.pop()
+      ledger.release(lane)
+      ruled_out.append(_not_raced(
+          lane.contender.name, lane.description, share,
+          f"its program took {lane.runner.compile_seconds:.2g} s to compile; its race"))
+    lanes += fresh
+  return lanes, ruled_out
 
 
 def _pick(rows) -> Candidate:
@@ -375,12 +448,14 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       that many steps, as timed here).
     approx: the approximation of the control variates (default: each estimator's).
     candidates: names from :data:`CANDIDATES`; ``"naive"`` is required (the reference).
-      Their order is their priority: when compiling them all would cost more than
-      ``share`` of the budget, the last ones are not raced (each says so in the advice).
+      Their order is their priority: they are compiled in that order, two at a time,
+      while the share lasts, each priced by the compile times measured on those before
+      it; the ones the share cannot pay for are not raced (each says so in the advice).
     share: the fraction of the budget the advice may take: compiling, timing and the
       race together. Compilation is a fixed cost (each candidate compiles two programs,
       about a second each for small models on two CPU cores), so a small budget races
-      fewer candidates; the race takes what compiling leaves of the share.
+      fewer candidates; the race takes what compiling leaves of the share, and at least
+      a quarter of it.
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
@@ -434,50 +509,61 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   # One rough time of naive's step sizes every lane's timing segments, so that each
   # lane compiles one segment length for its timing.
   guess = race_lib.guess_step_seconds(naive_lane) if step_costs is None else None
-  afford = _affordable(naive_lane, guess, budget, budget_in, share, started, step_costs)
-  priority = [name for name in candidates if name != "naive"][:afford]
-  skipped = [name for name in candidates if name != "naive" and name not in priority]
-  note = (f"not raced: compiling it would take this advice past share = {share:g} of the "
-          "budget (give fewer candidates, a larger budget or a larger share)")
-  ruled_out += [Candidate(name, name, note=note) for name in skipped]
-  more, more_out = _lanes([c for c in base if c[0] in priority], make_optimizer, params,
-                          key, limit, provisional)
+  eval_key = jax.random.fold_in(key, 7919)
+  evaluate = lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples)
+  # The race starts from the ELBO at params; its second estimate times one (compiled)
+  # estimate, which the race makes once or twice per lane.
+  start_draws = evaluate(params)
+  eval_started = time.perf_counter()
+  evaluate(params)
+  eval_seconds = time.perf_counter() - eval_started
+  ledger = None
+  if step_costs is None:
+    ledger = _Share(share * float(budget) * (guess if budget_in == "naive_steps" else 1.0),
+                    started, naive_lane, eval_seconds)
+  others = [name for name in candidates if name != "naive"]
+  more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,
+                          make_optimizer, params, key, limit, provisional, share, progress)
   lanes, ruled_out = lanes + more, ruled_out + more_out
-  if len(lanes) == 1 and not any(name in priority for name in _EQUAL_COST):
+  wanted_equal_cost = [name for name in others if name in _EQUAL_COST]
+  if len(lanes) == 1 and (not wanted_equal_cost or (
+      ledger is not None and ledger.left() < ledger.price())):
+    ruled_out += [_not_raced(name, name, share, "compiling it") for name in wanted_equal_cost]
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started)
   for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   controls = [lane.seconds_per_step for lane in lanes
               if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
-  if any(name in priority for name in _EQUAL_COST):
+  if wanted_equal_cost:
     ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-    extra, more_out = _lanes(_equal_cost_contenders(priority, objective, batch_size, ratio),
-                             make_optimizer, params, key, limit, provisional)
+    extra, more_out = _admit(_equal_cost_contenders(wanted_equal_cost, objective, batch_size,
+                                                    ratio),
+                             ledger, guess, make_optimizer, params, key, limit, provisional,
+                             share, progress)
     ruled_out += more_out
     if extra:
       timed = _step_seconds([naive_lane] + extra, step_costs, progress, guess)
       for lane, seconds in zip(extra, timed[1:]):
         lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
       lanes += extra
+  # Each lane's race program costs about what its timing program did: measured now, as
+  # the restarted lanes below have compiled nothing yet.
+  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / _compile_overlap()
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
   # The real runs: each schedule spans the steps its candidate affords in the budget.
   lanes = [lane.restarted(make_optimizer, max(1, int(budget_seconds / lane.seconds_per_step)),
                           params, key) for lane in lanes]
   spent = time.perf_counter() - started
-  # Timing and compiling come out of the share, the race's own compilation too (about
-  # what the timing segments took, overlapped as they were); given step costs, the race
-  # is deterministic and takes the whole share (of the budget those costs imply).
-  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / _compile_overlap()
+  # Timing and compiling come out of the share, the race's own compilation too; given
+  # step costs, the race is deterministic and takes the whole share (of the budget those
+  # costs imply).
+  evaluations = eval_seconds * sum(race_lib.halving_fractions(len(lanes), share)[1])
   race_share = share if step_costs is not None else max(
-      share - (spent + to_compile) / budget_seconds, 0.25 * share)
-  eval_key = jax.random.fold_in(key, 7919)
+      share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
-  traces = race_lib.race(
-      lanes, naive_index,
-      lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples), race_share,
-      progress)
+  traces = race_lib.race(lanes, naive_index, evaluate, race_share, progress, start_draws)
   rows = _candidates(lanes, traces, naive_index, ruled_out)
   best = _pick(rows)
   ranking = tuple([best] + sorted((r for r in rows if r is not best),

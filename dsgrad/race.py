@@ -156,6 +156,12 @@ def guess_step_seconds(lane: "Lane", length: int = 64) -> float:
   return max(lane.runner.step_seconds - before, 1e-7) / length
 
 
+def timing_chunk(step_guess: float, round_seconds: float = 0.05) -> int:
+  """Steps per timing segment for a step of about ``step_guess`` seconds: half a round,
+  long enough that a call's fixed cost is a small part of it."""
+  return int(np.clip(round_seconds / 2 / step_guess, 1, 20_000))
+
+
 def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
                step_guess: float | None = None) -> list:
   """Seconds per step of each lane's step, the median of ``rounds`` interleaved rounds.
@@ -170,7 +176,7 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   """
   if step_guess is not None:
     for lane in lanes:
-      lane.chunk = int(np.clip(round_seconds / 2 / step_guess, 1, 20_000))
+      lane.chunk = timing_chunk(step_guess, round_seconds)
   prepare_all(lanes, [lane.chunk for lane in lanes])
   calls = []
   for lane in lanes:
@@ -241,15 +247,16 @@ def announce(progress: bool, message: str) -> None:
 
 
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
-         progress: bool) -> dict:
+         progress: bool, start=None) -> dict:
   """Successive halving over ``lanes`` (``reference``, naive, always races).
 
   Returns:
     ``{lane index: [(fraction, draws), ...]}`` for every lane: the fraction of its run
     and its ELBO draws (from ``evaluate(params)``) at the start and after each round it
     took part in; entry ``r`` of every trace is round ``r``'s (the start is round 0).
+    ``start``, the draws at the lanes' common start, if already evaluated.
   """
-  start = evaluate(lanes[reference].params)
+  start = evaluate(lanes[reference].params) if start is None else start
   for lane in lanes:
     lane.trace.append((0.0, start))
   fractions, counts = halving_fractions(len(lanes), share)

@@ -139,3 +139,49 @@ def test_a_budget_too_small_to_race_in_gets_naive_without_a_race():
   assert "not raced, as no other candidate is left" in str(advice)
   result = advice.fit(progress=False, elbo_samples=0)
   assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(result.params)[0]))
+
+
+@pytest.mark.parametrize("compile_seconds, admitted, released", [
+    ({"cv": 3.0}, ["cv"], []),
+    (dict.fromkeys(["cv", "joint_svrg", "path_derivative"], 1.0),
+     ["cv", "joint_svrg", "path_derivative"], []),
+    ({"cv": 3.0, "joint_svrg": 9.0}, ["cv"], ["joint_svrg"])])
+def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
+    monkeypatch, compile_seconds, admitted, released):
+  """The share pays for candidates in their order, priced by the compile times measured
+  on those before them (here: fixed by a stand-in compiler and a stopped clock). Share 8 s:
+  the pair (cv, joint SVRG) at the prior price (twice naive's 1 s compile each) does not
+  fit, cv alone does. Measured at 3 s, cv prices the others out; measured at 1 s, it
+  prices the next pair in (at the prior price only joint SVRG would fit). Share 10 s: the
+  pair compiles, joint SVRG's 9 s leaves nothing for its race, so it is let go."""
+  import types
+  from dsgrad import advice as advice_lib
+
+  class StoppedClock:
+    perf_counter = staticmethod(lambda: 0.0)
+
+  def stand_in_compile(lanes, lengths):
+    for lane in lanes:
+      lane.runner.compile_seconds = compile_seconds[lane.contender.name]
+
+  monkeypatch.setattr(advice_lib, "time", StoppedClock)
+  monkeypatch.setattr(advice_lib, "_compile_overlap", lambda: 2.0)
+  monkeypatch.setattr(race_lib, "prepare_all", stand_in_compile)
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
+  allowed = 8.0 if not released else 10.0
+  ledger = advice_lib._Share(allowed, 0.0, naive)
+  contenders = advice_lib._base_contenders(("cv", "joint_svrg", "path_derivative"), objective,
+                                           None, BATCH, "auto")
+  lanes, out = advice_lib._admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
+                                 dsgrad.meanfield_init(model), jax.random.key(0), np.inf,
+                                 20, 0.1, False)
+  assert [lane.contender.name for lane in lanes] == admitted
+  notes = {c.name: c.note for c in out}
+  assert set(notes) == {"cv", "joint_svrg", "path_derivative"} - set(admitted)
+  assert ledger.measured == [compile_seconds[name] for name in admitted + released]
+  assert all(note.startswith("not raced") for note in notes.values())
+  for name in released:
+    assert "took 9 s to compile" in notes[name]
+  assert ledger.left() >= 0
