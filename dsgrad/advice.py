@@ -141,6 +141,46 @@ class Recommendation(NamedTuple):
                **fit_kwargs)
 
 
+class _Progress:
+  """What :func:`recommend` is doing, against the time it may take: a tqdm bar over the
+  seconds of its share (so the time left is the share's), with the current activity
+  beside it; printed lines where tqdm is not installed; nothing when disabled."""
+
+  def __init__(self, enabled: bool, started: float):
+    self.enabled, self.started, self.bar = enabled, started, None
+    if not enabled:
+      return
+    try:
+      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      return
+    # The share in seconds is known once naive's step is timed (a budget in naive steps).
+    self.bar = tqdm(total=None, desc="dsgrad.recommend", unit="s",
+                    bar_format="{desc}: {elapsed}{postfix}")
+
+  def set_total(self, seconds: float) -> None:
+    if self.bar is not None:
+      self.bar.bar_format = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s of its "
+                             "share [{elapsed}<{remaining}{postfix}]")
+      self.bar.total = seconds
+      self.bar.refresh()
+
+  def __call__(self, message: str) -> None:
+    if not self.enabled:
+      return
+    if self.bar is None:
+      print(f"dsgrad.recommend: {message}", flush=True)
+      return
+    elapsed = time.perf_counter() - self.started
+    self.bar.n = min(elapsed, self.bar.total) if self.bar.total else elapsed
+    self.bar.set_postfix_str(message)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self("done")
+      self.bar.close()
+
+
 def _optimizer_factory(optimizer):
   if isinstance(optimizer, optax.GradientTransformation):
     return lambda steps: optimizer
@@ -294,8 +334,9 @@ class _Share:
   took, and runs its timing rounds). A quarter of the share is kept for the race itself.
 
   A lane not yet compiled is priced at the median compile time measured on the lanes
-  compiled so far; before any, at twice naive's (measured on small models on two CPU
-  cores, a control variate's program took 1.5-2.5x naive's to build)."""
+  compiled so far; before any, at three times naive's (on a hierarchical model on two
+  CPU cores, cv's program took 1.6 s and joint SVRG's 2.1 s to build, naive's 0.6-0.8 s;
+  priced at twice naive's, the two compiled together and then neither fitted)."""
 
   def __init__(self, allowed: float, started: float, naive_lane, eval_seconds: float = 0.0):
     self.allowed, self.started = allowed, started
@@ -313,7 +354,7 @@ class _Share:
     """The whole cost of ``lanes`` more lanes compiled together: their timing programs
     (overlapped only when there are several), their race programs (compiled with the
     others') and their timing rounds and ELBO estimates."""
-    each = float(np.median(self.measured)) if self.measured else 2 * self.naive_compile
+    each = float(np.median(self.measured)) if self.measured else 3 * self.naive_compile
     together = _compile_overlap() if lanes > 1 else 1.0
     return lanes * (each / together + each / _compile_overlap() + self.per_lane)
 
@@ -459,7 +500,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
-    progress: print which candidate is racing.
+    progress: show a progress bar over the seconds of the share (tqdm where installed,
+      else printed lines) with what is being compiled, timed or raced.
     max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`).
     step_costs: optional ``{name: seconds per step}`` to use instead of timing (every
       raced candidate's, naive's included): reproducible advice, e.g. from costs measured
@@ -499,6 +541,19 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   if budget_in not in ("seconds", "naive_steps"):
     raise ValueError(f"budget_in must be 'seconds' or 'naive_steps', got {budget_in!r}")
   checks.check_batch_size(batch_size, objective.num_data)
+  reporter = _Progress(progress, started)
+  try:
+    return _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
+                   candidates, share, memory_share, elbo_samples, reporter, max_table_bytes,
+                   step_costs, started)
+  finally:
+    reporter.close()
+
+
+def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
+            candidates, share, memory_share, elbo_samples, progress, max_table_bytes,
+            step_costs, started) -> Recommendation:
+  """:func:`recommend`'s work, its arguments checked; ``progress`` a :class:`_Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
   limit = memory_share * race_lib.available_memory_bytes()
   provisional = max(1, objective.num_data // batch_size)
@@ -521,6 +576,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   if step_costs is None:
     ledger = _Share(share * float(budget) * (guess if budget_in == "naive_steps" else 1.0),
                     started, naive_lane, eval_seconds)
+    progress.set_total(ledger.allowed)
   others = [name for name in candidates if name != "naive"]
   more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,
                           make_optimizer, params, key, limit, provisional, share, progress)

@@ -241,13 +241,17 @@ def time_to_reach(trace: list, target: float) -> float:
   return math.inf
 
 
-def announce(progress: bool, message: str) -> None:
-  if progress:
+def announce(progress, message: str) -> None:
+  """Reports ``message`` to ``progress``: a callable (e.g. a progress bar's), ``True``
+  (printed) or ``False`` (nothing)."""
+  if callable(progress):
+    progress(message)
+  elif progress:
     print(f"dsgrad.recommend: {message}", flush=True)
 
 
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
-         progress: bool, start=None) -> dict:
+         progress, start=None) -> dict:
   """Successive halving over ``lanes`` (``reference``, naive, always races).
 
   Returns:
