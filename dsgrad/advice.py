@@ -31,7 +31,6 @@ Example::
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, NamedTuple
 
@@ -40,28 +39,10 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad import estimators
-from dsgrad import noise as noise_lib
 from dsgrad import race as race_lib
+from dsgrad.candidates import (CANDIDATES, EQUAL_COST, base_contenders,  # noqa: F401
+                               equal_cost_contenders)
 from dsgrad.objective import Objective
-
-CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga", "path_derivative", "rqmc",
-              "naive_samples", "naive_batch")
-"""What :func:`recommend` can race: naive; the control variates ``cv``, ``joint_svrg``
-and ``joint_saga``; naive with the path-derivative ("sticking the landing") gradient
-(mean-field Gaussian objectives); naive with ``K`` randomized QMC samples per datum
-(Gaussian noise); and the equal-cost baselines: naive with ``K`` independent samples per
-datum, and naive with a ``K``-times larger batch, ``K`` the control variates' cost in naive
-steps."""
-
-_EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
-
-
-def _compile_overlap() -> float:
-  """How much the lanes' compilations overlap in threads: measured 1.6-fold on two CPU
-  cores (tracing holds the interpreter lock, XLA's compiler does not)."""
-  return 1.6 if (os.cpu_count() or 1) > 1 else 1.0
-
 
 class Candidate(NamedTuple):
   """What :func:`recommend` measured for one candidate.
@@ -141,46 +122,6 @@ class Recommendation(NamedTuple):
                **fit_kwargs)
 
 
-class _Progress:
-  """What :func:`recommend` is doing, against the time it may take: a tqdm bar over the
-  seconds of its share (so the time left is the share's), with the current activity
-  beside it; printed lines where tqdm is not installed; nothing when disabled."""
-
-  def __init__(self, enabled: bool, started: float):
-    self.enabled, self.started, self.bar = enabled, started, None
-    if not enabled:
-      return
-    try:
-      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      return
-    # The share in seconds is known once naive's step is timed (a budget in naive steps).
-    self.bar = tqdm(total=None, desc="dsgrad.recommend", unit="s",
-                    bar_format="{desc}: {elapsed}{postfix}")
-
-  def set_total(self, seconds: float) -> None:
-    if self.bar is not None:
-      self.bar.bar_format = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s of its "
-                             "share [{elapsed}<{remaining}{postfix}]")
-      self.bar.total = seconds
-      self.bar.refresh()
-
-  def __call__(self, message: str) -> None:
-    if not self.enabled:
-      return
-    if self.bar is None:
-      print(f"dsgrad.recommend: {message}", flush=True)
-      return
-    elapsed = time.perf_counter() - self.started
-    self.bar.n = min(elapsed, self.bar.total) if self.bar.total else elapsed
-    self.bar.set_postfix_str(message)
-
-  def close(self) -> None:
-    if self.bar is not None:
-      self("done")
-      self.bar.close()
-
-
 def _optimizer_factory(optimizer):
   if isinstance(optimizer, optax.GradientTransformation):
     return lambda steps: optimizer
@@ -188,61 +129,6 @@ def _optimizer_factory(optimizer):
     return optimizer
   raise TypeError("optimizer must be an optax transformation or a function "
                   f"num_steps -> optax transformation, got {type(optimizer).__name__}")
-
-
-def _base_contenders(names, objective, approx, batch_size, max_table_bytes):
-  """``[(Contender | None, description, note)]`` for the candidates that need no cost
-  ratio."""
-  n, out = objective.num_data, []
-  for name in names:
-    if name in _EQUAL_COST:
-      continue
-    try:
-      if name == "naive":
-        out.append((name, race_lib.Contender(name, objective, estimators.naive(), batch_size),
-                    "naive", ""))
-      elif name == "path_derivative":
-        source = objective.source or ()
-        if source[:1] != ("meanfield_gaussian",):
-          out.append((name, None, "naive, path derivative", "only for objectives made by "
-                      "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
-          continue
-        from dsgrad.bbvi import meanfield_gaussian
-        variant = meanfield_gaussian(source[1], shared_noise=objective.shared_noise,
-                                     path_derivative=True)
-        out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),
-                    "naive, path derivative (sticking the landing)", ""))
-      else:
-        factory = getattr(estimators, name)
-        extra = ({"every": max(1, n // batch_size)} if name == "joint_svrg" else
-                 {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
-        out.append((name, race_lib.Contender(name, objective, factory(objective, approx, **extra),
-                                       batch_size), name, ""))
-    except MemoryError as error:
-      out.append((name, None, name, str(error).split(". ")[0]))
-  return out
-
-
-def _equal_cost_contenders(names, objective, batch_size, ratio):
-  k = max(2, int(round(ratio)))
-  out = []
-  for name in names:
-    if name == "naive_samples":
-      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k),
-                                     estimators.naive(), batch_size),
-                  f"naive, {k} MC samples per datum", ""))
-    elif name == "rqmc":
-      if getattr(objective.noise_fn, "gaussian", None) is None:
-        out.append((name, None, f"naive, {k} RQMC samples", "the noise is not dsgrad.gaussian_noise"))
-        continue
-      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k, sampler="rqmc"),
-                                     estimators.naive(), batch_size),
-                  f"naive, {k} randomized QMC samples per datum", ""))
-    elif name == "naive_batch":
-      big = min(objective.num_data, k * batch_size)
-      out.append((name, race_lib.Contender(name, objective, estimators.naive(), big),
-                  f"naive, batch {big}", ""))
-  return out
 
 
 def _lanes(contenders, make_optimizer, params, key, memory_limit, provisional_steps):
@@ -323,49 +209,6 @@ def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, b
                         {"naive": lane}, key)
 
 
-# Each raced lane, besides compiling, runs its timing rounds (five rounds of about 0.05 s,
-# after two warm-up segments) and sets up its state twice.
-_LANE_OVERHEAD_SECONDS = 0.35
-
-
-class _Share:
-  """The advice's time share as it is spent: what has gone, and what the lanes admitted so
-  far will still cost (each compiles its race program, about what its timing program
-  took, and runs its timing rounds). A quarter of the share is kept for the race itself.
-
-  A lane not yet compiled is priced at the median compile time measured on the lanes
-  compiled so far; before any, at three times naive's (on a hierarchical model on two
-  CPU cores, cv's program took 1.6 s and joint SVRG's 2.1 s to build, naive's 0.6-0.8 s;
-  priced at twice naive's, the two compiled together and then neither fitted)."""
-
-  def __init__(self, allowed: float, started: float, naive_lane, eval_seconds: float = 0.0):
-    self.allowed, self.started = allowed, started
-    self.naive_compile = naive_lane.runner.compile_seconds
-    # A lane's ELBO is estimated after its first round, and after a second if it stays.
-    self.per_lane = _LANE_OVERHEAD_SECONDS + 2 * eval_seconds
-    self.measured: list = []
-    # Naive still compiles its timing and its race programs.
-    self.owed = 2 * self.naive_compile / _compile_overlap() + self.per_lane
-
-  def left(self) -> float:
-    return 0.75 * self.allowed - (time.perf_counter() - self.started) - self.owed
-
-  def price(self, lanes: int = 1) -> float:
-    """The whole cost of ``lanes`` more lanes compiled together: their timing programs
-    (overlapped only when there are several), their race programs (compiled with the
-    others') and their timing rounds and ELBO estimates."""
-    each = float(np.median(self.measured)) if self.measured else 3 * self.naive_compile
-    together = _compile_overlap() if lanes > 1 else 1.0
-    return lanes * (each / together + each / _compile_overlap() + self.per_lane)
-
-  def compiled(self, lane) -> None:
-    self.measured.append(lane.runner.compile_seconds)
-    self.owed += lane.runner.compile_seconds / _compile_overlap() + self.per_lane
-
-  def release(self, lane) -> None:
-    self.owed -= lane.runner.compile_seconds / _compile_overlap() + self.per_lane
-
-
 def _not_raced(name, description, share, reason) -> Candidate:
   return Candidate(name, description, note=(
       f"not raced: {reason} would take this advice past share = {share:g} of the budget "
@@ -377,7 +220,7 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
   """Compiles the contenders' timing programs in priority order, two at a time where
   compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
-  Each pair is priced before it compiles (:meth:`_Share.price`); after it compiled, its
+  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`); after it compiled, its
   measured compile times price what is left, and a lane whose race would no longer fit
   is let go (the last first). Given ``ledger=None`` (step costs passed in) every
   contender that fits in memory is admitted, compiled by the race."""
@@ -386,7 +229,7 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
   if ledger is None:
     return lanes, ruled_out
   pending = list(contenders)
-  group = 2 if _compile_overlap() > 1 else 1
+  group = 2 if race_lib.compile_overlap() > 1 else 1
   while pending:
     batch, pending = pending[:group], pending[group:]
     if ledger.left() < ledger.price(len(batch)):
@@ -541,7 +384,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   if budget_in not in ("seconds", "naive_steps"):
     raise ValueError(f"budget_in must be 'seconds' or 'naive_steps', got {budget_in!r}")
   checks.check_batch_size(batch_size, objective.num_data)
-  reporter = _Progress(progress, started)
+  reporter = race_lib.Progress(progress, started)
   try:
     return _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
                    candidates, share, memory_share, elbo_samples, reporter, max_table_bytes,
@@ -553,11 +396,11 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
 def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
             candidates, share, memory_share, elbo_samples, progress, max_table_bytes,
             step_costs, started) -> Recommendation:
-  """:func:`recommend`'s work, its arguments checked; ``progress`` a :class:`_Progress`."""
+  """:func:`recommend`'s work, its arguments checked; ``progress`` a :class:`dsgrad.race.Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
   limit = memory_share * race_lib.available_memory_bytes()
   provisional = max(1, objective.num_data // batch_size)
-  base = _base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
+  base = base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
   lanes, ruled_out = _lanes([c for c in base if c[0] == "naive"], make_optimizer, params,
                             key, limit, provisional)
   naive_lane = lanes[0]
@@ -574,14 +417,14 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   eval_seconds = time.perf_counter() - eval_started
   ledger = None
   if step_costs is None:
-    ledger = _Share(share * float(budget) * (guess if budget_in == "naive_steps" else 1.0),
+    ledger = race_lib.Share(share * float(budget) * (guess if budget_in == "naive_steps" else 1.0),
                     started, naive_lane, eval_seconds)
     progress.set_total(ledger.allowed)
   others = [name for name in candidates if name != "naive"]
   more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,
                           make_optimizer, params, key, limit, provisional, share, progress)
   lanes, ruled_out = lanes + more, ruled_out + more_out
-  wanted_equal_cost = [name for name in others if name in _EQUAL_COST]
+  wanted_equal_cost = [name for name in others if name in EQUAL_COST]
   if len(lanes) == 1 and (not wanted_equal_cost or (
       ledger is not None and ledger.left() < ledger.price())):
     ruled_out += [_not_raced(name, name, share, "compiling it") for name in wanted_equal_cost]
@@ -593,7 +436,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
               if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
   if wanted_equal_cost:
     ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-    extra, more_out = _admit(_equal_cost_contenders(wanted_equal_cost, objective, batch_size,
+    extra, more_out = _admit(equal_cost_contenders(wanted_equal_cost, objective, batch_size,
                                                     ratio),
                              ledger, guess, make_optimizer, params, key, limit, provisional,
                              share, progress)
@@ -605,7 +448,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
       lanes += extra
   # Each lane's race program costs about what its timing program did: measured now, as
   # the restarted lanes below have compiled nothing yet.
-  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / _compile_overlap()
+  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / race_lib.compile_overlap()
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
   # The real runs: each schedule spans the steps its candidate affords in the budget.

@@ -165,14 +165,15 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     for lane in lanes:
       lane.runner.compile_seconds = compile_seconds[lane.contender.name]
 
-  monkeypatch.setattr(advice_lib, "time", StoppedClock)
-  monkeypatch.setattr(advice_lib, "_compile_overlap", lambda: 2.0)
+  monkeypatch.setattr(race_lib, "time", StoppedClock)
+  monkeypatch.setattr(race_lib, "compile_overlap", lambda: 2.0)
   monkeypatch.setattr(race_lib, "prepare_all", stand_in_compile)
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
-  ledger = advice_lib._Share(allowed, 0.0, naive)
-  contenders = advice_lib._base_contenders(("cv", "joint_svrg", "path_derivative"), objective,
+  ledger = race_lib.Share(allowed, 0.0, naive)
+  contenders = dsgrad.candidates.base_contenders(("cv", "joint_svrg", "path_derivative"),
+                                                 objective,
                                            None, BATCH, "auto")
   lanes, out = advice_lib._admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
                                  dsgrad.meanfield_init(model), jax.random.key(0), np.inf,

@@ -1,0 +1,77 @@
+"""The ways to train that :func:`dsgrad.recommend` races, as contenders: an estimator, a
+noise control, or an equal-cost use of naive's time, each with the objective and batch
+size it steps on."""
+
+from __future__ import annotations
+
+from dsgrad import estimators
+from dsgrad import noise as noise_lib
+from dsgrad import race as race_lib
+
+CANDIDATES = ("naive", "cv", "joint_svrg", "joint_saga", "path_derivative", "rqmc",
+              "naive_samples", "naive_batch")
+"""What :func:`recommend` can race: naive; the control variates ``cv``, ``joint_svrg``
+and ``joint_saga``; naive with the path-derivative ("sticking the landing") gradient
+(mean-field Gaussian objectives); naive with ``K`` randomized QMC samples per datum
+(Gaussian noise); and the equal-cost baselines: naive with ``K`` independent samples per
+datum, and naive with a ``K``-times larger batch, ``K`` the control variates' cost in naive
+steps."""
+
+EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
+
+
+def base_contenders(names, objective, approx, batch_size, max_table_bytes):
+  """``[(Contender | None, description, note)]`` for the candidates that need no cost
+  ratio."""
+  n, out = objective.num_data, []
+  for name in names:
+    if name in EQUAL_COST:
+      continue
+    try:
+      if name == "naive":
+        out.append((name, race_lib.Contender(name, objective, estimators.naive(), batch_size),
+                    "naive", ""))
+      elif name == "path_derivative":
+        source = objective.source or ()
+        if source[:1] != ("meanfield_gaussian",):
+          out.append((name, None, "naive, path derivative", "only for objectives made by "
+                      "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
+          continue
+        from dsgrad.bbvi import meanfield_gaussian
+        variant = meanfield_gaussian(source[1], shared_noise=objective.shared_noise,
+                                     path_derivative=True)
+        out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),
+                    "naive, path derivative (sticking the landing)", ""))
+      else:
+        factory = getattr(estimators, name)
+        extra = ({"every": max(1, n // batch_size)} if name == "joint_svrg" else
+                 {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
+        out.append((name, race_lib.Contender(name, objective, factory(objective, approx, **extra),
+                                       batch_size), name, ""))
+    except MemoryError as error:
+      out.append((name, None, name, str(error).split(". ")[0]))
+  return out
+
+
+def equal_cost_contenders(names, objective, batch_size, ratio):
+  """``[(name, Contender | None, description, note)]`` for the equal-cost candidates:
+  ``K = round(ratio)`` (at least 2) samples per datum, or a ``K``-times batch."""
+  k = max(2, int(round(ratio)))
+  out = []
+  for name in names:
+    if name == "naive_samples":
+      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k),
+                                     estimators.naive(), batch_size),
+                  f"naive, {k} MC samples per datum", ""))
+    elif name == "rqmc":
+      if getattr(objective.noise_fn, "gaussian", None) is None:
+        out.append((name, None, f"naive, {k} RQMC samples", "the noise is not dsgrad.gaussian_noise"))
+        continue
+      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k, sampler="rqmc"),
+                                     estimators.naive(), batch_size),
+                  f"naive, {k} randomized QMC samples per datum", ""))
+    elif name == "naive_batch":
+      big = min(objective.num_data, k * batch_size)
+      out.append((name, race_lib.Contender(name, objective, estimators.naive(), big),
+                  f"naive, batch {big}", ""))
+  return out
