@@ -54,6 +54,7 @@ import optax
 
 import dsgrad
 from benchmarks import _report, peers_models, peers_vae
+from benchmarks._contenders import Runner, train_step_runner  # noqa: F401
 from dsgrad.batching import epoch_batches
 
 INIT_SCALE = 0.1
@@ -263,16 +264,6 @@ def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
 
 
 # -------------------------------------------------------------------------- contenders
-class Runner(NamedTuple):
-  """One contender at one learning rate: ``init(key) -> state`` (may include a full
-  pass), ``segment(state, indices (S, B), keys (S,)) -> state`` (jit-compiled by the
-  caller) and ``params(state) -> (loc, log_scale)`` flat, row-major ``(D, K)``."""
-
-  init: Callable
-  segment: Callable
-  params: Callable
-
-
 def _log_likelihood(task: Task):
   if task.spec is not None:
     return task.spec.log_likelihood
@@ -382,23 +373,6 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
   opt = optax.chain(est, adam(lr, task.steps))
   return train_step_runner(objective, opt, lambda: _initial(model.latent_dim),
                            lambda s: (s[0]["loc"], s[0]["log_scale"]))
-
-
-def train_step_runner(objective, opt, initial: Callable, params_of: Callable) -> Runner:
-  """A dsgrad contender: :func:`dsgrad.train_step` with ``opt`` (an estimator chained
-  with Adam) in a scan, from ``initial()``."""
-
-  def segment(state, indices, keys):
-    def step(carry, xs):
-      return dsgrad.train_step(objective, opt, *carry, *xs), None
-    return jax.lax.scan(step, state, (indices, keys))[0]
-
-  def init(key):
-    del key
-    params = initial()
-    return params, opt.init(params)
-
-  return Runner(init, segment, params_of)
 
 
 def numpyro_model(task: Task):

@@ -37,6 +37,7 @@ import optax
 from flax import nnx
 
 import dsgrad
+from benchmarks import _contenders
 from dsgrad.mcvae import MLPDecoder, MLPEncoder, MonteCarloVAE
 
 
@@ -87,7 +88,6 @@ def evaluator(task, draws: int = 2):
 
 def contenders(task, runner_cls, adam, scheduled: str) -> dict:
   """``{label: (factory(setting) -> Runner, None)}``."""
-  from benchmarks import peers  # imported here: peers imports this module
   s = task.spec
   n = s.objective.num_data
   objective, vae = s.objective, s.vae
@@ -121,7 +121,7 @@ def contenders(task, runner_cls, adam, scheduled: str) -> dict:
                                                    every=max(1, n // task.batch_size),
                                                    chunk_size=min(n, 2_000), **off)}[estimator]()
     opt = optax.chain(est, adam(setting, task.steps))
-    return peers.train_step_runner(objective, opt, vae.init_params,
+    return _contenders.train_step_runner(objective, opt, vae.init_params,
                                    lambda st: (st[0], None))
 
   out = {"optax (hand-written step), naive": (optax_runner, None)}
