@@ -177,7 +177,7 @@ def _candidates(lanes, traces, naive_index, ruled_out):
 
 def _step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
   if step_costs is None:
-    race_lib.announce(progress, f"timing {len(lanes)} candidates")
+    progress(f"timing {len(lanes)} candidates")
     return race_lib.time_steps(lanes, step_guess=step_guess)
   missing = [lane.contender.name for lane in lanes if lane.contender.name not in step_costs]
   if missing:
@@ -220,14 +220,13 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
   """Compiles the contenders' timing programs in priority order, two at a time where
   compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
-  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`); after it compiled, its
-  measured compile times price what is left, and a lane whose race would no longer fit
+  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`); after it
+  compiled, its measured compile times price what is left, and a lane whose race would no longer fit
   is let go (the last first). Given ``ledger=None`` (step costs passed in) every
   contender that fits in memory is admitted, compiled by the race."""
-  lanes, ruled_out = _lanes(contenders, make_optimizer, params, key, memory_limit,
-                            provisional) if ledger is None else ([], [])
   if ledger is None:
-    return lanes, ruled_out
+    return _lanes(contenders, make_optimizer, params, key, memory_limit, provisional)
+  lanes, ruled_out = [], []
   pending = list(contenders)
   group = 2 if race_lib.compile_overlap() > 1 else 1
   while pending:
@@ -241,7 +240,7 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
     ruled_out += out
     if not fresh:
       continue
-    race_lib.announce(progress, "compiling " + ", ".join(l.contender.name for l in fresh))
+    progress("compiling " + ", ".join(lane.contender.name for lane in fresh))
     for lane in fresh:
       lane.chunk = race_lib.timing_chunk(guess)
     race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
@@ -396,7 +395,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
 def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
             candidates, share, memory_share, elbo_samples, progress, max_table_bytes,
             step_costs, started) -> Recommendation:
-  """:func:`recommend`'s work, its arguments checked; ``progress`` a :class:`dsgrad.race.Progress`."""
+  """:func:`recommend`'s work, its arguments checked; ``progress`` a
+  :class:`dsgrad.race.Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
   limit = memory_share * race_lib.available_memory_bytes()
   provisional = max(1, objective.num_data // batch_size)
@@ -412,13 +412,14 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   # The race starts from the ELBO at params; its second estimate times one (compiled)
   # estimate, which the race makes once or twice per lane.
   start_draws = evaluate(params)
-  eval_started = time.perf_counter()
-  evaluate(params)
-  eval_seconds = time.perf_counter() - eval_started
-  ledger = None
-  if step_costs is None:
-    ledger = race_lib.Share(share * float(budget) * (guess if budget_in == "naive_steps" else 1.0),
-                    started, naive_lane, eval_seconds)
+  ledger, eval_seconds = None, 0.0
+  if step_costs is None:  # given the step costs, nothing is priced
+    eval_started = time.perf_counter()
+    evaluate(params)
+    eval_seconds = time.perf_counter() - eval_started
+    ledger = race_lib.Share(
+        share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
+        naive_lane, eval_seconds)
     progress.set_total(ledger.allowed)
   others = [name for name in candidates if name != "naive"]
   more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,

@@ -65,10 +65,11 @@ def equal_cost_contenders(names, objective, batch_size, ratio):
                   f"naive, {k} MC samples per datum", ""))
     elif name == "rqmc":
       if getattr(objective.noise_fn, "gaussian", None) is None:
-        out.append((name, None, f"naive, {k} RQMC samples", "the noise is not dsgrad.gaussian_noise"))
+        out.append((name, None, f"naive, {k} RQMC samples",
+                    "the noise is not dsgrad.gaussian_noise"))
         continue
-      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k, sampler="rqmc"),
-                                     estimators.naive(), batch_size),
+      samples = noise_lib.multi_sample(objective, k, sampler="rqmc")
+      out.append((name, race_lib.Contender(name, samples, estimators.naive(), batch_size),
                   f"naive, {k} randomized QMC samples per datum", ""))
     elif name == "naive_batch":
       big = min(objective.num_data, k * batch_size)

@@ -242,18 +242,10 @@ def time_to_reach(trace: list, target: float) -> float:
   return math.inf
 
 
-def announce(progress, message: str) -> None:
-  """Reports ``message`` to ``progress``: a callable (e.g. a progress bar's), ``True``
-  (printed) or ``False`` (nothing)."""
-  if callable(progress):
-    progress(message)
-  elif progress:
-    print(f"dsgrad.recommend: {message}", flush=True)
-
-
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
-         progress, start=None) -> dict:
-  """Successive halving over ``lanes`` (``reference``, naive, always races).
+         progress: Callable[[str], None], start=None) -> dict:
+  """Successive halving over ``lanes`` (``reference``, naive, always races); ``progress``
+  is told which lane races (a :class:`Progress`).
 
   Returns:
     ``{lane index: [(fraction, draws), ...]}`` for every lane: the fraction of its run
@@ -273,7 +265,7 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
   alive = list(range(len(lanes)))
   for r, fraction in enumerate(fractions):
     for i in alive:
-      announce(progress, f"round {r + 1}/{len(fractions)}: racing {lanes[i].contender.name} "
+      progress(f"round {r + 1}/{len(fractions)}: racing {lanes[i].contender.name} "
                f"to {100 * fraction:.2g}% of its run")
       lanes[i].advance_to(fraction)
       lanes[i].trace.append((lanes[i].fraction, evaluate(lanes[i].params)))
@@ -299,7 +291,8 @@ LANE_OVERHEAD_SECONDS = 0.35
 class Share:
   """The advice's time share as it is spent: what has gone, and what the lanes admitted so
   far will still cost (each compiles its race program, about what its timing program
-  took, and runs its timing rounds). A quarter of the share is kept for the race itself (:func:`dsgrad.recommend`).
+  took, and runs its timing rounds). A quarter of the share is kept for the race itself
+  (:func:`dsgrad.recommend`).
 
   A lane not yet compiled is priced at the median compile time measured on the lanes
   compiled so far; before any, at three times naive's (on a hierarchical model on two
@@ -326,12 +319,16 @@ class Share:
     together = compile_overlap() if lanes > 1 else 1.0
     return lanes * (each / together + each / compile_overlap() + self.per_lane)
 
+  def _still_owed(self, lane) -> float:
+    """What a compiled lane will still cost: its race program and its rounds."""
+    return lane.runner.compile_seconds / compile_overlap() + self.per_lane
+
   def compiled(self, lane) -> None:
     self.measured.append(lane.runner.compile_seconds)
-    self.owed += lane.runner.compile_seconds / compile_overlap() + self.per_lane
+    self.owed += self._still_owed(lane)
 
   def release(self, lane) -> None:
-    self.owed -= lane.runner.compile_seconds / compile_overlap() + self.per_lane
+    self.owed -= self._still_owed(lane)
 
 
 class Progress:

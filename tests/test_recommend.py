@@ -173,11 +173,10 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
   ledger = race_lib.Share(allowed, 0.0, naive)
   contenders = dsgrad.candidates.base_contenders(("cv", "joint_svrg", "path_derivative"),
-                                                 objective,
-                                           None, BATCH, "auto")
+                                                 objective, None, BATCH, "auto")
   lanes, out = advice_lib._admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
                                  dsgrad.meanfield_init(model), jax.random.key(0), np.inf,
-                                 20, 0.1, False)
+                                 20, 0.1, lambda message: None)
   assert [lane.contender.name for lane in lanes] == admitted
   notes = {c.name: c.note for c in out}
   assert set(notes) == {"cv", "joint_svrg", "path_derivative"} - set(admitted)
