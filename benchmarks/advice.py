@@ -98,7 +98,16 @@ def _hand_loop(model, peak, steps, batch_size, key, runs: int = 2):
 
 
 def _elbo(objective, params, key, samples):
-  return dsgrad.elbo(objective, params, key, num_samples=samples)
+  """``(estimate, se, draws)``: the full-data ELBO's draws at ``params``; every call with
+  the same ``key`` uses the same noise, so two runs' draws can be differenced pairwise."""
+  with objective.bound():
+    draws = np.asarray(dsgrad.elbo_draws(objective, samples)(params, key), np.float64)
+  return (*dsgrad.diagnostics.mean_and_standard_error(draws), draws.tolist())
+
+
+def paired(a, b) -> tuple[float, float]:
+  """``(mean, standard error)`` of ``a - b`` draw by draw (common random numbers)."""
+  return dsgrad.diagnostics.mean_and_standard_error(np.subtract(a, b))
 
 
 def _variances(objective, params, key, batch_size, k):
@@ -169,7 +178,8 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
         raced_steps = advice.runs[c.name].steps
         result = advice.fit(c.name, progress=False, elbo_samples=30,
                             eval_every=max(1, c.budget_steps // 10))
-        row["elbo"], row["elbo_se"] = _elbo(objective, result.params, eval_key, elbo_samples)
+        row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, result.params, eval_key,
+                                                          elbo_samples)
         # The run's time: its raced steps (at the timed rate) and the continuation's.
         race_seconds = raced_steps * c.seconds_per_step
         row["trace"] = [(race_seconds + float(t), float(e)) for t, e in
@@ -185,12 +195,31 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
     out["seeds"][str(seed)] = {
         "prediction": _prediction_check(rows, advice.best),
         "budget_seconds": budget, "hand_elbo": hand[0], "hand_elbo_se": hand[1],
+        "hand_draws": hand[2],
         "pick": advice.best, "advice_seconds": advice_seconds, "reasons": list(advice.reasons),
         "candidates": rows, "timing_disagreement": _timing_agreement(advice),
         "variance_per_step": _variances(objective, hand_params, jax.random.key(7), batch_size, k)}
     print(f"  seed {seed}: pick {advice.best}, hand {hand[0]:.2f}, " + ", ".join(
         f"{n} {r.get('elbo', float('nan')):.2f}" for n, r in rows.items()), flush=True)
   return out
+
+
+def _paired_cells(s, ran, best) -> str:
+  """The pick's paired differences to the hand loop and to the best contender, and the
+  targets' verdicts: the pick within 2 se of the best, and ahead of the hand loop by more
+  than 2 se wherever any contender is."""
+  pick = ran[s["pick"]]
+  if "draws" not in pick or "hand_draws" not in s:  # records made before draws were kept
+    return f"{pick['elbo'] - s['hand_elbo']:+.2f} (no draws) | n/a | n/a"
+  to_hand, to_hand_se = paired(pick["draws"], s["hand_draws"])
+  to_best, to_best_se = paired(pick["draws"], ran[best]["draws"])
+  any_ahead = any(paired(c["draws"], s["hand_draws"])[0]
+                  > 2 * paired(c["draws"], s["hand_draws"])[1] for c in ran.values())
+  near_best = "met" if to_best >= -2 * to_best_se else "missed"
+  ahead = ("no contender is" if not any_ahead
+           else "met" if to_hand > 2 * to_hand_se else "missed")
+  return (f"{to_hand:+.2f} ({to_hand_se:.2f}) | {to_best:+.2f} ({to_best_se:.2f}) | "
+          f"within 2 se of best: {near_best}; ahead of hand where any is: {ahead}")
 
 
 def render(record):
@@ -204,8 +233,9 @@ def render(record):
            f"{config['elbo_samples']} draws, common random numbers.", "",
            f"Measured: {record['environment']}", "",
            "| model | seed | budget, s | pick | hand-written naive | best dsgrad (ELBO) | "
-           "pick's ELBO | pick - hand | recommend's time | timing disagreement |",
-           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+           "pick's ELBO | pick - hand (paired se) | pick - best (paired se) | targets | "
+           "recommend's time | timing disagreement |",
+           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
   for name, r in results.items():
     for seed, s in r["seeds"].items():
       ran = {n: c for n, c in s["candidates"].items() if "elbo" in c}
@@ -214,7 +244,7 @@ def render(record):
       lines.append(
           f"| {name} | {seed} | {s['budget_seconds']:.2f} | {s['pick']} | "
           f"{s['hand_elbo']:.2f} | {best} ({ran[best]['elbo']:.2f}) | {pick['elbo']:.2f} | "
-          f"{pick['elbo'] - s['hand_elbo']:+.2f} | {s['advice_seconds']:.1f} s "
+          f"{_paired_cells(s, ran, best)} | {s['advice_seconds']:.1f} s "
           f"({100 * s['advice_seconds'] / s['budget_seconds']:.0f}%) | "
           f"{100 * s['timing_disagreement']:.0f}% |")
   lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "

@@ -9,11 +9,12 @@ Two kinds of checks:
 * *value* checks (index range, finiteness) need the numbers. Outside ``jit`` they raise
   a ``ValueError`` at once; inside ``jit`` they run as a host callback, and the error
   surfaces as a runtime error whose text contains the same message. Under
-  :func:`deferred` (how :func:`dsgrad.fit` runs its compiled segments) they become
-  :func:`jax.experimental.checkify.check` calls instead: the program carries the first
-  failure out, and :func:`raise_deferred` raises it as the same ``ValueError`` once the
-  segment has run. That costs no host round trip per step, which on a GPU is most of a
-  small model's step.
+  :func:`deferred` they become :func:`jax.experimental.checkify.check` calls instead:
+  the program carries the first failure out, and :func:`raise_deferred` raises it as the
+  same ``ValueError`` once the program has run. That costs no host round trip per step,
+  which on a GPU is most of a small model's step. :func:`dsgrad.fit` goes one step
+  further (:func:`collected`): each step's checks fold into one small integer, a loop
+  output, checked once after the compiled segment.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
         raise ValueError(message)
     return
 
+  found = getattr(_DEFERRED, "found", None)
+  if found is not None:
+    found.extend(zip(flags, messages))
+    return
+
   if getattr(_DEFERRED, "active", False):
     step = _DEFERRED.step
     for flag, message in zip(flags, messages):
@@ -157,6 +163,57 @@ def deferred(step=None):
     yield
   finally:
     _DEFERRED.active, _DEFERRED.step = previous
+
+
+@contextlib.contextmanager
+def collected():
+  """Value checks traced inside this context are collected, not raised: the block gets a
+  list that fills with ``(bad, message)`` pairs, which :func:`failure_code` folds into one
+  small integer per step and :func:`check_failure_codes` turns into a deferred failure.
+
+  This is how :func:`dsgrad.fit` checks a compiled segment's steps: the steps' codes are a
+  ``lax.scan`` output and one ``checkify.check`` per message runs after the loop, instead
+  of a :func:`deferred` check per step, whose error state (a code and the step number)
+  ``checkify`` threads through every step (measured 1.4x a plain 5 us step on CPU; the
+  codes cost 1.03x).
+  """
+  previous = getattr(_DEFERRED, "found", None)
+  _DEFERRED.found = found = []
+  try:
+    yield found
+  finally:
+    _DEFERRED.found = previous
+
+
+def failure_code(found) -> jax.Array | None:
+  """The index plus one of the first failing check among ``found`` (:func:`collected`),
+  0 if none failed: an ``int8`` scalar (``int32`` beyond 126 checks); ``None`` without
+  checks."""
+  if not found:
+    return None
+  dtype = jnp.int8 if len(found) < 127 else jnp.int32
+  code = jnp.zeros((), dtype)
+  for i in reversed(range(len(found))):
+    code = jnp.where(jnp.any(found[i][0]), jnp.asarray(i + 1, dtype), code)
+  return code
+
+
+def check_failure_codes(codes, steps, messages: Sequence[str]) -> None:
+  """``checkify.check``s, after a loop, that no step's :func:`failure_code` is set; a
+  failure names the first failing step's message and its number (from ``steps``).
+
+  Args:
+    codes: ``(T,)`` failure codes, one per step (``None``: nothing was checked).
+    steps: ``(T,)`` step numbers.
+    messages: the checks' messages, in the order the codes number them.
+  """
+  if codes is None:
+    return
+  first = jnp.argmax(codes != 0)
+  code, step = codes[first], steps[first]
+  for i, message in enumerate(messages):
+    text = message.replace("{", "{{").replace("}", "}}")
+    checkify.check(code != i + 1, text + " (at step {})", step)
 
 
 def raise_deferred(error) -> None:

@@ -133,15 +133,22 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     # serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
 
+    messages = []
+
     def step(carry, xs):
       idx, t, key_t, rows_t = xs
-      # The estimators' value checks travel out with the results instead of a host
-      # round trip per step (a GPU synchronization each); SegmentRunner raises them.
-      with data_lib.batch_rows(objective.data or {}, idx, rows_t), checks.deferred(t):
-        return train_step(objective, optimizer, *carry, idx, key_t, mesh=mesh), None
+      # The estimators' value checks travel out as one small code per step instead of a
+      # host round trip per step (a GPU synchronization each); SegmentRunner raises them.
+      with data_lib.batch_rows(objective.data or {}, idx, rows_t), \
+          checks.collected() as found:
+        carry = train_step(objective, optimizer, *carry, idx, key_t, mesh=mesh)
+      messages[:] = [message for _, message in found]
+      return carry, checks.failure_code(found)
 
     with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
-      return jax.lax.scan(step, carry, (indices, steps, keys, rows))[0]
+      carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
+    checks.check_failure_codes(codes, steps, messages)
+    return carry
 
   out_shardings = (None if carry_shardings is None
                    else (parallel.replicated(mesh), carry_shardings))

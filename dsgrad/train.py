@@ -141,8 +141,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       shapes or dtypes differ from this optimizer's state. After a segment, when an
       estimator's value check failed during it (a non-finite gradient, params or
       noise), with the check's message and the first step it failed at: the checks
-      travel out of the compiled segment (:func:`dsgrad.checks.deferred`) instead of
-      a host callback per step.
+      travel out of the compiled segment as one small code per step
+      (:func:`dsgrad.checks.collected`) instead of a host callback per step.
 
   Example::
 

@@ -495,3 +495,24 @@ def test_movielens_genre_names_ignore_case_and_spaces():
   strict = datasets.movielens_from_columns([1, 2], ["Action|Comedy", "IMAX"], [3.0, 4.0])
   np.testing.assert_array_equal(loose.genres, strict.genres)
   assert loose.genres[0].sum() == 2 and loose.genres[1].sum() == 0
+
+
+def test_fit_names_the_first_step_whose_gradient_is_not_finite(objective, params0):
+  # The datum that poisons the loss first enters a batch at a step fit's orders decide;
+  # the error must name that step, not the segment's start or a later one.
+  bad_datum = 7
+  key = jax.random.key(3)
+  run_key = jax.random.split(key)[0]  # fit keeps the other half for its ELBO draws
+  batches = np.asarray(dsgrad.batching.epoch_batches(jax.random.split(run_key)[0],
+                                                     objective.num_data, BATCH, 40))
+  first = int(np.argmax(np.any(batches == bad_datum, axis=1)))
+  assert first > 0  # otherwise the test could not tell step 0 from the right step
+
+  def loss(p, i, e):
+    return jnp.where(i == bad_datum, jnp.nan, 1.0) * jnp.sum(p["loc"] ** 2)
+
+  bad = dsgrad.Objective(loss, objective.noise_fn, objective.num_data, name="nan datum")
+  with pytest.raises(ValueError, match="non-finite") as info:
+    dsgrad.fit(bad, optax.chain(dsgrad.naive(), optax.sgd(1e-3)), params0, key,
+               num_steps=40, batch_size=BATCH, elbo_samples=0, progress=False)
+  assert str(info.value).endswith(f"(at step {first})"), (str(info.value), first)
