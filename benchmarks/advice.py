@@ -101,7 +101,7 @@ def _elbo(objective, params, key, samples):
   """``(estimate, se, draws)``: the full-data ELBO's draws at ``params``; every call with
   the same ``key`` uses the same noise, so two runs' draws can be differenced pairwise."""
   with objective.bound():
-    draws = np.asarray(dsgrad.elbo_draws(objective, samples)(params, key), np.float64)
+    draws = np.asarray(dsgrad.diagnostics.elbo_draws(objective, samples)(params, key), np.float64)
   return (*dsgrad.diagnostics.mean_and_standard_error(draws), draws.tolist())
 
 
@@ -262,11 +262,23 @@ def render(record):
   return "\n".join(lines)
 
 
+def _steps(parser, given: list, models: list) -> dict:
+  """``{model: T}`` from ``--steps``: one number for all, or ``name=T`` pairs (the
+  models not named keep :data:`STEPS`)."""
+  if len(given) == 1 and "=" not in given[0]:
+    return {name: int(given[0]) for name in models}
+  pairs = dict(item.split("=", 1) for item in given if "=" in item)
+  if len(pairs) != len(given) or set(pairs) - set(models):
+    parser.error(f"--steps takes one number or name=T pairs for the models {models}")
+  return {name: int(pairs.get(name, STEPS[name])) for name in models}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks advice",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--steps", type=int, default=None,
-                      help="T for every model (default: STEPS, per model)")
+  parser.add_argument("--steps", nargs="*", default=[],
+                      help="T for every model (one number) or per model (name=T pairs); "
+                           "default: STEPS, per model")
   parser.add_argument("--batch-size", type=int, default=100)
   parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
   parser.add_argument("--tune-seed", type=int, default=100)
@@ -277,7 +289,7 @@ def main(argv=None):
                            "a run at minute-scale budgets), beside the default runs")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
-  steps = {name: args.steps or STEPS[name] for name in args.models}
+  steps = _steps(parser, args.steps, args.models)
   config = {"steps": steps, "batch_size": args.batch_size, "seeds": args.seeds,
             "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples}
   if args.tune_seed in args.seeds:

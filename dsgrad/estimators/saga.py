@@ -174,10 +174,56 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)
-  if approx.statistics is not None:
-    return _joint_saga_compact(objective, approx, warmup_steps=warmup_steps,
-                               chunk_size=chunk_size, table_dtype=table_dtype,
-                               value_checks=value_checks, weight=weight)
+  kind = (_statistics_table(objective, approx, chunk_size, table_dtype)
+          if approx.statistics is not None else
+          _parameter_table(objective, approx, chunk_size, table_dtype, max_table_bytes))
+
+  def init_fn(params):
+    _common.check_params_fit(objective, params, "joint_saga", approx)
+    if not _common.has_leaves(params):  # optax.tree.map_params placeholder
+      return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
+                            _weights.init(control_weight, params))
+    table, running_mean = kind.init(params)
+    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
+                          _weights.init(control_weight, params))
+
+  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+    del extra_args
+    _common.check_update("joint_saga", objective, updates, params, indices, noise,
+                         value_checks=value_checks, table=state.table,
+                         params_like={"running_mean": state.running_mean},
+                         first_update=state.count == 0)
+    updates, control, new_table, change = kind.step(updates, state, params, indices, noise,
+                                                    value_checks)
+    # G += (1/N) sum over the batch's distinct data of (E grad f~ now - E grad f~ at the
+    # rows replaced): G stays the mean over the table, so the estimator stays unbiased.
+    running_mean = optax.tree.add(state.running_mean,
+                                  optax.tree.scale(1.0 / objective.num_data, change))
+    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
+
+  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")
+
+
+class _TableKind(NamedTuple):
+  """What one kind of SAGA table stores per datum, and how a step reads and writes it.
+
+  Attributes:
+    init: ``params -> (table, running_mean)``: every row from ``params`` and ``G`` the
+      mean of the rows' expected approximate gradients (a chunked full pass).
+    step: ``(updates, state, params, indices, noise, value_checks) -> (updates, control,
+      new_table, change)``: the naive gradient (``updates``, or computed here when
+      ``None``), the control ``G - mean_b grad f~(row_b; n_b, eps_b)`` (in expectation
+      zero), the table with the batch's rows replaced, and ``sum_b first_b (E grad f~ now
+      - E grad f~ at the old row)`` for the update of ``G``.
+  """
+
+  init: Any
+  step: Any
+
+
+def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_table_bytes
+                     ) -> _TableKind:
+  """Row ``n`` holds the parameters ``w^n`` at the last step datum ``n`` was drawn."""
   n = objective.num_data
 
   def expected_at(params, indices):
@@ -187,32 +233,19 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   def initial_mean(params):
     return tables.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
 
-  def init_fn(params):
-    _common.check_params_fit(objective, params, "joint_saga", approx)
-    if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
-                            _weights.init(control_weight, params))
+  def init(params):
     _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
     table = tables.new_table(params, n, table_dtype)
-    return JointSagaState(jnp.zeros([], jnp.int32), table,
-                          initial_mean(_as_stored(params, table)),
-                          _weights.init(control_weight, params))
+    return table, initial_mean(_as_stored(params, table))
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
-    del extra_args
-    _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                         value_checks=value_checks,
-                         table=state.table,
-                         params_like={"running_mean": state.running_mean},
-                         first_update=state.count == 0)
+  def step(updates, state, params, indices, noise, value_checks):
     updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
-                                           noise, value_checks)
+                                       noise, value_checks)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
     control = optax.tree.sub(state.running_mean,
                              jax.tree.map(lambda x: jnp.mean(x, 0), g_rows))
-
     new_table = tables.set_rows(state.table, indices, params)
     # The expectation at w is taken at the value actually stored (differs only for a
     # low-precision table), keeping G equal to the mean over the stored table.
@@ -228,23 +261,18 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       e_now = jax.vmap(lambda i: expected_at(stored, i[None]))(indices)
       e_now_sum = _common.masked_sum(e_now, first)
     change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
-    running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
+    return updates, control, new_table, change
 
-    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
-
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")
+  return _TableKind(init, step)
 
 
-def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, *,
-                        warmup_steps, chunk_size, table_dtype, value_checks, weight):
-  """``joint_saga`` with a table of per-datum statistics (``approx.statistics``).
+def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> _TableKind:
+  """Row ``n`` holds the per-datum statistics ``s_n`` the approximation needs
+  (``approx.statistics``: a GLM's logits, a sparse model's ``k`` coordinates).
 
-  Same estimator as the parameter-table version with ``f~`` split as
-  ``d_n(s_n, w, eps) + c(w, eps)``:
-
-      g + G - mean_{b in B} d_b(s_b, w, eps_b) + E c(w) - c(w, eps)
-
-  with ``G = mean_n E d_n(s_n)`` kept exactly by the same scatter update.
+  The same estimator as the parameter table's with ``f~`` split as
+  ``d_n(s_n, w, eps) + c(w, eps)``: the control is
+  ``G - mean_b d_b(s_b, w, eps_b) + E c(w) - c(w, eps)``, with ``G = mean_n E d_n(s_n)``.
   """
   stats_fns = approx.statistics
   n = objective.num_data
@@ -255,7 +283,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
     return jax.tree.map(lambda v: v.astype(table_dtype).astype(v.dtype), values)
 
   @functools.partial(data_lib.jit, objective.data)
-  def initial_state(params):
+  def init(params):
     exact = tables.full_pass_rows(lambda idx: stats_fns.statistics(params, idx), n,
                                    chunk_size)
     table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
@@ -268,22 +296,7 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
 
     return table, tables.full_pass_mean(chunk_mean, n, chunk_size)
 
-  def init_fn(params):
-    _common.check_params_fit(objective, params, "joint_saga", approx)
-    if not _common.has_leaves(params):  # optax.tree.map_params placeholder
-      return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
-                            _weights.init(weight[0], params))
-    table, running_mean = initial_state(params)
-    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
-                          _weights.init(weight[0], params))
-
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
-    del extra_args
-    batch = _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                                 value_checks=value_checks,
-                                 table=state.table,
-                                 params_like={"running_mean": state.running_mean},
-                                 first_update=state.count == 0)
+  def step(updates, state, params, indices, noise, value_checks):
     dtype = jax.tree.leaves(params)[0].dtype
     first = tables.first_occurrence(indices).astype(dtype)
     fused = approx.fused_for(objective) if updates is None else None
@@ -294,28 +307,23 @@ def _joint_saga_compact(objective: Objective, approx: approx_lib.Approximation, 
       updates = _common.check_own_gradient("joint_saga", updates, value_checks)
     else:
       updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
-                                           noise, value_checks)
+                                         noise, value_checks)
       new_rows = stored(stats_fns.statistics(params, indices))
       old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
-      uniform = jnp.full((batch,), 1.0 / batch, dtype)
+      uniform = jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)
       d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
+      if stats_fns.expected_change is not None:
+        change = stats_fns.expected_change(objective, params, new_rows, old_rows, indices,
+                                           first)
+      else:  # one call on the stacked rows with weights (+first, -first)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
+        change = stats_fns.datum_expected(objective, params, both,
+                                          jnp.concatenate([indices, indices]),
+                                          jnp.concatenate([first, -first]))
     c_now, c_expected = stats_fns.global_terms(objective, params, noise)
     expected = stats_fns.expectation(params, state.running_mean)
     control = optax.tree.add(optax.tree.sub(expected, d_old),
                              optax.tree.sub(c_expected, c_now))
+    return updates, control, tables.set_row_values(state.table, indices, new_rows), change
 
-    # G += (1/N) sum over distinct batch data of (E d(s_new) - E d(s_old)); the fused
-    # kernel computed the change above.
-    if fused is None and stats_fns.expected_change is not None:
-      change = stats_fns.expected_change(objective, params, new_rows, old_rows, indices, first)
-    elif fused is None:  # one call on the stacked rows with weights (+first, -first)
-      both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
-      change = stats_fns.datum_expected(objective, params, both,
-                                        jnp.concatenate([indices, indices]),
-                                        jnp.concatenate([first, -first]))
-    running_mean = optax.tree.add(state.running_mean, optax.tree.scale(1.0 / n, change))
-    new_table = tables.set_row_values(state.table, indices, new_rows)
-
-    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
-
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")
+  return _TableKind(init, step)
