@@ -294,11 +294,14 @@ def main(argv=None):
             "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples}
   if args.tune_seed in args.seeds:
     parser.error("the tuning seed must not be a reported seed")
-  results = {name: run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
-                             args.elbo_samples) for name in args.models}
   section = f"advice-{jax.default_backend()}" + (f"-{args.section}" if args.section else "")
-  _report.publish(section, None, not args.no_write,
-                  render=render, data={"results": results, "config": config})
+  results = {}
+  for name in args.models:
+    results[name] = run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
+                              args.elbo_samples)
+    # Written after each model, so a long run stopped part-way keeps what it measured.
+    _report.publish(section, None, not args.no_write,
+                    render=render, data={"results": results, "config": config})
 
 
 if __name__ == "__main__":
