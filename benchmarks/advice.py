@@ -100,14 +100,8 @@ def _hand_loop(model, peak, steps, batch_size, key, runs: int = 2):
 def _elbo(objective, params, key, samples):
   """``(estimate, se, draws)``: the full-data ELBO's draws at ``params``; every call with
   the same ``key`` uses the same noise, so two runs' draws can be differenced pairwise."""
-  with objective.bound():
-    draws = np.asarray(dsgrad.diagnostics.elbo_draws(objective, samples)(params, key), np.float64)
+  draws = race_lib.elbo_draws(objective, params, key, samples)
   return (*dsgrad.diagnostics.mean_and_standard_error(draws), draws.tolist())
-
-
-def paired(a, b) -> tuple[float, float]:
-  """``(mean, standard error)`` of ``a - b`` draw by draw (common random numbers)."""
-  return dsgrad.diagnostics.mean_and_standard_error(np.subtract(a, b))
 
 
 def _variances(objective, params, key, batch_size, k):
@@ -211,14 +205,15 @@ def _paired_cells(s, ran, best) -> str:
   pick = ran[s["pick"]]
   if "draws" not in pick or "hand_draws" not in s:  # records made before draws were kept
     return f"{pick['elbo'] - s['hand_elbo']:+.2f} (no draws) | n/a | n/a"
-  to_hand, to_hand_se = paired(pick["draws"], s["hand_draws"])
-  to_best, to_best_se = paired(pick["draws"], ran[best]["draws"])
-  any_ahead = any(paired(c["draws"], s["hand_draws"])[0]
-                  > 2 * paired(c["draws"], s["hand_draws"])[1] for c in ran.values())
+  # Each contender's paired difference to the hand loop, and whether it clears 2 se.
+  to_hand = {n: race_lib.paired_difference(c["draws"], s["hand_draws"]) for n, c in ran.items()}
+  ahead_of_hand = {n: gain > 2 * se for n, (gain, se) in to_hand.items()}
+  pick_gain, pick_se = to_hand[s["pick"]]
+  to_best, to_best_se = race_lib.paired_difference(pick["draws"], ran[best]["draws"])
   near_best = "met" if to_best >= -2 * to_best_se else "missed"
-  ahead = ("no contender is" if not any_ahead
-           else "met" if to_hand > 2 * to_hand_se else "missed")
-  return (f"{to_hand:+.2f} ({to_hand_se:.2f}) | {to_best:+.2f} ({to_best_se:.2f}) | "
+  ahead = ("no contender is" if not any(ahead_of_hand.values())
+           else "met" if ahead_of_hand[s["pick"]] else "missed")
+  return (f"{pick_gain:+.2f} ({pick_se:.2f}) | {to_best:+.2f} ({to_best_se:.2f}) | "
           f"within 2 se of best: {near_best}; ahead of hand where any is: {ahead}")
 
 

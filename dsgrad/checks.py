@@ -104,14 +104,8 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
     return
 
   if getattr(_DEFERRED, "active", False):
-    step = _DEFERRED.step
     for flag, message in zip(flags, messages):
-      # checkify formats the message with str.format: braces in it are literal.
-      text = message.replace("{", "{{").replace("}", "}}")
-      if step is None:
-        checkify.check(~jnp.any(flag), text)
-      else:
-        checkify.check(~jnp.any(flag), text + " (at step {})", step)
+      _checkify(~jnp.any(flag), message, _DEFERRED.step)
     return
 
   def _raise(*host_flags):
@@ -123,6 +117,17 @@ def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
   # costs a few reductions and no host round trip.
   any_bad = jnp.any(jnp.stack([jnp.any(f) for f in flags]))
   jax.lax.cond(any_bad, lambda fs: jax.debug.callback(_raise, *fs), lambda fs: None, flags)
+
+
+def _checkify(ok, message: str, step=None) -> None:
+  """``checkify.check(ok, ...)`` with ``message`` as it is, ending with ``(at step t)``
+  when ``step`` is given."""
+  # checkify formats the message with str.format: braces in it are literal.
+  text = message.replace("{", "{{").replace("}", "}}")
+  if step is None:
+    checkify.check(ok, text)
+  else:
+    checkify.check(ok, text + " (at step {})", step)
 
 
 _DEFERRED = threading.local()
@@ -187,14 +192,12 @@ def collected():
 
 def failure_code(found) -> jax.Array | None:
   """The index plus one of the first failing check among ``found`` (:func:`collected`),
-  0 if none failed: an ``int8`` scalar (``int32`` beyond 126 checks); ``None`` without
-  checks."""
+  0 if none failed: an ``int32`` scalar; ``None`` without checks."""
   if not found:
     return None
-  dtype = jnp.int8 if len(found) < 127 else jnp.int32
-  code = jnp.zeros((), dtype)
+  code = jnp.zeros((), jnp.int32)
   for i in reversed(range(len(found))):
-    code = jnp.where(jnp.any(found[i][0]), jnp.asarray(i + 1, dtype), code)
+    code = jnp.where(jnp.any(found[i][0]), jnp.int32(i + 1), code)
   return code
 
 
@@ -212,8 +215,7 @@ def check_failure_codes(codes, steps, messages: Sequence[str]) -> None:
   first = jnp.argmax(codes != 0)
   code, step = codes[first], steps[first]
   for i, message in enumerate(messages):
-    text = message.replace("{", "{{").replace("}", "}}")
-    checkify.check(code != i + 1, text + " (at step {})", step)
+    _checkify(code != i + 1, message, step)
 
 
 def raise_deferred(error) -> None:

@@ -207,8 +207,7 @@ def elbo_draws(objective: Objective, params, key, num_samples: int) -> np.ndarra
 
 def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
   """``(mean(a - b), its standard error)`` for draws made with common random numbers."""
-  d = a - b
-  return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size))
+  return diagnostics.mean_and_standard_error(np.subtract(a, b))
 
 
 def halving_fractions(num_lanes: int, share: float) -> tuple[list, list]:
