@@ -100,18 +100,20 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
     deferred = isinstance(opt, DeferredChecks)
     fused = None if not isinstance(opt, TwoCalls) else False
 
-    def step(carry, xs, opt=opt.optimizer if isinstance(opt, (DeferredChecks, TwoCalls))
+    def step(carry, xs, values, opt=opt.optimizer if isinstance(opt, (DeferredChecks, TwoCalls))
              else opt, deferred=deferred, fused=fused, objective=objective, refs=refs):
       idx, key, rows = xs
-      with data_lib.batch_rows(refs, idx, rows), (
-          checks.deferred() if deferred else contextlib.nullcontext()):
+      # As fit's segments do: a copy computing with the program's data arguments.
+      objective, opt = data_lib.substitute(
+          (objective, opt), refs, data_lib.with_batch_rows(values, idx, rows))
+      with checks.deferred() if deferred else contextlib.nullcontext():
         if isinstance(opt, FusedStep):
           return opt.step(*carry, idx, key), None
         return train_step(objective, opt, *carry, idx, key, fused=fused), None
 
-    def run(carry, xs, data, step=step, refs=refs, host=host):
-      with data_lib.bind(refs, data_lib.join_host(data, host)):
-        return jax.lax.scan(step, carry, xs)[0]
+    def run(carry, xs, data, step=step, host=host):
+      values = data_lib.join_host(data, host)
+      return jax.lax.scan(lambda c, x: step(c, x, values), carry, xs)[0]
 
     runners[name] = jax.jit(checkify.checkify(run) if deferred else run, donate_argnums=0)
 
@@ -133,8 +135,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
       n_steps = steps_for(name) if steps_for else steps
       xs = (batches[:n_steps], keys[:n_steps], rows_for(objective, n_steps))
       params = jax.tree.map(jnp.copy, params0)
-      with objective.bound():
-        state = optimizers[name].init(params)
+      state = objective.computing_with(optimizers[name]).init(params)
       memory[name] = dsgrad.table_bytes(state), dsgrad.state_bytes(state)
       jax.block_until_ready(state)
       if round_ == 0 and compile_seconds is not None:

@@ -134,8 +134,7 @@ def _full_pass_seconds(objective, params, repeats=3):
         lambda idx: objective.grad(params, idx, noise, validate=False), objective.num_data,
         4096)
 
-  with objective.bound():
-    return _median_seconds(data_lib.jit(objective.data, full_grad), (params,), repeats)
+  return _median_seconds(data_lib.jit(objective.data, full_grad), (params,), repeats)
 
 
 def _median_seconds(fn, args, repeats):
@@ -174,15 +173,16 @@ def _gather_seconds(objective, batch_size, steps, rounds=3, index_range=None):
   refs = objective.data
   rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
 
-  def body(acc, xs):
-    idx, rows_t = xs
-    with data_lib.batch_rows(refs, idx, rows_t):
-      return acc + sum(jnp.sum(ref[idx]) for ref in refs.values()), None
-
   @jax.jit
   def run(batches, data, rows):
-    with data_lib.bind(refs, data_lib.join_host(data, host)):
-      return jax.lax.scan(body, jnp.zeros(()), (batches, rows))[0]
+    values = data_lib.join_host(data, host)
+
+    def body(acc, xs):
+      idx, rows_t = xs
+      step_refs = data_lib.substitute(refs, refs, data_lib.with_batch_rows(values, idx, rows_t))
+      return acc + sum(jnp.sum(ref[idx]) for ref in step_refs.values()), None
+
+    return jax.lax.scan(body, jnp.zeros(()), (batches, rows))[0]
 
   return (_median_seconds(run, (batches, data_args, rows), rounds) / steps,
           _timing.host_read_seconds(objective, batches, rounds))
@@ -253,8 +253,8 @@ def _split_gathers(objective, batch_size) -> int:
   data_args, host = data_lib.split_host(objective.data_tree())
 
   def gather(idx, data):
-    with data_lib.bind(refs, data_lib.join_host(data, host)):
-      return [ref[idx] for ref in refs.values()]
+    step_refs = data_lib.substitute(refs, refs, data_lib.join_host(data, host))
+    return [ref[idx] for ref in step_refs.values()]
 
   idx = jnp.arange(batch_size, dtype=jnp.int32)
   text = jax.jit(gather).lower(idx, data_args).compile().as_text()

@@ -1,34 +1,38 @@
 """Per-datum data that compiled programs receive as arguments, not as constants.
 
-A model reads its data through :class:`DataArray` handles (``x[indices]``). Outside any
-binding a handle reads the array it was made with, so a model behaves as a plain closure
-over its data. Inside :func:`bind` (which :func:`dsgrad.fit`, the estimators and the
-diagnostics use while tracing) the same handle reads the value bound to it: a jit
-*argument*. Hence
+A model reads its data through :class:`DataArray` handles (``x[indices]``); each handle
+holds its array. A program that should take the data as arguments (a training segment of
+:func:`dsgrad.fit`, an estimator's full pass, a user's ``jax.jit(step)(objective, ...)``)
+does not read them through a global binding: it builds, from the values it was handed,
+*a copy* of the objects it calls whose handles hold those values (:func:`substitute`).
+Hence
 
 * a compiled training segment holds no copy of the data and XLA does not constant-fold
   gathers over them;
 * one compiled program serves every data set of the same shapes and dtypes
-  (:meth:`dsgrad.Objective.with_data`);
+  (:meth:`dsgrad.Objective.with_data` is :func:`substitute` with new arrays);
 * a handle may hold a :class:`HostArray` (e.g. a memory-mapped ``.npy`` file larger than
   memory). :func:`dsgrad.fit` then reads each block of steps' rows on the host, on a
   thread (:class:`RowReader`), and copies them to the device, while the device runs the
-  previous block, and passes them to the compiled steps as an argument; any other read (a full pass, an SVRG refresh,
-  the ELBO) gathers the rows it asks for, in chunks, by a host callback.
+  previous block, and hands them to the compiled steps as an argument (:class:`HostView`);
+  any other read (a full pass, an SVRG refresh, the ELBO) gathers the rows it asks for,
+  in chunks, by a host callback.
 
-Why a handle and not ``loss_fn(params, data, indices, noise)``: every estimator,
+Why handles and a copy, and not ``loss_fn(params, data, indices, noise)``: every estimator,
 approximation and model keeps its ``(params, indices, noise)`` signature and its
 ``optax.chain(dsgrad.joint_saga(objective, ...), optax.adam(...))`` one-liner; the data
 become arguments of the *compiled program* (what costs compile time and memory) without a
-second calling convention in forty functions. The binding is dynamic scope at trace time
-only, like NumPyro's effect handlers; nothing is looked up when the program runs.
+second calling convention in forty functions. The copy is made at trace time only, from
+what the caller hands over; nothing is looked up in a global or thread-local state.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Iterator, Mapping
+import copy
+import dataclasses
+import functools
+import types
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -38,50 +42,49 @@ from dsgrad import checks
 from dsgrad.host_data import (HostArray, RowReader, host_gather, open_memmap,  # noqa: F401
                                read_rows)
 
-__all__ = ["DataArray", "HostArray", "open_memmap", "read_rows", "RowReader", "bind",
-           "batch_rows", "is_bound", "is_host", "split_host", "join_host", "check_data",
-           "jit", "as_argument"]
-
-_STATE = threading.local()
-
-
-def _bindings() -> list:
-  if not hasattr(_STATE, "stack"):
-    _STATE.stack = []
-  return _STATE.stack
+__all__ = ["DataArray", "HostArray", "HostView", "open_memmap", "read_rows", "RowReader",
+           "substitute", "is_host", "split_host", "join_host", "with_batch_rows", "check_data", "jit",
+           "as_argument", "values_of"]
 
 
 class DataArray:
-  """A model's per-datum array, read through the current binding (see module docstring).
+  """A model's per-datum array (see module docstring).
 
   Supports what models and approximations need: ``x[indices]`` (rows), ``shape``,
-  ``dtype``, ``ndim``, ``len``, :meth:`value` (the whole current array) and
-  ``np.asarray(x)`` (the array it was made with).
+  ``dtype``, ``ndim``, ``len``, :meth:`value` (the whole array) and ``np.asarray(x)``.
 
   Args:
-    value: the ``(N, ...)`` array (a JAX or NumPy array, or a :class:`HostArray`).
+    value: the ``(N, ...)`` array (a JAX or NumPy array, a :class:`HostArray`, or, in a
+      copy made by :func:`substitute`, a tracer or a :class:`HostView`).
     name: the array's name in the data pytree (``objective.data``).
+
+  Attributes:
+    origin: the handle this one was copied from by :func:`substitute` (itself for an
+      original): copies of one model share it, which is how a program built for a model
+      recognises that model on other data.
   """
 
   def __init__(self, value, name: str):
-    if not isinstance(value, HostArray):
+    if not isinstance(value, (HostArray, HostView, jax.core.Tracer)):
       value = jnp.asarray(value)
-    if value.ndim < 1:
+    if len(value.shape) < 1:
       raise ValueError(f"data {name!r}: a per-datum array needs a leading datum axis")
-    self.default = value
-    self.name = name
+    self._value, self.name, self.origin = value, name, self
+
+  @classmethod
+  def _copy_holding(cls, value, original: "DataArray") -> "DataArray":
+    # Unchecked: the value may be a tracer or a placeholder JAX unflattens with.
+    out = object.__new__(cls)
+    out._value, out.name, out.origin = value, original.name, original.origin
+    return out
 
   def value(self):
-    """The bound value if this array is bound in the current trace, else its own."""
-    for refs, values in reversed(_bindings()):
-      for key, ref in refs.items():
-        if ref is self:
-          return values[key]
-    return self.default
+    """The array this handle holds."""
+    return self._value
 
-  shape = property(lambda self: tuple(self.default.shape))
-  dtype = property(lambda self: self.default.dtype)
-  ndim = property(lambda self: self.default.ndim)
+  shape = property(lambda self: tuple(self._value.shape))
+  dtype = property(lambda self: self._value.dtype)
+  ndim = property(lambda self: len(self._value.shape))
 
   def __len__(self):
     return self.shape[0]
@@ -90,28 +93,40 @@ class DataArray:
     return f"DataArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
   def __array__(self, dtype=None, copy=None):
-    value = self.default
+    value = self._value
+    if isinstance(value, HostView):
+      value = value.host
     value = value.array if isinstance(value, HostArray) else np.asarray(value)
     return value if dtype is None else value.astype(dtype)
 
   def __getitem__(self, index):
-    value = self.value()
-    if isinstance(value, _BoundHost):
-      return value.gather(index)
+    value = self._value
     if isinstance(value, HostArray):
-      return _BoundHost(value, value.handle).gather(index)
+      value = HostView(value, value.handle)
     return value[index]
 
 
-class _BoundHost:
-  """A host array as seen inside a trace: the array (for shapes) and its handle (a jit
-  argument, so the compiled program does not name a particular array); optionally the
-  current batch's indices and their rows, gathered once per step (:func:`batch_rows`)."""
+class HostView:
+  """A host array as a compiled program sees it: the array (for shapes) and its handle
+  (a jit argument, so the program does not name a particular array); optionally the
+  current batch's indices and their rows, read once per step and handed over as an
+  argument (:func:`dsgrad.fit`).
+
+  Args:
+    host: the :class:`HostArray`.
+    handle: its int32 handle (``host.handle``, or a traced argument).
+    batch: optional ``(indices, rows)``: reads at exactly these indices, or at indices
+      all of which are among them, return these rows without another host read.
+  """
 
   def __init__(self, host: HostArray, handle, batch=None):
     self.host, self.handle, self.batch = host, handle, batch
 
-  def gather(self, index):
+  shape = property(lambda self: self.host.shape)
+  dtype = property(lambda self: self.host.dtype)
+  ndim = property(lambda self: self.host.ndim)
+
+  def __getitem__(self, index):
     if self.batch is not None:
       batch_index, rows = self.batch
       if index is batch_index:
@@ -123,7 +138,7 @@ class _BoundHost:
         match = index[..., None] == batch_index
         found = jnp.all(jnp.any(match, axis=-1))
         return jax.lax.cond(found, lambda: rows[jnp.argmax(match, axis=-1)],
-                            lambda: _BoundHost(self.host, self.handle).gather(index))
+                            lambda: HostView(self.host, self.handle)[index])
     if isinstance(index, tuple):
       raise TypeError(f"{self.host.name}: host data support row indexing x[indices] only")
     if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
@@ -137,64 +152,14 @@ class _BoundHost:
                              vmap_method="expand_dims")
 
 
-@contextlib.contextmanager
-def batch_rows(refs: Mapping[str, DataArray], indices, rows: Mapping[str, Any] | None = None
-               ) -> Iterator[None]:
-  """Within the block, reads of host-bound ``refs`` at ``indices`` (this very array, or
-  indices all of which are in it) return the batch's rows without another host read.
-
-  Args:
-    refs: the data handles.
-    indices: the step's batch indices.
-    rows: ``{name: rows}`` already read on the host (:class:`RowReader`) and passed to the
-      compiled step as an argument; for host arrays not in it, the rows are gathered on
-      entry by one host callback.
-
-  Reads of other indices (full passes, per-datum vmaps) still gather by callback.
-  """
-  rows = dict(rows or {})
-  bound = {k: r.value() for k, r in refs.items()}
-  host = {k: v for k, v in bound.items() if isinstance(v, (_BoundHost, HostArray))}
-  if not host:
-    yield
-    return
-  views = {}
-  for key, value in host.items():
-    array, handle = (value.host, value.handle) if isinstance(value, _BoundHost) else (
-        value, value.handle)
-    read = rows[key] if key in rows else _BoundHost(array, handle).gather(indices)
-    views[key] = _BoundHost(array, handle, (indices, read))
-  with bind({k: refs[k] for k in views}, views):
-    yield
-
-
 def is_host(value) -> bool:
   """Whether a data value lives on the host (a :class:`HostArray`)."""
   return isinstance(value, HostArray)
 
 
-@contextlib.contextmanager
-def bind(refs: Mapping[str, DataArray], values: Mapping[str, Any]) -> Iterator[None]:
-  """Within the block, each ``refs[k]`` reads ``values[k]`` (e.g. a jit argument).
-
-  Host arrays may be bound directly or as ``(host_array, handle)`` pairs whose handle is a
-  traced int32 (see :func:`split_host`).
-  """
-  values = {k: (_BoundHost(*v) if isinstance(v, tuple) else v) for k, v in values.items()}
-  missing = set(refs) - set(values)
-  if missing:
-    raise ValueError(f"no value bound for data {sorted(missing)}")
-  stack = _bindings()
-  stack.append((dict(refs), values))
-  try:
-    yield
-  finally:
-    stack.pop()
-
-
-def is_bound(ref: DataArray) -> bool:
-  """Whether ``ref`` is bound in the current context."""
-  return any(r is ref for refs, _ in _bindings() for r in refs.values())
+def values_of(refs: Mapping[str, DataArray] | None) -> dict:
+  """``{name: array}`` the handles ``refs`` hold."""
+  return {k: r.value() for k, r in (refs or {}).items()}
 
 
 def split_host(values: Mapping[str, Any]):
@@ -206,8 +171,180 @@ def split_host(values: Mapping[str, Any]):
 
 
 def join_host(args: Mapping[str, Any], host: Mapping[str, HostArray]):
-  """The values to :func:`bind` inside a program that received ``split_host``'s args."""
-  return {k: ((host[k], v) if k in host else v) for k, v in args.items()}
+  """The values to :func:`substitute` inside a program that received ``split_host``'s
+  args: host arrays as :class:`HostView` of their (traced) handles."""
+  return {k: (HostView(host[k], v) if k in host else v) for k, v in args.items()}
+
+
+def with_batch_rows(values: Mapping[str, Any], indices, rows: Mapping[str, Any]) -> dict:
+  """``values`` (from :func:`join_host`) where each host array's view also holds this
+  step's ``indices`` and their ``rows`` (read ahead on the host and handed over as an
+  argument), so that the step's reads of them need no host callback."""
+  return {k: (HostView(v.host, v.handle, (indices, rows[k]))
+              if isinstance(v, HostView) and k in rows else v) for k, v in values.items()}
+
+
+# ------------------------------------------------------------------ substitution
+# Objects a copy never looks into: they hold no handles, or are not ours to copy.
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,
+           types.BuiltinFunctionType, np.ndarray, np.generic, np.dtype, jax.Array,
+           jax.core.Tracer, HostArray, HostView, DataArray)
+
+
+def _children(obj):
+  """The objects ``obj`` refers to that a copy may need to replace, or ``None`` when
+  ``obj`` is not copied into (opaque)."""
+  if isinstance(obj, _OPAQUE):
+    return None
+  if isinstance(obj, types.FunctionType):
+    cells = [c.cell_contents for c in (obj.__closure__ or ()) if _filled(c)]
+    return cells + list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+  if isinstance(obj, functools.partial):
+    return [obj.func, *obj.args, *obj.keywords.values()]
+  if isinstance(obj, types.MethodType):
+    return [obj.__func__, obj.__self__]
+  if isinstance(obj, (tuple, list)):
+    return list(obj)
+  if isinstance(obj, dict):
+    return list(obj.values())
+  if dataclasses.is_dataclass(obj) or type(obj).__module__.split(".")[0] in ("dsgrad",
+                                                                           "benchmarks"):
+    return list(_attributes(obj).values())
+  return None
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents
+  except ValueError:  # a cell not yet assigned
+    return False
+  return True
+
+
+def _attributes(obj) -> dict:
+  out = {}
+  for cls in type(obj).__mro__:
+    for slot in getattr(cls, "__slots__", ()):
+      if hasattr(obj, slot):
+        out[slot] = getattr(obj, slot)
+  out.update({k: v for k, v in getattr(obj, "__dict__", {}).items()
+              if not k.startswith("_cached_")})
+  return out
+
+
+def _reaching(root, targets) -> set:
+  """ids of the objects from which a handle whose origin is in ``targets`` is reachable."""
+  edges, seen, stack, handles = {}, {}, [root], []
+  while stack:
+    obj = stack.pop()
+    if id(obj) in seen:
+      continue
+    seen[id(obj)] = obj
+    if isinstance(obj, DataArray):
+      if id(obj.origin) in targets:
+        handles.append(id(obj))
+      continue
+    children = _children(obj)
+    if children is None:
+      continue
+    edges[id(obj)] = [id(c) for c in children]
+    stack.extend(children)
+  parents: dict = {}
+  for parent, kids in edges.items():
+    for kid in kids:
+      parents.setdefault(kid, []).append(parent)
+  reach, stack = set(handles), list(handles)
+  while stack:
+    for parent in parents.get(stack.pop(), ()):
+      if parent not in reach:
+        reach.add(parent)
+        stack.append(parent)
+  return reach
+
+
+def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, Any]):
+  """A copy of ``obj`` whose data handles hold ``values`` instead of their arrays.
+
+  Every handle reachable from ``obj`` (through closures, default arguments, partials,
+  bound methods, tuples, lists, dicts, dataclasses and dsgrad's own objects) whose origin
+  is one of ``refs``' is replaced by a new handle holding ``values[name]``; every object on
+  the way to one is copied, and everything else is shared. ``obj`` itself is unchanged.
+  Used at trace time with traced values: the copy's functions then compute with the
+  program's arguments (what :meth:`dsgrad.Objective.with_data`, :func:`jit` and
+  :func:`dsgrad.fit`'s segments do).
+
+  Args:
+    obj: anything: an objective, a model, an optax transformation, a function, a tuple.
+    refs: ``{name: DataArray}``, the handles to replace (their copies match too).
+    values: ``{name: value}`` for every key of ``refs``: arrays, tracers,
+      :class:`HostArray` or :class:`HostView`.
+
+  Returns:
+    ``obj`` with those handles holding ``values`` (``obj`` itself when it reaches none).
+
+  Raises:
+    ValueError: a key of ``refs`` without a value.
+  """
+  refs = dict(refs or {})
+  missing = set(refs) - set(values)
+  if missing:
+    raise ValueError(f"no value given for data {sorted(missing)}")
+  targets = {id(r.origin): (r.origin, values[k]) for k, r in refs.items()}  # origin kept alive
+  if not targets:
+    return obj
+  reach = _reaching(obj, targets)
+  memo: dict = {}
+
+  def copy_of(x):
+    key = id(x)
+    if key not in reach:
+      return x
+    if key in memo:
+      return memo[key]
+    if isinstance(x, DataArray):
+      memo[key] = out = DataArray._copy_holding(targets[id(x.origin)][1], x)
+      return out
+    if isinstance(x, types.FunctionType):
+      cells = tuple(types.CellType() for _ in (x.__closure__ or ()))
+      out = types.FunctionType(x.__code__, x.__globals__, x.__name__, None, cells or None)
+      memo[key] = out
+      for new, old in zip(cells, x.__closure__ or ()):
+        if _filled(old):
+          new.cell_contents = copy_of(old.cell_contents)
+      out.__defaults__ = tuple(copy_of(d) for d in x.__defaults__ or ()) or None
+      out.__kwdefaults__ = ({k: copy_of(v) for k, v in x.__kwdefaults__.items()}
+                            if x.__kwdefaults__ else None)
+      out.__dict__.update(x.__dict__)
+      # The copy computes what ``x`` computes, on other data: the same model for every
+      # cache and check keyed by functions (dsgrad.objective.function_key).
+      out.__dict__.setdefault("_dsgrad_function_key", x)
+      out.__qualname__, out.__doc__, out.__module__ = x.__qualname__, x.__doc__, x.__module__
+      return out
+    if isinstance(x, functools.partial):
+      out = functools.partial(copy_of(x.func), *[copy_of(a) for a in x.args],
+                              **{k: copy_of(v) for k, v in x.keywords.items()})
+    elif isinstance(x, types.MethodType):
+      out = types.MethodType(copy_of(x.__func__), copy_of(x.__self__))
+    elif isinstance(x, list):
+      memo[key] = out = []
+      out.extend(copy_of(v) for v in x)
+    elif isinstance(x, dict):
+      memo[key] = out = type(x)() if type(x) is dict else copy.copy(x)
+      out.update({k: copy_of(v) for k, v in x.items()})
+    elif isinstance(x, tuple):
+      items = [copy_of(v) for v in x]
+      out = type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    else:
+      memo[key] = out = copy.copy(x)
+      for name, value in _attributes(x).items():
+        object.__setattr__(out, name, copy_of(value))
+      hook = getattr(out, "_after_substitute", None)
+      if hook is not None:
+        hook()
+    memo[key] = out
+    return out
+
+  return copy_of(obj)
 
 
 def _check_finite_leaf(value, label: str) -> None:
@@ -215,14 +352,14 @@ def _check_finite_leaf(value, label: str) -> None:
   float32's range where JAX would cast them to inf (checked before that cast). Host and
   memory-mapped arrays are left to their loaders, which read them in chunks."""
   if isinstance(value, DataArray):
-    # A handle's default is checked once: objectives derived from one (reweighted,
-    # with_data copies) share it.
+    # A handle is checked once: objectives derived from one (reweighted, copies that
+    # share it) need not scan its array again.
     if getattr(value, "_finite_checked", False):
       return
-    _check_finite_leaf(value.default, label)
+    _check_finite_leaf(value.value(), label)
     value._finite_checked = True
     return
-  if isinstance(value, (HostArray, jax.core.Tracer)) or not hasattr(value, "dtype") and \
+  if isinstance(value, (HostArray, HostView, jax.core.Tracer)) or not hasattr(value, "dtype") and \
       not isinstance(value, (list, tuple)):
     return
   dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
@@ -265,7 +402,8 @@ def check_data(values: Mapping[str, Any], num_data: int | None = None,
   """
   sizes = {}
   for key, value in values.items():
-    shape = np.shape(value) if not isinstance(value, (HostArray, DataArray)) else value.shape
+    shape = (np.shape(value) if not isinstance(value, (HostArray, HostView, DataArray))
+             else value.shape)
     if len(shape) < 1:
       raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
                        "axis")
@@ -282,15 +420,15 @@ def check_data(values: Mapping[str, Any], num_data: int | None = None,
   return n
 
 
-def _current_values(refs: Mapping[str, DataArray]):
-  """``(arguments, host arrays)`` for what ``refs`` read now: device values as they are,
-  host arrays as their int32 handles (bound handles stay traced)."""
+def _arguments(refs: Mapping[str, DataArray]):
+  """``(arguments, host arrays)`` for what ``refs`` hold: device values as they are, host
+  arrays as their int32 handles (a :class:`HostView`'s handle as it is, maybe traced)."""
   data, host = {}, {}
   for key, ref in refs.items():
     value = ref.value()
     if isinstance(value, HostArray):
       host[key], data[key] = value, jnp.int32(value.handle)
-    elif isinstance(value, _BoundHost):
+    elif isinstance(value, HostView):
       host[key], data[key] = value.host, value.handle
     else:
       data[key] = value
@@ -300,10 +438,12 @@ def _current_values(refs: Mapping[str, DataArray]):
 def jit(refs: Mapping[str, DataArray] | None, fn):
   """``jax.jit(fn)`` with the arrays behind ``refs`` passed as arguments.
 
-  At each call the values ``refs`` currently read (bound or their own) become arguments of
-  the compiled program, so a cached compilation never holds stale data and never embeds
-  them as constants. Use it for every jitted function that reads data handles and is
-  called more than once (e.g. an estimator's initial full pass).
+  At each call the arrays the handles ``fn`` reaches hold become arguments of the
+  compiled program, which runs a :func:`substitute` copy of ``fn`` reading them, so a
+  cached compilation never holds stale data and never embeds them as constants; a
+  :func:`substitute` copy of the caller (e.g. an estimator on other data) passes its own
+  arrays to the same compilation. Use it for every jitted function that reads data
+  handles and is called more than once (e.g. an estimator's initial full pass).
 
   Args:
     refs: ``{name: DataArray}`` (``objective.data``); ``None`` or empty: plain ``jax.jit``.
@@ -315,31 +455,29 @@ def jit(refs: Mapping[str, DataArray] | None, fn):
   if not refs:
     return jax.jit(fn)
   refs = dict(refs)
-  compiled = {}
+  compiled: dict = {}
 
   def call(*args):
-    data, host = _current_values(refs)
+    data, host = _arguments(refs)
     which = tuple(sorted(host))
     if which not in compiled:
-      def inner(data, *args, _host=dict(host)):
-        with bind(refs, join_host(data, _host)):
-          return fn(*args)
-      compiled[which] = jax.jit(inner)
+      compiled[which] = jax.jit(as_argument(refs, fn, dict(host))[0])
     return compiled[which](data, *args)
 
   return call
 
 
-def as_argument(refs: Mapping[str, DataArray] | None, fn):
-  """``(wrapped, values)`` with ``wrapped(values, *args) == fn(*args)`` and ``fn``'s reads
-  of ``refs`` served by ``values``: jit ``wrapped`` (or lower and compile it) to have the
-  data as an argument of the compiled program instead of constants. ``values`` are the
-  arrays ``refs`` read now (host arrays as int32 handles)."""
+def as_argument(refs: Mapping[str, DataArray] | None, fn, host=None):
+  """``(wrapped, values)`` with ``wrapped(values, *args) == fn(*args)``, where
+  ``wrapped`` computes with the ``values`` it is given (a :func:`substitute` copy of
+  ``fn``): jit ``wrapped`` (or lower and compile it) to have the data as an argument of
+  the compiled program instead of constants. ``values`` are the arrays ``refs`` hold now
+  (host arrays as int32 handles)."""
   refs = dict(refs or {})
-  values, host = _current_values(refs)
+  values, found = _arguments(refs)
+  host = found if host is None else host
 
   def wrapped(data, *args):
-    with bind(refs, join_host(data, host)):
-      return fn(*args)
+    return substitute(fn, refs, join_host(data, host))(*args)
 
   return wrapped, values

@@ -6,6 +6,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -16,7 +17,6 @@ import optax
 from dsgrad import compile_cache
 from dsgrad import checks
 from dsgrad.batching import sample_batch
-from dsgrad import data as dsgrad_data
 from dsgrad.objective import Objective, per_datum
 from dsgrad.tables import full_pass_mean, tree_bytes
 
@@ -130,8 +130,7 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     >>> bool(standard_error > 0), bool(value < 0)
     (True, True)
   """
-  with objective.bound():
-    values = elbo_draws(objective, num_samples, chunk_size)(params, key)
+  values = elbo_draws(objective, num_samples, chunk_size)(params, key)
   return mean_and_standard_error(values)
 
 
@@ -147,8 +146,8 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
   of the full-data ELBO, whose mean :func:`elbo` reports. Use it to evaluate many
   parameter sets in one program (``jax.vmap`` over params) with the same noise.
 
-  Shared by objectives of one structure: the data are its arguments
-  (:func:`dsgrad.data.jit`), so :meth:`~dsgrad.Objective.with_data` copies reuse it.
+  Shared by objectives of one structure: the objective (its data) is an argument of the
+  compiled program, so :meth:`~dsgrad.Objective.with_data` copies reuse it.
   Chunks run in :func:`dsgrad.tables.full_pass_mean` (a program of constant size in
   ``N``).
 
@@ -158,8 +157,8 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     chunk_size: data per chunk of the full pass.
 
   Returns:
-    A function ``(params, key) -> (num_samples,)`` array; call it inside
-    ``objective.bound()`` or under :func:`dsgrad.data.jit` when the objective has data.
+    A function ``(params, key) -> (num_samples,)`` array, computing with ``objective``'s
+    data.
 
   Example::
 
@@ -167,17 +166,18 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
     >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
     >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
-    >>> with objective.bound():
-    ...   draws = dsgrad.diagnostics.elbo_draws(objective, 8)(params, jax.random.key(1))
+    >>> draws = dsgrad.diagnostics.elbo_draws(objective, 8)(params, jax.random.key(1))
     >>> draws.shape
     (8,)
   """
-  return compile_cache.get_or_build(
+  program = compile_cache.get_or_build(
       ("elbo_draws", objective.structure_key(), num_samples, chunk_size),
-      lambda: _elbo_program(objective, num_samples, chunk_size))[0]
+      lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
+                                        chunk_size=chunk_size)))[0]
+  return functools.partial(program, objective)
 
 
-def _elbo_program(objective: Objective, num_samples: int, chunk_size: int):
+def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):
   def one(params, k):
     def chunk_mean(idx):
       k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
@@ -185,10 +185,7 @@ def _elbo_program(objective: Objective, num_samples: int, chunk_size: int):
       return jnp.mean(objective.loss(params, idx, noise, validate=False))
     return -full_pass_mean(chunk_mean, objective.num_data, chunk_size)
 
-  def run(params, key):
-    return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
-
-  return dsgrad_data.jit(objective.data, run)
+  return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
 
 @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),

@@ -11,9 +11,7 @@ References:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 from typing import Any, Callable, Hashable, Mapping
 
 import jax
@@ -38,7 +36,7 @@ class Objective:
   the :class:`dsgrad.data.DataArray` handles listed in ``data``, so that compiled programs
   (:func:`dsgrad.fit`, the estimators) take the data as an argument and one compilation
   serves every data set of the same shapes (:meth:`with_data`). An objective without
-  ``data`` closes over its data as constants, as before.
+  ``data`` closes over its data as constants.
 
   Attributes:
     loss_fn: ``loss_fn(params, indices, noise) -> values`` of shape ``(B,)``: the
@@ -53,8 +51,6 @@ class Objective:
     name: a label used in error messages and benchmark tables.
     data: ``{name: DataArray}``, the per-datum arrays ``loss_fn`` (and the model's
       approximations) read; every leading axis is ``num_data``.
-    data_values: ``{name: array}`` bound to ``data`` instead of the arrays the handles
-      were made with (set by :meth:`with_data`).
     log_q_offset: optional ``(params, noise) -> log q(z) + H(q)`` at the latent
       ``z`` the noise gives. An objective whose full-data ELBO draw is
       ``log p(x, z) + H(q)`` sets it, so that the draw minus the offset is the log
@@ -91,7 +87,6 @@ class Objective:
   shared_noise: bool = False
   name: str = "objective"
   data: Mapping[str, data_lib.DataArray] | None = None
-  data_values: Mapping[str, Any] | None = None
   log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
   source: tuple | None = None
 
@@ -104,36 +99,33 @@ class Objective:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
     if self.data:
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
-      object.__setattr__(self, "loss_fn", _binding_loss(self, _raw_loss(self.loss_fn)))
+
+  def _after_substitute(self):
+    # A copy on other data (dsgrad.data.substitute) works out its own pytree structure.
+    self.__dict__.pop("_cached_pytree_structure", None)
 
   # ------------------------------------------------------------------ data
   def data_tree(self) -> dict:
     """``{name: array}``: the data this objective computes with (empty if none)."""
-    if not self.data:
-      return {}
-    if self.data_values is not None:
-      return dict(self.data_values)
-    return {k: ref.default for k, ref in self.data.items()}
+    return data_lib.values_of(self.data)
 
-  @contextlib.contextmanager
-  def bound(self, values: Mapping[str, Any] | None = None):
-    """Within the block, the data handles read ``values`` (default :meth:`data_tree`),
-    except handles an enclosing computation has already bound (a jitted program's
-    arguments take precedence over this objective's arrays)."""
-    refs = {k: r for k, r in (self.data or {}).items() if not data_lib.is_bound(r)}
-    if not refs:
-      yield
-      return
-    values = self.data_tree() if values is None else values
-    with data_lib.bind(refs, {k: values[k] for k in refs}):
-      yield
+  def computing_with(self, thing):
+    """``thing`` (an optax transformation, an approximation, a function: anything that
+    reads this objective's model's data handles) on this objective's data: a
+    :func:`dsgrad.data.substitute` copy, or ``thing`` itself when it already reads them.
+
+    An estimator built for ``objective`` and handed ``objective.with_data(new)`` computes
+    with ``new`` through this."""
+    return data_lib.substitute(thing, self.data, self.data_tree())
 
   def with_data(self, values: Mapping[str, Any]) -> "Objective":
     """This objective on other data of the same shapes and dtypes.
 
-    The returned objective shares this one's functions, so every compiled program
-    (:func:`dsgrad.fit`'s segments, :func:`dsgrad.elbo`) is reused: one compilation serves
-    both data sets. Pass the same optimizer object to ``fit`` to reuse its compilation.
+    The returned objective is a copy whose data handles hold ``values``
+    (:func:`dsgrad.data.substitute`); it counts as the same model, so every compiled
+    program (:func:`dsgrad.fit`'s segments, :func:`dsgrad.elbo`) is reused: one
+    compilation serves both data sets. Pass the same optimizer object to ``fit`` to reuse
+    its compilation.
 
     Args:
       values: ``{name: array}`` with the keys of :meth:`data_tree`; NumPy arrays,
@@ -165,7 +157,7 @@ class Objective:
         raise TypeError(f"{self.name}.with_data: data {key!r} has dtype {value.dtype}, "
                         f"expected {ref.dtype}")
       out[key] = value
-    return dataclasses.replace(self, data_values=out)
+    return data_lib.substitute(self, self.data, out)
 
   def model_key(self):
     """What makes this objective the same model as another, whatever its data: the loss
@@ -173,8 +165,8 @@ class Objective:
     :func:`with_function_key`), ``N``, the noise sharing and the data handles. Every
     :meth:`with_data` copy shares it, in memory or on the host, and so does the same
     constructor called twice on the same model."""
-    refs = tuple((k, id(r)) for k, r in sorted((self.data or {}).items()))
-    return (function_key(_raw_loss(self.loss_fn)), function_key(self.noise_fn), self.num_data,
+    refs = tuple((k, id(r.origin)) for k, r in sorted((self.data or {}).items()))
+    return (function_key(self.loss_fn), function_key(self.noise_fn), self.num_data,
             self.shared_noise, refs)
 
   def structure_key(self):
@@ -338,14 +330,8 @@ def function_key(fn: Callable) -> Hashable:
   return getattr(fn, "_dsgrad_function_key", fn)
 
 
-def _raw_loss(loss_fn: LossFn) -> LossFn:
-  """The model's loss function behind an objective's data-binding wrapper."""
-  return getattr(loss_fn, "_dsgrad_raw_loss", loss_fn)
-
-
 def _copy(objective: Objective, **changes) -> Objective:
-  """A field-by-field copy with ``changes``, without ``__post_init__``'s validation (the
-  pytree functions copy objectives whose data are tracers or JAX's placeholders)."""
+  """A field-by-field copy with ``changes``, without ``__post_init__``'s validation."""
   out = object.__new__(type(objective))
   for field in dataclasses.fields(objective):
     object.__setattr__(out, field.name, changes.get(field.name, getattr(objective, field.name)))
@@ -355,16 +341,17 @@ def _copy(objective: Objective, **changes) -> Objective:
 def _flatten_objective(objective: Objective):
   values = objective.data_tree()
   # jit flattens its arguments at every call: the static part is built once per objective.
-  structure = objective.__dict__.get("_pytree_structure")
+  structure = objective.__dict__.get("_cached_pytree_structure")
   if structure is None:
     host = {k: v for k, v in values.items() if data_lib.is_host(v)}
     keys = tuple(sorted(k for k in values if k not in host))
-    # The template keeps functions and handles, not the data of a with_data copy, so a
-    # compilation cache does not hold on to a data set it no longer needs.
-    template = (objective if objective.data_values is None
-                else _copy(objective, data_values=None))
+    # The template holds shapes, not the data, so that a compilation cache keyed by the
+    # structure does not keep a data set alive.
+    template = data_lib.substitute(objective, objective.data, {
+        k: (v if k in host else jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)))
+        for k, v in values.items()})
     structure = _Structure(template, keys, host)
-    object.__setattr__(objective, "_pytree_structure", structure)
+    object.__setattr__(objective, "_cached_pytree_structure", structure)
   children = tuple((jax.tree_util.DictKey(k), values[k]) for k in structure.keys)
   return children, structure
 
@@ -374,9 +361,8 @@ def _unflatten_objective(structure: _Structure, leaves) -> Objective:
   template = structure.template
   if not template.data:
     return _copy(template)
-  out = _copy(template, data_values={**structure.host, **dict(zip(structure.keys, leaves))})
-  object.__setattr__(out, "loss_fn", _binding_loss(out, _raw_loss(template.loss_fn)))
-  return out
+  return data_lib.substitute(template, template.data,
+                             {**structure.host, **dict(zip(structure.keys, leaves))})
 
 
 def _flatten_objective_fast(objective: Objective):
@@ -387,17 +373,6 @@ def _flatten_objective_fast(objective: Objective):
 def _register_pytree(cls) -> None:
   jax.tree_util.register_pytree_with_keys(
       cls, _flatten_objective, _unflatten_objective, flatten_func=_flatten_objective_fast)
-
-
-def _binding_loss(objective: Objective, raw: LossFn) -> LossFn:
-  """``raw`` reading ``objective``'s data unless an enclosing computation bound them."""
-  @functools.wraps(raw)
-  def loss_fn(params, indices, noise):
-    with objective.bound():
-      return raw(params, indices, noise)
-
-  loss_fn._dsgrad_raw_loss = raw
-  return loss_fn
 
 
 _register_pytree(Objective)

@@ -142,11 +142,9 @@ def init_sharded(optimizer, params, mesh: Mesh, objective: Objective | None = No
     ``(params replicated on mesh, optimizer state with sharded tables)``.
   """
   params = jax.device_put(params, replicated(mesh))
-  if objective is None:
-    init, data = data_lib.as_argument(None, optimizer.init)
-  else:
-    with objective.bound():
-      init, data = data_lib.as_argument(objective.data, optimizer.init)
+  refs = None if objective is None else objective.data
+  optimizer = optimizer if objective is None else objective.computing_with(optimizer)
+  init, data = data_lib.as_argument(refs, optimizer.init)
   shardings = state_shardings(mesh, jax.eval_shape(init, data, params))
   return params, jax.jit(init, out_shardings=shardings)(data, params)
 

@@ -179,8 +179,7 @@ def importance_log_ratios(objective, params, key, num_samples: int = 1000,
            "(its log_q_offset is None)")
     raise ValueError(f"importance ratios of objective {objective.name!r}: it {why}. PSIS "
                      "is available for the Gaussian families with shared_noise=True")
-  with objective.bound():
-    draws = diagnostics.elbo_draws(objective, num_samples, chunk_size)(params, key)
+  draws = diagnostics.elbo_draws(objective, num_samples, chunk_size)(params, key)
   offsets = _offsets(objective, num_samples)(params, key)
   draws = np.asarray(draws, np.float64)
   return draws - np.asarray(offsets, np.float64), draws

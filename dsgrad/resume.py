@@ -91,12 +91,12 @@ def optimizer_fingerprint(objective: Objective, optimizer, params, batch_size: i
   would otherwise continue with a table or running mean that belongs to another run."""
   abstract = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)),
                           params)
-  with objective.bound():
-    state = jax.eval_shape(optimizer.init, abstract)
-    noise = jax.eval_shape(lambda k: objective.sample_noise(k, batch_size), jax.random.key(0))
-    closed = jax.make_jaxpr(
-        lambda g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e))(
-            abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32), noise)
+  optimizer = objective.computing_with(optimizer)
+  state = jax.eval_shape(optimizer.init, abstract)
+  noise = jax.eval_shape(lambda k: objective.sample_noise(k, batch_size), jax.random.key(0))
+  closed = jax.make_jaxpr(
+      lambda g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e))(
+          abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32), noise)
   text = re.sub(r"0x[0-9a-fA-F]+", "", str(closed.jaxpr))
   consts = [np.ascontiguousarray(np.asarray(c)).tobytes()[:1 << 20] for c in closed.consts
             if hasattr(c, "shape")]

@@ -3,8 +3,9 @@
 A segment of ``length`` steps is one program ``(carry, key, start, data, orders, rows) ->
 carry``: it slices its batches from the epoch orders (:mod:`dsgrad.batching`), folds the
 step number into the noise key and runs :func:`train_step` ``length`` times, with the
-``(params, opt_state)`` carry donated. The data are arguments, bound once for the whole
-segment (:func:`dsgrad.data.bind`), so one executable serves every objective of the same
+``(params, opt_state)`` carry donated. The data are arguments: the segment computes with
+a copy of the objective and the optimizer whose data handles hold them
+(:func:`dsgrad.data.substitute`), so one executable serves every objective of the same
 structure (:meth:`~dsgrad.Objective.with_data` copies, resumed and staged runs); it lives
 in :mod:`dsgrad.compile_cache`.
 
@@ -135,18 +136,25 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 
     messages = []
 
+    values = data_lib.join_host(data, host)
+    segment_objective, segment_optimizer = data_lib.substitute(
+        (objective, optimizer), objective.data, values)
+
     def step(carry, xs):
       idx, t, key_t, rows_t = xs
+      step_objective, step_optimizer = segment_objective, segment_optimizer
+      if host:  # this step's host rows, read ahead and handed over: no host read here
+        step_objective, step_optimizer = data_lib.substitute(
+            (objective, optimizer), objective.data,
+            data_lib.with_batch_rows(values, idx, rows_t))
       # The estimators' value checks travel out as one small code per step instead of a
       # host round trip per step (a GPU synchronization each); SegmentRunner raises them.
-      with data_lib.batch_rows(objective.data or {}, idx, rows_t), \
-          checks.collected() as found:
-        carry = train_step(objective, optimizer, *carry, idx, key_t, mesh=mesh)
+      with checks.collected() as found:
+        carry = train_step(step_objective, step_optimizer, *carry, idx, key_t, mesh=mesh)
       messages[:] = [message for _, message in found]
       return carry, checks.failure_code(found)
 
-    with data_lib.bind(objective.data or {}, data_lib.join_host(data, host)):
-      carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
+    carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
     checks.check_failure_codes(codes, steps, messages)
     return carry
 

@@ -265,10 +265,11 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   # are strongly typed, so that a weakly typed initial value does not make the segments
   # (which return strong types) compile twice.
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
-  with objective.bound():
-    checks.check_objective_evaluates(objective, params, "fit")
-    opt_state = (optimizer.init(params) if opt_state is None
-                 else jax.tree.map(jnp.copy, opt_state))
+  checks.check_objective_evaluates(objective, params, "fit")
+  # The estimators' initial full passes read fit's objective's data, whichever data set
+  # the optimizer was built for.
+  opt_state = (objective.computing_with(optimizer).init(params) if opt_state is None
+               else jax.tree.map(jnp.copy, opt_state))
   check_chain_order(opt_state, "fit")
   return params, opt_state, placement
 

@@ -235,12 +235,17 @@ def test_every_model_reads_its_data_through_the_objective(name):
                                   for k, v in objective.data_tree().items()})
   idx = jnp.arange(10, dtype=jnp.int32)
   noise = objective.sample_noise(jax.random.key(1), 10)
-  loss = data_lib.jit(objective.data, lambda p, i, e: objective.loss(p, i, e, validate=False))
-  with permuted.bound():
-    new = loss(params, idx, noise)
-  with objective.bound():
-    old = loss(params, jnp.asarray(perm[:10], jnp.int32), noise)
-    unpermuted = loss(params, idx, noise)
+  traces = []
+
+  @jax.jit
+  def loss(objective, p, i, e):
+    traces.append(None)
+    return objective.loss(p, i, e, validate=False)
+
+  new = loss(permuted, params, idx, noise)
+  old = loss(objective, params, jnp.asarray(perm[:10], jnp.int32), noise)
+  unpermuted = loss(objective, params, idx, noise)
+  assert len(traces) == 1, "a copy on other data of the same shapes retraced"
   np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-5)
   assert not np.allclose(new, unpermuted), "the permuted data were not read"
 

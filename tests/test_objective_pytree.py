@@ -84,8 +84,7 @@ def test_estimators_compute_with_the_objective_handed_to_update(make):
   def step(objective, params, state, indices, key):
     return dsgrad.train_step(objective, mine, params, state, indices, key)
 
-  with other.bound():  # init's full passes read the other data too
-    state = mine.init(params0)
+  state = other.computing_with(mine).init(params0)  # init's full passes read the other data
   ref_state = reference.init(params0)
   params, ref_params = params0, params0
   for t in range(8):

@@ -266,36 +266,32 @@ def masked_sum(tree, mask):
 
 
 def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "estimator"):
-  """``optax.GradientTransformationExtraArgs(init_fn, update_fn)`` whose functions read
-  ``objective``'s data (:meth:`dsgrad.Objective.bound`) unless an enclosing jitted program
-  has bound them to its arguments, so that an estimator built for one objective serves
-  its :meth:`~dsgrad.Objective.with_data` copies inside :func:`dsgrad.fit`.
+  """``optax.GradientTransformationExtraArgs(init_fn, update_fn)`` for an estimator of
+  ``objective``, whose functions read ``objective``'s data.
 
   ``update(..., objective=obj)`` computes with ``obj``'s data instead (``obj`` must be
-  ``objective`` or a :meth:`~dsgrad.Objective.with_data` copy of it): in a user's own
-  jitted step that takes the objective as an argument, the data are then arguments of the
-  compiled program, not constants.
+  ``objective`` or a :meth:`~dsgrad.Objective.with_data` copy of it): the step runs a copy
+  of ``update_fn`` whose data handles hold ``obj``'s arrays
+  (:meth:`dsgrad.Objective.computing_with`). In a user's own jitted step that takes the
+  objective as an argument, the data are then arguments of the compiled program, not
+  constants; :func:`dsgrad.fit` hands its objective this way.
 
   ``update`` also refuses, by name, a state that this estimator's ``init`` does not make
   (another estimator's state, or a chain's states in another order), which would
   otherwise fail deep inside the step on a missing field.
   """
-  def init(params):
-    with objective.bound():
-      return init_fn(params)
-
   expected_types: dict = {}
 
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:
       extra_args["indices"] = checks.as_index_array(extra_args["indices"])
     if params is not None and has_leaves(params):
-      _check_state_type(state, params, init, expected_types, name)
+      _check_state_type(state, params, init_fn, expected_types, name)
     handed = explicit_objective(objective, extra_args.pop("objective", None), name)
-    with handed.bound():
-      return update_fn(updates, state, params, **extra_args)
+    step = update_fn if handed is objective else handed.computing_with(update_fn)
+    return step(updates, state, params, **extra_args)
 
-  return optax.GradientTransformationExtraArgs(init, update)
+  return optax.GradientTransformationExtraArgs(init_fn, update)
 
 
 def explicit_objective(objective: Objective, handed, name: str) -> Objective:
