@@ -258,3 +258,46 @@ def test_host_blocks_hold_at_most_the_byte_budget(tmp_path, monkeypatch):
   assert dsgrad.segments.host_block_steps(host, 10) == 7
   monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_BYTES", 10)
   assert dsgrad.segments.host_block_steps(host, 10) == 1
+
+
+def test_substitute_copies_what_reaches_a_handle_and_shares_the_rest():
+  handle = data_lib.DataArray(np.arange(4.0, dtype=np.float32), "x")
+  unrelated = {"scale": np.float32(1.0)}
+
+  def inner(i):
+    return handle[i]
+
+  def outer(i, factor=2.0):
+    return inner(i) * factor + unrelated["scale"]
+
+  def countdown(n):  # a closure that reaches itself: the copy must too
+    return handle[1] if n == 0 else countdown(n - 1)
+
+  copies = data_lib.substitute((outer, countdown, unrelated), {"x": handle},
+                               {"x": 10.0 * np.arange(4.0, dtype=np.float32)})
+  new_outer, new_countdown, same = copies
+  assert float(new_outer(1)) == 21.0 and float(outer(1)) == 3.0  # the original is unchanged
+  assert float(new_countdown(3)) == 10.0 and float(countdown(3)) == 1.0
+  assert same is unrelated  # nothing reaching no handle is copied
+  # A copy of a copy is matched by origin; a key without a value is refused by name.
+  again = data_lib.substitute(new_outer, {"x": handle}, {"x": np.zeros(4, np.float32)})
+  assert float(again(1)) == 1.0
+  with pytest.raises(ValueError, match=r"no value given for data \['x'\]"):
+    data_lib.substitute(outer, {"x": handle}, {})
+
+
+def test_no_module_state_holds_data():
+  """Programs get their data from what they are handed: no module of dsgrad keeps a
+  binding in global or thread-local state (the one thread-local left is the stack of
+  deferred value checks, which holds check results, not data)."""
+  import importlib
+  import pkgutil
+  import threading
+  found = []
+  for info in pkgutil.walk_packages(dsgrad.__path__, "dsgrad."):
+    if info.name.startswith("dsgrad.contrib"):
+      continue
+    module = importlib.import_module(info.name)
+    found += [f"{info.name}.{k}" for k, v in vars(module).items()
+              if isinstance(v, threading.local)]
+  assert found == ["dsgrad.checks._DEFERRED"], found
