@@ -5,7 +5,7 @@ A :class:`HostArray` holds the array; compiled programs name it by a small integ
 (an argument), so one program serves every host array of the same shape and dtype. Inside
 ``jit`` rows are read by a host callback (:func:`host_gather`); :class:`RowReader` reads
 whole blocks of future batches on a thread so that :func:`dsgrad.fit`'s steps receive
-their rows as an argument instead. :mod:`dsgrad.data` binds these arrays to a model's
+their rows as an argument instead. :mod:`dsgrad.data` puts these arrays behind a model's
 handles and re-exports the public names here.
 
 Example::

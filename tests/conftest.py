@@ -122,3 +122,18 @@ def assert_drawn_mean_is_expected(draw, key, label: str, num_draws: int = 20_000
     z = np.abs(mean - np.asarray(expected[name][0])) / np.maximum(se, 1e-6)
     assert np.all(z < z_max), f"{label} {name}: {z.max():.1f} se"
   return jax.tree.map(lambda a: a[0], expected)
+
+
+@pytest.fixture
+def counting_jit():
+  """``counting_jit(fn) -> (jax.jit(fn), traces)``: ``len(traces)`` is how many times
+  ``fn`` was traced."""
+  def make(fn):
+    traces = []
+
+    def counted(*args):
+      traces.append(None)
+      return fn(*args)
+
+    return jax.jit(counted), traces
+  return make

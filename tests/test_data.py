@@ -224,7 +224,7 @@ def _numpyro_objective(x, y):
 
 @pytest.mark.parametrize("name", ["logistic", "softmax", "bradley_terry", "movielens", "ppca",
                                   "dropout_glm", "numpyro"])
-def test_every_model_reads_its_data_through_the_objective(name):
+def test_every_model_reads_its_data_through_the_objective(name, counting_jit):
   """``with_data`` on the rows permuted: datum ``i`` of the new data is datum ``perm[i]``
   of the old, so the loss at indices ``idx`` equals the old loss at ``perm[idx]`` --
   jitted, with the data as arguments."""
@@ -235,13 +235,7 @@ def test_every_model_reads_its_data_through_the_objective(name):
                                   for k, v in objective.data_tree().items()})
   idx = jnp.arange(10, dtype=jnp.int32)
   noise = objective.sample_noise(jax.random.key(1), 10)
-  traces = []
-
-  @jax.jit
-  def loss(objective, p, i, e):
-    traces.append(None)
-    return objective.loss(p, i, e, validate=False)
-
+  loss, traces = counting_jit(lambda o, p, i, e: o.loss(p, i, e, validate=False))
   new = loss(permuted, params, idx, noise)
   old = loss(objective, params, jnp.asarray(perm[:10], jnp.int32), noise)
   unpermuted = loss(objective, params, idx, noise)

@@ -40,20 +40,14 @@ def test_leaves_are_the_data_and_with_data_keeps_the_structure():
                              other.value(params, indices, noise), rtol=1e-6)
 
 
-def test_jit_over_the_objective_traces_once_for_two_data_sets():
+def test_jit_over_the_objective_traces_once_for_two_data_sets(counting_jit):
   objective, model, _ = _objective(0)
   other_x, other_y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(5), 200, 4)
   other = objective.with_data({"x": other_x, "signs": 2.0 * other_y - 1.0})
   direct = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(other_x, other_y))
   params = dsgrad.meanfield_init(model, 0.3, -1.0)
   indices, noise = _batch(objective)
-  traces = []
-
-  @jax.jit
-  def grad(objective, params, indices, noise):
-    traces.append(None)
-    return objective.grad(params, indices, noise, validate=False)
-
+  grad, traces = counting_jit(lambda o, p, i, e: o.grad(p, i, e, validate=False))
   first = grad(objective, params, indices, noise)
   second = grad(other, params, indices, noise)
   assert len(traces) == 1
