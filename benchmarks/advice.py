@@ -32,25 +32,8 @@ import optax
 
 import dsgrad
 from benchmarks import _report
-from benchmarks.fit_overhead import _hierarchical, _mlp, bbvi_loss, epoch_batches
+from benchmarks.fit_overhead import _hierarchical, _mlp, _student_t, bbvi_loss, epoch_batches
 from dsgrad import race as race_lib
-
-
-def _student_t(key, num_data=50_000, dim=20, dof=3.0):
-  kx, kw, ke = jax.random.split(key, 3)
-  x = jax.random.normal(kx, (num_data, dim))
-  w = jax.random.normal(kw, (dim,))
-  y = x @ w + jax.random.t(ke, dof, (num_data,))
-
-  def log_likelihood(z, idx):
-    r = y[idx] - x[idx] @ z[:dim]
-    scale = jnp.exp(z[dim])
-    return (-0.5 * (dof + 1) * jnp.log1p((r / scale) ** 2 / dof) - z[dim])
-
-  def log_prior(z):
-    return -0.5 * jnp.sum(z[:dim] ** 2) / 10.0 - 0.5 * z[dim] ** 2
-
-  return dsgrad.models.Model(log_prior, log_likelihood, num_data, dim + 1, name="student_t")
 
 
 MODELS = {
