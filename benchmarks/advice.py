@@ -12,6 +12,11 @@ each reported seed:
    baselines: naive with ``K`` samples, naive with a ``K``-times batch);
 3. every raced candidate's run continued to the end of its budget
    (``Recommendation.fit(name)``), so each full run, race included, spends the budget;
+   and every candidate that call did not race (at a 10% share of a small budget, most
+   cannot be compiled in time) from a second call given the whole budget as its share,
+   each continued the same way, so that "the best contender" is over every candidate at
+   equal wall-clock, not only over those the pick's call could afford (``--no-reference``
+   skips them: they cost about one budget each);
 4. the ELBO each reaches (one estimate with common random numbers), and whether the pick
    is the best dsgrad contender and beats the hand-written loop.
 
@@ -23,6 +28,7 @@ prediction check (the race's time ratio for the pick against the full runs').
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -122,7 +128,7 @@ def _timing_agreement(advice) -> float:
   return float(max(abs(a - b) / min(a, b) for a, b in zip(first, second)))
 
 
-def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
+def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference=True):
   model = MODELS[name](jax.random.key(12345))
   objective = dsgrad.meanfield_gaussian(model)
   eval_key = jax.random.key(999)
@@ -146,23 +152,27 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
                               jax.random.key(seed), batch_size=batch_size, budget=budget,
                               progress=False)
     advice_seconds = time.perf_counter() - started
-    rows = {}
-    for c in advice.ranking:
-      row = {"description": c.description, "seconds_per_step": c.seconds_per_step,
-             "budget_steps": c.budget_steps, "race_gain": c.gain, "race_gain_se": c.gain_se,
-             "race_time_ratio": c.time_ratio, "note": c.note}
-      if not c.note:
-        raced_steps = advice.runs[c.name].steps
-        result = advice.fit(c.name, progress=False, elbo_samples=30,
-                            eval_every=max(1, c.budget_steps // 10))
-        row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, result.params, eval_key,
-                                                          elbo_samples)
-        # The run's time: its raced steps (at the timed rate) and the continuation's.
-        race_seconds = raced_steps * c.seconds_per_step
-        row["trace"] = [(race_seconds + float(t), float(e)) for t, e in
-                        zip(result.history.wall_time, result.history.elbo)]
-        row["raced_steps"] = raced_steps
-      rows[c.name] = row
+    rows = {c.name: _full_run(objective, advice, c, eval_key, elbo_samples)
+            for c in advice.ranking}
+    if reference:
+      # The candidates the pick's call could not afford to race, each run to its budget
+      # all the same. Compiling them may cost more than a small budget: they are timed
+      # outside any share (a first call given step costs compiles every lane; its lanes
+      # are then timed as recommend times them), and a second call given those costs
+      # races them all with the whole budget as its share; each lane is then continued.
+      bar.set_postfix_str(f"seed {seed}: every candidate to its budget")
+      guess = dict.fromkeys(rows, rows["naive"]["seconds_per_step"])
+      call = functools.partial(dsgrad.recommend, objective, _cosine(peak),
+                               dsgrad.meanfield_init(model), jax.random.key(seed),
+                               batch_size=batch_size, budget=budget, progress=False)
+      probe = call(step_costs=guess)
+      measured = dict(zip(probe.runs, race_lib.time_steps(
+          list(probe.runs.values()), step_guess=rows["naive"]["seconds_per_step"])))
+      everyone = call(step_costs={**guess, **measured}, share=1.0)
+      for c in everyone.ranking:
+        if rows[c.name]["note"] and not c.note:
+          rows[c.name] = {**_full_run(objective, everyone, c, eval_key, elbo_samples),
+                          "not_raced_by_pick": rows[c.name]["note"]}
     # The equal-cost K: what a raced control-variate step costs in naive steps (2 when
     # recommend raced none, e.g. when the budget could not pay for compiling them).
     costs = [rows[n]["seconds_per_step"] for n in ("cv", "joint_svrg", "joint_saga")
@@ -179,6 +189,27 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples):
     print(f"  seed {seed}: pick {advice.best}, hand {hand[0]:.2f}, " + ", ".join(
         f"{n} {r.get('elbo', float('nan')):.2f}" for n, r in rows.items()), flush=True)
   return out
+
+
+def _full_run(objective, advice, c, eval_key, elbo_samples) -> dict:
+  """Candidate ``c`` of ``advice``: what the race measured and, if it raced, its run
+  continued to its budget, with the final ELBO's draws and its ELBO trace."""
+  row = {"description": c.description, "seconds_per_step": c.seconds_per_step,
+         "budget_steps": c.budget_steps, "race_gain": c.gain, "race_gain_se": c.gain_se,
+         "race_time_ratio": c.time_ratio, "note": c.note}
+  if c.note:
+    return row
+  raced_steps = advice.runs[c.name].steps
+  result = advice.fit(c.name, progress=False, elbo_samples=30,
+                      eval_every=max(1, c.budget_steps // 10))
+  row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, result.params, eval_key,
+                                                    elbo_samples)
+  # The run's time: its raced steps (at the timed rate) and the continuation's.
+  race_seconds = raced_steps * c.seconds_per_step
+  row["trace"] = [(race_seconds + float(t), float(e)) for t, e in
+                  zip(result.history.wall_time, result.history.elbo)]
+  row["raced_steps"] = raced_steps
+  return row
 
 
 def _paired_cells(s, ran, best) -> str:
@@ -207,7 +238,9 @@ def render(record):
            f"{config['batch_size']}; budget = a hand-written optax loop's time for T "
            f"steps ({', '.join(f'{k}: {v:,}' for k, v in config['steps'].items())}; Adam, cosine to 1% of a peak tuned on seed "
            f"{config['tune_seed']} among {list(PEAKS)}); recommend gets that schedule and "
-           "budget; every raced candidate's run is then continued to its budget. ELBO: "
+           "budget; every raced candidate's run is then continued to its budget" + (
+               ", and so is every candidate it did not race (marked *), from a race "
+               "given the whole budget" if config.get("reference") else "") + ". ELBO: "
            f"{config['elbo_samples']} draws, common random numbers.", "",
            f"Measured: {record['environment']}", "",
            "| model | seed | budget, s | pick | hand-written naive | best dsgrad (ELBO) | "
@@ -231,9 +264,9 @@ def render(record):
   for name, r in results.items():
     for seed, s in r["seeds"].items():
       v = s["variance_per_step"]
-      cells = [f"{c['description']}: " + (f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)"
-                                          if "elbo" in c else f"ruled out ({c['note']})")
-               for c in s["candidates"].values()]
+      cells = [f"{c['description']}{'*' if 'not_raced_by_pick' in c else ''}: " + (
+          f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)" if "elbo" in c
+          else f"ruled out ({c['note']})") for c in s["candidates"].values()]
       lines.append(f"* {name}, seed {seed}: " + "; ".join(cells) + ". Variance: " +
                    ", ".join(f"{k} {val / v['naive']:.3g}x" for k, val in v.items()
                              if k != "naive") + ".")
@@ -265,18 +298,22 @@ def main(argv=None):
   parser.add_argument("--section", default="",
                       help="a name for this run's own section of the page (e.g. 'minute' for "
                            "a run at minute-scale budgets), beside the default runs")
+  parser.add_argument("--no-reference", action="store_true",
+                      help="do not run the candidates the pick's call did not race (they "
+                           "cost about one budget each)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   steps = _steps(parser, args.steps, args.models)
   config = {"steps": steps, "batch_size": args.batch_size, "seeds": args.seeds,
-            "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples}
+            "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples,
+            "reference": not args.no_reference}
   if args.tune_seed in args.seeds:
     parser.error("the tuning seed must not be a reported seed")
   section = f"advice-{jax.default_backend()}" + (f"-{args.section}" if args.section else "")
   results = {}
   for name in args.models:
     results[name] = run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
-                              args.elbo_samples)
+                              args.elbo_samples, not args.no_reference)
     # Written after each model, so a long run stopped part-way keeps what it measured.
     _report.publish(section, None, not args.no_write,
                     render=render, data={"results": results, "config": config})
