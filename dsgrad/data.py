@@ -43,8 +43,8 @@ from dsgrad.host_data import (HostArray, RowReader, host_gather, open_memmap,  #
                                read_rows)
 
 __all__ = ["DataArray", "HostArray", "HostView", "open_memmap", "read_rows", "RowReader",
-           "substitute", "is_host", "split_host", "join_host", "with_batch_rows", "check_data", "jit",
-           "as_argument", "values_of"]
+           "substitute", "is_host", "split_host", "join_host", "with_batch_rows", "check_data",
+           "jit", "as_argument", "values_of"]
 
 
 class DataArray:
@@ -164,9 +164,12 @@ def values_of(refs: Mapping[str, DataArray] | None) -> dict:
 
 def split_host(values: Mapping[str, Any]):
   """``(device_values, host_arrays)``: the pytree a jitted program takes as argument
-  (device arrays and the host arrays' int32 handles) and the host arrays themselves."""
-  host = {k: v for k, v in values.items() if isinstance(v, HostArray)}
-  args = {k: (jnp.int32(v.handle) if k in host else v) for k, v in values.items()}
+  (device arrays and the host arrays' int32 handles; a :class:`HostView`'s handle as it
+  is, maybe traced) and the host arrays themselves."""
+  host = {k: (v.host if isinstance(v, HostView) else v) for k, v in values.items()
+          if isinstance(v, (HostArray, HostView))}
+  args = {k: (v.handle if isinstance(v, HostView) else jnp.int32(v.handle) if k in host
+              else v) for k, v in values.items()}
   return args, host
 
 
@@ -289,7 +292,7 @@ def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, A
   missing = set(refs) - set(values)
   if missing:
     raise ValueError(f"no value given for data {sorted(missing)}")
-  targets = {id(r.origin): (r.origin, values[k]) for k, r in refs.items()}  # origin kept alive
+  targets = {id(r.origin): values[k] for k, r in refs.items()}  # refs keep the origins alive
   if not targets:
     return obj
   reach = _reaching(obj, targets)
@@ -302,7 +305,7 @@ def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, A
     if key in memo:
       return memo[key]
     if isinstance(x, DataArray):
-      memo[key] = out = DataArray._copy_holding(targets[id(x.origin)][1], x)
+      memo[key] = out = DataArray._copy_holding(targets[id(x.origin)], x)
       return out
     if isinstance(x, types.FunctionType):
       cells = tuple(types.CellType() for _ in (x.__closure__ or ()))
@@ -420,21 +423,6 @@ def check_data(values: Mapping[str, Any], num_data: int | None = None,
   return n
 
 
-def _arguments(refs: Mapping[str, DataArray]):
-  """``(arguments, host arrays)`` for what ``refs`` hold: device values as they are, host
-  arrays as their int32 handles (a :class:`HostView`'s handle as it is, maybe traced)."""
-  data, host = {}, {}
-  for key, ref in refs.items():
-    value = ref.value()
-    if isinstance(value, HostArray):
-      host[key], data[key] = value, jnp.int32(value.handle)
-    elif isinstance(value, HostView):
-      host[key], data[key] = value.host, value.handle
-    else:
-      data[key] = value
-  return data, host
-
-
 def jit(refs: Mapping[str, DataArray] | None, fn):
   """``jax.jit(fn)`` with the arrays behind ``refs`` passed as arguments.
 
@@ -458,7 +446,7 @@ def jit(refs: Mapping[str, DataArray] | None, fn):
   compiled: dict = {}
 
   def call(*args):
-    data, host = _arguments(refs)
+    data, host = split_host(values_of(refs))
     which = tuple(sorted(host))
     if which not in compiled:
       compiled[which] = jax.jit(as_argument(refs, fn, dict(host))[0])
@@ -474,7 +462,7 @@ def as_argument(refs: Mapping[str, DataArray] | None, fn, host=None):
   the compiled program instead of constants. ``values`` are the arrays ``refs`` hold now
   (host arrays as int32 handles)."""
   refs = dict(refs or {})
-  values, found = _arguments(refs)
+  values, found = split_host(values_of(refs))
   host = found if host is None else host
 
   def wrapped(data, *args):

@@ -142,9 +142,10 @@ def init_sharded(optimizer, params, mesh: Mesh, objective: Objective | None = No
     ``(params replicated on mesh, optimizer state with sharded tables)``.
   """
   params = jax.device_put(params, replicated(mesh))
-  refs = None if objective is None else objective.data
-  optimizer = optimizer if objective is None else objective.computing_with(optimizer)
-  init, data = data_lib.as_argument(refs, optimizer.init)
+  # The estimators' full passes read the objective's data, passed as arguments (handles
+  # are matched by origin, so an optimizer built for another copy of the model reads them).
+  init, data = data_lib.as_argument(None if objective is None else objective.data,
+                                    optimizer.init)
   shardings = state_shardings(mesh, jax.eval_shape(init, data, params))
   return params, jax.jit(init, out_shardings=shardings)(data, params)
 

@@ -137,16 +137,14 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     messages = []
 
     values = data_lib.join_host(data, host)
-    segment_objective, segment_optimizer = data_lib.substitute(
-        (objective, optimizer), objective.data, values)
 
     def step(carry, xs):
       idx, t, key_t, rows_t = xs
-      step_objective, step_optimizer = segment_objective, segment_optimizer
-      if host:  # this step's host rows, read ahead and handed over: no host read here
-        step_objective, step_optimizer = data_lib.substitute(
-            (objective, optimizer), objective.data,
-            data_lib.with_batch_rows(values, idx, rows_t))
+      # Copies computing with the segment's data arguments (made once: the scan's body is
+      # traced once); a host array's view also holds this step's rows, read ahead and
+      # handed over, so that the step makes no host read.
+      step_objective, step_optimizer = data_lib.substitute(
+          (objective, optimizer), objective.data, data_lib.with_batch_rows(values, idx, rows_t))
       # The estimators' value checks travel out as one small code per step instead of a
       # host round trip per step (a GPU synchronization each); SegmentRunner raises them.
       with checks.collected() as found:
