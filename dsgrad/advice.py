@@ -8,10 +8,11 @@ estimator, a noise control, or an equal-cost use of naive's time -- is the user'
 optimizer with its schedule stretched over the steps that candidate affords in the
 budget. Their steps are timed in interleaved rounds; then the first part of each
 candidate's run is raced by successive halving (naive always races, as the reference),
-and the ELBOs are compared with common random numbers at equal wall-clock. The advice is
-naive, said plainly, unless a candidate beats naive by more than twice the standard
-error of the difference; :meth:`Recommendation.fit` continues the winner's raced run
-where it stopped.
+and the ELBOs are compared with common random numbers at equal wall-clock, at several
+checkpoints of the final round, so that the standard error also holds one run's jitter
+from step to step. The advice is naive, said plainly, unless a candidate beats naive by
+more than twice the standard error of the difference; :meth:`Recommendation.fit`
+continues the winner's raced run where it stopped.
 
 Example::
 
@@ -40,8 +41,8 @@ import optax
 
 from dsgrad import checks
 from dsgrad import race as race_lib
-from dsgrad.candidates import (CANDIDATES, EQUAL_COST, base_contenders,  # noqa: F401
-                               equal_cost_contenders)
+from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
+                               base_contenders, equal_cost_contenders)
 from dsgrad.objective import Objective
 
 class Candidate(NamedTuple):
@@ -55,8 +56,9 @@ class Candidate(NamedTuple):
     state_bytes: its estimator and optimizer state's memory.
     raced_fraction: the fraction of its run (and of the budget) it was raced to.
     elbo: its ELBO at that point, and ``elbo_se`` its standard error.
-    gain: ``elbo`` minus naive's at the same wall-clock (common random numbers), and
-      ``gain_se`` its standard error.
+    gain: its ELBO minus naive's at the same wall-clock (common random numbers), averaged
+      over the checkpoints of the last round it raced, and ``gain_se`` its standard error
+      (which holds the runs' jitter between checkpoints: :func:`dsgrad.race.checkpoint_difference`).
     time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
       relative to naive's (below 1: faster; ``inf``: not reached in the race).
     note: why it did not race, when it did not.
@@ -157,14 +159,16 @@ def _lanes(contenders, make_optimizer, params, key, memory_limit, provisional_st
 
 def _candidates(lanes, traces, naive_index, ruled_out):
   naive_trace = traces[naive_index]
-  final_f, final_draws = naive_trace[-1]
+  final_f, final_draws = naive_trace[-1][-1]
   target = final_draws.mean()
   rows = []
   for i, lane in enumerate(lanes):
-    f, draws = traces[i][-1]
-    # Naive raced every round: its entry of the same round is at the same wall-clock.
-    gain, gain_se = race_lib.paired_difference(draws, naive_trace[len(traces[i]) - 1][1])
-    means = [(ff, d.mean()) for ff, d in traces[i]]
+    f, draws = traces[i][-1][-1]
+    # Naive raced every round: its checkpoints of the same round are at the same
+    # wall-clock.
+    gain, gain_se = race_lib.checkpoint_difference(traces[i][-1],
+                                                   naive_trace[len(traces[i]) - 1])
+    means = [(ff, d.mean()) for points in traces[i] for ff, d in points]
     ratio = (race_lib.time_to_reach(means, target) / final_f if i != naive_index else 1.0)
     rows.append(Candidate(
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
@@ -191,12 +195,11 @@ def _step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
 def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                    budget_in, ruled_out, started) -> Recommendation:
   """The advice when naive is the only candidate left: nothing to race it against, so
-  neither its timing nor a race is spent; its run is set up for the whole budget."""
-  seconds = (float(step_costs["naive"]) if step_costs is not None
-             else race_lib.time_steps([naive_lane], step_guess=guess)[0])
+  neither its timing rounds nor a race is spent (its step time is ``guess``'s, from
+  segments dispatched back to back); its run is set up for the whole budget."""
+  seconds = float(step_costs["naive"]) if step_costs is not None else guess
   budget_seconds = float(budget) * (seconds if budget_in == "naive_steps" else 1.0)
-  lane = naive_lane.restarted(make_optimizer, max(1, int(budget_seconds / seconds)), params,
-                              key)
+  lane = naive_lane.restarted(make_optimizer, max(1, int(budget_seconds / seconds)), params, key)
   lane.seconds_per_step = seconds
   best = Candidate("naive", lane.description, seconds, lane.total_steps, lane.state_bytes)
   ranking = (best, *ruled_out)
@@ -220,22 +223,25 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
   """Compiles the contenders' timing programs in priority order, two at a time where
   compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
-  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`); after it
-  compiled, its measured compile times price what is left, and a lane whose race would no longer fit
-  is let go (the last first). Given ``ledger=None`` (step costs passed in) every
-  contender that fits in memory is admitted, compiled by the race."""
+  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
+  contender the share cannot pay for is passed over for the cheaper ones after it; after
+  a pair compiled, its measured compile times price what is left, and a lane whose race
+  would no longer fit is let go (the last first). Given ``ledger=None`` (step costs
+  passed in) every contender that fits in memory is admitted, compiled by the race."""
   if ledger is None:
     return _lanes(contenders, make_optimizer, params, key, memory_limit, provisional)
   lanes, ruled_out = [], []
-  pending = list(contenders)
+  pending = [c for c in contenders if c[1] is not None]
+  ruled_out += _lanes([c for c in contenders if c[1] is None], make_optimizer, params, key,
+                      memory_limit, provisional)[1]
   group = 2 if race_lib.compile_overlap() > 1 else 1
   while pending:
     batch, pending = pending[:group], pending[group:]
-    if ledger.left() < ledger.price(len(batch)):
+    if len(batch) > 1 and ledger.left() < ledger.price([c[0] for c in batch]):
       batch, pending = batch[:1], batch[1:] + pending
-      if ledger.left() < ledger.price():
-        ruled_out += [_not_raced(c[0], c[2], share, "compiling it") for c in batch + pending]
-        break
+    if ledger.left() < ledger.price([batch[0][0]]):
+      ruled_out.append(_not_raced(batch[0][0], batch[0][2], share, "compiling it"))
+      continue
     fresh, out = _lanes(batch, make_optimizer, params, key, memory_limit, provisional)
     ruled_out += out
     if not fresh:
@@ -254,6 +260,24 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
           f"its program took {lane.runner.compile_seconds:.2g} s to compile; its race"))
     lanes += fresh
   return lanes, ruled_out
+
+
+def _equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, guess,
+                      make_optimizer, params, key, limit, provisional, share, progress,
+                      step_costs):
+  """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
+  naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
+  controls = [lane.seconds_per_step for lane in lanes
+              if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
+  ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
+  extra, ruled_out = _admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
+                            guess, make_optimizer, params, key, limit, provisional, share,
+                            progress)
+  if extra:
+    timed = _step_seconds([naive_lane] + extra, step_costs, progress, guess)
+    for lane, seconds in zip(extra, timed[1:]):
+      lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
+  return extra, ruled_out
 
 
 def _pick(rows) -> Candidate:
@@ -332,8 +356,10 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     approx: the approximation of the control variates (default: each estimator's).
     candidates: names from :data:`CANDIDATES`; ``"naive"`` is required (the reference).
       Their order is their priority: they are compiled in that order, two at a time,
-      while the share lasts, each priced by the compile times measured on those before
-      it; the ones the share cannot pay for are not raced (each says so in the advice).
+      while the share lasts, each priced by what it compiles (naive's step on a variant
+      objective at naive's compile time, a control variate at those measured before it);
+      one the share cannot pay for is not raced (the advice says so) and the cheaper ones
+      after it are still tried.
     share: the fraction of the budget the advice may take: compiling, timing and the
       race together. Compilation is a fixed cost (each candidate compiles two programs,
       about a second each for small models on two CPU cores), so a small budget races
@@ -404,51 +430,50 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   lanes, ruled_out = _lanes([c for c in base if c[0] == "naive"], make_optimizer, params,
                             key, limit, provisional)
   naive_lane = lanes[0]
-  # One rough time of naive's step sizes every lane's timing segments, so that each
-  # lane compiles one segment length for its timing.
+  # One rough time of naive's step: it sizes every lane's timing segments, and naive's
+  # timing rounds then run the very program it compiled.
   guess = race_lib.guess_step_seconds(naive_lane) if step_costs is None else None
-  eval_key = jax.random.fold_in(key, 7919)
-  evaluate = lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples)
-  # The race starts from the ELBO at params; its second estimate times one (compiled)
-  # estimate, which the race makes once or twice per lane.
-  start_draws = evaluate(params)
+  others = [name for name in candidates if name != "naive"]
+  wanted_equal_cost = [name for name in others if name in EQUAL_COST]
   ledger, eval_seconds = None, 0.0
   if step_costs is None:  # given the step costs, nothing is priced
+    ledger = race_lib.Share(
+        share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
+        naive_lane, NAIVE_PROGRAMS)
+    progress.set_total(ledger.allowed)
+    if all(ledger.left() < ledger.price([name]) for name in others):
+      # Nothing else can be compiled: no ELBO is estimated and naive is not timed again.
+      never = [c for c in base if c[0] != "naive"] + equal_cost_contenders(
+          wanted_equal_cost, objective, batch_size, 2.0)
+      ruled_out += [Candidate(n, d, note=note) if c is None else
+                    _not_raced(n, d, share, "compiling it") for n, c, d, note in never]
+      return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
+                            budget, budget_in, ruled_out, started)
+  eval_key = jax.random.fold_in(key, 7919)
+  evaluate = lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples)
+  # The race starts from the ELBO at params; a second estimate times one.
+  start_draws = evaluate(params)
+  if ledger is not None:
     eval_started = time.perf_counter()
     evaluate(params)
     eval_seconds = time.perf_counter() - eval_started
-    ledger = race_lib.Share(
-        share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
-        naive_lane, eval_seconds)
-    progress.set_total(ledger.allowed)
-  others = [name for name in candidates if name != "naive"]
+    ledger.count_evaluations(eval_seconds)
   more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,
                           make_optimizer, params, key, limit, provisional, share, progress)
   lanes, ruled_out = lanes + more, ruled_out + more_out
-  wanted_equal_cost = [name for name in others if name in EQUAL_COST]
   if len(lanes) == 1 and (not wanted_equal_cost or (
-      ledger is not None and ledger.left() < ledger.price())):
+      ledger is not None and ledger.left() < ledger.price(wanted_equal_cost[:1]))):
     ruled_out += [_not_raced(name, name, share, "compiling it") for name in wanted_equal_cost]
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started)
   for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
-  controls = [lane.seconds_per_step for lane in lanes
-              if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
   if wanted_equal_cost:
-    ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-    extra, more_out = _admit(equal_cost_contenders(wanted_equal_cost, objective, batch_size,
-                                                    ratio),
-                             ledger, guess, make_optimizer, params, key, limit, provisional,
-                             share, progress)
-    ruled_out += more_out
-    if extra:
-      timed = _step_seconds([naive_lane] + extra, step_costs, progress, guess)
-      for lane, seconds in zip(extra, timed[1:]):
-        lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
-      lanes += extra
-  # Each lane's race program costs about what its timing program did: measured now, as
-  # the restarted lanes below have compiled nothing yet.
+    extra, more_out = _equal_cost_lanes(
+        wanted_equal_cost, lanes, naive_lane, objective, batch_size, ledger, guess,
+        make_optimizer, params, key, limit, provisional, share, progress, step_costs)
+    lanes, ruled_out = lanes + extra, ruled_out + more_out
+  # Each lane's race program costs about what its timing program did (measured).
   to_compile = sum(lane.runner.compile_seconds for lane in lanes) / race_lib.compile_overlap()
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
@@ -456,10 +481,10 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   lanes = [lane.restarted(make_optimizer, max(1, int(budget_seconds / lane.seconds_per_step)),
                           params, key) for lane in lanes]
   spent = time.perf_counter() - started
-  # Timing and compiling come out of the share, the race's own compilation too; given
-  # step costs, the race is deterministic and takes the whole share (of the budget those
-  # costs imply).
-  evaluations = eval_seconds * sum(race_lib.halving_fractions(len(lanes), share)[1])
+  # Timing and compiling come out of the share, the race's compilation too; given step
+  # costs, the race is deterministic and takes the whole share.
+  evaluations = eval_seconds * (sum(race_lib.halving_fractions(len(lanes), share)[1])
+                                + 2 * (race_lib.FINAL_CHECKPOINTS - 1))
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")

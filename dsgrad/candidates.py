@@ -19,6 +19,10 @@ steps."""
 
 EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
+NAIVE_PROGRAMS = ("naive", "path_derivative", "rqmc", "naive_samples", "naive_batch")
+"""The candidates whose step is naive's on the objective or a variant of it: their
+programs compile in about naive's time (they are priced so by :class:`dsgrad.race.Share`)."""
+
 
 def base_contenders(names, objective, approx, batch_size, max_table_bytes):
   """``[(Contender | None, description, note)]`` for the candidates that need no cost

@@ -79,7 +79,7 @@ class Lane:
     self.opt_state = self.optimizer.init(self.params)
     self.steps = 0
     self.chunk = 1  # steps per compiled segment: every advance is whole chunks
-    self.trace: list = []  # ELBO draws at the start and after each round it raced
+    self.trace: list = []  # per round raced: [(fraction, ELBO draws), ...] (see race)
 
   def advance_to(self, fraction: float) -> None:
     """Runs whole chunks of steps up to ``fraction`` of its run (at least one chunk, at
@@ -146,21 +146,36 @@ def available_memory_bytes() -> int:
   return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def guess_step_seconds(lane: "Lane", length: int = 64) -> float:
-  """A rough time per step of ``lane`` (one short segment after compiling it), to size the
-  timing rounds; the lane's run is not advanced. An overestimate for fast steps: a
-  segment's call has a fixed cost (dispatch, the deferred checks' read-back) of the order
-  of a millisecond's fraction."""
-  lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
+TIMING_SEGMENT = 64
+"""Steps per timing segment: short, so that a fast step's first timing (naive's guess)
+compiles the very program its timing rounds then run; calls are dispatched back to back,
+so a call's fixed cost overlaps the steps before it, as in a long run."""
+
+
+def guess_step_seconds(lane: "Lane", length: int = TIMING_SEGMENT) -> float:
+  """A rough time per step of ``lane``: one segment of ``length`` steps (compiling it),
+  then as many as last about 0.03 s, dispatched back to back; the lane's run is not
+  advanced."""
   before = lane.runner.step_seconds
   lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
-  return max(lane.runner.step_seconds - before, 1e-7) / length
+  single = max(lane.runner.step_seconds - before, 1e-7)
+  calls = int(np.clip(round(0.03 / single), 1, 100))
+  return max(lane.runner.seconds_per_step(copy_tree(lane.params), copy_tree(lane.opt_state),
+                                          length, calls), 1e-9)
 
 
 def timing_chunk(step_guess: float, round_seconds: float = 0.05) -> int:
-  """Steps per timing segment for a step of about ``step_guess`` seconds: half a round,
-  long enough that a call's fixed cost is a small part of it."""
-  return int(np.clip(round_seconds / 2 / step_guess, 1, 20_000))
+  """Steps per timing segment for a step of about ``step_guess`` seconds:
+  :data:`TIMING_SEGMENT`, or fewer where that many would last more than half a round."""
+  return int(np.clip(round_seconds / 2 / step_guess, 1, TIMING_SEGMENT))
+
+
+def race_chunk(seconds_per_step: float, first_round_steps: float) -> int:
+  """Steps per race segment: about 25 ms of steps (few calls), and at most an eighth of
+  the first round, so that the rounds end within half a chunk of their mark and the
+  lanes' times stay within 6% of each other."""
+  longest = np.clip(0.025 / seconds_per_step, 1, 20_000)
+  return int(np.clip(first_round_steps / 8, 1, longest))
 
 
 def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
@@ -168,12 +183,12 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   """Seconds per step of each lane's step, the median of ``rounds`` interleaved rounds.
 
   Every lane runs segments of its ``chunk`` steps (set here from ``step_guess``, a rough
-  time per step, when it is given, so that a segment lasts about half a round: long
-  enough that the call's fixed cost is a small part of it). The
-  lanes' segments are compiled together first (:func:`prepare_all`), then each lane runs
-  one segment uncounted and, in each round, as many segments as last about
-  ``round_seconds``. The lanes' runs are not advanced: every timed step starts from a copy
-  of the lane's current carry.
+  time per step, when it is given: :func:`timing_chunk`). The lanes' segments are
+  compiled together first (:func:`prepare_all`), then each lane runs one segment
+  uncounted and, in each round, as many segments as last about ``round_seconds``,
+  dispatched back to back (:meth:`dsgrad.segments.SegmentRunner.seconds_per_step`). The
+  lanes' runs are not advanced: every timed step starts from a copy of the lane's
+  current carry.
   """
   if step_guess is not None:
     for lane in lanes:
@@ -181,19 +196,15 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   prepare_all(lanes, [lane.chunk for lane in lanes])
   calls = []
   for lane in lanes:
-    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, lane.chunk)
-    before = lane.runner.step_seconds
-    lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, lane.chunk)
-    seconds = max(lane.runner.step_seconds - before, 1e-7)
+    for _ in range(2):  # the first call warms up, the second sizes the rounds
+      carry = (copy_tree(lane.params), copy_tree(lane.opt_state))
+      seconds = lane.runner.seconds_per_step(*carry, lane.chunk, 1) * lane.chunk
     calls.append(int(np.clip(round(round_seconds / seconds), 1, 1000)))
   times = [[] for _ in lanes]
   for _ in range(rounds):
     for i, lane in enumerate(lanes):
       carry = (copy_tree(lane.params), copy_tree(lane.opt_state))
-      before = lane.runner.step_seconds
-      for _ in range(calls[i]):
-        carry = lane.runner.run(*carry, 0, lane.chunk)
-      times[i].append((lane.runner.step_seconds - before) / (calls[i] * lane.chunk))
+      times[i].append(lane.runner.seconds_per_step(*carry, lane.chunk, calls[i]))
   return [float(np.median(t)) for t in times]
 
 
@@ -239,39 +250,65 @@ def time_to_reach(trace: list, target: float) -> float:
   return math.inf
 
 
+FINAL_CHECKPOINTS = 4
+"""ELBO estimates in the last half of the final round: one run's ELBO jitters from step to
+step (a noise floor), by more than one estimate's standard error; the spread of the
+paired differences over these checkpoints measures that jitter too."""
+
+
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
          progress: Callable[[str], None], start=None) -> dict:
   """Successive halving over ``lanes`` (``reference``, naive, always races); ``progress``
   is told which lane races (a :class:`Progress`).
 
   Returns:
-    ``{lane index: [(fraction, draws), ...]}`` for every lane: the fraction of its run
-    and its ELBO draws (from ``evaluate(params)``) at the start and after each round it
-    took part in; entry ``r`` of every trace is round ``r``'s (the start is round 0).
+    ``{lane index: [[(fraction, draws), ...], ...]}`` for every lane: per round it took
+    part in (round 0 is the start), the fraction of its run and its ELBO draws (from
+    ``evaluate(params)``) at the round's checkpoints: the round's end, and in the final
+    round :data:`FINAL_CHECKPOINTS` points over its last half. Every lane of a round has
+    its checkpoints at the same fractions (equal wall-clock).
     ``start``, the draws at the lanes' common start, if already evaluated.
   """
   start = evaluate(lanes[reference].params) if start is None else start
   for lane in lanes:
-    lane.trace.append((0.0, start))
+    lane.trace.append([(0.0, start)])
   fractions, counts = halving_fractions(len(lanes), share)
   for lane in lanes:
-    # Rounds end within half a chunk of their wall-clock mark: chunks of at most an
-    # eighth of the first round keep the lanes' times within 6% of each other.
-    lane.chunk = int(np.clip(fractions[0] * lane.total_steps / 8, 1, lane.chunk))
+    lane.chunk = race_chunk(lane.seconds_per_step, fractions[0] * lane.total_steps)
   prepare_all(lanes, [lane.chunk for lane in lanes])
   alive = list(range(len(lanes)))
   for r, fraction in enumerate(fractions):
+    last = r + 1 == len(fractions)
+    before = fractions[r - 1] if r else 0.0
+    marks = ([fraction - (fraction - before) / 2 * (1 - j / FINAL_CHECKPOINTS)
+              for j in range(1, FINAL_CHECKPOINTS + 1)] if last else [fraction])
     for i in alive:
       progress(f"round {r + 1}/{len(fractions)}: racing {lanes[i].contender.name} "
                f"to {100 * fraction:.2g}% of its run")
-      lanes[i].advance_to(fraction)
-      lanes[i].trace.append((lanes[i].fraction, evaluate(lanes[i].params)))
-    if r + 1 < len(fractions):
+      points = []
+      for mark in marks:
+        lanes[i].advance_to(mark)
+        points.append((lanes[i].fraction, evaluate(lanes[i].params)))
+      lanes[i].trace.append(points)
+    if not last:
       keep = counts[r + 1]
       others = sorted((i for i in alive if i != reference),
-                      key=lambda i: -lanes[i].trace[-1][1].mean())
+                      key=lambda i: -lanes[i].trace[-1][-1][1].mean())
       alive = [reference] + others[:keep - 1]
   return {i: lane.trace for i, lane in enumerate(lanes)}
+
+
+def checkpoint_difference(points: list, reference: list) -> tuple[float, float]:
+  """``(gain, se)``: the mean over a round's checkpoints of a lane's ELBO minus the
+  reference's at the same checkpoints (common random numbers), and its standard error:
+  the larger of the estimates' own (averaged over the checkpoints) and, with several
+  checkpoints, the one from the differences' spread (which also holds the runs' jitter)."""
+  pairs = [paired_difference(a, b) for (_, a), (_, b) in zip(points, reference)]
+  means = np.array([m for m, _ in pairs])
+  se = float(np.sqrt(np.mean([e ** 2 for _, e in pairs]) / len(pairs)))
+  if len(pairs) > 1:
+    se = max(se, float(means.std(ddof=1) / np.sqrt(len(pairs))))
+  return float(means.mean()), se
 
 
 def compile_overlap() -> float:
@@ -291,37 +328,62 @@ class Share:
   took, and runs its timing rounds). A quarter of the share is kept for the race itself
   (:func:`dsgrad.recommend`).
 
-  A lane not yet compiled is priced at the median compile time measured on the lanes
-  compiled so far; before any, at three times naive's (on a hierarchical model on two
-  CPU cores, cv's program took 1.6 s and joint SVRG's 2.1 s to build, naive's 0.6-0.8 s;
-  priced at twice naive's, the two compiled together and then neither fitted)."""
+  A lane not yet compiled is priced by what it compiles. One whose program is naive's
+  step on the objective or a variant of it (``naive_like``: more samples, a larger batch,
+  the path derivative) at naive's compile time (measured 0.9-1.3x naive's on three
+  held-out models on two CPU cores). Another (a control variate) at the median compile
+  time measured on the control variates compiled so far; before any, at three times
+  naive's (on a hierarchical model on two CPU cores, cv's program took 1.6 s and joint
+  SVRG's 2.1 s to build, naive's 0.6-0.8 s; priced at twice naive's, the two compiled
+  together and then neither fitted).
 
-  def __init__(self, allowed: float, started: float, naive_lane, eval_seconds: float = 0.0):
+  Args:
+    allowed: the share, in seconds.
+    started: when the advice started (``time.perf_counter()``).
+    naive_lane: naive's lane, its timing program compiled.
+    naive_like: the names of the candidates whose program is naive's step.
+  """
+
+  def __init__(self, allowed: float, started: float, naive_lane, naive_like=()):
     self.allowed, self.started = allowed, started
     self.naive_compile = naive_lane.runner.compile_seconds
-    # A lane's ELBO is estimated after its first round, and after a second if it stays.
-    self.per_lane = LANE_OVERHEAD_SECONDS + 2 * eval_seconds
-    self.measured: list = []
-    # Naive still compiles its timing and its race programs.
-    self.owed = 2 * self.naive_compile / compile_overlap() + self.per_lane
+    self.naive_like = frozenset(naive_like)
+    self.per_lane = LANE_OVERHEAD_SECONDS
+    self.measured: list = []  # the control variates' compile times
+    # Naive still compiles its race program (its timing program is its guess's).
+    self.owed = self.naive_compile / compile_overlap() + self.per_lane
+
+  def count_evaluations(self, eval_seconds: float) -> None:
+    """Adds to each lane's cost its ELBO estimates (after its first round, and after a
+    second if it stays), at ``eval_seconds`` each, and the final round's checkpoints
+    (naive's and a finalist's)."""
+    self.owed += (2 + 2 * (FINAL_CHECKPOINTS - 1)) * eval_seconds
+    self.per_lane += 2 * eval_seconds
 
   def left(self) -> float:
     return 0.75 * self.allowed - (time.perf_counter() - self.started) - self.owed
 
-  def price(self, lanes: int = 1) -> float:
-    """The whole cost of ``lanes`` more lanes compiled together: their timing programs
-    (overlapped only when there are several), their race programs (compiled with the
-    others') and their timing rounds and ELBO estimates."""
-    each = float(np.median(self.measured)) if self.measured else 3 * self.naive_compile
-    together = compile_overlap() if lanes > 1 else 1.0
-    return lanes * (each / together + each / compile_overlap() + self.per_lane)
+  def compile_guess(self, name: str) -> float:
+    """The seconds a candidate's program is expected to take to compile."""
+    if name in self.naive_like:
+      return self.naive_compile
+    return float(np.median(self.measured)) if self.measured else 3 * self.naive_compile
+
+  def price(self, names) -> float:
+    """The whole cost of the candidates ``names`` compiled together: their timing
+    programs (overlapped only when there are several), their race programs (compiled with
+    the others') and their timing rounds and ELBO estimates."""
+    together = compile_overlap() if len(names) > 1 else 1.0
+    return sum(self.compile_guess(name) * (1 / together + 1 / compile_overlap())
+               + self.per_lane for name in names)
 
   def _still_owed(self, lane) -> float:
     """What a compiled lane will still cost: its race program and its rounds."""
     return lane.runner.compile_seconds / compile_overlap() + self.per_lane
 
   def compiled(self, lane) -> None:
-    self.measured.append(lane.runner.compile_seconds)
+    if lane.contender.name not in self.naive_like:
+      self.measured.append(lane.runner.compile_seconds)
     self.owed += self._still_owed(lane)
 
   def release(self, lane) -> None:

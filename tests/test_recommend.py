@@ -38,14 +38,14 @@ def test_noise_dominated_run_gets_a_control_variate_and_its_run_continues():
   params = dsgrad.meanfield_init(model)
   rule = optax.adam(0.3)
   advice = dsgrad.recommend(objective, rule, params, jax.random.key(1), batch_size=N,
-                            budget=1500, budget_in="naive_steps",
+                            budget=3000, budget_in="naive_steps",
                             approx=dsgrad.approx.glm_taylor(model), candidates=("naive", "cv"),
                             share=0.25, progress=False,
                             step_costs={"naive": 1e-3, "cv": 1.5e-3})
   rows = _by_name(advice)
   assert advice.best == "cv", str(advice)
   assert rows["cv"].gain > 2 * rows["cv"].gain_se > 0
-  assert rows["cv"].budget_steps == 1000 and rows["naive"].budget_steps == 1500
+  assert rows["cv"].budget_steps == 2000 and rows["naive"].budget_steps == 3000
   # Equal wall-clock: the two raced to within a chunk of the same fraction of the budget.
   assert abs(rows["cv"].raced_fraction - rows["naive"].raced_fraction) < 0.02
   assert rows["cv"].time_ratio < 1.0
@@ -143,18 +143,21 @@ def test_a_budget_too_small_to_race_in_gets_naive_without_a_race(capsys):
 
 
 @pytest.mark.parametrize("compile_seconds, allowed, admitted, released", [
-    ({"cv": 3.0}, 9.0, ["cv"], []),
+    ({"cv": 3.0, "path_derivative": 1.0}, 9.0, ["cv", "path_derivative"], []),
     (dict.fromkeys(["cv", "joint_svrg", "path_derivative"], 1.0), 9.0,
      ["cv", "joint_svrg", "path_derivative"], []),
-    ({"cv": 3.0, "joint_svrg": 20.0}, 14.0, ["cv"], ["joint_svrg"])])
+    ({"cv": 3.0, "joint_svrg": 20.0, "path_derivative": 1.0}, 14.0,
+     ["cv", "path_derivative"], ["joint_svrg"])])
 def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     monkeypatch, compile_seconds, allowed, admitted, released):
-  """The share pays for candidates in their order, priced by the compile times measured
-  on those before them (here: fixed by a stand-in compiler and a stopped clock). Share 9 s:
-  the pair (cv, joint SVRG) at the prior price (three times naive's 1 s compile each) does
-  not fit, cv alone does. Measured at 3 s, cv prices the others out; measured at 1 s, it
-  prices the next pair in (at the prior price neither would fit). Share 14 s: the pair
-  compiles, joint SVRG's 20 s leaves nothing for its race, so it is let go."""
+  """The share pays for candidates in their order, priced by what they compile (here:
+  fixed by a stand-in compiler and a stopped clock): the path derivative, naive's program
+  on a variant objective, at naive's 1 s; a control variate at the compile times measured
+  on those before it, or three times naive's before any. Share 9 s: the pair (cv, joint
+  SVRG) at the prior price does not fit, cv alone does. Measured at 3 s, cv prices joint
+  SVRG out, which is passed over for the cheaper path derivative after it; measured at
+  1 s, it prices the next pair in. Share 14 s: the pair compiles, joint SVRG's 20 s
+  leaves nothing for its race, so it is let go, and the path derivative still fits."""
   import types
   from dsgrad import advice as advice_lib
 
@@ -171,7 +174,7 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
-  ledger = race_lib.Share(allowed, 0.0, naive)
+  ledger = race_lib.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
   contenders = dsgrad.candidates.base_contenders(("cv", "joint_svrg", "path_derivative"),
                                                  objective, None, BATCH, "auto")
   lanes, out = advice_lib._admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
@@ -180,8 +183,46 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   assert [lane.contender.name for lane in lanes] == admitted
   notes = {c.name: c.note for c in out}
   assert set(notes) == {"cv", "joint_svrg", "path_derivative"} - set(admitted)
-  assert ledger.measured == [compile_seconds[name] for name in admitted + released]
+  assert ledger.measured == [compile_seconds[name] for name in admitted + released
+                             if name not in dsgrad.candidates.NAIVE_PROGRAMS]
   assert all(note.startswith("not raced") for note in notes.values())
   for name in released:
     assert "took 20 s to compile" in notes[name]
   assert ledger.left() >= 0
+
+
+def test_checkpoint_difference_holds_the_runs_jitter():
+  """The gain's standard error is the estimates' own when the paired differences agree
+  across checkpoints, and the spread's when one run jitters between them (three nats
+  apart here, against estimates precise to 0.1)."""
+  rng = np.random.default_rng(0)
+  common = rng.normal(0.0, 5.0, 64)  # common random numbers: cancel in the differences
+  jitter = rng.normal(0.0, 0.8, 64)
+  naive = [(f, common + 0.1 * rng.normal(size=64)) for f in (0.1, 0.2, 0.3, 0.4)]
+  steady = [(f, d + 1.0) for f, d in naive]
+  gain, se = race_lib.checkpoint_difference(steady, naive)
+  assert gain == pytest.approx(1.0) and se == pytest.approx(0.0, abs=1e-12)
+  noisy = [(f, d + 1.0 + 0.1 * jitter + offset)
+           for (f, d), offset in zip(naive, (-3.0, 3.0, -3.0, 3.0))]
+  gain, se = race_lib.checkpoint_difference(noisy, naive)
+  eval_se = race_lib.paired_difference(noisy[0][1], naive[0][1])[1]
+  assert gain == pytest.approx(1.0, abs=3 * eval_se)
+  assert se == pytest.approx(np.std([-3.0, 3.0, -3.0, 3.0], ddof=1) / 2, rel=0.05)
+  assert se > 10 * eval_se
+  one = race_lib.checkpoint_difference(noisy[:1], naive[:1])
+  assert one == pytest.approx(race_lib.paired_difference(noisy[0][1], naive[0][1]))
+
+
+def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
+  """SegmentRunner.seconds_per_step, which recommend times with, runs its calls without
+  waiting between them, yet a value check that fails in any of them still raises."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  optimizer = optax.chain(dsgrad.naive(), optax.sgd(1e-3))
+  runner = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
+  params = dsgrad.meanfield_init(model)
+  seconds = runner.seconds_per_step(params, optimizer.init(params), 8, 3)
+  assert 0 < seconds and np.isclose(runner.step_seconds, 24 * seconds)
+  bad = jax.tree.map(lambda x: x.at[0].set(np.nan), dsgrad.meanfield_init(model))
+  with pytest.raises(ValueError, match="non-finite|NaN"):
+    runner.seconds_per_step(bad, optimizer.init(bad), 8, 3)
