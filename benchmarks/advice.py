@@ -264,9 +264,14 @@ def render(record):
   for name, r in results.items():
     for seed, s in r["seeds"].items():
       v = s["variance_per_step"]
-      cells = [f"{c['description']}{'*' if 'not_raced_by_pick' in c else ''}: " + (
-          f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)" if "elbo" in c
-          else f"ruled out ({c['note']})") for c in s["candidates"].values()]
+      cells = [f"{c['description']}{'*' if 'not_raced_by_pick' in c else ''}: "
+               f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)"
+               for c in s["candidates"].values() if "elbo" in c]
+      notes: dict = {}  # one line per reason, naming the candidates it ruled out
+      for c in s["candidates"].values():
+        if "elbo" not in c:
+          notes.setdefault(c["note"], []).append(c["description"])
+      cells += [f"{', '.join(names)}: ruled out ({note})" for note, names in notes.items()]
       lines.append(f"* {name}, seed {seed}: " + "; ".join(cells) + ". Variance: " +
                    ", ".join(f"{k} {val / v['naive']:.3g}x" for k, val in v.items()
                              if k != "naive") + ".")

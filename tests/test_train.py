@@ -189,6 +189,13 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt", "run.ckpt.prev"]
 
 
+def _size_or_zero(path) -> int:
+  try:
+    return path.stat().st_size
+  except FileNotFoundError:
+    return 0
+
+
 def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tmp_path):
   """Three SIGKILLs, the second as soon as a checkpoint write is seen in progress (its
   temporary file exists), each followed by the same command; then the checkpoint is
@@ -211,7 +218,8 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
         if attempt == 1 and writing and path.exists():
           saw_write = True
           break  # kill now: mid-write
-        if attempt != 1 and path.exists() and os.path.getsize(path) > 0:
+        # The write renames files: the checkpoint can vanish between two looks at it.
+        if attempt != 1 and os.path.exists(path) and _size_or_zero(path) > 0:
           time.sleep(0.3)
           break
         time.sleep(0.001 if attempt == 1 else 0.05)
