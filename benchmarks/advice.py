@@ -39,6 +39,7 @@ import optax
 import dsgrad
 from benchmarks import _report
 from benchmarks.fit_overhead import _hierarchical, _mlp, _student_t, bbvi_loss, epoch_batches
+from dsgrad import advice as advice_lib
 from dsgrad import race as race_lib
 
 
@@ -267,11 +268,10 @@ def render(record):
       cells = [f"{c['description']}{'*' if 'not_raced_by_pick' in c else ''}: "
                f"{c['elbo']:.2f} ({c['budget_steps']:,} steps)"
                for c in s["candidates"].values() if "elbo" in c]
-      notes: dict = {}  # one line per reason, naming the candidates it ruled out
-      for c in s["candidates"].values():
-        if "elbo" not in c:
-          notes.setdefault(c["note"], []).append(c["description"])
-      cells += [f"{', '.join(names)}: ruled out ({note})" for note, names in notes.items()]
+      # One cell per reason, naming the candidates it ruled out, as the advice says it.
+      ruled_out = [advice_lib.Candidate(n, c["description"], note=c["note"])
+                   for n, c in s["candidates"].items() if "elbo" not in c]
+      cells += [line[:-1] for line in advice_lib._ruled_out_lines(ruled_out)]
       lines.append(f"* {name}, seed {seed}: " + "; ".join(cells) + ". Variance: " +
                    ", ".join(f"{k} {val / v['naive']:.3g}x" for k, val in v.items()
                              if k != "naive") + ".")

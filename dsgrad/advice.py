@@ -56,9 +56,8 @@ class Candidate(NamedTuple):
     state_bytes: its estimator and optimizer state's memory.
     raced_fraction: the fraction of its run (and of the budget) it was raced to.
     elbo: its ELBO at that point, and ``elbo_se`` its standard error.
-    gain: its ELBO minus naive's at the same wall-clock (common random numbers), averaged
-      over the checkpoints of the last round it raced, and ``gain_se`` its standard error
-      (which holds the runs' jitter between checkpoints: :func:`dsgrad.race.checkpoint_difference`).
+    gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
+      (:func:`dsgrad.race.checkpoint_difference`), and ``gain_se`` its standard error.
     time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
       relative to naive's (below 1: faster; ``inf``: not reached in the race).
     note: why it did not race, when it did not.
@@ -172,8 +171,7 @@ def _candidates(lanes, traces, naive_index, ruled_out):
     ratio = (race_lib.time_to_reach(means, target) / final_f if i != naive_index else 1.0)
     rows.append(Candidate(
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
-        lane.state_bytes, f, float(draws.mean()),
-        float(draws.std(ddof=1) / np.sqrt(draws.size)),
+        lane.state_bytes, f, float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size)),
         gain if i != naive_index else 0.0, gain_se if i != naive_index else 0.0, ratio,
         rounds=len(traces[i]) - 1))
   return rows + list(ruled_out)
@@ -218,6 +216,12 @@ def _not_raced(name, description, share, reason) -> Candidate:
       "(give fewer candidates, a larger budget or a larger share)"))
 
 
+def _never_raced(entries, share) -> list:
+  """Rows for contender entries that will not race: their own note, else the share's."""
+  return [Candidate(n, d, note=note) if c is None else _not_raced(n, d, share, "compiling it")
+          for n, c, d, note in entries]
+
+
 def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, provisional,
            share, progress):
   """Compiles the contenders' timing programs in priority order, two at a time where
@@ -232,8 +236,7 @@ def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit,
     return _lanes(contenders, make_optimizer, params, key, memory_limit, provisional)
   lanes, ruled_out = [], []
   pending = [c for c in contenders if c[1] is not None]
-  ruled_out += _lanes([c for c in contenders if c[1] is None], make_optimizer, params, key,
-                      memory_limit, provisional)[1]
+  ruled_out += _never_raced([c for c in contenders if c[1] is None], share)
   group = 2 if race_lib.compile_overlap() > 1 else 1
   while pending:
     batch, pending = pending[:group], pending[group:]
@@ -268,7 +271,7 @@ def _equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, g
   """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
   naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
   controls = [lane.seconds_per_step for lane in lanes
-              if lane.contender.name in ("cv", "joint_svrg", "joint_saga")]
+              if lane.contender.name not in NAIVE_PROGRAMS]
   ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
   extra, ruled_out = _admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
                             guess, make_optimizer, params, key, limit, provisional, share,
@@ -443,10 +446,8 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     progress.set_total(ledger.allowed)
     if all(ledger.left() < ledger.price([name]) for name in others):
       # Nothing else can be compiled: no ELBO is estimated and naive is not timed again.
-      never = [c for c in base if c[0] != "naive"] + equal_cost_contenders(
-          wanted_equal_cost, objective, batch_size, 2.0)
-      ruled_out += [Candidate(n, d, note=note) if c is None else
-                    _not_raced(n, d, share, "compiling it") for n, c, d, note in never]
+      ruled_out += _never_raced([c for c in base if c[0] != "naive"] + equal_cost_contenders(
+          wanted_equal_cost, objective, batch_size, 2.0), share)
       return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
                             budget, budget_in, ruled_out, started)
   eval_key = jax.random.fold_in(key, 7919)
@@ -463,7 +464,8 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   lanes, ruled_out = lanes + more, ruled_out + more_out
   if len(lanes) == 1 and (not wanted_equal_cost or (
       ledger is not None and ledger.left() < ledger.price(wanted_equal_cost[:1]))):
-    ruled_out += [_not_raced(name, name, share, "compiling it") for name in wanted_equal_cost]
+    ruled_out += _never_raced(equal_cost_contenders(wanted_equal_cost, objective, batch_size,
+                                                    2.0), share)
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started)
   for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
@@ -494,7 +496,5 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   ranking = tuple([best] + sorted((r for r in rows if r is not best),
                                   key=lambda r: (bool(r.note), -r.rounds, -r.gain)))
   spent = time.perf_counter() - started
-  return Recommendation(best.name, ranking,
-                        tuple(_reasons(ranking, best, budget_seconds, spent)),
-                        budget_seconds, spent,
-                        {lane.contender.name: lane for lane in lanes}, key)
+  return Recommendation(best.name, ranking, tuple(_reasons(ranking, best, budget_seconds, spent)),
+                        budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)
