@@ -154,34 +154,45 @@ def slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):
 
 
 @compile_cache.cached
-def _epoch_permutation_program(num_data: int, batch_size: int):
-  return jax.jit(lambda k, e: epoch_permutation(k, e, num_data, batch_size))
+def _epoch_permutation_program(num_data: int, batch_size: int, count: int = 1):
+  """``(key, first) -> (count, N // B * B)``: epochs ``first .. first + count - 1``."""
+  return jax.jit(lambda k, first: jax.vmap(
+      lambda e: epoch_permutation(k, e, num_data, batch_size))(
+          first + jnp.arange(count, dtype=jnp.int32)))
 
 
 @compile_cache.cached
-def _epoch_keys_program(num_data: int):
-  return jax.jit(lambda key, epoch: _sort_keys(jax.random.fold_in(key, epoch), num_data))
+def _epoch_keys_program(num_data: int, count: int):
+  return jax.jit(lambda key, first: jax.vmap(
+      lambda e: _sort_keys(jax.random.fold_in(key, e), num_data))(
+          first + jnp.arange(count, dtype=jnp.int32)))
 
 
 @compile_cache.cached
 def _epoch_unmix_program(num_data: int, batch_size: int):
-  return jax.jit(lambda words, keys: _from_sorted_keys(words, keys)[
-      :_epoch_length(num_data, batch_size)])
+  return jax.jit(lambda words, keys: jax.vmap(_from_sorted_keys)(words, keys)[
+      :, :_epoch_length(num_data, batch_size)])
 
 
-def _epoch_permutation_host_sort(num_data: int, batch_size: int):
-  """:func:`epoch_permutation` with the sort done by NumPy: the same numbers (the keys
-  are distinct, so any sort gives one order). XLA's CPU sort is a comparison sort
-  through a callback, several times slower than NumPy's; on a CPU an epoch's order of
-  ``N = 10^5`` then costs about as much as tens of cheap steps."""
-  keys_program = _epoch_keys_program(num_data)
+def _epoch_permutation_host_sort(num_data: int, batch_size: int, count: int = 1):
+  """:func:`_epoch_permutation_program` with the sort done by NumPy: the same numbers
+  (the keys are distinct, so any sort gives one order). XLA's CPU sort is a comparison
+  sort through a callback, several times slower than NumPy's; on a CPU an epoch's order
+  of ``N = 10^5`` then costs about as much as tens of cheap steps."""
+  keys_program = _epoch_keys_program(num_data, count)
   unmix_program = _epoch_unmix_program(num_data, batch_size)
 
-  def one(key, epoch):
-    words, keys = keys_program(key, epoch)
-    return unmix_program(words, np.sort(np.asarray(keys)))
+  def orders(key, first):
+    words, keys = keys_program(key, first)
+    return unmix_program(words, np.sort(np.asarray(keys), axis=-1))
 
-  return one
+  return orders
+
+
+BULK_EPOCHS = 16
+"""Epoch orders computed in one call where a window lacks several: with small data a
+long segment spans hundreds of epochs, and three dispatches per epoch (about 0.15 ms on
+a CPU) then cost more than the segment's steps."""
 
 
 class EpochOrders:
@@ -197,8 +208,15 @@ class EpochOrders:
     self.stacked = (None, None)  # (epochs, their stacked permutations)
     on_cpu = (jax.default_backend() == "cpu" if sharding is None
               else all(d.platform == "cpu" for d in sharding.device_set))
-    self.one = (_epoch_permutation_host_sort(num_data, batch_size) if on_cpu
-                else _epoch_permutation_program(num_data, batch_size))
+    # On a CPU the orders are kept as NumPy rows: slicing and stacking hundreds of
+    # small device arrays per segment costs more than the steps of a cheap model.
+    self.on_host = on_cpu
+    self.factory = _epoch_permutation_host_sort if on_cpu else _epoch_permutation_program
+
+  def _compute(self, first: int, count: int) -> None:
+    perms = self.factory(self.n, self.b, count)(self.key, jnp.int32(first))
+    rows = list(np.asarray(perms)) if self.on_host else jnp.unstack(perms)
+    self.cache.update(zip(range(first, first + count), rows))
 
   def window(self, start: int, length: int):
     """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
@@ -206,12 +224,16 @@ class EpochOrders:
     wanted = range(first, first + window_epochs(length, self.n, self.b))
     if self.stacked[0] == wanted:
       return self.stacked[1]
-    for epoch in wanted:
-      if epoch not in self.cache:
-        self.cache[epoch] = self.one(self.key, jnp.int32(epoch))
     for epoch in [e for e in self.cache if e < first]:
       del self.cache[epoch]
-    stacked = jnp.stack([self.cache[e] for e in wanted])
+    missing = [e for e in wanted if e not in self.cache]
+    while missing:
+      # Several missing epochs: a bulk call (the ones past the window are kept for the
+      # next segments).
+      self._compute(missing[0], BULK_EPOCHS if len(missing) > 3 else 1)
+      missing = [e for e in missing if e not in self.cache]
+    rows = [self.cache[e] for e in wanted]
+    stacked = jnp.asarray(np.stack(rows)) if self.on_host else jnp.stack(rows)
     if self.sharding is not None:
       stacked = jax.device_put(np.asarray(stacked), self.sharding)
     self.stacked = (wanted, stacked)

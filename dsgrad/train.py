@@ -106,7 +106,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     key: PRNG key; determines every batch and noise draw.
     num_steps: total steps, counted from 0 (including ``start_step`` already taken).
     batch_size: data per step.
-    eval_every: steps per segment (default: one epoch, ``N // batch_size``).
+    eval_every: steps per segment, each followed by one ELBO evaluation (default: one
+      epoch, ``N // batch_size``, or ``num_steps / DEFAULT_EVALUATIONS`` where that is
+      longer, so that a long run of cheap steps is not spent evaluating).
     elbo_samples: Monte Carlo samples per ELBO estimate; 0 to skip evaluation.
     progress: show progress.
     opt_state: state to continue from (default ``optimizer.init(params)``).
@@ -179,7 +181,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     checks.value_checks(checks.finite_checks(params, "params passed to fit"))
     if num_steps < start_step:
       raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
-    eval_every = int(eval_every or max(1, objective.num_data // batch_size))
+    eval_every = int(eval_every or default_eval_every(objective.num_data, batch_size,
+                                                      num_steps))
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
     key, eval_key = jax.random.split(key)
@@ -217,6 +220,22 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
     return FitResult(params, opt_state, record.history(), runner.compile_seconds,
                      k_hat, diagnosis)
+
+
+DEFAULT_EVALUATIONS = 100
+"""At most this many ELBO evaluations in a :func:`fit` run without ``eval_every``.
+
+One every epoch is the natural rhythm of a short run, but an evaluation (a full pass with
+``elbo_samples`` draws) can cost more than an epoch of steps: on 569 data at batch 5 one
+took 0.7 ms against 0.37 ms for the epoch's 113 steps, and a 1.5-million-step run spent
+28 s in fit for 4.8 s of steps. Counted from step 0 (not from ``start_step``), so a
+resumed run has the segments of an uninterrupted one."""
+
+
+def default_eval_every(num_data: int, batch_size: int, num_steps: int) -> int:
+  """:func:`fit`'s steps per segment when ``eval_every`` is not given: one epoch, or
+  ``num_steps / DEFAULT_EVALUATIONS`` (rounded up) where that is longer."""
+  return max(1, num_data // batch_size, -(-num_steps // DEFAULT_EVALUATIONS))
 
 
 def _can_check_trust(objective: Objective, elbo_samples: int) -> tuple[bool, str]:

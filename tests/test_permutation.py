@@ -82,13 +82,29 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
   # On a CPU, EpochOrders sorts the keys with NumPy; the orders must be the ones the
   # jitted program (used on accelerators) and batch_indices compute, so a run's batches
   # do not depend on where it runs.
+  # Several epochs in one call (as a long segment over small data asks) are the same
+  # orders as one at a time.
   for num_data, batch_size in ((10, 3), (997, 10)):
-    host = batching._epoch_permutation_host_sort(num_data, batch_size)
-    device = batching._epoch_permutation_program(num_data, batch_size)
-    for epoch in range(3):
-      np.testing.assert_array_equal(np.asarray(host(jax.random.key(4), jnp.int32(epoch))),
-                                    np.asarray(device(jax.random.key(4), jnp.int32(epoch))))
+    single = [batching._epoch_permutation_program(num_data, batch_size)(
+        jax.random.key(4), jnp.int32(epoch))[0] for epoch in range(2, 6)]
+    for count in (1, 4):
+      host = batching._epoch_permutation_host_sort(num_data, batch_size, count)
+      device = batching._epoch_permutation_program(num_data, batch_size, count)
+      for first in range(2, 6, count):
+        expected = np.stack(single[first - 2:first - 2 + count])
+        np.testing.assert_array_equal(np.asarray(host(jax.random.key(4), jnp.int32(first))),
+                                      expected)
+        np.testing.assert_array_equal(
+            np.asarray(device(jax.random.key(4), jnp.int32(first))), expected)
   orders = batching.EpochOrders(jax.random.key(2), 997, 10)
   window = batching.slice_window(orders.window(0, 250), 0, 250, 997, 10)
   np.testing.assert_array_equal(np.asarray(window),
                                 np.asarray(batching.epoch_batches(jax.random.key(2), 997, 10, 250)))
+  # A window over many short epochs (computed in bulk), then the next one, which reuses
+  # the epochs computed past the first.
+  orders = batching.EpochOrders(jax.random.key(3), 50, 10)
+  for start in (0, 150):
+    window = batching.slice_window(orders.window(start, 150), start, 150, 50, 10)
+    np.testing.assert_array_equal(
+        np.asarray(window),
+        np.asarray(batching.epoch_batches(jax.random.key(3), 50, 10, 300))[start:start + 150])
