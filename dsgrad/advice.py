@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, NamedTuple
 
@@ -39,45 +38,12 @@ import jax
 import numpy as np
 import optax
 
+from dsgrad import admission
 from dsgrad import checks
 from dsgrad import race as race_lib
 from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
-                               base_contenders, equal_cost_contenders)
+                               Candidate, base_contenders, equal_cost_contenders)
 from dsgrad.objective import Objective
-
-class Candidate(NamedTuple):
-  """What :func:`recommend` measured for one candidate.
-
-  Attributes:
-    name: a name from :data:`CANDIDATES`.
-    description: what it is, in words (e.g. ``"naive, 3 MC samples per datum"``).
-    seconds_per_step: median of interleaved timing rounds.
-    budget_steps: the steps it affords in the budget (its schedule's length).
-    state_bytes: its estimator and optimizer state's memory.
-    raced_fraction: the fraction of its run (and of the budget) it was raced to.
-    elbo: its ELBO at that point, and ``elbo_se`` its standard error.
-    gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
-      (:func:`dsgrad.race.checkpoint_difference`), and ``gain_se`` its standard error.
-    time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
-      relative to naive's (below 1: faster; ``inf``: not reached in the race).
-    note: why it did not race, when it did not.
-    rounds: the rounds of successive halving it raced.
-  """
-
-  name: str
-  description: str
-  seconds_per_step: float = math.nan
-  budget_steps: int = 0
-  state_bytes: int = 0
-  raced_fraction: float = 0.0
-  elbo: float = math.nan
-  elbo_se: float = math.nan
-  gain: float = math.nan
-  gain_se: float = math.nan
-  time_ratio: float = math.nan
-  note: str = ""
-  rounds: int = 0
-
 
 class Recommendation(NamedTuple):
   """What :func:`recommend` returns; ``str()`` reads as advice.
@@ -106,7 +72,9 @@ class Recommendation(NamedTuple):
 
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended candidate's raced run to the end of its schedule with
-    :func:`dsgrad.fit` (same key, so the steps are those a run from the start would take).
+    :func:`dsgrad.fit` (same key and batches; the schedule spans the whole run, while the
+    raced part may have run one built for a length within
+    :data:`dsgrad.race.SCHEDULE_TOLERANCE` of it, to spare a compilation).
 
     Args:
       name: another raced candidate to continue instead of the best.
@@ -117,7 +85,7 @@ class Recommendation(NamedTuple):
     """
     from dsgrad.train import fit
     lane = self.runs[name or self.best]
-    return fit(lane.contender.objective, lane.optimizer, race_lib.copy_tree(lane.params),
+    return fit(lane.contender.objective, lane.run_optimizer(), race_lib.copy_tree(lane.params),
                self.key, num_steps=lane.total_steps, batch_size=lane.contender.batch_size,
                opt_state=race_lib.copy_tree(lane.opt_state), start_step=lane.steps,
                **fit_kwargs)
@@ -130,30 +98,6 @@ def _optimizer_factory(optimizer):
     return optimizer
   raise TypeError("optimizer must be an optax transformation or a function "
                   f"num_steps -> optax transformation, got {type(optimizer).__name__}")
-
-
-def _lanes(contenders, make_optimizer, params, key, memory_limit, provisional_steps):
-  """Lanes for the contenders whose state fits; ``(lanes, ruled_out)``."""
-  lanes, ruled_out = [], []
-  for name, contender, description, note in contenders:
-    if contender is None:
-      ruled_out.append(Candidate(name, description, note=note))
-      continue
-    probe = optax.chain(contender.estimator, make_optimizer(provisional_steps))
-    try:
-      size = race_lib.state_bytes_before_allocation(probe.init, params)
-    except MemoryError as error:
-      ruled_out.append(Candidate(contender.name, description, note=str(error).split(". ")[0]))
-      continue
-    if size > memory_limit:
-      ruled_out.append(Candidate(
-          contender.name, description, state_bytes=size,
-          note=f"its state needs {size / 2**20:.4g} MiB, more than the "
-               f"{memory_limit / 2**20:.4g} MiB allowed (memory_share of what is free)"))
-      continue
-    lanes.append(race_lib.Lane(contender, make_optimizer, provisional_steps, params, key,
-                               description, size))
-  return lanes, ruled_out
 
 
 def _candidates(lanes, traces, naive_index, ruled_out):
@@ -177,19 +121,6 @@ def _candidates(lanes, traces, naive_index, ruled_out):
   return rows + list(ruled_out)
 
 
-def _step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
-  if step_costs is None:
-    progress(f"timing {len(lanes)} candidates")
-    return race_lib.time_steps(lanes, step_guess=step_guess)
-  missing = [lane.contender.name for lane in lanes if lane.contender.name not in step_costs]
-  if missing:
-    raise ValueError(f"step_costs has no cost for {missing}")
-  costs = [float(step_costs[lane.contender.name]) for lane in lanes]
-  if not all(np.isfinite(c) and c > 0 for c in costs):
-    raise ValueError(f"step_costs must be positive and finite, got {step_costs}")
-  return costs
-
-
 def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                    budget_in, ruled_out, started) -> Recommendation:
   """The advice when naive is the only candidate left: nothing to race it against, so
@@ -208,79 +139,6 @@ def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, b
              *_ruled_out_lines(ruled_out), "stay with naive and your decaying step size."]
   return Recommendation("naive", ranking, tuple(reasons), budget_seconds, spent,
                         {"naive": lane}, key)
-
-
-def _not_raced(name, description, share, reason) -> Candidate:
-  return Candidate(name, description, note=(
-      f"not raced: {reason} would take this advice past share = {share:g} of the budget "
-      "(give fewer candidates, a larger budget or a larger share)"))
-
-
-def _never_raced(entries, share) -> list:
-  """Rows for contender entries that will not race: their own note, else the share's."""
-  return [Candidate(n, d, note=note) if c is None else _not_raced(n, d, share, "compiling it")
-          for n, c, d, note in entries]
-
-
-def _admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, provisional,
-           share, progress):
-  """Compiles the contenders' timing programs in priority order, two at a time where
-  compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
-
-  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
-  contender the share cannot pay for is passed over for the cheaper ones after it; after
-  a pair compiled, its measured compile times price what is left, and a lane whose race
-  would no longer fit is let go (the last first). Given ``ledger=None`` (step costs
-  passed in) every contender that fits in memory is admitted, compiled by the race."""
-  if ledger is None:
-    return _lanes(contenders, make_optimizer, params, key, memory_limit, provisional)
-  lanes, ruled_out = [], []
-  pending = [c for c in contenders if c[1] is not None]
-  ruled_out += _never_raced([c for c in contenders if c[1] is None], share)
-  group = 2 if race_lib.compile_overlap() > 1 else 1
-  while pending:
-    batch, pending = pending[:group], pending[group:]
-    if len(batch) > 1 and ledger.left() < ledger.price([c[0] for c in batch]):
-      batch, pending = batch[:1], batch[1:] + pending
-    if ledger.left() < ledger.price([batch[0][0]]):
-      ruled_out.append(_not_raced(batch[0][0], batch[0][2], share, "compiling it"))
-      continue
-    fresh, out = _lanes(batch, make_optimizer, params, key, memory_limit, provisional)
-    ruled_out += out
-    if not fresh:
-      continue
-    progress("compiling " + ", ".join(lane.contender.name for lane in fresh))
-    for lane in fresh:
-      lane.chunk = race_lib.timing_chunk(guess)
-    race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
-    for lane in fresh:
-      ledger.compiled(lane)
-    while fresh and ledger.left() < 0:
-      lane = fresh.pop()
-      ledger.release(lane)
-      ruled_out.append(_not_raced(
-          lane.contender.name, lane.description, share,
-          f"its program took {lane.runner.compile_seconds:.2g} s to compile; its race"))
-    lanes += fresh
-  return lanes, ruled_out
-
-
-def _equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, guess,
-                      make_optimizer, params, key, limit, provisional, share, progress,
-                      step_costs):
-  """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
-  naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
-  controls = [lane.seconds_per_step for lane in lanes
-              if lane.contender.name not in NAIVE_PROGRAMS]
-  ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-  extra, ruled_out = _admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
-                            guess, make_optimizer, params, key, limit, provisional, share,
-                            progress)
-  if extra:
-    timed = _step_seconds([naive_lane] + extra, step_costs, progress, guess)
-    for lane, seconds in zip(extra, timed[1:]):
-      lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
-  return extra, ruled_out
 
 
 def _pick(rows) -> Candidate:
@@ -364,8 +222,9 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       one the share cannot pay for is not raced (the advice says so) and the cheaper ones
       after it are still tried.
     share: the fraction of the budget the advice may take: compiling, timing and the
-      race together. Compilation is a fixed cost (each candidate compiles two programs,
-      about a second each for small models on two CPU cores), so a small budget races
+      race together. Compilation is a fixed cost (a candidate compiles one program, two
+      where its step count was guessed far off, about a second each for small models on
+      two CPU cores; :data:`dsgrad.race.SCHEDULE_TOLERANCE`), so a small budget races
       fewer candidates; the race takes what compiling leaves of the share, and at least
       a quarter of it.
     memory_share: a candidate whose state (computed from shapes, before anything is
@@ -412,6 +271,10 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   if budget_in not in ("seconds", "naive_steps"):
     raise ValueError(f"budget_in must be 'seconds' or 'naive_steps', got {budget_in!r}")
   checks.check_batch_size(batch_size, objective.num_data)
+  if step_costs is not None and not all(
+      isinstance(c, (int, float, np.floating, np.integer)) and np.isfinite(c) and c > 0
+      for c in step_costs.values()):
+    raise ValueError(f"step_costs must be positive and finite, got {step_costs}")
   reporter = race_lib.Progress(progress, started)
   try:
     return _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
@@ -428,10 +291,15 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   :class:`dsgrad.race.Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
   limit = memory_share * race_lib.available_memory_bytes()
-  provisional = max(1, objective.num_data // batch_size)
   base = base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
-  lanes, ruled_out = _lanes([c for c in base if c[0] == "naive"], make_optimizer, params,
-                            key, limit, provisional)
+  # Naive's first schedule: its length where the budget or the step costs give it, else
+  # an epoch's (its run is restarted once its step is timed).
+  naive_steps = (admission.schedule_guesses(budget, budget_in, 1.0, step_costs)("naive", 2)
+                 if budget_in == "naive_steps" or step_costs is not None
+                 else max(1, objective.num_data // batch_size))
+  lanes, ruled_out = admission.build_lanes([c for c in base if c[0] == "naive"],
+                                           make_optimizer, params, key, limit,
+                                           lambda name: naive_steps)
   naive_lane = lanes[0]
   # One rough time of naive's step: it sizes every lane's timing segments, and naive's
   # timing rounds then run the very program it compiled.
@@ -442,12 +310,13 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   if step_costs is None:  # given the step costs, nothing is priced
     ledger = race_lib.Share(
         share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
-        naive_lane, NAIVE_PROGRAMS)
+        naive_lane, NAIVE_PROGRAMS, naive_restarts=budget_in != "naive_steps")
     progress.set_total(ledger.allowed)
     if all(ledger.left() < ledger.price([name]) for name in others):
       # Nothing else can be compiled: no ELBO is estimated and naive is not timed again.
-      ruled_out += _never_raced([c for c in base if c[0] != "naive"] + equal_cost_contenders(
-          wanted_equal_cost, objective, batch_size, 2.0), share)
+      ruled_out += admission.never_raced(
+          [c for c in base if c[0] != "naive"]
+          + equal_cost_contenders(wanted_equal_cost, objective, batch_size, 2.0), share)
       return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
                             budget, budget_in, ruled_out, started)
   eval_key = jax.random.fold_in(key, 7919)
@@ -459,29 +328,42 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     evaluate(params)
     eval_seconds = time.perf_counter() - eval_started
     ledger.count_evaluations(eval_seconds)
-  more, more_out = _admit([c for name in others for c in base if c[0] == name], ledger, guess,
-                          make_optimizer, params, key, limit, provisional, share, progress)
+  steps_for = admission.schedule_guesses(budget, budget_in, guess, step_costs)
+  more, more_out = admission.admit([c for name in others for c in base if c[0] == name],
+                                   ledger, guess, make_optimizer, params, key, limit,
+                                   lambda name: steps_for(name, 2), share, progress)
   lanes, ruled_out = lanes + more, ruled_out + more_out
   if len(lanes) == 1 and (not wanted_equal_cost or (
       ledger is not None and ledger.left() < ledger.price(wanted_equal_cost[:1]))):
-    ruled_out += _never_raced(equal_cost_contenders(wanted_equal_cost, objective, batch_size,
-                                                    2.0), share)
+    ruled_out += admission.never_raced(
+        equal_cost_contenders(wanted_equal_cost, objective, batch_size, 2.0), share)
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started)
-  for lane, seconds in zip(lanes, _step_seconds(lanes, step_costs, progress, guess)):
+  for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   if wanted_equal_cost:
-    extra, more_out = _equal_cost_lanes(
+    extra, more_out = admission.equal_cost_lanes(
         wanted_equal_cost, lanes, naive_lane, objective, batch_size, ledger, guess,
-        make_optimizer, params, key, limit, provisional, share, progress, step_costs)
+        make_optimizer, params, key, limit, steps_for, share, progress, step_costs)
     lanes, ruled_out = lanes + extra, ruled_out + more_out
-  # Each lane's race program costs about what its timing program did (measured).
-  to_compile = sum(lane.runner.compile_seconds for lane in lanes) / race_lib.compile_overlap()
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
-  # The real runs: each schedule spans the steps its candidate affords in the budget.
-  lanes = [lane.restarted(make_optimizer, max(1, int(budget_seconds / lane.seconds_per_step)),
-                          params, key) for lane in lanes]
+  return _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws,
+               eval_seconds, share, step_costs, progress, started)
+
+
+def _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws, eval_seconds,
+          share, step_costs, progress, started) -> Recommendation:
+  """The timed lanes stretched over the steps each affords in the budget, raced in what
+  is left of the share, and the advice."""
+  # The real runs: each schedule spans the steps its candidate affords in the budget. A
+  # lane whose first schedule was guessed close enough races with its timing program; the
+  # others compile again, about what their timing program took (measured).
+  timed = lanes
+  lanes = [lane.stretched(max(1, int(budget_seconds / lane.seconds_per_step)), params, key)
+           for lane in lanes]
+  to_compile = sum(old.runner.compile_seconds for old, new in zip(timed, lanes)
+                   if new is not old) / race_lib.compile_overlap()
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
@@ -498,3 +380,4 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   spent = time.perf_counter() - started
   return Recommendation(best.name, ranking, tuple(_reasons(ranking, best, budget_seconds, spent)),
                         budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)
+

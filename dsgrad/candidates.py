@@ -4,6 +4,9 @@ size it steps on."""
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 from dsgrad import estimators
 from dsgrad import noise as noise_lib
 from dsgrad import race as race_lib
@@ -17,11 +20,59 @@ and ``joint_saga``; naive with the path-derivative ("sticking the landing") grad
 datum, and naive with a ``K``-times larger batch, ``K`` the control variates' cost in naive
 steps."""
 
+
+class Candidate(NamedTuple):
+  """What :func:`dsgrad.recommend` measured for one candidate.
+
+  Attributes:
+    name: a name from :data:`CANDIDATES`.
+    description: what it is, in words (e.g. ``"naive, 3 MC samples per datum"``).
+    seconds_per_step: median of interleaved timing rounds.
+    budget_steps: the steps it affords in the budget (its schedule's length).
+    state_bytes: its estimator and optimizer state's memory.
+    raced_fraction: the fraction of its run (and of the budget) it was raced to.
+    elbo: its ELBO at that point, and ``elbo_se`` its standard error.
+    gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
+      (:func:`dsgrad.race.checkpoint_difference`), and ``gain_se`` its standard error.
+    time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
+      relative to naive's (below 1: faster; ``inf``: not reached in the race).
+    note: why it did not race, when it did not.
+    rounds: the rounds of successive halving it raced.
+  """
+
+  name: str
+  description: str
+  seconds_per_step: float = math.nan
+  budget_steps: int = 0
+  state_bytes: int = 0
+  raced_fraction: float = 0.0
+  elbo: float = math.nan
+  elbo_se: float = math.nan
+  gain: float = math.nan
+  gain_se: float = math.nan
+  time_ratio: float = math.nan
+  note: str = ""
+  rounds: int = 0
+
+
 EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
 NAIVE_PROGRAMS = ("naive", "path_derivative", "rqmc", "naive_samples", "naive_batch")
 """The candidates whose step is naive's on the objective or a variant of it: their
 programs compile in about naive's time (they are priced so by :class:`dsgrad.race.Share`)."""
+
+
+def cost_guess(name: str, k: int = 2) -> float:
+  """A candidate's step cost in naive steps, guessed before it is compiled: the length
+  its first program's schedule is built for (:data:`dsgrad.race.SCHEDULE_TOLERANCE`).
+  From the held-out models of ``python -m benchmarks advice`` on two CPU cores: the path
+  derivative 1.1-1.35 naive steps, cv and joint SVRG 1.4-2.0, ``K = 2`` samples or batch
+  0.7-1.8; joint SAGA's dense table 15-21 (it is compiled again)."""
+  if name in ("naive", "path_derivative"):
+    return 1.0 if name == "naive" else 1.2
+  if name in EQUAL_COST:
+    return (1 + k) / 2 * 0.85
+  return 1.7
 
 
 def base_contenders(names, objective, approx, batch_size, max_table_bytes):

@@ -51,16 +51,27 @@ class Contender(NamedTuple):
   batch_size: int
 
 
+SCHEDULE_TOLERANCE = 0.3
+"""A raced lane keeps the program compiled for its timing when its schedule was built for
+a length within this fraction of the one its timing affords: over the first few percent
+of a run that a race covers, a cosine or linear decay over ``T`` and over ``1.3 T``
+differ by about a percent of the step size, while compiling again costs about a second.
+The full run (:meth:`Lane.run_optimizer`) then has its schedule over its exact length."""
+
+
 class Lane:
   """A contender's run in progress: its optimizer, steps taken, params and state.
 
-  ``description`` and ``state_bytes`` say what it is and what its state costs;
-  ``seconds_per_step`` and ``chunk`` are set by :func:`time_steps`."""
+  ``total_steps`` is the run's length; ``schedule_steps`` the length its optimizer's
+  schedule was built for (the same, unless :meth:`stretched` kept a schedule built from a
+  guess of the length). ``description`` and ``state_bytes`` say what it is and what its
+  state costs; ``seconds_per_step`` and ``chunk`` are set by :func:`time_steps`."""
 
   def __init__(self, contender: Contender, make_optimizer: Callable, total_steps: int,
                params, key, description: str = "", state_bytes: int = 0,
                reuse: "Lane | None" = None):
     self.contender, self.total_steps = contender, int(total_steps)
+    self.schedule_steps, self.make_optimizer = self.total_steps, make_optimizer
     self.description, self.state_bytes = description or contender.name, int(state_bytes)
     self.seconds_per_step = math.nan
     inner = make_optimizer(self.total_steps)
@@ -78,17 +89,23 @@ class Lane:
     self.params = copy_tree(params)
     self.opt_state = self.optimizer.init(self.params)
     self.steps = 0
-    self.chunk = 1  # steps per compiled segment: every advance is whole chunks
+    # Steps per compiled segment (every advance is whole chunks): set by the timing, or
+    # by the race where step costs were given instead.
+    self.chunk: int | None = None
     self.trace: list = []  # per round raced: [(fraction, ELBO draws), ...] (see race)
 
   def advance_to(self, fraction: float) -> None:
     """Runs whole chunks of steps up to ``fraction`` of its run (at least one chunk, at
-    most the run): one compiled segment length per lane, whatever the rounds ask."""
+    most the run), dispatched back to back: one compiled segment length per lane,
+    whatever the rounds ask."""
     chunks = max(1, round((fraction * self.total_steps - self.steps) / self.chunk))
-    for _ in range(chunks):
-      length = min(self.chunk, self.total_steps - self.steps)
-      if length <= 0:
-        return
+    whole = min(chunks, (self.total_steps - self.steps) // self.chunk)
+    if whole > 0:
+      self.params, self.opt_state = self.runner.run_calls(self.params, self.opt_state,
+                                                          self.steps, self.chunk, whole)
+      self.steps += whole * self.chunk
+    elif self.steps < self.total_steps:  # the run's last, shorter segment
+      length = self.total_steps - self.steps
       self.params, self.opt_state = self.runner.run(self.params, self.opt_state, self.steps,
                                                     length)
       self.steps += length
@@ -100,6 +117,25 @@ class Lane:
                 self.state_bytes, reuse=self)
     lane.seconds_per_step, lane.chunk = self.seconds_per_step, self.chunk
     return lane
+
+  def stretched(self, total_steps: int, params, key,
+                tolerance: float = SCHEDULE_TOLERANCE) -> "Lane":
+    """This lane, not yet advanced, as a run of ``total_steps``: itself (its compiled
+    programs kept) where its schedule needs no stretching or was built for a length
+    within ``tolerance`` of it, else :meth:`restarted` (compiled again)."""
+    if self.steps == 0 and (self.make_optimizer(total_steps) is self.inner or
+                            abs(self.schedule_steps / total_steps - 1) <= tolerance):
+      self.total_steps = int(total_steps)
+      return self
+    return self.restarted(self.make_optimizer, total_steps, params, key)
+
+  def run_optimizer(self):
+    """The optimizer that continues this run to its end: its own, or, where its schedule
+    was built for another length (:meth:`stretched`), one whose schedule spans the run."""
+    inner = self.make_optimizer(self.total_steps)
+    if inner is self.inner or self.schedule_steps == self.total_steps:
+      return self.optimizer
+    return optax.with_extra_args_support(optax.chain(self.contender.estimator, inner))
 
   def prepare(self, length: int) -> None:
     """Compiles this lane's segment of ``length`` steps (see :func:`prepare_all`)."""
@@ -273,8 +309,11 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
   for lane in lanes:
     lane.trace.append([(0.0, start)])
   fractions, counts = halving_fractions(len(lanes), share)
+  # The race runs each lane's timing segment (compiled already, unless the lane was
+  # restarted for its schedule), dispatched back to back.
   for lane in lanes:
-    lane.chunk = race_chunk(lane.seconds_per_step, fractions[0] * lane.total_steps)
+    if lane.chunk is None:  # not timed here: step costs were given
+      lane.chunk = race_chunk(lane.seconds_per_step, fractions[0] * lane.total_steps)
   prepare_all(lanes, [lane.chunk for lane in lanes])
   alive = list(range(len(lanes)))
   for r, fraction in enumerate(fractions):
@@ -324,34 +363,38 @@ LANE_OVERHEAD_SECONDS = 0.35
 
 class Share:
   """The advice's time share as it is spent: what has gone, and what the lanes admitted so
-  far will still cost (each compiles its race program, about what its timing program
-  took, and runs its timing rounds). A quarter of the share is kept for the race itself
-  (:func:`dsgrad.recommend`).
+  far will still cost (their timing rounds and ELBO estimates; a lane races with its
+  timing program, unless its schedule was guessed too far from its length and it compiles
+  again, which the race's part of the share absorbs). A quarter of the share is kept for
+  the race itself (:func:`dsgrad.recommend`).
 
   A lane not yet compiled is priced by what it compiles. One whose program is naive's
   step on the objective or a variant of it (``naive_like``: more samples, a larger batch,
   the path derivative) at naive's compile time (measured 0.9-1.3x naive's on three
   held-out models on two CPU cores). Another (a control variate) at the median compile
-  time measured on the control variates compiled so far; before any, at three times
-  naive's (on a hierarchical model on two CPU cores, cv's program took 1.6 s and joint
-  SVRG's 2.1 s to build, naive's 0.6-0.8 s; priced at twice naive's, the two compiled
-  together and then neither fitted).
+  time measured on the control variates compiled so far; before any, at twice naive's
+  (on two CPU cores: 1.2-1.9x on a held-out MLP, 1.6-2.2x on the main job's logistic
+  regression, 2-3x on a hierarchical model). A lane compiles once, for its timing and its
+  race, when its first schedule was guessed close enough (:meth:`Lane.stretched`).
 
   Args:
     allowed: the share, in seconds.
     started: when the advice started (``time.perf_counter()``).
     naive_lane: naive's lane, its timing program compiled.
     naive_like: the names of the candidates whose program is naive's step.
+    naive_restarts: whether naive's run compiles again once timed (its first schedule's
+      length was not known: a budget in seconds).
   """
 
-  def __init__(self, allowed: float, started: float, naive_lane, naive_like=()):
+  def __init__(self, allowed: float, started: float, naive_lane, naive_like=(),
+               naive_restarts: bool = True):
     self.allowed, self.started = allowed, started
     self.naive_compile = naive_lane.runner.compile_seconds
     self.naive_like = frozenset(naive_like)
     self.per_lane = LANE_OVERHEAD_SECONDS
     self.measured: list = []  # the control variates' compile times
-    # Naive still compiles its race program (its timing program is its guess's).
-    self.owed = self.naive_compile / compile_overlap() + self.per_lane
+    self.owed = self.per_lane + (self.naive_compile / compile_overlap() if naive_restarts
+                                 else 0.0)
 
   def count_evaluations(self, eval_seconds: float) -> None:
     """Adds to each lane's cost its ELBO estimates (after its first round, and after a
@@ -367,19 +410,17 @@ class Share:
     """The seconds a candidate's program is expected to take to compile."""
     if name in self.naive_like:
       return self.naive_compile
-    return float(np.median(self.measured)) if self.measured else 3 * self.naive_compile
+    return float(np.median(self.measured)) if self.measured else 2 * self.naive_compile
 
   def price(self, names) -> float:
-    """The whole cost of the candidates ``names`` compiled together: their timing
-    programs (overlapped only when there are several), their race programs (compiled with
-    the others') and their timing rounds and ELBO estimates."""
+    """The whole cost of the candidates ``names`` compiled together: their programs
+    (overlapped only when there are several), their timing rounds and ELBO estimates."""
     together = compile_overlap() if len(names) > 1 else 1.0
-    return sum(self.compile_guess(name) * (1 / together + 1 / compile_overlap())
-               + self.per_lane for name in names)
+    return sum(self.compile_guess(name) / together + self.per_lane for name in names)
 
   def _still_owed(self, lane) -> float:
-    """What a compiled lane will still cost: its race program and its rounds."""
-    return lane.runner.compile_seconds / compile_overlap() + self.per_lane
+    """What a compiled lane will still cost: its timing rounds and ELBO estimates."""
+    return self.per_lane
 
   def compiled(self, lane) -> None:
     if lane.contender.name not in self.naive_like:

@@ -271,6 +271,30 @@ class SegmentRunner:
       checks.raise_deferred(error)
     return seconds / (calls * length)
 
+  def run_calls(self, params, opt_state, start: int, length: int, calls: int):
+    """Steps ``start .. start + calls * length - 1`` as ``calls`` segments of ``length``
+    dispatched back to back and waited for once (a call's fixed cost overlaps the steps
+    before it); a value check that failed in any call raises after the last. With host
+    data, whose rows are read per block, the calls wait for each other. Returns
+    ``(params, opt_state)``, ready."""
+    if self.host_data:
+      for call in range(calls):
+        params, opt_state = self.run(params, opt_state, start + call * length, length)
+      return params, opt_state
+    self.prepare(params, opt_state, start, length)
+    program, carry, errors = self.executables[length], (params, opt_state), []
+    t0 = time.perf_counter()
+    for call in range(calls):
+      at = start + call * length
+      error, carry = program(carry, self.key, jnp.int32(at), self.data_args,
+                             self.orders.window(at, length), {})
+      errors.append(error)
+    jax.block_until_ready(carry)
+    self.step_seconds += time.perf_counter() - t0
+    for error in errors:
+      checks.raise_deferred(error)
+    return carry
+
   def run(self, params, opt_state, start: int, length: int, following=None):
     """Steps ``start .. start + length - 1``; returns ``(params, opt_state)``, ready.
 

@@ -142,53 +142,68 @@ def test_a_budget_too_small_to_race_in_gets_naive_without_a_race(capsys):
   assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(result.params)[0]))
 
 
-@pytest.mark.parametrize("compile_seconds, allowed, admitted, released", [
-    ({"cv": 3.0, "path_derivative": 1.0}, 9.0, ["cv", "path_derivative"], []),
-    (dict.fromkeys(["cv", "joint_svrg", "path_derivative"], 1.0), 9.0,
-     ["cv", "joint_svrg", "path_derivative"], []),
-    ({"cv": 3.0, "joint_svrg": 20.0, "path_derivative": 1.0}, 14.0,
-     ["cv", "path_derivative"], ["joint_svrg"])])
+@pytest.mark.parametrize("names, compile_seconds, allowed, admitted, released", [
+    (("cv", "joint_svrg", "path_derivative"), dict(cv=1.0, joint_svrg=1.0, path_derivative=1.0),
+     6.0, ["cv", "joint_svrg", "path_derivative"], []),
+    (("cv", "joint_svrg", "path_derivative"), dict(joint_svrg=1.0, path_derivative=1.0), 3.0,
+     ["joint_svrg", "path_derivative"], []),
+    (("cv", "joint_svrg", "path_derivative"), dict(cv=1.0, joint_svrg=9.0), 6.0, [],
+     ["joint_svrg", "cv"]),
+    (("cv", "joint_svrg", "joint_saga"), dict(cv=0.5, joint_svrg=0.5, joint_saga=0.5), 3.6,
+     ["cv", "joint_svrg", "joint_saga"], [])])
 def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
-    monkeypatch, compile_seconds, allowed, admitted, released):
-  """The share pays for candidates in their order, priced by what they compile (here:
-  fixed by a stand-in compiler and a stopped clock): the path derivative, naive's program
-  on a variant objective, at naive's 1 s; a control variate at the compile times measured
-  on those before it, or three times naive's before any. Share 9 s: the pair (cv, joint
-  SVRG) at the prior price does not fit, cv alone does. Measured at 3 s, cv prices joint
-  SVRG out, which is passed over for the cheaper path derivative after it; measured at
-  1 s, it prices the next pair in. Share 14 s: the pair compiles, joint SVRG's 20 s
-  leaves nothing for its race, so it is let go, and the path derivative still fits."""
+    monkeypatch, names, compile_seconds, allowed, admitted, released):
+  """The share pays for candidates in their order, two compiled together, each priced by
+  what it compiles (a stand-in compiler whose time runs on a stand-in clock): the path
+  derivative, naive's program on a variant objective, at naive's 1 s; a control variate at
+  the median compile time measured on those before it, or twice naive's before any.
+  Naive owes its second compile (0.5 s with two compiles overlapping); the rest of the
+  share, three quarters of it, pays. Share 6 s: the pair (cv, joint SVRG) at the prior
+  price (1 s each, compiled together) fits, and so does the path derivative after it.
+  Share 3 s: the pair does not fit, nor cv alone (2 s), which is passed over for the
+  cheaper pair after it. Share 6 s, joint SVRG compiling for 9 s: the share is spent, both
+  are let go (the last first), and the path derivative no longer fits. Share 3.6 s: the
+  first pair measured at 0.5 s prices joint SAGA at 0.5 s, which then fits where the prior
+  price (2 s) would not."""
   import types
-  from dsgrad import advice as advice_lib
+  from dsgrad import admission
 
-  class StoppedClock:
-    perf_counter = staticmethod(lambda: 0.0)
+  clock = [0.0]
+
+  class StandInClock:
+    perf_counter = staticmethod(lambda: clock[0])
 
   def stand_in_compile(lanes, lengths):
-    for lane in lanes:
-      lane.runner.compile_seconds = compile_seconds[lane.contender.name]
+    seconds = [compile_seconds[lane.contender.name] for lane in lanes]
+    clock[0] += sum(seconds) / (2.0 if len(lanes) > 1 else 1.0)
+    for lane, spent in zip(lanes, seconds):
+      lane.runner.compile_seconds = spent
 
-  monkeypatch.setattr(race_lib, "time", StoppedClock)
+  monkeypatch.setattr(race_lib, "time", StandInClock)
   monkeypatch.setattr(race_lib, "compile_overlap", lambda: 2.0)
   monkeypatch.setattr(race_lib, "prepare_all", stand_in_compile)
+  monkeypatch.setattr(race_lib, "LANE_OVERHEAD_SECONDS", 0.0)
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
   ledger = race_lib.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
-  contenders = dsgrad.candidates.base_contenders(("cv", "joint_svrg", "path_derivative"),
-                                                 objective, None, BATCH, "auto")
-  lanes, out = advice_lib._admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
+  contenders = dsgrad.candidates.base_contenders(names, objective, None, BATCH, "auto")
+  lanes, out = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
                                  dsgrad.meanfield_init(model), jax.random.key(0), np.inf,
-                                 20, 0.1, lambda message: None)
+                                 lambda name: 20, 0.1, lambda message: None)
   assert [lane.contender.name for lane in lanes] == admitted
   notes = {c.name: c.note for c in out}
-  assert set(notes) == {"cv", "joint_svrg", "path_derivative"} - set(admitted)
-  assert ledger.measured == [compile_seconds[name] for name in admitted + released
-                             if name not in dsgrad.candidates.NAIVE_PROGRAMS]
+  # Let go in reverse order of admission, as they are found not to fit.
+  assert set(notes) == set(names) - set(admitted)
+  assert [n for n in notes if n in released] == released
+  assert ledger.measured == [compile_seconds[name] for name in names
+                             if name in admitted + released
+                             and name not in dsgrad.candidates.NAIVE_PROGRAMS]
   assert all(note.startswith("not raced") for note in notes.values())
-  for name in released:
-    assert "took 20 s to compile" in notes[name]
-  assert ledger.left() >= 0
+  if released:
+    assert "took 9 s to compile" in notes["joint_svrg"]
+  else:
+    assert ledger.left() >= 0
 
 
 def test_checkpoint_difference_holds_the_runs_jitter():

@@ -1,0 +1,139 @@
+"""Which candidates :func:`dsgrad.recommend` can afford to race: their lanes built where
+their state fits in memory, each priced by what it compiles and admitted in priority order
+while the share lasts (:class:`dsgrad.race.Share`), their steps timed, and the length of
+each one's first schedule guessed so that its timing program can also be its race's."""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+
+from dsgrad import race as race_lib
+from dsgrad.candidates import (NAIVE_PROGRAMS, Candidate, cost_guess,
+                               equal_cost_contenders)
+
+
+def build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for):
+  """Lanes for the contenders whose state fits, each with its schedule over
+  ``steps_for(name)`` steps; ``(lanes, ruled_out)``."""
+  lanes, ruled_out = [], []
+  for name, contender, description, note in contenders:
+    if contender is None:
+      ruled_out.append(Candidate(name, description, note=note))
+      continue
+    steps = steps_for(contender.name)
+    probe = optax.chain(contender.estimator, make_optimizer(steps))
+    try:
+      size = race_lib.state_bytes_before_allocation(probe.init, params)
+    except MemoryError as error:
+      ruled_out.append(Candidate(contender.name, description, note=str(error).split(". ")[0]))
+      continue
+    if size > memory_limit:
+      ruled_out.append(Candidate(
+          contender.name, description, state_bytes=size,
+          note=f"its state needs {size / 2**20:.4g} MiB, more than the "
+               f"{memory_limit / 2**20:.4g} MiB allowed (memory_share of what is free)"))
+      continue
+    lanes.append(race_lib.Lane(contender, make_optimizer, steps, params, key, description,
+                               size))
+  return lanes, ruled_out
+
+
+def step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
+  if step_costs is None:
+    progress(f"timing {len(lanes)} candidates")
+    return race_lib.time_steps(lanes, step_guess=step_guess)
+  missing = [lane.contender.name for lane in lanes if lane.contender.name not in step_costs]
+  if missing:
+    raise ValueError(f"step_costs has no cost for {missing}")
+  costs = [float(step_costs[lane.contender.name]) for lane in lanes]
+  if not all(np.isfinite(c) and c > 0 for c in costs):
+    raise ValueError(f"step_costs must be positive and finite, got {step_costs}")
+  return costs
+
+
+def not_raced(name, description, share, reason) -> Candidate:
+  return Candidate(name, description, note=(
+      f"not raced: {reason} would take this advice past share = {share:g} of the budget "
+      "(give fewer candidates, a larger budget or a larger share)"))
+
+
+def never_raced(entries, share) -> list:
+  """Rows for contender entries that will not race: their own note, else the share's."""
+  return [Candidate(n, d, note=note) if c is None else not_raced(n, d, share, "compiling it")
+          for n, c, d, note in entries]
+
+
+def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, steps_for,
+           share, progress):
+  """Compiles the contenders' timing programs in priority order, two at a time where
+  compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
+
+  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
+  contender the share cannot pay for is passed over for the cheaper ones after it; after
+  a pair compiled, its measured compile times price what is left, and a lane whose race
+  would no longer fit is let go (the last first). Given ``ledger=None`` (step costs
+  passed in) every contender that fits in memory is admitted, compiled by the race."""
+  if ledger is None:
+    return build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for)
+  lanes, ruled_out = [], []
+  pending = [c for c in contenders if c[1] is not None]
+  ruled_out += never_raced([c for c in contenders if c[1] is None], share)
+  group = 2 if race_lib.compile_overlap() > 1 else 1
+  while pending:
+    batch, pending = pending[:group], pending[group:]
+    if len(batch) > 1 and ledger.left() < ledger.price([c[0] for c in batch]):
+      batch, pending = batch[:1], batch[1:] + pending
+    # A pair that fits is priced together (compiling overlaps), not by its first alone.
+    if len(batch) == 1 and ledger.left() < ledger.price([batch[0][0]]):
+      ruled_out.append(not_raced(batch[0][0], batch[0][2], share, "compiling it"))
+      continue
+    fresh, out = build_lanes(batch, make_optimizer, params, key, memory_limit, steps_for)
+    ruled_out += out
+    if not fresh:
+      continue
+    progress("compiling " + ", ".join(lane.contender.name for lane in fresh))
+    for lane in fresh:
+      lane.chunk = race_lib.timing_chunk(guess)
+    race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
+    for lane in fresh:
+      ledger.compiled(lane)
+    while fresh and ledger.left() < 0:
+      lane = fresh.pop()
+      ledger.release(lane)
+      ruled_out.append(not_raced(
+          lane.contender.name, lane.description, share,
+          f"its program took {lane.runner.compile_seconds:.2g} s to compile; its race"))
+    lanes += fresh
+  return lanes, ruled_out
+
+
+def equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, guess,
+                      make_optimizer, params, key, limit, steps_for, share, progress,
+                      step_costs):
+  """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
+  naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
+  controls = [lane.seconds_per_step for lane in lanes
+              if lane.contender.name not in NAIVE_PROGRAMS]
+  ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
+  k = max(2, int(round(ratio)))
+  extra, ruled_out = admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
+                            guess, make_optimizer, params, key, limit,
+                            lambda name: steps_for(name, k), share, progress)
+  if extra:
+    timed = step_seconds([naive_lane] + extra, step_costs, progress, guess)
+    for lane, seconds in zip(extra, timed[1:]):
+      lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
+  return extra, ruled_out
+
+
+def schedule_guesses(budget, budget_in, guess, step_costs):
+  """``steps_for(name, k)``: the length of a candidate's first schedule, the steps it
+  affords in the budget at the given step cost, or at a guess of it
+  (:func:`dsgrad.candidates.cost_guess`, ``k`` the equal-cost baselines')."""
+  if step_costs is not None:
+    unit = float(step_costs.get("naive", 1.0)) if budget_in == "naive_steps" else 1.0
+    # A name without a cost is refused with its reason before anything is timed.
+    return lambda name, k: max(1, int(float(budget) * unit / float(step_costs.get(name, unit))))
+  seconds = float(budget) * (guess if budget_in == "naive_steps" else 1.0)
+  return lambda name, k: max(1, int(seconds / (guess * cost_guess(name, k))))
