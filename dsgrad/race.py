@@ -226,9 +226,12 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   lanes' runs are not advanced: every timed step starts from a copy of the lane's
   current carry.
   """
-  if step_guess is not None:
-    for lane in lanes:
+  for lane in lanes:
+    if step_guess is not None:
       lane.chunk = timing_chunk(step_guess, round_seconds)
+    elif lane.chunk is None:  # never timed nor raced: sized by its own step, if known
+      known = np.isfinite(lane.seconds_per_step)
+      lane.chunk = timing_chunk(lane.seconds_per_step, round_seconds) if known else 1
   prepare_all(lanes, [lane.chunk for lane in lanes])
   calls = []
   for lane in lanes:
