@@ -40,6 +40,8 @@ def build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for
 
 
 def step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
+  """Each lane's seconds per step: timed in interleaved rounds, or read from
+  ``step_costs``."""
   if step_costs is None:
     progress(f"timing {len(lanes)} candidates")
     return race_lib.time_steps(lanes, step_guess=step_guess)
@@ -53,6 +55,7 @@ def step_seconds(lanes, step_costs, progress, step_guess=None) -> list:
 
 
 def not_raced(name, description, share, reason) -> Candidate:
+  """The row of a candidate the share cannot pay for, with ``reason``."""
   return Candidate(name, description, note=(
       f"not raced: {reason} would take this advice past share = {share:g} of the budget "
       "(give fewer candidates, a larger budget or a larger share)"))
@@ -65,9 +68,9 @@ def never_raced(entries, share) -> list:
 
 
 def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, steps_for,
-           share, progress):
-  """Compiles the contenders' timing programs in priority order, two at a time where
-  compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
+          share, progress):
+  """Compiles the contenders' programs (timed, then raced) in priority order, two at a
+  time where compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
   Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
   contender the share cannot pay for is passed over for the cheaper ones after it; after
@@ -109,8 +112,8 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
 
 
 def equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, guess,
-                      make_optimizer, params, key, limit, steps_for, share, progress,
-                      step_costs):
+                     make_optimizer, params, key, limit, steps_for, share, progress,
+                     step_costs):
   """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
   naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
   controls = [lane.seconds_per_step for lane in lanes
@@ -118,8 +121,8 @@ def equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, gu
   ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
   k = max(2, int(round(ratio)))
   extra, ruled_out = admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
-                            guess, make_optimizer, params, key, limit,
-                            lambda name: steps_for(name, k), share, progress)
+                           guess, make_optimizer, params, key, limit,
+                           lambda name: steps_for(name, k), share, progress)
   if extra:
     timed = step_seconds([naive_lane] + extra, step_costs, progress, guess)
     for lane, seconds in zip(extra, timed[1:]):

@@ -157,7 +157,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     >>> optimizer = optax.chain(dsgrad.joint_svrg(objective, every=10), optax.adam(1e-2))
     >>> result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=100,
     ...                     batch_size=10, elbo_samples=20, progress=False)
-    >>> result.history.step.tolist()  # one ELBO evaluation per epoch of N / B steps
+    >>> result.history.step.tolist()  # an ELBO evaluation per epoch of N / B steps
     [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
     >>> bool(result.history.elbo[-1] > result.history.elbo[0])
     True

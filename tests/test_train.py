@@ -48,6 +48,18 @@ def test_plain_optax_optimizer_and_progress_output(logreg_model, params0, capsys
   assert np.all(np.isfinite(result.history.elbo))
 
 
+def test_default_evaluations_are_one_per_epoch_and_at_most_a_hundred(logreg_model, params0):
+  """Without eval_every, fit evaluates once per epoch (N / B = 10 steps here), or every
+  num_steps / 100 steps (rounded up) where that is longer, so that a long run of cheap steps
+  is not spent evaluating."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  kw = dict(batch_size=BATCH, elbo_samples=2, progress=False)
+  short = dsgrad.fit(objective, optax.sgd(1e-3), params0, jax.random.key(0), num_steps=30, **kw)
+  assert short.history.step.tolist() == [10, 20, 30]
+  long = dsgrad.fit(objective, optax.sgd(1e-3), params0, jax.random.key(0), num_steps=2005, **kw)
+  assert long.history.step.tolist() == list(range(21, 2005, 21)) + [2005]
+
+
 def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
