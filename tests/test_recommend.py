@@ -229,8 +229,9 @@ def test_checkpoint_difference_holds_the_runs_jitter():
 
 
 def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
-  """SegmentRunner.seconds_per_step, which recommend times with, runs its calls without
-  waiting between them, yet a value check that fails in any of them still raises."""
+  """SegmentRunner.seconds_per_step, which recommend times with, and run_calls, which it
+  races with, run their calls without waiting between them, yet a value check that fails
+  in any of them still raises."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   optimizer = optax.chain(dsgrad.naive(), optax.sgd(1e-3))
@@ -241,3 +242,15 @@ def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
   bad = jax.tree.map(lambda x: x.at[0].set(np.nan), dsgrad.meanfield_init(model))
   with pytest.raises(ValueError, match="non-finite|NaN"):
     runner.seconds_per_step(bad, optimizer.init(bad), 8, 3)
+  # The race's calls (run_calls) advance the run: three 8-step calls are the 24 steps
+  # that one 24-step segment takes from the same start, and a failed check still raises.
+  params = dsgrad.meanfield_init(model)
+  three = runner.run_calls(params, optimizer.init(params), 0, 8, 3)
+  other = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
+  params = dsgrad.meanfield_init(model)
+  one = other.run(params, optimizer.init(params), 0, 24)
+  for a, b in zip(jax.tree.leaves(three), jax.tree.leaves(one)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  bad = jax.tree.map(lambda x: x.at[0].set(np.nan), dsgrad.meanfield_init(model))
+  with pytest.raises(ValueError, match="non-finite|NaN"):
+    runner.run_calls(bad, optimizer.init(bad), 0, 8, 3)
