@@ -104,7 +104,7 @@ class Lane:
       self.params, self.opt_state = self.runner.run_calls(self.params, self.opt_state,
                                                           self.steps, self.chunk, whole)
       self.steps += whole * self.chunk
-    elif self.steps < self.total_steps:  # the run's last, shorter segment
+    if chunks > whole and self.steps < self.total_steps:  # the run's last, shorter segment
       length = self.total_steps - self.steps
       self.params, self.opt_state = self.runner.run(self.params, self.opt_state, self.steps,
                                                     length)

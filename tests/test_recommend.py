@@ -254,3 +254,30 @@ def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
   bad = jax.tree.map(lambda x: x.at[0].set(np.nan), dsgrad.meanfield_init(model))
   with pytest.raises(ValueError, match="non-finite|NaN"):
     runner.run_calls(bad, optimizer.init(bad), 0, 8, 3)
+
+
+def test_a_lane_advances_in_whole_chunks_and_ends_with_the_rest():
+  """A raced run advances in whole chunks (dispatched back to back) up to the fraction
+  asked, then its last, shorter segment: the steps one segment of the whole run takes."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  contender = race_lib.Contender("naive", objective, dsgrad.naive(), BATCH)
+  params = dsgrad.meanfield_init(model)
+  lane = race_lib.Lane(contender, lambda n: optax.sgd(1e-3), 50, params, jax.random.key(0))
+  lane.chunk = 16
+  lane.advance_to(0.5)
+  assert lane.steps == 32  # round(25 / 16) = 2 chunks
+  lane.advance_to(1.0)
+  assert lane.steps == 48
+  lane.advance_to(1.0)
+  assert lane.steps == 50 and lane.fraction == 1.0
+  whole = race_lib.Lane(contender, lambda n: optax.sgd(1e-3), 50, params, jax.random.key(0))
+  once = whole.runner.run(whole.params, whole.opt_state, 0, 50)
+  for a, b in zip(jax.tree.leaves((lane.params, lane.opt_state)), jax.tree.leaves(once)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # Asked for the end in one call (round(44 / 16) = 3 chunks, two whole ones), a run of
+  # 44 steps takes two chunks and then the 12 steps left.
+  short = race_lib.Lane(contender, lambda n: optax.sgd(1e-3), 44, params, jax.random.key(0))
+  short.chunk = 16
+  short.advance_to(1.0)
+  assert short.steps == 44
