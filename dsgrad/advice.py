@@ -151,8 +151,9 @@ def _pick(rows) -> Candidate:
 
 
 def _budget_line(budget_seconds, spent) -> str:
-  return (f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s "
-          f"({100 * spent / budget_seconds:.2g}% of it).")
+  percent = 100 * spent / budget_seconds
+  share = f"{percent:.2g}%" if percent < 10 else f"{percent:,.0f}%"  # not "5.7e+03%"
+  return f"budget {budget_seconds:.3g} s; this advice took {spent:.3g} s ({share} of it)."
 
 
 def _ruled_out_lines(rows) -> list:

@@ -3,6 +3,8 @@
 timings: a model where a control variate must win, one where nothing beats naive, the
 memory rule, and the continuation of the winner's run."""
 
+import re
+
 import jax
 import numpy as np
 import optax
@@ -138,6 +140,8 @@ def test_a_budget_too_small_to_race_in_gets_naive_without_a_race(capsys):
   assert lane.steps == 0 and lane.total_steps == rows["naive"].budget_steps >= 1
   assert rows["naive"].seconds_per_step * lane.total_steps == pytest.approx(0.05, rel=0.5)
   assert "not raced, as no other candidate is left" in str(advice)
+  # The advice's own time, far past this budget, in plain digits.
+  assert re.search(r"\(\d{1,3}(,\d{3})*% of it\)", advice.reasons[0]), advice.reasons[0]
   result = advice.fit(progress=False, elbo_samples=0)
   assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(result.params)[0]))
 
