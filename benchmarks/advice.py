@@ -246,15 +246,13 @@ def _over_seeds(results) -> list:
       continue
     mean = {n: np.mean([s["candidates"][n]["elbo"] for s in seeds]) for n in everyone}
     best = max(mean, key=mean.get)
-    picks = [s["candidates"][s["pick"]]["elbo"] for s in seeds]
-    cells = []
-    for other in (best, "hand"):
-      d = np.asarray(picks) - [s["hand_elbo"] if other == "hand" else
-                               s["candidates"][other]["elbo"] for s in seeds]
-      se = d.std(ddof=1) / np.sqrt(d.size)
-      cells.append(f"{d.mean():+.2f} ({se:.2f})")
-    d_best = np.asarray(picks) - [s["candidates"][best]["elbo"] for s in seeds]
-    near = "met" if d_best.mean() >= -2 * d_best.std(ddof=1) / np.sqrt(d_best.size) else "missed"
+    picks = np.asarray([s["candidates"][s["pick"]]["elbo"] for s in seeds])
+    to_best = dsgrad.diagnostics.mean_and_standard_error(
+        picks - [s["candidates"][best]["elbo"] for s in seeds])
+    to_hand = dsgrad.diagnostics.mean_and_standard_error(
+        picks - [s["hand_elbo"] for s in seeds])
+    cells = [f"{d:+.2f} ({se:.2f})" for d, se in (to_best, to_hand)]
+    near = "met" if to_best[0] >= -2 * to_best[1] else "missed"
     if not lines:
       lines = ["", "Over the seeds (one run's final ELBO varies from seed to seed by more "
                "than one estimate's error: the best contender is the best on average, and "

@@ -40,6 +40,7 @@ import optax
 
 from dsgrad import admission
 from dsgrad import checks
+from dsgrad import diagnostics
 from dsgrad import race as race_lib
 from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
                                Candidate, base_contenders, equal_cost_contenders)
@@ -115,7 +116,7 @@ def _candidates(lanes, traces, naive_index, ruled_out):
     ratio = (race_lib.time_to_reach(means, target) / final_f if i != naive_index else 1.0)
     rows.append(Candidate(
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
-        lane.state_bytes, f, float(draws.mean()), float(draws.std(ddof=1) / np.sqrt(draws.size)),
+        lane.state_bytes, f, *diagnostics.mean_and_standard_error(draws),
         gain if i != naive_index else 0.0, gain_se if i != naive_index else 0.0, ratio,
         rounds=len(traces[i]) - 1))
   return rows + list(ruled_out)
@@ -381,4 +382,3 @@ def _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws, 
   spent = time.perf_counter() - started
   return Recommendation(best.name, ranking, tuple(_reasons(ranking, best, budget_seconds, spent)),
                         budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)
-

@@ -421,17 +421,13 @@ class Share:
     together = compile_overlap() if len(names) > 1 else 1.0
     return sum(self.compile_guess(name) / together + self.per_lane for name in names)
 
-  def _still_owed(self, lane) -> float:
-    """What a compiled lane will still cost: its timing rounds and ELBO estimates."""
-    return self.per_lane
-
   def compiled(self, lane) -> None:
     if lane.contender.name not in self.naive_like:
       self.measured.append(lane.runner.compile_seconds)
-    self.owed += self._still_owed(lane)
+    self.owed += self.per_lane  # its timing rounds and ELBO estimates
 
   def release(self, lane) -> None:
-    self.owed -= self._still_owed(lane)
+    self.owed -= self.per_lane
 
 
 class Progress:

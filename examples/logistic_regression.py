@@ -203,7 +203,6 @@ def main(argv=None):
     json.dump({"args": vars(args), "results": results, "traces": traces,
                "recommend": {"best": advice.best, "reasons": list(advice.reasons)},
                "equal_wall_clock": equal_time}, f, indent=1)
-  os.makedirs(args.out, exist_ok=True)
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -324,8 +323,7 @@ def summary(results) -> str:
 
   def gap(a, b):
     d = np.asarray(results[a]["final_elbo"]) - np.asarray(results[b]["final_elbo"])
-    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-    return d.mean(), se
+    return d.mean(), _se(d)
 
   lines = [f"Winner: {best} (final ELBO {results[best]['final_elbo_mean']:.2f})."]
   for other in ranked[1:]:
