@@ -218,6 +218,17 @@ def check_failure_codes(codes, steps, messages: Sequence[str]) -> None:
     _checkify(code != i + 1, message, step)
 
 
+def deferred_message(error) -> str | None:
+  """The message of the first deferred value check that failed (see :func:`deferred`),
+  as the ``ValueError`` would carry it; ``None`` if none failed.
+
+  Args:
+    error: the ``checkify.Error`` a checkified program returned.
+  """
+  message = error.get()
+  return message.split(_CHECKIFY_SUFFIX)[0] if message else None
+
+
 def raise_deferred(error) -> None:
   """Raises the first deferred value check that failed (see :func:`deferred`) as the
   ``ValueError`` it would have raised at once; does nothing if none failed.
@@ -225,9 +236,9 @@ def raise_deferred(error) -> None:
   Args:
     error: the ``checkify.Error`` a checkified program returned.
   """
-  message = error.get()
+  message = deferred_message(error)
   if message:
-    raise ValueError(message.split(_CHECKIFY_SUFFIX)[0])
+    raise ValueError(message)
 
 
 def check_regular_file(path, what: str) -> None:
@@ -272,20 +283,39 @@ def check_batch_size(batch_size: int, num_data: int) -> None:
     raise ValueError(f"batch_size={batch_size} exceeds num_data={num_data}")
 
 
+OUT_OF_RANGE = " out of range: every index must lie in [0, "
+NON_FINITE = " contains non-finite values (NaN or inf)"
+
+
 def index_checks(indices, num_data: int, name: str = "indices"):
   """Value checks that every index lies in ``[0, num_data)``."""
   return [(jnp.any((indices < 0) | (indices >= num_data)),
-           f"{name} out of range: every index must lie in [0, {num_data})")]
+           f"{name}{OUT_OF_RANGE}{num_data})")]
 
 
 def finite_checks(tree, name: str):
   """Value checks that every leaf of ``tree`` is finite."""
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
-  if not leaves:
+  if not _floating_leaves(tree):
     return []
-  return [(~jnp.all(jnp.stack(leaves)),
-           f"{name} contains non-finite values (NaN or inf)")]
+  return [(~all_finite(tree), f"{name}{NON_FINITE}")]
+
+
+def is_range_or_finite_check(message: str) -> bool:
+  """Whether ``message`` is that of an :func:`index_checks` or :func:`finite_checks`
+  check: the checks that :func:`dsgrad.fit` may settle once per segment (its indices
+  are in range by construction, and a non-finite gradient, noise or params leaves the
+  params non-finite) instead of once per step."""
+  return OUT_OF_RANGE in message or message.endswith(NON_FINITE)
+
+
+def all_finite(tree) -> jax.Array:
+  """Whether every floating leaf of ``tree`` is finite: a boolean scalar."""
+  flags = [jnp.all(jnp.isfinite(x)) for x in _floating_leaves(tree)]
+  return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+def _floating_leaves(tree) -> list:
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
 
 
 def check_indices_static(indices) -> int:

@@ -497,9 +497,14 @@ def test_movielens_genre_names_ignore_case_and_spaces():
   assert loose.genres[0].sum() == 2 and loose.genres[1].sum() == 0
 
 
-def test_fit_names_the_first_step_whose_gradient_is_not_finite(objective, params0):
+@pytest.mark.parametrize("carry_cap", [dsgrad.segments.CHECK_AT_END_BYTES, 0],
+                         ids=["checked at the segment's end", "checked every step"])
+def test_fit_names_the_first_step_whose_gradient_is_not_finite(objective, params0,
+                                                               carry_cap, monkeypatch):
   # The datum that poisons the loss first enters a batch at a step fit's orders decide;
-  # the error must name that step, not the segment's start or a later one.
+  # the error must name that step, not the segment's start or a later one, whether the
+  # segment checks every step or checks its end and runs again to find the step.
+  monkeypatch.setattr(dsgrad.segments, "CHECK_AT_END_BYTES", carry_cap)
   bad_datum = 7
   key = jax.random.key(3)
   run_key = jax.random.split(key)[0]  # fit keeps the other half for its ELBO draws
@@ -516,3 +521,31 @@ def test_fit_names_the_first_step_whose_gradient_is_not_finite(objective, params
     dsgrad.fit(bad, optax.chain(dsgrad.naive(), optax.sgd(1e-3)), params0, key,
                num_steps=40, batch_size=BATCH, elbo_samples=0, progress=False)
   assert str(info.value).endswith(f"(at step {first})"), (str(info.value), first)
+
+
+def test_params_made_non_finite_by_the_update_itself_are_an_error(objective, params0):
+  """A finite gradient scaled by inf: no estimator check fails at that step, yet the
+  params are not finite. Within a segment the next step's gradient check names the step
+  after; a run that ends there is told what happened, not handed NaN params."""
+  optimizer = optax.chain(dsgrad.naive(), optax.scale(jnp.inf))
+  with pytest.raises(ValueError, match=r"non-finite.*\(at step 1\)$"):
+    dsgrad.fit(objective, optimizer, params0, jax.random.key(0), num_steps=3,
+               batch_size=BATCH, elbo_samples=0, progress=False)
+  with pytest.raises(ValueError, match=r"params became non-finite .*steps 0 to 0.* update"):
+    dsgrad.fit(objective, optimizer, params0, jax.random.key(0), num_steps=1,
+               batch_size=BATCH, elbo_samples=0, progress=False)
+
+
+def test_checks_at_the_segment_end_compute_what_checks_per_step_compute(
+    objective, params0, monkeypatch):
+  """Settling the checks at a segment's end changes no number: the same run with every
+  step checked (a carry above the cap) ends at the same params."""
+  def run():
+    optimizer = optax.chain(dsgrad.cv(objective), optax.adam(1e-2))
+    return dsgrad.fit(objective, optimizer, params0, jax.random.key(0), num_steps=30,
+                      batch_size=BATCH, eval_every=10, elbo_samples=0, progress=False)
+  at_end = run()
+  monkeypatch.setattr(dsgrad.segments, "CHECK_AT_END_BYTES", 0)
+  per_step = run()
+  for a, b in zip(jax.tree.leaves(at_end.params), jax.tree.leaves(per_step.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
