@@ -266,6 +266,14 @@ def _over_seeds(results) -> list:
   return lines
 
 
+def _run_fraction(s) -> str:
+  """Naive's run's time for its steps (raced at the timed rate, then continued), as a
+  fraction of the budget: below 1 where recommend timed its step too slow and so gave it
+  a schedule shorter than the budget affords."""
+  trace = s["candidates"]["naive"].get("trace")
+  return f"{trace[-1][0] / s['budget_seconds']:.2f}" if trace else "n/a"
+
+
 def render(record):
   """The advice section of one run record (``docs/data/advice-*.json``)."""
   results, config = record["results"]["results"], record["results"]["config"]
@@ -280,8 +288,9 @@ def render(record):
            f"Measured: {record['environment']}", "",
            "| model | seed | budget, s | pick | hand-written naive | best dsgrad (ELBO) | "
            "pick's ELBO | pick - hand (paired se) | pick - best (paired se) | targets | "
-           "recommend's time | timing disagreement |",
-           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+           "recommend's time | timing disagreement | naive's run / budget |",
+           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: "
+           "| ---: |"]
   for name, r in results.items():
     for seed, s in r["seeds"].items():
       ran = {n: c for n, c in s["candidates"].items() if "elbo" in c}
@@ -292,7 +301,7 @@ def render(record):
           f"{s['hand_elbo']:.2f} | {best} ({ran[best]['elbo']:.2f}) | {pick['elbo']:.2f} | "
           f"{_paired_cells(s, ran, best)} | {s['advice_seconds']:.1f} s "
           f"({100 * s['advice_seconds'] / s['budget_seconds']:.0f}%) | "
-          f"{100 * s['timing_disagreement']:.0f}% |")
+          f"{100 * s['timing_disagreement']:.0f}% | {_run_fraction(s)} |")
   lines += _over_seeds(results)
   lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "
             "gradient variance per step at the hand-written run's final parameters, "

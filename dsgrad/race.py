@@ -182,10 +182,14 @@ def available_memory_bytes() -> int:
   return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-TIMING_SEGMENT = 64
-"""Steps per timing segment: short, so that a fast step's first timing (naive's guess)
-compiles the very program its timing rounds then run; calls are dispatched back to back,
-so a call's fixed cost overlaps the steps before it, as in a long run."""
+TIMING_SEGMENT = 256
+"""Steps per timing segment (fewer for a slow step, :func:`timing_chunk`). A call of a
+compiled segment has a fixed cost beside its steps, about 50-60 us on a CPU core whatever
+the model (measured for a 1-step segment of the Student-t regression of ``python -m
+benchmarks advice``); a run's long segments do not pay it per step, so a timing must not
+either: at 64 steps of 3.5 us it made the step time 25% high, and the run's schedule that
+much too short. Short enough that a fast step's first timing (naive's guess) compiles the
+very program its timing rounds then run; calls are dispatched back to back."""
 
 
 def guess_step_seconds(lane: "Lane", length: int = TIMING_SEGMENT) -> float:

@@ -13,8 +13,9 @@ Where the carry is small (:data:`CHECK_AT_END_BYTES`), the estimators' range and
 finiteness checks are settled once per segment: the program checks that the params are
 finite at its end, keeps its input carry (no donation), and only if they are not is the
 segment run again from that carry with every step checked, to name the failing check and
-step. A per-step check costs 10-20% of a step on CPU (it keeps the gradient from fusing
-with the update); the end check costs nothing measurable.
+step. A per-step check kept the gradient from fusing with the update: up to an eighth of
+a naive step on a CPU (``python -m benchmarks fit-overhead``); the end check costs nothing
+measurable.
 
 Data kept on the host (memory-mapped, :class:`dsgrad.data.HostArray`) cannot be
 gathered on the device: :class:`SegmentRunner` cuts a segment into blocks of at most
