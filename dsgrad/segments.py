@@ -316,10 +316,10 @@ class SegmentRunner:
 
   def seconds_per_step(self, params, opt_state, length: int, calls: int) -> float:
     """Seconds per step of ``calls`` segments of ``length`` steps from ``params``,
-    dispatched back to back and waited for once, so that a call's fixed cost (dispatch,
-    the deferred checks' read-back) overlaps the previous call's steps, as it does in a
-    long run; the carry is consumed (donated). With host data, whose rows are read per
-    block, the calls wait for each other."""
+    dispatched back to back and waited for once, so that a call's host-side cost
+    (dispatch, the deferred checks' read-back) overlaps the previous call's steps, as it
+    does in a long run; the carry is consumed (donated, where the checks run per step).
+    With host data, whose rows are read per block, the calls wait for each other."""
     if self.host_data:
       before = self.step_seconds
       carry = (params, opt_state)
