@@ -159,7 +159,9 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     # serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
 
-    messages = []
+    # Filled while the scan's body is traced: the per-step checks' messages, and those
+    # of the checks settled at the segment's end instead.
+    messages, settled = [], []
 
     values = data_lib.join_host(data, host)
 
@@ -176,14 +178,13 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
         carry = train_step(step_objective, step_optimizer, *carry, idx, key_t, mesh=mesh)
       if finite_at_end:
         # Unused, these checks' reductions are compiled away.
-        moved[:] = [message for _, message in found if checks.is_range_or_finite_check(message)]
+        settled[:] = [m for _, m in found if checks.is_range_or_finite_check(m)]
         found = [(bad, m) for bad, m in found if not checks.is_range_or_finite_check(m)]
       messages[:] = [message for _, message in found]
       return carry, checks.failure_code(found)
 
-    moved = []
     carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
-    if moved:  # first, so that checkify reports it before any later per-step failure
+    if settled:  # first, so that checkify reports it before any later per-step failure
       checks._checkify(checks.all_finite(carry[0]), PARAMS_NOT_FINITE)
     checks.check_failure_codes(codes, steps, messages)
     return carry
@@ -285,7 +286,8 @@ class SegmentRunner:
       self.finite_at_end = (not self.host_data
                             and tables.tree_bytes(args[0]) <= CHECK_AT_END_BYTES)
     at_end = self.finite_at_end and not checked
-    cache = self.executables if at_end or not self.finite_at_end else self.checked
+    # Without checks at the end, the usual executables already check every step.
+    cache = self.checked if checked and self.finite_at_end else self.executables
     if steps not in cache:
       cache[steps], seconds = compiled_segment(
           self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
