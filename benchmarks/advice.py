@@ -51,6 +51,17 @@ MODELS = {
 PEAKS = (3e-3, 1e-2, 3e-2)
 STEPS = {"hierarchical": 100_000, "student_t": 300_000, "mlp": 60_000}
 """Each model's ``T``: a few seconds of the hand-written loop on a 2-core CPU."""
+SCALES = {
+    "small": {"models": list(MODELS), "steps": STEPS, "seeds": [0, 1, 2, 3], "section": ""},
+    "minute": {"models": ["hierarchical", "mlp"],
+               "steps": {"hierarchical": 3_000_000, "mlp": 2_500_000}, "seeds": [0],
+               "section": "minute"},
+}
+"""The two scales the page reports, each its own section: budgets of a few seconds (four
+seeds: the best contender is the best on average), and budgets of a minute or more on two
+CPU cores (one seed: where users need the advice)."""
+TRACE_POINTS = 40
+"""ELBO estimates along each full run: the prediction check's resolution."""
 
 
 def _cosine(peak):
@@ -129,6 +140,16 @@ def _timing_agreement(advice) -> float:
   return float(max(abs(a - b) / min(a, b) for a, b in zip(first, second)))
 
 
+def _race_rounds(advice) -> dict:
+  """``{name: [[fraction, gain, se], ...]}``: each raced candidate's gain over naive at
+  equal wall-clock at the end of every race round it took part in (the fraction of its
+  run, and of the budget), paired as the race pairs it (:func:`dsgrad.race.race`)."""
+  naive = advice.runs["naive"].trace
+  return {name: [[points[-1][0], *race_lib.checkpoint_difference(points, naive[r])]
+                 for r, points in enumerate(lane.trace) if r > 0]
+          for name, lane in advice.runs.items() if name != "naive" and lane.trace}
+
+
 def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference=True):
   model = MODELS[name](jax.random.key(12345))
   objective = dsgrad.meanfield_gaussian(model)
@@ -153,6 +174,8 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
                               jax.random.key(seed), batch_size=batch_size, budget=budget,
                               progress=False)
     advice_seconds = time.perf_counter() - started
+    # Before the full runs continue the raced lanes.
+    race_rounds, reference_rounds = _race_rounds(advice), {}
     rows = {c.name: _full_run(objective, advice, c, eval_key, elbo_samples)
             for c in advice.ranking}
     if reference:
@@ -170,6 +193,7 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
       measured = dict(zip(probe.runs, race_lib.time_steps(
           list(probe.runs.values()), step_guess=rows["naive"]["seconds_per_step"])))
       everyone = call(step_costs={**guess, **measured}, share=1.0)
+      reference_rounds = _race_rounds(everyone)
       for c in everyone.ranking:
         if rows[c.name]["note"] and not c.note:
           rows[c.name] = {**_full_run(objective, everyone, c, eval_key, elbo_samples),
@@ -186,6 +210,7 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
         "hand_draws": hand[2],
         "pick": advice.best, "advice_seconds": advice_seconds, "reasons": list(advice.reasons),
         "candidates": rows, "timing_disagreement": _timing_agreement(advice),
+        "race_rounds": race_rounds, "reference_race_rounds": reference_rounds,
         "variance_per_step": _variances(objective, hand_params, jax.random.key(7), batch_size, k)}
     print(f"  seed {seed}: pick {advice.best}, hand {hand[0]:.2f}, " + ", ".join(
         f"{n} {r.get('elbo', float('nan')):.2f}" for n, r in rows.items()), flush=True)
@@ -200,15 +225,20 @@ def _full_run(objective, advice, c, eval_key, elbo_samples) -> dict:
          "race_time_ratio": c.time_ratio, "note": c.note}
   if c.note:
     return row
-  raced_steps = advice.runs[c.name].steps
+  lane = advice.runs[c.name]
+  raced_steps = lane.steps
+  # The race's checkpoints begin the trace (at the timed rate): the prediction check
+  # needs the early part of the run, where a fast candidate passes naive's final ELBO.
+  raced = [(f * c.budget_steps * c.seconds_per_step, float(d.mean()))
+           for points in lane.trace for f, d in points]
   result = advice.fit(c.name, progress=False, elbo_samples=30,
-                      eval_every=max(1, c.budget_steps // 10))
+                      eval_every=max(1, c.budget_steps // TRACE_POINTS))
   row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, result.params, eval_key,
                                                     elbo_samples)
   # The run's time: its raced steps (at the timed rate) and the continuation's.
   race_seconds = raced_steps * c.seconds_per_step
-  row["trace"] = [(race_seconds + float(t), float(e)) for t, e in
-                  zip(result.history.wall_time, result.history.elbo)]
+  row["trace"] = raced + [(race_seconds + float(t), float(e)) for t, e in
+                          zip(result.history.wall_time, result.history.elbo)]
   row["raced_steps"] = raced_steps
   return row
 
@@ -274,6 +304,40 @@ def _run_fraction(s) -> str:
   return f"{trace[-1][0] / s['budget_seconds']:.2f}" if trace else "n/a"
 
 
+def _rounds_cell(rounds) -> str:
+  return ", ".join(f"{gain:+.3g} ({se:.2g}) at {100 * f:.2g}%" for f, gain, se in rounds)
+
+
+def _race_lines(results) -> list:
+  """Where a race could tell the best from naive: per model and seed, how far the pick's
+  race went, and the best contender's (and the pick's) gain over naive at each round of
+  the race given the whole budget (records made before the rounds were kept: none)."""
+  lines = []
+  for name, r in results.items():
+    for seed, s in r["seeds"].items():
+      if "race_rounds" not in s:
+        continue
+      ran = {n: c for n, c in s["candidates"].items() if "elbo" in c}
+      best = max(ran, key=lambda n: ran[n]["elbo"])
+      reached = max((f for rounds in s["race_rounds"].values() for f, _, _ in rounds),
+                    default=0.0)
+      cells = [f"the pick's race reached {100 * reached:.2g}% of the budget" if reached
+               else "the pick's call raced nothing"]
+      for n in dict.fromkeys([best, s["pick"]]):
+        label = f"{ran[n]['description']} ({'best' if n == best else 'pick'})"
+        rounds = s["reference_race_rounds"].get(n) or s["race_rounds"].get(n)
+        if n != "naive" and rounds:
+          cells.append(f"{label}: {_rounds_cell(rounds)}")
+        elif n == "naive":
+          cells.append(f"{label}: the reference")
+      lines.append(f"* {name}, seed {seed}: " + "; ".join(cells) + ".")
+  if lines:
+    lines = ["", "Where a race can tell: the best contender's gain over naive at equal "
+             "wall-clock (paired se) at the end of each round of the race given the whole "
+             "budget, in % of the budget, beside how far the pick's own race went:", ""] + lines
+  return lines
+
+
 def render(record):
   """The advice section of one run record (``docs/data/advice-*.json``)."""
   results, config = record["results"]["results"], record["results"]["config"]
@@ -303,6 +367,7 @@ def render(record):
           f"({100 * s['advice_seconds'] / s['budget_seconds']:.0f}%) | "
           f"{100 * s['timing_disagreement']:.0f}% | {_run_fraction(s)} |")
   lines += _over_seeds(results)
+  lines += _race_lines(results)
   lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "
             "gradient variance per step at the hand-written run's final parameters, "
             "relative to naive's):", ""]
@@ -322,50 +387,59 @@ def render(record):
   return "\n".join(lines)
 
 
-def _steps(parser, given: list, models: list) -> dict:
+def _steps(parser, given: list, models: list, defaults: dict) -> dict:
   """``{model: T}`` from ``--steps``: one number for all, or ``name=T`` pairs (the
-  models not named keep :data:`STEPS`)."""
+  models not named keep ``defaults``, the scale's)."""
   if len(given) == 1 and "=" not in given[0]:
     return {name: int(given[0]) for name in models}
   pairs = dict(item.split("=", 1) for item in given if "=" in item)
   if len(pairs) != len(given) or set(pairs) - set(models):
     parser.error(f"--steps takes one number or name=T pairs for the models {models}")
-  return {name: int(pairs.get(name, STEPS[name])) for name in models}
+  return {name: int(pairs.get(name, defaults.get(name, STEPS[name]))) for name in models}
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks advice",
                                    description=__doc__.split("\n\n")[0])
+  parser.add_argument("--scale", choices=[*SCALES, "both"], default="both",
+                      help="the budgets to run (SCALES): a few seconds over four seeds, a "
+                           "minute or more over one, or both, each in its own section "
+                           "(default: both, about 80 minutes on two CPU cores)")
   parser.add_argument("--steps", nargs="*", default=[],
                       help="T for every model (one number) or per model (name=T pairs); "
-                           "default: STEPS, per model")
+                           "default: the scale's")
   parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+  parser.add_argument("--seeds", type=int, nargs="*", help="default: the scale's")
   parser.add_argument("--tune-seed", type=int, default=100)
   parser.add_argument("--elbo-samples", type=int, default=100)
-  parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-  parser.add_argument("--section", default="",
-                      help="a name for this run's own section of the page (e.g. 'minute' for "
-                           "a run at minute-scale budgets), beside the default runs")
+  parser.add_argument("--models", nargs="*", choices=list(MODELS),
+                      help="default: the scale's")
   parser.add_argument("--no-reference", action="store_true",
                       help="do not run the candidates the pick's call did not race (they "
                            "cost about one budget each)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
-  steps = _steps(parser, args.steps, args.models)
-  config = {"steps": steps, "batch_size": args.batch_size, "seeds": args.seeds,
-            "tune_seed": args.tune_seed, "elbo_samples": args.elbo_samples,
-            "reference": not args.no_reference}
-  if args.tune_seed in args.seeds:
-    parser.error("the tuning seed must not be a reported seed")
-  section = f"advice-{jax.default_backend()}" + (f"-{args.section}" if args.section else "")
-  results = {}
-  for name in args.models:
-    results[name] = run_model(name, args.seeds, steps[name], args.batch_size, args.tune_seed,
-                              args.elbo_samples, not args.no_reference)
-    # Written after each model, so a long run stopped part-way keeps what it measured.
-    _report.publish(section, None, not args.no_write,
-                    render=render, data={"results": results, "config": config})
+  scales = list(SCALES) if args.scale == "both" else [args.scale]
+  if len(scales) > 1 and (args.steps or args.seeds is not None or args.models):
+    parser.error("--steps, --seeds and --models change one scale: give --scale too")
+  for scale in scales:
+    preset = SCALES[scale]
+    models = args.models or preset["models"]
+    seeds = preset["seeds"] if args.seeds is None else args.seeds
+    if args.tune_seed in seeds:
+      parser.error("the tuning seed must not be a reported seed")
+    config = {"scale": scale, "steps": _steps(parser, args.steps, models, preset["steps"]),
+              "batch_size": args.batch_size, "seeds": seeds, "tune_seed": args.tune_seed,
+              "elbo_samples": args.elbo_samples, "reference": not args.no_reference}
+    section = f"advice-{jax.default_backend()}" + (
+        f"-{preset['section']}" if preset["section"] else "")
+    results = {}
+    for name in models:
+      results[name] = run_model(name, seeds, config["steps"][name], args.batch_size,
+                                args.tune_seed, args.elbo_samples, not args.no_reference)
+      # Written after each model, so a long run stopped part-way keeps what it measured.
+      _report.publish(section, None, not args.no_write,
+                      render=render, data={"results": results, "config": config})
 
 
 if __name__ == "__main__":
