@@ -287,25 +287,31 @@ OUT_OF_RANGE = " out of range: every index must lie in [0, "
 NON_FINITE = " contains non-finite values (NaN or inf)"
 
 
+class RangeOrFiniteMessage(str):
+  """The message of an :func:`index_checks` or :func:`finite_checks` check: its type,
+  not its wording, marks the checks that :func:`dsgrad.fit` may settle once per segment
+  (its indices are in range by construction, and a non-finite gradient, noise or params
+  leaves the params non-finite) instead of once per step."""
+
+
 def index_checks(indices, num_data: int, name: str = "indices"):
   """Value checks that every index lies in ``[0, num_data)``."""
   return [(jnp.any((indices < 0) | (indices >= num_data)),
-           f"{name}{OUT_OF_RANGE}{num_data})")]
+           RangeOrFiniteMessage(f"{name}{OUT_OF_RANGE}{num_data})"))]
 
 
 def finite_checks(tree, name: str):
   """Value checks that every leaf of ``tree`` is finite."""
   if not _floating_leaves(tree):
     return []
-  return [(~all_finite(tree), f"{name}{NON_FINITE}")]
+  return [(~all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}"))]
 
 
 def is_range_or_finite_check(message: str) -> bool:
   """Whether ``message`` is that of an :func:`index_checks` or :func:`finite_checks`
-  check: the checks that :func:`dsgrad.fit` may settle once per segment (its indices
-  are in range by construction, and a non-finite gradient, noise or params leaves the
-  params non-finite) instead of once per step."""
-  return OUT_OF_RANGE in message or message.endswith(NON_FINITE)
+  check (a :class:`RangeOrFiniteMessage`); another check's message that happens to use
+  the same words is not."""
+  return isinstance(message, RangeOrFiniteMessage)
 
 
 def all_finite(tree) -> jax.Array:

@@ -549,3 +549,13 @@ def test_checks_at_the_segment_end_compute_what_checks_per_step_compute(
   per_step = run()
   for a, b in zip(jax.tree.leaves(at_end.params), jax.tree.leaves(per_step.params)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_checks_settled_at_a_segment_end_are_known_by_kind_not_by_wording():
+  """Only the index-range and finiteness checks may move to a segment's end: another
+  check whose message uses the same words keeps running every step."""
+  ours = (dsgrad.checks.finite_checks(jnp.ones(2), "noise")
+          + dsgrad.checks.index_checks(jnp.arange(3), 2))
+  assert all(dsgrad.checks.is_range_or_finite_check(message) for _, message in ours)
+  for _, message in ours:
+    assert not dsgrad.checks.is_range_or_finite_check(str(message))
