@@ -193,7 +193,12 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
       probe = call(step_costs=guess)
       measured = dict(zip(probe.runs, race_lib.time_steps(
           list(probe.runs.values()), step_guess=rows["naive"]["seconds_per_step"])))
-      everyone = call(step_costs={**guess, **measured}, share=1.0)
+      # Each cost relative to naive's in the same interleaved rounds, at naive's rate as
+      # the pick's call timed it: this CPU changes speed within minutes, and costs timed
+      # at another moment would give these candidates more or fewer steps than naive's.
+      scale = rows["naive"]["seconds_per_step"] / measured["naive"]
+      everyone = call(step_costs={**guess, **{n: c * scale for n, c in measured.items()}},
+                      share=1.0)
       reference_rounds = _race_rounds(everyone)
       for c in everyone.ranking:
         if rows[c.name]["note"] and not c.note:
