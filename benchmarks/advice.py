@@ -344,6 +344,28 @@ def _race_lines(results) -> list:
   return lines
 
 
+def _prediction_lines(results) -> list:
+  """The prediction check, where the pick is not naive: the race's time ratio against the
+  full runs' (their traces begin with the race's checkpoints)."""
+  lines = []
+  for name, r in results.items():
+    for seed, s in r["seeds"].items():
+      check = s.get("prediction")
+      if not check:
+        continue
+      predicted, measured = check["race_time_ratio"], check["full_run_time_ratio"]
+      within = 0.5 <= measured / predicted <= 2 if np.isfinite(measured) else False
+      lines.append(f"* {name}, seed {seed}: {s['pick']} reached naive's race ELBO in "
+                   f"{predicted:.2f}x naive's time in the race, and naive's final ELBO in "
+                   f"{measured:.2f}x naive's run in the full runs: "
+                   f"{'within' if within else 'not within'} 2x.")
+  if lines:
+    lines = ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
+             "relative to naive's, as the race predicted it and as the full runs measured it "
+             "(from their ELBO traces):", ""] + lines
+  return lines
+
+
 def render(record):
   """The advice section of one run record (``docs/data/advice-*.json``)."""
   results, config = record["results"]["results"], record["results"]["config"]
@@ -374,6 +396,7 @@ def render(record):
           f"{100 * s['timing_disagreement']:.0f}% | {_run_fraction(s)} |")
   lines += _over_seeds(results)
   lines += _race_lines(results)
+  lines += _prediction_lines(results)
   lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "
             "gradient variance per step at the hand-written run's final parameters, "
             "relative to naive's):", ""]
