@@ -72,8 +72,9 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
 
   Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
   contender the share cannot pay for is passed over for the cheaper ones after it; after
-  a pair compiled, its measured compile times price what is left, and a lane whose race
-  would no longer fit is let go (the last first). Given ``ledger=None`` (step costs
+  a pair compiled, its measured compile times price what is left, and a lane whose timing
+  and estimates would no longer fit the whole share, the race's quarter included, is let
+  go (the last first). Given ``ledger=None`` (step costs
   passed in) every contender that fits in memory is admitted, compiled by the race."""
   if ledger is None:
     return build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for)
@@ -99,7 +100,9 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
     race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
     for lane in fresh:
       ledger.compiled(lane)
-    while fresh and ledger.left() < 0:
+    # Their compile is spent: a lane is let go only if its timing rounds and estimates
+    # do not fit even the race's quarter of the share.
+    while fresh and ledger.left(whole=True) < 0:
       lane = fresh.pop()
       ledger.release(lane)
       ruled_out.append(not_raced(

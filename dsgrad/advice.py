@@ -228,7 +228,9 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       where its step count was guessed far off, about a second each for small models on
       two CPU cores; :data:`dsgrad.race.SCHEDULE_TOLERANCE`), so a small budget races
       fewer candidates; the race takes what compiling leaves of the share, and at least
-      a quarter of it.
+      a quarter of it. A candidate whose compile took longer than priced is still raced
+      if its timing fits the share (its compile is spent), so the advice can take up to
+      a quarter of the share more than the share.
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).

@@ -373,7 +373,10 @@ class Share:
   far will still cost (their timing rounds and ELBO estimates; a lane races with its
   timing program, unless its schedule was guessed too far from its length and it compiles
   again, which the race's part of the share absorbs). A quarter of the share is kept for
-  the race itself (:func:`dsgrad.recommend`).
+  the race itself (:func:`dsgrad.recommend`). A lane whose compile took longer than
+  priced is kept while its timing rounds and ELBO estimates fit the whole share (its
+  compile is spent either way, and a race in the rest is better than none), so the
+  advice can take up to a quarter of the share more than the share.
 
   A lane not yet compiled is priced by what it compiles. One whose program is naive's
   step on the objective or a variant of it (``naive_like``: more samples, a larger batch,
@@ -410,8 +413,11 @@ class Share:
     self.owed += (2 + 2 * (FINAL_CHECKPOINTS - 1)) * eval_seconds
     self.per_lane += 2 * eval_seconds
 
-  def left(self) -> float:
-    return 0.75 * self.allowed - (time.perf_counter() - self.started) - self.owed
+  def left(self, whole: bool = False) -> float:
+    """Seconds of the share left to admit lanes with: three quarters of it (the rest is
+    the race's), or with ``whole`` all of it."""
+    part = 1.0 if whole else 0.75
+    return part * self.allowed - (time.perf_counter() - self.started) - self.owed
 
   def compile_guess(self, name: str) -> float:
     """The seconds a candidate's program is expected to take to compile."""
