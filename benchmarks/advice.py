@@ -52,7 +52,8 @@ PEAKS = (3e-3, 1e-2, 3e-2)
 STEPS = {"hierarchical": 100_000, "student_t": 300_000, "mlp": 60_000}
 """Each model's ``T``: a few seconds of the hand-written loop on a 2-core CPU."""
 SCALES = {
-    "small": {"models": list(MODELS), "steps": STEPS, "seeds": [0, 1, 2, 3], "section": ""},
+    "small": {"models": list(MODELS), "steps": STEPS,
+              "seeds": dict.fromkeys(MODELS, [0, 1, 2, 3]), "section": ""},
     "minute": {"models": ["hierarchical", "mlp"],
                "steps": {"hierarchical": 3_000_000, "mlp": 2_500_000},
                "seeds": {"hierarchical": [0], "mlp": [0, 1, 2]}, "section": "minute"},
@@ -354,7 +355,7 @@ def _prediction_lines(results) -> list:
       if not check:
         continue
       predicted, measured = check["race_time_ratio"], check["full_run_time_ratio"]
-      within = 0.5 <= measured / predicted <= 2 if np.isfinite(measured) else False
+      within = np.isfinite(measured) and 0.5 <= measured / predicted <= 2
       lines.append(f"* {name}, seed {seed}: {s['pick']} reached naive's race ELBO in "
                    f"{predicted:.2f}x naive's time in the race, and naive's final ELBO in "
                    f"{measured:.2f}x naive's run in the full runs: "
@@ -430,10 +431,11 @@ def _steps(parser, given: list, models: list, defaults: dict) -> dict:
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks advice",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--scale", choices=[*SCALES, "both"], default="both",
+  parser.add_argument("--scale", choices=[*SCALES, "both"],
                       help="the budgets to run (SCALES): a few seconds over four seeds, a "
-                           "minute or more over one, or both, each in its own section "
-                           "(default: both, about 80 minutes on two CPU cores)")
+                           "minute or more (the MLP over three seeds), or both, each in its "
+                           "own section (default: both, about 95 minutes on two CPU cores; "
+                           "'small' where --steps, --seeds, --models or --section is given)")
   parser.add_argument("--steps", nargs="*", default=[],
                       help="T for every model (one number) or per model (name=T pairs); "
                            "default: the scale's")
@@ -443,27 +445,35 @@ def main(argv=None):
   parser.add_argument("--elbo-samples", type=int, default=100)
   parser.add_argument("--models", nargs="*", choices=list(MODELS),
                       help="default: the scale's")
+  parser.add_argument("--section", default=None,
+                      help="a name for this run's own section of the page, instead of the "
+                           "scale's (e.g. 'minute-student-t')")
   parser.add_argument("--no-reference", action="store_true",
                       help="do not run the candidates the pick's call did not race (they "
                            "cost about one budget each)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
-  scales = list(SCALES) if args.scale == "both" else [args.scale]
-  if len(scales) > 1 and (args.steps or args.seeds is not None or args.models):
-    parser.error("--steps, --seeds and --models change one scale: give --scale too")
+  one_run = args.steps or args.seeds is not None or args.models or args.section is not None
+  if args.scale == "both" and one_run:
+    parser.error("--steps, --seeds, --models and --section change one scale: name it")
+  if args.scale in (None, "both") and not one_run:
+    scales = list(SCALES)
+  else:
+    scales = [args.scale or "small"]
   for scale in scales:
     preset = SCALES[scale]
     models = args.models or preset["models"]
-    seeds = {name: (args.seeds if args.seeds is not None else preset["seeds"][name]
-                    if isinstance(preset["seeds"], dict) else preset["seeds"])
+    # A model outside the scale keeps the small scale's seeds (and steps: _steps).
+    seeds = {name: args.seeds if args.seeds is not None
+             else preset["seeds"].get(name, SCALES["small"]["seeds"][name])
              for name in models}
     if any(args.tune_seed in s for s in seeds.values()):
       parser.error("the tuning seed must not be a reported seed")
     config = {"scale": scale, "steps": _steps(parser, args.steps, models, preset["steps"]),
               "batch_size": args.batch_size, "seeds": seeds, "tune_seed": args.tune_seed,
               "elbo_samples": args.elbo_samples, "reference": not args.no_reference}
-    section = f"advice-{jax.default_backend()}" + (
-        f"-{preset['section']}" if preset["section"] else "")
+    suffix = preset["section"] if args.section is None else args.section
+    section = f"advice-{jax.default_backend()}" + (f"-{suffix}" if suffix else "")
     results = {}
     for name in models:
       results[name] = run_model(name, seeds[name], config["steps"][name], args.batch_size,
