@@ -9,8 +9,7 @@ import numpy as np
 import optax
 
 from dsgrad import race as race_lib
-from dsgrad.candidates import (NAIVE_PROGRAMS, Candidate, cost_guess,
-                               equal_cost_contenders)
+from dsgrad.candidates import NAIVE_PROGRAMS, Candidate, cost_guess
 
 
 def build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for):
@@ -112,23 +111,15 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
   return lanes, ruled_out
 
 
-def equal_cost_lanes(names, lanes, naive_lane, objective, batch_size, ledger, guess,
-                     make_optimizer, params, key, limit, steps_for, share, progress,
-                     step_costs):
-  """The equal-cost candidates ``names``, ``K`` the raced control variates' median cost in
-  naive steps (2 if none raced), admitted and timed against naive; ``(lanes, ruled_out)``."""
-  controls = [lane.seconds_per_step for lane in lanes
-              if lane.contender.name not in NAIVE_PROGRAMS]
-  ratio = float(np.median(controls)) / naive_lane.seconds_per_step if controls else 2.0
-  k = max(2, int(round(ratio)))
-  extra, ruled_out = admit(equal_cost_contenders(names, objective, batch_size, ratio), ledger,
-                           guess, make_optimizer, params, key, limit,
-                           lambda name: steps_for(name, k), share, progress)
-  if extra:
-    timed = step_seconds([naive_lane] + extra, step_costs, progress, guess)
-    for lane, seconds in zip(extra, timed[1:]):
-      lane.seconds_per_step = seconds * naive_lane.seconds_per_step / timed[0]
-  return extra, ruled_out
+def equal_cost_k(candidates, step_costs) -> int:
+  """The equal-cost baselines' ``K``: the control variates' median cost in naive steps
+  where ``step_costs`` gives them, else 2 (at least 2)."""
+  given = step_costs or {}
+  controls = [float(given[name]) for name in candidates
+              if name not in NAIVE_PROGRAMS and name in given]
+  if not controls or "naive" not in given:
+    return 2
+  return max(2, int(round(float(np.median(controls)) / float(given["naive"]))))
 
 
 def schedule_guesses(budget, budget_in, guess, step_costs):

@@ -309,7 +309,13 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   # timing rounds then run the very program it compiled.
   guess = race_lib.guess_step_seconds(naive_lane) if step_costs is None else None
   others = [name for name in candidates if name != "naive"]
-  wanted_equal_cost = [name for name in others if name in EQUAL_COST]
+  # The equal-cost baselines' K: the control variates' cost in naive steps where it is
+  # given, else 2 (they are compiled beside the control variates, before any is timed;
+  # a control-variate step measured 1.3-2.0x naive's on every model timed so far).
+  k = admission.equal_cost_k(candidates, step_costs)
+  contenders = [entry for name in others for entry in
+                (base if name not in EQUAL_COST
+                 else equal_cost_contenders([name], objective, batch_size, k)) if entry[0] == name]
   ledger, eval_seconds = None, 0.0
   if step_costs is None:  # given the step costs, nothing is priced
     ledger = race_lib.Share(
@@ -318,9 +324,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     progress.set_total(ledger.allowed)
     if all(ledger.left() < ledger.price([name]) for name in others):
       # Nothing else can be compiled: no ELBO is estimated and naive is not timed again.
-      ruled_out += admission.never_raced(
-          [c for c in base if c[0] != "naive"]
-          + equal_cost_contenders(wanted_equal_cost, objective, batch_size, 2.0), share)
+      ruled_out += admission.never_raced(contenders, share)
       return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
                             budget, budget_in, ruled_out, started)
   eval_key = jax.random.fold_in(key, 7919)
@@ -333,23 +337,14 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     eval_seconds = time.perf_counter() - eval_started
     ledger.count_evaluations(eval_seconds)
   steps_for = admission.schedule_guesses(budget, budget_in, guess, step_costs)
-  more, more_out = admission.admit([c for name in others for c in base if c[0] == name],
-                                   ledger, guess, make_optimizer, params, key, limit,
-                                   lambda name: steps_for(name, 2), share, progress)
+  more, more_out = admission.admit(contenders, ledger, guess, make_optimizer, params, key,
+                                   limit, lambda name: steps_for(name, k), share, progress)
   lanes, ruled_out = lanes + more, ruled_out + more_out
-  if len(lanes) == 1 and (not wanted_equal_cost or (
-      ledger is not None and ledger.left() < ledger.price(wanted_equal_cost[:1]))):
-    ruled_out += admission.never_raced(
-        equal_cost_contenders(wanted_equal_cost, objective, batch_size, 2.0), share)
+  if len(lanes) == 1:
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started)
   for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
-  if wanted_equal_cost:
-    extra, more_out = admission.equal_cost_lanes(
-        wanted_equal_cost, lanes, naive_lane, objective, batch_size, ledger, guess,
-        make_optimizer, params, key, limit, steps_for, share, progress, step_costs)
-    lanes, ruled_out = lanes + extra, ruled_out + more_out
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
   return _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws,
