@@ -218,7 +218,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       that many steps, as timed here).
     approx: the approximation of the control variates (default: each estimator's).
     candidates: names from :data:`CANDIDATES`; ``"naive"`` is required (the reference).
-      Their order is their priority: they are compiled in that order, two at a time,
+      Their order is their priority (the default pairs each control variate with a naive
+      variant: :data:`CANDIDATES`): they are compiled in that order, two at a time,
       while the share lasts, each priced by what it compiles (naive's step on a variant
       objective at naive's compile time, a control variate at those measured before it);
       one the share cannot pay for is not raced (the advice says so) and the cheaper ones

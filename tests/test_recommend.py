@@ -88,7 +88,12 @@ def test_where_nothing_beats_naive_the_advice_says_naive(monkeypatch):
 
 def test_the_candidates_each_objective_allows():
   """The path derivative is offered for mean-field objectives only; the equal-cost
-  baselines take K from the control variates' cost (here 3x: 3 samples, batch 30)."""
+  baselines take K from the control variates' given cost (here 3x: 3 samples, batch 30),
+  else K = 2 (they compile beside the control variates, before any is timed)."""
+  from dsgrad import admission
+  assert admission.equal_cost_k(("naive", "cv", "naive_batch"), None) == 2
+  assert admission.equal_cost_k(("naive", "cv", "joint_svrg", "naive_batch"),
+                                {"naive": 1.0, "cv": 2.2, "joint_svrg": 3.8}) == 3
   model = _model()
   objective = dsgrad.families.FullRankGaussian(D).objective(model)
   params = dsgrad.families.FullRankGaussian(D).params()
