@@ -39,6 +39,7 @@ import optax
 import dsgrad
 from benchmarks import _report
 from benchmarks.fit_overhead import _hierarchical, _mlp, _student_t, bbvi_loss, epoch_batches
+from dsgrad import admission
 from dsgrad import advice as advice_lib
 from dsgrad import race as race_lib
 
@@ -207,10 +208,8 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
                           "not_raced_by_pick": rows[c.name]["note"]}
     # The equal-cost K: what a raced control-variate step costs in naive steps (2 when
     # recommend raced none, e.g. when the budget could not pay for compiling them).
-    costs = [rows[n]["seconds_per_step"] for n in ("cv", "joint_svrg", "joint_saga")
-             if n in rows and not rows[n]["note"]]
-    k = (max(2, int(round(np.median(costs) / rows["naive"]["seconds_per_step"])))
-         if costs else 2)
+    k = admission.equal_cost_k(rows, {n: r["seconds_per_step"] for n, r in rows.items()
+                                      if not r["note"]})
     out["seeds"][str(seed)] = {
         "prediction": _prediction_check(rows, advice.best),
         "budget_seconds": budget, "hand_elbo": hand[0], "hand_elbo_se": hand[1],

@@ -314,9 +314,10 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   # given, else 2 (they are compiled beside the control variates, before any is timed;
   # a control-variate step measured 1.3-2.0x naive's on every model timed so far).
   k = admission.equal_cost_k(candidates, step_costs)
-  contenders = [entry for name in others for entry in
-                (base if name not in EQUAL_COST
-                 else equal_cost_contenders([name], objective, batch_size, k)) if entry[0] == name]
+  equal_cost = equal_cost_contenders([n for n in others if n in EQUAL_COST], objective,
+                                     batch_size, k)
+  by_name = {entry[0]: entry for entry in base + equal_cost}
+  contenders = [by_name[name] for name in others]
   ledger, eval_seconds = None, 0.0
   if step_costs is None:  # given the step costs, nothing is priced
     ledger = race_lib.Share(

@@ -115,10 +115,10 @@ def base_contenders(names, objective, approx, batch_size, max_table_bytes):
   return out
 
 
-def equal_cost_contenders(names, objective, batch_size, ratio):
+def equal_cost_contenders(names, objective, batch_size, k):
   """``[(name, Contender | None, description, note)]`` for the equal-cost candidates:
-  ``K = round(ratio)`` (at least 2) samples per datum, or a ``K``-times batch."""
-  k = max(2, int(round(ratio)))
+  ``k`` samples per datum, or a ``k``-times batch (``k`` from
+  :func:`dsgrad.admission.equal_cost_k`)."""
   out = []
   for name in names:
     if name == "naive_samples":
