@@ -131,9 +131,8 @@ def _prediction_check(rows, pick):
     return None
   naive_trace, pick_trace = rows["naive"]["trace"], rows[pick]["trace"]
   target, naive_time = naive_trace[-1][1], naive_trace[-1][0]
-  reached = [t for t, e in pick_trace if e >= target]
   return {"race_time_ratio": rows[pick]["race_time_ratio"],
-          "full_run_time_ratio": (reached[0] / naive_time) if reached else float("inf")}
+          "full_run_time_ratio": race_lib.time_to_reach(pick_trace, target) / naive_time}
 
 
 def _timing_agreement(advice) -> float:
@@ -232,21 +231,51 @@ def _full_run(objective, advice, c, eval_key, elbo_samples) -> dict:
   if c.note:
     return row
   lane = advice.runs[c.name]
-  raced_steps = lane.steps
-  # The race's checkpoints begin the trace (at the timed rate): the prediction check
-  # needs the early part of the run, where a fast candidate passes naive's final ELBO.
-  raced = [(f * c.budget_steps * c.seconds_per_step, float(d.mean()))
-           for points in lane.trace for f, d in points]
-  result = advice.fit(c.name, progress=False, elbo_samples=30,
-                      eval_every=max(1, c.budget_steps // TRACE_POINTS))
-  row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, result.params, eval_key,
+  row["raced_steps"] = lane.steps
+  params, row["trace"] = _continue_traced(objective, lane, advice.key, eval_key)
+  row["elbo"], row["elbo_se"], row["draws"] = _elbo(objective, params, eval_key,
                                                     elbo_samples)
-  # The run's time: its raced steps (at the timed rate) and the continuation's.
-  race_seconds = raced_steps * c.seconds_per_step
-  row["trace"] = raced + [(race_seconds + float(t), float(e)) for t, e in
-                          zip(result.history.wall_time, result.history.elbo)]
-  row["raced_steps"] = raced_steps
   return row
+
+
+TRACE_SAMPLES = 30
+"""Draws per ELBO estimate along a full run (the same noise at every point)."""
+
+
+def _continue_traced(objective, lane, key, eval_key):
+  """A raced lane's run continued to the end of its schedule in pieces (the run one
+  :meth:`dsgrad.Recommendation.fit` call makes: same key, batches and schedule), its
+  ELBO estimated at the race's end and after each piece with the same noise
+  (``eval_key``): two points of a trace differ by the run's progress, not by the
+  estimates' noise, so the time at which one run reaches another's ELBO is measured.
+  The pieces end at :data:`TRACE_POINTS` steps spaced geometrically, since a fast
+  candidate passes naive's final ELBO early in its run.
+
+  Returns:
+    ``(final params, [(seconds, ELBO), ...])``: seconds of steps only, the raced ones at
+    the race's timed rate.
+  """
+  params, opt_state = race_lib.copy_tree(lane.params), race_lib.copy_tree(lane.opt_state)
+  step, seconds = lane.steps, lane.steps * lane.seconds_per_step
+  optimizer = lane.run_optimizer()
+
+  def estimate(p):
+    return float(race_lib.elbo_draws(objective, p, eval_key, TRACE_SAMPLES).mean())
+
+  trace = [(seconds, estimate(params))]
+  # Stops on multiples of one segment length, so that a few programs are compiled.
+  segment = max(1, lane.total_steps // (10 * TRACE_POINTS))
+  stops = np.geomspace(max(step, 1), lane.total_steps, TRACE_POINTS + 1)
+  stops = np.unique(np.minimum(np.ceil(stops / segment) * segment, lane.total_steps))
+  for stop in stops[stops > step].astype(int):
+    result = dsgrad.fit(lane.contender.objective, optimizer, params, key,
+                        num_steps=int(stop), batch_size=lane.contender.batch_size,
+                        opt_state=opt_state, start_step=step, elbo_samples=0,
+                        progress=False, eval_every=segment)
+    params, opt_state, step = result.params, result.opt_state, int(stop)
+    seconds += float(result.history.wall_time[-1])
+    trace.append((seconds, estimate(params)))
+  return params, trace
 
 
 def _paired_cells(s, ran, best) -> str:
@@ -357,9 +386,9 @@ def _ratio_along(naive_trace, pick_trace, fraction) -> float:
   return race_lib.time_to_reach(list(pick_trace), target) / seconds
 
 
-def _prediction_lines(results) -> list:
+def _prediction_lines(results, common_noise: bool) -> list:
   """The prediction check, where the pick is not naive: the race's time ratio against the
-  full runs' (their traces begin with the race's checkpoints), and the full runs' ratio at
+  full runs' (their traces begin at the race's end), and the full runs' ratio at
   points along naive's run, which shows where the two part."""
   lines = []
   for name, r in results.items():
@@ -378,7 +407,13 @@ def _prediction_lines(results) -> list:
                    f"{measured:.2f}x naive's run in the full runs: "
                    f"{'within' if within else 'not within'} 2x. Along the full runs, the "
                    f"time to naive's ELBO at a point of its run: {along}.")
-  if lines:
+  if lines and common_noise:
+    lines = ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
+             "relative to naive's, as the race predicted it and as the full runs measured it "
+             f"(from their ELBO traces: {TRACE_SAMPLES} draws at the race's end and at "
+             f"{TRACE_POINTS} points spaced geometrically to the run's end, the same noise "
+             "at every point and in every run).", ""] + lines
+  elif lines:
     lines = ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
              "relative to naive's, as the race predicted it and as the full runs measured it "
              "(from their ELBO traces). The traces after the race are single estimates with "
@@ -418,7 +453,7 @@ def render(record):
           f"{100 * s['timing_disagreement']:.0f}% | {_run_fraction(s)} |")
   lines += _over_seeds(results)
   lines += _race_lines(results)
-  lines += _prediction_lines(results)
+  lines += _prediction_lines(results, config.get("trace_noise") == "common")
   lines += ["", "Every candidate at equal wall-clock (final ELBO; steps in the budget; "
             "gradient variance per step at the hand-written run's final parameters, "
             "relative to naive's):", ""]
@@ -492,7 +527,8 @@ def main(argv=None):
       parser.error("the tuning seed must not be a reported seed")
     config = {"scale": scale, "steps": _steps(parser, args.steps, models, preset["steps"]),
               "batch_size": args.batch_size, "seeds": seeds, "tune_seed": args.tune_seed,
-              "elbo_samples": args.elbo_samples, "reference": not args.no_reference}
+              "elbo_samples": args.elbo_samples, "reference": not args.no_reference,
+              "trace_noise": "common"}
     suffix = preset["section"] if args.section is None else args.section
     section = f"advice-{jax.default_backend()}" + (f"-{suffix}" if suffix else "")
     results = {}
