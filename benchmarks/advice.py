@@ -146,10 +146,11 @@ def _shorter_budgets(objective, advice, params, eval_key, elbo_samples, rows) ->
   ends with one. The pick is run from the start with its schedule over ``x`` budgets,
   ``x`` = ``r/2``, ``r`` and ``2r`` (the full run stands for ``x >= 1``), and its final
   ELBO compared with naive's full run (paired, common random numbers): the prediction
-  holds within 2x where the pick is behind at ``r/2`` and level or ahead at ``2r``.
+  holds within 2x where the pick is behind at ``r/2`` and level or ahead at ``2r``
+  (:func:`_budget_verdict`).
 
   Returns:
-    ``{"ratio": r, "runs": [[x, pick - naive, se], ...], "within_2x": bool}``, or ``{}``
+    ``{"ratio": r, "runs": [[x, pick - naive, se], ...], "verdict": str}``, or ``{}``
     where the race gives no finite ratio.
   """
   pick = advice.best
@@ -167,7 +168,19 @@ def _shorter_budgets(objective, advice, params, eval_key, elbo_samples, rows) ->
       short.advance_to(1.0)
       draws = race_lib.elbo_draws(objective, short.params, eval_key, elbo_samples)
     runs.append([min(x, 1.0), *race_lib.paired_difference(draws, naive_draws)])
-  return {"ratio": ratio, "runs": runs, "within_2x": runs[0][1] < 0 <= runs[-1][1]}
+  return {"ratio": ratio, "runs": runs, "verdict": _budget_verdict(runs)}
+
+
+def _budget_verdict(runs) -> str:
+  """Where the budget the pick needs to end level with naive lies against the race's
+  ratio ``r``, from the runs at ``r/2``, ``r``, ``2r`` budgets: "behind" and "level" are
+  by more, and by less, than 2 paired standard errors."""
+  (_, half, half_se), (_, _, _), (_, double, double_se) = runs
+  if half >= -2 * half_se:
+    return "at most r/2: the race overstated the time it needs"
+  if double < -2 * double_se:
+    return "more than 2r: the race understated the time it needs"
+  return "between r/2 and 2r: within 2x"
 
 
 def _timing_agreement(advice) -> float:
@@ -430,9 +443,8 @@ def _shorter_budgets_cell(check) -> str:
     return ""
   runs = "; ".join(f"{x:.2f} budgets: {d:+.2f} ({se:.2f})" for x, d, se in check["runs"])
   return (f" Given x budgets (schedule over x budgets), the pick's final ELBO minus naive's "
-          f"with one: {runs}: the time it needs to end level with naive is "
-          f"{'within' if check['within_2x'] else 'not within'} 2x of the race's "
-          f"{check['ratio']:.2f}.")
+          f"with one: {runs}; the budget it needs to end level with naive, against the "
+          f"race's r = {check['ratio']:.2f}: {_budget_verdict(check['runs'])}.")
 
 
 def _prediction_lines(results, common_noise: bool) -> list:
