@@ -150,32 +150,42 @@ def _shorter_budgets(objective, advice, params, eval_key, elbo_samples, rows) ->
   (:func:`_budget_verdict`).
 
   Returns:
-    ``{"ratio": r, "runs": [[x, pick - naive, se], ...], "verdict": str}``, or ``{}``
-    where the race gives no finite ratio.
+    ``{"ratio": r, "runs": [[x, pick - naive, se], ...], "naive_at_half": [r/2, naive
+    over r/2 budgets - naive, se], "verdict": str}``, or ``{}`` where the race gives no
+    finite ratio.
   """
   pick = advice.best
   ratio = rows[pick]["race_time_ratio"]
   if not np.isfinite(ratio) or ratio <= 0:
     return {}
-  lane, naive_draws = advice.runs[pick], rows["naive"]["draws"]
-  runs = []
-  for x in (ratio / 2, ratio, 2 * ratio):
-    if x >= 1:
-      draws = rows[pick]["draws"]
-    else:
-      short = lane.restarted(lane.make_optimizer, max(1, round(x * lane.total_steps)),
-                             params, advice.key)
-      short.advance_to(1.0)
-      draws = race_lib.elbo_draws(objective, short.params, eval_key, elbo_samples)
-    runs.append([min(x, 1.0), *race_lib.paired_difference(draws, naive_draws)])
-  return {"ratio": ratio, "runs": runs, "verdict": _budget_verdict(runs)}
+  naive_draws = rows["naive"]["draws"]
+
+  def shorter(name, x):  # name's final ELBO minus naive's full run's, over x budgets
+    lane = advice.runs[name]
+    short = lane.restarted(lane.make_optimizer, max(1, round(x * lane.total_steps)),
+                           params, advice.key)
+    short.advance_to(1.0)
+    draws = race_lib.elbo_draws(objective, short.params, eval_key, elbo_samples)
+    return [x, *race_lib.paired_difference(draws, naive_draws)]
+
+  runs = [shorter(pick, x) if x < 1 else [1.0, *race_lib.paired_difference(
+      rows[pick]["draws"], naive_draws)] for x in (ratio / 2, ratio, 2 * ratio)]
+  # The control: naive itself over r/2 budgets. Where it too ends level with its whole
+  # run, the task has converged before its budget and no estimator can gain there.
+  control = shorter("naive", ratio / 2) if ratio < 2 else None
+  return {"ratio": ratio, "runs": runs, "naive_at_half": control,
+          "verdict": _budget_verdict(runs, control)}
 
 
-def _budget_verdict(runs) -> str:
+def _budget_verdict(runs, control=None) -> str:
   """Where the budget the pick needs to end level with naive lies against the race's
-  ratio ``r``, from the runs at ``r/2``, ``r``, ``2r`` budgets: "behind" and "level" are
-  by more, and by less, than 2 paired standard errors."""
+  ratio ``r``, from the runs at ``r/2``, ``r``, ``2r`` budgets and naive's own at
+  ``r/2`` (``control``, if run): "behind" and "level" are by more, and by less, than 2
+  paired standard errors."""
   (_, half, half_se), (_, _, _), (_, double, double_se) = runs
+  if control is not None and control[1] >= -2 * control[2]:
+    return ("cannot tell: naive over r/2 budgets also ends level with its whole run "
+            f"({control[1]:+.2f} ({control[2]:.2f})), the task converges before its budget")
   if half >= -2 * half_se:
     return "at most r/2: the race overstated the time it needs"
   if double < -2 * double_se:
@@ -442,9 +452,13 @@ def _shorter_budgets_cell(check) -> str:
   if not check:
     return ""
   runs = "; ".join(f"{x:.2f} budgets: {d:+.2f} ({se:.2f})" for x, d, se in check["runs"])
+  if check.get("naive_at_half"):
+    x, d, se = check["naive_at_half"]
+    runs += f"; naive itself over {x:.2f} budgets: {d:+.2f} ({se:.2f})"
   return (f" Given x budgets (schedule over x budgets), the pick's final ELBO minus naive's "
           f"with one: {runs}; the budget it needs to end level with naive, against the "
-          f"race's r = {check['ratio']:.2f}: {_budget_verdict(check['runs'])}.")
+          f"race's r = {check['ratio']:.2f}: "
+          f"{_budget_verdict(check['runs'], check.get('naive_at_half'))}.")
 
 
 def _prediction_lines(results, common_noise: bool) -> list:
