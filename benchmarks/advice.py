@@ -157,8 +157,8 @@ def _shorter_budgets(objective, advice, params, eval_key, elbo_samples, rows) ->
 
   Returns:
     ``{"ratio": r, "runs": [[x, pick - naive, se], ...], "naive_at_half": [r/2, naive
-    over r/2 budgets - naive, se], "verdict": str}``, or ``{}`` where the race gives no
-    finite ratio.
+    over r/2 budgets - naive, se]}`` (the verdict is derived when rendered), or ``{}``
+    where the race gives no finite ratio.
   """
   pick = advice.best
   ratio = rows[pick]["race_time_ratio"]
@@ -179,8 +179,7 @@ def _shorter_budgets(objective, advice, params, eval_key, elbo_samples, rows) ->
   # The control: naive itself over r/2 budgets. Where it too ends level with its whole
   # run, the task has converged before its budget and no estimator can gain there.
   control = shorter("naive", ratio / 2) if ratio < 2 else None
-  return {"ratio": ratio, "runs": runs, "naive_at_half": control,
-          "verdict": _budget_verdict(runs, control)}
+  return {"ratio": ratio, "runs": runs, "naive_at_half": control}
 
 
 def _budget_verdict(runs, control=None) -> str:
@@ -489,20 +488,18 @@ def _prediction_lines(results, common_noise: bool) -> list:
                    f"{'within' if within else 'not within'} 2x. Along the full runs, the "
                    f"time to naive's ELBO at a point of its run: {along}." +
                    _shorter_budgets_cell(s.get("shorter_budgets")))
-  if lines and common_noise:
-    lines = ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
-             "relative to naive's, as the race predicted it and as the full runs measured it "
-             f"(from their ELBO traces: {TRACE_SAMPLES} draws at the race's end and at "
-             f"{TRACE_POINTS} points spaced geometrically to the run's end, the same noise "
-             "at every point and in every run).", ""] + lines
-  elif lines:
-    lines = ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
-             "relative to naive's, as the race predicted it and as the full runs measured it "
-             "(from their ELBO traces). The traces after the race are single estimates with "
-             "fresh noise at each point (30 draws): where a run gains less than one "
-             "estimate's error over its later part, the full runs' ratio is set by that "
-             "noise, not by the pick.", ""] + lines
-  return lines
+  if not lines:
+    return lines
+  traces = (f"their ELBO traces: {TRACE_SAMPLES} draws at the race's end and at "
+            f"{TRACE_POINTS} points spaced geometrically to the run's end, the same noise "
+            "at every point and in every run)." if common_noise else
+            "their ELBO traces). The traces after the race are single estimates with "
+            "fresh noise at each point (30 draws): where a run gains less than one "
+            "estimate's error over its later part, the full runs' ratio is set by that "
+            "noise, not by the pick.")
+  return ["", "The prediction check: the time the pick takes to reach naive's final ELBO, "
+          "relative to naive's, as the race predicted it and as the full runs measured it "
+          f"(from {traces}", ""] + lines
 
 
 def render(record):
