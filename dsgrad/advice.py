@@ -42,6 +42,7 @@ from dsgrad import admission
 from dsgrad import checks
 from dsgrad import diagnostics
 from dsgrad import race as race_lib
+from dsgrad import race_elbo
 from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
                                Candidate, base_contenders, equal_cost_contenders)
 from dsgrad.objective import Objective
@@ -124,10 +125,16 @@ def _candidates(lanes, traces, naive_index, ruled_out):
 
 def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                    budget_in, ruled_out, started) -> Recommendation:
-  """The advice when naive is the only candidate left: nothing to race it against, so
-  neither its timing rounds nor a race is spent (its step time is ``guess``'s, from
-  segments dispatched back to back); its run is set up for the whole budget."""
+  """The advice when naive is the only candidate left: nothing to race it against, so no
+  race is spent; its run is set up for the whole budget, its step timed in interleaved
+  rounds of the segment already compiled (at most 0.7 s) as a raced lane's is, where
+  ``guess`` came from a segment shorter than 0.1 s: one segment timed just after
+  compiling, it ran 8-12% slow on a model of 10^6 data, and a schedule sized by it ends
+  that much of the budget early."""
   seconds = float(step_costs["naive"]) if step_costs is not None else guess
+  if step_costs is None and race_lib.TIMING_SEGMENT * guess <= 0.1:
+    naive_lane.chunk = race_lib.TIMING_SEGMENT  # the segment compiled for the guess
+    seconds = race_lib.time_steps([naive_lane])[0]
   budget_seconds = float(budget) * (seconds if budget_in == "naive_steps" else 1.0)
   lane = naive_lane.restarted(make_optimizer, max(1, int(budget_seconds / seconds)), params, key)
   lane.seconds_per_step = seconds
@@ -166,8 +173,8 @@ def _ruled_out_lines(rows) -> list:
   return [f"{', '.join(names)}: ruled out ({note})." for note, names in notes.items()]
 
 
-def _reasons(ranking, best, budget_seconds, spent) -> list:
-  lines = [_budget_line(budget_seconds, spent)]
+def _reasons(ranking, best, budget_seconds, spent, estimates_line) -> list:
+  lines = [_budget_line(budget_seconds, spent), estimates_line]
   naive = next(r for r in ranking if r.name == "naive")
   for r in ranking:
     if r.note:
@@ -194,11 +201,12 @@ def _reasons(ranking, best, budget_seconds, spent) -> list:
 @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
                   budget=checks.positive(), share=checks.probability(low_open=True),
                   memory_share=checks.probability(low_open=True),
-                  elbo_samples=checks.count(2), max_table_bytes=checks.byte_budget())
+                  elbo_samples=checks.count(2), elbo_rows=checks.or_word(checks.count(1), "auto"),
+                  max_table_bytes=checks.byte_budget())
 def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
               budget: float, budget_in: str = "seconds", approx=None,
               candidates=CANDIDATES, share: float = 0.1, memory_share: float = 0.5,
-              elbo_samples: int = 64, progress: bool = True,
+              elbo_samples: int = 64, elbo_rows: int | str = "auto", progress: bool = True,
               max_table_bytes: int | str | None = "auto",
               step_costs: dict | None = None) -> Recommendation:
   """Races ways to train ``objective`` at equal wall-clock and recommends the best.
@@ -235,6 +243,11 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
+    elbo_rows: the data each draw of an estimate reads: a number (at least ``N``: a full
+      pass), or ``"auto"``: a full pass where the race's estimates fit a quarter of the
+      share, else as many data drawn at random (the same for every candidate; unbiased,
+      their spread in the standard errors) as fit (:mod:`dsgrad.race_elbo`). Given
+      ``step_costs``, nothing is timed and ``"auto"`` is a full pass.
     progress: show a progress bar over the seconds of the share (tqdm where installed,
       else printed lines) with what is being compiled, timed or raced.
     max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`).
@@ -283,14 +296,14 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   reporter = race_lib.Progress(progress, started)
   try:
     return _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
-                   candidates, share, memory_share, elbo_samples, reporter, max_table_bytes,
-                   step_costs, started)
+                   candidates, share, memory_share, (elbo_samples, elbo_rows), reporter,
+                   max_table_bytes, step_costs, started)
   finally:
     reporter.close()
 
 
 def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, approx,
-            candidates, share, memory_share, elbo_samples, progress, max_table_bytes,
+            candidates, share, memory_share, elbo_settings, progress, max_table_bytes,
             step_costs, started) -> Recommendation:
   """:func:`recommend`'s work, its arguments checked; ``progress`` a
   :class:`dsgrad.race.Progress`."""
@@ -318,7 +331,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
                                      batch_size, k)
   by_name = {entry[0]: entry for entry in base + equal_cost}
   contenders = [by_name[name] for name in others]
-  ledger, eval_seconds = None, 0.0
+  ledger = None
   if step_costs is None:  # given the step costs, nothing is priced
     ledger = race_lib.Share(
         share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
@@ -329,15 +342,11 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
       ruled_out += admission.never_raced(contenders, share)
       return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
                             budget, budget_in, ruled_out, started)
-  eval_key = jax.random.fold_in(key, 7919)
-  evaluate = lambda p: race_lib.elbo_draws(objective, p, eval_key, elbo_samples)
-  # The race starts from the ELBO at params; a second estimate times one.
-  start_draws = evaluate(params)
+  estimates = race_elbo.choose(objective, params, jax.random.fold_in(key, 7919),
+                               *elbo_settings, None if ledger is None else ledger.allowed,
+                               len(candidates), share)
   if ledger is not None:
-    eval_started = time.perf_counter()
-    evaluate(params)
-    eval_seconds = time.perf_counter() - eval_started
-    ledger.count_evaluations(eval_seconds)
+    ledger.count_evaluations(estimates.seconds)
   steps_for = admission.schedule_guesses(budget, budget_in, guess, step_costs)
   more, more_out = admission.admit(contenders, ledger, guess, make_optimizer, params, key,
                                    limit, lambda name: steps_for(name, k), share, progress)
@@ -349,12 +358,12 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     lane.seconds_per_step = seconds
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
                                     else 1.0)
-  return _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws,
-               eval_seconds, share, step_costs, progress, started)
+  return _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_costs,
+               progress, started)
 
 
-def _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws, eval_seconds,
-          share, step_costs, progress, started) -> Recommendation:
+def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_costs,
+          progress, started) -> Recommendation:
   """The timed lanes stretched over the steps each affords in the budget, raced in what
   is left of the share, and the advice."""
   # The real runs: each schedule spans the steps its candidate affords in the budget. A
@@ -368,16 +377,18 @@ def _race(lanes, ruled_out, budget_seconds, params, key, evaluate, start_draws, 
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
-  evaluations = eval_seconds * (sum(race_lib.halving_fractions(len(lanes), share)[1])
+  evaluations = estimates.seconds * (sum(race_lib.halving_fractions(len(lanes), share)[1])
                                 + 2 * (race_lib.FINAL_CHECKPOINTS - 1))
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
-  traces = race_lib.race(lanes, naive_index, evaluate, race_share, progress, start_draws)
+  traces = race_lib.race(lanes, naive_index, estimates.evaluate, race_share, progress,
+                         estimates.start)
   rows = _candidates(lanes, traces, naive_index, ruled_out)
   best = _pick(rows)
   ranking = tuple([best] + sorted((r for r in rows if r is not best),
                                   key=lambda r: (bool(r.note), -r.rounds, -r.gain)))
   spent = time.perf_counter() - started
-  return Recommendation(best.name, ranking, tuple(_reasons(ranking, best, budget_seconds, spent)),
+  reasons = _reasons(ranking, best, budget_seconds, spent, estimates.describe())
+  return Recommendation(best.name, ranking, tuple(reasons),
                         budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)

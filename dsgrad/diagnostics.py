@@ -105,9 +105,9 @@ def total_variance(samples) -> tuple[float, float]:
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
-                  chunk_size=checks.count(1))
+                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)))
 def elbo(objective: Objective, params, key, num_samples: int = 1000,
-         chunk_size: int = 4096):
+         chunk_size: int = 4096, num_data_sampled: int | None = None):
   """Full-data ELBO ``-E_eps mean_n f(w; n, eps)`` by Monte Carlo, in bounded memory.
 
   For a BBVI objective (Eq. 3) this is the evidence lower bound; for other objectives
@@ -115,6 +115,13 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
   and sweeps all data in chunks of ``chunk_size`` (a shared-noise objective uses one
   draw for all data). Compiled once per (objective structure, num_samples,
   chunk_size): objectives made by :meth:`~dsgrad.Objective.with_data` share it.
+
+  With ``num_data_sampled`` below ``N``, each sample instead reads that many data (rounded
+  up to whole chunks) drawn uniformly with replacement: still unbiased, its standard
+  error holding the subsampling's spread too, at that fraction of a full pass's cost
+  (:func:`sampled_elbo_draws`). On large data this buys more precision per second than
+  fewer full passes only when the data's terms vary less than the noise's; on a
+  hierarchical model with 10^6 data the two were even.
 
   Returns:
     ``(estimate, standard_error)`` as floats.
@@ -130,7 +137,11 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     >>> bool(standard_error > 0), bool(value < 0)
     (True, True)
   """
-  values = elbo_draws(objective, num_samples, chunk_size)(params, key)
+  if num_data_sampled is not None and num_data_sampled < objective.num_data:
+    values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
+                                                                    num_data_sampled)
+  else:
+    values = elbo_draws(objective, num_samples, chunk_size)(params, key)
   return mean_and_standard_error(values)
 
 
@@ -175,6 +186,75 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
       lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
                                         chunk_size=chunk_size)))[0]
   return functools.partial(program, objective)
+
+
+def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: int = 4096):
+  """``(params, key, rows) -> (num_samples,)`` ELBO draws, each on ``rows`` data: with
+  ``rows >= N`` a full pass (as :func:`elbo_draws`), else ``rows`` (rounded up to whole
+  chunks) drawn uniformly with replacement, scaled to the full data (unbiased). ``rows``
+  is an argument of one compiled program, so a caller can time a chunk and then choose
+  how many to read without compiling again (:func:`dsgrad.recommend` does).
+
+  The same ``key`` draws the same rows and noise at any ``params``: differences between
+  parameter sets keep common random numbers for the subsampling too.
+
+  Args:
+    objective: the objective.
+    num_samples: Monte Carlo draws per call.
+    chunk_size: data per chunk (at most ``N``).
+
+  Returns:
+    A function ``(params, key, rows) -> (num_samples,)`` array.
+
+  Example::
+
+    >>> import jax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 1000, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective = dsgrad.meanfield_gaussian(model)
+    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
+    >>> draws = dsgrad.diagnostics.sampled_elbo_draws(objective, 8, 100)(
+    ...     params, jax.random.key(1), 200)  # two chunks of 100 data per draw
+    >>> draws.shape
+    (8,)
+  """
+  chunk = max(1, min(int(chunk_size), objective.num_data))
+  program = compile_cache.get_or_build(
+      ("sampled_elbo_draws", objective.structure_key(), num_samples, chunk),
+      lambda: jax.jit(functools.partial(_sampled_elbo_run, num_samples=num_samples,
+                                        chunk_size=chunk)))[0]
+  return functools.partial(program, objective)
+
+
+def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: int,
+                      chunk_size: int):
+  n = objective.num_data
+  full = rows >= n
+  num_chunks = jnp.where(full, -(-n // chunk_size), jnp.maximum(1, -(-rows // chunk_size)))
+  positions = jnp.arange(chunk_size)
+  dtype = jnp.result_type(float)
+
+  def one(k):
+    k_rows, k_noise = jax.random.split(k)
+
+    def body(j, total):
+      # A full pass reads the data in order (its last chunk padded and masked); a
+      # sampled one draws each chunk's rows.
+      idx, weights = jax.lax.cond(
+          full,
+          lambda: (jnp.minimum(j * chunk_size + positions, n - 1),
+                   (j * chunk_size + positions < n).astype(dtype)),
+          lambda: (jax.random.randint(jax.random.fold_in(k_rows, j), (chunk_size,), 0, n),
+                   jnp.ones(chunk_size, dtype)))
+      k_chunk = k_noise if objective.shared_noise else jax.random.fold_in(k_noise, j)
+      noise = objective.sample_noise(k_chunk, chunk_size)
+      loss = objective.loss(params, idx, noise, validate=False).astype(dtype)
+      return total + jnp.sum(weights * loss)
+
+    total = jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((), dtype))
+    return -total / jnp.where(full, n, num_chunks * chunk_size).astype(dtype)
+
+  return jax.lax.map(one, jax.random.split(key, num_samples))
 
 
 def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):

@@ -116,7 +116,8 @@ def test_the_candidates_each_objective_allows():
                                     dict(candidates=("naive", "sgld")),
                                     dict(batch_size=0), dict(budget=-1.0),
                                     dict(budget_in="epochs"), dict(share=1.5),
-                                    dict(step_costs={"cv": 1.0})])
+                                    dict(step_costs={"cv": 1.0}), dict(elbo_rows=0),
+                                    dict(elbo_rows="half")])
 def test_bad_settings_are_refused(kwargs):
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
@@ -125,6 +126,24 @@ def test_bad_settings_are_refused(kwargs):
   with pytest.raises(ValueError):
     dsgrad.recommend(objective, optax.adam(1e-2), dsgrad.meanfield_init(model),
                      jax.random.key(0), **settings)
+
+
+def test_the_race_estimates_on_sampled_data_where_full_passes_would_not_fit():
+  """``elbo_rows="auto"``: full passes where the estimates fit their part of the share,
+  else whole chunks of data drawn at random, and the advice's line says which; the same
+  key gives every parameter set the same rows and noise (common random numbers)."""
+  from dsgrad import race_elbo
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  choose = lambda allowed, rows="auto": race_elbo.choose(
+      objective, params, jax.random.key(4), 8, rows, allowed, 6, 0.1, chunk_size=50)
+  tight, ample, unpriced = choose(1e-9), choose(1e6), choose(None)
+  assert tight.rows == 50 and "50 of the 200 data" in tight.describe()
+  assert ample.rows == unpriced.rows == N and "full pass" in ample.describe()
+  assert tight.seconds > 0 and unpriced.seconds == 0
+  np.testing.assert_array_equal(tight.evaluate(params), tight.start)
+  assert not np.allclose(tight.start, ample.start)  # a sample, not the full data
+  assert choose(1e6, rows=120).rows == 120 and choose(None, rows=10 ** 6).rows == N
 
 
 def test_a_budget_too_small_to_race_in_gets_naive_without_a_race(capsys):
