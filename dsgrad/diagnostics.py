@@ -188,6 +188,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
   return functools.partial(program, objective)
 
 
+@checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: int = 4096):
   """``(params, key, rows) -> (num_samples,)`` ELBO draws, each on ``rows`` data: with
   ``rows >= N`` a full pass (as :func:`elbo_draws`), else ``rows`` (rounded up to whole
