@@ -123,16 +123,22 @@ def _candidates(lanes, traces, naive_index, ruled_out):
   return rows + list(ruled_out)
 
 
+UNRACED_TIMING_SECONDS = 0.7
+"""The most an unraced naive's timing rounds take (seven calls of at most 0.1 s)."""
+
+
 def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
-                   budget_in, ruled_out, started) -> Recommendation:
+                   budget_in, ruled_out, started, share) -> Recommendation:
   """The advice when naive is the only candidate left: nothing to race it against, so no
-  race is spent; its run is set up for the whole budget, its step timed in interleaved
-  rounds of the segment already compiled (at most 0.7 s) as a raced lane's is, where
-  ``guess`` came from a segment shorter than 0.1 s: one segment timed just after
-  compiling, it ran 8-12% slow on a model of 10^6 data, and a schedule sized by it ends
-  that much of the budget early."""
+  race is spent; its run is set up for the whole budget. With a budget in seconds that
+  leaves the share room for it, its step is timed in interleaved rounds of the segment
+  already compiled, as a raced lane's is, where ``guess`` came from a segment shorter
+  than 0.1 s: one segment timed just after compiling, it ran 8-12% slow on a model of
+  10^6 data, and a schedule sized by it ends that much of the budget early."""
   seconds = float(step_costs["naive"]) if step_costs is not None else guess
-  if step_costs is None and race_lib.TIMING_SEGMENT * guess <= 0.1:
+  room = (budget_in == "seconds" and time.perf_counter() - started + UNRACED_TIMING_SECONDS
+          <= share * float(budget))
+  if step_costs is None and room and race_lib.TIMING_SEGMENT * guess <= 0.1:
     naive_lane.chunk = race_lib.TIMING_SEGMENT  # the segment compiled for the guess
     seconds = race_lib.time_steps([naive_lane])[0]
   budget_seconds = float(budget) * (seconds if budget_in == "naive_steps" else 1.0)
@@ -341,7 +347,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
       # Nothing else can be compiled: no ELBO is estimated and naive is not timed again.
       ruled_out += admission.never_raced(contenders, share)
       return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key,
-                            budget, budget_in, ruled_out, started)
+                            budget, budget_in, ruled_out, started, share)
   estimates = race_elbo.choose(objective, params, jax.random.fold_in(key, 7919),
                                *elbo_settings, None if ledger is None else ledger.allowed,
                                len(candidates), share)
@@ -353,7 +359,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   lanes, ruled_out = lanes + more, ruled_out + more_out
   if len(lanes) == 1:
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
-                          budget_in, ruled_out, started)
+                          budget_in, ruled_out, started, share)
   for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
