@@ -249,8 +249,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     memory_share: a candidate whose state (computed from shapes, before anything is
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
-    elbo_rows: the data each draw of an estimate reads: a number (at least ``N``: a full
-      pass), or ``"auto"``: a full pass where the race's estimates fit a quarter of the
+    elbo_rows: the data each draw of an estimate reads: a number (rounded up to whole
+      chunks of 4,096 data; at least ``N``: a full pass), or ``"auto"``: a full pass where the race's estimates fit a quarter of the
       share, else as many data drawn at random (the same for every candidate; unbiased,
       their spread in the standard errors) as fit (:mod:`dsgrad.race_elbo`). Given
       ``step_costs``, nothing is timed and ``"auto"`` is a full pass.

@@ -64,8 +64,8 @@ def estimates_needed(num_candidates: int, share: float) -> int:
 
 def choose(objective: Objective, params, key, num_samples: int, rows, allowed: float | None,
            num_candidates: int, share: float, chunk_size: int = 4096) -> Estimates:
-  """The race's estimates: on ``rows`` data per draw (an integer; at least ``N`` is a
-  full pass), or with ``rows="auto"`` on as many as keep all of them within
+  """The race's estimates: on ``rows`` data per draw (an integer, rounded up to whole
+  chunks; at least ``N`` is a full pass), or with ``rows="auto"`` on as many as keep all of them within
   :data:`ESTIMATES_SHARE` of ``allowed`` seconds (a full pass where that fits, or where
   nothing is priced: ``allowed`` None).
 
@@ -85,7 +85,8 @@ def choose(objective: Objective, params, key, num_samples: int, rows, allowed: f
     target = ESTIMATES_SHARE * allowed / estimates_needed(num_candidates, share)
     chunks = int(target // per_chunk)
     rows = n if chunks * chunk >= n else max(1, chunks) * chunk
-  rows = n if rows == "auto" else min(int(rows), n)
+  # A sample reads whole chunks: say what it reads.
+  rows = n if rows == "auto" else min(-(-int(rows) // chunk) * chunk, n)
   if not compiled:
     start = call(params, rows)
     if allowed is None:
