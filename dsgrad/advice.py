@@ -383,8 +383,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
-  evaluations = estimates.seconds * (sum(race_lib.halving_fractions(len(lanes), share)[1])
-                                + 2 * (race_lib.FINAL_CHECKPOINTS - 1))
+  evaluations = estimates.seconds * race_elbo.estimates_needed(len(lanes), share)
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")

@@ -54,12 +54,12 @@ class Estimates(NamedTuple):
             f"keep them within {ESTIMATES_SHARE:.0%} of the advice's share.")
 
 
-def estimates_needed(num_candidates: int, share: float) -> int:
-  """The ELBO estimates a race of ``num_candidates`` makes: the start, each lane's at each
-  round it takes part in, and the final round's extra checkpoints (naive's and one
+def estimates_needed(num_lanes: int, share: float) -> int:
+  """The ELBO estimates a race of ``num_lanes`` makes after the start's: each lane's at
+  each round it takes part in, and the final round's extra checkpoints (naive's and one
   other's)."""
-  counts = race_lib.halving_fractions(num_candidates, share)[1]
-  return 1 + sum(counts) + 2 * (race_lib.FINAL_CHECKPOINTS - 1)
+  counts = race_lib.halving_fractions(num_lanes, share)[1]
+  return sum(counts) + 2 * (race_lib.FINAL_CHECKPOINTS - 1)
 
 
 def choose(objective: Objective, params, key, num_samples: int, rows, allowed: float | None,
@@ -77,21 +77,22 @@ def choose(objective: Objective, params, key, num_samples: int, rows, allowed: f
   program = diagnostics.sampled_elbo_draws(objective, num_samples, chunk_size)
   chunk = max(1, min(chunk_size, n))
   call = lambda p, r: np.asarray(program(p, key, r), np.float64)
-  compiled = False
+  timed = None  # (rows, seconds, draws) of an estimate already timed
   if rows == "auto" and allowed is not None and chunk < n:
-    call(params, chunk)
-    compiled = True
-    per_chunk, _ = _timed(call, params, chunk)
-    target = ESTIMATES_SHARE * allowed / estimates_needed(num_candidates, share)
-    chunks = int(target // per_chunk)
+    call(params, chunk)  # compiles
+    timed = (chunk, *_timed(call, params, chunk))
+    target = ESTIMATES_SHARE * allowed / (1 + estimates_needed(num_candidates, share))
+    chunks = int(target // timed[1])
     rows = n if chunks * chunk >= n else max(1, chunks) * chunk
   # A sample reads whole chunks: say what it reads.
   rows = n if rows == "auto" else min(-(-int(rows) // chunk) * chunk, n)
-  if not compiled:
-    start = call(params, rows)
+  if timed is None:
+    start = call(params, rows)  # compiles
     if allowed is None:
       return Estimates(lambda p: call(p, rows), start, 0.0, rows, n, num_samples)
-  seconds, start = _timed(call, params, rows)
+  if timed is None or timed[0] != rows:
+    timed = (rows, *_timed(call, params, rows))
+  _, seconds, start = timed
   return Estimates(lambda p: call(p, rows), start, seconds, rows, n, num_samples)
 
 
