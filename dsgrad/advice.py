@@ -388,7 +388,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
   traces = race_lib.race(lanes, naive_index, estimates.evaluate, race_share, progress,
-                         estimates.start)
+                         estimates.start, estimate_cost=estimates.seconds / budget_seconds)
   rows = _candidates(lanes, traces, naive_index, ruled_out)
   best = _pick(rows)
   ranking = tuple([best] + sorted((r for r in rows if r is not best),

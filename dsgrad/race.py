@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from dsgrad import diagnostics
+from dsgrad import halving
 from dsgrad import segments
 from dsgrad import tables
 from dsgrad.objective import Objective
@@ -262,25 +263,6 @@ def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
   return diagnostics.mean_and_standard_error(np.subtract(a, b))
 
 
-def halving_fractions(num_lanes: int, share: float) -> tuple[list, list]:
-  """``(fractions, counts)``: successive halving with a reference that always races.
-
-  Round ``r`` takes its ``counts[r]`` lanes (the reference and the best half, rounded up,
-  of the other lanes still racing) from ``fractions[r - 1]`` to ``fractions[r] = 2^r
-  fractions[0]`` of their runs; the last round has the reference and one other lane.
-  The rounds together cost ``share`` of the budget: each lane spends the same fraction
-  of the budget as of its run.
-  """
-  others, counts = num_lanes - 1, [num_lanes]
-  while others > 1:
-    others = (others + 1) // 2
-    counts.append(others + 1)
-  # Round r costs counts[r] (f_r - f_{r-1}) = counts[r] 2^(r-1) f_0 (f_{-1} = 0).
-  unit = counts[0] + sum(c * 2 ** (r - 1) for r, c in enumerate(counts[1:], start=1))
-  first = share / unit
-  return [first * 2 ** r for r in range(len(counts))], counts
-
-
 def time_to_reach(trace: list, target: float) -> float:
   """The fraction of its run at which a lane's ELBO trace (``(fraction, mean ELBO)``
   pairs, from the start) first reaches ``target``, interpolated linearly; ``inf`` if
@@ -300,9 +282,16 @@ paired differences over these checkpoints measures that jitter too."""
 
 
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
-         progress: Callable[[str], None], start=None) -> dict:
+         progress: Callable[[str], None], start=None, estimate_cost: float = 0.0) -> dict:
   """Successive halving over ``lanes`` (``reference``, naive, always races); ``progress``
-  is told which lane races (a :class:`Progress`).
+  is told which lane races (a :class:`Progress`). A lane outside the better half stays
+  while it is within one doubling of naive's pace and the share allows
+  (:mod:`dsgrad.halving`).
+
+  Args:
+    estimate_cost: one ELBO estimate's time as a fraction of the budget: the estimates of
+      lanes kept beyond the plan come out of ``share`` (the plan's own are priced by the
+      caller).
 
   Returns:
     ``{lane index: [[(fraction, draws), ...], ...]}`` for every lane: per round it took
@@ -315,32 +304,52 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
   start = evaluate(lanes[reference].params) if start is None else start
   for lane in lanes:
     lane.trace.append([(0.0, start)])
-  fractions, counts = halving_fractions(len(lanes), share)
+  fractions, counts = halving.halving_fractions(len(lanes), share)
+  planned = halving.estimates_planned(counts, FINAL_CHECKPOINTS)
   # The race runs each lane's timing segment (compiled already, unless the lane was
   # restarted for its schedule), dispatched back to back.
   for lane in lanes:
     if lane.chunk is None:  # not timed here: step costs were given
       lane.chunk = race_chunk(lane.seconds_per_step, fractions[0] * lane.total_steps)
   prepare_all(lanes, [lane.chunk for lane in lanes])
-  alive = list(range(len(lanes)))
-  for r, fraction in enumerate(fractions):
-    last = r + 1 == len(fractions)
+  alive, made, replanned, halfway = list(range(len(lanes))), 0, False, None
+  for r in range(len(counts)):
+    fraction, last = fractions[r], r + 1 == len(counts)
     before = fractions[r - 1] if r else 0.0
     marks = ([fraction - (fraction - before) / 2 * (1 - j / FINAL_CHECKPOINTS)
               for j in range(1, FINAL_CHECKPOINTS + 1)] if last else [fraction])
     for i in alive:
-      progress(f"round {r + 1}/{len(fractions)}: racing {lanes[i].contender.name} "
+      progress(f"round {r + 1}/{len(counts)}: racing {lanes[i].contender.name} "
                f"to {100 * fraction:.2g}% of its run")
+      if r == 0 and i == reference:  # naive's pace: where it was at half the time
+        lanes[i].advance_to(fraction / 2)
+        halfway, made = evaluate(lanes[i].params), made + 1
       points = []
       for mark in marks:
         lanes[i].advance_to(mark)
         points.append((lanes[i].fraction, evaluate(lanes[i].params)))
       lanes[i].trace.append(points)
-    if not last:
-      keep = counts[r + 1]
-      others = sorted((i for i in alive if i != reference),
-                      key=lambda i: -lanes[i].trace[-1][-1][1].mean())
-      alive = [reference] + others[:keep - 1]
+    made += len(alive) * len(marks)
+    if last:
+      break
+    naive_before = halfway if r == 0 else lanes[reference].trace[-2][-1][1]
+    ranked = sorted((i for i in alive if i != reference),
+                    key=lambda i: -lanes[i].trace[-1][-1][1].mean())
+    close = [i for i in ranked if halving.within_one_doubling(
+        *paired_difference(lanes[i].trace[-1][-1][1], naive_before))]
+    later = counts[r + 2:]
+
+    def remaining(num_next, later=later):
+      future = num_next * (FINAL_CHECKPOINTS if not later else 1) + sum(later[:-1]) + (
+          later[-1] * FINAL_CHECKPOINTS if later else 0)
+      extra = max(0, made + future - planned)
+      return share - sum(lane.fraction for lane in lanes) - estimate_cost * extra
+
+    kept, plan = halving.survivors(ranked, counts[r + 1] - 1, close, fraction, later,
+                                   remaining, replanned)
+    if plan is not None:
+      fractions[r + 1:], replanned = plan, True
+    alive = [reference] + kept
   return {i: lane.trace for i, lane in enumerate(lanes)}
 
 

@@ -19,6 +19,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from dsgrad import diagnostics
+from dsgrad import halving
 from dsgrad import race as race_lib
 from dsgrad.objective import Objective
 
@@ -55,11 +56,11 @@ class Estimates(NamedTuple):
 
 
 def estimates_needed(num_lanes: int, share: float) -> int:
-  """The ELBO estimates a race of ``num_lanes`` makes after the start's: each lane's at
-  each round it takes part in, and the final round's extra checkpoints (naive's and one
-  other's)."""
-  counts = race_lib.halving_fractions(num_lanes, share)[1]
-  return sum(counts) + 2 * (race_lib.FINAL_CHECKPOINTS - 1)
+  """The ELBO estimates a race of ``num_lanes`` makes after the start's, as planned
+  (:func:`dsgrad.halving.estimates_planned`; lanes kept beyond the plan pay for theirs
+  out of the race's share)."""
+  counts = halving.halving_fractions(num_lanes, share)[1]
+  return halving.estimates_planned(counts, race_lib.FINAL_CHECKPOINTS)
 
 
 def choose(objective: Objective, params, key, num_samples: int, rows, allowed: float | None,
