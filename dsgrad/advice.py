@@ -7,8 +7,9 @@ schedule that decays the step size removes much of the noise by itself. So
 estimator, a noise control, or an equal-cost use of naive's time -- is the user's own
 optimizer with its schedule stretched over the steps that candidate affords in the
 budget. Their steps are timed in interleaved rounds; then the first part of each
-candidate's run is raced by successive halving (naive always races, as the reference),
-and the ELBOs are compared with common random numbers at equal wall-clock, at several
+candidate's run is raced by successive halving (naive always races, as the reference;
+a candidate within one doubling of naive's pace is not dropped in a run's step-limited
+start: :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal wall-clock, at several
 checkpoints of the final round, so that the standard error also holds one run's jitter
 from step to step. The advice is naive, said plainly, unless a candidate beats naive by
 more than twice the standard error of the difference; :meth:`Recommendation.fit`

@@ -321,7 +321,7 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     for i in alive:
       progress(f"round {r + 1}/{len(counts)}: racing {lanes[i].contender.name} "
                f"to {100 * fraction:.2g}% of its run")
-      if r == 0 and i == reference:  # naive's pace: where it was at half the time
+      if r == 0 and not last and i == reference:  # naive's pace: where it was at half the time
         lanes[i].advance_to(fraction / 2)
         halfway, made = evaluate(lanes[i].params), made + 1
       points = []
