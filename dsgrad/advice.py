@@ -9,8 +9,8 @@ optimizer with its schedule stretched over the steps that candidate affords in t
 budget. Their steps are timed in interleaved rounds; then the first part of each
 candidate's run is raced by successive halving (naive always races, as the reference;
 a candidate within one doubling of naive's pace is not dropped in a run's step-limited
-start: :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal wall-clock, at several
-checkpoints of the final round, so that the standard error also holds one run's jitter
+start: :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at
+equal wall-clock, at several checkpoints of the final round, so that the standard error also holds one run's jitter
 from step to step. The advice is naive, said plainly, unless a candidate beats naive by
 more than twice the standard error of the difference; :meth:`Recommendation.fit`
 continues the winner's raced run where it stopped.
@@ -251,8 +251,8 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       allocated) needs more than this fraction of the free memory is ruled out.
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
     elbo_rows: the data each draw of an estimate reads: a number (rounded up to whole
-      chunks of 4,096 data; at least ``N``: a full pass), or ``"auto"``: a full pass where the race's estimates fit a quarter of the
-      share, else as many data drawn at random (the same for every candidate; unbiased,
+      chunks of 4,096 data; at least ``N``: a full pass), or ``"auto"``: a full pass
+      where the race's estimates fit a quarter of the share, else as many data drawn at random (the same for every candidate; unbiased,
       their spread in the standard errors) as fit (:mod:`dsgrad.race_elbo`). Given
       ``step_costs``, nothing is timed and ``"auto"`` is a full pass.
     progress: show a progress bar over the seconds of the share (tqdm where installed,

@@ -112,8 +112,14 @@ def survivors(ranked: list, planned: int, close: list, now: float, later_counts:
   return kept, plan or [now * 1.1 ** (j + 1) for j in range(1 + len(later_counts))]
 
 
+def round_estimates(counts: list, final_checkpoints: int) -> int:
+  """The ELBO estimates of rounds with ``counts`` lanes each: one per lane in every round
+  but the last, ``final_checkpoints`` per lane in the last."""
+  return int(np.sum(counts[:-1])) + counts[-1] * final_checkpoints
+
+
 def estimates_planned(counts: list, final_checkpoints: int) -> int:
   """The ELBO estimates a race with ``counts`` lanes per round makes after the start's:
-  each lane's at each round it takes part in, naive's extra one halfway through the first
-  round, and the final round's extra checkpoints (naive's and one other's)."""
-  return int(np.sum(counts)) + 1 + 2 * (final_checkpoints - 1)
+  its rounds' (:func:`round_estimates`) and naive's extra one halfway through the first
+  round."""
+  return round_estimates(counts, final_checkpoints) + 1

@@ -340,8 +340,7 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     later = counts[r + 2:]
 
     def remaining(num_next, later=later):
-      future = num_next * (FINAL_CHECKPOINTS if not later else 1) + sum(later[:-1]) + (
-          later[-1] * FINAL_CHECKPOINTS if later else 0)
+      future = halving.round_estimates([num_next, *later], FINAL_CHECKPOINTS)
       extra = max(0, made + future - planned)
       return share - sum(lane.fraction for lane in lanes) - estimate_cost * extra
 
