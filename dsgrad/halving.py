@@ -120,6 +120,7 @@ def round_estimates(counts: list, final_checkpoints: int) -> int:
 
 def estimates_planned(counts: list, final_checkpoints: int) -> int:
   """The ELBO estimates a race with ``counts`` lanes per round makes after the start's:
-  its rounds' (:func:`round_estimates`) and naive's extra one halfway through the first
-  round."""
-  return round_estimates(counts, final_checkpoints) + 1
+  its rounds' (:func:`round_estimates`) and, where there is a round after the first,
+  naive's extra one halfway through the first (a race of one round keeps no lane
+  beyond its plan, so it needs no pace to compare with)."""
+  return round_estimates(counts, final_checkpoints) + (len(counts) > 1)

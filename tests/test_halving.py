@@ -99,3 +99,17 @@ def test_a_replanned_race_spends_what_is_left(counts):
   again = halving.replan(fractions[0], planned[1:], 0.12 - planned[0] * fractions[0])
   assert again == pytest.approx(fractions[1:], rel=1e-9)
   assert halving.replan(now, counts, remaining, least=10.0) is None
+
+
+@pytest.mark.parametrize("num_lanes", [2, 5])
+def test_the_planned_estimates_are_the_ones_a_race_makes(num_lanes):
+  """The share prices a race's ELBO estimates before it runs: where no lane is kept
+  beyond the plan, the count it prices is the count made (naive's halfway estimate only
+  where there is a second round)."""
+  lanes = [CurveLane("naive", 1.0, 0.0)] + [CurveLane(f"slow{i}", 8.0 + i, 0.0)
+                                            for i in range(num_lanes - 1)]
+  calls = []
+  evaluate = lambda lane: calls.append(lane) or lane.elbo() + NOISE
+  race_lib.race(lanes, 0, evaluate, 0.12, lambda message: None, start=NOISE)
+  counts = halving.halving_fractions(num_lanes, 0.12)[1]
+  assert len(calls) == halving.estimates_planned(counts, race_lib.FINAL_CHECKPOINTS)
