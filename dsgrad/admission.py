@@ -1,9 +1,12 @@
 """Which candidates :func:`dsgrad.recommend` can afford to race: their lanes built where
 their state fits in memory, each priced by what it compiles and admitted in priority order
-while the share lasts (:class:`dsgrad.race.Share`), their steps timed, and the length of
+while the share lasts (:class:`Share`), their steps timed, and the length of
 each one's first schedule guessed so that its timing program can also be its race's."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import numpy as np
 import optax
@@ -69,7 +72,7 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
   """Compiles the contenders' programs (timed, then raced) in priority order, two at a
   time where compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
-  Each pair is priced before it compiles (:meth:`dsgrad.race.Share.price`), and a
+  Each pair is priced before it compiles (:meth:`Share.price`), and a
   contender the share cannot pay for is passed over for the cheaper ones after it; after
   a pair compiled, its measured compile times price what is left, and a lane whose timing
   and estimates would no longer fit the whole share, the race's quarter included, is let
@@ -80,7 +83,7 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
   lanes, ruled_out = [], []
   pending = [c for c in contenders if c[1] is not None]
   ruled_out += never_raced([c for c in contenders if c[1] is None], share)
-  group = 2 if race_lib.compile_overlap() > 1 else 1
+  group = 2 if compile_overlap() > 1 else 1
   while pending:
     batch, pending = pending[:group], pending[group:]
     if len(batch) > 1 and ledger.left() < ledger.price([c[0] for c in batch]):
@@ -132,3 +135,86 @@ def schedule_guesses(budget, budget_in, guess, step_costs):
     return lambda name, k: max(1, int(float(budget) * unit / float(step_costs.get(name, unit))))
   seconds = float(budget) * (guess if budget_in == "naive_steps" else 1.0)
   return lambda name, k: max(1, int(seconds / (guess * cost_guess(name, k))))
+
+
+def compile_overlap() -> float:
+  """How much the lanes' compilations overlap in threads: measured 1.6-fold on two CPU
+  cores (tracing holds the interpreter lock, XLA's compiler does not)."""
+  return 1.6 if (os.cpu_count() or 1) > 1 else 1.0
+
+
+# Each raced lane, besides compiling, runs its timing rounds (five rounds of about 0.05 s,
+# after two warm-up segments) and sets up its state twice.
+LANE_OVERHEAD_SECONDS = 0.35
+
+
+class Share:
+  """The advice's time share as it is spent: what has gone, and what the lanes admitted so
+  far will still cost (their timing rounds and ELBO estimates; a lane races with its
+  timing program, unless its schedule was guessed too far from its length and it compiles
+  again, which the race's part of the share absorbs). A quarter of the share is kept for
+  the race itself (:func:`dsgrad.recommend`). A lane whose compile took longer than
+  priced is kept while its timing rounds and ELBO estimates fit the whole share (its
+  compile is spent either way, and a race in the rest is better than none), so the
+  advice can take up to a quarter of the share more than the share.
+
+  A lane not yet compiled is priced by what it compiles. One whose program is naive's
+  step on the objective or a variant of it (``naive_like``: more samples, a larger batch,
+  the path derivative) at naive's compile time (measured 0.9-1.3x naive's on three
+  held-out models on two CPU cores). Another (a control variate) at the median compile
+  time measured on the control variates compiled so far; before any, at twice naive's
+  (on two CPU cores: 1.2-1.9x on a held-out MLP, 1.6-2.2x on the main job's logistic
+  regression, 2-3x on a hierarchical model). A lane compiles once, for its timing and its
+  race, when its first schedule was guessed close enough (:meth:`dsgrad.race.Lane.stretched`).
+
+  Args:
+    allowed: the share, in seconds.
+    started: when the advice started (``time.perf_counter()``).
+    naive_lane: naive's lane, its timing program compiled.
+    naive_like: the names of the candidates whose program is naive's step.
+    naive_restarts: whether naive's run compiles again once timed (its first schedule's
+      length was not known: a budget in seconds).
+  """
+
+  def __init__(self, allowed: float, started: float, naive_lane, naive_like=(),
+               naive_restarts: bool = True):
+    self.allowed, self.started = allowed, started
+    self.naive_compile = naive_lane.runner.compile_seconds
+    self.naive_like = frozenset(naive_like)
+    self.per_lane = LANE_OVERHEAD_SECONDS
+    self.measured: list = []  # the control variates' compile times
+    self.owed = self.per_lane + (self.naive_compile / compile_overlap() if naive_restarts
+                                 else 0.0)
+
+  def count_evaluations(self, eval_seconds: float) -> None:
+    """Adds to each lane's cost its ELBO estimates (after its first round, and after a
+    second if it stays), at ``eval_seconds`` each, and the final round's checkpoints
+    (naive's and a finalist's)."""
+    self.owed += (2 + 2 * (race_lib.FINAL_CHECKPOINTS - 1)) * eval_seconds
+    self.per_lane += 2 * eval_seconds
+
+  def left(self, whole: bool = False) -> float:
+    """Seconds of the share left to admit lanes with: three quarters of it (the rest is
+    the race's), or with ``whole`` all of it."""
+    part = 1.0 if whole else 0.75
+    return part * self.allowed - (time.perf_counter() - self.started) - self.owed
+
+  def compile_guess(self, name: str) -> float:
+    """The seconds a candidate's program is expected to take to compile."""
+    if name in self.naive_like:
+      return self.naive_compile
+    return float(np.median(self.measured)) if self.measured else 2 * self.naive_compile
+
+  def price(self, names) -> float:
+    """The whole cost of the candidates ``names`` compiled together: their programs
+    (overlapped only when there are several), their timing rounds and ELBO estimates."""
+    together = compile_overlap() if len(names) > 1 else 1.0
+    return sum(self.compile_guess(name) / together + self.per_lane for name in names)
+
+  def compiled(self, lane) -> None:
+    if lane.contender.name not in self.naive_like:
+      self.measured.append(lane.runner.compile_seconds)
+    self.owed += self.per_lane  # its timing rounds and ELBO estimates
+
+  def release(self, lane) -> None:
+    self.owed -= self.per_lane

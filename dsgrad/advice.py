@@ -340,7 +340,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   contenders = [by_name[name] for name in others]
   ledger = None
   if step_costs is None:  # given the step costs, nothing is priced
-    ledger = race_lib.Share(
+    ledger = admission.Share(
         share * float(budget) * (guess if budget_in == "naive_steps" else 1.0), started,
         naive_lane, NAIVE_PROGRAMS, naive_restarts=budget_in != "naive_steps")
     progress.set_total(ledger.allowed)
@@ -380,7 +380,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   lanes = [lane.stretched(max(1, int(budget_seconds / lane.seconds_per_step)), params, key)
            for lane in lanes]
   to_compile = sum(old.runner.compile_seconds for old, new in zip(timed, lanes)
-                   if new is not old) / race_lib.compile_overlap()
+                   if new is not old) / admission.compile_overlap()
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.

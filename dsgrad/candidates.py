@@ -66,7 +66,7 @@ EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
 NAIVE_PROGRAMS = ("naive", "path_derivative", "rqmc", "naive_samples", "naive_batch")
 """The candidates whose step is naive's on the objective or a variant of it: their
-programs compile in about naive's time (they are priced so by :class:`dsgrad.race.Share`)."""
+programs compile in about naive's time (they are priced so by :class:`dsgrad.admission.Share`)."""
 
 
 def cost_guess(name: str, k: int = 2) -> float:

@@ -237,14 +237,14 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     for lane, spent in zip(lanes, seconds):
       lane.runner.compile_seconds = spent
 
-  monkeypatch.setattr(race_lib, "time", StandInClock)
-  monkeypatch.setattr(race_lib, "compile_overlap", lambda: 2.0)
+  monkeypatch.setattr(admission, "time", StandInClock)
+  monkeypatch.setattr(admission, "compile_overlap", lambda: 2.0)
   monkeypatch.setattr(race_lib, "prepare_all", stand_in_compile)
-  monkeypatch.setattr(race_lib, "LANE_OVERHEAD_SECONDS", 0.0)
+  monkeypatch.setattr(admission, "LANE_OVERHEAD_SECONDS", 0.0)
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
-  ledger = race_lib.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
+  ledger = admission.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
   contenders = dsgrad.candidates.base_contenders(names, objective, None, BATCH, "auto")
   lanes, out = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
                                  dsgrad.meanfield_init(model), jax.random.key(0), np.inf,
