@@ -269,8 +269,10 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
       # the pick's call timed it: this CPU changes speed within minutes, and costs timed
       # at another moment would give these candidates more or fewer steps than naive's.
       scale = rows["naive"]["seconds_per_step"] / measured["naive"]
+      # The race starts where the pick's did (naive alone before it), so that every
+      # candidate's run is naive's to there and its own after.
       everyone = call(step_costs={**guess, **{n: c * scale for n, c in measured.items()}},
-                      share=1.0)
+                      share=1.0, start_at=_race_start(advice))
       reference_rounds = _race_rounds(everyone)
       for c in everyone.ranking:
         if rows[c.name]["note"] and not c.note:
@@ -294,6 +296,13 @@ def run_model(name, seeds, steps, batch_size, tune_seed, elbo_samples, reference
     print(f"  seed {seed}: pick {advice.best}, hand {hand[0]:.2f}, " + ", ".join(
         f"{n} {r.get('elbo', float('nan')):.2f}" for n, r in rows.items()), flush=True)
   return out
+
+
+def _race_start(advice) -> float:
+  """Where ``advice``'s race started, as a fraction of the budget (0 where it raced
+  nothing)."""
+  trace = advice.runs["naive"].trace
+  return trace[0][0][0] if trace else 0.0
 
 
 def _full_run(objective, advice, c, eval_key, elbo_samples) -> dict:

@@ -111,6 +111,29 @@ class Lane:
                                                     length)
       self.steps += length
 
+  def continue_from(self, other: "Lane", fraction: float) -> None:
+    """Puts this lane, not yet advanced, where ``other``'s run is at ``fraction`` of the
+    budget: ``other``'s params, this lane's step count at that fraction of its own run
+    (its batches and its schedule are where its own run would be), and ``other``'s
+    optimizer state with every step count (an integer scalar equal to ``other``'s steps)
+    moved to this lane's. The estimator's state is built afresh at those params. Where the
+    two optimizers' states differ in structure, this lane's optimizer starts afresh."""
+    self.params, self.steps = copy_tree(other.params), int(round(fraction * self.total_steps))
+    fresh = self.optimizer.init(self.params)
+    carried = other.opt_state[1] if isinstance(other.opt_state, tuple) else None
+    if (not isinstance(fresh, tuple) or len(fresh) != 2 or
+        jax.tree.structure(carried) != jax.tree.structure(fresh[1])):
+      self.opt_state = fresh
+      return
+
+    def moved(x):
+      x = jnp.asarray(x)
+      counts = (x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.integer)
+                and int(x) == other.steps)
+      return jnp.array(self.steps, x.dtype) if counts else jnp.array(x, dtype=x.dtype)
+
+    self.opt_state = (fresh[0], jax.tree.map(moved, carried))
+
   def restarted(self, make_optimizer: Callable, total_steps: int, params, key) -> "Lane":
     """The same contender's run from ``params`` with a schedule over ``total_steps``,
     keeping what was measured (description, state size, step time, chunk)."""
@@ -282,7 +305,8 @@ paired differences over these checkpoints measures that jitter too."""
 
 
 def race(lanes: list, reference: int, evaluate: Callable, share: float,
-         progress: Callable[[str], None], start=None, estimate_cost: float = 0.0) -> dict:
+         progress: Callable[[str], None], start=None, estimate_cost: float = 0.0,
+         origin: float = 0.0) -> dict:
   """Successive halving over ``lanes`` (``reference``, naive, always races); ``progress``
   is told which lane races (a :class:`Progress`). A lane outside the better half stays
   while it is within one doubling of naive's pace and the share allows
@@ -292,6 +316,10 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     estimate_cost: one ELBO estimate's time as a fraction of the budget: the estimates of
       lanes kept beyond the plan come out of ``share`` (the plan's own are priced by the
       caller).
+    origin: where the race starts, as a fraction of the budget: naive's run first trains
+      alone to it and every other lane continues from there (:meth:`Lane.continue_from`),
+      so that the race compares the runs after their step-limited start. ``share`` is
+      what the lanes spend after it; naive's steps before it belong to every run.
 
   Returns:
     ``{lane index: [[(fraction, draws), ...], ...]}`` for every lane: per round it took
@@ -299,11 +327,9 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     ``evaluate(params)``) at the round's checkpoints: the round's end, and in the final
     round :data:`FINAL_CHECKPOINTS` points over its last half. Every lane of a round has
     its checkpoints at the same fractions (equal wall-clock).
-    ``start``, the draws at the lanes' common start, if already evaluated.
+    ``start``, the draws at the lanes' common start, if already evaluated (at
+    ``origin`` 0).
   """
-  start = evaluate(lanes[reference].params) if start is None else start
-  for lane in lanes:
-    lane.trace.append([(0.0, start)])
   fractions, counts = halving.halving_fractions(len(lanes), share)
   planned = halving.estimates_planned(counts, FINAL_CHECKPOINTS)
   # The race runs each lane's timing segment (compiled already, unless the lane was
@@ -312,17 +338,29 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     if lane.chunk is None:  # not timed here: step costs were given
       lane.chunk = race_chunk(lane.seconds_per_step, fractions[0] * lane.total_steps)
   prepare_all(lanes, [lane.chunk for lane in lanes])
+  if origin > 0:
+    progress(f"naive trains alone to {100 * origin:.2g}% of the budget")
+    lanes[reference].advance_to(origin)
+    origin = lanes[reference].fraction  # whole chunks
+    for i, lane in enumerate(lanes):
+      if i != reference:
+        lane.continue_from(lanes[reference], origin)
+    start = None
+  start = evaluate(lanes[reference].params) if start is None else start
+  for lane in lanes:
+    lane.trace.append([(origin, start)])
+  fractions = [origin + f for f in fractions]
   alive, made, replanned, halfway = list(range(len(lanes))), 0, False, None
   for r in range(len(counts)):
     fraction, last = fractions[r], r + 1 == len(counts)
-    before = fractions[r - 1] if r else 0.0
+    before = fractions[r - 1] if r else origin
     marks = ([fraction - (fraction - before) / 2 * (1 - j / FINAL_CHECKPOINTS)
               for j in range(1, FINAL_CHECKPOINTS + 1)] if last else [fraction])
     for i in alive:
       progress(f"round {r + 1}/{len(counts)}: racing {lanes[i].contender.name} "
                f"to {100 * fraction:.2g}% of its run")
       if r == 0 and not last and i == reference:  # naive's pace: where it was at half the time
-        lanes[i].advance_to(fraction / 2)
+        lanes[i].advance_to((origin + fraction) / 2)
         halfway, made = evaluate(lanes[i].params), made + 1
       points = []
       for mark in marks:
@@ -342,12 +380,13 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
     def remaining(num_next, later=later):
       future = halving.round_estimates([num_next, *later], FINAL_CHECKPOINTS)
       extra = max(0, made + future - planned)
-      return share - sum(lane.fraction for lane in lanes) - estimate_cost * extra
+      spent = sum(lane.fraction - origin for lane in lanes)
+      return share - spent - estimate_cost * extra
 
-    kept, plan = halving.survivors(ranked, counts[r + 1] - 1, close, fraction, later,
-                                   remaining, replanned)
+    kept, plan = halving.survivors(ranked, counts[r + 1] - 1, close, fraction - origin,
+                                   later, remaining, replanned)
     if plan is not None:
-      fractions[r + 1:], replanned = plan, True
+      fractions[r + 1:], replanned = [origin + f for f in plan], True
     alive = [reference] + kept
   return {i: lane.trace for i, lane in enumerate(lanes)}
 

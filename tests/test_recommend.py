@@ -6,6 +6,7 @@ memory rule, and the continuation of the winner's run."""
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -33,7 +34,9 @@ def test_noise_dominated_run_gets_a_control_variate_and_its_run_continues():
   """All variance from Monte Carlo noise (the full data in every batch) and a constant
   step size, so naive stalls at its noise floor: cv with the GLM Taylor approximation
   removes the noise and wins at equal wall-clock although its step costs 1.5x.
-  Continuing the winner (Recommendation.fit) is the very run fit makes from the start."""
+  Continuing the winner (Recommendation.fit) is the very run fit makes from naive's state
+  where the race started: naive to there, then cv, its schedule and step counts at that
+  fraction of its own run."""
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), N, 10)
   model = dsgrad.models.logistic_regression(x, y)
   objective = dsgrad.meanfield_gaussian(model)
@@ -56,10 +59,18 @@ def test_noise_dominated_run_gets_a_control_variate_and_its_run_continues():
   lane = advice.runs["cv"]
   assert 0 < lane.steps < lane.total_steps
   continued = advice.fit(progress=False, elbo_samples=0)
-  optimizer = optax.chain(dsgrad.cv(objective, dsgrad.approx.glm_taylor(model)), rule)
-  scratch = dsgrad.fit(objective, optimizer, params, jax.random.key(1),
-                       num_steps=lane.total_steps, batch_size=N, progress=False,
-                       elbo_samples=0)
+  origin = lane.trace[0][0][0]
+  assert 0 < origin < rows["cv"].raced_fraction
+  settings = dict(batch_size=N, progress=False, elbo_samples=0)
+  first = dsgrad.fit(objective, optax.chain(dsgrad.naive(), rule), params, jax.random.key(1),
+                     num_steps=round(origin * 3000), **settings)
+  cv = dsgrad.cv(objective, dsgrad.approx.glm_taylor(model))
+  at = round(origin * lane.total_steps)
+  adam = first.opt_state[1]
+  adam = (adam[0]._replace(count=jnp.asarray(at, adam[0].count.dtype)), *adam[1:])
+  scratch = dsgrad.fit(objective, optax.chain(cv, rule), first.params, jax.random.key(1),
+                       num_steps=lane.total_steps, start_step=at,
+                       opt_state=(cv.init(first.params), adam), **settings)
   for a, b in zip(jax.tree.leaves(continued.params), jax.tree.leaves(scratch.params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
