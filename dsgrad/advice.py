@@ -6,12 +6,13 @@ schedule that decays the step size removes much of the noise by itself. So
 :func:`recommend` measures what the user will get instead. Each candidate -- an
 estimator, a noise control, or an equal-cost use of naive's time -- is the user's own
 optimizer with its schedule stretched over the steps that candidate affords in the
-budget. Their steps are timed in interleaved rounds; then the first part of each
-candidate's run is raced by successive halving (naive always races, as the reference;
-a candidate within one doubling of naive's pace is not dropped in a run's step-limited
-start: :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at
-equal wall-clock, at several checkpoints of the final round, so that the standard error also holds one run's jitter
-from step to step. The advice is naive, said plainly, unless a candidate beats naive by
+budget. Their steps are timed in interleaved rounds. Naive's run then trains alone past
+the start, where the cheapest step leads whatever its noise, and every candidate's run
+continues from there; those runs are raced by successive halving (naive always races, as
+the reference; a candidate within one doubling of naive's pace is not dropped:
+:mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal
+wall-clock, at several checkpoints of the final round, so that the standard error also
+holds one run's jitter from step to step. The advice is naive, said plainly, unless a candidate beats naive by
 more than twice the standard error of the difference; :meth:`Recommendation.fit`
 continues the winner's raced run where it stopped.
 
@@ -78,7 +79,8 @@ class Recommendation(NamedTuple):
     """Continues the recommended candidate's raced run to the end of its schedule with
     :func:`dsgrad.fit` (same key and batches; the schedule spans the whole run, while the
     raced part may have run one built for a length within
-    :data:`dsgrad.race.SCHEDULE_TOLERANCE` of it, to spare a compilation).
+    :data:`dsgrad.race.SCHEDULE_TOLERANCE` of it, to spare a compilation). The run began
+    as naive's, up to where the race started (``start_at`` of :func:`recommend`).
 
     Args:
       name: another raced candidate to continue instead of the best.
@@ -186,7 +188,7 @@ def _ruled_out_lines(rows) -> list:
 def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -> list:
   lines = [_budget_line(budget_seconds, spent), estimates_line]
   if origin > 0:
-    lines.append(f"the race started at {100 * origin:.2g}% of the budget: naive trained "
+    lines.append(f"the race started at {100 * origin:.3g}% of the budget: naive trained "
                  f"alone to there (about {origin * budget_seconds:.3g} s of the time above, "
                  "the first part of every candidate's run, the recommended one's too).")
   naive = next(r for r in ranking if r.name == "naive")
