@@ -158,10 +158,11 @@ def publish(section: str, body: str | None, write: bool, data=None, render=None)
   # page shows after a re-render cannot differ.
   import json
   record = json.loads(json.dumps(record))
+  if write:  # first, so that a run is kept even where rendering it fails
+    print(f"wrote {save_run(section, record)}", flush=True)
   text = render_record(record)
   print(text, flush=True)
   if write:
-    print(f"\nwrote {save_run(section, record)}")
     print(f"wrote {write_section(section, text)}")
 
 

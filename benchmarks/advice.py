@@ -511,6 +511,10 @@ def _prediction_lines(results, common_noise: bool) -> list:
       if not check:
         continue
       predicted, measured = check["race_time_ratio"], check["full_run_time_ratio"]
+      if not np.isfinite(predicted) or predicted <= 0:
+        lines.append(f"* {name}, seed {seed}: no prediction: naive did not gain over the "
+                     "race, so the race measured no time to reach its ELBO.")
+        continue
       within = np.isfinite(measured) and 0.5 <= measured / predicted <= 2
       rows = s["candidates"]
       along = ", ".join(

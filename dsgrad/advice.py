@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -119,8 +120,10 @@ def _candidates(lanes, traces, naive_index, ruled_out):
     gain, gain_se = race_lib.checkpoint_difference(traces[i][-1],
                                                    naive_trace[len(traces[i]) - 1])
     means = [(ff, d.mean()) for points in traces[i] for ff, d in points]
-    ratio = ((race_lib.time_to_reach(means, target) - origin) / (final_f - origin)
-             if i != naive_index else 1.0)
+    # Where naive ended the race no higher than it started (a run at its noise floor),
+    # there is no time to reach its ELBO to compare: no ratio.
+    ratio = (1.0 if i == naive_index else math.nan if target <= naive_trace[0][0][1].mean()
+             else (race_lib.time_to_reach(means, target) - origin) / (final_f - origin))
     rows.append(Candidate(
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
         lane.state_bytes, f, *diagnostics.mean_and_standard_error(draws),
@@ -200,7 +203,9 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
             f"in the budget); raced to {100 * r.raced_fraction:.2g}% of the budget: ELBO "
             f"{r.elbo:.6g} +- {r.elbo_se:.2g}")
     if r.name != "naive":
-      reach = ("did not reach naive's final race ELBO" if not np.isfinite(r.time_ratio)
+      reach = ("naive did not gain over the race: no time to reach its ELBO"
+               if np.isnan(r.time_ratio) else "did not reach naive's final race ELBO"
+               if not np.isfinite(r.time_ratio)
                else f"reached naive's final race ELBO in {r.time_ratio:.2g}x naive's time")
       line += f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time; {reach}"
     lines.append(line + ".")

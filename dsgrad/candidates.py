@@ -45,7 +45,8 @@ class Candidate(NamedTuple):
     gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
       (:func:`dsgrad.race.checkpoint_difference`), and ``gain_se`` its standard error.
     time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
-      relative to naive's (below 1: faster; ``inf``: not reached in the race).
+      relative to naive's, both counted from the race's start (below 1: faster; ``inf``:
+      not reached in the race; ``nan``: naive ended the race no higher than it started).
     note: why it did not race, when it did not.
     rounds: the rounds of successive halving it raced.
   """

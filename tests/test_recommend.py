@@ -53,7 +53,10 @@ def test_noise_dominated_run_gets_a_control_variate_and_its_run_continues():
   assert rows["cv"].budget_steps == 2000 and rows["naive"].budget_steps == 3000
   # Equal wall-clock: the two raced to within a chunk of the same fraction of the budget.
   assert abs(rows["cv"].raced_fraction - rows["naive"].raced_fraction) < 0.02
-  assert rows["cv"].time_ratio < 1.0
+  # Faster to naive's race ELBO, or none to compare: naive, at its noise floor after its
+  # start, ended the race no higher than it began it.
+  assert rows["cv"].time_ratio < 1.0 or (np.isnan(rows["cv"].time_ratio) and
+                                         "naive did not gain" in str(advice))
   assert "beat naive" in advice.reasons[-1]
 
   lane = advice.runs["cv"]
