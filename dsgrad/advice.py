@@ -12,9 +12,9 @@ continues from there; those runs are raced by successive halving (naive always r
 the reference; a candidate within one doubling of naive's pace is not dropped:
 :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal
 wall-clock, at several checkpoints of the final round, so that the standard error also
-holds one run's jitter from step to step. The advice is naive, said plainly, unless a candidate beats naive by
-more than twice the standard error of the difference; :meth:`Recommendation.fit`
-continues the winner's raced run where it stopped.
+holds one run's jitter from step to step. The advice is naive, said plainly, unless a
+candidate beats naive by more than twice the standard error of the difference;
+:meth:`Recommendation.fit` continues the winner's raced run where it stopped.
 
 Example::
 
@@ -268,8 +268,9 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     elbo_samples: Monte Carlo draws per ELBO estimate (common random numbers).
     elbo_rows: the data each draw of an estimate reads: a number (rounded up to whole
       chunks of 4,096 data; at least ``N``: a full pass), or ``"auto"``: a full pass
-      where the race's estimates fit a quarter of the share, else as many data drawn at random (the same for every candidate; unbiased,
-      their spread in the standard errors) as fit (:mod:`dsgrad.race_elbo`). Given
+      where the race's estimates fit a quarter of the share, else as many data drawn at
+      random (the same for every candidate; unbiased, their spread in the standard
+      errors) as fit (:mod:`dsgrad.race_elbo`). Given
       ``step_costs``, nothing is timed and ``"auto"`` is a full pass.
     progress: show a progress bar over the seconds of the share (tqdm where installed,
       else printed lines) with what is being compiled, timed or raced.

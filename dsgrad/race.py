@@ -127,12 +127,11 @@ class Lane:
       return
 
     def moved(x):
-      x = jnp.asarray(x)
       counts = (x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.integer)
                 and int(x) == other.steps)
-      return jnp.array(self.steps, x.dtype) if counts else jnp.array(x, dtype=x.dtype)
+      return jnp.array(self.steps, x.dtype) if counts else x
 
-    self.opt_state = (fresh[0], jax.tree.map(moved, carried))
+    self.opt_state = (fresh[0], jax.tree.map(moved, copy_tree(carried)))
 
   def restarted(self, make_optimizer: Callable, total_steps: int, params, key) -> "Lane":
     """The same contender's run from ``params`` with a schedule over ``total_steps``,

@@ -67,8 +67,8 @@ def choose(objective: Objective, params, key, num_samples: int, rows, allowed: f
            num_candidates: int, share: float, chunk_size: int = 4096) -> Estimates:
   """The race's estimates: on ``rows`` data per draw (an integer, rounded up to whole
   chunks; at least ``N`` is a full pass), or with ``rows="auto"`` on as many as keep all
-  of them within :data:`ESTIMATES_SHARE` of ``allowed`` seconds (a full pass where that fits, or where
-  nothing is priced: ``allowed`` None).
+  of them within :data:`ESTIMATES_SHARE` of ``allowed`` seconds (a full pass where that
+  fits, or where nothing is priced: ``allowed`` None).
 
   With ``"auto"`` and something priced, one chunk's estimate is timed first (its
   program takes the row count as an argument: it compiles once), and the full pass's
