@@ -408,7 +408,10 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
-  evaluations = estimates.seconds * race_elbo.estimates_needed(len(lanes), share)
+  # A race after naive's start estimates that start itself (it is not the parameters the
+  # estimates were chosen at).
+  own_start = start_at == "auto" or float(start_at) > 0
+  evaluations = estimates.seconds * race_elbo.estimates_needed(len(lanes), share, own_start)
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")

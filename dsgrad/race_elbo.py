@@ -55,12 +55,13 @@ class Estimates(NamedTuple):
             f"keep them within {ESTIMATES_SHARE:.0%} of the advice's share.")
 
 
-def estimates_needed(num_lanes: int, share: float) -> int:
+def estimates_needed(num_lanes: int, share: float, own_start: bool = False) -> int:
   """The ELBO estimates a race of ``num_lanes`` makes after the start's, as planned
   (:func:`dsgrad.halving.estimates_planned`; lanes kept beyond the plan pay for theirs
-  out of the race's share)."""
+  out of the race's share), and the start's where the race estimates it itself
+  (``own_start``: it starts from naive's run, past the parameters estimated first)."""
   counts = halving.halving_fractions(num_lanes, share)[1]
-  return halving.estimates_planned(counts, race_lib.FINAL_CHECKPOINTS)
+  return halving.estimates_planned(counts, race_lib.FINAL_CHECKPOINTS) + own_start
 
 
 def choose(objective: Objective, params, key, num_samples: int, rows, allowed: float | None,

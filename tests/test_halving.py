@@ -9,6 +9,7 @@ import pytest
 
 from dsgrad import halving
 from dsgrad import race as race_lib
+from dsgrad import race_elbo
 
 NOISE = np.random.default_rng(0).normal(size=64)  # common random numbers
 
@@ -26,6 +27,9 @@ class CurveLane:
 
   def advance_to(self, fraction):
     self.steps = max(self.steps, int(round(fraction * self.total_steps)))
+
+  def continue_from(self, other, fraction):
+    self.steps = int(round(fraction * self.total_steps))
 
   def prepare(self, length):
     pass
@@ -101,15 +105,16 @@ def test_a_replanned_race_spends_what_is_left(counts):
   assert halving.replan(now, counts, remaining, least=10.0) is None
 
 
+@pytest.mark.parametrize("origin", [0.0, 0.02])
 @pytest.mark.parametrize("num_lanes", [2, 5])
-def test_the_planned_estimates_are_the_ones_a_race_makes(num_lanes):
+def test_the_planned_estimates_are_the_ones_a_race_makes(num_lanes, origin):
   """The share prices a race's ELBO estimates before it runs: where no lane is kept
   beyond the plan, the count it prices is the count made (naive's halfway estimate only
-  where there is a second round)."""
+  where there is a second round; the start's where the race starts after naive's)."""
   lanes = [CurveLane("naive", 1.0, 0.0)] + [CurveLane(f"slow{i}", 8.0 + i, 0.0)
                                             for i in range(num_lanes - 1)]
   calls = []
   evaluate = lambda lane: calls.append(lane) or lane.elbo() + NOISE
-  race_lib.race(lanes, 0, evaluate, 0.12, lambda message: None, start=NOISE)
-  counts = halving.halving_fractions(num_lanes, 0.12)[1]
-  assert len(calls) == halving.estimates_planned(counts, race_lib.FINAL_CHECKPOINTS)
+  race_lib.race(lanes, 0, evaluate, 0.12, lambda message: None,
+                start=None if origin else NOISE, origin=origin)
+  assert len(calls) == race_elbo.estimates_needed(num_lanes, 0.12, own_start=origin > 0)
