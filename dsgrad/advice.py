@@ -219,8 +219,8 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
   return lines
 
 
-@checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
-                  budget=checks.positive(), share=checks.probability(low_open=True),
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  batch_size=checks.count(1), budget=checks.positive(), share=checks.probability(low_open=True),
                   memory_share=checks.probability(low_open=True),
                   elbo_samples=checks.count(2), elbo_rows=checks.or_word(checks.count(1), "auto"),
                   max_table_bytes=checks.byte_budget(),
@@ -320,6 +320,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
   if budget_in not in ("seconds", "naive_steps"):
     raise ValueError(f"budget_in must be 'seconds' or 'naive_steps', got {budget_in!r}")
   checks.check_batch_size(batch_size, objective.num_data)
+  checks.check_objective_evaluates(objective, params, "recommend")
   if step_costs is not None and not all(
       isinstance(c, (int, float, np.floating, np.integer)) and np.isfinite(c) and c > 0
       for c in step_costs.values()):

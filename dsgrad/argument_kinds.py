@@ -174,6 +174,33 @@ def finite_values() -> Kind:
   return Kind("finite", check, accepted)
 
 
+def parameters() -> Kind:
+  """A pytree of floating arrays whose values are all finite: variational parameters or a
+  start (one NaN makes every ELBO, gradient and draw computed from them NaN, silently)."""
+  accepted = "a pytree of floating arrays with finite values"
+
+  def check(value, label):
+    leaves = jax.tree.leaves_with_path(value)
+    if not leaves:
+      raise ArgumentError(f"{label} must be {accepted}, got no array: {_received(value)}")
+    for path, leaf in leaves:
+      if _is_traced(leaf):
+        continue
+      where = f"{label}{jax.tree_util.keystr(path)}"
+      dtype = getattr(leaf, "dtype", None)
+      if isinstance(leaf, (str, bytes, bool, np.bool_)) or leaf is None or not (
+          jnp.issubdtype(dtype if dtype is not None else np.asarray(leaf).dtype, jnp.floating)):
+        raise ArgumentError(f"{where} must be a floating array, got {_received(leaf)} "
+                            "(jnp.asarray(x, jnp.float32))")
+      # On the device, so that a sharded leaf is not gathered to the host.
+      if not bool(jnp.all(jnp.isfinite(leaf))):
+        raise ArgumentError(f"{where} holds NaN or inf; {label.rsplit(': ', 1)[-1]} must "
+                            "be finite")
+    return value
+
+  return Kind("parameters", check, accepted)
+
+
 def probability(low_open: bool = False, high_open: bool = False) -> Kind:
   """A number in ``[0, 1]``; ``low_open``/``high_open`` exclude an end."""
   interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")

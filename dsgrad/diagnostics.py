@@ -38,8 +38,8 @@ def state_bytes(state: Any) -> int:
   return tree_bytes(state)
 
 
-@checks.arguments(key=checks.prng_key(), num_draws=checks.count(2),
-                  batch_size=checks.count(1))
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  num_draws=checks.count(2), batch_size=checks.count(1))
 def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, params,
                       objective: Objective, key, num_draws: int, batch_size: int, *,
                       replace: bool = True):
@@ -104,8 +104,9 @@ def total_variance(samples) -> tuple[float, float]:
   return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))
 
 
-@checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
-                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)))
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  num_samples=checks.count(2), chunk_size=checks.count(1),
+                  num_data_sampled=checks.optional(checks.count(1)))
 def elbo(objective: Objective, params, key, num_samples: int = 1000,
          chunk_size: int = 4096, num_data_sampled: int | None = None):
   """Full-data ELBO ``-E_eps mean_n f(w; n, eps)`` by Monte Carlo, in bounded memory.
@@ -137,6 +138,17 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     >>> bool(standard_error > 0), bool(value < 0)
     (True, True)
   """
+  checks.check_objective_evaluates(objective, params, "elbo")
+  return elbo_unchecked(objective, params, key, num_samples, chunk_size, num_data_sampled)
+
+
+@checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
+                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)))
+def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
+                   chunk_size: int = 4096, num_data_sampled: int | None = None):
+  """:func:`elbo` without its checks of ``params`` (finite values, the objective's
+  shapes): for a caller that has checked them (:func:`dsgrad.fit` evaluates the ELBO of
+  params it checks itself, many times a run)."""
   if num_data_sampled is not None and num_data_sampled < objective.num_data:
     values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
                                                                     num_data_sampled)
@@ -269,8 +281,8 @@ def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size
   return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
 
-@checks.arguments(key=checks.prng_key(), batch_size=checks.count(1),
-                  num_draws=checks.count(2), full_draws=checks.count(2),
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  batch_size=checks.count(1), num_draws=checks.count(2), full_draws=checks.count(2),
                   noise_draws_per_datum=checks.count(2), chunk_size=checks.count(1),
                   num_data_sampled=checks.optional(checks.count(2)))
 def variance_decomposition(objective: Objective, params, key, batch_size: int, *,
@@ -320,6 +332,7 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
     >>> bool(v["V_n_eps"] - 3 * v["V_n_eps_se"] > max(v["V_n"], v["V_eps"]))
     True
   """
+  checks.check_objective_evaluates(objective, params, "variance_decomposition")
   n = objective.num_data
   k_naive, k_datum, k_full = jax.random.split(key, 3)
   naive_draws, datum_stats, full_draws_fn = _decomposition_fns(

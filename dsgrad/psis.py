@@ -157,8 +157,8 @@ def pareto_k(log_ratios: jax.Array) -> jax.Array:
   return psis_log_weights(log_ratios)[1]
 
 
-@checks.arguments(key=checks.prng_key(), num_samples=checks.count(25),
-                  chunk_size=checks.count(1))
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  num_samples=checks.count(25), chunk_size=checks.count(1))
 def importance_log_ratios(objective, params, key, num_samples: int = 1000,
                           chunk_size: int = 4096):
   """``(log_ratios, elbo_draws)`` for ``num_samples`` draws ``z_s ~ q``.
@@ -189,6 +189,7 @@ def importance_log_ratios(objective, params, key, num_samples: int = 1000,
            "(its log_q_offset is None)")
     raise ValueError(f"importance ratios of objective {objective.name!r}: it {why}. PSIS "
                      "is available for the Gaussian families with shared_noise=True")
+  checks.check_objective_evaluates(objective, params, "importance_log_ratios")
   draws = diagnostics.elbo_draws(objective, num_samples, chunk_size)(params, key)
   offsets = _offsets(objective, num_samples)(params, key)
   draws = np.asarray(draws, np.float64)

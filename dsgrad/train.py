@@ -208,7 +208,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
         k_hat = float(psis.pareto_k(ratios))
         diagnosis = psis.diagnose(k_hat)
       else:
-        value, se = (diagnostics.elbo(objective, params, eval_at, elbo_samples)
+        value, se = (diagnostics.elbo_unchecked(objective, params, eval_at, elbo_samples)
                      if elbo_samples else (float("nan"),) * 2)
       record.append(step, runner.step_seconds, value, se)
       bar(length, step, value, se)

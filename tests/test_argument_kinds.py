@@ -18,10 +18,12 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dsgrad
+from dsgrad import checks
 
 MODULES = ["dsgrad", "dsgrad.annealing", "dsgrad.mcvae", "dsgrad.mcmc", "dsgrad.diagnostics",
            "dsgrad.datasets", "dsgrad.contrib.numpyro", "dsgrad.models", "dsgrad.families",
@@ -170,6 +172,9 @@ def _bad_values(kind):
     bad = [_TEXT, st.just(3), st.just([2.5]), st.just([0]), st.just([True]), st.just(["8"])]
   elif kind.kind == "dtype":
     bad = [st.sampled_from([jnp.int32, np.int8, "int64", bool, "not a dtype"])]
+  elif kind.kind == "parameters":
+    bad += [_NOT_FINITE, st.just({"loc": np.array([0.0, np.nan]), "log_scale": np.zeros(2)}),
+            st.just({"loc": np.ones(2, np.int32)}), st.just({}), st.just([np.inf])]
   else:
     raise AssertionError(f"no bad values for kind {kind.kind!r}: add them here")
   return st.one_of(*bad)
@@ -196,5 +201,33 @@ def test_a_good_value_passes_the_check(name, argument, obj):
   kind = obj.__dsgrad_arguments__[argument]
   good = {"count": max(kind.spec.get("minimum", 0), 2), "positive": 0.5, "real": -1.5,
           "finite": np.zeros(3), "probability": 0.5, "key": jax.random.key(0),
-          "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8)}[kind.kind]
+          "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8),
+          "parameters": {"loc": jnp.zeros(3), "log_scale": -np.ones(3)}}[kind.kind]
   assert kind.check(good, f"{name}: {argument}") is not None
+
+
+def test_parameters_with_a_nan_or_of_another_model_are_refused_where_they_enter(logreg_model, params0):
+  # Without the check the ELBO and the variances come back NaN, silently.
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  bad = {"loc": params0["loc"].at[1].set(jnp.nan), "log_scale": params0["log_scale"]}
+  calls = {
+      "elbo": lambda p: dsgrad.elbo(objective, p, jax.random.key(0), 4),
+      "variance_decomposition": lambda p: dsgrad.variance_decomposition(
+          objective, p, jax.random.key(0), 5, num_draws=4, full_draws=2,
+          noise_draws_per_datum=2),
+      "recommend": lambda p: dsgrad.recommend(
+          objective, optax.adam(1e-2), p, jax.random.key(0), batch_size=5, budget=10,
+          budget_in="naive_steps", candidates=("naive",), progress=False)}
+  for name, call in calls.items():
+    with pytest.raises(ValueError, match=r"params\['loc'\] holds NaN or inf"):
+      call(bad)
+    value = call(params0)
+    assert value is not None, name
+    # Params of another model are refused by shape before anything compiles.
+    with pytest.raises(ValueError, match=r"cannot be evaluated at these params \(shapes"):
+      call({"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)})
+  kind = checks.parameters()
+  # A traced value is the caller's to check; an integer leaf is refused by its path.
+  jax.jit(lambda p: kind.check(p, "f: params"))(bad)
+  with pytest.raises(TypeError, match=r"params\['w'\] must be a floating array"):
+    kind.check({"w": np.arange(3)}, "f: params")
