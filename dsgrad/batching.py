@@ -193,6 +193,12 @@ BULK_EPOCHS = 16
 """Epoch orders computed in one call where a window lacks several: with small data a
 long segment spans hundreds of epochs, and three dispatches per epoch (about 0.15 ms on
 a CPU) then cost more than the segment's steps."""
+BULK_ELEMENTS = 2 ** 18
+"""Below this many indices in :data:`BULK_EPOCHS` epochs, a window that lacks even one
+epoch computes that many at once (the next segments use them): with 5,000 data and
+batches of 50 an epoch is 100 steps of a few microseconds, and one epoch per call cost
+about as much again as the steps (0.7 ms per epoch on a 2-core CPU). Above it an epoch
+costs more than a call, and the epochs past a run's end would be wasted work."""
 
 
 class EpochOrders:
@@ -230,7 +236,8 @@ class EpochOrders:
     while missing:
       # Several missing epochs: a bulk call (the ones past the window are kept for the
       # next segments).
-      self._compute(missing[0], BULK_EPOCHS if len(missing) > 3 else 1)
+      bulk = len(missing) > 3 or self.n * BULK_EPOCHS <= BULK_ELEMENTS
+      self._compute(missing[0], BULK_EPOCHS if bulk else 1)
       missing = [e for e in missing if e not in self.cache]
     rows = [self.cache[e] for e in wanted]
     stacked = jnp.asarray(np.stack(rows)) if self.on_host else jnp.stack(rows)

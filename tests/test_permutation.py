@@ -100,6 +100,14 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
   window = batching.slice_window(orders.window(0, 250), 0, 250, 997, 10)
   np.testing.assert_array_equal(np.asarray(window),
                                 np.asarray(batching.epoch_batches(jax.random.key(2), 997, 10, 250)))
+  # Short epochs are computed in bulk even where a window lacks one (a call per epoch
+  # cost as much as a cheap model's steps); long ones one at a time.
+  small = batching.EpochOrders(jax.random.key(3), 50, 10)
+  small.window(0, 5)
+  assert sorted(small.cache) == list(range(batching.BULK_EPOCHS))
+  large = batching.EpochOrders(jax.random.key(3), batching.BULK_ELEMENTS, 10)
+  large.window(0, 5)
+  assert sorted(large.cache) == [0, 1]
   # A window over many short epochs (computed in bulk), then the next one, which reuses
   # the epochs computed past the first.
   orders = batching.EpochOrders(jax.random.key(3), 50, 10)
