@@ -218,3 +218,16 @@ def save_run(section: str, record: dict) -> str:
   with open(path, "w") as f:
     json.dump(runs, f, indent=1)
   return path
+
+
+def elbo_or_diverged(objective, params, key, num_samples: int, **kwargs) -> tuple:
+  """``dsgrad.elbo``'s ``(estimate, standard error)``, or ``(-inf, nan)`` for a run that
+  diverged (non-finite params, or an ELBO that is not finite there), which dsgrad refuses
+  to estimate: a benchmark records the divergence instead of stopping."""
+  import dsgrad  # pylint: disable=import-outside-toplevel
+  if not all(bool(jax.numpy.all(jax.numpy.isfinite(x))) for x in jax.tree.leaves(params)):
+    return float("-inf"), float("nan")
+  try:
+    return dsgrad.elbo(objective, params, key, num_samples, **kwargs)
+  except dsgrad.diagnostics.NonFiniteELBO:
+    return float("-inf"), float("nan")

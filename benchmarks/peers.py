@@ -216,8 +216,9 @@ def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
     draws = 10 if task.spec is not None else 50
 
     def evaluate_mc(loc, log_scale):
-      return float(dsgrad.elbo(objective, {"loc": loc, "log_scale": log_scale},
-                               jax.random.key(12345), draws, chunk_size=20_000)[0])
+      return float(_report.elbo_or_diverged(objective, {"loc": loc, "log_scale": log_scale},
+                                            jax.random.key(12345), draws,
+                                            chunk_size=20_000)[0])
     return evaluate_mc
   x = jnp.asarray(task.x)
   n, d = task.x.shape
@@ -257,8 +258,8 @@ def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
   objective = dsgrad.meanfield_gaussian(model)
 
   def evaluate(loc, log_scale):
-    return float(dsgrad.elbo(objective, {"loc": loc, "log_scale": log_scale},
-                             jax.random.key(12345), samples)[0])
+    return float(_report.elbo_or_diverged(objective, {"loc": loc, "log_scale": log_scale},
+                                          jax.random.key(12345), samples)[0])
 
   return evaluate
 

@@ -114,7 +114,7 @@ def run(model, *, batch_size=100, learning_rate=1e-2, budget_seconds=60.0, chunk
         r["at_budget"] = jax.tree.map(jnp.copy, r["carry"][0])
         r["steps_at_budget"] = r["steps"]
       if r["elapsed"] >= r["next_eval"] or r["elapsed"] > budget_seconds:
-        value = dsgrad.elbo(objective, r["carry"][0], eval_key, elbo_samples)[0]
+        value = _report.elbo_or_diverged(objective, r["carry"][0], eval_key, elbo_samples)[0]
         r["times"].append(r["elapsed"])
         r["step_counts"].append(r["steps"])
         r["elbos"].append(value)
@@ -127,8 +127,8 @@ def run(model, *, batch_size=100, learning_rate=1e-2, budget_seconds=60.0, chunk
 
   out = {}
   for name, r in runs.items():
-    final, final_se = dsgrad.elbo(objective, r["at_budget"], jax.random.key(seed + 2),
-                                  final_samples)
+    final, final_se = _report.elbo_or_diverged(objective, r["at_budget"],
+                                               jax.random.key(seed + 2), final_samples)
     train_s = r["elapsed"] - r["init_s"]
     out[name] = dict(times=np.asarray(r["times"]), steps=np.asarray(r["step_counts"]),
                      elbos=np.asarray(r["elbos"]), final=final, final_se=final_se,

@@ -154,7 +154,34 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
                                                                     num_data_sampled)
   else:
     values = elbo_draws(objective, num_samples, chunk_size)(params, key)
-  return mean_and_standard_error(values)
+  return mean_and_standard_error(finite_elbo_draws(values, "dsgrad.elbo"))
+
+
+class NonFiniteELBO(ValueError):
+  """An ELBO estimate whose Monte Carlo draws are not all finite
+  (:func:`finite_elbo_draws`)."""
+
+
+def finite_elbo_draws(draws, who: str) -> np.ndarray:
+  """``draws`` (Monte Carlo draws of an ELBO) as float64, refusing them where any is not
+  finite: their mean would be reported as -inf or NaN with a NaN standard error.
+
+  Raises:
+    NonFiniteELBO: a ``ValueError`` naming ``who``, how many draws are -inf, +inf or
+      NaN, and the usual causes.
+  """
+  values = np.asarray(draws, np.float64)
+  if np.all(np.isfinite(values)):
+    return values
+  counts = {"-inf": int(np.sum(values == -np.inf)), "+inf": int(np.sum(values == np.inf)),
+            "NaN": int(np.sum(np.isnan(values)))}
+  found = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
+  raise NonFiniteELBO(
+      f"{who}: the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
+      "draws): the log density is -inf or NaN where q puts mass, e.g. a datum the "
+      "likelihood deems impossible (log 0), a latent outside the prior's support, or an "
+      "overflow (exp of a large value). Per-datum terms (objective.loss_fn on a few "
+      "indices at a time) find the datum.")
 
 
 def mean_and_standard_error(draws) -> tuple[float, float]:

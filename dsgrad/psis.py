@@ -192,7 +192,7 @@ def importance_log_ratios(objective, params, key, num_samples: int = 1000,
   checks.check_objective_evaluates(objective, params, "importance_log_ratios")
   draws = diagnostics.elbo_draws(objective, num_samples, chunk_size)(params, key)
   offsets = _offsets(objective, num_samples)(params, key)
-  draws = np.asarray(draws, np.float64)
+  draws = diagnostics.finite_elbo_draws(draws, "dsgrad.importance_log_ratios")
   return draws - np.asarray(offsets, np.float64), draws
 
 

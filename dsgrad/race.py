@@ -277,7 +277,8 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
 def elbo_draws(objective: Objective, params, key, num_samples: int) -> np.ndarray:
   """The full-data ELBO's Monte Carlo draws at ``params``; the same ``key`` for every
   contender gives common random numbers, so their differences are precise."""
-  return np.asarray(diagnostics.elbo_draws(objective, num_samples)(params, key), np.float64)
+  return diagnostics.finite_elbo_draws(diagnostics.elbo_draws(objective, num_samples)(params, key),
+                                      "dsgrad.recommend")
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

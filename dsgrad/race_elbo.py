@@ -78,7 +78,7 @@ def choose(objective: Objective, params, key, num_samples: int, rows, allowed: f
   n = objective.num_data
   program = diagnostics.sampled_elbo_draws(objective, num_samples, chunk_size)
   chunk = max(1, min(chunk_size, n))
-  call = lambda p, r: np.asarray(program(p, key, r), np.float64)
+  call = lambda p, r: diagnostics.finite_elbo_draws(program(p, key, r), "dsgrad.recommend")
   timed = None  # (rows, seconds, draws) of an estimate already timed
   if rows == "auto" and allowed is not None and chunk < n:
     call(params, chunk)  # compiles

@@ -69,6 +69,26 @@ class FitResult(NamedTuple):
   diagnosis: str = ""
 
 
+def _evaluate(objective: Objective, params, key, elbo_samples: int, trust_check: bool,
+              step: int):
+  """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step``; NaNs
+  where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
+  try:
+    if trust_check:
+      # The last evaluation's draws also give the importance ratios (same key, same
+      # draws as diagnostics.elbo), so k-hat costs no extra full pass.
+      ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
+      k_hat = float(psis.pareto_k(ratios))
+      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat)))
+    if not elbo_samples:
+      return float("nan"), float("nan"), None
+    return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
+  except diagnostics.NonFiniteELBO as error:
+    # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
+    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}: "
+                                    f"{str(error).split(': ', 1)[1]}") from None
+
+
 def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
@@ -199,17 +219,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                    if step + length < num_steps else None)
       params, opt_state = runner.run(params, opt_state, step, length, following)
       step, segment = step + length, segment + 1
-      eval_at = jax.random.fold_in(eval_key, step)
-      if step == num_steps and trust_check:
-        # The last evaluation's draws also give the importance ratios (same key, same
-        # draws as diagnostics.elbo), so k-hat costs no extra full pass.
-        ratios, draws = psis.importance_log_ratios(objective, params, eval_at, elbo_samples)
-        value, se = diagnostics.mean_and_standard_error(draws)
-        k_hat = float(psis.pareto_k(ratios))
-        diagnosis = psis.diagnose(k_hat)
-      else:
-        value, se = (diagnostics.elbo_unchecked(objective, params, eval_at, elbo_samples)
-                     if elbo_samples else (float("nan"),) * 2)
+      value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
+                                   elbo_samples, trust_check and step == num_steps, step)
+      if trust is not None:
+        k_hat, diagnosis = trust
       record.append(step, runner.step_seconds, value, se)
       bar(length, step, value, se)
       if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):

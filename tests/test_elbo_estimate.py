@@ -3,7 +3,9 @@ the estimate agrees with Gauss-Hermite quadrature of the exact ELBO, and its sta
 error is the spread that repeated estimates really have."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import dsgrad
@@ -65,3 +67,34 @@ def test_sampled_elbo_program_reads_the_whole_data_in_a_full_pass(logreg_model, 
   again = dsgrad.diagnostics.sampled_elbo_draws(objective, 400, 7)(
       params0, jax.random.key(3), objective.num_data + 5)
   np.testing.assert_allclose(draws, again, rtol=1e-6)
+
+
+def test_an_elbo_that_is_not_finite_is_refused_wherever_it_is_estimated():
+  """A datum the likelihood deems impossible (log 0) makes the ELBO -inf whatever q is,
+  while its gradient stays finite: the estimate, fit's evaluation and recommend's race
+  each refuse it, instead of reporting -inf +- nan."""
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 60, 3)
+
+  def log_lik(z, batch):
+    ll = -jnp.logaddexp(0.0, -(2 * batch["y"] - 1) * (batch["x"] @ z["w"]))
+    return jnp.where(batch["impossible"] > 0, -jnp.inf, ll)
+
+  data = {"x": x, "y": y, "impossible": (jnp.arange(60) == 7).astype(jnp.float32)}
+  latent = {"w": jnp.zeros(3)}
+  objective = dsgrad.families.structured(dsgrad.objective_from_logdensity(
+      lambda z: jnp.sum(jax.scipy.stats.norm.logpdf(z["w"])), log_lik, data, latent), latent)
+  params = dsgrad.families.structured_init(latent)
+  with pytest.raises(dsgrad.diagnostics.NonFiniteELBO, match=r"20 -inf of 20 Monte Carlo"):
+    dsgrad.elbo(objective, params, jax.random.key(1), 20)
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
+  with pytest.raises(ValueError, match=r"dsgrad.fit, evaluating after step 12: the ELBO is "
+                                       r"not finite"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=24, batch_size=6,
+               eval_every=12, elbo_samples=8, progress=False)
+  with pytest.raises(ValueError, match=r"dsgrad.recommend: the ELBO is not finite"):
+    dsgrad.recommend(objective, optax.adam(1e-2), params, jax.random.key(1), batch_size=6,
+                     budget=2000, budget_in="naive_steps", candidates=("naive", "cv"),
+                     step_costs={"naive": 1e-5, "cv": 1e-5}, progress=False)
+  # A finite ELBO passes the same check.
+  draws = dsgrad.diagnostics.finite_elbo_draws(np.array([-1.0, -2.0]), "f")
+  assert draws.dtype == np.float64
