@@ -402,6 +402,13 @@ def check_objective_evaluates(objective, params, who: str) -> None:
                      f"[{error.args[0]!r}], which these params lack (they have {keys}). "
                      "Was a params leaf renamed or dropped, or were the params made for "
                      "another objective?") from error
+  except jax.errors.JAXTypeError as error:
+    # The params are not at fault: the model's functions need a value while traced.
+    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be traced by JAX: "
+                     f"{first_line(error)}. Its log density runs under jit with the batch's "
+                     "indices traced: index data held as JAX arrays (jnp.asarray(x)), not "
+                     "NumPy arrays, and use jnp.where instead of Python if/else on "
+                     "values") from error
   except (TypeError, ValueError, IndexError, AttributeError) as error:
     raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be evaluated "
                      f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "

@@ -253,6 +253,22 @@ def test_params_of_another_model_are_refused_at_init(logreg_model, params0, name
     tx.init(other)
 
 
+def test_a_model_that_cannot_be_traced_is_refused_as_such_not_as_params(params0):
+  """A likelihood indexing a NumPy array with the traced batch indices was refused as
+  "params made for another model"; the message now names the tracing and the remedy."""
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 50, 5)
+  x, y = np.asarray(x), np.asarray(y)
+  model = dsgrad.models.Model(
+      log_prior=lambda z: -0.5 * jnp.sum(z ** 2),
+      log_likelihood=lambda z, idx: -jnp.logaddexp(0.0, -(2 * y[idx] - 1) * (x[idx] @ z)),
+      num_data=50, latent_dim=5)
+  objective = dsgrad.meanfield_gaussian(model)
+  with pytest.raises(ValueError, match=r"dsgrad.fit: objective .* cannot be traced by JAX: "
+                                       r".*jnp.asarray\(x\)"):
+    dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)), params0,
+               jax.random.key(0), num_steps=2, batch_size=5, progress=False)
+
+
 @pytest.mark.parametrize("approx_name", ["gaussian_mean_taylor", "gaussian_taylor",
                                          "glm_mean_taylor"])
 @pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
