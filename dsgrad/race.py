@@ -171,8 +171,9 @@ class Lane:
 
 def prepare_all(lanes: list, lengths: list) -> None:
   """Compiles every lane's segment of its length, several at once: tracing holds the
-  interpreter but XLA's compiler does not, so on a machine of several cores the lanes'
-  compilations overlap instead of queueing."""
+  interpreter (and is done one lane at a time: ``segments._TRACING``) but XLA's compiler
+  does not, so on a machine of several cores the lanes' compilations overlap instead of
+  queueing."""
   workers = max(1, min(len(lanes), os.cpu_count() or 1))
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     for future in [pool.submit(lane.prepare, n) for lane, n in zip(lanes, lengths)]:

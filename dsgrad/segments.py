@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 
 import jax
@@ -195,6 +196,14 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
                  out_shardings=out_shardings)
 
 
+_TRACING = threading.Lock()
+"""Held while a segment is traced and lowered: tracing runs the user's model code, which
+need not be thread-safe (a NumPyro model's effect handlers share one global stack, and
+two models traced at once by :func:`dsgrad.race.prepare_all`'s threads mixed their
+sites), and holds the interpreter anyway; XLA's compilation, which does not, still
+overlaps."""
+
+
 def compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
                      example_args, mesh=None, carry_shardings=None, *,
                      finite_at_end: bool = False):
@@ -205,8 +214,10 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
   objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
   :meth:`~dsgrad.Objective.with_data` copies with the same optimizer object share it."""
   def build():
-    return segment_program(objective, optimizer, batch_size, length, mesh, carry_shardings,
-                           finite_at_end=finite_at_end).lower(*example_args).compile()
+    with _TRACING:
+      lowered = segment_program(objective, optimizer, batch_size, length, mesh,
+                                carry_shardings, finite_at_end=finite_at_end).lower(*example_args)
+    return lowered.compile()
   if mesh is not None:  # placed on this mesh's devices: not shared
     t0 = time.perf_counter()
     return build(), time.perf_counter() - t0

@@ -308,3 +308,25 @@ def test_example_runs_end_to_end(tmp_path):
   for name, row in saved["results"].items():
     assert math.isfinite(row["final_elbo"]) and row["ms_per_step"] > 0, name
     assert rows[name]["final_elbo"] == row["final_elbo"]
+
+
+def test_segments_of_a_numpyro_model_compile_on_several_threads(logreg_data):
+  """recommend compiles its candidates' segments on several threads; a NumPyro model's
+  effect handlers share one global stack, so two traced at once mixed their sites
+  ("all sites must have unique names"). Tracing is serialized; the compiles overlap."""
+  import concurrent.futures
+  x, y = logreg_data
+  objective = dsgrad_numpyro.objective(logreg_model, x, y)
+  params = objective.init_params()
+  optimizers = [optax.chain(dsgrad.naive(), optax.adam(1e-2)),
+                optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
+                optax.chain(dsgrad.joint_svrg(objective, every=4), optax.adam(1e-2))]
+  runners = [dsgrad.segments.SegmentRunner(objective, optax.with_extra_args_support(o), BATCH,
+                                           jax.random.key(0)) for o in optimizers]
+  states = [o.init(params) for o in optimizers]
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    futures = [pool.submit(r.prepare, params, s, 0, 2 + i)
+               for i, (r, s) in enumerate(zip(runners, states))]
+    for future in futures:
+      future.result()
+  assert all(len(r.executables) == 1 for r in runners)
