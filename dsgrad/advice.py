@@ -207,7 +207,9 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
                if np.isnan(r.time_ratio) else "did not reach naive's final race ELBO"
                if not np.isfinite(r.time_ratio)
                else f"reached naive's final race ELBO in {r.time_ratio:.2g}x naive's time")
-      line += f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time; {reach}"
+      # The ELBO above is the last checkpoint's; the gain is over the round's checkpoints.
+      line += (f", {r.gain:+.4g} +- {r.gain_se:.2g} over naive at equal time (the mean over "
+               f"its last round's checkpoints); {reach}")
     lines.append(line + ".")
   lines += _ruled_out_lines(ranking)
   if best.name == "naive":
