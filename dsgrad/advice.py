@@ -13,7 +13,8 @@ the reference; a candidate within one doubling of naive's pace is not dropped:
 :mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal
 wall-clock, at several checkpoints of the final round, so that the standard error also
 holds one run's jitter from step to step. The advice is naive, said plainly, unless a
-candidate beats naive by more than twice the standard error of the difference;
+candidate beats naive by more than twice the standard error of the difference (Student-t's
+margin where that error comes from the spread of a few checkpoints);
 :meth:`Recommendation.fit` continues the winner's raced run where it stopped.
 
 Example::
@@ -117,8 +118,8 @@ def _candidates(lanes, traces, naive_index, ruled_out):
     f, draws = traces[i][-1][-1]
     # Naive raced every round: its checkpoints of the same round are at the same
     # wall-clock.
-    gain, gain_se = race_lib.checkpoint_difference(traces[i][-1],
-                                                   naive_trace[len(traces[i]) - 1])
+    reference = naive_trace[len(traces[i]) - 1]
+    gain, gain_se = race_lib.checkpoint_difference(traces[i][-1], reference)
     means = [(ff, d.mean()) for points in traces[i] for ff, d in points]
     # Where naive ended the race no higher than it started (a run at its noise floor),
     # there is no time to reach its ELBO to compare: no ratio.
@@ -128,7 +129,8 @@ def _candidates(lanes, traces, naive_index, ruled_out):
         lane.contender.name, lane.description, lane.seconds_per_step, lane.total_steps,
         lane.state_bytes, f, *diagnostics.mean_and_standard_error(draws),
         gain if i != naive_index else 0.0, gain_se if i != naive_index else 0.0, ratio,
-        rounds=len(traces[i]) - 1))
+        rounds=len(traces[i]) - 1,
+        gain_factor=race_lib.gain_factor(traces[i][-1], reference)))
   return rows + list(ruled_out)
 
 
@@ -170,7 +172,8 @@ def _pick(rows) -> Candidate:
   finalists = [r for r in raced if r.rounds == furthest and r.name != "naive"]
   naive = next(r for r in raced if r.name == "naive")
   winner = max(finalists, key=lambda r: r.gain, default=naive)
-  return winner if winner.gain > 2 * winner.gain_se and winner.gain > 0 else naive
+  return (winner if winner.gain > winner.gain_factor * winner.gain_se and winner.gain > 0
+          else naive)
 
 
 def _budget_line(budget_seconds, spent) -> str:
@@ -213,8 +216,9 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
     lines.append(line + ".")
   lines += _ruled_out_lines(ranking)
   if best.name == "naive":
-    lines.append("no candidate beat naive by more than twice its standard error at equal "
-                 "wall-clock: stay with naive and your decaying step size.")
+    lines.append("no candidate beat naive by more than twice its standard error (or "
+                 "Student-t's margin, where the error comes from a few checkpoints) at "
+                 "equal wall-clock: stay with naive and your decaying step size.")
   else:
     lines.append(f"{best.description} beat naive at equal wall-clock by {best.gain:.4g} "
                  f"+- {best.gain_se:.2g} nats; continue it with Recommendation.fit().")

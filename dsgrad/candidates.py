@@ -49,6 +49,9 @@ class Candidate(NamedTuple):
       not reached in the race; ``nan``: naive ended the race no higher than it started).
     note: why it did not race, when it did not.
     rounds: the rounds of successive halving it raced.
+    gain_factor: how many ``gain_se`` the gain must exceed to count as a win: 2, or
+      Student-t's 97.5% quantile where ``gain_se`` comes from the spread of a few
+      checkpoints (:func:`dsgrad.race.gain_factor`; 3.18 for four).
   """
 
   name: str
@@ -64,6 +67,7 @@ class Candidate(NamedTuple):
   time_ratio: float = math.nan
   note: str = ""
   rounds: int = 0
+  gain_factor: float = 2.0
 
 
 EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")

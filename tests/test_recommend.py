@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import dsgrad
+from dsgrad import advice as advice_lib
 from dsgrad import race as race_lib
 
 N, D, BATCH = 200, 4, 10
@@ -298,6 +299,16 @@ def test_checkpoint_difference_holds_the_runs_jitter():
   assert se > 10 * eval_se
   one = race_lib.checkpoint_difference(noisy[:1], naive[:1])
   assert one == pytest.approx(race_lib.paired_difference(noisy[0][1], naive[0][1]))
+  # Where the error comes from four checkpoints' spread, a win needs Student-t's margin
+  # for three degrees of freedom, not 2 (an 86% interval); else 2.
+  assert race_lib.gain_factor(noisy, naive) == pytest.approx(3.182, abs=1e-3)
+  assert race_lib.gain_factor(steady, naive) == 2.0
+  assert race_lib.gain_factor(noisy[:1], naive[:1]) == 2.0
+  rows = [dsgrad.candidates.Candidate("naive", "naive", rounds=1),
+          dsgrad.candidates.Candidate("cv", "cv", gain=2.5, gain_se=1.0, rounds=1,
+                                      gain_factor=race_lib.gain_factor(noisy, naive))]
+  assert advice_lib._pick(rows).name == "naive"
+  assert advice_lib._pick([rows[0], rows[1]._replace(gain_factor=2.0)]).name == "cv"
 
 
 def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
