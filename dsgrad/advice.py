@@ -226,7 +226,8 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
 
 
 @checks.arguments(params=checks.parameters(), key=checks.prng_key(),
-                  batch_size=checks.count(1), budget=checks.positive(), share=checks.probability(low_open=True),
+                  batch_size=checks.count(1), budget=checks.positive(),
+                  share=checks.probability(low_open=True),
                   memory_share=checks.probability(low_open=True),
                   elbo_samples=checks.count(2), elbo_rows=checks.or_word(checks.count(1), "auto"),
                   max_table_bytes=checks.byte_budget(),

@@ -309,7 +309,8 @@ def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size
 
 
 @checks.arguments(params=checks.parameters(), key=checks.prng_key(),
-                  batch_size=checks.count(1), num_draws=checks.count(2), full_draws=checks.count(2),
+                  batch_size=checks.count(1), num_draws=checks.count(2),
+                  full_draws=checks.count(2),
                   noise_draws_per_datum=checks.count(2), chunk_size=checks.count(1),
                   num_data_sampled=checks.optional(checks.count(2)))
 def variance_decomposition(objective: Objective, params, key, batch_size: int, *,

@@ -206,7 +206,8 @@ def test_a_good_value_passes_the_check(name, argument, obj):
   assert kind.check(good, f"{name}: {argument}") is not None
 
 
-def test_parameters_with_a_nan_or_of_another_model_are_refused_where_they_enter(logreg_model, params0):
+def test_params_with_a_nan_or_of_another_model_are_refused_where_they_enter(logreg_model,
+                                                                        params0):
   # Without the check the ELBO and the variances come back NaN, silently.
   objective = dsgrad.meanfield_gaussian(logreg_model)
   bad = {"loc": params0["loc"].at[1].set(jnp.nan), "log_scale": params0["log_scale"]}
