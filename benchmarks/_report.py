@@ -225,7 +225,7 @@ def elbo_or_diverged(objective, params, key, num_samples: int, **kwargs) -> tupl
   diverged (non-finite params, or an ELBO that is not finite there), which dsgrad refuses
   to estimate: a benchmark records the divergence instead of stopping."""
   import dsgrad  # pylint: disable=import-outside-toplevel
-  if not all(bool(jax.numpy.all(jax.numpy.isfinite(x))) for x in jax.tree.leaves(params)):
+  if not bool(dsgrad.checks.all_finite(params)):
     return float("-inf"), float("nan")
   try:
     return dsgrad.elbo(objective, params, key, num_samples, **kwargs)

@@ -26,8 +26,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 import optax
+from scipy import stats
 
 from dsgrad import diagnostics
 from dsgrad import halving
@@ -393,17 +393,23 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
   return {i: lane.trace for i, lane in enumerate(lanes)}
 
 
+def _checkpoint_errors(points: list, reference: list) -> tuple:
+  """``(the paired differences' means, one per checkpoint; the standard error of their
+  mean from the estimates' own errors; the one from their spread, 0 for one checkpoint)``."""
+  pairs = [paired_difference(a, b) for (_, a), (_, b) in zip(points, reference)]
+  means = np.array([m for m, _ in pairs])
+  own = float(np.sqrt(np.mean([e ** 2 for _, e in pairs]) / len(pairs)))
+  spread = float(means.std(ddof=1) / np.sqrt(len(pairs))) if len(pairs) > 1 else 0.0
+  return means, own, spread
+
+
 def checkpoint_difference(points: list, reference: list) -> tuple[float, float]:
   """``(gain, se)``: the mean over a round's checkpoints of a lane's ELBO minus the
   reference's at the same checkpoints (common random numbers), and its standard error:
   the larger of the estimates' own (averaged over the checkpoints) and, with several
   checkpoints, the one from the differences' spread (which also holds the runs' jitter)."""
-  pairs = [paired_difference(a, b) for (_, a), (_, b) in zip(points, reference)]
-  means = np.array([m for m, _ in pairs])
-  se = float(np.sqrt(np.mean([e ** 2 for _, e in pairs]) / len(pairs)))
-  if len(pairs) > 1:
-    se = max(se, float(means.std(ddof=1) / np.sqrt(len(pairs))))
-  return float(means.mean()), se
+  means, own, spread = _checkpoint_errors(points, reference)
+  return float(means.mean()), max(own, spread)
 
 
 def gain_factor(points: list, reference: list) -> float:
@@ -412,12 +418,8 @@ def gain_factor(points: list, reference: list) -> float:
   Carlo draws) is the larger, else Student-t's quantile for the checkpoints less one
   degrees of freedom (3.18 for four): an error measured from four differences is itself
   uncertain, and 2 of them would be an 86% interval."""
-  pairs = [paired_difference(a, b) for (_, a), (_, b) in zip(points, reference)]
-  if len(pairs) < 2:
-    return 2.0
-  own = float(np.sqrt(np.mean([e ** 2 for _, e in pairs]) / len(pairs)))
-  spread = float(np.std([m for m, _ in pairs], ddof=1) / np.sqrt(len(pairs)))
-  return 2.0 if own >= spread else max(2.0, float(stats.t.ppf(0.975, len(pairs) - 1)))
+  means, own, spread = _checkpoint_errors(points, reference)
+  return 2.0 if own >= spread else max(2.0, float(stats.t.ppf(0.975, len(means) - 1)))
 
 
 class Progress:
