@@ -159,7 +159,11 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
 
 class NonFiniteELBO(ValueError):
   """An ELBO estimate whose Monte Carlo draws are not all finite
-  (:func:`finite_elbo_draws`)."""
+  (:func:`finite_elbo_draws`): ``who`` estimated it, ``detail`` says what was found."""
+
+  def __init__(self, who: str, detail: str):
+    super().__init__(f"{who}: {detail}")
+    self.who, self.detail = who, detail
 
 
 def finite_elbo_draws(draws, who: str) -> np.ndarray:
@@ -177,7 +181,7 @@ def finite_elbo_draws(draws, who: str) -> np.ndarray:
             "NaN": int(np.sum(np.isnan(values)))}
   found = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
   raise NonFiniteELBO(
-      f"{who}: the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
+      who, f"the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
       "draws): the log density is -inf or NaN where q puts mass, e.g. a datum the "
       "likelihood deems impossible (log 0), a latent outside the prior's support, or an "
       "overflow (exp of a large value). Per-datum terms (objective.loss_fn on a few "

@@ -85,8 +85,8 @@ def _evaluate(objective: Objective, params, key, elbo_samples: int, trust_check:
     return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
   except diagnostics.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
-    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}: "
-                                    f"{str(error).split(': ', 1)[1]}") from None
+    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
+                                    error.detail) from None
 
 
 def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
