@@ -114,7 +114,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
-  return Model(prior_flat, lik_flat, n, d, name)
+  return Model(prior_flat, lik_flat, n, d, name, unravel=unravel)
 
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,

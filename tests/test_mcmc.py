@@ -301,3 +301,42 @@ def test_bad_input(logreg):
                   progress=False, **kwargs)
   with pytest.raises(ValueError, match="signs sum"):
     mcmc.signed_mean(np.ones((4, 2)), np.array([1.0, -1.0, -1.0, 1.0]))
+
+
+def test_a_position_laid_out_like_the_latent_is_flattened_as_the_model_does():
+  """A model written with a pytree latent takes its MCMC positions in that layout (and
+  ``model.unravel`` lays the flat samples out again); a flat model refuses one by name."""
+  x = jax.random.normal(jax.random.key(3), (200, 3))
+  data = {"x": x, "y": (x[:, 0] > 0).astype(jnp.float32)}
+
+  def log_lik(z, batch):
+    logits = batch["x"] @ z["w"] + z["b"]
+    return batch["y"] * logits - jnp.logaddexp(0.0, logits)
+
+  latent = {"b": jnp.zeros(()), "w": jnp.zeros(3)}
+  model = dsgrad.model_from_logdensity(
+      lambda z: -0.5 * (z["b"] ** 2 + jnp.sum(z["w"] ** 2)), log_lik, data, latent)
+  position = {"b": jnp.asarray(0.5), "w": jnp.array([1.0, -2.0, 3.0])}
+  scheme = mcmc.perturbed(model, 20, 1)
+  proxy = mcmc.taylor_proxy(model, jnp.zeros(4))
+  state = mcmc.init(model, scheme, proxy, position, jax.random.key(0))
+  assert model.unravel(state.position)["w"].tolist() == [1.0, -2.0, 3.0]
+  assert float(model.unravel(state.position)["b"]) == 0.5
+  sg = mcmc.sgld(model, proxy, step_size=1e-3, subsample_size=20)
+  assert jnp.array_equal(sg.init(position, jax.random.key(0)).position, state.position)
+  with pytest.raises(ValueError, match=r"laid out like the model's latent"):
+    mcmc.init(model, scheme, proxy, {"w": jnp.zeros(3)}, jax.random.key(0))
+  with pytest.raises(ValueError, match=r"laid out like the model's latent"):
+    mcmc.taylor_proxy(model, {"b": jnp.zeros(()), "w": jnp.zeros(2)})
+  with pytest.raises(ValueError, match=r"position must be finite"):
+    sg.init({"b": jnp.asarray(jnp.nan), "w": jnp.zeros(3)}, jax.random.key(0))
+  flat = Model(model.log_prior, model.log_likelihood, 200, 4, "flat")
+  with pytest.raises(ValueError, match=r"must be a flat array of shape \(4,\).*its latent is flat"):
+    mcmc.taylor_proxy(flat, position)
+
+
+def test_effective_sample_size_refuses_a_diverged_chain():
+  samples = np.random.default_rng(0).normal(size=(100, 3))
+  samples[40, 1] = np.nan
+  with pytest.raises(ValueError, match=r"NaN or inf in parameter\(s\) \[1\]"):
+    mcmc.effective_sample_size(samples)

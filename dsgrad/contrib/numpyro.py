@@ -179,7 +179,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
 
   trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
-                       getattr(model, "__name__", "numpyro_model"), data=handles or None)
+                       getattr(model, "__name__", "numpyro_model"), data=handles or None,
+                       unravel=unravel)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
 

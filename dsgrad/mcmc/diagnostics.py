@@ -33,13 +33,17 @@ def effective_sample_size(samples) -> np.ndarray:
   reported as 0: nothing was learned from it).
 
   Raises:
-    ValueError: fewer than 4 samples or a non-2-D array.
+    ValueError: fewer than 4 samples, a non-2-D array, or NaN or inf values.
   """
   x = np.asarray(samples, np.float64)
   if x.ndim == 1:
     x = x[:, None]
   if x.ndim != 2 or x.shape[0] < 4:
     raise ValueError(f"samples must have shape (R >= 4, d), got {np.shape(samples)}")
+  if not np.all(np.isfinite(x)):
+    bad = np.flatnonzero(~np.all(np.isfinite(x), axis=0))
+    raise ValueError(f"samples hold NaN or inf in parameter(s) {bad.tolist()}: a chain that "
+                     "diverged has no effective sample size")
   r = x.shape[0]
   acov = _autocovariance(x)
   out = np.zeros(x.shape[1])

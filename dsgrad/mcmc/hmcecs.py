@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from dsgrad import checks
 from dsgrad.mcmc import hmc
+from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.mcmc.subsample import SubsampleScheme
 from dsgrad.models.base import Model
@@ -127,9 +128,7 @@ def init(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
   Raises:
     ValueError: if ``position`` does not have shape ``(d,)``.
   """
-  position = jnp.asarray(position)
-  if position.shape != (model.latent_dim,):
-    raise ValueError(f"position must have shape ({model.latent_dim},), got {position.shape}")
+  position = proxy_lib.check_theta(model, position, "position")
   return reset(model, scheme, proxy, position, scheme.init(key))
 
 

@@ -27,6 +27,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from dsgrad import checks
 from dsgrad import data as data_lib
@@ -55,7 +57,12 @@ class TaylorProxy(NamedTuple):
   second_order: jax.Array
 
 
-def _check_theta(model: Model, theta, name="theta_star"):
+def check_theta(model: Model, theta, name="theta_star"):
+  """``theta`` as the model's flat ``(d,)`` latent: a flat array, or a pytree laid out as
+  ``model.unravel`` arranges the latent (flattened here)."""
+  if not isinstance(theta, (jax.Array, np.ndarray, float, int)) and len(
+      jax.tree.leaves(theta)) > 0 and not _is_flat_sequence(theta):
+    theta = _ravel_like_latent(model, theta, name)
   theta = jnp.asarray(theta)
   if theta.shape != (model.latent_dim,):
     raise ValueError(f"{name} must have shape ({model.latent_dim},) for model "
@@ -65,6 +72,29 @@ def _check_theta(model: Model, theta, name="theta_star"):
   if is_concrete(theta) and not bool(jnp.all(jnp.isfinite(theta))):
     raise ValueError(f"{name} must be finite, got {theta}")
   return theta
+
+
+def _is_flat_sequence(theta) -> bool:
+  return isinstance(theta, (list, tuple)) and all(
+      isinstance(v, (float, int, np.number)) for v in theta)
+
+
+def _ravel_like_latent(model: Model, theta, name: str):
+  """A pytree position flattened, after checking it has the latent's layout."""
+  if model.unravel is None:
+    raise ValueError(f"{name} must be a flat array of shape ({model.latent_dim},) for model "
+                     f"{model.name!r} (its latent is flat), got a {type(theta).__name__}")
+  layout = model.unravel(jnp.zeros(model.latent_dim, jnp.float32))
+  expected = jax.tree.map(jnp.shape, layout)
+  try:
+    given = jax.tree.map(jnp.shape, theta)
+  except TypeError as error:
+    raise ValueError(f"{name} must be a flat ({model.latent_dim},) array or a pytree laid "
+                     f"out like the model's latent {expected}: {error}") from None
+  if jax.tree.structure(layout) != jax.tree.structure(theta) or given != expected:
+    raise ValueError(f"{name} must be a flat ({model.latent_dim},) array or a pytree laid "
+                     f"out like the model's latent, {expected}; got {given}")
+  return ravel_pytree(jax.tree.map(lambda leaf: jnp.asarray(leaf, jnp.float32), theta))[0]
 
 
 @checks.arguments(order=checks.count(1), chunk_size=checks.count(1))
@@ -85,7 +115,7 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
   Raises:
     ValueError: on a ``theta_star`` of the wrong shape or dtype, or an order not 1 or 2.
   """
-  theta_star = _check_theta(model, theta_star)
+  theta_star = check_theta(model, theta_star)
   if order not in (1, 2):
     raise ValueError(f"order must be 1 or 2, got {order}")
   n = model.num_data

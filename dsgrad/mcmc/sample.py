@@ -25,7 +25,7 @@ from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
-from dsgrad.mcmc.proxy import TaylorProxy, _check_theta, taylor_proxy
+from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
 from dsgrad.models.base import Model
 
 
@@ -59,7 +59,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   size = min(n, int(subset_size or _default_subset_size(n)))
   subset = batching.uniform_indices(key, n, size, replace=False)
   start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
-           else _check_theta(model, position, "position"))
+           else check_theta(model, position, "position"))
 
   def loss(theta):
     return -(n / size) * jnp.sum(model.log_likelihood(theta, subset)) - model.log_prior(theta)
@@ -333,11 +333,11 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     reference_point = find_reference_point(model, k_ref)
     # Line searches not counted.
     evaluations += REFERENCE_STEPS * _default_subset_size(model.num_data)
-  reference_point = _check_theta(model, reference_point, "reference_point")
+  reference_point = check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += model.num_data
   mass_mode, precision = _initial_precision(model, proxy, mass_matrix)
-  position = reference_point if position is None else _check_theta(model, position, "position")
+  position = reference_point if position is None else check_theta(model, position, "position")
   warmup = _Warmup(model, scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
   state = init(model, scheme, proxy, position, k_init)

@@ -105,7 +105,8 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
     theta = theta + 0.5 * eps * grad(k_grad, theta) + noise
     return SGState(theta), SGInfo(jnp.asarray(subsample_size))
 
-  return SamplingAlgorithm(lambda position, key: SGState(jnp.asarray(position)), step)
+  return SamplingAlgorithm(
+      lambda position, key: SGState(proxy_lib.check_theta(model, position, "position")), step)
 
 
 @checks.arguments(subsample_size=checks.count(1), friction=checks.positive())
@@ -169,4 +170,5 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
     theta, _ = jax.lax.fori_loop(0, parameters.num_integration_steps, one, (theta, p))
     return SGState(theta), SGInfo(subsample_size * parameters.num_integration_steps)
 
-  return SamplingAlgorithm(lambda position, key: SGState(jnp.asarray(position)), step)
+  return SamplingAlgorithm(
+      lambda position, key: SGState(proxy_lib.check_theta(model, position, "position")), step)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,10 @@ class Model(NamedTuple):
     data: optional ``{name: DataArray}`` (:func:`model_data`): the per-datum arrays the
       likelihood reads. Objectives built from the model list them, so that compiled
       programs take them as arguments (:meth:`dsgrad.Objective.with_data`).
+    unravel: optional ``z -> pytree``: the flat latent arranged as the user wrote it
+      (:func:`dsgrad.model_from_logdensity` sets it). Samples and params stay flat;
+      ``jax.vmap(model.unravel)(result.samples)`` gives them that shape, and the MCMC
+      entry points take a position in it.
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
@@ -99,6 +103,7 @@ class Model(NamedTuple):
   sparse: SparseLikelihood | None = None
   log_prior_hessian_diag: Callable[[jax.Array], jax.Array] | None = None
   data: dict | None = None
+  unravel: Callable[[jax.Array], Any] | None = None
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""
