@@ -100,12 +100,22 @@ class Recommendation(NamedTuple):
 
 
 def _optimizer_factory(optimizer):
+  """``num_steps -> transformation``; a factory's result is checked where it is first
+  built (a function returning a float or a schedule would fail later, in optax)."""
   if isinstance(optimizer, optax.GradientTransformation):
     return lambda steps: optimizer
-  if callable(optimizer):
-    return optimizer
-  raise TypeError("optimizer must be an optax transformation or a function "
-                  f"num_steps -> optax transformation, got {type(optimizer).__name__}")
+  kind = checks.optimizer()
+
+  def make(steps):
+    made = optimizer(steps)
+    if np.ndim(made) == 0 and np.issubdtype(np.asarray(made).dtype, np.number):
+      raise checks.ArgumentError(
+          f"dsgrad.recommend: optimizer({steps}) must be an optax transformation, got the "
+          f"number {made!r}: a learning-rate schedule? Pass lambda n: optax.adam("
+          "optax.cosine_decay_schedule(1e-2, n)), or optax.adam(schedule)")
+    return kind.check(made, f"dsgrad.recommend: optimizer({steps})")
+
+  return make
 
 
 def _candidates(lanes, traces, naive_index, ruled_out):
@@ -225,7 +235,8 @@ def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -
   return lines
 
 
-@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+@checks.arguments(optimizer=checks.optimizer(factory=True), params=checks.parameters(),
+                  key=checks.prng_key(),
                   batch_size=checks.count(1), budget=checks.positive(),
                   share=checks.probability(low_open=True),
                   memory_share=checks.probability(low_open=True),

@@ -273,6 +273,40 @@ def floating_dtype() -> Kind:
   return Kind("dtype", check, accepted)
 
 
+def _takes_a_learning_rate(value) -> bool:
+  """Whether ``value`` is an optimizer's factory such as ``optax.adam`` (its first
+  parameter is the learning rate), not a transformation or a ``num_steps`` function."""
+  try:
+    first = next(iter(inspect.signature(value).parameters), None)
+  except (TypeError, ValueError):
+    return False
+  return first in ("learning_rate", "lr", "step_size")
+
+
+def optimizer(factory: bool = False) -> Kind:
+  """An optax transformation (an object with ``init`` and ``update``); with ``factory``,
+  also a function ``num_steps -> transformation``. ``optax.adam`` itself is refused by
+  name: called with a step count it would build Adam whose learning rate is that count."""
+  accepted = ("an optax transformation (e.g. optax.adam(1e-2))" + (
+      " or a function num_steps -> transformation (e.g. lambda n: "
+      "optax.adam(optax.cosine_decay_schedule(1e-2, n)))" if factory else ""))
+
+  def check(value, label):
+    if callable(getattr(value, "init", None)) and callable(getattr(value, "update", None)):
+      return value
+    if callable(value) and _takes_a_learning_rate(value):
+      name = getattr(value, "__qualname__", type(value).__name__)
+      raise ArgumentError(f"{label} must be {accepted}, got {name} itself, a factory that "
+                          "takes a learning rate: call it, e.g. optax.adam(1e-2)")
+    if factory and callable(value) and not isinstance(value, type):
+      return value
+    hint = (": a function num_steps -> transformation is taken by dsgrad.recommend; call it "
+            "with the number of steps here" if callable(value) else "")
+    raise ArgumentError(f"{label} must be {accepted}, got {_received(value)}{hint}")
+
+  return Kind("optimizer", check, accepted, dict(factory=factory))
+
+
 def sizes(minimum: int = 1) -> Kind:
   """A sequence of integers ``>= minimum`` (layer widths, channel counts)."""
   element = count(minimum)

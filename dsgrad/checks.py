@@ -33,8 +33,8 @@ from jax.experimental import checkify
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, arguments, byte_budget, check_count, check_floating_params,
     check_id_array, check_numeric_dtype, check_positive, count, finite_values, numeric_array,
-    floating_dtype, optional, or_word, parameters, positive, probability, prng_key, real,
-    sizes)
+    floating_dtype, optimizer, optional, or_word, parameters, positive, probability, prng_key,
+    real, sizes)
 
 
 def is_concrete(x) -> bool:

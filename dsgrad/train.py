@@ -101,7 +101,7 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
                        "does not exist or is not writable")
 
 
-@checks.arguments(key=checks.prng_key(), num_steps=checks.count(0),
+@checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
                   checkpoint_every=checks.count(1))

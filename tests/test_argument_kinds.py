@@ -170,6 +170,10 @@ def _bad_values(kind):
     bad = [_TEXT, st.just(True), st.just(0), st.integers(max_value=-1), _NOT_FINITE]
   elif kind.kind == "sizes":
     bad = [_TEXT, st.just(3), st.just([2.5]), st.just([0]), st.just([True]), st.just(["8"])]
+  elif kind.kind == "optimizer":
+    bad += [st.just(optax.adam), st.just(3), st.just(optax.GradientTransformation)]
+    if not spec.get("factory"):
+      bad.append(st.just(lambda steps: optax.adam(1e-2)))
   elif kind.kind == "dtype":
     bad = [st.sampled_from([jnp.int32, np.int8, "int64", bool, "not a dtype"])]
   elif kind.kind == "parameters":
@@ -202,7 +206,8 @@ def test_a_good_value_passes_the_check(name, argument, obj):
   good = {"count": max(kind.spec.get("minimum", 0), 2), "positive": 0.5, "real": -1.5,
           "finite": np.zeros(3), "probability": 0.5, "key": jax.random.key(0),
           "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8),
-          "parameters": {"loc": jnp.zeros(3), "log_scale": -np.ones(3)}}[kind.kind]
+          "parameters": {"loc": jnp.zeros(3), "log_scale": -np.ones(3)},
+          "optimizer": optax.adam(1e-2)}[kind.kind]
   assert kind.check(good, f"{name}: {argument}") is not None
 
 

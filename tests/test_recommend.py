@@ -167,6 +167,23 @@ def test_bad_settings_are_refused(kwargs):
                      jax.random.key(0), **settings)
 
 
+@pytest.mark.parametrize("optimizer,match", [
+    (optax.adam, r"adam itself, a factory that takes a learning rate"),
+    (lambda steps: 1e-2, r"optimizer\(\d+\) must be an optax transformation, got the number"),
+    (optax.cosine_decay_schedule(1e-2, 100), r"a learning-rate schedule\?"),
+    (lambda steps: "adam", r"optimizer\(\d+\) must be an optax transformation")])
+def test_an_optimizer_that_is_not_one_is_refused_before_anything_compiles(optimizer, match):
+  # optax.adam itself would be called with the step count as its learning rate, and the
+  # run would diverge at its first step with the blame on the gradient.
+  model = _model()
+  with pytest.raises(TypeError, match=match):
+    dsgrad.recommend(dsgrad.meanfield_gaussian(model), optimizer, dsgrad.meanfield_init(model),
+                     jax.random.key(0), batch_size=BATCH, budget=100.0, progress=False)
+  with pytest.raises(TypeError, match=r"dsgrad.fit: optimizer must be an optax transformation"):
+    dsgrad.fit(dsgrad.meanfield_gaussian(model), optimizer, dsgrad.meanfield_init(model),
+               jax.random.key(0), num_steps=5, batch_size=BATCH, progress=False)
+
+
 def test_the_race_estimates_on_sampled_data_where_full_passes_would_not_fit():
   """``elbo_rows="auto"``: full passes where the estimates fit their part of the share,
   else whole chunks of data drawn at random, and the advice's line says which; the same
