@@ -170,7 +170,8 @@ def _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, b
   spent = time.perf_counter() - started
   reasons = [_budget_line(budget_seconds, spent),
              f"naive: {seconds:.3g} s per step ({lane.total_steps} steps in the "
-             "budget); not raced, as no other candidate is left to race against.",
+             "budget); not raced, as no other candidate is left to race against, and no "
+             "ELBO estimated (fit's first evaluation checks that it is finite).",
              *_ruled_out_lines(ruled_out), "stay with naive and your decaying step size."]
   return Recommendation("naive", ranking, tuple(reasons), budget_seconds, spent,
                         {"naive": lane}, key)
@@ -422,7 +423,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   timed = lanes
   lanes = [lane.stretched(max(1, int(budget_seconds / lane.seconds_per_step)), params, key)
            for lane in lanes]
-  to_compile = sum(old.runner.compile_seconds for old, new in zip(timed, lanes)
+  to_compile = sum(old.runner.compile_cost_seconds for old, new in zip(timed, lanes)
                    if new is not old) / admission.compile_overlap()
   spent = time.perf_counter() - started
   # Timing and compiling come out of the share, the race's compilation too; given step

@@ -208,7 +208,8 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
                      example_args, mesh=None, carry_shardings=None, *,
                      finite_at_end: bool = False):
   """:func:`segment_program` compiled for ``example_args``; ``(executable, seconds spent
-  compiling)``.
+  compiling, seconds it costs without JAX's persistent cache)``
+  (:func:`dsgrad.compile_cache.get_or_build_with_cost`).
 
   On one device the executable is cached (:mod:`dsgrad.compile_cache`) under the
   objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
@@ -220,11 +221,13 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
     return lowered.compile()
   if mesh is not None:  # placed on this mesh's devices: not shared
     t0 = time.perf_counter()
-    return build(), time.perf_counter() - t0
+    program = build()
+    seconds = time.perf_counter() - t0
+    return program, seconds, seconds
   avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
   key = ("fit segment", objective.structure_key(), optimizer, batch_size, length,
          finite_at_end, jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
-  return compile_cache.get_or_build(key, build)
+  return compile_cache.get_or_build_with_cost(key, build)
 
 
 class SegmentRunner:
@@ -244,6 +247,9 @@ class SegmentRunner:
 
   Attributes:
     compile_seconds: total time spent compiling so far.
+    compile_cost_seconds: what compiling would have taken without JAX's persistent
+      compilation cache (equal to ``compile_seconds`` where it served nothing): the
+      price of compiling a similar program of other sizes.
     step_seconds: total time spent running steps so far (compilation excluded).
   """
 
@@ -264,7 +270,7 @@ class SegmentRunner:
     # Whether the range and finiteness checks are settled at each segment's end, decided
     # on the first carry; rows read from the host could not be read again in order.
     self.finite_at_end = None
-    self.compile_seconds = self.step_seconds = 0.0
+    self.compile_seconds = self.step_seconds = self.compile_cost_seconds = 0.0
 
   def _read_ahead(self, start: int, steps: int) -> None:
     if self.host_data and self.pending != (start, steps):
@@ -300,10 +306,11 @@ class SegmentRunner:
     # Without checks at the end, the usual executables already check every step.
     cache = self.checked if checked and self.finite_at_end else self.executables
     if steps not in cache:
-      cache[steps], seconds = compiled_segment(
+      cache[steps], seconds, cost = compiled_segment(
           self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
           self.carry_shardings, finite_at_end=at_end)
       self.compile_seconds += seconds
+      self.compile_cost_seconds += cost
     return cache[steps]
 
   def _settle(self, errors, carry, starts, steps: int) -> None:

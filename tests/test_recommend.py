@@ -267,7 +267,7 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     seconds = [compile_seconds[lane.contender.name] for lane in lanes]
     clock[0] += sum(seconds) / (2.0 if len(lanes) > 1 else 1.0)
     for lane, spent in zip(lanes, seconds):
-      lane.runner.compile_seconds = spent
+      lane.runner.compile_seconds = lane.runner.compile_cost_seconds = spent
 
   monkeypatch.setattr(admission, "time", StandInClock)
   monkeypatch.setattr(admission, "compile_overlap", lambda: 2.0)
@@ -275,7 +275,8 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   monkeypatch.setattr(admission, "LANE_OVERHEAD_SECONDS", 0.0)
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0))
+  naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0,
+                                                             compile_cost_seconds=1.0))
   ledger = admission.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
   contenders = dsgrad.candidates.base_contenders(names, objective, None, BATCH, "auto")
   lanes, out = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
@@ -294,6 +295,35 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     assert "took 13 s to compile" in notes["joint_svrg"]
   else:
     assert ledger.left(whole=True) >= 0
+
+
+def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time():
+  """The advice prices candidates by naive's compile: where JAX's persistent cache served
+  naive's program, the price is the compile time JAX stored with it (whole seconds,
+  truncated: the middle of that second, at least the cache's minimum compile time, here
+  0), not the quick read (the other candidates, of other sizes, still compile in full)."""
+  from dsgrad import compile_cache
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  optimizer = optax.with_extra_args_support(optax.adam(1e-2))
+  params = dsgrad.meanfield_init(model)
+  before = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  try:
+    runners = []
+    for _ in range(2):
+      compile_cache.clear()  # dsgrad's own cache; the second build reads JAX's from disk
+      runner = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(5))
+      runner.prepare(params, optimizer.init(params), 0, 977)  # a length no other test uses
+      runners.append(runner)
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+  first, second = runners
+  assert first.compile_cost_seconds == first.compile_seconds > 0  # nothing was on disk
+  # Read from disk: the cost puts back a compile in place of the read.
+  assert second.compile_cost_seconds > second.compile_seconds
+  assert second.compile_cost_seconds >= 0.5 * first.compile_seconds, (
+      first.compile_seconds, second.compile_seconds, second.compile_cost_seconds)
 
 
 def test_checkpoint_difference_holds_the_runs_jitter():

@@ -75,8 +75,7 @@ def check_theta(model: Model, theta, name="theta_star"):
 
 
 def _is_flat_sequence(theta) -> bool:
-  return isinstance(theta, (list, tuple)) and all(
-      isinstance(v, (float, int, np.number)) for v in theta)
+  return isinstance(theta, (list, tuple)) and all(np.ndim(v) == 0 for v in theta)
 
 
 def _ravel_like_latent(model: Model, theta, name: str):
