@@ -205,9 +205,12 @@ def _ruled_out_lines(rows) -> list:
 def _reasons(ranking, best, budget_seconds, spent, estimates_line, origin=0.0) -> list:
   lines = [_budget_line(budget_seconds, spent), estimates_line]
   if origin > 0:
+    alone = origin * budget_seconds
     lines.append(f"the race started at {100 * origin:.3g}% of the budget: naive trained "
-                 f"alone to there (about {origin * budget_seconds:.3g} s of the time above, "
-                 "the first part of every candidate's run, the recommended one's too).")
+                 f"alone to there (about {alone:.3g} s of the time above, the first part "
+                 "of every candidate's run, the recommended one's too); besides it, the "
+                 f"advice took {spent - alone:.3g} s ({100 * (spent - alone) / budget_seconds:.2g}% "
+                 "of the budget).")
   naive = next(r for r in ranking if r.name == "naive")
   for r in ranking:
     if r.note:
@@ -413,6 +416,14 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
                progress, started, start_at)
 
 
+def _compile_again(lanes, affords, tolerance) -> float:
+  """The seconds the lanes whose program a schedule over ``affords`` steps does not keep
+  (naive's always at the usual tolerance) take to compile again, overlapped."""
+  again = [lane for lane, steps in zip(lanes, affords) if not lane.keeps_program(
+      steps, tolerance if lane.contender.name != "naive" else race_lib.SCHEDULE_TOLERANCE)]
+  return sum(lane.runner.compile_cost_seconds for lane in again) / admission.compile_overlap()
+
+
 def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_costs,
           progress, started, start_at="auto") -> Recommendation:
   """The timed lanes stretched over the steps each affords in the budget, raced in what
@@ -420,18 +431,27 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   # The real runs: each schedule spans the steps its candidate affords in the budget. A
   # lane whose first schedule was guessed close enough races with its timing program; the
   # others compile again, about what their timing program took (measured).
-  timed = lanes
-  lanes = [lane.stretched(max(1, int(budget_seconds / lane.seconds_per_step)), params, key)
-           for lane in lanes]
-  to_compile = sum(old.runner.compile_cost_seconds for old, new in zip(timed, lanes)
-                   if new is not old) / admission.compile_overlap()
-  spent = time.perf_counter() - started
+  affords = [max(1, int(budget_seconds / lane.seconds_per_step)) for lane in lanes]
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
   # A race after naive's start estimates that start itself (it is not the parameters the
   # estimates were chosen at).
   own_start = start_at == "auto" or float(start_at) > 0
   evaluations = estimates.seconds * race_elbo.estimates_needed(len(lanes), share, own_start)
+  tolerance = race_lib.SCHEDULE_TOLERANCE
+  to_compile = _compile_again(lanes, affords, tolerance)
+  spent = time.perf_counter() - started
+  if (step_costs is None
+      and spent + to_compile + evaluations > 0.75 * share * budget_seconds):
+    # Compiling them again would leave the race less than its quarter of the share.
+    tolerance = race_lib.SHORT_SHARE_TOLERANCE
+    to_compile = _compile_again(lanes, affords, tolerance)
+  kept = [f"{lane.description} ({lane.schedule_steps / steps:.2f}x)"
+          for lane, steps in zip(lanes, affords) if lane.contender.name != "naive"
+          and lane.keeps_program(steps, tolerance) and not lane.keeps_program(steps)]
+  lanes = [lane.stretched(steps, params, key, tolerance if lane.contender.name != "naive"
+                          else race_lib.SCHEDULE_TOLERANCE)
+           for lane, steps in zip(lanes, affords)]
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
@@ -451,5 +471,10 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
                                   key=lambda r: (bool(r.note), -r.rounds, -r.gain)))
   spent = time.perf_counter() - started
   reasons = _reasons(ranking, best, budget_seconds, spent, estimates.describe(), origin)
+  if kept:
+    reasons.insert(-1, f"{', '.join(kept)}: raced with the program compiled for the timing, "
+                   "its schedule built for that many times the steps (compiling again would "
+                   "take the advice past its share); Recommendation.fit() continues on a "
+                   "schedule over the run's own steps.")
   return Recommendation(best.name, ranking, tuple(reasons),
                         budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)

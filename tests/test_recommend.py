@@ -326,6 +326,33 @@ def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time(
       first.compile_seconds, second.compile_seconds, second.compile_cost_seconds)
 
 
+def test_a_short_share_races_schedules_built_for_a_nearby_length_instead_of_compiling():
+  """After timing, a lane whose schedule was built for a length more than 30% off the
+  steps it affords compiles again; where that would leave the race less than its
+  quarter of the share, lanes within 50% keep their program (naive, whose first schedule
+  is an epoch's, always compiles again)."""
+  import types
+
+  class StandIn:
+    keeps_program = race_lib.Lane.keeps_program
+
+    def __init__(self, name, schedule_steps):
+      self.contender = types.SimpleNamespace(name=name)
+      self.schedule_steps, self.steps, self.inner = schedule_steps, 0, object()
+      self.make_optimizer = lambda steps: object()
+      self.runner = types.SimpleNamespace(compile_cost_seconds=1.0)
+
+  lanes = [StandIn("naive", 100), StandIn("cv", 1_310_000), StandIn("joint_svrg", 1_600_000),
+           StandIn("path_derivative", 1_200_000)]
+  affords = [10 ** 6] * 4
+  overlap = dsgrad.admission.compile_overlap()
+  assert advice_lib._compile_again(lanes, affords, 0.3) * overlap == 3.0  # all but the last
+  assert advice_lib._compile_again(lanes, affords, 0.5) * overlap == 2.0  # naive, joint SVRG
+  assert [lane.keeps_program(10 ** 6, 0.5) for lane in lanes] == [False, True, False, True]
+  lanes[1].steps = 10  # a lane that has run keeps nothing: its schedule is under way
+  assert not lanes[1].keeps_program(10 ** 6, 0.5)
+
+
 def test_checkpoint_difference_holds_the_runs_jitter():
   """The gain's standard error is the estimates' own when the paired differences agree
   across checkpoints, and the spread's when one run jitters between them (three nats
