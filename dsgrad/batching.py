@@ -39,6 +39,8 @@ Example::
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -193,6 +195,11 @@ BULK_EPOCHS = 16
 """Epoch orders computed in one call where a window lacks several: with small data a
 long segment spans hundreds of epochs, and three dispatches per epoch (about 0.15 ms on
 a CPU) then cost more than the segment's steps."""
+MEASURED_BULK_ELEMENTS = 2 ** 22
+"""Up to this many indices in :data:`BULK_EPOCHS` epochs, :meth:`EpochOrders.seconds_per_step`
+prices an epoch as one of a bulk call (a run's segments span several such epochs); above
+it, as computed alone (an epoch of more data spans most of a segment)."""
+_EPOCH_SECONDS: dict = {}
 BULK_ELEMENTS = 2 ** 18
 """Below this many indices in :data:`BULK_EPOCHS` epochs, a window that lacks even one
 epoch computes that many at once (the next segments use them): with 5,000 data and
@@ -223,6 +230,22 @@ class EpochOrders:
     perms = self.factory(self.n, self.b, count)(self.key, jnp.int32(first))
     rows = list(np.asarray(perms)) if self.on_host else jnp.unstack(perms)
     self.cache.update(zip(range(first, first + count), rows))
+
+  def seconds_per_step(self) -> float:
+    """What computing the epochs' orders adds to a step of a run: an epoch's cost, as a
+    run's long segments compute epochs (:data:`BULK_EPOCHS` at a time where that many are
+    at most :data:`MEASURED_BULK_ELEMENTS` indices, else one at a time), over its steps.
+    Measured once per ``(N, B)`` and kept (seconds, not data), its compilation excluded."""
+    count = BULK_EPOCHS if self.n * BULK_EPOCHS <= MEASURED_BULK_ELEMENTS else 1
+    key = (self.n, self.b, count, self.on_host)
+    if key not in _EPOCH_SECONDS:
+      orders = self.factory(self.n, self.b, count)
+      far = 2 ** 20  # epochs no run reaches: the measurement keeps nothing
+      np.asarray(orders(self.key, jnp.int32(far)))  # compiles where it has not yet
+      t0 = time.perf_counter()
+      np.asarray(orders(self.key, jnp.int32(far + count)))
+      _EPOCH_SECONDS[key] = (time.perf_counter() - t0) / count
+    return _EPOCH_SECONDS[key] / (self.n // self.b)
 
   def window(self, start: int, length: int):
     """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
