@@ -416,11 +416,17 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
                progress, started, start_at)
 
 
+def _tolerance(lane, tolerance: float) -> float:
+  """A lane's schedule tolerance: ``tolerance``, but naive's usual one (its first
+  schedule is an epoch's, far from any run's)."""
+  return race_lib.SCHEDULE_TOLERANCE if lane.contender.name == "naive" else tolerance
+
+
 def _compile_again(lanes, affords, tolerance) -> float:
   """The seconds the lanes whose program a schedule over ``affords`` steps does not keep
-  (naive's always at the usual tolerance) take to compile again, overlapped."""
-  again = [lane for lane, steps in zip(lanes, affords) if not lane.keeps_program(
-      steps, tolerance if lane.contender.name != "naive" else race_lib.SCHEDULE_TOLERANCE)]
+  take to compile again, overlapped."""
+  again = [lane for lane, steps in zip(lanes, affords)
+           if not lane.keeps_program(steps, _tolerance(lane, tolerance))]
   return sum(lane.runner.compile_cost_seconds for lane in again) / admission.compile_overlap()
 
 
@@ -447,10 +453,10 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
     tolerance = race_lib.SHORT_SHARE_TOLERANCE
     to_compile = _compile_again(lanes, affords, tolerance)
   kept = [f"{lane.description} ({lane.schedule_steps / steps:.2f}x)"
-          for lane, steps in zip(lanes, affords) if lane.contender.name != "naive"
-          and lane.keeps_program(steps, tolerance) and not lane.keeps_program(steps)]
-  lanes = [lane.stretched(steps, params, key, tolerance if lane.contender.name != "naive"
-                          else race_lib.SCHEDULE_TOLERANCE)
+          for lane, steps in zip(lanes, affords)
+          if lane.keeps_program(steps, _tolerance(lane, tolerance))
+          and not lane.keeps_program(steps)]
+  lanes = [lane.stretched(steps, params, key, _tolerance(lane, tolerance))
            for lane, steps in zip(lanes, affords)]
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)

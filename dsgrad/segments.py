@@ -344,8 +344,8 @@ class SegmentRunner:
     taking successive batches computed an epoch's orders between calls, a run's long
     segments compute them in bulk, and a 10 us step timed 20% above the run's rate in
     segments of 256 steps (zero-inflated Poisson regression, 50,000 data, two CPU cores;
-    timed this way, within 2% of it there and with 5,000 data). With host data, whose
-    rows are read per block, the calls wait for each other."""
+    timed this way, 2-6% below it with 5,000, 50,000 and 10^6 data). With host data,
+    whose rows are read per block, the calls wait for each other."""
     if self.host_data:
       before = self.step_seconds
       carry = (params, opt_state)
