@@ -231,12 +231,17 @@ def test_hmcecs_on_a_non_gaussian_posterior(estimator):
 
 def test_chains_are_reproducible_from_a_key():
   model, mean, _ = _linear_gaussian(n=500)
-  run = lambda k: mcmc.sample(k, model, num_samples=20, num_warmup=0,  # noqa: E731
-                              subsample_size=50, num_blocks=10, reference_updates_every=0,
-                              reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
-                              progress=False).samples
+  result = lambda k: mcmc.sample(k, model, num_samples=20, num_warmup=0,  # noqa: E731
+                                 subsample_size=50, num_blocks=10, reference_updates_every=0,
+                                 reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
+                                 progress=False)
+  run = lambda k: result(k).samples  # noqa: E731
   np.testing.assert_array_equal(run(jax.random.key(12)), run(jax.random.key(12)))
   assert not np.array_equal(run(jax.random.key(12)), run(jax.random.key(13)))
+  # Its repr is a summary, not the final state's thousands of subsample indices.
+  summary = repr(result(jax.random.key(12)))
+  assert summary.startswith("MCMCResult(samples=(20, 3), scheme=") and len(summary) < 300
+  assert "accepted=" in summary and "warmup_seconds=" in summary
 
 
 @pytest.mark.parametrize("which", ["sgld", "sghmc", "sgld without control variates"])

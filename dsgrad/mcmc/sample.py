@@ -165,6 +165,16 @@ class MCMCResult(NamedTuple):
   sampling_seconds: float
   setup_evaluations: int
 
+  def __repr__(self) -> str:
+    # The fields' own reprs run to thousands of subsample indices: a summary instead.
+    accepted = np.mean(np.asarray(self.info.is_accepted)) if hasattr(
+        self.info, "is_accepted") else float("nan")
+    return (f"MCMCResult(samples={np.shape(self.samples)}, scheme={self.scheme.name!r}, "
+            f"accepted={accepted:.3g}, step_size={float(self.parameters.step_size):.3g}, "
+            f"warmup_seconds={self.warmup_seconds:.3g}, "
+            f"sampling_seconds={self.sampling_seconds:.3g}, "
+            f"setup_evaluations={self.setup_evaluations})")
+
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
                   chunk_size=checks.count(1))
