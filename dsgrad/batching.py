@@ -195,17 +195,16 @@ BULK_EPOCHS = 16
 """Epoch orders computed in one call where a window lacks several: with small data a
 long segment spans hundreds of epochs, and three dispatches per epoch (about 0.15 ms on
 a CPU) then cost more than the segment's steps."""
-MEASURED_BULK_ELEMENTS = 2 ** 22
-"""Up to this many indices in :data:`BULK_EPOCHS` epochs, :meth:`EpochOrders.seconds_per_step`
-prices an epoch as one of a bulk call (a run's segments span several such epochs); above
-it, as computed alone (an epoch of more data spans most of a segment)."""
+BULK_ELEMENTS = 2 ** 22
+"""Below this many indices in :data:`BULK_EPOCHS` epochs (16 MB), a window that lacks even
+one epoch computes that many at once (the next segments use them): one epoch per call
+costs three dispatches and a sort with the device idle, which with 5,000 data and
+batches of 50 cost about as much again as the steps (0.7 ms per epoch on a 2-core CPU),
+and with 50,000 data a run in segments of 890 steps 18% above its rate in long segments
+(4.6% computed in bulk: 0.30 ms per epoch against 0.96 ms one at a time; Student-t
+regression of ``python -m benchmarks advice``, two CPU cores). Above it an epoch costs
+more than a call, and the epochs past a run's end would be wasted work."""
 _EPOCH_SECONDS: dict = {}
-BULK_ELEMENTS = 2 ** 18
-"""Below this many indices in :data:`BULK_EPOCHS` epochs, a window that lacks even one
-epoch computes that many at once (the next segments use them): with 5,000 data and
-batches of 50 an epoch is 100 steps of a few microseconds, and one epoch per call cost
-about as much again as the steps (0.7 ms per epoch on a 2-core CPU). Above it an epoch
-costs more than a call, and the epochs past a run's end would be wasted work."""
 
 
 class EpochOrders:
@@ -233,10 +232,10 @@ class EpochOrders:
 
   def seconds_per_step(self) -> float:
     """What computing the epochs' orders adds to a step of a run: an epoch's cost, as a
-    run's long segments compute epochs (:data:`BULK_EPOCHS` at a time where that many are
-    at most :data:`MEASURED_BULK_ELEMENTS` indices, else one at a time), over its steps.
+    run's segments compute epochs (:data:`BULK_EPOCHS` at a time where that many are at
+    most :data:`BULK_ELEMENTS` indices, else one at a time), over its steps.
     Measured once per ``(N, B)`` and kept (seconds, not data), its compilation excluded."""
-    count = BULK_EPOCHS if self.n * BULK_EPOCHS <= MEASURED_BULK_ELEMENTS else 1
+    count = BULK_EPOCHS if self.n * BULK_EPOCHS <= BULK_ELEMENTS else 1
     key = (self.n, self.b, count, self.on_host)
     if key not in _EPOCH_SECONDS:
       orders = self.factory(self.n, self.b, count)

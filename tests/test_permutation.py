@@ -105,7 +105,8 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
   small = batching.EpochOrders(jax.random.key(3), 50, 10)
   small.window(0, 5)
   assert sorted(small.cache) == list(range(batching.BULK_EPOCHS))
-  large = batching.EpochOrders(jax.random.key(3), batching.BULK_ELEMENTS, 10)
+  large = batching.EpochOrders(jax.random.key(3),
+                                batching.BULK_ELEMENTS // batching.BULK_EPOCHS + 10, 10)
   large.window(0, 5)
   assert sorted(large.cache) == [0, 1]
   # A window over many short epochs (computed in bulk), then the next one, which reuses
