@@ -224,6 +224,8 @@ class EpochOrders:
     # small device arrays per segment costs more than the steps of a cheap model.
     self.on_host = on_cpu
     self.factory = _epoch_permutation_host_sort if on_cpu else _epoch_permutation_program
+    # Short epochs are computed in bulk even where a window lacks one (BULK_ELEMENTS).
+    self.short_epochs = num_data * BULK_EPOCHS <= BULK_ELEMENTS
 
   def _compute(self, first: int, count: int) -> None:
     perms = self.factory(self.n, self.b, count)(self.key, jnp.int32(first))
@@ -235,7 +237,7 @@ class EpochOrders:
     run's segments compute epochs (:data:`BULK_EPOCHS` at a time where that many are at
     most :data:`BULK_ELEMENTS` indices, else one at a time), over its steps.
     Measured once per ``(N, B)`` and kept (seconds, not data), its compilation excluded."""
-    count = BULK_EPOCHS if self.n * BULK_EPOCHS <= BULK_ELEMENTS else 1
+    count = BULK_EPOCHS if self.short_epochs else 1
     key = (self.n, self.b, count, self.on_host)
     if key not in _EPOCH_SECONDS:
       orders = self.factory(self.n, self.b, count)
@@ -258,7 +260,7 @@ class EpochOrders:
     while missing:
       # Several missing epochs: a bulk call (the ones past the window are kept for the
       # next segments).
-      bulk = len(missing) > 3 or self.n * BULK_EPOCHS <= BULK_ELEMENTS
+      bulk = len(missing) > 3 or self.short_epochs
       self._compute(missing[0], BULK_EPOCHS if bulk else 1)
       missing = [e for e in missing if e not in self.cache]
     rows = [self.cache[e] for e in wanted]
