@@ -126,7 +126,8 @@ def init(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
   """The chain's state at ``position`` with a fresh subsample drawn with ``key``.
 
   Raises:
-    ValueError: if ``position`` does not have shape ``(d,)``.
+    ValueError: if ``position`` is neither a finite ``(d,)`` floating array nor a pytree
+      laid out like the model's latent (:func:`dsgrad.mcmc.proxy.check_theta`).
   """
   position = proxy_lib.check_theta(model, position, "position")
   return reset(model, scheme, proxy, position, scheme.init(key))
