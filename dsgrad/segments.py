@@ -271,6 +271,7 @@ class SegmentRunner:
     # on the first carry; rows read from the host could not be read again in order.
     self.finite_at_end = None
     self.compile_seconds = self.step_seconds = self.compile_cost_seconds = 0.0
+    self.last_block = None  # set by run(): see reached()
 
   def _read_ahead(self, start: int, steps: int) -> None:
     if self.host_data and self.pending != (start, steps):
@@ -333,6 +334,21 @@ class SegmentRunner:
                    "so (a step size too large?)")
       if message:
         raise ValueError(message)
+
+  def reached(self):
+    """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
+    and its value checks settled (the failed one raises), for a run stopped by an
+    interrupt between blocks or while one ran; ``None`` when no block ran, or when the
+    interrupt came between a call and its result (the block's input, donated, is gone)."""
+    if self.last_block is None:
+      return None
+    params, opt_state, step, error, carry, at, steps = self.last_block
+    if any(leaf.is_deleted() for leaf in jax.tree.leaves((params, opt_state))
+           if isinstance(leaf, jax.Array)):
+      return None
+    jax.block_until_ready((params, opt_state))
+    self._settle([error], carry, [at], steps)
+    return params, opt_state, step
 
   def seconds_per_step(self, params, opt_state, length: int, calls: int) -> float:
     """Seconds per step of ``calls`` segments of ``length`` steps from ``params``,
@@ -407,6 +423,8 @@ class SegmentRunner:
       program = self._executable(steps, args)
       t0 = time.perf_counter()
       error, (params, opt_state) = program(*args)
+      # What an interrupt keeps (:meth:`reached`): this block's result, its checks unsettled.
+      self.last_block = (params, opt_state, at + steps, error, carry, at, steps)
       upcoming = parts[k + 1:] or parts_next
       if upcoming:  # the next block's rows, while this one runs
         self._read_ahead(*upcoming[0])

@@ -69,6 +69,59 @@ class FitResult(NamedTuple):
   diagnosis: str = ""
 
 
+class FitInterrupted(KeyboardInterrupt):
+  """Raised by :func:`fit` when an interrupt (Ctrl-C) stops it: the run so far is kept.
+
+  A ``KeyboardInterrupt``, so a script still stops where nothing catches it. The state
+  kept is that after the last block of steps that ran (an interrupt arriving while one
+  runs is taken when it ends), with the history of the evaluations made before it; with
+  a ``checkpoint_path`` it is saved there too, and the same call with ``resume=True``
+  continues. The continued run's parameters and evaluations are those of the
+  uninterrupted run (wall-clock aside).
+
+  Attributes:
+    result: a :class:`FitResult` at ``step`` (``pareto_k`` not computed).
+    step: the steps taken.
+    num_steps: the steps the call asked for.
+
+  Example::
+
+    try:
+      result = dsgrad.fit(objective, optimizer, params, key, num_steps=10**6, batch_size=100)
+    except dsgrad.FitInterrupted as stop:  # Ctrl-C
+      result = stop.result                 # or stop.resume() to go on to num_steps
+  """
+
+  def __init__(self, result: "FitResult", step: int, call: dict):
+    saved = call.get("checkpoint_path")
+    super().__init__(
+        f"fit interrupted at step {step} of {call['num_steps']}; the run so far is kept: "
+        "catch dsgrad.FitInterrupted and take its .result (in a notebook, "
+        "sys.last_value.result), or call its .resume() to continue to the end"
+        + (f"; saved to {os.fspath(saved)!r}, where the same call with resume=True "
+           "continues" if saved is not None else ""))
+    self.result, self.step, self.num_steps, self._call = result, step, call["num_steps"], call
+
+  def resume(self, **changes) -> "FitResult":
+    """Continues the interrupted run with :func:`fit` (the same arguments but for
+    ``changes``, e.g. ``num_steps`` or ``progress``) from :attr:`result`."""
+    call = {**self._call, **changes}
+    objective, optimizer, key = (call.pop(k) for k in ("objective", "optimizer", "key"))
+    return fit(objective, optimizer, self.result.params, key, opt_state=self.result.opt_state,
+               start_step=self.step, history=self.result.history, **call)
+
+
+def _interrupted(reached, history: History, compile_seconds: float, call: dict,
+                 settings: dict) -> FitInterrupted:
+  params, opt_state, step = reached
+  if call["checkpoint_path"] is not None:
+    save_fit_checkpoint(call["checkpoint_path"], params, opt_state, step, history,
+                        settings=settings)
+  return FitInterrupted(
+      FitResult(params, opt_state, history, compile_seconds, None,
+                f"k-hat not computed: the run was interrupted at step {step}"), step, call)
+
+
 def _evaluate(objective: Objective, params, key, elbo_samples: int, trust_check: bool,
               step: int):
   """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step``; NaNs
@@ -138,7 +191,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       :mod:`dsgrad.checkpoint`).
     checkpoint_every: segments between checkpoints.
     history: when resuming, the history up to ``start_step``
-      (:func:`restore_fit_history`); the returned history continues it, wall-clock too.
+      (:func:`restore_fit_history`, or a :class:`FitInterrupted`'s, which can end before
+      it); the returned history continues it, wall-clock too.
     resume: if true and ``checkpoint_path`` exists, continue from it: params, optimizer
       state, step and history are restored (``params`` then only gives the structure),
       so an interrupted run can be restarted with the same call. The checkpoint holds
@@ -165,6 +219,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       noise), with the check's message and the first step it failed at: the checks
       travel out of the compiled segment as one small code per step
       (:func:`dsgrad.checks.collected`) instead of a host callback per step.
+    FitInterrupted: on an interrupt (Ctrl-C), once the block of steps running has ended:
+      a ``KeyboardInterrupt`` that holds the run so far (``.result``, ``.resume()``),
+      saved to ``checkpoint_path`` too when given.
 
   Example::
 
@@ -205,29 +262,49 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                                       num_steps))
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
-    key, eval_key = jax.random.split(key)
-    runner = segments.SegmentRunner(objective, optimizer, batch_size, key, mesh=mesh,
+    run_key, eval_key = jax.random.split(key)
+    runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
                                     **placement)
     record = _Recorder(history, start_step)
     trust_check, diagnosis = _can_check_trust(objective, elbo_samples)
     k_hat = None
     bar = _progress(progress, num_steps - start_step)
     step, segment = start_step, 0
-    while step < num_steps:
-      length = min(eval_every, num_steps - step)
-      following = ((step + length, min(eval_every, num_steps - step - length))
-                   if step + length < num_steps else None)
-      params, opt_state = runner.run(params, opt_state, step, length, following)
-      step, segment = step + length, segment + 1
+
+    def evaluate(length):
+      nonlocal k_hat, diagnosis
       value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
                                    elbo_samples, trust_check and step == num_steps, step)
       if trust is not None:
         k_hat, diagnosis = trust
       record.append(step, runner.step_seconds, value, se)
       bar(length, step, value, se)
-      if checkpoint_path is not None and (segment % checkpoint_every == 0 or step == num_steps):
-        save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
-                            settings=settings)
+
+    if record.lacks(step) and (step % eval_every == 0 or step == num_steps):
+      evaluate(0)  # an interrupt came at a segment's end, before its evaluation
+    try:
+      while step < num_steps:
+        length = _segment_length(step, eval_every, num_steps)
+        following = ((step + length, _segment_length(step + length, eval_every, num_steps))
+                     if step + length < num_steps else None)
+        params, opt_state = runner.run(params, opt_state, step, length, following)
+        step, segment = step + length, segment + 1
+        evaluate(length)
+        if checkpoint_path is not None and (segment % checkpoint_every == 0
+                                            or step == num_steps):
+          save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
+                              settings=settings)
+    except KeyboardInterrupt:
+      bar(0, step, None, None, close=True)
+      reached = runner.reached()
+      if reached is None:
+        raise
+      call = dict(objective=objective, optimizer=optimizer, key=key, num_steps=num_steps,
+                  batch_size=batch_size, eval_every=eval_every, elbo_samples=elbo_samples,
+                  progress=progress, checkpoint_path=checkpoint_path,
+                  checkpoint_every=checkpoint_every, mesh=mesh)
+      raise _interrupted(reached, record.history(), runner.compile_seconds, call,
+                         settings) from None
     bar(0, step, None, None, close=True)
     if progress and k_hat is not None:
       print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
@@ -306,18 +383,34 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   return params, opt_state, placement
 
 
+def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
+  """Steps from ``step`` to the next multiple of ``eval_every`` (or the run's end): a
+  run resumed where an interrupt stopped it, between evaluations, evaluates where the
+  uninterrupted run does."""
+  return min(eval_every - step % eval_every, num_steps - step)
+
+
 class _Recorder:
   """The history as one list per field, continuing a resumed run's ``history``."""
 
   def __init__(self, history: History | None, start_step: int):
     self.columns = {name: [] for name in History._fields}
+    self.continued = history is not None
     if history is not None:
-      if len(history.step) and int(history.step[-1]) != start_step:
+      # An interrupted run's history ends at its last evaluation, which can be before
+      # the step it stopped at (FitInterrupted); one past it belongs to another state.
+      if len(history.step) and int(history.step[-1]) > start_step:
         raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
-                         f"{start_step}; pass the history saved with the checkpoint")
+                         f"{start_step}; pass the history saved with the checkpoint (or "
+                         "the one of the FitInterrupted that stopped this run)")
       self.columns = {name: list(np.asarray(getattr(history, name), np.float64))
                       for name in History._fields}
     self.wall = float(self.columns["wall_time"][-1]) if self.columns["wall_time"] else 0.0
+
+  def lacks(self, step: int) -> bool:
+    """Whether a resumed run's history ends before its ``step``."""
+    steps = self.columns["step"]
+    return self.continued and step > 0 and (not steps or steps[-1] < step)
 
   def append(self, step: int, seconds: float, value: float, se: float) -> None:
     for name, v in zip(History._fields, (step, self.wall + seconds, value, se)):

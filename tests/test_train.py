@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import dsgrad
+from dsgrad import segments
 from dsgrad.batching import batch_indices
 from conftest import BATCH, N_DATA
 from estimator_cases import CASES
@@ -90,6 +91,67 @@ def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path
   with pytest.raises(ValueError, match="history ends at step 14"):
     dsgrad.fit(objective, opt, params, key, num_steps=28, opt_state=opt_state,
                start_step=7, history=history, **kw)
+
+
+def _ctrl_c_at(monkeypatch, block: int) -> None:
+  """An interrupt (Ctrl-C) as the ``block``-th block of steps ends, where Python first
+  runs after waiting for it (the block's result is out, its checks not yet read)."""
+  settle, calls = segments.SegmentRunner._settle, []
+
+  def interrupted(self, *args):
+    calls.append(block)
+    if len(calls) == block:
+      raise KeyboardInterrupt
+    return settle(self, *args)
+
+  monkeypatch.setattr(segments.SegmentRunner, "_settle", interrupted)
+
+
+@pytest.mark.parametrize("block", [1, 2])
+def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0, tmp_path,
+                                                           monkeypatch, block):
+  """Ctrl-C in fit used to lose every step trained (the state lives in the loop's locals).
+  The run so far comes back in the exception, at the step reached, and continues, from
+  it or from the checkpoint saved at the interrupt, to the uninterrupted run's parameters
+  and evaluations (the one at the step reached, skipped by the interrupt, included)."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+  kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=5, progress=False)
+  key = jax.random.key(3)
+  whole = dsgrad.fit(objective, opt, params0, key, num_steps=28, **kw)
+  path = tmp_path / "fit.ckpt"
+  _ctrl_c_at(monkeypatch, block)
+  with pytest.raises(dsgrad.FitInterrupted, match=f"step {7 * block} of 28.*resume=True"
+                     ) as stop:
+    dsgrad.fit(objective, opt, params0, key, num_steps=28, checkpoint_path=path, **kw)
+  monkeypatch.undo()
+  assert isinstance(stop.value, KeyboardInterrupt)  # a script still stops
+  assert stop.value.step == 7 * block
+  assert stop.value.result.history.step.tolist() == list(range(7, 7 * block, 7))
+  part = dsgrad.fit(objective, opt, params0, key, num_steps=7 * block, **kw)
+  chex.assert_trees_all_equal(stop.value.result.params, part.params)
+  for continued in (stop.value.resume(), dsgrad.fit(objective, opt, params0, key, num_steps=28,
+                                                    checkpoint_path=path, resume=True, **kw)):
+    chex.assert_trees_all_equal((continued.params, continued.opt_state),
+                                (whole.params, whole.opt_state))
+    np.testing.assert_array_equal(continued.history.step, whole.history.step)
+    np.testing.assert_array_equal(continued.history.elbo, whole.history.elbo)
+
+
+def test_a_run_continued_between_evaluations_evaluates_where_the_whole_run_does(
+    logreg_model, params0):
+  """Segments end on multiples of ``eval_every`` counted from step 0, wherever a run
+  continues (before: ``eval_every`` steps from ``start_step``)."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=5, progress=False)
+  key, opt = jax.random.key(2), optax.adam(1e-2)
+  whole = dsgrad.fit(objective, opt, params0, key, num_steps=21, **kw)
+  part = dsgrad.fit(objective, opt, params0, key, num_steps=10, **kw)
+  continued = dsgrad.fit(objective, opt, part.params, key, num_steps=21, start_step=10,
+                         opt_state=part.opt_state, history=part.history, **kw)
+  assert continued.history.step.tolist() == [7, 10, 14, 21]
+  chex.assert_trees_all_equal(continued.params, whole.params)
+  np.testing.assert_array_equal(continued.history.elbo[[0, 2, 3]], whole.history.elbo)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -201,6 +263,49 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
   _assert_resume_equals_whole_run(path, saved_step + 20)
   # The orphaned temporary was removed; the checkpoint replaced last is kept beside it.
   assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt", "run.ckpt.prev"]
+
+
+_INTERRUPTED_CHILD = """
+import signal, sys, jax, numpy as np, optax, dsgrad
+from dsgrad.models import logistic_regression, synthetic_logistic_data
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's Ctrl-C
+x, y, _ = synthetic_logistic_data(jax.random.key(0), 50, 5)
+objective = dsgrad.meanfield_gaussian(logistic_regression(x, y))
+opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+params = dsgrad.meanfield_init(logistic_regression(x, y))
+print("ready", flush=True)
+try:
+  dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=10**8, batch_size=5,
+             eval_every=10, elbo_samples=0, progress=False)
+except dsgrad.FitInterrupted as stop:
+  np.savez(sys.argv[1], step=stop.step, **stop.result.params)
+"""
+
+
+@pytest.mark.slow  # test_an_interrupted_fit_keeps_its_run_... covers it without a signal
+def test_ctrl_c_during_fit_keeps_the_run(tmp_path):
+  """A real SIGINT, arriving wherever the loop is, gives back the state of an
+  uninterrupted run at the step reached, bit for bit."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  path = tmp_path / "kept.npz"
+  child = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_CHILD, str(path)],
+                           stdout=subprocess.PIPE, text=True)
+  try:
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(4)  # its first segment compiled, thousands of steps run
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=60) == 0
+  finally:
+    child.kill()
+  kept = np.load(path)
+  step = int(kept["step"])
+  assert step >= 10 and step % 10 == 0
+  objective, opt, params, kw = _killed_child_problem()
+  part = dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=step, **kw)
+  chex.assert_trees_all_equal({k: kept[k] for k in part.params}, part.params)
 
 
 def _size_or_zero(path) -> int:
