@@ -143,6 +143,10 @@ def equal_cost_contenders(names, objective, batch_size, k):
                   f"naive, {k} randomized QMC samples per datum", ""))
     elif name == "naive_batch":
       big = min(objective.num_data, k * batch_size)
+      if big == batch_size:  # a race against itself
+        out.append((name, None, "naive, a larger batch",
+                    f"the batch is already all {objective.num_data} data"))
+        continue
       out.append((name, race_lib.Contender(name, objective, estimators.naive(), big),
                   f"naive, batch {big}", ""))
   return out

@@ -149,6 +149,11 @@ def test_the_candidates_each_objective_allows():
   assert rows["rqmc"].description == "naive, 3 randomized QMC samples per datum"
   assert rows["naive_batch"].description == "naive, batch 30"
   assert all(np.isfinite(r.elbo) for r in advice.ranking if not r.note)
+  # A batch of all the data has no larger batch to race (it raced itself, before).
+  from dsgrad import candidates
+  (name, contender, _, note), = candidates.equal_cost_contenders(
+      ("naive_batch",), objective, N, 3)
+  assert contender is None and note == f"the batch is already all {N} data"
 
 
 @pytest.mark.parametrize("kwargs", [dict(candidates=("cv", "joint_svrg")),
