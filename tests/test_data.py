@@ -3,6 +3,7 @@
 import functools
 import os
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,6 +113,38 @@ def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
     np.testing.assert_allclose(host_run.params["loc"], device_run.params["loc"],
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(host_run.history.elbo, device_run.history.elbo, rtol=1e-5)
+
+
+def test_an_interrupt_between_blocks_of_host_data_keeps_the_run(tmp_path, monkeypatch):
+  """With host data a segment runs in blocks, each donating the state to the next: an
+  interrupt after a block, in the middle of a segment, keeps that block's state, and the
+  run continues from it to the uninterrupted one."""
+  monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_STEPS", 10)
+  x, y = _problem(2, n=600, d=6)
+  model = dsgrad.models.logistic_regression(x, y)
+  params = dsgrad.meanfield_init(model, 0.0, -2.0)
+  np.save(tmp_path / "x.npy", x.astype(np.float32))
+  host = data_lib.open_memmap(tmp_path / "x.npy", dtype=np.float32, shape=(None, 6))
+  on_host = dsgrad.meanfield_gaussian(model).with_data({"x": host, "signs": 2.0 * y - 1.0})
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
+  whole = _fit(on_host, optimizer, params, steps=60)
+  settle, calls = dsgrad.segments.SegmentRunner._settle, []
+
+  def interrupted(self, *args):  # Ctrl-C as the third block ends (step 30 of 60)
+    calls.append(None)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    return settle(self, *args)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(dsgrad.segments.SegmentRunner, "_settle", interrupted)
+    with pytest.raises(dsgrad.FitInterrupted) as stop:
+      _fit(on_host, optimizer, params, steps=60)
+  assert stop.value.step == 30 and stop.value.result.history.step.tolist() == [20]
+  continued = stop.value.resume()
+  np.testing.assert_array_equal(continued.history.step, whole.history.step)
+  chex.assert_trees_all_equal(continued.params, whole.params)
+  np.testing.assert_array_equal(continued.history.elbo, whole.history.elbo)
 
 
 def test_row_reader_reads_blocks_of_rows_on_a_thread(tmp_path):
