@@ -244,6 +244,36 @@ def test_chains_are_reproducible_from_a_key():
   assert "accepted=" in summary and "warmup_seconds=" in summary
 
 
+def test_an_interrupted_chain_keeps_its_draws(monkeypatch):
+  """Ctrl-C while sampling used to lose every draw: the whole chunks drawn come back in
+  the exception, the first draws of the uninterrupted chain."""
+  import sys
+  model, mean, _ = _linear_gaussian(n=500)
+  run = functools.partial(mcmc.sample, jax.random.key(12), model, num_samples=500,
+                          num_warmup=0, subsample_size=50, num_blocks=10,
+                          reference_updates_every=0, progress=False,
+                          reference_point=jnp.asarray(mean, jnp.float32) + 0.1)
+  whole = run()
+  module, chunks = sys.modules["dsgrad.mcmc.sample"], []
+
+  def interrupted_bar(enabled, total):
+    def update(n, close=False):  # the bar advances after each chunk of 200 draws
+      chunks.append(n)
+      if len(chunks) == 2:
+        raise KeyboardInterrupt
+    return update
+
+  monkeypatch.setattr(module, "_bar", interrupted_bar)
+  with pytest.raises(mcmc.SamplingInterrupted, match="after 400 of 500 draws") as stop:
+    run()
+  assert isinstance(stop.value, KeyboardInterrupt)
+  kept = stop.value.result
+  assert isinstance(kept, mcmc.MCMCResult) and stop.value.draws == 400
+  np.testing.assert_array_equal(kept.samples, whole.samples[:400])
+  assert kept.info.is_accepted.shape == (400,) and kept.proxy is not None
+  np.testing.assert_array_equal(kept.state.position, kept.samples[-1])
+
+
 @pytest.mark.parametrize("which", ["sgld", "sghmc", "sgld without control variates"])
 def test_sg_baselines_find_the_posterior(which):
   model, mean, cov = _linear_gaussian(seed=2)

@@ -24,13 +24,14 @@ from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
                                proxy_values, taylor_proxy)
 from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
                                 dual_averaging_update, find_reference_point, laplace_draws,
-                                laplace_precision, run_chain, sample)
+                                laplace_precision, run_chain, sample,
+                                SamplingInterrupted)
 from dsgrad.mcmc.sgmcmc import SGInfo, SGState, log_posterior_gradient, sghmc, sgld
 from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, full_data,
                                    perturbed, suggest_block_poisson)
 
 __all__ = [
-    "sample", "MCMCResult", "run_chain",
+    "sample", "MCMCResult", "run_chain", "SamplingInterrupted",
     "hmc", "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",
     "TaylorProxy", "taylor_proxy", "proxy_sum", "proxy_values", "differences",

@@ -209,22 +209,51 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
   keys = jax.random.split(key, num_samples)
-  while done < num_samples:
-    size = min(chunk_size, num_samples - done)
-    batch = keys[done:done + size]
-    if size not in compiled_by_size:
-      compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
-    compiled = compiled_by_size[size]
-    start = time.perf_counter()
-    state, out = compiled(data_values, state, batch)
-    jax.block_until_ready(out)
-    seconds += time.perf_counter() - start
-    outputs.append(jax.tree.map(np.asarray, out))
-    done += size
-    bar(size)
+  try:
+    while done < num_samples:
+      size = min(chunk_size, num_samples - done)
+      batch = keys[done:done + size]
+      if size not in compiled_by_size:
+        compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
+      start = time.perf_counter()
+      # The chain's state is not donated: an interrupt keeps the last whole chunk's.
+      after, out = compiled_by_size[size](data_values, state, batch)
+      jax.block_until_ready(out)
+      seconds += time.perf_counter() - start
+      outputs.append(jax.tree.map(np.asarray, out))
+      state, done = after, done + size
+      bar(size)
+  except KeyboardInterrupt:
+    bar(0, close=True)
+    if not outputs:
+      raise
+    raise SamplingInterrupted(
+        (*jax.tree.map(lambda *a: np.concatenate(a), *outputs), state, seconds),
+        done, num_samples) from None
   bar(0, close=True)
   positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
   return positions, signs, info, state, seconds
+
+
+class SamplingInterrupted(KeyboardInterrupt):
+  """Raised by :func:`run_chain` and :func:`sample` when an interrupt (Ctrl-C) stops the
+  sampling: the draws of the chunks completed are kept.
+
+  A ``KeyboardInterrupt``, so a script still stops where nothing catches it.
+
+  Attributes:
+    result: what the call would have returned, over the draws kept: :func:`run_chain`'s
+      tuple, or :func:`sample`'s :class:`MCMCResult` (its ``state`` continues the chain:
+      ``run_chain`` from it with a new key).
+    draws: the draws kept.
+    num_samples: the draws asked for.
+  """
+
+  def __init__(self, result, draws: int, num_samples: int):
+    super().__init__(f"sampling interrupted after {draws} of {num_samples} draws; they are "
+                     "kept: catch dsgrad.mcmc.SamplingInterrupted and take its .result (in a "
+                     "notebook, sys.last_value.result)")
+    self.result, self.draws, self.num_samples = result, draws, num_samples
 
 
 def _bar(enabled, total):
@@ -365,9 +394,15 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     state = init(model, scheme, proxy, state.position, k_signed)
   warmup_seconds = time.perf_counter() - start_time
 
-  samples, signs, info, state, seconds = run_chain(
-      k_sample, lambda k, s: kernel(k, s, proxy, params), state, num_samples,
-      progress=progress, data=model.data)
+  try:
+    samples, signs, info, state, seconds = run_chain(
+        k_sample, lambda k, s: kernel(k, s, proxy, params), state, num_samples,
+        progress=progress, data=model.data)
+  except SamplingInterrupted as stop:
+    samples, signs, info, state, seconds = stop.result
+    stop.result = MCMCResult(samples, signs, info, state, proxy, params, scheme,
+                             warmup_seconds, seconds, evaluations)
+    raise
   return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
                     seconds, evaluations)
 
