@@ -33,6 +33,7 @@ from dsgrad import checks
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad import diagnostics
+from dsgrad import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
 from dsgrad import parallel
 from dsgrad import psis
@@ -42,6 +43,7 @@ from dsgrad.objective import Objective
 # Re-exported: fit's checkpoints and history are dsgrad.resume's.
 from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
                            run_settings, save_fit_checkpoint, state_fingerprints)
+from dsgrad.evaluation_plan import DEFAULT_EVALUATIONS, default_eval_every  # noqa: F401
 
 
 class FitResult(NamedTuple):
@@ -111,14 +113,18 @@ class FitInterrupted(KeyboardInterrupt):
                start_step=self.step, history=self.result.history, **call)
 
 
-def _interrupted(reached, history: History, compile_seconds: float, call: dict,
-                 settings: dict) -> FitInterrupted:
+def _interrupted(runner, history: History, settings: dict, call: dict) -> KeyboardInterrupt:
+  """The exception for an interrupt: :class:`FitInterrupted` with the state after the last
+  block of steps, or a plain ``KeyboardInterrupt`` where none ran (nothing was trained)."""
+  reached = runner.reached()
+  if reached is None:
+    return KeyboardInterrupt()
   params, opt_state, step = reached
   if call["checkpoint_path"] is not None:
     save_fit_checkpoint(call["checkpoint_path"], params, opt_state, step, history,
                         settings=settings)
   return FitInterrupted(
-      FitResult(params, opt_state, history, compile_seconds, None,
+      FitResult(params, opt_state, history, runner.compile_seconds, None,
                 f"k-hat not computed: the run was interrupted at step {step}"), step, call)
 
 
@@ -166,9 +172,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
 
   Steps run in jitted ``lax.scan`` segments of ``eval_every`` steps with the state
-  donated; after each segment the full-data ELBO is estimated with ``elbo_samples``
-  Monte Carlo samples (:func:`dsgrad.elbo`, chunked), recorded and shown on the progress
-  bar (tqdm when installed, else one printed line per segment).
+  donated; after a segment the full-data ELBO is estimated by Monte Carlo
+  (:func:`dsgrad.elbo`, chunked), recorded and shown on the progress bar (tqdm when
+  installed, else one printed line per evaluation).
 
   Args:
     objective: the doubly-stochastic objective.
@@ -179,10 +185,15 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     key: PRNG key; determines every batch and noise draw.
     num_steps: total steps, counted from 0 (including ``start_step`` already taken).
     batch_size: data per step.
-    eval_every: steps per segment, each followed by one ELBO evaluation (default: one
-      epoch, ``N // batch_size``, or ``num_steps / DEFAULT_EVALUATIONS`` where that is
-      longer, so that a long run of cheap steps is not spent evaluating).
-    elbo_samples: Monte Carlo samples per ELBO estimate; 0 to skip evaluation.
+    eval_every: steps per segment, each followed by an ELBO evaluation with
+      ``elbo_samples`` draws. By default segments are one epoch, ``N // batch_size``, or
+      ``num_steps / DEFAULT_EVALUATIONS`` where that is longer, and the evaluations
+      before the last are planned to cost about a tenth of the steps: fewer draws (at
+      least 2), or every few segments where two draws of every datum cost more
+      (:mod:`dsgrad.evaluation_plan`; with 200,000 data, 100 draws an epoch cost 9 times
+      the steps).
+    elbo_samples: Monte Carlo samples of the last ELBO estimate (the run's ELBO and
+      k-hat), and of the others up to the plan above; 0 to skip evaluation.
     progress: show progress.
     opt_state: state to continue from (default ``optimizer.init(params)``).
     start_step: the step ``params``/``opt_state`` were taken at, when resuming.
@@ -258,8 +269,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     checks.value_checks(checks.finite_checks(params, "params passed to fit"))
     if num_steps < start_step:
       raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
-    eval_every = int(eval_every or default_eval_every(objective.num_data, batch_size,
-                                                      num_steps))
+    evaluation = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
+                                      elbo_samples)
+    eval_every_given, eval_every = eval_every, evaluation.eval_every
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
     run_key, eval_key = jax.random.split(key)
@@ -273,14 +285,17 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
 
     def evaluate(length):
       nonlocal k_hat, diagnosis
+      if not evaluation.evaluates(step, num_steps):
+        return bar(length, step, None, None)
       value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
-                                   elbo_samples, trust_check and step == num_steps, step)
+                                   evaluation.draws_at(step, num_steps),
+                                   trust_check and step == num_steps, step)
       if trust is not None:
         k_hat, diagnosis = trust
       record.append(step, runner.step_seconds, value, se)
       bar(length, step, value, se)
 
-    if record.lacks(step) and (step % eval_every == 0 or step == num_steps):
+    if record.lacks(step) and evaluation.evaluates(step, num_steps):
       evaluate(0)  # an interrupt came at a segment's end, before its evaluation
     try:
       while step < num_steps:
@@ -296,36 +311,16 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                               settings=settings)
     except KeyboardInterrupt:
       bar(0, step, None, None, close=True)
-      reached = runner.reached()
-      if reached is None:
-        raise
-      call = dict(objective=objective, optimizer=optimizer, key=key, num_steps=num_steps,
-                  batch_size=batch_size, eval_every=eval_every, elbo_samples=elbo_samples,
-                  progress=progress, checkpoint_path=checkpoint_path,
-                  checkpoint_every=checkpoint_every, mesh=mesh)
-      raise _interrupted(reached, record.history(), runner.compile_seconds, call,
-                         settings) from None
+      raise _interrupted(runner, record.history(), settings, dict(
+          objective=objective, optimizer=optimizer, key=key, num_steps=num_steps,
+          batch_size=batch_size, eval_every=eval_every_given, elbo_samples=elbo_samples,
+          progress=progress, checkpoint_path=checkpoint_path,
+          checkpoint_every=checkpoint_every, mesh=mesh)) from None
     bar(0, step, None, None, close=True)
     if progress and k_hat is not None:
       print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
     return FitResult(params, opt_state, record.history(), runner.compile_seconds,
                      k_hat, diagnosis)
-
-
-DEFAULT_EVALUATIONS = 100
-"""At most this many ELBO evaluations in a :func:`fit` run without ``eval_every``.
-
-One every epoch is the natural rhythm of a short run, but an evaluation (a full pass with
-``elbo_samples`` draws) can cost more than an epoch of steps: on 569 data at batch 5 one
-took 0.7 ms against 0.37 ms for the epoch's 113 steps, and a 1.5-million-step run spent
-28 s in fit for 4.8 s of steps. Counted from step 0 (not from ``start_step``), so a
-resumed run has the segments of an uninterrupted one."""
-
-
-def default_eval_every(num_data: int, batch_size: int, num_steps: int) -> int:
-  """:func:`fit`'s steps per segment when ``eval_every`` is not given: one epoch, or
-  ``num_steps / DEFAULT_EVALUATIONS`` (rounded up) where that is longer."""
-  return max(1, num_data // batch_size, -(-num_steps // DEFAULT_EVALUATIONS))
 
 
 def _can_check_trust(objective: Objective, elbo_samples: int) -> tuple[bool, str]:
@@ -441,6 +436,6 @@ def _progress(enabled: bool, total: int):
     return update
 
   def update_lines(n, step, value, se, close=False):
-    if n:
+    if n and value is not None:  # a line per evaluation
       print(f"step {step}: elbo {value:.6g} (se {se:.2g})", flush=True)
   return update_lines
