@@ -9,9 +9,9 @@ leaves the rhythm to fit (``eval_every=None``), the evaluations between the firs
 last are therefore planned to cost about a tenth of the steps they follow: fewer draws
 (at least two, for a standard error), and where two draws of every datum still cost
 more, every ``k``-th segment only. The last evaluation, which gives the run's ELBO and
-the PSIS k-hat, always has ``elbo_samples`` draws. Evaluations of at most
-:data:`CHEAP_EVALUATION` data-draws are made in full whatever the run: they cost
-milliseconds.
+the PSIS k-hat, always has ``elbo_samples`` draws. The evaluations before the last may
+take :data:`CHEAP_EVALUATIONS` data-draws between them whatever the run (tens of
+milliseconds), so a short run on small data evaluates every segment in full.
 
 The plan depends on the run's sizes only (not on timings), so a resumed run evaluates
 where the uninterrupted one does.
@@ -30,9 +30,9 @@ took 0.7 ms against 0.37 ms for the epoch's 113 steps, and a 1.5-million-step ru
 28 s in fit for 4.8 s of steps. Counted from step 0 (not from ``start_step``), so a
 resumed run has the segments of an uninterrupted one."""
 
-CHEAP_EVALUATION = 200_000
-"""Data-draws (``elbo_samples x N``) of an evaluation always made in full: a few
-milliseconds on a CPU for a GLM."""
+CHEAP_EVALUATIONS = 1_000_000
+"""Data-draws (``draws x N``, summed) that the evaluations before a run's last may take
+whatever the run: 10-40 ms on two CPU cores for a GLM."""
 
 EVALUATION_SHARE = 0.1
 """What the evaluations between a run's first and last segment may cost, as a fraction
@@ -85,16 +85,19 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
   Example::
 
     >>> from dsgrad.evaluation_plan import plan
-    >>> plan(200_000, 100, 200_000, None, 100)  # two draws every other epoch
-    EvaluationPlan(eval_every=2000, every_segments=2, draws=2, last_draws=100)
-    >>> plan(1_000, 10, 20_000, None, 100)  # cheap evaluations: in full
-    EvaluationPlan(eval_every=200, every_segments=1, draws=100, last_draws=100)
+    >>> plan(200_000, 100, 200_000, None, 100)  # two draws every tenth epoch
+    EvaluationPlan(eval_every=2000, every_segments=10, draws=2, last_draws=100)
+    >>> plan(1_000, 10, 20_000, None, 100)  # ten draws a segment
+    EvaluationPlan(eval_every=200, every_segments=1, draws=10, last_draws=100)
+    >>> plan(50, 5, 30, None, 100)  # cheap evaluations: in full
+    EvaluationPlan(eval_every=10, every_segments=1, draws=100, last_draws=100)
   """
   if eval_every is not None or elbo_samples == 0:
     every = eval_every or default_eval_every(num_data, batch_size, num_steps)
     return EvaluationPlan(every, 1, elbo_samples, elbo_samples)
   every = default_eval_every(num_data, batch_size, num_steps)
-  allowance = max(CHEAP_EVALUATION,
+  before_last = max(1, -(-num_steps // every) - 1)
+  allowance = max(CHEAP_EVALUATIONS / before_last,
                   EVALUATION_SHARE * DRAWS_PER_STEP_DATUM * every * batch_size)
   draws = min(elbo_samples, int(allowance // num_data))
   if draws >= 2:
