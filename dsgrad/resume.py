@@ -32,12 +32,13 @@ __all__ = ["History", "run_settings", "data_fingerprint", "optimizer_fingerprint
 
 
 class History(NamedTuple):
-  """What :func:`fit` records after every segment of ``eval_every`` steps.
+  """What :func:`fit` records at each ELBO evaluation (:mod:`dsgrad.evaluation_plan`).
 
   Attributes:
     step: steps taken so far.
-    wall_time: seconds spent in training steps so far (compilation and ELBO evaluation
-      excluded), for ELBO-vs-wall-clock plots.
+    wall_time: seconds spent in training steps so far, their batches' epoch orders and
+      host reads included (compilation and ELBO evaluation excluded), for
+      ELBO-vs-wall-clock plots.
     elbo: full-data ELBO estimate (``nan`` when ``elbo_samples = 0``).
     elbo_se: its Monte Carlo standard error.
   """
