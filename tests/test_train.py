@@ -160,22 +160,22 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   """With 250,000 data an evaluation of 100 draws reads 2.5e7 data-draws, against 2.5e5
   data in an epoch of steps: the default rhythm (100 draws an epoch) cost 9 times the
   steps on 200,000 data. The evaluations before the last now take 2 draws every third
-  epoch (2 x 250,000 data-draws against 200,000 allowed, the evaluations' floor), the last all
-  100 (the ELBO fit reports); and a run interrupted at an evaluated segment's end, before
-  its evaluation, continues to the same evaluations."""
+  epoch (2 x 250,000 data-draws against 200,000 allowed, the evaluations' floor), the
+  last all ``elbo_samples`` (the ELBO fit reports); and a run interrupted at an evaluated
+  segment's end, before its evaluation, continues to the same evaluations."""
   from dsgrad import train
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 250_000, 2)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   params = {"loc": jnp.zeros(2), "log_scale": jnp.full((2,), -1.0)}
   evaluated, evaluate = [], train._evaluate
   monkeypatch.setattr(train, "_evaluate", lambda *a: evaluated.append(a[3:5]) or evaluate(*a))
-  kw = dict(num_steps=15_000, batch_size=100, progress=False)
+  kw = dict(num_steps=15_000, batch_size=100, elbo_samples=30, progress=False)
   key = jax.random.key(1)
   whole = dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   assert whole.history.step.tolist() == [7_500, 15_000]
-  assert evaluated == [(2, False), (100, True)]  # draws, and the k-hat of the last
+  assert evaluated == [(2, False), (30, True)]  # draws, and the k-hat of the last
   value, se = dsgrad.elbo(objective, whole.params,
-                          jax.random.fold_in(jax.random.split(key)[1], 15_000), 100)
+                          jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],
                              [value, se], rtol=1e-6)
   _ctrl_c_at(monkeypatch, 3)  # as the segment that ends at step 7,500 ends
