@@ -8,7 +8,8 @@ forward passes per epoch of steps: with 200,000 data (logistic regression, batch
 leaves the rhythm to fit (``eval_every=None``), the evaluations between the first and the
 last are therefore planned to cost about a tenth of the steps they follow: fewer draws
 (at least two, for a standard error), and where two draws of every datum still cost
-more, every ``k``-th segment only. The last evaluation, which gives the run's ELBO and
+more, after the first and every ``k``-th segment only (the first checks early that the
+ELBO is finite). The last evaluation, which gives the run's ELBO and
 the PSIS k-hat, always has ``elbo_samples`` draws. The evaluations before the last may
 take :data:`CHEAP_EVALUATIONS` data-draws between them whatever the run (tens of
 milliseconds), so a short run on small data evaluates every segment in full.
@@ -68,9 +69,11 @@ class EvaluationPlan(NamedTuple):
   last_draws: int
 
   def evaluates(self, step: int, num_steps: int) -> bool:
-    """Whether the segment that ends at ``step`` is followed by an evaluation."""
-    return step == num_steps or (step % self.eval_every == 0
-                                 and (step // self.eval_every) % self.every_segments == 0)
+    """Whether the segment that ends at ``step`` is followed by an evaluation: the first
+    (an early check that the ELBO is finite, and a first value on the progress bar),
+    every ``every_segments``-th and the last."""
+    return step in (num_steps, self.eval_every) or (
+        step % self.eval_every == 0 and (step // self.eval_every) % self.every_segments == 0)
 
   def draws_at(self, step: int, num_steps: int) -> int:
     return self.last_draws if step == num_steps else self.draws

@@ -159,8 +159,8 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
     monkeypatch):
   """With 250,000 data an evaluation of 100 draws reads 2.5e7 data-draws, against 2.5e5
   data in an epoch of steps: the default rhythm (100 draws an epoch) cost 9 times the
-  steps on 200,000 data. The evaluations before the last now take 2 draws every third
-  epoch (2 x 250,000 data-draws against 200,000 allowed, the evaluations' floor), the
+  steps on 200,000 data. The evaluations before the last now take 2 draws after the first
+  and every third epoch (2 x 250,000 data-draws against 200,000 allowed, the floor), the
   last all ``elbo_samples`` (the ELBO fit reports); and a run interrupted at an evaluated
   segment's end, before its evaluation, continues to the same evaluations."""
   from dsgrad import train
@@ -172,8 +172,8 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   kw = dict(num_steps=15_000, batch_size=100, elbo_samples=30, progress=False)
   key = jax.random.key(1)
   whole = dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
-  assert whole.history.step.tolist() == [7_500, 15_000]
-  assert evaluated == [(2, False), (30, True)]  # draws, and the k-hat of the last
+  assert whole.history.step.tolist() == [2_500, 7_500, 15_000]
+  assert evaluated == [(2, False), (2, False), (30, True)]  # draws; the k-hat of the last
   value, se = dsgrad.elbo(objective, whole.params,
                           jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],
@@ -182,7 +182,7 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   with pytest.raises(dsgrad.FitInterrupted) as stop:
     dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   monkeypatch.undo()
-  assert stop.value.step == 7_500 and len(stop.value.result.history.step) == 0
+  assert stop.value.step == 7_500 and stop.value.result.history.step.tolist() == [2_500]
   continued = stop.value.resume()
   np.testing.assert_array_equal(continued.history.step, whole.history.step)
   np.testing.assert_array_equal(continued.history.elbo, whole.history.elbo)
