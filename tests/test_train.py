@@ -62,12 +62,18 @@ def test_default_evaluations_are_one_per_epoch_and_at_most_a_hundred(logreg_mode
   assert long.history.step.tolist() == list(range(21, 2005, 21)) + [2005]
 
 
-def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path):
-  objective = dsgrad.meanfield_gaussian(logreg_model)
+def _joint_saga_run(model, params0):
+  """``(objective, optimizer, fit settings, key, a whole run of 28 steps)``: the run that
+  the resume tests interrupt."""
+  objective = dsgrad.meanfield_gaussian(model)
   opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
   kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=5, progress=False)
   key = jax.random.key(3)
-  whole = dsgrad.fit(objective, opt, params0, key, num_steps=28, **kw)
+  return objective, opt, kw, key, dsgrad.fit(objective, opt, params0, key, num_steps=28, **kw)
+
+
+def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path):
+  objective, opt, kw, key, whole = _joint_saga_run(logreg_model, params0)
   path = tmp_path / "fit.msgpack"
   dsgrad.fit(objective, opt, params0, key, num_steps=14, checkpoint_path=path, **kw)
   params, opt_state, step = dsgrad.restore_fit_checkpoint(path, params0, opt.init(params0))
@@ -115,11 +121,7 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
   The run so far comes back in the exception, at the step reached, and continues, from
   it or from the checkpoint saved at the interrupt, to the uninterrupted run's parameters
   and evaluations (the one at the step reached, skipped by the interrupt, included)."""
-  objective = dsgrad.meanfield_gaussian(logreg_model)
-  opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  kw = dict(batch_size=BATCH, eval_every=7, elbo_samples=5, progress=False)
-  key = jax.random.key(3)
-  whole = dsgrad.fit(objective, opt, params0, key, num_steps=28, **kw)
+  objective, opt, kw, key, whole = _joint_saga_run(logreg_model, params0)
   path = tmp_path / "fit.ckpt"
   _ctrl_c_at(monkeypatch, block)
   with pytest.raises(dsgrad.FitInterrupted, match=f"step {7 * block} of 28.*resume=True"
