@@ -347,7 +347,8 @@ class SegmentRunner:
            if isinstance(leaf, jax.Array)):
       return None
     jax.block_until_ready((params, opt_state))
-    self._settle([error], carry, [at], steps)
+    if error is not None:
+      self._settle([error], carry, [at], steps)
     return params, opt_state, step
 
   def seconds_per_step(self, params, opt_state, length: int, calls: int) -> float:
@@ -434,4 +435,5 @@ class SegmentRunner:
       jax.block_until_ready((params, opt_state))
       self.step_seconds += time.perf_counter() - t0
       self._settle([error], carry, [at], steps)
+      self.last_block = (params, opt_state, at + steps, None, None, at, steps)  # settled
     return params, opt_state
