@@ -104,9 +104,19 @@ class FitInterrupted(KeyboardInterrupt):
            "continues" if saved is not None else ""))
     self.result, self.step, self.num_steps, self._call = result, step, call["num_steps"], call
 
+  RESUME_CHANGES = ("num_steps", "progress", "elbo_samples", "eval_every", "checkpoint_path",
+                    "checkpoint_every")
+  """What :meth:`resume` may change: the rest (objective, optimizer, key, batch size, mesh)
+  decides the batches and the state, and another value would not continue this run."""
+
   def resume(self, **changes) -> "FitResult":
     """Continues the interrupted run with :func:`fit` (the same arguments but for
-    ``changes``, e.g. ``num_steps`` or ``progress``) from :attr:`result`."""
+    ``changes`` among :attr:`RESUME_CHANGES`, e.g. ``num_steps`` or ``progress``) from
+    :attr:`result`."""
+    other = sorted(set(changes) - set(self.RESUME_CHANGES))
+    if other:
+      raise TypeError(f"FitInterrupted.resume() can change {', '.join(self.RESUME_CHANGES)}; "
+                      f"not {', '.join(other)}, which would not continue this run")
     call = {**self._call, **changes}
     objective, optimizer, key = (call.pop(k) for k in ("objective", "optimizer", "key"))
     return fit(objective, optimizer, self.result.params, key, opt_state=self.result.opt_state,

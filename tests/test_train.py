@@ -133,6 +133,8 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
   assert stop.value.result.history.step.tolist() == list(range(7, 7 * block, 7))
   part = dsgrad.fit(objective, opt, params0, key, num_steps=7 * block, **kw)
   chex.assert_trees_all_equal(stop.value.result.params, part.params)
+  with pytest.raises(TypeError, match="not batch_size, key, which would not continue"):
+    stop.value.resume(key=jax.random.key(4), batch_size=2)
   for continued in (stop.value.resume(), dsgrad.fit(objective, opt, params0, key, num_steps=28,
                                                     checkpoint_path=path, resume=True, **kw)):
     chex.assert_trees_all_equal((continued.params, continued.opt_state),
