@@ -103,6 +103,11 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
   allowance = max(CHEAP_EVALUATIONS / before_last,
                   EVALUATION_SHARE * DRAWS_PER_STEP_DATUM * every * batch_size)
   draws = min(elbo_samples, int(allowance // num_data))
+  if 2 * draws >= elbo_samples:
+    # At most half of each evaluation to save, of the order of what compiling a second
+    # program costs (a NumPyro Student-t regression: 1.2 s to compile, 36 ms a 100-draw
+    # evaluation of 20,000 data, so 99 halves save 1.8 s).
+    return EvaluationPlan(every, 1, elbo_samples, elbo_samples)
   if draws >= 2:
     return EvaluationPlan(every, 1, draws, elbo_samples)
   return EvaluationPlan(every, -(-2 * num_data // int(allowance)), 2, elbo_samples)
