@@ -9,7 +9,9 @@ leaves the rhythm to fit (``eval_every=None``), the evaluations between the firs
 last are therefore planned to cost about a tenth of the steps they follow: fewer draws
 (at least two, for a standard error), and where two draws of every datum still cost
 more, after the first and every ``k``-th segment only (the first checks early that the
-ELBO is finite). The last evaluation, which gives the run's ELBO and
+ELBO is finite); where fewer draws would save at most half of each evaluation, they
+keep all of them (up to a fifth of the steps: a second program would cost about as
+much to compile). The last evaluation, which gives the run's ELBO and
 the PSIS k-hat, always has ``elbo_samples`` draws. The evaluations before the last may
 take :data:`CHEAP_EVALUATIONS` data-draws between them whatever the run (tens of
 milliseconds), so a short run on small data evaluates every segment in full.
