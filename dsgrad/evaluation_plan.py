@@ -78,6 +78,7 @@ class EvaluationPlan(NamedTuple):
         step % self.eval_every == 0 and (step // self.eval_every) % self.every_segments == 0)
 
   def draws_at(self, step: int, num_steps: int) -> int:
+    """The Monte Carlo draws of the evaluation after ``step``."""
     return self.last_draws if step == num_steps else self.draws
 
 
@@ -86,6 +87,16 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
   """The plan of a :func:`dsgrad.fit` call: ``eval_every`` as given (every segment
   evaluated with ``elbo_samples`` draws), or else the default segments with the
   evaluations before the last priced at :data:`EVALUATION_SHARE` of their steps.
+
+  Args:
+    num_data: ``N``.
+    batch_size: ``B``.
+    num_steps: the run's steps, counted from 0.
+    eval_every: fit's argument (``None``: planned here).
+    elbo_samples: fit's argument: the last evaluation's draws (0: no evaluation).
+
+  Returns:
+    An :class:`EvaluationPlan`.
 
   Example::
 
