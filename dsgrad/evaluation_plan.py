@@ -105,6 +105,8 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
     EvaluationPlan(eval_every=2000, every_segments=10, draws=2, last_draws=100)
     >>> plan(1_000, 10, 20_000, None, 100)  # ten draws a segment
     EvaluationPlan(eval_every=200, every_segments=1, draws=10, last_draws=100)
+    >>> plan(20_000, 100, 6_000_000, None, 100)  # 100 draws would save under half
+    EvaluationPlan(eval_every=60000, every_segments=1, draws=100, last_draws=100)
     >>> plan(50, 5, 30, None, 100)  # cheap evaluations: in full
     EvaluationPlan(eval_every=10, every_segments=1, draws=100, last_draws=100)
   """

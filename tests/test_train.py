@@ -1,5 +1,7 @@
 """The fit loop: reshuffled epochs, ELBO history, every estimator, bit-identical resume."""
 
+import time
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -141,6 +143,24 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
                                 (whole.params, whole.opt_state))
     np.testing.assert_array_equal(continued.history.step, whole.history.step)
     np.testing.assert_array_equal(continued.history.elbo, whole.history.elbo)
+
+
+def test_wall_time_counts_the_epoch_orders(logreg_model, params0, monkeypatch):
+  """A block's epoch orders are part of the run's time (they were computed before its
+  clock started): orders made 50 ms slower show in the history's wall-clock."""
+  from dsgrad import batching
+  window, calls = batching.EpochOrders.window, []
+
+  def slow_window(self, *args):
+    calls.append(None)
+    time.sleep(0.05)
+    return window(self, *args)
+
+  monkeypatch.setattr(batching.EpochOrders, "window", slow_window)
+  result = dsgrad.fit(dsgrad.meanfield_gaussian(logreg_model), optax.adam(1e-2), params0,
+                      jax.random.key(0), num_steps=30, batch_size=BATCH, eval_every=10,
+                      elbo_samples=0, progress=False)
+  assert len(calls) >= 3 and result.history.wall_time[-1] >= 0.05 * len(calls)
 
 
 def test_a_run_continued_between_evaluations_evaluates_where_the_whole_run_does(
