@@ -342,14 +342,14 @@ class SegmentRunner:
     interrupt came between a call and its result (the block's input, donated, is gone)."""
     if self.last_block is None:
       return None
-    params, opt_state, step, error, carry, at, steps = self.last_block
+    params, opt_state, error, carry, at, steps = self.last_block
     if any(leaf.is_deleted() for leaf in jax.tree.leaves((params, opt_state))
            if isinstance(leaf, jax.Array)):
       return None
     jax.block_until_ready((params, opt_state))
     if error is not None:
       self._settle([error], carry, [at], steps)
-    return params, opt_state, step
+    return params, opt_state, at + steps
 
   def seconds_per_step(self, params, opt_state, length: int, calls: int) -> float:
     """Seconds per step of ``calls`` segments of ``length`` steps from ``params``,
@@ -428,12 +428,12 @@ class SegmentRunner:
       t0 += self.compile_seconds - compiling
       error, (params, opt_state) = program(*args)
       # What an interrupt keeps (:meth:`reached`): this block's result, its checks unsettled.
-      self.last_block = (params, opt_state, at + steps, error, carry, at, steps)
+      self.last_block = (params, opt_state, error, carry, at, steps)
       upcoming = parts[k + 1:] or parts_next
       if upcoming:  # the next block's rows, while this one runs
         self._read_ahead(*upcoming[0])
       jax.block_until_ready((params, opt_state))
       self.step_seconds += time.perf_counter() - t0
       self._settle([error], carry, [at], steps)
-      self.last_block = (params, opt_state, at + steps, None, None, at, steps)  # settled
+      self.last_block = (params, opt_state, None, None, at, steps)  # settled
     return params, opt_state

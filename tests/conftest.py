@@ -155,3 +155,19 @@ def counting_jit():
 
     return jax.jit(counted), traces
   return make
+
+
+def ctrl_c_at(monkeypatch, block: int) -> None:
+  """An interrupt (Ctrl-C) as the ``block``-th block of fit's steps ends, where Python
+  first runs after waiting for it (the block's result is out, its checks not yet read);
+  ``monkeypatch`` (or one of its contexts) undoes it."""
+  from dsgrad import segments
+  settle, calls = segments.SegmentRunner._settle, []
+
+  def interrupted(self, *args):
+    calls.append(block)
+    if len(calls) == block:
+      raise KeyboardInterrupt
+    return settle(self, *args)
+
+  monkeypatch.setattr(segments.SegmentRunner, "_settle", interrupted)

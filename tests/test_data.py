@@ -12,6 +12,7 @@ import pytest
 
 import dsgrad
 from dsgrad import data as data_lib
+from conftest import ctrl_c_at
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _EVENTS = []
@@ -128,16 +129,8 @@ def test_an_interrupt_between_blocks_of_host_data_keeps_the_run(tmp_path, monkey
   on_host = dsgrad.meanfield_gaussian(model).with_data({"x": host, "signs": 2.0 * y - 1.0})
   optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
   whole = _fit(on_host, optimizer, params, steps=60)
-  settle, calls = dsgrad.segments.SegmentRunner._settle, []
-
-  def interrupted(self, *args):  # Ctrl-C as the third block ends (step 30 of 60)
-    calls.append(None)
-    if len(calls) == 3:
-      raise KeyboardInterrupt
-    return settle(self, *args)
-
   with monkeypatch.context() as patch:
-    patch.setattr(dsgrad.segments.SegmentRunner, "_settle", interrupted)
+    ctrl_c_at(patch, 3)  # as the third block ends (step 30 of 60)
     with pytest.raises(dsgrad.FitInterrupted) as stop:
       _fit(on_host, optimizer, params, steps=60)
   assert stop.value.step == 30 and stop.value.result.history.step.tolist() == [20]

@@ -10,9 +10,8 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad import segments
 from dsgrad.batching import batch_indices
-from conftest import BATCH, N_DATA
+from conftest import BATCH, N_DATA, ctrl_c_at
 from estimator_cases import CASES
 
 
@@ -102,20 +101,6 @@ def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path
                start_step=7, history=history, **kw)
 
 
-def _ctrl_c_at(monkeypatch, block: int) -> None:
-  """An interrupt (Ctrl-C) as the ``block``-th block of steps ends, where Python first
-  runs after waiting for it (the block's result is out, its checks not yet read)."""
-  settle, calls = segments.SegmentRunner._settle, []
-
-  def interrupted(self, *args):
-    calls.append(block)
-    if len(calls) == block:
-      raise KeyboardInterrupt
-    return settle(self, *args)
-
-  monkeypatch.setattr(segments.SegmentRunner, "_settle", interrupted)
-
-
 @pytest.mark.parametrize("block", [1, 2])
 def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0, tmp_path,
                                                            monkeypatch, block):
@@ -125,7 +110,7 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
   and evaluations (the one at the step reached, skipped by the interrupt, included)."""
   objective, opt, kw, key, whole = _joint_saga_run(logreg_model, params0)
   path = tmp_path / "fit.ckpt"
-  _ctrl_c_at(monkeypatch, block)
+  ctrl_c_at(monkeypatch, block)
   with pytest.raises(dsgrad.FitInterrupted, match=f"step {7 * block} of 28.*resume=True"
                      ) as stop:
     dsgrad.fit(objective, opt, params0, key, num_steps=28, checkpoint_path=path, **kw)
@@ -202,7 +187,7 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
                           jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],
                              [value, se], rtol=1e-6)
-  _ctrl_c_at(monkeypatch, 3)  # as the segment that ends at step 7,500 ends
+  ctrl_c_at(monkeypatch, 3)  # as the segment that ends at step 7,500 ends
   with pytest.raises(dsgrad.FitInterrupted) as stop:
     dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   monkeypatch.undo()

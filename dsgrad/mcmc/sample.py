@@ -227,10 +227,14 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
     bar(0, close=True)
     if not outputs:
       raise
-    raise SamplingInterrupted(
-        (*jax.tree.map(lambda *a: np.concatenate(a), *outputs), state, seconds),
-        done, num_samples) from None
+    raise SamplingInterrupted(_chain_result(outputs, state, seconds), done,
+                              num_samples) from None
   bar(0, close=True)
+  return _chain_result(outputs, state, seconds)
+
+
+def _chain_result(outputs, state, seconds):
+  """:func:`run_chain`'s return value from its chunks' outputs."""
   positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
   return positions, signs, info, state, seconds
 
@@ -394,17 +398,17 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     state = init(model, scheme, proxy, state.position, k_signed)
   warmup_seconds = time.perf_counter() - start_time
 
+  def result(samples, signs, info, state, seconds):
+    return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
+                      seconds, evaluations)
+
   try:
-    samples, signs, info, state, seconds = run_chain(
-        k_sample, lambda k, s: kernel(k, s, proxy, params), state, num_samples,
-        progress=progress, data=model.data)
+    drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,
+                      num_samples, progress=progress, data=model.data)
   except SamplingInterrupted as stop:
-    samples, signs, info, state, seconds = stop.result
-    stop.result = MCMCResult(samples, signs, info, state, proxy, params, scheme,
-                             warmup_seconds, seconds, evaluations)
+    stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
-  return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
-                    seconds, evaluations)
+  return result(*drawn)
 
 
 def _initial_precision(model: Model, proxy: TaylorProxy, mass_matrix):
