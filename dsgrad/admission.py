@@ -172,8 +172,8 @@ class Share:
     started: when the advice started (``time.perf_counter()``).
     naive_lane: naive's lane, its timing program compiled.
     naive_like: the names of the candidates whose program is naive's step.
-    naive_restarts: whether naive's run compiles again once timed (its first schedule's
-      length was not known: a budget in seconds).
+    naive_restarts: whether naive's run compiles again after its first timing (its first
+      schedule's length was not known: a budget in seconds).
   """
 
   def __init__(self, allowed: float, started: float, naive_lane, naive_like=(),
@@ -185,6 +185,9 @@ class Share:
     self.naive_like = frozenset(naive_like)
     self.per_lane = LANE_OVERHEAD_SECONDS
     self.measured: list = []  # the control variates' compile times
+    # Naive's run compiles again for its timing rounds and race (its first program's
+    # schedule was an epoch's), priced as overlapped with another's compile: alone it
+    # takes up to that much more, which the race's quarter of the share absorbs.
     self.owed = self.per_lane + (self.naive_compile / compile_overlap() if naive_restarts
                                  else 0.0)
 

@@ -365,7 +365,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   limit = memory_share * race_lib.available_memory_bytes()
   base = base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
   # Naive's first schedule: its length where the budget or the step costs give it, else
-  # an epoch's (its run is restarted once its step is timed).
+  # an epoch's (its run is restarted once its step has a first rough time).
   naive_steps = (admission.schedule_guesses(budget, budget_in, 1.0, step_costs)("naive", 2)
                  if budget_in == "naive_steps" or step_costs is not None
                  else max(1, objective.num_data // batch_size))
@@ -408,6 +408,12 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   if len(lanes) == 1:
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started, share)
+  if ledger is not None and budget_in == "seconds":
+    # Naive's first schedule was an epoch's, there only to time its step; its run gets
+    # one over the steps that guess affords now, so that the program its timing rounds
+    # compile is its race's too (within the schedule tolerance), not one compiled more.
+    naive_lane = lanes[0] = naive_lane.restarted(
+        make_optimizer, max(1, int(float(budget) / guess)), params, key)
   for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
@@ -416,17 +422,11 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
                progress, started, start_at)
 
 
-def _tolerance(lane, tolerance: float) -> float:
-  """A lane's schedule tolerance: ``tolerance``, but naive's usual one (its first
-  schedule is an epoch's, far from any run's)."""
-  return race_lib.SCHEDULE_TOLERANCE if lane.contender.name == "naive" else tolerance
-
-
 def _compile_again(lanes, affords, tolerance) -> float:
   """The seconds the lanes whose program a schedule over ``affords`` steps does not keep
   take to compile again, overlapped."""
   again = [lane for lane, steps in zip(lanes, affords)
-           if not lane.keeps_program(steps, _tolerance(lane, tolerance))]
+           if not lane.keeps_program(steps, tolerance)]
   return sum(lane.runner.compile_cost_seconds for lane in again) / admission.compile_overlap()
 
 
@@ -454,9 +454,9 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
     to_compile = _compile_again(lanes, affords, tolerance)
   kept = [f"{lane.description} ({lane.schedule_steps / steps:.2f}x)"
           for lane, steps in zip(lanes, affords)
-          if lane.keeps_program(steps, _tolerance(lane, tolerance))
+          if lane.keeps_program(steps, tolerance)
           and not lane.keeps_program(steps)]
-  lanes = [lane.stretched(steps, params, key, _tolerance(lane, tolerance))
+  lanes = [lane.stretched(steps, params, key, tolerance)
            for lane, steps in zip(lanes, affords)]
   race_share = share if step_costs is not None else max(
       share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)

@@ -334,8 +334,8 @@ def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time(
 def test_a_short_share_races_schedules_built_for_a_nearby_length_instead_of_compiling():
   """After timing, a lane whose schedule was built for a length more than 30% off the
   steps it affords compiles again; where that would leave the race less than its
-  quarter of the share, lanes within 50% keep their program (naive, whose first schedule
-  is an epoch's, always compiles again)."""
+  quarter of the share, lanes within 50% keep their program (naive's here was built for
+  100 steps: it compiles again under both)."""
   import types
 
   class StandIn:
@@ -356,6 +356,31 @@ def test_a_short_share_races_schedules_built_for_a_nearby_length_instead_of_comp
   assert [lane.keeps_program(10 ** 6, 0.5) for lane in lanes] == [False, True, False, True]
   lanes[1].steps = 10  # a lane that has run keeps nothing: its schedule is under way
   assert not lanes[1].keeps_program(10 ** 6, 0.5)
+
+
+def test_naive_races_the_program_its_timing_rounds_compiled(monkeypatch):
+  """Naive's first schedule, an epoch's, only serves the first rough time of its step;
+  its run is then restarted on the steps that time affords, before its timing rounds, so
+  that the race runs the very program those rounds compiled (a compile fewer: naive's
+  restart used to compile once for the timing and once more for the race)."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+
+  class RaceReached(Exception):
+    pass
+
+  def stop(lanes, reference, *args, **kwargs):
+    raise RaceReached(lanes[reference])
+
+  monkeypatch.setattr(race_lib, "race", stop)
+  with pytest.raises(RaceReached) as reached:
+    dsgrad.recommend(objective, _schedule, dsgrad.meanfield_init(model), jax.random.key(1),
+                     batch_size=BATCH, budget=20.0, candidates=("naive", "cv"), share=0.5,
+                     progress=False)
+  naive = reached.value.args[0]
+  assert naive.contender.name == "naive" and naive.steps == 0
+  assert list(naive.runner.executables) == [naive.chunk]  # compiled, and only that one
+  assert abs(naive.schedule_steps / naive.total_steps - 1) <= race_lib.SCHEDULE_TOLERANCE
 
 
 def test_checkpoint_difference_holds_the_runs_jitter():
