@@ -14,6 +14,7 @@ def environment() -> str:
   """One line naming the machine, the JAX backend and library versions."""
   import flax
   import numpy
+  from dsgrad import race as race_lib
   import optax
   cpu = platform.processor() or platform.machine()
   try:
@@ -24,7 +25,7 @@ def environment() -> str:
   except OSError:
     pass
   devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
-  return (f"{datetime.date.today().isoformat()}; {cpu}, {os.cpu_count()} cores visible; "
+  return (f"{datetime.date.today().isoformat()}; {cpu}, {race_lib.usable_cpus()} cores visible; "
           f"backend {jax.default_backend()} ({devices}); python {platform.python_version()}, "
           f"jax {jax.__version__}, optax {optax.__version__}, flax {flax.__version__}, "
           f"numpy {numpy.__version__}")

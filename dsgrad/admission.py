@@ -5,7 +5,6 @@ each one's first schedule guessed so that its timing program can also be its rac
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -139,8 +138,8 @@ def schedule_guesses(budget, budget_in, guess, step_costs):
 
 def compile_overlap() -> float:
   """How much the lanes' compilations overlap in threads: measured 1.6-fold on two CPU
-  cores (tracing holds the interpreter lock, XLA's compiler does not)."""
-  return 1.6 if (os.cpu_count() or 1) > 1 else 1.0
+  cores (tracing holds the interpreter lock, XLA's compiler does not); none on one."""
+  return 1.6 if race_lib.usable_cpus() > 1 else 1.0
 
 
 # Each raced lane, besides compiling, runs its timing rounds (five rounds of about 0.05 s,

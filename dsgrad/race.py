@@ -187,7 +187,7 @@ def prepare_all(lanes: list, lengths: list) -> None:
   interpreter (and is done one lane at a time: ``segments._TRACING``) but XLA's compiler
   does not, so on a machine of several cores the lanes' compilations overlap instead of
   queueing."""
-  workers = max(1, min(len(lanes), os.cpu_count() or 1))
+  workers = max(1, min(len(lanes), usable_cpus()))
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     for future in [pool.submit(lane.prepare, n) for lane, n in zip(lanes, lengths)]:
       future.result()
@@ -217,6 +217,23 @@ def available_memory_bytes() -> int:
   except OSError:
     pass
   return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def usable_cpus(cgroup_file: str = "/sys/fs/cgroup/cpu.max") -> int:
+  """The CPU cores this process may run on: those of its affinity mask (``taskset``,
+  a container's cpuset), fewer where a cgroup v2 quota allows less (``docker --cpus``).
+  ``os.cpu_count()`` counts the machine's, which priced two cores' overlapped compiles
+  on a process confined to one."""
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+  cpus = cpus or os.cpu_count() or 1
+  try:
+    with open(cgroup_file) as f:
+      quota, period = f.read().split()[:2]
+    if quota != "max":
+      cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+  except (OSError, ValueError):
+    pass
+  return cpus
 
 
 TIMING_SEGMENT = 256

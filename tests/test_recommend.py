@@ -383,6 +383,23 @@ def test_naive_races_the_program_its_timing_rounds_compiled(monkeypatch):
   assert abs(naive.schedule_steps / naive.total_steps - 1) <= race_lib.SCHEDULE_TOLERANCE
 
 
+def test_the_cores_counted_are_those_the_process_may_use(monkeypatch, tmp_path):
+  """Compiles are priced as overlapping only where the process may use several cores:
+  its affinity mask (``taskset -c 0``: one) and a cgroup quota (``docker --cpus=1.5``:
+  two) bound the count, not the machine's cores."""
+  import os
+  quota = tmp_path / "cpu.max"
+  quota.write_text("max 100000\n")
+  monkeypatch.setattr(os, "cpu_count", lambda: 8)
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+  assert race_lib.usable_cpus(str(quota)) == 3
+  quota.write_text("150000 100000\n")
+  assert race_lib.usable_cpus(str(quota)) == 2
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+  assert race_lib.usable_cpus(str(tmp_path / "absent")) == 1
+  assert dsgrad.admission.compile_overlap() == 1.0
+
+
 def test_checkpoint_difference_holds_the_runs_jitter():
   """The gain's standard error is the estimates' own when the paired differences agree
   across checkpoints, and the spread's when one run jitters between them (three nats
