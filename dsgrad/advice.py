@@ -80,8 +80,8 @@ class Recommendation(NamedTuple):
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended candidate's raced run to the end of its schedule with
     :func:`dsgrad.fit` (same key and batches; the schedule spans the whole run, while the
-    raced part may have run one built for a length within
-    :data:`dsgrad.race.SCHEDULE_TOLERANCE` of it, to spare a compilation). The run began
+    raced part may have run one built for another length whose step sizes agree with it
+    over the race, to spare a compilation: :mod:`dsgrad.step_sizes`). The run began
     as naive's, up to where the race started (``start_at`` of :func:`recommend`).
 
     Args:
@@ -279,8 +279,9 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       after it are still tried.
     share: the fraction of the budget the advice may take: compiling, timing and the
       race together. Compilation is a fixed cost (a candidate compiles one program, two
-      where its step count was guessed far off, about a second each for small models on
-      two CPU cores; :data:`dsgrad.race.SCHEDULE_TOLERANCE`), so a small budget races
+      where its schedule, built for a guessed step count, sets other step sizes over the
+      race than one over the count it affords: :mod:`dsgrad.step_sizes`; about a second
+      each for small models on two CPU cores), so a small budget races
       fewer candidates; the race takes what compiling leaves of the share, and at least
       a quarter of it. A candidate whose compile took longer than priced is still raced
       if its timing fits the share (its compile is spent), so the advice can take up to
@@ -411,7 +412,8 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   if ledger is not None and budget_in == "seconds":
     # Naive's first schedule was an epoch's, there only to time its step; its run gets
     # one over the steps that guess affords now, so that the program its timing rounds
-    # compile is its race's too (within the schedule tolerance), not one compiled more.
+    # compile is its race's too (where the two schedules' step sizes agree over the
+    # race: dsgrad.step_sizes), not one compiled more.
     naive_lane = lanes[0] = naive_lane.restarted(
         make_optimizer, max(1, int(float(budget) / guess)), params, key)
   for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
@@ -422,12 +424,27 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
                progress, started, start_at)
 
 
-def _compile_again(lanes, affords, tolerance) -> float:
-  """The seconds the lanes whose program a schedule over ``affords`` steps does not keep
-  take to compile again, overlapped."""
-  again = [lane for lane, steps in zip(lanes, affords)
-           if not lane.keeps_program(steps, tolerance)]
+def _compile_again(lanes, affords, reach) -> float:
+  """The seconds the lanes whose program a schedule over ``affords`` steps, raced to
+  ``reach`` of the run, does not keep take to compile again, overlapped."""
+  again = [lane for lane, steps in zip(lanes, affords) if not lane.keeps_program(steps, reach)]
   return sum(lane.runner.compile_cost_seconds for lane in again) / admission.compile_overlap()
+
+
+def _race_share(share, step_costs, committed, budget_seconds) -> float:
+  """The race's part of the budget: what ``committed`` seconds (spent, and to be spent on
+  compiling and estimates) leave of the share, and at least a quarter of it; given step
+  costs, the whole share."""
+  if step_costs is not None:
+    return share
+  return max(share - committed / budget_seconds, 0.25 * share)
+
+
+def _race_origin(race_share, start_at, num_lanes) -> float:
+  """Where the race starts: ``start_at``, or with ``"auto"`` as far as the race itself
+  goes; never so late that the race would run past the budget."""
+  furthest = halving.halving_fractions(num_lanes, race_share)[0][-1]  # the race's length
+  return min(race_share if start_at == "auto" else float(start_at), 1.0 - furthest)
 
 
 def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_costs,
@@ -435,8 +452,9 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   """The timed lanes stretched over the steps each affords in the budget, raced in what
   is left of the share, and the advice."""
   # The real runs: each schedule spans the steps its candidate affords in the budget. A
-  # lane whose first schedule was guessed close enough races with its timing program; the
-  # others compile again, about what their timing program took (measured).
+  # lane whose first schedule sets the same step sizes as that one over the part of the
+  # run the race can reach races with its timing program; the others compile again,
+  # about what their timing program took (measured).
   affords = [max(1, int(budget_seconds / lane.seconds_per_step)) for lane in lanes]
   # Timing and compiling come out of the share, the race's compilation too; given step
   # costs, the race is deterministic and takes the whole share.
@@ -444,30 +462,23 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   # estimates were chosen at).
   own_start = start_at == "auto" or float(start_at) > 0
   evaluations = estimates.seconds * race_elbo.estimates_needed(len(lanes), share, own_start)
-  tolerance = race_lib.SCHEDULE_TOLERANCE
-  to_compile = _compile_again(lanes, affords, tolerance)
   spent = time.perf_counter() - started
-  if (step_costs is None
-      and spent + to_compile + evaluations > 0.75 * share * budget_seconds):
-    # Compiling them again would leave the race less than its quarter of the share.
-    tolerance = race_lib.SHORT_SHARE_TOLERANCE
-    to_compile = _compile_again(lanes, affords, tolerance)
-  kept = [f"{lane.description} ({lane.schedule_steps / steps:.2f}x)"
-          for lane, steps in zip(lanes, affords)
-          if lane.keeps_program(steps, tolerance)
-          and not lane.keeps_program(steps)]
-  lanes = [lane.stretched(steps, params, key, tolerance)
-           for lane, steps in zip(lanes, affords)]
-  race_share = share if step_costs is not None else max(
-      share - (spent + to_compile + evaluations) / budget_seconds, 0.25 * share)
+  # The furthest the race can reach, with nothing compiled again: the schedules are
+  # compared up to there.
+  widest = _race_share(share, step_costs, spent + evaluations, budget_seconds)
+  reach = min(1.0, _race_origin(widest, start_at, len(lanes))
+              + halving.halving_fractions(len(lanes), widest)[0][-1])
+  to_compile = _compile_again(lanes, affords, reach)
+  lanes = [lane.stretched(steps, params, key, reach) for lane, steps in zip(lanes, affords)]
+  spent = time.perf_counter() - started  # the schedules' comparisons included
+  race_share = _race_share(share, step_costs, spent + to_compile + evaluations, budget_seconds)
   naive_index = next(i for i, lane in enumerate(lanes) if lane.contender.name == "naive")
   # The race starts after naive alone has run as long as the race may: early in a run the
   # cheapest step leads whatever its noise, so a race from the start favours it (on a
   # hierarchical model of 20,000 data joint SVRG trailed naive at 0.2% of the budget and
   # led every lane from 0.7%; continued from naive at 1%, it led after 0.1% more).
   # Naive's steps before it are the first part of every run, the recommended one's too.
-  furthest = halving.halving_fractions(len(lanes), race_share)[0][-1]  # the race's end
-  origin = min(race_share if start_at == "auto" else float(start_at), 1.0 - furthest)
+  origin = _race_origin(race_share, start_at, len(lanes))
   traces = race_lib.race(lanes, naive_index, estimates.evaluate, race_share, progress,
                          None if origin > 0 else estimates.start,
                          estimate_cost=estimates.seconds / budget_seconds, origin=origin)
@@ -477,10 +488,5 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
                                   key=lambda r: (bool(r.note), -r.rounds, -r.gain)))
   spent = time.perf_counter() - started
   reasons = _reasons(ranking, best, budget_seconds, spent, estimates.describe(), origin)
-  if kept:
-    reasons.insert(-1, f"{', '.join(kept)}: raced with the program compiled for the timing, "
-                   "its schedule built for that many times the steps (compiling again would "
-                   "take the advice past its share); Recommendation.fit() continues on a "
-                   "schedule over the run's own steps.")
   return Recommendation(best.name, ranking, tuple(reasons),
                         budget_seconds, spent, {lane.contender.name: lane for lane in lanes}, key)

@@ -79,7 +79,7 @@ programs compile in about naive's time (they are priced so by :class:`dsgrad.adm
 
 def cost_guess(name: str, k: int = 2) -> float:
   """A candidate's step cost in naive steps, guessed before it is compiled: the length
-  its first program's schedule is built for (:data:`dsgrad.race.SCHEDULE_TOLERANCE`).
+  its first program's schedule is built for (:mod:`dsgrad.step_sizes`).
   From the held-out models of ``python -m benchmarks advice`` on two CPU cores: the path
   derivative 1.1-1.35 naive steps, cv and joint SVRG 1.4-2.0, ``K = 2`` samples or batch
   0.7-1.8; joint SAGA's dense table 15-21 (it is compiled again)."""

@@ -32,6 +32,7 @@ from scipy import stats
 from dsgrad import diagnostics
 from dsgrad import halving
 from dsgrad import segments
+from dsgrad import step_sizes
 from dsgrad import tables
 from dsgrad.objective import Objective
 
@@ -51,22 +52,6 @@ class Contender(NamedTuple):
   objective: Objective
   estimator: Any
   batch_size: int
-
-
-SCHEDULE_TOLERANCE = 0.3
-"""A raced lane keeps the program compiled for its timing when its schedule was built for
-a length within this fraction of the one its timing affords: over the first few percent
-of a run that a race covers, a cosine or linear decay over ``T`` and over ``1.3 T``
-differ by about a percent of the step size, while compiling again costs about a second.
-The full run (:meth:`Lane.run_optimizer`) then has its schedule over its exact length."""
-
-SHORT_SHARE_TOLERANCE = 0.5
-"""The tolerance where compiling the lanes again would leave the race less than the
-quarter of the share it keeps: a cosine decay over ``T`` and over ``1.5 T`` (or ``T / 2``)
-differ by under a percent of the step size over the first 3% of a run, where a race
-stops, and compiling seven lanes again took 8.2 s of a 20 s share on a held-out model
-(the advice took 17% of its budget). A schedule with a warm-up over a fraction of the run
-differs more: hence only where the share is short, said in the advice."""
 
 
 class Lane:
@@ -103,6 +88,7 @@ class Lane:
     # by the race where step costs were given instead.
     self.chunk: int | None = None
     self.trace: list = []  # per round raced: [(fraction, ELBO draws), ...] (see race)
+    self.same_steps: dict = {}  # keeps_program's comparisons
 
   def advance_to(self, fraction: float) -> None:
     """Runs whole chunks of steps up to ``fraction`` of its run (at least one chunk, at
@@ -150,20 +136,30 @@ class Lane:
     lane.seconds_per_step, lane.chunk = self.seconds_per_step, self.chunk
     return lane
 
-  def stretched(self, total_steps: int, params, key,
-                tolerance: float = SCHEDULE_TOLERANCE) -> "Lane":
+  def stretched(self, total_steps: int, params, key, reach: float) -> "Lane":
     """This lane, not yet advanced, as a run of ``total_steps``: itself (its compiled
-    programs kept) where its schedule needs no stretching or was built for a length
-    within ``tolerance`` of it, else :meth:`restarted` (compiled again)."""
-    if self.keeps_program(total_steps, tolerance):
+    programs kept) where :meth:`keeps_program` says so for a race to ``reach`` of the
+    run, else :meth:`restarted` (compiled again)."""
+    if self.keeps_program(total_steps, reach):
       self.total_steps = int(total_steps)
       return self
     return self.restarted(self.make_optimizer, total_steps, params, key)
 
-  def keeps_program(self, total_steps: int, tolerance: float = SCHEDULE_TOLERANCE) -> bool:
-    """Whether :meth:`stretched` keeps this lane's compiled program for ``total_steps``."""
-    return self.steps == 0 and (self.make_optimizer(total_steps) is self.inner or
-                                abs(self.schedule_steps / total_steps - 1) <= tolerance)
+  def keeps_program(self, total_steps: int, reach: float) -> bool:
+    """Whether a run of ``total_steps`` raced to ``reach`` (a fraction of it) can keep this
+    lane's compiled program: it has not run, and its schedule, built for
+    ``schedule_steps``, sets the same step sizes as one over ``total_steps`` up to there
+    (:func:`dsgrad.step_sizes.same_steps`)."""
+    if self.steps != 0:
+      return False
+    if self.schedule_steps == int(total_steps):
+      return True
+    inner = self.make_optimizer(int(total_steps))
+    key = (int(total_steps), float(reach))
+    if key not in self.same_steps:  # compared eagerly: once per length and reach
+      self.same_steps[key] = inner is self.inner or step_sizes.same_steps(
+          self.inner, inner, self.params, math.ceil(reach * total_steps))
+    return self.same_steps[key]
 
   def run_optimizer(self):
     """The optimizer that continues this run to its end: its own, or, where its schedule
@@ -248,14 +244,17 @@ very program its timing rounds then run; calls are dispatched back to back."""
 
 def guess_step_seconds(lane: "Lane", length: int = TIMING_SEGMENT) -> float:
   """A rough time per step of ``lane``: one segment of ``length`` steps (compiling it),
-  then as many as last about 0.03 s, dispatched back to back; the lane's run is not
-  advanced."""
+  then the median of three rounds of as many as last about 0.015 s, dispatched back to
+  back; the lane's run is not advanced. One round of 0.03 s read a 4 us step 2.7 times
+  too slow (logistic regression, 200 data, two CPU cores), and naive's race schedule,
+  built for the steps that guess affords, then differed from its run's."""
   before = lane.runner.step_seconds
   lane.runner.run(copy_tree(lane.params), copy_tree(lane.opt_state), 0, length)
   single = max(lane.runner.step_seconds - before, 1e-7)
-  calls = int(np.clip(round(0.03 / single), 1, 100))
-  return max(lane.runner.seconds_per_step(copy_tree(lane.params), copy_tree(lane.opt_state),
-                                          length, calls), 1e-9)
+  calls = int(np.clip(round(0.015 / single), 1, 100))
+  rounds = [lane.runner.seconds_per_step(copy_tree(lane.params), copy_tree(lane.opt_state),
+                                         length, calls) for _ in range(3)]
+  return max(float(np.median(rounds)), 1e-9)
 
 
 def timing_chunk(step_guess: float, round_seconds: float = 0.05) -> int:
