@@ -67,7 +67,7 @@ def never_raced(entries, share) -> list:
 
 
 def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, steps_for,
-          share, progress):
+          share, progress, companion=None):
   """Compiles the contenders' programs (timed, then raced) in priority order, two at a
   time where compilations overlap, while the share lasts; ``(lanes, ruled_out)``.
 
@@ -76,7 +76,9 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
   a pair compiled, its measured compile times price what is left, and a lane whose timing
   and estimates would no longer fit the whole share, the race's quarter included, is let
   go (the last first). Given ``ledger=None`` (step costs
-  passed in) every contender that fits in memory is admitted, compiled by the race."""
+  passed in) every contender that fits in memory is admitted, compiled by the race.
+  ``companion``, a lane already priced (naive's restarted run), is compiled beside the
+  first contenders that compile, and not at all where none does."""
   if ledger is None:
     return build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for)
   lanes, ruled_out = [], []
@@ -98,7 +100,8 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
     progress("compiling " + ", ".join(lane.contender.name for lane in fresh))
     for lane in fresh:
       lane.chunk = race_lib.timing_chunk(guess)
-    race_lib.prepare_all(fresh, [lane.chunk for lane in fresh])
+    extra, companion = ([companion] if companion is not None else []), None
+    race_lib.prepare_all(fresh + extra, [lane.chunk for lane in fresh + extra])
     for lane in fresh:
       ledger.compiled(lane)
     # Their compile is spent: a lane is let go only if its timing rounds and estimates
@@ -185,8 +188,7 @@ class Share:
     self.per_lane = LANE_OVERHEAD_SECONDS
     self.measured: list = []  # the control variates' compile times
     # Naive's run compiles again for its timing rounds and race (its first program's
-    # schedule was an epoch's), priced as overlapped with another's compile: alone it
-    # takes up to that much more, which the race's quarter of the share absorbs.
+    # schedule was an epoch's), beside the first candidates that compile.
     self.owed = self.per_lane + (self.naive_compile / compile_overlap() if naive_restarts
                                  else 0.0)
 

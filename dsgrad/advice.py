@@ -403,19 +403,24 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   if ledger is not None:
     ledger.count_evaluations(estimates.seconds)
   steps_for = admission.schedule_guesses(budget, budget_in, guess, step_costs)
+  restarted = None
+  if ledger is not None and budget_in == "seconds":
+    # Naive's first schedule was an epoch's, there only to time its step; its run gets
+    # one over the steps that guess affords, compiled beside the first candidates, so
+    # that the program its timing rounds run is its race's too (where the two schedules'
+    # step sizes agree over the race: dsgrad.step_sizes), not one compiled more.
+    restarted = naive_lane.restarted(make_optimizer, max(1, int(float(budget) / guess)),
+                                     params, key)
+    restarted.chunk = race_lib.timing_chunk(guess)
   more, more_out = admission.admit(contenders, ledger, guess, make_optimizer, params, key,
-                                   limit, lambda name: steps_for(name, k), share, progress)
+                                   limit, lambda name: steps_for(name, k), share, progress,
+                                   companion=restarted)
   lanes, ruled_out = lanes + more, ruled_out + more_out
   if len(lanes) == 1:
     return _naive_unraced(naive_lane, guess, step_costs, make_optimizer, params, key, budget,
                           budget_in, ruled_out, started, share)
-  if ledger is not None and budget_in == "seconds":
-    # Naive's first schedule was an epoch's, there only to time its step; its run gets
-    # one over the steps that guess affords now, so that the program its timing rounds
-    # compile is its race's too (where the two schedules' step sizes agree over the
-    # race: dsgrad.step_sizes), not one compiled more.
-    naive_lane = lanes[0] = naive_lane.restarted(
-        make_optimizer, max(1, int(float(budget) / guess)), params, key)
+  if restarted is not None:
+    naive_lane = lanes[0] = restarted
   for lane, seconds in zip(lanes, admission.step_seconds(lanes, step_costs, progress, guess)):
     lane.seconds_per_step = seconds
   budget_seconds = float(budget) * (naive_lane.seconds_per_step if budget_in == "naive_steps"
