@@ -336,7 +336,7 @@ def test_a_lane_keeps_its_program_where_its_schedule_sets_the_same_step_sizes_ov
   length it affords where the two schedules' updates agree within 2.5% up to the race's
   reach: a cosine decay over 1.9 times the steps, raced to 4% of the run, does; raced to
   30%, or a warm-up over a tenth of the run raced to 4%, compiles again (and is priced
-  so), as does one whose update cannot be compared. A lane that has run keeps nothing:
+  so), as does one whose updates cannot be compared. A lane that has run keeps nothing:
   its schedule is under way."""
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
@@ -356,6 +356,9 @@ def test_a_lane_keeps_its_program_where_its_schedule_sets_the_same_step_sizes_ov
   # An update that needs more than gradients cannot be compared: compiled again.
   plateau = lambda steps: optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau())
   assert not lane(plateau).keeps_program(10_000, 0.04)
+  # Nor one whose probed updates are all zero (accumulating steps: nothing to compare).
+  accumulating = lambda steps: optax.MultiSteps(cosine(steps), 4)
+  assert not lane(accumulating).keeps_program(10_000, 0.04)
   overlap = dsgrad.admission.compile_overlap()
   lanes = [lane(cosine), lane(warm_up), lane(cosine)]
   assert advice_lib._compile_again(lanes, [10_000] * 3, 0.04) * overlap == 1.0  # the warm-up
