@@ -102,6 +102,8 @@ def admit(contenders, ledger, guess, make_optimizer, params, key, memory_limit, 
       lane.chunk = race_lib.timing_chunk(guess)
     extra, companion = ([companion] if companion is not None else []), None
     race_lib.prepare_all(fresh + extra, [lane.chunk for lane in fresh + extra])
+    if extra:
+      ledger.restart_compiled()
     for lane in fresh:
       ledger.compiled(lane)
     # Their compile is spent: a lane is let go only if its timing rounds and estimates
@@ -189,8 +191,8 @@ class Share:
     self.measured: list = []  # the control variates' compile times
     # Naive's run compiles again for its timing rounds and race (its first program's
     # schedule was an epoch's), beside the first candidates that compile.
-    self.owed = self.per_lane + (self.naive_compile / compile_overlap() if naive_restarts
-                                 else 0.0)
+    self.naive_restart = self.naive_compile / compile_overlap() if naive_restarts else 0.0
+    self.owed = self.per_lane + self.naive_restart
 
   def count_evaluations(self, eval_seconds: float) -> None:
     """Adds to each lane's cost its ELBO estimates (after its first round, and after a
@@ -224,3 +226,8 @@ class Share:
 
   def release(self, lane) -> None:
     self.owed -= self.per_lane
+
+  def restart_compiled(self) -> None:
+    """Naive's second program has compiled: its time is spent, no longer owed."""
+    self.owed -= self.naive_restart
+    self.naive_restart = 0.0

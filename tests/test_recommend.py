@@ -302,6 +302,44 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
     assert ledger.left(whole=True) >= 0
 
 
+def test_naive_second_program_compiled_beside_the_candidates_is_paid_once(monkeypatch):
+  """Naive's second program is owed (priced as overlapped) until it compiles beside the
+  first candidates; then its time is spent and no longer owed. Counted twice, the share
+  looked smaller than it was, and a lane compiled beside it could be let go."""
+  import types
+  from dsgrad import admission
+
+  clock = [0.0]
+
+  class StandInClock:
+    perf_counter = staticmethod(lambda: clock[0])
+
+  def stand_in_compile(lanes, lengths):
+    clock[0] += len(lanes) / 2.0  # 1 s each, two at a time
+    for lane in lanes:
+      lane.runner.compile_seconds = lane.runner.compile_cost_seconds = 1.0
+
+  monkeypatch.setattr(admission, "time", StandInClock)
+  monkeypatch.setattr(admission, "compile_overlap", lambda: 2.0)
+  monkeypatch.setattr(race_lib, "prepare_all", stand_in_compile)
+  monkeypatch.setattr(admission, "LANE_OVERHEAD_SECONDS", 0.0)
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0,
+                                                             compile_cost_seconds=1.0))
+  ledger = admission.Share(4.0, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
+  assert ledger.owed == 0.5  # naive's second program, overlapped
+  restarted = race_lib.Lane(race_lib.Contender("naive", objective, dsgrad.naive(), BATCH),
+                            lambda n: optax.adam(1e-2), 20, params, jax.random.key(0))
+  contenders = dsgrad.candidates.base_contenders(("cv",), objective, None, BATCH, "auto")
+  lanes, _ = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2), params,
+                             jax.random.key(0), np.inf, lambda name: 20, 0.1,
+                             lambda message: None, companion=restarted)
+  assert [lane.contender.name for lane in lanes] == ["cv"]
+  assert restarted.runner.compile_seconds == 1.0  # compiled beside cv
+  assert ledger.owed == 0.0 and ledger.left(whole=True) == 4.0 - 1.0
+
+
 def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time():
   """The advice prices candidates by naive's compile: where JAX's persistent cache served
   naive's program, the price is the compile time JAX stored with it (whole seconds,
