@@ -14,8 +14,9 @@ def environment() -> str:
   """One line naming the machine, the JAX backend and library versions."""
   import flax
   import numpy
-  from dsgrad import race as race_lib
   import optax
+
+  from dsgrad import race as race_lib
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:

@@ -445,11 +445,13 @@ def _race_share(share, step_costs, committed, budget_seconds) -> float:
   return max(share - committed / budget_seconds, 0.25 * share)
 
 
-def _race_origin(race_share, start_at, num_lanes) -> float:
-  """Where the race starts: ``start_at``, or with ``"auto"`` as far as the race itself
-  goes; never so late that the race would run past the budget."""
-  furthest = halving.halving_fractions(num_lanes, race_share)[0][-1]  # the race's length
-  return min(race_share if start_at == "auto" else float(start_at), 1.0 - furthest)
+def _race_span(race_share, start_at, num_lanes) -> tuple[float, float]:
+  """``(origin, end)``, fractions of the budget: where the race starts (``start_at``, or
+  with ``"auto"`` as far as the race itself goes; never so late that the race would run
+  past the budget) and where it ends."""
+  length = halving.halving_fractions(num_lanes, race_share)[0][-1]
+  origin = min(race_share if start_at == "auto" else float(start_at), 1.0 - length)
+  return origin, origin + length
 
 
 def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_costs,
@@ -471,8 +473,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   # The furthest the race can reach, with nothing compiled again: the schedules are
   # compared up to there.
   widest = _race_share(share, step_costs, spent + evaluations, budget_seconds)
-  reach = min(1.0, _race_origin(widest, start_at, len(lanes))
-              + halving.halving_fractions(len(lanes), widest)[0][-1])
+  reach = min(1.0, _race_span(widest, start_at, len(lanes))[1])
   to_compile = _compile_again(lanes, affords, reach)
   lanes = [lane.stretched(steps, params, key, reach) for lane, steps in zip(lanes, affords)]
   spent = time.perf_counter() - started  # the schedules' comparisons included
@@ -483,7 +484,7 @@ def _race(lanes, ruled_out, budget_seconds, params, key, estimates, share, step_
   # hierarchical model of 20,000 data joint SVRG trailed naive at 0.2% of the budget and
   # led every lane from 0.7%; continued from naive at 1%, it led after 0.1% more).
   # Naive's steps before it are the first part of every run, the recommended one's too.
-  origin = _race_origin(race_share, start_at, len(lanes))
+  origin = _race_span(race_share, start_at, len(lanes))[0]
   traces = race_lib.race(lanes, naive_index, estimates.evaluate, race_share, progress,
                          None if origin > 0 else estimates.start,
                          estimate_cost=estimates.seconds / budget_seconds, origin=origin)

@@ -154,9 +154,9 @@ class Lane:
       return False
     if self.schedule_steps == int(total_steps):
       return True
-    inner = self.make_optimizer(int(total_steps))
     key = (int(total_steps), float(reach))
-    if key not in self.same_steps:  # compared eagerly: once per length and reach
+    if key not in self.same_steps:  # compared once per length and reach
+      inner = self.make_optimizer(int(total_steps))
       self.same_steps[key] = inner is self.inner or step_sizes.same_steps(
           self.inner, inner, self.params, math.ceil(reach * total_steps))
     return self.same_steps[key]

@@ -6,11 +6,11 @@ for a guessed run length; once the step is timed, the length it affords is known
 compiling again costs about a second per candidate. Keeping the program is harmless where
 the two schedules set the same step sizes over the part of the run the race covers (a
 cosine decay over ``T`` and over ``2 T`` differ by a quarter of a percent over its first
-4%, by 1.8% over its first 10%), and wrong where they do not (a warm-up over a fraction of the run, or a race that
-reaches far into a decay). A schedule is a function hidden inside an optax
-transformation, so what is compared is what the transformations do: the update each makes
-at a step count, from a fresh state whose step counts are set there, on the same
-gradient.
+4%, by 1.8% over its first 10%), and wrong where they do not (a warm-up over a fraction
+of the run, or a race that reaches far into a decay). A schedule is a function hidden
+inside an optax transformation, so what is compared is what the transformations do: the
+update each makes at a step count, from a fresh state whose step counts are set there, on
+the same gradient.
 
 Example::
 
