@@ -23,7 +23,7 @@ import numpy as np
 
 from dsgrad import data as data_lib
 from dsgrad import families
-from dsgrad.models.base import Model
+from dsgrad.models.base import Model, model_data
 from dsgrad.objective import Objective
 
 
@@ -39,7 +39,8 @@ def _num_data(data) -> int:
   leaves = jax.tree.leaves(data)
   if not leaves:
     raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
-  sizes = {int(np.shape(leaf)[0]) if np.ndim(leaf) else None for leaf in leaves}
+  shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
+  sizes = {int(shape[0]) if shape else None for shape in shapes}
   if None in sizes:
     raise ValueError("every leaf of data needs a leading data axis; a scalar leaf has none "
                      "(close over constants in log_lik instead)")
@@ -50,6 +51,14 @@ def _num_data(data) -> int:
   if n < 1:
     raise ValueError("data have zero rows")
   return n
+
+
+def _leaf_name(path) -> str:
+  """A data leaf's name in ``objective.data`` (the keys ``with_data`` takes): its path in
+  the data pytree, ``"x"`` for ``data["x"]``, ``"a/0"`` for ``data["a"][0]``, ``"data"``
+  for a single array."""
+  parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+  return "/".join(parts) or "data"
 
 
 def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
@@ -64,7 +73,10 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
       ``batch``, where ``batch`` is ``data`` indexed by ``B`` datum indices on axis 0.
       One value per datum, not their sum: the estimators need per-datum terms.
     data: an array or pytree of arrays sharing the leading data axis ``N``. It is put on
-      device once and indexed inside ``jit``.
+      device once and indexed inside ``jit``; compiled programs receive it as an
+      argument, not as constants. A leaf may be a memory-mapped array
+      (:func:`dsgrad.data.open_memmap`): it stays on the host and :func:`dsgrad.fit`
+      reads each block of steps' rows ahead of the device.
     latent: the latent dimension ``d`` (then ``z`` is a flat ``(d,)`` vector) or an
       example value of ``z`` (any pytree of float arrays; the model's flat latent is its
       ``ravel_pytree`` flattening, and ``log_prior``/``log_lik`` receive the pytree).
@@ -95,13 +107,18 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   d, unravel = _latent_unravel(latent)
   n = _num_data(data)
   data_lib.check_finite_data(data, "data")  # before the cast to float32
-  data = jax.tree.map(jnp.asarray, data)
+  # Each leaf behind a handle: compiled programs (fit's segments, full passes, the ELBO)
+  # take the rows as arguments instead of folding the data into the program as constants
+  # (at 10^6 rows and more, gigabytes of constants and minutes of compiling), and a
+  # memory-mapped leaf (dsgrad.data.open_memmap) stays on the host.
+  paths, treedef = jax.tree_util.tree_flatten_with_path(data)
+  handles = model_data(**{_leaf_name(path): leaf for path, leaf in paths})
 
   def prior_flat(z):
     return log_prior(unravel(z))
 
   def lik_flat(z, indices):
-    batch = jax.tree.map(lambda leaf: leaf[indices], data)
+    batch = jax.tree_util.tree_unflatten(treedef, [h[indices] for h in handles.values()])
     return log_lik(unravel(z), batch)
 
   z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
@@ -114,7 +131,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
-  return Model(prior_flat, lik_flat, n, d, name, unravel=unravel)
+  return Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
 
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,
