@@ -6,6 +6,7 @@ BENCHMARKS = {
     "step-cost": "benchmarks.step_cost",
     "paper": "benchmarks.paper",
     "scale": "benchmarks.scale",
+    "scale-suite": "benchmarks.scale_suite",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
     "hmcecs": "benchmarks.hmcecs",

@@ -1,0 +1,510 @@
+"""The scale suite: where dsgrad pays. Four models at 10^6 rows, written as users write them
+(:mod:`benchmarks.scale_models`), each contender given the same wall-clock budget.
+
+For each model and reported seed, every contender trains from the same initial
+parameters with batch ``B`` and Adam on a cosine schedule over the steps its budget
+affords, at the peak step size tuned for the hand-written loop on a seed that is not
+reported (the step size naive is tuned to, for every estimator):
+
+* ``hand``: a hand-written optax loop (``lax.scan``, the batch drawn with
+  ``jax.random.randint``, one noise draw per step), its budget of steps timed on a probe;
+* ``naive``, ``cv``, ``joint_svrg`` (one refresh an epoch, ``N / B`` steps), ``joint_saga``
+  (where its table fits): :func:`dsgrad.fit` with the estimator chained before Adam, the
+  approximation each one defaults to (``linearize``), the fused step where ``fit`` takes it;
+* the equal-cost naive baselines: naive with a ``K``-times batch and naive with ``K``
+  noise samples per step, ``K`` a control variate's measured cost in naive steps;
+* ``follow``: :func:`dsgrad.recommend` given the tuned schedule and the budget, then
+  :meth:`dsgrad.Recommendation.fit`, timed end to end, compiles included.
+
+Each run is cut into pieces; between pieces (outside the timed steps) the full-data ELBO
+is estimated with the same noise for every contender and piece (common random numbers),
+so traces of ELBO against seconds compare pairwise. Reported: the time each contender
+takes to reach the hand loop's final ELBO, the ELBO at equal time minus the hand loop's
+(paired standard error), the step time, its spread over the pieces (does a warm step
+repeat within 10%?), and the compile and full-pass costs.
+
+Resumable: a model and seed already measured with the same code (the last commit that
+touched ``dsgrad/`` or this suite) and settings are read back from the data file, not run
+again.
+
+    python -m benchmarks scale-suite                        # all four models, 60 s, seeds 0 1
+    python -m benchmarks scale-suite --models mlp --budget 300 --contenders hand naive cv follow
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import dsgrad
+from benchmarks import _report
+from benchmarks import scale_models
+from dsgrad import race as race_lib
+
+CONTENDERS = ("hand", "naive", "cv", "joint_svrg", "joint_saga", "naive_batch",
+              "naive_samples", "follow")
+PEAKS = (1e-3, 3e-3, 1e-2)
+PIECES = 12
+"""Pieces of each run, an ELBO estimate after each: the traces' resolution."""
+TRACE_DRAWS = 8
+FINAL_DRAWS = 48
+MAX_TABLE_BYTES = 4 * 2**30
+"""Joint SAGA's table above this is ruled out (the machine has 24 GiB beside the data)."""
+
+
+def code_version() -> str:
+  """The last commit that changed dsgrad or the suite (data-file commits do not count), with
+  a mark where those files have uncommitted changes."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  paths = ["dsgrad", "benchmarks/scale_suite.py", "benchmarks/scale_models.py"]
+  try:
+    commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", *paths], cwd=root,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return commit + ("+changes" if dirty else "")
+
+
+def _cosine(peak: float, steps: int):
+  return optax.adam(optax.cosine_decay_schedule(peak, max(int(steps), 1), 0.01))
+
+
+def _initial_params(dim: int) -> dict:
+  return {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
+
+
+class _Evaluator:
+  """The full-data ELBO's draws with one noise key for every contender and piece."""
+
+  def __init__(self, objective, seed: int):
+    self.objective, self.key = objective, jax.random.key(10_000 + seed)
+
+  def draws(self, params, num: int):
+    if not bool(dsgrad.checks.all_finite(params)):
+      return None
+    try:
+      return race_lib.elbo_draws(self.objective, params, self.key, num)
+    except dsgrad.diagnostics.NonFiniteELBO:
+      return None
+
+  def mean(self, params) -> float:
+    draws = self.draws(params, TRACE_DRAWS)
+    return float("nan") if draws is None else float(np.mean(draws))
+
+
+def _steps_in(budget: float, step_seconds: float) -> int:
+  """The steps ``budget`` seconds afford, a multiple of :data:`PIECES` (equal pieces: one
+  compiled program serves them all, none compiles inside the timed run)."""
+  return max(1, int(budget / step_seconds) // PIECES) * PIECES
+
+
+def _piece_stops(total: int, pieces: int = PIECES) -> list:
+  """The ends of ``pieces`` equal pieces of ``total`` steps."""
+  return [total // pieces * (i + 1) for i in range(pieces)]
+
+
+def _finish(row: dict, evaluator, params, budget: float) -> dict:
+  draws = evaluator.draws(params, FINAL_DRAWS)
+  row["diverged"] = draws is None
+  row["draws"] = None if draws is None else [float(v) for v in draws]
+  seconds = [t for t, _ in row["trace"]]
+  row["seconds"] = seconds[-1]
+  piece_rates = row.pop("piece_rates", [])
+  # The warm pieces' seconds per step: the first may carry one-off work.
+  warm = piece_rates[1:] if len(piece_rates) > 2 else piece_rates
+  row["step_seconds"] = float(np.median(warm)) if warm else float("nan")
+  row["step_spread"] = (float(max(warm) / min(warm) - 1) if warm and min(warm) > 0
+                        else float("nan"))
+  row["budget_seconds"] = budget
+  return row
+
+
+def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) -> tuple:
+  """The hand-written loop: ``(row, final params)``."""
+  loss = scale_models.hand_loss(model)
+  d, n = model.dim, model.num_data
+
+  def segment(adam):
+    def step(data, carry, k):
+      params, state = carry
+      k_batch, k_noise = jax.random.split(k)
+      idx = jax.random.randint(k_batch, (batch_size,), 0, n)
+      rows = jax.tree.map(lambda a: a[idx], data)
+      grads = jax.grad(loss)(params, rows, jax.random.normal(k_noise, (d,)))
+      updates, state = adam.update(grads, state, params)
+      return (optax.apply_updates(params, updates), state), None
+    # The data are an argument: as constants, XLA would fold gigabytes into the program.
+    return jax.jit(lambda data, p, s, ks: jax.lax.scan(
+        lambda c, k: step(data, c, k), (p, s), ks)[0])
+
+  params = _initial_params(d)
+  probe = segment(optax.adam(peak))
+  keys = jax.random.split(jax.random.key(1), probe_steps)
+  state = optax.adam(peak).init(params)
+  jax.block_until_ready(probe(model.data, params, state, keys))
+  started = time.perf_counter()
+  jax.block_until_ready(probe(model.data, params, state, keys))
+  total = _steps_in(budget, (time.perf_counter() - started) / probe_steps)
+  adam = _cosine(peak, total)
+  run = segment(adam)
+  state = adam.init(params)
+  all_keys = jax.random.split(key, total)
+  compile_started = time.perf_counter()
+  stops = _piece_stops(total, PIECES)
+  run = run.lower(model.data, params, state, all_keys[:stops[0]]).compile()
+  compile_seconds = time.perf_counter() - compile_started
+  trace, seconds, at = [(0.0, evaluator.mean(params))], 0.0, 0
+  rates = []
+  for stop in stops:
+    started = time.perf_counter()
+    params, state = jax.block_until_ready(run(model.data, params, state,
+                                                  all_keys[at:stop]))
+    elapsed = time.perf_counter() - started
+    seconds += elapsed
+    rates.append(elapsed / (stop - at))
+    at = stop
+    trace.append((seconds, evaluator.mean(params)))
+  row = {"steps": total, "trace": trace, "compile_seconds": compile_seconds,
+         "piece_rates": rates, "peak": peak}
+  return _finish(row, evaluator, params, budget), params
+
+
+def _estimator(name: str, objective, batch_size: int, every_never: bool = False):
+  n = objective.num_data
+  if name in ("naive", "naive_batch", "naive_samples"):
+    return dsgrad.naive()
+  if name == "cv":
+    return dsgrad.cv(objective)
+  if name == "joint_svrg":
+    return dsgrad.joint_svrg(objective, every=10**9 if every_never else max(1, n // batch_size))
+  if name == "joint_saga":
+    return dsgrad.joint_saga(objective)
+  raise ValueError(name)
+
+
+def _timed_fit(objective, optimizer, params, key, steps, batch_size, opt_state=None,
+               start_step=0):
+  result = dsgrad.fit(objective, optimizer, params, key, num_steps=start_step + steps,
+                      batch_size=batch_size, opt_state=opt_state, start_step=start_step,
+                      elbo_samples=0, progress=False, eval_every=steps)
+  return result, float(result.history.wall_time[-1]) if len(result.history.wall_time) else 0.0
+
+
+def _probe_step_seconds(objective, make, peak, params, batch_size, key, probe_steps) -> float:
+  """Seconds per warm step of ``chain(make(), adam(peak))`` under ``fit``."""
+  optimizer = optax.chain(make(), optax.adam(peak))
+  state = optimizer.init(params)
+  _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)
+  _, seconds = _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)
+  return seconds / probe_steps
+
+
+def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
+            probe_steps=1000) -> dict:
+  """A dsgrad contender under :func:`dsgrad.fit`: ``row``."""
+  objective = model.objective
+  batch = batch_size * (k if name == "naive_batch" else 1)
+  train_objective = (dsgrad.multi_sample(objective, k) if name == "naive_samples"
+                     else objective)
+  params = _initial_params(model.dim)
+  if name == "joint_saga":
+    # The state's size from shapes alone, before anything is allocated.
+    shapes = jax.eval_shape(dsgrad.joint_saga(objective, max_table_bytes=None).init, params)
+    needed = dsgrad.state_bytes(shapes)
+    if needed > MAX_TABLE_BYTES:
+      return {"ruled_out": f"its table needs {_report.format_bytes(needed)} (more than "
+              f"{_report.format_bytes(MAX_TABLE_BYTES)} beside the data on this machine)"}
+  make = lambda: _estimator(name, train_objective, batch, every_never=True)
+  step = _probe_step_seconds(train_objective, make, peak, params, batch, key, probe_steps)
+  total_guess = _steps_in(budget, step)
+  optimizer = optax.chain(_estimator(name, train_objective, batch), _cosine(peak, total_guess))
+  # The initial full pass (SVRG's snapshot, SAGA's table), timed warm: the first call
+  # compiles it. For joint SVRG it is also what each refresh costs.
+  jax.block_until_ready(optimizer.init(params))
+  started = time.perf_counter()
+  state = jax.block_until_ready(optimizer.init(params))
+  init_seconds = time.perf_counter() - started
+  # Joint SVRG refreshes once a period, a full pass like its first: amortized per step.
+  refresh = init_seconds if name == "joint_svrg" else 0.0
+  total = _steps_in(budget - init_seconds, step + refresh / max(1, model.num_data // batch))
+  if total != total_guess:
+    optimizer = optax.chain(_estimator(name, train_objective, batch), _cosine(peak, total))
+    state = jax.block_until_ready(optimizer.init(params))
+  seconds, at = init_seconds, 0
+  trace, rates, compile_seconds = [(0.0, evaluator.mean(params))], [], 0.0
+  if init_seconds > 0.01:
+    trace.append((init_seconds, trace[0][1]))
+  for stop in _piece_stops(total, PIECES):
+    result, elapsed = _timed_fit(train_objective, optimizer, params, key, stop - at, batch,
+                                 state, at)
+    params, state = result.params, result.opt_state
+    compile_seconds += result.compile_seconds
+    seconds += elapsed
+    rates.append(elapsed / (stop - at))
+    at = stop
+    trace.append((seconds, evaluator.mean(params)))
+    if not math.isfinite(trace[-1][1]):
+      break
+    if seconds > 1.5 * budget:  # the probe underestimated the step: stop at the budget
+      break
+  row = {"steps": at, "scheduled_steps": total, "trace": trace, "batch_size": batch,
+         "compile_seconds": compile_seconds, "init_seconds": init_seconds,
+         "probe_step_seconds": step, "refresh_seconds": refresh, "piece_rates": rates}
+  return _finish(row, evaluator, params, budget)
+
+
+def run_follow(model, peak, budget, batch_size, key, evaluator) -> dict:
+  """``recommend`` then ``Recommendation.fit()``, timed end to end."""
+  params = _initial_params(model.dim)
+  started = time.perf_counter()
+  advice = dsgrad.recommend(model.objective, lambda steps: _cosine(peak, steps), params, key,
+                            batch_size=batch_size, budget=budget, progress=False)
+  advised = time.perf_counter() - started
+  result = advice.fit(progress=False)
+  total = time.perf_counter() - started
+  history = result.history
+  trace = [(0.0, evaluator.mean(params))]
+  trace += [(advised + float(t), float(e)) for t, e in zip(history.wall_time, history.elbo)
+            if np.isfinite(e)]
+  row = {"pick": advice.best, "advice_seconds": advised, "end_to_end_seconds": total,
+         "reasons": list(advice.reasons), "trace": trace,
+         "steps": int(history.step[-1]) if len(history.step) else 0,
+         "compile_seconds": float(result.compile_seconds), "piece_rates": []}
+  row = _finish(row, evaluator, result.params, budget)
+  row["seconds"] = total
+  return row
+
+
+def tune_peak(model, budget, batch_size, tune_seed, peaks) -> tuple:
+  """The hand loop's peak with the best final ELBO on ``tune_seed`` (not reported)."""
+  evaluator = _Evaluator(model.objective, tune_seed)
+  tuning = {}
+  for peak in _report.progress(peaks, f"{model.name}: tuning the hand loop"):
+    row, _ = run_hand(model, peak, budget, batch_size, jax.random.key(tune_seed), evaluator)
+    tuning[str(peak)] = (float(np.mean(row["draws"])) if row["draws"] is not None
+                         else float("-inf"))
+  return float(max(tuning, key=tuning.get)), tuning
+
+
+def run_seed(model, peak, budget, batch_size, seed, contenders) -> dict:
+  evaluator = _Evaluator(model.objective, seed)
+  key = jax.random.key(seed)
+  rows = {}
+  bar = _report.progress(contenders, f"{model.name}, seed {seed}")
+  for name in bar:
+    bar.set_postfix_str(name)
+    if name == "hand":
+      rows[name], _ = run_hand(model, peak, budget, batch_size, key, evaluator)
+    elif name == "follow":
+      rows[name] = run_follow(model, peak, budget, batch_size, key, evaluator)
+    else:
+      k = _equal_cost_k(rows)
+      try:
+        rows[name] = run_fit(name, model, peak, budget, batch_size, key, evaluator, k)
+      except (ValueError, MemoryError) as error:  # refused by dsgrad: the reason is the row
+        rows[name] = {"ruled_out": str(error).split("\n")[0][:300]}
+    row = rows[name]
+    print(f"  {model.name} seed {seed} {name}: " + (
+        f"ruled out: {row['ruled_out']}" if "ruled_out" in row else
+        f"{row['steps']:,} steps, {row['seconds']:.1f} s, final ELBO "
+        f"{np.mean(row['draws']) if row['draws'] else float('nan'):.1f}"), flush=True)
+  return {"contenders": rows, "equal_cost_k": _equal_cost_k(rows)}
+
+
+def _equal_cost_k(rows) -> int:
+  """A control variate's step in naive steps (cv's, else joint SVRG's), at least 2."""
+  naive = rows.get("naive", {}).get("step_seconds")
+  other = next((rows[n]["step_seconds"] for n in ("cv", "joint_svrg")
+                if n in rows and "step_seconds" in rows[n]), None)
+  if not naive or not other or not np.isfinite(naive) or not np.isfinite(other):
+    return 2
+  return max(2, int(round(other / naive)))
+
+
+# ---------------------------------------------------------------------------------------
+# Reading the results.
+
+def time_to_reach(trace, target) -> float:
+  """Seconds at which an ELBO trace (``(seconds, ELBO)``) first reaches ``target``."""
+  return race_lib.time_to_reach([tuple(p) for p in trace], target)
+
+
+def _paired(row, hand) -> tuple:
+  if row.get("draws") is None or hand.get("draws") is None:
+    return float("nan"), float("nan")
+  return race_lib.paired_difference(np.asarray(row["draws"]), np.asarray(hand["draws"]))
+
+
+LABELS = {"hand": "hand-written optax loop", "naive": "dsgrad naive", "cv": "cv (linearize)",
+          "joint_svrg": "joint SVRG (linearize, every N/B)", "joint_saga": "joint SAGA (linearize)",
+          "naive_batch": "naive, K x batch", "naive_samples": "naive, K samples",
+          "follow": "follow the advice (recommend + fit)"}
+
+
+def render(record) -> str:
+  results, config = record["results"]["results"], record["results"]["config"]
+  lines = [f"Command: `{record['command']}`; budget {config['budget']:g} s of steps per "
+           f"contender, batch {config['batch_size']}, Adam with a cosine schedule to 1% of a "
+           f"peak tuned for the hand loop on seed {config['tune_seed']} among "
+           f"{config['peaks']} (every contender uses it), seeds {config['seeds']}. ELBO: "
+           f"{FINAL_DRAWS} draws at the end, {TRACE_DRAWS} along the run, the same noise for "
+           "every contender (paired). Time to target: the seconds of steps (plus the "
+           "estimator's initial full pass; for 'follow', recommend's time too) at which a run "
+           "reached the hand loop's final ELBO, from its trace (linear between "
+           f"{PIECES} pieces); '-' where it did not.", "",
+           f"Measured: {record['environment']}; code {record['results'].get('code', '?')}", ""]
+  for name, r in results.items():
+    lines += [f"#### {name}: {r['summary']}", "",
+              f"{r['dim']:,} latents; tuned peak {r['peak']:g} (final ELBO by peak on the "
+              f"tuning seed: " + ", ".join(f"{p}: {v:.1f}" for p, v in r["tuning"].items())
+              + ").", "",
+              "| contender | steps | ms / step | spread over pieces | compile s | full passes s "
+              "| ELBO - hand at equal time (paired se), by seed | time to hand's final ELBO, s, "
+              "by seed |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    seeds = r["seeds"]
+    names = [n for n in LABELS if any(n in s["contenders"] for s in seeds.values())]
+    for c in names:
+      rows = [s["contenders"].get(c) for s in seeds.values()]
+      if all(row is None or "ruled_out" in row for row in rows):
+        reason = next(row["ruled_out"] for row in rows if row)
+        lines.append(f"| {LABELS[c]} | ruled out: {reason} | | | | | | |")
+        continue
+      ok = [row for row in rows if row and "ruled_out" not in row]
+      k = next(iter(seeds.values()))["equal_cost_k"]
+      label = LABELS[c].replace("K", str(k)) if c.startswith("naive_") else LABELS[c]
+      if c == "follow":
+        label += " (picks: " + ", ".join(row["pick"] for row in ok) + ")"
+      diffs, times = [], []
+      for s in seeds.values():
+        row, hand = s["contenders"].get(c), s["contenders"]["hand"]
+        if not row or "ruled_out" in row:
+          continue
+        if row.get("diverged"):
+          diffs.append("diverged")
+        elif c == "hand":
+          diffs.append(f"{np.mean(row['draws']):.1f}")
+        else:
+          gain, se = _paired(row, hand)
+          diffs.append(f"{gain:+.1f} ({se:.1f})")
+        target = np.mean(hand["draws"]) if hand.get("draws") else float("nan")
+        reached = time_to_reach(row["trace"], target)
+        times.append(f"{reached:.1f}" if np.isfinite(reached) else "-")
+      steps = "/".join(f"{row['steps']:,}" for row in ok)
+      ms = np.median([row["step_seconds"] * 1e3 for row in ok])
+      spread = max(row["step_spread"] for row in ok)
+      compile_s = np.median([row["compile_seconds"] for row in ok])
+      passes = np.median([row.get("init_seconds", 0.0) + row.get("refresh_seconds", 0.0)
+                          * row["steps"] / max(1, r["num_data"] // row.get("batch_size", 1))
+                          for row in ok])
+      spread_cell = f"{100 * spread:.0f}%" if np.isfinite(spread) else "n/a"
+      ms_cell = f"{ms:.3f}" if np.isfinite(ms) else "n/a"
+      lines.append(f"| {label} | {steps} | {ms_cell} | {spread_cell} | {compile_s:.1f} | "
+                   f"{passes:.2f} | {'; '.join(diffs)} | {'; '.join(times)} |")
+    follow = [s["contenders"]["follow"] for s in seeds.values() if "follow" in s["contenders"]]
+    if follow:
+      lines += ["", "Follow the advice: " + "; ".join(
+          f"recommend {f['advice_seconds']:.1f} s, then fit: {f['end_to_end_seconds']:.1f} s "
+          f"end to end ({f['end_to_end_seconds'] / f['budget_seconds']:.2f} budgets), pick "
+          f"{f['pick']}" for f in follow) + "."]
+    lines += ["", f"![ELBO against seconds, {name}](figures/scale_suite_{name}.png)", ""]
+  return "\n".join(lines)
+
+
+def plot(name, r, path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  seed, s = next(iter(r["seeds"].items()))
+  hand = s["contenders"]["hand"]
+  target = float(np.mean(hand["draws"]))
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for c, row in s["contenders"].items():
+    if "ruled_out" in row or not row.get("trace"):
+      continue
+    t, e = np.asarray(row["trace"]).T
+    ax.plot(t, np.asarray(e) - target, marker=".", label=LABELS[c],
+            lw=2.5 if c == "hand" else 1.5)
+  ax.set_yscale("symlog", linthresh=10)
+  ax.axhline(0, color="k", lw=0.5)
+  ax.set_xlabel("seconds (steps; follow: recommend + fit)")
+  ax.set_ylabel("ELBO - hand loop's final ELBO (nats)")
+  ax.set_title(f"{name} (seed {seed}): {r['summary']}", fontsize=8)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _previous(section: str, config: dict, code: str) -> dict:
+  """Models already measured with this code and settings: ``{model: result}``."""
+  path = os.path.join(_report.out_dir(), "data", f"{section}.json")
+  if not os.path.exists(path):
+    return {}
+  runs = json.load(open(path))
+  if not runs:
+    return {}
+  last = runs[-1]["results"]
+  same = {k: v for k, v in last["config"].items() if k != "models"} == {
+      k: v for k, v in config.items() if k != "models"}
+  return dict(last["results"]) if same and last.get("code") == code else {}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks scale-suite",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--models", nargs="*", choices=list(scale_models.BUILDERS),
+                      default=list(scale_models.BUILDERS))
+  parser.add_argument("--contenders", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
+  parser.add_argument("--num-data", type=int, default=1_000_000)
+  parser.add_argument("--budget", type=float, default=60.0, help="seconds per contender")
+  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+  parser.add_argument("--tune-seed", type=int, default=100)
+  parser.add_argument("--peaks", type=float, nargs="*", default=list(PEAKS))
+  parser.add_argument("--section", default=None, help="default: scale-suite-<backend>")
+  parser.add_argument("--no-write", action="store_true")
+  args = parser.parse_args(argv)
+  if args.tune_seed in args.seeds:
+    parser.error("the tuning seed must not be a reported seed")
+  config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
+            "tune_seed": args.tune_seed, "peaks": args.peaks, "num_data": args.num_data,
+            "contenders": args.contenders, "models": args.models}
+  section = args.section or f"scale-suite-{jax.default_backend()}"
+  code = code_version()
+  results = {} if args.no_write else _previous(section, config, code)
+  for name in args.models:
+    if name in results and set(map(str, args.seeds)) <= set(results[name]["seeds"]):
+      print(f"{name}: measured with code {code} and these settings: skipped", flush=True)
+      continue
+    model = scale_models.BUILDERS[name](num_data=args.num_data)
+    peak, tuning = tune_peak(model, args.budget, args.batch_size, args.tune_seed, args.peaks)
+    print(f"{name}: tuned peak {peak} ({tuning})", flush=True)
+    results[name] = {"summary": model.summary, "dim": model.dim, "num_data": model.num_data,
+                     "peak": peak, "tuning": tuning, "seeds": {}}
+    for seed in args.seeds:
+      results[name]["seeds"][str(seed)] = run_seed(model, peak, args.budget, args.batch_size,
+                                                   seed, args.contenders)
+      if not args.no_write:  # after each seed: a long run stopped part-way keeps it
+        plot(name, results[name], _report.docs_path(f"figures/scale_suite_{name}.png"))
+        _report.publish(section, None, True, render=render,
+                        data={"results": results, "config": config, "code": code})
+    del model
+  if args.no_write:
+    print(render(_report.new_record({"results": results, "config": config, "code": code},
+                                    render)))
+
+
+if __name__ == "__main__":
+  main()
