@@ -398,7 +398,8 @@ def render(record) -> str:
         else:
           gain, se = _paired(row, hand)
           diffs.append(f"{gain:+.1f} ({se:.1f})")
-        target = np.mean(hand["draws"]) if hand.get("draws") else float("nan")
+        # The hand loop's last trace point: every trace is estimated with the same noise.
+        target = hand["trace"][-1][1]
         reached = time_to_reach(row["trace"], target)
         times.append(f"{reached:.1f}" if np.isfinite(reached) else "-")
       steps = "/".join(f"{row['steps']:,}" for row in ok)
@@ -428,7 +429,7 @@ def plot(name, r, path) -> None:
   import matplotlib.pyplot as plt
   seed, s = next(iter(r["seeds"].items()))
   hand = s["contenders"]["hand"]
-  target = float(np.mean(hand["draws"]))
+  target = float(hand["trace"][-1][1])
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for c, row in s["contenders"].items():
     if "ruled_out" in row or not row.get("trace"):
