@@ -419,8 +419,20 @@ def render(record) -> str:
           f"recommend {f['advice_seconds']:.1f} s, then fit: {f['end_to_end_seconds']:.1f} s "
           f"end to end ({f['end_to_end_seconds'] / f['budget_seconds']:.2f} budgets), pick "
           f"{f['pick']}" for f in follow) + "."]
-    lines += ["", f"![ELBO against seconds, {name}](figures/scale_suite_{name}.png)", ""]
+    lines += ["", f"![ELBO against seconds, {name}]({figure_path(_backend(record), name)})", ""]
   return "\n".join(lines)
+
+
+def _backend(record) -> str:
+  """The backend a record was measured on (records before it was kept: from the
+  environment line)."""
+  config = record["results"]["config"]
+  return config.get("backend") or ("gpu" if "backend gpu" in record["environment"] else "cpu")
+
+
+def figure_path(backend: str, name: str) -> str:
+  """A model's figure, relative to the docs folder: one per backend."""
+  return f"figures/scale_suite_{backend}_{name}.png"
 
 
 def plot(name, r, path) -> None:
@@ -481,7 +493,8 @@ def main(argv=None):
     parser.error("the tuning seed must not be a reported seed")
   config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
             "tune_seed": args.tune_seed, "peaks": args.peaks, "num_data": args.num_data,
-            "contenders": args.contenders, "models": args.models}
+            "contenders": args.contenders, "models": args.models,
+            "backend": jax.default_backend()}
   section = args.section or f"scale-suite-{jax.default_backend()}"
   code = code_version()
   results = {} if args.no_write else _previous(section, config, code)
@@ -498,7 +511,8 @@ def main(argv=None):
       results[name]["seeds"][str(seed)] = run_seed(model, peak, args.budget, args.batch_size,
                                                    seed, args.contenders)
       if not args.no_write:  # after each seed: a long run stopped part-way keeps it
-        plot(name, results[name], _report.docs_path(f"figures/scale_suite_{name}.png"))
+        plot(name, results[name],
+             _report.docs_path(figure_path(jax.default_backend(), name)))
         _report.publish(section, None, True, render=render,
                         data={"results": results, "config": config, "code": code})
     del model
