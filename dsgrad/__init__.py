@@ -37,7 +37,7 @@ from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
 from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
                            save_fit_checkpoint)
 from dsgrad.segments import train_step
-from dsgrad.train import FitInterrupted, FitResult, fit
+from dsgrad.train import FitInterrupted, FitResult, FitTiming, fit
 
 __version__ = "0.1.0"
 
@@ -49,7 +49,7 @@ __all__ = [
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
     "models", "batching", "checks", "compile_cache", "segments", "checkpoint", "data", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
-    "fit", "train_step", "FitResult", "FitInterrupted", "History", "save_fit_checkpoint",
+    "fit", "train_step", "FitResult", "FitTiming", "FitInterrupted", "History", "save_fit_checkpoint",
     "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition", "recommend", "Recommendation",

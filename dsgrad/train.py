@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -46,6 +47,26 @@ from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
 from dsgrad.evaluation_plan import DEFAULT_EVALUATIONS, default_eval_every  # noqa: F401
 
 
+class FitTiming(NamedTuple):
+  """Where a :func:`fit` call's wall-clock went, in seconds; the parts add up to ``total``.
+
+  Attributes:
+    total: the call, from entry to return.
+    steps: running the training steps (their batches' epoch orders and host reads
+      included), as ``history.wall_time`` counts them.
+    compile: compiling the training segments.
+    evaluations: the ELBO evaluations (and the last one's k-hat).
+    setup: the rest: argument and value checks, the estimator's initial state (a SAGA
+      table's or an SVRG snapshot's full pass), copies, checkpoints.
+  """
+
+  total: float
+  steps: float
+  compile: float
+  evaluations: float
+  setup: float
+
+
 class FitResult(NamedTuple):
   """Returned by :func:`fit`.
 
@@ -61,6 +82,8 @@ class FitResult(NamedTuple):
       (``Objective.log_q_offset``) or draws one noise per datum.
     diagnosis: one sentence on ``pareto_k`` (:func:`dsgrad.psis.diagnose`), or why it
       was not computed.
+    timing: a :class:`FitTiming`: the call's seconds split into steps, compiling,
+      evaluations and setup (``None`` in an interrupted run's result).
   """
 
   params: Any
@@ -69,6 +92,7 @@ class FitResult(NamedTuple):
   compile_seconds: float
   pareto_k: float | None = None
   diagnosis: str = ""
+  timing: FitTiming | None = None
 
 
 class FitInterrupted(KeyboardInterrupt):
@@ -260,6 +284,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     >>> bool(result.history.elbo[-1] > result.history.elbo[0])
     True
   """
+  entered = time.perf_counter()
   _check_fit_arguments(objective, batch_size, checkpoint_path)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
@@ -289,7 +314,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                     **placement)
     record = _Recorder(history, start_step)
     trust_check, diagnosis = _can_check_trust(objective, elbo_samples)
-    k_hat = None
+    k_hat, evaluations = None, _Clock()
     bar = _progress(progress, num_steps - start_step)
     step, segment = start_step, 0
 
@@ -297,9 +322,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       nonlocal k_hat, diagnosis
       if not evaluation.evaluates(step, num_steps):
         return bar(length, step, None, None)
-      value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
-                                   evaluation.draws_at(step, num_steps),
-                                   trust_check and step == num_steps, step)
+      with evaluations:
+        value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
+                                     evaluation.draws_at(step, num_steps),
+                                     trust_check and step == num_steps, step)
       if trust is not None:
         k_hat, diagnosis = trust
       record.append(step, runner.step_seconds, value, se)
@@ -329,8 +355,29 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     bar(0, step, None, None, close=True)
     if progress and k_hat is not None:
       print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
-    return FitResult(params, opt_state, record.history(), runner.compile_seconds,
-                     k_hat, diagnosis)
+    return FitResult(params, opt_state, record.history(), runner.compile_seconds, k_hat,
+                     diagnosis, _timing(entered, runner, evaluations.seconds))
+
+
+class _Clock:
+  """The seconds spent inside its ``with`` blocks."""
+
+  def __init__(self):
+    self.seconds = 0.0
+
+  def __enter__(self):
+    self._started = time.perf_counter()
+
+  def __exit__(self, *exc_info):
+    self.seconds += time.perf_counter() - self._started
+
+
+def _timing(entered: float, runner, evaluation_seconds: float) -> FitTiming:
+  """fit's :class:`FitTiming` at its return: what is not steps, compiling or evaluations
+  is setup."""
+  total = time.perf_counter() - entered
+  return FitTiming(total, runner.step_seconds, runner.compile_seconds, evaluation_seconds,
+                   total - runner.step_seconds - runner.compile_seconds - evaluation_seconds)
 
 
 def _can_check_trust(objective: Objective, elbo_samples: int) -> tuple[bool, str]:

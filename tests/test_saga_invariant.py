@@ -45,3 +45,28 @@ def test_full_pass_mean_handles_remainders():
   for chunk in [1, 3, 4, 10, 64]:
     got = full_pass_mean(lambda idx: jnp.mean(values[idx]), 10, chunk)
     assert jnp.allclose(got, 4.5), chunk
+
+
+def test_joint_svrg_refreshes_once_an_epoch_by_default(logreg_model):
+  """Without ``every``, the snapshot moves at update ``N // B`` (the paper's one refresh an
+  epoch) and not before; a given ``every`` still sets the period."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  batch = 7
+  period = objective.num_data // batch
+  params = dsgrad.meanfield_init(logreg_model, 0.0, -1.0)
+
+  def snapshots(estimator, steps):
+    opt = optax.chain(estimator, optax.sgd(1e-3))
+    state, p, moved = opt.init(params), params, []
+    for t in range(steps):
+      indices = jax.random.randint(jax.random.key(t), (batch,), 0, objective.num_data)
+      noise = objective.sample_noise(jax.random.key(1000 + t), batch)
+      grads = objective.grad(p, indices, noise)
+      before = state[0].snapshot
+      updates, state = opt.update(grads, state, p, indices=indices, noise=noise)
+      p = optax.apply_updates(p, updates)
+      moved.append(bool(jnp.any(state[0].snapshot["loc"] != before["loc"])))
+    return [t for t, m in enumerate(moved) if m]
+
+  assert snapshots(dsgrad.joint_svrg(objective), period + 2) == [period]
+  assert snapshots(dsgrad.joint_svrg(objective, every=5), 11) == [5, 10]

@@ -411,3 +411,24 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
                checkpoint_path=path, resume=True, **kw)
   shutil.move(previous, path)
   _assert_resume_equals_whole_run(path, saved_step + 20)
+
+
+def test_the_time_split_adds_up_to_the_call(logreg_model, params0):
+  """fit's timing: steps as the history counts them, compiling, evaluations and setup,
+  each non-negative (no part counted twice), adding up to the call's wall-clock as timed
+  outside it; evaluations cost next to nothing where none are made."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  optimizer = optax.chain(dsgrad.joint_svrg(objective), optax.adam(1e-2))
+  for samples in (30, 0):
+    started = time.perf_counter()
+    result = dsgrad.fit(objective, optimizer, params0, jax.random.key(0), num_steps=60,
+                        batch_size=BATCH, elbo_samples=samples, progress=False)
+    outside = time.perf_counter() - started
+    t = result.timing
+    assert all(part >= 0 for part in t)
+    np.testing.assert_allclose(t.steps + t.compile + t.evaluations + t.setup, t.total,
+                               rtol=1e-9)
+    assert t.total <= outside and t.total > 0.9 * outside - 0.01
+    assert t.steps == pytest.approx(float(result.history.wall_time[-1]), rel=1e-6)
+    assert t.compile == result.compile_seconds
+    assert t.evaluations > 0 if samples else t.evaluations < 0.05

@@ -35,10 +35,11 @@ class JointSvrgState(NamedTuple):
 
 
 @checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
-                  every=checks.count(1), chunk_size=checks.count(1),
+                  every=checks.optional(checks.count(1)), chunk_size=checks.count(1),
                   control_weight_horizon=checks.positive())
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-               every: int, chunk_size: int = 1024, control_weight: float | str = "adaptive",
+               every: int | None = None, chunk_size: int = 1024,
+               control_weight: float | str = "adaptive",
                control_weight_horizon: float = 100, value_checks: bool | None = None
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
@@ -59,7 +60,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   Args:
     objective: the objective whose gradient is passed as ``updates``.
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
-    every: refresh period ``K`` in updates (positive).
+    every: refresh period ``K`` in updates (positive); default (``None``): once an
+      epoch, ``K = N // B`` for the batch size ``B`` of the updates (the paper's choice).
     chunk_size: data per chunk in the full pass.
     control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``"adaptive"`` (the
       default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
@@ -81,7 +83,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 3)
     >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
     >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.full(3, -1.0)}
-    >>> opt = optax.chain(dsgrad.joint_svrg(objective, every=20), optax.adam(1e-2))
+    >>> opt = optax.chain(dsgrad.joint_svrg(objective), optax.adam(1e-2))  # refresh an epoch
     >>> state = opt.init(params)
     >>> indices = jnp.arange(10)
     >>> noise = objective.sample_noise(jax.random.key(1), 10)
@@ -96,8 +98,6 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     Johnson, Zhang (2013). Accelerating SGD using predictive variance reduction. NeurIPS.
   """
   value_checks = checks.resolve_value_checks(value_checks)
-  if not isinstance(every, int) or every < 1:
-    raise ValueError(f"every must be a positive int (updates between refreshes), got {every!r}")
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "joint_svrg")
   n = objective.num_data
@@ -124,7 +124,9 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                          value_checks=value_checks,
                          params_like={"snapshot": state.snapshot},
                          first_update=state.count == 0)
-    refresh = (state.count > 0) & (state.count % every == 0)
+    # The batch size is static under jit, so the default period is a constant too.
+    period = every if every is not None else max(1, n // indices.shape[0])
+    refresh = (state.count > 0) & (state.count % period == 0)
     params_like = optax.tree.cast_like(params, state.snapshot)
     snapshot, snapshot_mean = jax.lax.cond(
         refresh,
