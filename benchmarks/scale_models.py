@@ -160,8 +160,8 @@ def wide_glm(num_data: int = 1_000_000, dim: int = 1_000, seed: int = 0,
     x[start:start + chunk] = rng.standard_normal((min(chunk, num_data - start), dim),
                                                  dtype=np.float32)
   beta = np.zeros(dim)
-  active = rng.choice(dim, 50, replace=False)
-  beta[active] = rng.standard_normal(50) / np.sqrt(50) * 3
+  active = rng.choice(dim, min(50, dim), replace=False)
+  beta[active] = rng.standard_normal(active.size) / np.sqrt(active.size) * 3
   logits = np.concatenate([x[s:s + chunk] @ beta for s in range(0, num_data, chunk)]) - 0.5
   y = (rng.random(num_data) < 1 / (1 + np.exp(-logits))).astype(np.float32)
   data = {"x": x, "y": y}

@@ -256,7 +256,9 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
     trace.append((seconds, evaluator.mean(params)))
     if not math.isfinite(trace[-1][1]):
       break
-    if seconds > 1.5 * budget:  # the probe underestimated the step: stop at the budget
+    if seconds + rates[-1] * (stop - at + 1) > 1.05 * budget and stop < total:
+      # The probe underestimated the step (or the machine slowed): the budget ends the
+      # run, its schedule unfinished, rather than granting it more time than the others.
       break
   row = {"steps": at, "scheduled_steps": total, "trace": trace, "batch_size": batch,
          "compile_seconds": compile_seconds, "init_seconds": init_seconds,
@@ -362,24 +364,26 @@ def render(record) -> str:
            "every contender (paired). Time to target: the seconds of steps (plus the "
            "estimator's initial full pass; for 'follow', recommend's time too) at which a run "
            "reached the hand loop's final ELBO, from its trace (linear between "
-           f"{PIECES} pieces); '-' where it did not.", "",
+           f"{PIECES} pieces); '-' where it did not. A run marked '(over)' took more than 1.05 "
+           "budgets of steps (a step slower than its probe said, or the machine slowed): its "
+           "final ELBO is not at equal time; its time to target still is.", "",
            f"Measured: {record['environment']}; code {record['results'].get('code', '?')}", ""]
   for name, r in results.items():
     lines += [f"#### {name}: {r['summary']}", "",
               f"{r['dim']:,} latents; tuned peak {r['peak']:g} (final ELBO by peak on the "
               f"tuning seed: " + ", ".join(f"{p}: {v:.1f}" for p, v in r["tuning"].items())
               + ").", "",
-              "| contender | steps | ms / step | spread over pieces | compile s | full passes s "
-              "| ELBO - hand at equal time (paired se), by seed | time to hand's final ELBO, s, "
-              "by seed |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+              "| contender | steps | seconds run, by seed | ms / step | spread over pieces | "
+              "compile s | full passes s | ELBO - hand at the run's end (paired se), by seed | "
+              "time to hand's final ELBO, s, by seed |",
+              "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     seeds = r["seeds"]
     names = [n for n in LABELS if any(n in s["contenders"] for s in seeds.values())]
     for c in names:
       rows = [s["contenders"].get(c) for s in seeds.values()]
       if all(row is None or "ruled_out" in row for row in rows):
         reason = next(row["ruled_out"] for row in rows if row)
-        lines.append(f"| {LABELS[c]} | ruled out: {reason} | | | | | | |")
+        lines.append(f"| {LABELS[c]} | ruled out: {reason} | | | | | | | |")
         continue
       ok = [row for row in rows if row and "ruled_out" not in row]
       k = next(iter(seeds.values()))["equal_cost_k"]
@@ -403,6 +407,10 @@ def render(record) -> str:
         reached = time_to_reach(row["trace"], target)
         times.append(f"{reached:.1f}" if np.isfinite(reached) else "-")
       steps = "/".join(f"{row['steps']:,}" for row in ok)
+      # A run past 1.05 budgets is marked: its end is not at equal time (its trace is).
+      ran = "; ".join(f"{row['seconds']:.1f}" + (" (over)" if row["seconds"] > 1.05 *
+                                                   row["budget_seconds"] else "")
+                      for row in ok)
       ms = np.median([row["step_seconds"] * 1e3 for row in ok])
       spread = max(row["step_spread"] for row in ok)
       compile_s = np.median([row["compile_seconds"] for row in ok])
@@ -411,7 +419,7 @@ def render(record) -> str:
                           for row in ok])
       spread_cell = f"{100 * spread:.0f}%" if np.isfinite(spread) else "n/a"
       ms_cell = f"{ms:.3f}" if np.isfinite(ms) else "n/a"
-      lines.append(f"| {label} | {steps} | {ms_cell} | {spread_cell} | {compile_s:.1f} | "
+      lines.append(f"| {label} | {steps} | {ran} | {ms_cell} | {spread_cell} | {compile_s:.1f} | "
                    f"{passes:.2f} | {'; '.join(diffs)} | {'; '.join(times)} |")
     follow = [s["contenders"]["follow"] for s in seeds.values() if "follow" in s["contenders"]]
     if follow:

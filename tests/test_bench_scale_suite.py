@@ -1,0 +1,44 @@
+"""The scale suite's models and its reading of traces, at small sizes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import scale_models, scale_suite
+
+SMALL = {"hierarchical": dict(num_data=60, groups=7), "two_index": dict(num_data=60, users=9,
+                                                                         items=5),
+         "mlp": dict(num_data=60, hidden=4), "wide_glm": dict(num_data=60, dim=12, chunk=25)}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_models_agree_with_the_hand_written_loss(name):
+  """dsgrad's objective on a few rows equals the loss a user writes by hand (mean-field
+  BBVI, the entropy's constant aside): the estimators and the hand loop optimize one thing,
+  and the ELBO the suite reports is that loss's."""
+  model = scale_models.BUILDERS[name](**SMALL[name])
+  d = model.dim
+  params = {"loc": 0.3 * jax.random.normal(jax.random.key(0), (d,)),
+            "log_scale": jnp.full(d, -1.5)}
+  indices = jnp.array([0, 3, 17, 59])
+  eps = jax.random.normal(jax.random.key(1), (d,))
+  rows = jax.tree.map(lambda a: a[indices], model.data)
+  hand = scale_models.hand_loss(model)(params, rows, eps)
+  ours = model.objective.value(params, indices, eps)
+  # The objective's entropy keeps its constant d/2 (1 + log 2 pi); the hand loss drops it.
+  constant = 0.5 * d * (1 + np.log(2 * np.pi))
+  np.testing.assert_allclose(float(ours), float(hand) - constant, rtol=2e-5)
+  assert model.num_data == SMALL[name]["num_data"]
+
+
+def test_time_to_reach_reads_the_trace():
+  trace = [(0.0, -100.0), (1.0, -50.0), (3.0, -10.0)]
+  assert scale_suite.time_to_reach(trace, -50.0) == 1.0
+  assert scale_suite.time_to_reach(trace, -30.0) == pytest.approx(2.0)
+  assert scale_suite.time_to_reach(trace, -5.0) == float("inf")
+
+
+def test_pieces_are_equal_and_end_at_the_run():
+  assert scale_suite._piece_stops(120, 12) == list(range(10, 121, 10))
+  assert scale_suite._steps_in(10.0, 0.001) % scale_suite.PIECES == 0
