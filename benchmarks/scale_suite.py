@@ -118,8 +118,7 @@ def _finish(row: dict, evaluator, params, budget: float) -> dict:
   draws = evaluator.draws(params, FINAL_DRAWS)
   row["diverged"] = draws is None
   row["draws"] = None if draws is None else [float(v) for v in draws]
-  seconds = [t for t, _ in row["trace"]]
-  row["seconds"] = seconds[-1]
+  row["seconds"] = row["trace"][-1][0]
   piece_rates = row.pop("piece_rates", [])
   # The warm pieces' seconds per step: the first may carry one-off work.
   warm = piece_rates[1:] if len(piece_rates) > 2 else piece_rates
@@ -180,14 +179,15 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
   return _finish(row, evaluator, params, budget), params
 
 
-def _estimator(name: str, objective, batch_size: int, every_never: bool = False):
-  n = objective.num_data
+def _estimator(name: str, objective, every_never: bool = False):
+  """The named estimator; joint SVRG refreshes once an epoch (its default), or, for a
+  probe of its step alone, never."""
   if name in ("naive", "naive_batch", "naive_samples"):
     return dsgrad.naive()
   if name == "cv":
     return dsgrad.cv(objective)
   if name == "joint_svrg":
-    return dsgrad.joint_svrg(objective, every=10**9 if every_never else max(1, n // batch_size))
+    return dsgrad.joint_svrg(objective, every=10**9 if every_never else None)
   if name == "joint_saga":
     return dsgrad.joint_saga(objective)
   raise ValueError(name)
@@ -201,13 +201,18 @@ def _timed_fit(objective, optimizer, params, key, steps, batch_size, opt_state=N
   return result, float(result.history.wall_time[-1]) if len(result.history.wall_time) else 0.0
 
 
-def _probe_step_seconds(objective, make, peak, params, batch_size, key, probe_steps) -> float:
-  """Seconds per warm step of ``chain(make(), adam(peak))`` under ``fit``."""
-  optimizer = optax.chain(make(), optax.adam(peak))
-  state = optimizer.init(params)
+def _probe(objective, estimator, peak, params, batch_size, key, probe_steps) -> tuple:
+  """``(seconds per warm step, seconds of a warm init)`` of ``chain(estimator,
+  adam(peak))`` under ``fit``. The init is the estimator's initial full pass (SVRG's
+  snapshot, SAGA's table); its first call compiles it."""
+  optimizer = optax.chain(estimator, optax.adam(peak))
+  jax.block_until_ready(optimizer.init(params))
+  started = time.perf_counter()
+  state = jax.block_until_ready(optimizer.init(params))
+  init_seconds = time.perf_counter() - started
   _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)
   _, seconds = _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)
-  return seconds / probe_steps
+  return seconds / probe_steps, init_seconds
 
 
 def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
@@ -225,22 +230,13 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
     if needed > MAX_TABLE_BYTES:
       return {"ruled_out": f"its table needs {_report.format_bytes(needed)} (more than "
               f"{_report.format_bytes(MAX_TABLE_BYTES)} beside the data on this machine)"}
-  make = lambda: _estimator(name, train_objective, batch, every_never=True)
-  step = _probe_step_seconds(train_objective, make, peak, params, batch, key, probe_steps)
-  total_guess = _steps_in(budget, step)
-  optimizer = optax.chain(_estimator(name, train_objective, batch), _cosine(peak, total_guess))
-  # The initial full pass (SVRG's snapshot, SAGA's table), timed warm: the first call
-  # compiles it. For joint SVRG it is also what each refresh costs.
-  jax.block_until_ready(optimizer.init(params))
-  started = time.perf_counter()
-  state = jax.block_until_ready(optimizer.init(params))
-  init_seconds = time.perf_counter() - started
-  # Joint SVRG refreshes once a period, a full pass like its first: amortized per step.
+  step, init_seconds = _probe(train_objective, _estimator(name, train_objective, True),
+                              peak, params, batch, key, probe_steps)
+  # Joint SVRG refreshes once an epoch, a full pass like its first: amortized per step.
   refresh = init_seconds if name == "joint_svrg" else 0.0
   total = _steps_in(budget - init_seconds, step + refresh / max(1, model.num_data // batch))
-  if total != total_guess:
-    optimizer = optax.chain(_estimator(name, train_objective, batch), _cosine(peak, total))
-    state = jax.block_until_ready(optimizer.init(params))
+  optimizer = optax.chain(_estimator(name, train_objective), _cosine(peak, total))
+  state = optimizer.init(params)
   seconds, at = init_seconds, 0
   trace, rates, compile_seconds = [(0.0, evaluator.mean(params))], [], 0.0
   if init_seconds > 0.01:
@@ -256,7 +252,7 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
     trace.append((seconds, evaluator.mean(params)))
     if not math.isfinite(trace[-1][1]):
       break
-    if seconds + rates[-1] * (stop - at + 1) > 1.05 * budget and stop < total:
+    if seconds + rates[-1] * (total // PIECES) > 1.05 * budget and stop < total:
       # The probe underestimated the step (or the machine slowed): the budget ends the
       # run, its schedule unfinished, rather than granting it more time than the others.
       break
