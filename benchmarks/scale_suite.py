@@ -431,7 +431,8 @@ def render(record) -> str:
           f"recommend {f['advice_seconds']:.1f} s, then fit: {f['end_to_end_seconds']:.1f} s "
           f"end to end ({f['end_to_end_seconds'] / f['budget_seconds']:.2f} budgets), pick "
           f"{f['pick']}" for f in follow) + "."]
-    lines += ["", f"![ELBO against seconds, {name}]({figure_path(_backend(record), name)})", ""]
+    figure = figure_path(config.get("section") or f"scale_suite_{_backend(record)}", name)
+    lines += ["", f"![ELBO against seconds, {name}]({figure})", ""]
   return "\n".join(lines)
 
 
@@ -442,9 +443,10 @@ def _backend(record) -> str:
   return config.get("backend") or ("gpu" if "backend gpu" in record["environment"] else "cpu")
 
 
-def figure_path(backend: str, name: str) -> str:
-  """A model's figure, relative to the docs folder: one per backend."""
-  return f"figures/scale_suite_{backend}_{name}.png"
+def figure_path(section: str, name: str) -> str:
+  """A model's figure, relative to the docs folder: one per section (records made before
+  the section was kept name it ``scale_suite_<backend>``)."""
+  return f"figures/{section}_{name}.png"
 
 
 def plot(name, r, path) -> None:
@@ -508,6 +510,7 @@ def main(argv=None):
             "contenders": args.contenders, "models": args.models,
             "backend": jax.default_backend()}
   section = args.section or f"scale-suite-{jax.default_backend()}"
+  config["section"] = section
   code = code_version()
   results = {} if args.no_write else _previous(section, config, code)
   for name in args.models:
@@ -524,7 +527,7 @@ def main(argv=None):
                                                    seed, args.contenders)
       if not args.no_write:  # after each seed: a long run stopped part-way keeps it
         plot(name, results[name],
-             _report.docs_path(figure_path(jax.default_backend(), name)))
+             _report.docs_path(figure_path(section, name)))
         _report.publish(section, None, True, render=render,
                         data={"results": results, "config": config, "code": code})
     del model
