@@ -54,8 +54,15 @@ CONTENDERS = ("hand", "naive", "cv", "joint_svrg", "joint_saga", "naive_batch",
               "naive_samples", "follow")
 PEAKS = (1e-3, 3e-3, 1e-2)
 PROBE_SECONDS = 1.0
-"""A probe repeats its steps until they took at least this long: a probe of 0.1 s read a
-50 us step 1.7x slow, and the runs sized from it ended at 0.6 budgets."""
+"""A probe's one timed call runs at least this long (it is lengthened until it does): over
+1,000 steps, a call's once-an-epoch cost read a 58 us MLP step as 119 us, and the run sized
+from it ended at half its budget; repeating short calls did not help, since each paid it."""
+
+
+def _longer(steps: int, seconds: float) -> int:
+  """A probe length whose call should take :data:`PROBE_SECONDS`, from one that took
+  ``seconds``."""
+  return int(steps * min(100.0, 1.2 * PROBE_SECONDS / max(seconds, 1e-3))) + 1
 PIECES = 12
 """Pieces of each run, an ELBO estimate after each: the traces' resolution."""
 TRACE_DRAWS = 8
@@ -152,14 +159,17 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
 
   params = _initial_params(d)
   probe = segment(optax.adam(peak))
-  keys = jax.random.split(jax.random.key(1), probe_steps)
   state = optax.adam(peak).init(params)
-  jax.block_until_ready(probe(model.data, params, state, keys))
-  started, calls = time.perf_counter(), 0
-  while calls == 0 or time.perf_counter() - started < PROBE_SECONDS:
+  while True:
+    keys = jax.random.split(jax.random.key(1), probe_steps)
+    jax.block_until_ready(probe(model.data, params, state, keys))  # compiles this length
+    started = time.perf_counter()
     jax.block_until_ready(probe(model.data, params, state, keys))
-    calls += 1
-  total = _steps_in(budget, (time.perf_counter() - started) / (calls * probe_steps))
+    elapsed = time.perf_counter() - started
+    if elapsed >= PROBE_SECONDS:
+      break
+    probe_steps = _longer(probe_steps, elapsed)
+  total = _steps_in(budget, elapsed / probe_steps)
   adam = _cosine(peak, total)
   run = segment(adam)
   state = adam.init(params)
@@ -215,12 +225,15 @@ def _probe(objective, estimator, peak, params, batch_size, key, probe_steps) -> 
   started = time.perf_counter()
   state = jax.block_until_ready(optimizer.init(params))
   init_seconds = time.perf_counter() - started
-  _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)
-  seconds, calls = 0.0, 0
-  while calls == 0 or seconds < PROBE_SECONDS:
-    seconds += _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)[1]
-    calls += 1
-  return seconds / (calls * probe_steps), init_seconds
+  while True:
+    _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)  # compiles
+    # Seconds of steps as the run counts them; each epoch's order (a permutation of N,
+    # tens of ms at 10^6) among them, so a probe shorter than an epoch reads it as a
+    # fixed cost on few steps.
+    elapsed = _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)[1]
+    if elapsed >= PROBE_SECONDS:
+      return elapsed / probe_steps, init_seconds
+    probe_steps = _longer(probe_steps, elapsed)
 
 
 def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
