@@ -322,9 +322,9 @@ def restore(path: str | os.PathLike, like: Any, *, allow_unverified: bool = Fals
 def _layout_hint(name: str, got, want) -> str:
   """Why a saved entry can have another shape than the template: a state layout that
   changed between dsgrad versions (named), else another model or optimizer."""
-  if re.search(r"\.(cross|control_sq)\b", name) and np.ndim(want) == 0 and np.ndim(got):
+  if re.search(r"\.(weight|cross|control_sq)\b", name) and np.ndim(got) == 0 and np.ndim(want):
     return (": this checkpoint was written by an earlier dsgrad, whose adaptive control "
-            "weight kept params-shaped moments (now one scalar per parameter leaf). "
+            "weight kept one scalar per parameter leaf (now one per coordinate). "
             "Restart the run, or restore it with the dsgrad that wrote it")
   return " (saved from another model, estimator or optimizer?)"
 

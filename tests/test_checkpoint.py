@@ -159,14 +159,15 @@ def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
 
 def test_a_state_of_the_earlier_adaptive_weight_layout_is_refused_saying_why(
     logreg_model, params0, tmp_path):
-  """Before the adaptive weight kept per-leaf scalar moments it kept params-shaped ones;
+  """Before the adaptive weight kept params-shaped moments it kept per-leaf scalar ones;
   such a checkpoint is refused with that reason, not loaded into the wrong layout."""
   objective = dsgrad.meanfield_gaussian(logreg_model)
   opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
   state = opt.init(params0)
   moments = state[0].control_weight
-  old = moments._replace(cross=jax.tree.map(jnp.zeros_like, params0),
-                         control_sq=jax.tree.map(jnp.zeros_like, params0))
+  scalars = lambda tree: jax.tree.map(lambda p: jnp.zeros([], p.dtype), tree)  # noqa: E731
+  old = moments._replace(weight=scalars(params0), cross=scalars(params0),
+                         control_sq=scalars(params0))
   path = str(tmp_path / "old")
   checkpoint.save(path, (state[0]._replace(control_weight=old),) + tuple(state[1:]))
   with pytest.raises(ValueError, match="written by an earlier dsgrad"):

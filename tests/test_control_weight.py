@@ -48,7 +48,7 @@ def test_weight_comes_from_earlier_steps_only(logreg_model, params0, name):
   fixed_state = (state._replace(control_weight=()) if name != "cv"
                  else fixed.init(params))
   assert int(moments.count) == 30
-  assert all(0.0 <= float(w) <= 1.0 for w in jax.tree.leaves(weights))
+  assert all(bool(jnp.all((0.0 <= w) & (w <= 1.0))) for w in jax.tree.leaves(weights))
   for k in jax.random.split(jax.random.key(2), 3):
     indices, noise = sample_batch(k, objective, BATCH)
     g = objective.grad(params, indices, noise)
@@ -59,7 +59,7 @@ def test_weight_comes_from_earlier_steps_only(logreg_model, params0, name):
       np.testing.assert_allclose(out[key], expected[key], rtol=1e-5, atol=1e-5)
     # The draw does enter the moments behind the *next* weight.
     new_moments = new_state.control_weight if name != "cv" else new_state
-    assert float(new_moments.cross["loc"]) != float(moments.cross["loc"])
+    assert np.any(np.asarray(new_moments.cross["loc"]) != np.asarray(moments.cross["loc"]))
 
 
 @pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
@@ -73,7 +73,7 @@ def test_useless_control_is_switched_off(logreg_model, params0, name):
   state, params = fill_by_training(adaptive, objective, params0, jax.random.key(3),
                                    steps=300)
   weights = state.control_weight.weight if name != "cv" else state.weight
-  assert all(float(w) < 0.15 for w in jax.tree.leaves(weights)), weights
+  assert all(float(jnp.mean(w)) < 0.15 for w in jax.tree.leaves(weights)), weights
 
   def variance(tx, st):
     samples = np.asarray(dsgrad.estimator_samples(tx, st, params, objective,
@@ -95,7 +95,7 @@ def test_good_control_keeps_weight_near_one(logreg_model, params0):
   weights = []
   for seed in range(6):
     state, _ = fill_by_training(tx, objective, params0, jax.random.key(seed), steps=200)
-    weights.append([float(w) for w in jax.tree.leaves(state.weight)])
+    weights.append([float(jnp.mean(w)) for w in jax.tree.leaves(state.weight)])
   weights = np.array(weights)
   assert np.all(weights.mean(0) > 0.85) and np.all(weights > 0.6), weights
 

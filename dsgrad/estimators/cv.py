@@ -30,12 +30,12 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     objective: the objective whose gradient is passed as ``updates``.
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
     control_weight: ``c`` in ``g + c (E grad f~ - grad f~)``: ``"adaptive"`` (the
-      default): one ``c`` per parameter leaf that minimizes the estimator's variance,
+      default): one ``c`` per parameter coordinate that minimizes its variance,
       estimated from moving averages over earlier steps and clipped to ``[0, 1]``
       (unbiased; falls back towards naive when the approximation is poor or the state
       stale, so that a control variate does not cost the user); or a fixed number in
-      ``[0, 1]``, ``1`` being the paper's estimator. Adaptive keeps one params-sized
-      moving average and two scalars per leaf (state
+      ``[0, 1]``, ``1`` being the paper's estimator. Adaptive keeps four params-sized
+      arrays (three moving averages and the weight; state
       :class:`dsgrad.estimators.AdaptiveWeightState`) and costs one pass over the
       gradient and the control per step (``python -m benchmarks step-cost`` measures
       it); pass ``control_weight=1.0`` where the approximation is known to be good and

@@ -128,7 +128,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       read back in the params' dtype; ``G`` is kept consistent with the stored
       (rounded) rows, so the estimator stays unbiased.
     control_weight: ``c`` in ``g + c (G - mean grad f~(w^n))``: ``"adaptive"`` (the
-      default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
+      default; per coordinate, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     value_checks: (``None``, the default: the library-wide setting,

@@ -64,7 +64,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
       epoch, ``K = N // B`` for the batch size ``B`` of the updates (the paper's choice).
     chunk_size: data per chunk in the full pass.
     control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``"adaptive"`` (the
-      default; per-leaf, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
+      default; per coordinate, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
     value_checks: (``None``, the default: the library-wide setting,
