@@ -271,10 +271,11 @@ def main(argv=None):
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump({"args": vars(args), "target": target, "rows": table,
                "device": jax.devices()[0].device_kind}, f, indent=1)
-  plot(table, target, os.path.join(args.out, "elbo.png"), args)
+  plot(table, target, os.path.join(args.out, "elbo.png"), args,
+       f"{jax.devices()[0].device_kind}, {cores} core(s)")
 
 
-def plot(table, target, path, args) -> None:
+def plot(table, target, path, args, where: str) -> None:
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -289,10 +290,10 @@ def plot(table, target, path, args) -> None:
   ax.axhline(target, color="grey", ls=":", lw=1, label="hand loop's final ELBO")
   tail = [e for row in table for _, e in row["trace"][len(row["trace"]) // 3:]]
   ax.set_ylim(min(tail) - 0.1 * (max(tail) - min(tail)), max(tail) + 0.1 * (max(tail) - min(tail)))
-  ax.set_xlabel("training seconds (steps only; 2 CPU cores unless stated)")
+  ax.set_xlabel(f"training seconds (steps only; {where})")
   ax.set_ylabel("full-data ELBO")
-  ax.set_title(f"hierarchical logistic regression, {args.rows:,} rows, {args.groups:,} groups",
-               fontsize=9)
+  ax.set_title(f"hierarchical logistic regression, {args.rows:,} rows, {args.groups:,} groups; "
+               f"python examples/hierarchical_logistic.py", fontsize=8)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
