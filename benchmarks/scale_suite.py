@@ -11,6 +11,8 @@ reported (the step size naive is tuned to, for every estimator):
 * ``naive``, ``cv``, ``joint_svrg`` (one refresh an epoch, ``N / B`` steps), ``joint_saga``
   (where its table fits): :func:`dsgrad.fit` with the estimator chained before Adam, the
   approximation each one defaults to (``linearize``), the fused step where ``fit`` takes it;
+  joint SAGA's table holds the coordinates each row reads where the model declares them
+  (``sparse_linearize``: the hierarchical and count models), else the parameters;
 * the equal-cost naive baselines: naive with a ``K``-times batch and naive with ``K``
   noise samples per step, ``K`` a control variate's measured cost in naive steps;
 * ``follow``: :func:`dsgrad.recommend` given the tuned schedule and the budget, then
@@ -204,8 +206,17 @@ def _estimator(name: str, objective, every_never: bool = False):
   if name == "joint_svrg":
     return dsgrad.joint_svrg(objective, every=10**9 if every_never else None)
   if name == "joint_saga":
-    return dsgrad.joint_saga(objective)
+    return dsgrad.joint_saga(objective, _saga_approx(objective))
   raise ValueError(name)
+
+
+def _saga_approx(objective):
+  """The table a user picks: the declared coordinates where the model says which latent
+  rows a data row reads (``reads``), else the parameters (``linearize``)."""
+  model = (objective.source or (None, None))[1]
+  if getattr(model, "sparse", None) is not None:
+    return dsgrad.approx.sparse_linearize(objective)
+  return dsgrad.approx.linearize()
 
 
 def _timed_fit(objective, optimizer, params, key, steps, batch_size, opt_state=None,
@@ -246,7 +257,8 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
   params = _initial_params(model.dim)
   if name == "joint_saga":
     # The state's size from shapes alone, before anything is allocated.
-    shapes = jax.eval_shape(dsgrad.joint_saga(objective, max_table_bytes=None).init, params)
+    shapes = jax.eval_shape(dsgrad.joint_saga(objective, _saga_approx(objective),
+                                              max_table_bytes=None).init, params)
     needed = dsgrad.state_bytes(shapes)
     if needed > MAX_TABLE_BYTES:
       return {"ruled_out": f"its table needs {_report.format_bytes(needed)} (more than "
@@ -366,7 +378,7 @@ def _paired(row, hand) -> tuple:
 
 
 LABELS = {"hand": "hand-written optax loop", "naive": "dsgrad naive", "cv": "cv (linearize)",
-          "joint_svrg": "joint SVRG (linearize, every N/B)", "joint_saga": "joint SAGA (linearize)",
+          "joint_svrg": "joint SVRG (linearize, every N/B)", "joint_saga": "joint SAGA (declared rows' table, else linearize)",
           "naive_batch": "naive, K x batch", "naive_samples": "naive, K samples",
           "follow": "follow the advice (recommend + fit)"}
 

@@ -8,6 +8,7 @@ import math
 from typing import NamedTuple
 
 from dsgrad import estimators
+from dsgrad.approx.sparse import sparse_linearize
 from dsgrad import noise as noise_lib
 from dsgrad import race as race_lib
 
@@ -90,6 +91,15 @@ def cost_guess(name: str, k: int = 2) -> float:
   return 1.7
 
 
+def _declared_table(objective):
+  """:func:`dsgrad.approx.sparse_linearize` where a mean-field objective's model declares
+  which coordinates each datum reads (``reads``), else ``None``."""
+  source = objective.source or ()
+  if source[:1] == ("meanfield_gaussian",) and source[1].sparse is not None:
+    return sparse_linearize(objective)
+  return None
+
+
 def base_contenders(names, objective, approx, batch_size, max_table_bytes):
   """``[(Contender | None, description, note)]`` for the candidates that need no cost
   ratio."""
@@ -116,8 +126,11 @@ def base_contenders(names, objective, approx, batch_size, max_table_bytes):
         factory = getattr(estimators, name)
         extra = ({"every": max(1, n // batch_size)} if name == "joint_svrg" else
                  {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
-        out.append((name, race_lib.Contender(name, objective, factory(objective, approx, **extra),
-                                       batch_size), name, ""))
+        own = _declared_table(objective) if name == "joint_saga" and approx is None else None
+        out.append((name, race_lib.Contender(name, objective,
+                                             factory(objective, own or approx, **extra),
+                                             batch_size),
+                    "joint_saga, a table of the rows each datum reads" if own else name, ""))
     except MemoryError as error:
       out.append((name, None, name, str(error).split(". ")[0]))
   return out

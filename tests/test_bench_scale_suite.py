@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dsgrad
+
 from benchmarks import scale_models, scale_suite
 
 SMALL = {"hierarchical": dict(num_data=60, groups=7), "two_index": dict(num_data=60, users=9,
@@ -42,3 +44,14 @@ def test_time_to_reach_reads_the_trace():
 def test_pieces_are_equal_and_end_at_the_run():
   assert scale_suite._piece_stops(120, 12) == list(range(10, 121, 10))
   assert scale_suite._steps_in(10.0, 0.001) % scale_suite.PIECES == 0
+
+
+@pytest.mark.parametrize("name, k", [("hierarchical", 3 + 8 + 3 + 3), ("two_index", 9)])
+def test_joint_saga_keeps_only_the_rows_each_datum_reads(name, k):
+  """The hierarchical and count models declare their reads, so joint SAGA's table holds
+  each row's ``k`` coordinates (loc and log-scale, float32), not the ``d`` latents."""
+  model = scale_models.BUILDERS[name](**SMALL[name])
+  params = {"loc": jnp.zeros(model.dim), "log_scale": jnp.zeros(model.dim)}
+  estimator = scale_suite._estimator("joint_saga", model.objective)
+  assert dsgrad.table_bytes(estimator.init(params)) == model.num_data * 2 * k * 4
+  assert k < model.dim

@@ -14,9 +14,35 @@ import optax
 from dsgrad.approx.base import Approximation, with_statistics
 from dsgrad.bbvi import meanfield_entropy
 from dsgrad.models.base import Model
+from dsgrad.objective import Objective
 
 
-def sparse_linearize(model: Model) -> Approximation:
+def _model_of(model_or_objective) -> Model:
+  """The model of a mean-field objective (``source``), or the model itself."""
+  if isinstance(model_or_objective, Objective):
+    source = model_or_objective.source or ()
+    if source[:1] != ("meanfield_gaussian",):
+      raise ValueError(f"sparse_linearize needs a mean-field Gaussian objective built from a "
+                       f"model (dsgrad.objective_from_logdensity, dsgrad.meanfield_gaussian, "
+                       f"without path_derivative); {model_or_objective.name!r} is not one")
+    return source[1]
+  if not isinstance(model_or_objective, Model):
+    raise TypeError(f"sparse_linearize takes a dsgrad.models.Model or the dsgrad.Objective "
+                    f"built from it, got {type(model_or_objective).__name__}")
+  return model_or_objective
+
+
+def _check_params(params, name: str, d: int) -> None:
+  if not isinstance(params, dict) or set(params) != {"loc", "log_scale"}:
+    raise ValueError(f"sparse_linearize({name}) works on mean-field Gaussian "
+                     f"params {{'loc', 'log_scale'}}, got {jax.tree.structure(params)}")
+  for key, value in params.items():
+    if jnp.shape(value) != (d,):
+      raise ValueError(f"sparse_linearize({name}): params[{key!r}] has shape "
+                       f"{jnp.shape(value)}, expected ({d},)")
+
+
+def sparse_linearize(model: Model | Objective) -> Approximation:
   """:func:`linearize` for mean-field Gaussian BBVI with a table of each datum's coordinates.
 
   For a model that declares which latent coordinates each likelihood term reads
@@ -45,9 +71,11 @@ def sparse_linearize(model: Model) -> Approximation:
 
   Args:
     model: a model with ``model.sparse`` set (``dsgrad.models.movielens``,
-      ``dsgrad.models.bradley_terry``, or any model via
+      ``dsgrad.models.bradley_terry``, a model written with
+      :func:`dsgrad.model_from_logdensity`'s ``reads``, or any model via
       :func:`dsgrad.models.with_coordinates`), used with
-      :func:`dsgrad.meanfield_gaussian` (shared or per-datum noise).
+      :func:`dsgrad.meanfield_gaussian` (shared or per-datum noise); or that mean-field
+      objective itself (e.g. :func:`dsgrad.objective_from_logdensity` with ``reads``).
 
   Returns:
     An :class:`Approximation` with :class:`DatumStatistics` for params
@@ -73,6 +101,7 @@ def sparse_linearize(model: Model) -> Approximation:
     >>> dsgrad.table_bytes(estimator.init(dsgrad.meanfield_init(model, 0.0, -1.0)))
     16000
   """
+  model = _model_of(model)
   sparse = model.sparse
   if sparse is None:
     raise ValueError(f"sparse_linearize needs a model that declares which coordinates "
@@ -82,13 +111,7 @@ def sparse_linearize(model: Model) -> Approximation:
   n, d, k = model.num_data, model.latent_dim, sparse.num_coordinates
 
   def check(params):
-    if not isinstance(params, dict) or set(params) != {"loc", "log_scale"}:
-      raise ValueError(f"sparse_linearize({model.name}) works on mean-field Gaussian "
-                       f"params {{'loc', 'log_scale'}}, got {jax.tree.structure(params)}")
-    for key, value in params.items():
-      if jnp.shape(value) != (d,):
-        raise ValueError(f"sparse_linearize({model.name}): params[{key!r}] has shape "
-                         f"{jnp.shape(value)}, expected ({d},)")
+    _check_params(params, model.name, d)
 
   def coordinates(indices):
     coords = sparse.coordinates(indices)

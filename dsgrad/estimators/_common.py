@@ -245,10 +245,12 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
     raise MemoryError(
         f"dsgrad.{estimator}: the per-datum table would hold {num_data:,} copies of "
         f"{size:,} parameters = {need / 2**30:.2f} GiB, more than {where} "
-        f"({max_bytes / 2**30:.2f} GiB). Use dsgrad.joint_svrg (no table), a compact "
-        f"approximation (dsgrad.approx.glm_mean_taylor / sparse_linearize), "
-        f"table_dtype=jnp.bfloat16, several devices (dsgrad.parallel), or pass "
-        f"max_table_bytes=None to skip this check.")
+        f"({max_bytes / 2**30:.2f} GiB). If each datum reads a few latent rows (per group, "
+        f"user or item), declare them, dsgrad.objective_from_logdensity(..., reads="
+        f"{{'latent leaf': 'index column'}}), and pass dsgrad.approx.sparse_linearize("
+        f"objective): a table of those coordinates only; for a GLM, dsgrad.approx.glm_mean_taylor keeps "
+        f"its logits. Else: dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, "
+        f"several devices (dsgrad.parallel), or max_table_bytes=None to skip this check.")
 
 
 def reweighted(objective: Objective, weights) -> Objective:

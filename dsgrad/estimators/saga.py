@@ -121,7 +121,10 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
   Args:
     objective: the objective whose gradient is passed as ``updates``.
-    approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
+    approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize` (a table
+      of parameters). For a model that declares which coordinates each datum reads
+      (:func:`dsgrad.objective_from_logdensity`'s ``reads``), pass
+      ``dsgrad.approx.sparse_linearize(objective)`` for a table of those only.
     warmup_steps: number of initial updates that output the naive gradient.
     chunk_size: data per chunk in the initial full pass.
     table_dtype: dtype of the stored table (default: the params' dtypes). Rows are
