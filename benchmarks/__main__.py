@@ -7,6 +7,7 @@ BENCHMARKS = {
     "paper": "benchmarks.paper",
     "scale": "benchmarks.scale",
     "scale-suite": "benchmarks.scale_suite",
+    "disk-step": "benchmarks.disk_step",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
     "hmcecs": "benchmarks.hmcecs",

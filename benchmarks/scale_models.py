@@ -23,6 +23,7 @@ for a hand-written loop, and the flat latent's unravelling.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -45,6 +46,9 @@ class SuiteModel(NamedTuple):
     dim: the flat latent's dimension ``d``.
     num_data: ``N``.
     summary: one line for the tables.
+    latent: an example latent (zeros), as handed to ``objective_from_logdensity``.
+    reads: the latent rows each data row reads (``objective_from_logdensity``'s
+      ``reads``), or ``None``.
   """
 
   name: str
@@ -56,6 +60,8 @@ class SuiteModel(NamedTuple):
   dim: int
   num_data: int
   summary: str
+  latent: Any = None
+  reads: dict | None = None
 
 
 def _normal_logpdf(x, scale=1.0):
@@ -71,7 +77,27 @@ def _build(name, log_prior, log_lik, data, latent, summary, reads=None) -> Suite
   flat, unravel = jax.flatten_util.ravel_pytree(latent)
   n = int(next(iter(data.values())).shape[0])
   return SuiteModel(name, objective, log_prior, log_lik, data, unravel, int(flat.size), n,
-                    summary)
+                    summary, latent, reads)
+
+
+def on_disk(model: SuiteModel, directory: str) -> SuiteModel:
+  """``model`` with its objective reading the rows from ``.npy`` files in ``directory``
+  (written once, kept between runs), memory-mapped (:func:`dsgrad.data.open_memmap`),
+  as a user whose data do not fit in memory runs it; the hand loop's ``data`` stay in
+  memory."""
+  os.makedirs(directory, exist_ok=True)
+  files = {}
+  for key, value in model.data.items():
+    path = os.path.join(directory, f"{model.name}-{model.num_data}-{key}.npy")
+    if not os.path.exists(path):
+      np.save(path + ".part.npy", np.asarray(value))
+      os.replace(path + ".part.npy", path)
+    files[key] = dsgrad.data.open_memmap(path, dtype=np.asarray(value[:1]).dtype,
+                                         shape=value.shape)
+  objective = dsgrad.objective_from_logdensity(model.log_prior, model.log_lik, files,
+                                               model.latent, name=model.name + " (disk)",
+                                               reads=model.reads)
+  return model._replace(objective=objective, summary=model.summary + "; rows read from disk")
 
 
 def hierarchical(num_data: int = 1_000_000, groups: int = 20_000, dim: int = 8,

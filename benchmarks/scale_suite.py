@@ -31,6 +31,7 @@ again.
 
     python -m benchmarks scale-suite                        # all four models, 60 s, seeds 0 1
     python -m benchmarks scale-suite --models mlp --budget 300 --contenders hand naive cv follow
+    python -m benchmarks scale-suite --models hierarchical --data-on-disk /tmp/rows  # memmaps
 """
 
 from __future__ import annotations
@@ -525,6 +526,9 @@ def main(argv=None):
   parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
   parser.add_argument("--tune-seed", type=int, default=100)
   parser.add_argument("--peaks", type=float, nargs="*", default=list(PEAKS))
+  parser.add_argument("--data-on-disk", default=None, metavar="DIR",
+                      help="dsgrad's contenders read the rows from .npy files written to DIR "
+                           "(memory-mapped); the hand loop keeps them in memory")
   parser.add_argument("--section", default=None, help="default: scale-suite-<backend>")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)
@@ -533,8 +537,9 @@ def main(argv=None):
   config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
             "tune_seed": args.tune_seed, "peaks": args.peaks, "num_data": args.num_data,
             "contenders": args.contenders, "models": args.models,
-            "backend": jax.default_backend()}
-  section = args.section or f"scale-suite-{jax.default_backend()}"
+            "backend": jax.default_backend(), "data_on_disk": bool(args.data_on_disk)}
+  section = args.section or (f"scale-suite-{jax.default_backend()}"
+                             + ("-disk" if args.data_on_disk else ""))
   config["section"] = section
   code = code_version()
   results = {} if args.no_write else _previous(section, config, code)
@@ -543,6 +548,8 @@ def main(argv=None):
       print(f"{name}: measured with code {code} and these settings: skipped", flush=True)
       continue
     model = scale_models.BUILDERS[name](num_data=args.num_data)
+    if args.data_on_disk:
+      model = scale_models.on_disk(model, args.data_on_disk)
     peak, tuning = tune_peak(model, args.budget, args.batch_size, args.tune_seed, args.peaks)
     print(f"{name}: tuned peak {peak} ({tuning})", flush=True)
     results[name] = {"summary": model.summary, "dim": model.dim, "num_data": model.num_data,

@@ -46,6 +46,7 @@ from dsgrad import admission
 from dsgrad import checks
 from dsgrad import diagnostics
 from dsgrad import halving
+from dsgrad import host_data
 from dsgrad import race as race_lib
 from dsgrad import race_elbo
 from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
@@ -363,7 +364,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
   """:func:`recommend`'s work, its arguments checked; ``progress`` a
   :class:`dsgrad.race.Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
-  limit = memory_share * race_lib.available_memory_bytes()
+  limit = memory_share * (host_data.free_memory_bytes() or float("inf"))
   base = base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
   # Naive's first schedule: its length where the budget or the step costs give it, else
   # an epoch's (its run is restarted once its step has a first rough time).

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.host_data import (HostArray, RowReader, host_gather, open_memmap,  # noqa: F401
-                               read_rows)
+from dsgrad.host_data import (HostArray, RowReader, free_memory_bytes, host_gather,  # noqa: F401
+                               open_memmap, read_rows)
 
 __all__ = ["DataArray", "HostArray", "HostView", "open_memmap", "read_rows", "RowReader",
            "substitute", "is_host", "split_host", "join_host", "with_batch_rows", "check_data",
@@ -66,7 +66,7 @@ class DataArray:
 
   def __init__(self, value, name: str):
     if not isinstance(value, (HostArray, HostView, jax.core.Tracer)):
-      value = jnp.asarray(value)
+      value = _on_device(value, name)
     if len(value.shape) < 1:
       raise ValueError(f"data {name!r}: a per-datum array needs a leading datum axis")
     self._value, self.name, self.origin = value, name, self
@@ -104,6 +104,32 @@ class DataArray:
     if isinstance(value, HostArray):
       value = HostView(value, value.handle)
     return value[index]
+
+
+def _on_device(value, name: str) -> jax.Array:
+  """``value`` on the default device, or a ``MemoryError`` that names the way to keep it
+  on disk when it does not fit (checked before copying, and on the device's refusal)."""
+  if isinstance(value, jax.Array):
+    return value
+  nbytes = int(np.prod(np.shape(value), dtype=np.int64)) * np.result_type(value).itemsize
+  free = free_memory_bytes()
+  if free is not None and nbytes > free:
+    raise MemoryError(_too_large(name, nbytes, free))
+  try:
+    return jnp.asarray(value)
+  except jax.errors.JaxRuntimeError as error:
+    if "RESOURCE_EXHAUSTED" not in str(error):
+      raise
+    raise MemoryError(_too_large(name, nbytes, free)) from error
+
+
+def _too_large(name: str, nbytes: int, free: int | None) -> str:
+  room = f"the {free / 2**20:,.1f} MiB free" if free is not None else "the free memory"
+  return (f"data {name!r}: {nbytes / 2**20:,.1f} MiB do not fit in {room} on "
+          f"{jax.devices()[0].platform}. Keep it on disk and read each batch's rows from "
+          f"there: save it once with np.save(path, array) and pass "
+          f"dsgrad.data.open_memmap(path) in its place (dsgrad.data.HostArray(array) for "
+          f"an array already in host memory).")
 
 
 class HostView:

@@ -30,6 +30,29 @@ import numpy as np
 from dsgrad import checks
 
 
+def free_memory_bytes() -> int | None:
+  """Memory a new array could take now on the default device: its allocator's free bytes
+  where it reports them (GPUs), else the host's available memory (``MemAvailable``: free
+  pages and reclaimable cache); ``None`` when neither is known."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001 -- some backends do not implement memory_stats
+    stats = {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  try:
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
 class HostArray:
   """A per-datum array kept in host memory (or on disk, memory-mapped), never on device.
 

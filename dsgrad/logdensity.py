@@ -183,10 +183,10 @@ def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
 
 def _column_range(column) -> tuple[int, int]:
   """``(min, max)`` of an index column, read in chunks (it may be memory-mapped)."""
-  value = column.value() if hasattr(column, "value") else column
+  value = np.asarray(column)  # a memory map stays one: rows are read chunk by chunk
   lo, hi = None, None
   for start in range(0, int(value.shape[0]), 1 << 22):
-    chunk = np.asarray(value[start:start + (1 << 22)])
+    chunk = value[start:start + (1 << 22)]
     lo = chunk.min() if lo is None else min(lo, chunk.min())
     hi = chunk.max() if hi is None else max(hi, chunk.max())
   return int(lo), int(hi)

@@ -199,22 +199,6 @@ def state_bytes_before_allocation(optimizer_init, params) -> int:
   return tables.tree_bytes(jax.eval_shape(optimizer_init, params))
 
 
-def available_memory_bytes() -> int:
-  """Memory a new state could take now: the default device's free memory where it
-  reports it (GPUs), else the host's available memory (``MemAvailable``)."""
-  stats = jax.devices()[0].memory_stats() or {}
-  if "bytes_limit" in stats:
-    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
 def usable_cpus(cgroup_file: str = "/sys/fs/cgroup/cpu.max") -> int:
   """The CPU cores this process may run on: those of its affinity mask (``taskset``,
   a container's cpuset), fewer where a cgroup v2 quota allows less (``docker --cpus``).

@@ -111,7 +111,7 @@ def test_where_nothing_beats_naive_the_advice_says_naive(monkeypatch):
   objective = dsgrad.meanfield_gaussian(model)
   params = dsgrad.meanfield_init(model, 0.0, -6.0)
   table = N * 2 * D * 4  # a parameter copy per datum
-  monkeypatch.setattr(race_lib, "available_memory_bytes", lambda: table)
+  monkeypatch.setattr(dsgrad.host_data, "free_memory_bytes", lambda: table)
   advice = dsgrad.recommend(objective, _schedule, params, jax.random.key(2),
                             batch_size=BATCH, budget=3000, budget_in="naive_steps",
                             candidates=("naive", "cv", "joint_saga"), share=0.25,

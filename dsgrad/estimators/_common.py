@@ -4,7 +4,6 @@ passes are :mod:`dsgrad.tables`)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
+from dsgrad import host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
 
@@ -198,21 +198,6 @@ def check_table(table, num_data: int, estimator: str) -> None:
                        f"for another data set?")
 
 
-def device_memory_bytes() -> int | None:
-  """Memory of the first device: its allocator limit on an accelerator, the host's
-  available physical memory on CPU; ``None`` when neither is known."""
-  try:
-    stats = jax.devices()[0].memory_stats() or {}
-  except Exception:  # noqa: BLE001 -- some backends do not implement memory_stats
-    stats = {}
-  if stats.get("bytes_limit"):
-    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-  try:
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-  except (ValueError, OSError, AttributeError):
-    return None
-
-
 def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
   """Bytes of a table holding one copy of ``params`` per datum (``N x size(params)``)."""
   row = params if dtype is None else jax.tree.map(
@@ -222,7 +207,7 @@ def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
 
 def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:
   """Refuses, before allocating, a per-datum parameter table larger than ``max_bytes``
-  (``"auto"``: 90% of :func:`device_memory_bytes`; ``None``: no check).
+  (``"auto"``: 90% of :func:`dsgrad.host_data.free_memory_bytes`; ``None``: no check).
 
   Only concrete parameters are checked: under ``jax.eval_shape`` nothing is allocated,
   and under ``jit`` (e.g. :func:`dsgrad.parallel.init_sharded`) the table may be split
@@ -233,7 +218,7 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
   if any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
     return
   if max_bytes == "auto":
-    available = device_memory_bytes()
+    available = host_data.free_memory_bytes()
     if available is None:
       return
     max_bytes, where = int(0.9 * available), "90% of the free memory of one device"
