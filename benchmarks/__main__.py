@@ -8,6 +8,7 @@ BENCHMARKS = {
     "scale": "benchmarks.scale",
     "scale-suite": "benchmarks.scale_suite",
     "disk-step": "benchmarks.disk_step",
+    "scale-step": "benchmarks.scale_step",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
     "hmcecs": "benchmarks.hmcecs",
