@@ -400,9 +400,11 @@ def render(record) -> str:
            f"Measured: {record['environment']}; code {record['results'].get('code', '?')}", ""]
   for name, r in results.items():
     lines += [f"#### {name}: {r['summary']}", "",
-              f"{r['dim']:,} latents; tuned peak {r['peak']:g} (final ELBO by peak on the "
-              f"tuning seed: " + ", ".join(f"{p}: {v:.1f}" for p, v in r["tuning"].items())
-              + ").", "",
+              f"{r['dim']:,} latents; " + (
+                  f"tuned peak {r['peak']:g} (final ELBO by peak on the tuning seed: "
+                  + ", ".join(f"{p}: {v:.1f}" for p, v in r["tuning"].items()) + ")."
+                  if r["tuning"] else f"peak {r['peak']:g}, given (not tuned in this run)."),
+              "",
               "| contender | steps | seconds run, by seed | ms / step | spread over pieces | "
               "compile s | full passes s | ELBO - hand at the run's end (paired se), by seed | "
               "time to hand's final ELBO, s, by seed |",
@@ -526,6 +528,9 @@ def main(argv=None):
   parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
   parser.add_argument("--tune-seed", type=int, default=100)
   parser.add_argument("--peaks", type=float, nargs="*", default=list(PEAKS))
+  parser.add_argument("--peak", type=float, default=None,
+                      help="use this peak instead of tuning (e.g. one tuned at a shorter "
+                           "budget on the tuning seed); recorded as given")
   parser.add_argument("--data-on-disk", default=None, metavar="DIR",
                       help="dsgrad's contenders read the rows from .npy files written to DIR "
                            "(memory-mapped); the hand loop keeps them in memory")
@@ -535,7 +540,7 @@ def main(argv=None):
   if args.tune_seed in args.seeds:
     parser.error("the tuning seed must not be a reported seed")
   config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
-            "tune_seed": args.tune_seed, "peaks": args.peaks, "num_data": args.num_data,
+            "tune_seed": args.tune_seed, "peaks": [args.peak] if args.peak else args.peaks, "num_data": args.num_data,
             "contenders": args.contenders, "models": args.models,
             "backend": jax.default_backend(), "data_on_disk": bool(args.data_on_disk)}
   section = args.section or (f"scale-suite-{jax.default_backend()}"
@@ -550,7 +555,11 @@ def main(argv=None):
     model = scale_models.BUILDERS[name](num_data=args.num_data)
     if args.data_on_disk:
       model = scale_models.on_disk(model, args.data_on_disk)
-    peak, tuning = tune_peak(model, args.budget, args.batch_size, args.tune_seed, args.peaks)
+    if args.peak:
+      peak, tuning = args.peak, {}
+    else:
+      peak, tuning = tune_peak(model, args.budget, args.batch_size, args.tune_seed,
+                               args.peaks)
     print(f"{name}: tuned peak {peak} ({tuning})", flush=True)
     results[name] = {"summary": model.summary, "dim": model.dim, "num_data": model.num_data,
                      "peak": peak, "tuning": tuning, "seeds": {}}
