@@ -151,7 +151,11 @@ def equal_cost_contenders(names, objective, batch_size, k):
         out.append((name, None, f"naive, {k} RQMC samples",
                     "the noise is not dsgrad.gaussian_noise"))
         continue
-      samples = noise_lib.multi_sample(objective, k, sampler="rqmc")
+      try:
+        samples = noise_lib.multi_sample(objective, k, sampler="rqmc")
+      except ValueError as error:  # more noise coordinates than Sobol dimensions
+        out.append((name, None, f"naive, {k} RQMC samples", str(error).split("; ")[0]))
+        continue
       out.append((name, race_lib.Contender(name, samples, estimators.naive(), batch_size),
                   f"naive, {k} randomized QMC samples per datum", ""))
     elif name == "naive_batch":

@@ -121,7 +121,8 @@ def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
     for one draw).
 
   Raises:
-    ValueError: an unknown sampler, or ``"rqmc"`` for noise that is not Gaussian.
+    ValueError: an unknown sampler, or ``"rqmc"`` for noise that is not Gaussian or has
+      more coordinates per draw than scipy's Sobol sequence (21,201).
 
   References:
     Buchholz, Wenzel, Mandt (2018), Sec. 3; Wang, Geffner, Domke (2024), Eq. 2-3.
@@ -141,6 +142,10 @@ def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
   if sampler == "rqmc":
     shape, dtype, scale = _gaussian_spec(objective)[:3]
     dim = int(np.prod(shape))
+    if dim > qmc.Sobol.MAXDIM:  # refused here, not when the first draw is traced
+      raise ValueError(f"multi_sample(sampler='rqmc'): the noise has {dim:,} coordinates "
+                       f"per draw, more than the {qmc.Sobol.MAXDIM:,} Sobol dimensions "
+                       f"scipy provides; use sampler='mc'")
 
     def noise_fn(key, batch_size):
       count = k if shared else batch_size * k

@@ -184,3 +184,4 @@ def test_the_advice_races_joint_saga_with_the_declared_table():
   params = {"loc": jnp.zeros(d), "log_scale": jnp.zeros(d)}
   assert dsgrad.table_bytes(contender.estimator.init(params)) == N * 2 * k * 4
   assert "rows each datum reads" in description and not note
+

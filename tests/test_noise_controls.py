@@ -174,3 +174,18 @@ def test_multi_sample_refuses_what_it_cannot_do(poisson):
                            N, shared_noise=True, data=base.data)
   with pytest.raises(ValueError, match="not dsgrad.gaussian_noise"):
     dsgrad.multi_sample(other, 4, sampler="rqmc")
+
+
+def test_randomized_qmc_beyond_sobols_dimensions_is_ruled_out_not_raised():
+  """A latent larger than scipy's 21,201 Sobol dimensions: ``multi_sample`` refuses rqmc
+  when it is built, and the advice rules the candidate out with that reason."""
+  from dsgrad import candidates
+  rng = np.random.default_rng(0)
+  data = {"u": rng.integers(0, 21_300, 50).astype(np.int32), "y": np.ones(50, np.float32)}
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), lambda z, rows: rows["y"] * z[rows["u"]], data,
+      latent=21_300)
+  with pytest.raises(ValueError, match="Sobol dimensions"):
+    dsgrad.multi_sample(objective, 2, sampler="rqmc")
+  [(name, contender, _, note)] = candidates.equal_cost_contenders(("rqmc",), objective, 10, 2)
+  assert contender is None and "Sobol dimensions" in note
