@@ -15,7 +15,7 @@ generated from a fixed seed with NumPy, so nothing is downloaded.
 
 The hierarchical and count models declare which latent rows each data row reads
 (``reads``), so joint SAGA keeps a table of those coordinates only
-(:func:`dsgrad.approx.sparse_linearize`; the dense table would be 410-447 GiB).
+(:func:`dsgrad.approx.sparse_linearize`; the dense tables would be 447 and 261 GiB).
 
 Each builder returns a :class:`SuiteModel`: the objective, the same two functions and data
 for a hand-written loop, and the flat latent's unravelling.

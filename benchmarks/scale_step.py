@@ -181,7 +181,8 @@ def render(record) -> str:
       lines.append(f"| {label} | ruled out: {reason} | | | | |")
     cv_hand = median["fit cv (c = 1)"] / median["hand cv (c = 1)"]
     passes = []
-    epoch = r["num_data"] / config["batch_size"] * naive
+    # A refresh once an epoch: its share of an epoch of joint SVRG's own steps.
+    epoch = r["num_data"] / config["batch_size"] * median.get("fit joint SVRG", naive)
     for label, seconds in r["full_passes"].items():
       if seconds is None:
         continue

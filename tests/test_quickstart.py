@@ -55,7 +55,7 @@ def test_main_job_runs_at_a_small_size(tmp_path, capsys):
   with open(tmp_path / "results.json") as f:
     saved = json.load(f)
   rows = {row["contender"]: row for row in saved["rows"]}
-  assert set(rows) == {"hand", "naive", "naive 2x batch", "cv", "joint_svrg"}
+  assert set(rows) == {"hand", "naive", "naive 2x batch", "joint_svrg", "joint_saga"}
   for name, row in rows.items():
     elbos = [e for _, e in row["trace"]]
     assert row["steps"] > 0 and all(map(math.isfinite, elbos)), name
