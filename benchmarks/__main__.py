@@ -9,6 +9,7 @@ BENCHMARKS = {
     "scale-suite": "benchmarks.scale_suite",
     "disk-step": "benchmarks.disk_step",
     "scale-step": "benchmarks.scale_step",
+    "two-threads": "benchmarks.two_threads",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
     "hmcecs": "benchmarks.hmcecs",

@@ -300,15 +300,16 @@ def _check_declared_reads(model: Model, reads) -> None:
   indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
   z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
   sparse = model.sparse
-  full = np.asarray(jax.jit(model.log_likelihood)(z, indices))
-  local = np.asarray(jax.jit(lambda zz, i: sparse.log_likelihood_local(
+  # The data as arguments, not constants folded into the two small programs.
+  full = np.asarray(data_lib.jit(model.data, model.log_likelihood)(z, indices))
+  local = np.asarray(data_lib.jit(model.data, lambda zz, i: sparse.log_likelihood_local(
       zz[sparse.coordinates(i)], i))(z, indices))
   if not np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max())):
     raise ValueError(
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "
         f"where the full latent gives {full[:3]}: log_lik reads latent values that reads "
         f"does not declare (another row of a declared leaf, or a declared leaf indexed by "
-        f"another column)")
+        f"another column), or uses an index column as a value besides indexing with it")
 
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,

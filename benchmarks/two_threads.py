@@ -1,0 +1,132 @@
+"""Whether a step's time repeats across processes, in plain JAX (no dsgrad): the
+hierarchical model's mini-batch gradient and its JVP in the noise direction (the ``cv``
+control variate's arithmetic), written with ``jax.jit`` alone, timed in several fresh
+processes with XLA free to use every core and pinned to one (``taskset``-like affinity
+set before JAX starts).
+
+Each process compiles the two programs, warms them up, and times ``--calls`` calls in
+``--repeats`` repeats; the table gives each process's median milliseconds per call. Where
+XLA splits a loop over two threads, the same program has run at two speeds chosen per
+process on these 2-core machines; pinned, it should repeat.
+
+    python -m benchmarks two-threads                     # 5 processes each way
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchmarks import _report
+
+CHILD = r'''
+import json, os, sys, time
+cores = sys.argv[1]
+if cores == "one":
+  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import jax, jax.numpy as jnp, numpy as np
+from jax.flatten_util import ravel_pytree
+num_data, groups, batch, calls, repeats = map(int, sys.argv[2:7])
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((num_data, 8), dtype=np.float32))
+g = jnp.asarray(rng.integers(0, groups, num_data).astype(np.int32))
+y = jnp.asarray((rng.random(num_data) < 0.5).astype(np.float32))
+latent = {"beta": jnp.zeros(8), "mu": jnp.zeros(3), "log_tau": jnp.zeros(3),
+          "raw": jnp.zeros((groups, 3))}
+flat, unravel = ravel_pytree(latent)
+d = flat.size
+
+def loss(params, idx, eps):
+  zf = params["loc"] + jnp.exp(params["log_scale"]) * eps
+  z = unravel(zf)
+  ab = z["mu"] + jnp.exp(z["log_tau"]) * z["raw"][g[idx]]
+  xr = x[idx]
+  logit = xr @ z["beta"] + ab[:, 0] + ab[:, 1] * xr[:, 0] + ab[:, 2] * xr[:, 1]
+  return (-num_data * jnp.mean(y[idx] * logit - jax.nn.softplus(logit))
+          + 0.5 * jnp.sum(zf ** 2) - jnp.sum(params["log_scale"]))
+
+@jax.jit
+def gradient(params, idx, key):
+  return jax.grad(loss)(params, idx, jax.random.normal(key, (d,)))
+
+@jax.jit
+def gradient_and_jvp(params, idx, key):
+  eps = jax.random.normal(key, (d,))
+  return jax.jvp(lambda e: jax.grad(loss)(params, idx, e), (jnp.zeros(d),), (eps,))
+
+params = {"loc": jnp.zeros(d), "log_scale": jnp.full(d, -2.0)}
+idx = jnp.arange(batch)
+out = {"cores_visible": len(os.sched_getaffinity(0))}
+for name, fn in (("gradient", gradient), ("gradient and JVP", gradient_and_jvp)):
+  jax.block_until_ready(fn(params, idx, jax.random.key(0)))
+  times = []
+  for r in range(repeats):
+    started = time.perf_counter()
+    for i in range(calls):
+      result = fn(params, idx, jax.random.key(i))
+    jax.block_until_ready(result)
+    times.append((time.perf_counter() - started) / calls * 1e3)
+  out[name] = times
+print(json.dumps(out))
+'''
+
+
+def run(processes, num_data, groups, batch, calls, repeats) -> dict:
+  results = {"all cores": [], "one core": []}
+  # Alternate the two settings, so that a slow spell of the machine hits both.
+  for _ in _report.progress(range(processes), "processes (each way)"):
+    for label, cores in (("all cores", "all"), ("one core", "one")):
+      child = subprocess.run(
+          [sys.executable, "-c", CHILD, cores, str(num_data), str(groups), str(batch),
+           str(calls), str(repeats)], capture_output=True, text=True, timeout=600,
+          env=dict(os.environ, XLA_FLAGS=""))
+      if child.returncode:
+        raise RuntimeError(child.stderr[-2000:])
+      results[label].append(json.loads(child.stdout.strip().splitlines()[-1]))
+  return results
+
+
+def render(record) -> str:
+  data, config = record["results"]["results"], record["results"]["config"]
+  lines = [f"Command: `{record['command']}`; plain JAX (no dsgrad), the hierarchical "
+           f"model at N = {config['num_data']:,}, {config['groups']:,} groups, batch "
+           f"{config['batch']}; per process: median ms per call over {config['repeats']} "
+           f"repeats of {config['calls']} calls after a warm-up. Measured: "
+           f"{record['environment']}.", "",
+           "| program | XLA's threads | ms per call, one number per process | slowest / "
+           "fastest process |", "| --- | --- | --- | ---: |"]
+  for program in ("gradient", "gradient and JVP"):
+    for label, runs in data.items():
+      medians = [statistics.median(r[program]) for r in runs]
+      lines.append(f"| {program} | {label} ({runs[0]['cores_visible']} visible) | "
+                   + ", ".join(f"{m:.2f}" for m in medians)
+                   + f" | {max(medians) / min(medians):.2f}x |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks two-threads",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--processes", type=int, default=5)
+  parser.add_argument("--num-data", type=int, default=200_000)
+  parser.add_argument("--groups", type=int, default=20_000)
+  parser.add_argument("--batch", type=int, default=1000)
+  parser.add_argument("--calls", type=int, default=20)
+  parser.add_argument("--repeats", type=int, default=4)
+  parser.add_argument("--section", default="two-threads-cpu")
+  parser.add_argument("--no-write", action="store_true")
+  args = parser.parse_args(argv)
+  config = {"processes": args.processes, "num_data": args.num_data, "groups": args.groups,
+            "batch": args.batch, "calls": args.calls, "repeats": args.repeats}
+  results = run(args.processes, args.num_data, args.groups, args.batch, args.calls,
+                args.repeats)
+  _report.publish(args.section, None, not args.no_write, render=render,
+                  data={"results": results, "config": config})
+
+
+if __name__ == "__main__":
+  main()
