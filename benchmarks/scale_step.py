@@ -48,13 +48,15 @@ MAX_TABLE_BYTES = 4 * 2**30
 
 
 def _hand(model, batches, learning_rate, kind):
-  """A compiled hand-written segment ``(params, opt_state, keys) -> (params, opt_state)``
-  (``kind``: ``"naive"``, ``"cv"``), or the floor ``(params, keys) -> summed grads``."""
+  """A jitted hand-written segment ``(data, params, opt_state, keys) -> (params,
+  opt_state)`` (``kind``: ``"naive"``, ``"cv"``), or the floor ``(data, params, keys) ->
+  summed grads``. The data are an argument, as in the suite's hand loop: as constants, XLA
+  would fold gigabytes into the program."""
   loss = scale_models.hand_loss(model)
   adam = optax.adam(learning_rate)
-  data, d = model.data, model.dim
+  d = model.dim
 
-  def grads_at(params, idx, key):
+  def grads_at(data, params, idx, key):
     rows = jax.tree.map(lambda a: a[idx], data)
     eps = jax.random.normal(key, (d,))
     grads = jax.grad(loss)(params, rows, eps)
@@ -65,19 +67,21 @@ def _hand(model, batches, learning_rate, kind):
     return grads
 
   if kind == "floor":
-    def floor(params, keys):
+    def floor(data, params, keys):
       def body(total, xs):
-        return jax.tree.map(jnp.add, total, grads_at(params, *xs)), None
+        return jax.tree.map(jnp.add, total, grads_at(data, params, *xs)), None
       zero = jax.tree.map(jnp.zeros_like, params)
       return jax.lax.scan(body, zero, (batches, keys))[0]
     return jax.jit(floor), None
 
-  def step(carry, xs):
-    params, state = carry
-    updates, state = adam.update(grads_at(params, *xs), state, params)
-    return (optax.apply_updates(params, updates), state), None
+  def segment(data, params, state, keys):
+    def step(carry, xs):
+      params, state = carry
+      updates, state = adam.update(grads_at(data, params, *xs), state, params)
+      return (optax.apply_updates(params, updates), state), None
+    return jax.lax.scan(step, (params, state), (batches, keys))[0]
 
-  return jax.jit(lambda p, s, keys: jax.lax.scan(step, (p, s), (batches, keys))[0]), adam
+  return jax.jit(segment), adam
 
 
 def _fit_estimator(label, objective):
@@ -125,7 +129,8 @@ def run(models, steps, rounds, batch_size, num_data, learning_rate=1e-3) -> dict
     for kind, label in (("floor", "floor"), ("naive", "hand naive"),
                         ("cv", "hand cv (c = 1)")):
       run_hand, adam = _hand(model, batches, learning_rate, kind)
-      args = (params, keys) if adam is None else (params, adam.init(params), keys)
+      args = ((model.data, params, keys) if adam is None
+              else (model.data, params, adam.init(params), keys))
       compiled = run_hand.lower(*args).compile()
       calls[label] = lambda compiled=compiled, args=args: jax.block_until_ready(
           compiled(*args))
