@@ -379,7 +379,7 @@ def _paired(row, hand) -> tuple:
 
 
 LABELS = {"hand": "hand-written optax loop", "naive": "dsgrad naive", "cv": "cv (linearize)",
-          "joint_svrg": "joint SVRG (linearize, every N/B)", "joint_saga": "joint SAGA (declared rows' table, else linearize)",
+          "joint_svrg": "joint SVRG (linearize, every N/B)", "joint_saga": "joint SAGA",
           "naive_batch": "naive, K x batch", "naive_samples": "naive, K samples",
           "follow": "follow the advice (recommend + fit)"}
 

@@ -252,7 +252,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     >>> model = dsgrad.model_from_logdensity(
     ...     lambda z: -0.5 * jnp.sum(z["w"] ** 2) - 0.5 * jnp.sum(z["b"] ** 2),
     ...     lambda z, batch: -0.5 * (batch["y"] - z["w"] * batch["x"]
-    ...                              - z["b"][batch["g"]]) ** 2,
+    ...                              - jnp.take(z["b"], batch["g"])) ** 2,
     ...     {"x": x, "y": 2.0 * x, "g": g}, latent={"w": jnp.zeros(()), "b": jnp.zeros(5)},
     ...     reads={"b": "g"})
     >>> model.sparse.num_coordinates  # b[g[n]] and w, of 6 latents
