@@ -25,7 +25,7 @@ from benchmarks import _report
 from benchmarks import scale_models
 from benchmarks import scale_suite
 
-ESTIMATORS = ("naive", "cv", "joint_svrg")
+ESTIMATORS = ("naive", "cv", "joint_svrg", "joint_saga")
 
 
 def run(models, estimators, num_data, steps, rounds, batch_size, directory) -> dict:
@@ -83,7 +83,8 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--models", nargs="*", choices=list(scale_models.BUILDERS),
                       default=["hierarchical", "two_index", "mlp"])
-  parser.add_argument("--estimators", nargs="*", choices=ESTIMATORS, default=list(ESTIMATORS))
+  parser.add_argument("--estimators", nargs="*", choices=ESTIMATORS,
+                      default=["naive", "cv", "joint_svrg"])
   parser.add_argument("--num-data", type=int, default=1_000_000)
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--rounds", type=int, default=5)

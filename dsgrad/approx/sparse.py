@@ -130,13 +130,16 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
       return noise[coords]
     return jnp.take_along_axis(noise, coords, axis=1)
 
-  def local_loss(row, index, eps):
-    z = row["loc"] + jnp.exp(row["log_scale"]) * eps
-    return -n * sparse.log_likelihood_local(z[None], index[None])[0]
+  def batch_loss(rows, indices, eps):
+    # Datum b's term reads only rows[b], so the gradient of the sum with respect to the
+    # stacked rows is each datum's own gradient: no vmap over the data, whose one-datum
+    # reads would miss the batch's rows read ahead from host data.
+    z = rows["loc"] + jnp.exp(rows["log_scale"]) * eps
+    return -n * jnp.sum(sparse.log_likelihood_local(z, indices))
 
-  def local_terms(row, index, eps):
+  def local_terms(rows, indices, eps):
     def grad_at(e):
-      return jax.grad(local_loss)(row, index, e)
+      return jax.grad(batch_loss)(rows, indices, e)
     expected, deviation = jax.jvp(grad_at, (jnp.zeros_like(eps),), (eps,))
     return optax.tree.add(expected, deviation), expected
 
@@ -151,14 +154,14 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     coords = coordinates(indices)
     eps = local_noise(objective, noise, coords)
     rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
-    d_rows, e_rows = jax.vmap(local_terms)(rows, indices, eps)
+    d_rows, e_rows = local_terms(rows, indices, eps)
     return scatter(params, d_rows, coords, weights), scatter(params, e_rows, coords, weights)
 
   def datum_expected(objective, params, stats, indices, weights):
     del objective
     coords = coordinates(indices)
     rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
-    e_rows = jax.vmap(jax.grad(local_loss))(rows, indices, jnp.zeros_like(rows["loc"]))
+    e_rows = jax.grad(batch_loss)(rows, indices, jnp.zeros_like(rows["loc"]))
     return scatter(params, e_rows, coords, weights)
 
   def global_loss(params, eps):
