@@ -1,6 +1,7 @@
-"""The documentation cannot rot: every Python block of the getting-started and how-to
-pages runs, every public name has a docstring, and the site builds with warnings as
-errors."""
+"""The documentation cannot rot: every Python block of the README, the getting-started
+and the how-to pages runs (the tutorials' blocks too, marked slow: ``-m slow``, a minute
+of the default run's time), every public name has a docstring, and the site builds with
+warnings as errors."""
 
 import glob
 import os
@@ -24,7 +25,9 @@ def _python_blocks(page):
     return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if p.startswith("tutorials") else p
+    for p in PAGES])
 def test_code_blocks_run(page, tmp_path, monkeypatch):
   blocks = _python_blocks(page)
   if page != "howto/reproduce.md":
