@@ -91,20 +91,17 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
   """
   layout, columns = _reads_layout(reads, latent, d, handles)
   position = {col: p for p, col in enumerate(columns)}
-  k = sum(int(np.prod(shape[1:], dtype=np.int64)) * len(cols) if cols else
-          int(np.prod(shape, dtype=np.int64)) for _, shape, cols in layout)
+  k = sum(width * (len(cols) if cols else 1) for _, _, cols, width in layout)
   data_leaves = list(handles.values())
   data_names = list(handles)
 
   def coordinates(indices):
     pieces = []
-    for start, shape, cols in layout:
+    for start, _, cols, width in layout:
       if cols is None:
-        size = int(np.prod(shape, dtype=np.int64))
-        pieces.append(jnp.broadcast_to(start + jnp.arange(size, dtype=jnp.int32),
-                                       indices.shape + (size,)))
+        pieces.append(jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32),
+                                       indices.shape + (width,)))
         continue
-      width = int(np.prod(shape[1:], dtype=np.int64))
       for col in cols:
         row = handles[col][indices].astype(jnp.int32)
         pieces.append(start + row[:, None] * width
@@ -113,13 +110,11 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
 
   def local_latent(z_local):
     parts, at = [], 0
-    for _, shape, cols in layout:
+    for _, shape, cols, width in layout:
       if cols is None:
-        size = int(np.prod(shape, dtype=np.int64))
-        parts.append(z_local[at:at + size].reshape(shape))
-        at += size
+        parts.append(z_local[at:at + width].reshape(shape))
+        at += width
         continue
-      width = int(np.prod(shape[1:], dtype=np.int64))
       small = jnp.zeros((len(columns),) + shape[1:], z_local.dtype)
       for col in cols:
         small = small.at[position[col]].set(z_local[at:at + width].reshape(shape[1:]))
@@ -142,7 +137,8 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
 
 def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
   """``reads`` checked against the latent and the data: ``[(offset, leaf shape, index
-  columns or None for a leaf read whole)]`` in ravel order, and the index columns."""
+  columns or None for a leaf read whole, coordinates per read: one row's for a declared
+  leaf, all of them for a leaf read whole)]`` in ravel order, and the index columns."""
   if not isinstance(reads, dict) or not reads:
     raise TypeError(f"reads must be a non-empty dict {{latent leaf: data column(s)}}, got "
                     f"{type(reads).__name__}")
@@ -175,8 +171,9 @@ def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
           raise ValueError(f"data column {col!r} holds values in [{lo}, {hi}], but it "
                            f"indexes latent {leaf_name!r} with {shape[0]} rows "
                            f"(reads[{leaf_name!r}])")
-    layout.append((offset, shape, cols))
-    offset += int(np.prod(shape, dtype=np.int64))
+    size = int(np.prod(shape, dtype=np.int64))
+    layout.append((offset, shape, cols, size // shape[0] if cols else size))
+    offset += size
   assert offset == d
   return layout, columns
 
