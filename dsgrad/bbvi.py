@@ -87,4 +87,5 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True,
   return bbvi_objective(model, MeanFieldGaussian.transform, MeanFieldGaussian.entropy_at,
                         shared_noise=shared_noise, name="meanfield_gaussian",
                         source=("meanfield_gaussian", model),
-                        path_derivative=path_derivative, log_prob=MeanFieldGaussian.log_prob_at)
+                        path_derivative=path_derivative, log_prob=MeanFieldGaussian.log_prob_at,
+                        inverse=MeanFieldGaussian.inverse_transform)

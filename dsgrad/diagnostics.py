@@ -16,6 +16,7 @@ import optax
 
 from dsgrad import compile_cache
 from dsgrad import checks
+from dsgrad import elbo_trust
 from dsgrad.batching import sample_batch
 from dsgrad.objective import Objective, per_datum
 from dsgrad.tables import full_pass_mean, tree_bytes
@@ -139,7 +140,9 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     (True, True)
   """
   checks.check_objective_evaluates(objective, params, "elbo")
-  return elbo_unchecked(objective, params, key, num_samples, chunk_size, num_data_sampled)
+  value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size, num_data_sampled)
+  elbo_trust.warn_above_bound(value, se, objective.log_evidence_bound, "from dsgrad.elbo")
+  return value, se
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),

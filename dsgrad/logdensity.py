@@ -322,7 +322,7 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
     data: as in :func:`model_from_logdensity`.
     latent: as in :func:`model_from_logdensity`.
     family: ``"meanfield"`` (params ``{"loc", "log_scale"}``) or ``"fullrank"``
-      (params ``{"loc", "log_diag", "off_diag"}``); see :mod:`dsgrad.families`.
+      (params ``{"loc", "log_diag", "unit_lower"}``); see :mod:`dsgrad.families`.
     shared_noise: one noise draw for the whole batch (default) or one per datum.
     name: label for messages and tables.
     path_derivative: the "sticking the landing" gradient

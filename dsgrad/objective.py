@@ -27,7 +27,7 @@ LossFn = Callable[[Params, jax.Array, Noise], jax.Array]
 NoiseFn = Callable[[jax.Array, int], Noise]
 
 
-@checks.arguments(num_data=checks.count(1))
+@checks.arguments(num_data=checks.count(1), log_evidence_bound=checks.optional(checks.real()))
 @dataclasses.dataclass(frozen=True, eq=False)
 class Objective:
   """A doubly-stochastic objective ``f(w; n, eps)`` over ``num_data`` data.
@@ -60,6 +60,9 @@ class Objective:
       (:func:`dsgrad.meanfield_gaussian` sets ``("meanfield_gaussian", model)``). Fused
       kernels (:class:`dsgrad.approx.FusedTerms`) compute the naive gradient of exactly
       that objective from it; an objective whose loss was changed afterwards clears it.
+    log_evidence_bound: optional upper bound on the log evidence that the ELBO
+      (``-`` the mean loss) cannot exceed (:attr:`dsgrad.models.Model.log_evidence_bound`,
+      which the BBVI objectives copy): an estimate above it is flagged.
 
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
@@ -89,6 +92,7 @@ class Objective:
   data: Mapping[str, data_lib.DataArray] | None = None
   log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
   source: tuple | None = None
+  log_evidence_bound: float | None = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

@@ -190,3 +190,33 @@ def restore_fit_history(path) -> History:
   """The :class:`History` saved with a :func:`fit` checkpoint (pass it back to ``fit`` as
   ``history`` when resuming); empty if the checkpoint has none."""
   return history_from_raw(checkpoint_lib.restore_raw(path))
+
+
+class Recorder:
+  """:func:`dsgrad.fit`'s history as one list per field, continuing a resumed run's ``history``."""
+
+  def __init__(self, history: History | None, start_step: int):
+    self.columns = {name: [] for name in History._fields}
+    self.continued = history is not None
+    if history is not None:
+      # An interrupted run's history ends at its last evaluation, which can be before
+      # the step it stopped at (FitInterrupted); one past it belongs to another state.
+      if len(history.step) and int(history.step[-1]) > start_step:
+        raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
+                         f"{start_step}; pass the history saved with the checkpoint (or "
+                         "the one of the FitInterrupted that stopped this run)")
+      self.columns = {name: list(np.asarray(getattr(history, name), np.float64))
+                      for name in History._fields}
+    self.wall = float(self.columns["wall_time"][-1]) if self.columns["wall_time"] else 0.0
+
+  def lacks(self, step: int) -> bool:
+    """Whether a resumed run's history ends before its ``step``."""
+    steps = self.columns["step"]
+    return self.continued and step > 0 and (not steps or steps[-1] < step)
+
+  def append(self, step: int, seconds: float, value: float, se: float) -> None:
+    for name, v in zip(History._fields, (step, self.wall + seconds, value, se)):
+      self.columns[name].append(v)
+
+  def history(self) -> History:
+    return History(*(np.asarray(self.columns[k], np.float64) for k in History._fields))

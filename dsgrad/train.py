@@ -34,6 +34,7 @@ from dsgrad import checks
 from dsgrad import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad import diagnostics
+from dsgrad import elbo_trust
 from dsgrad import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
 from dsgrad import parallel
@@ -84,6 +85,10 @@ class FitResult(NamedTuple):
       was not computed.
     timing: a :class:`FitTiming`: the call's seconds split into steps, compiling,
       evaluations and setup (``None`` in an interrupted run's result).
+    warnings: sentences on what makes the ELBO trace untrustworthy
+      (:func:`dsgrad.elbo_trust.elbo_trace_warnings`: an estimate above the model's
+      log evidence bound, a jump of orders of magnitude, a run that ended far below its
+      best); empty when none. Printed with ``progress``.
   """
 
   params: Any
@@ -93,6 +98,7 @@ class FitResult(NamedTuple):
   pareto_k: float | None = None
   diagnosis: str = ""
   timing: FitTiming | None = None
+  warnings: tuple = ()
 
 
 class FitInterrupted(KeyboardInterrupt):
@@ -312,7 +318,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     run_key, eval_key = jax.random.split(key)
     runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
                                     **placement)
-    record = _Recorder(history, start_step)
+    record = resume_lib.Recorder(history, start_step)
     trust_check, diagnosis = _can_check_trust(objective, elbo_samples)
     k_hat, evaluations = None, _Clock()
     bar = _progress(progress, num_steps - start_step)
@@ -353,10 +359,21 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
           progress=progress, checkpoint_path=checkpoint_path,
           checkpoint_every=checkpoint_every, mesh=mesh)) from None
     bar(0, step, None, None, close=True)
-    if progress and k_hat is not None:
-      print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
-    return FitResult(params, opt_state, record.history(), runner.compile_seconds, k_hat,
-                     diagnosis, _timing(entered, runner, evaluations.seconds))
+    history = record.history()
+    trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.elbo_trace_warnings(
+        history, objective.log_evidence_bound))
+    return FitResult(params, opt_state, history, runner.compile_seconds, k_hat,
+                     diagnosis, _timing(entered, runner, evaluations.seconds), trace_warnings)
+
+
+def _report(progress: bool, k_hat, diagnosis: str, trace_warnings: tuple) -> tuple:
+  """Prints, with ``progress``, the k-hat diagnosis and the trace's warnings; returns the
+  latter."""
+  if progress and k_hat is not None:
+    print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
+  for message in trace_warnings if progress else ():
+    print("warning: " + message, flush=True)
+  return trace_warnings
 
 
 class _Clock:
@@ -440,36 +457,6 @@ def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
   run resumed where an interrupt stopped it, between evaluations, evaluates where the
   uninterrupted run does."""
   return min(eval_every - step % eval_every, num_steps - step)
-
-
-class _Recorder:
-  """The history as one list per field, continuing a resumed run's ``history``."""
-
-  def __init__(self, history: History | None, start_step: int):
-    self.columns = {name: [] for name in History._fields}
-    self.continued = history is not None
-    if history is not None:
-      # An interrupted run's history ends at its last evaluation, which can be before
-      # the step it stopped at (FitInterrupted); one past it belongs to another state.
-      if len(history.step) and int(history.step[-1]) > start_step:
-        raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
-                         f"{start_step}; pass the history saved with the checkpoint (or "
-                         "the one of the FitInterrupted that stopped this run)")
-      self.columns = {name: list(np.asarray(getattr(history, name), np.float64))
-                      for name in History._fields}
-    self.wall = float(self.columns["wall_time"][-1]) if self.columns["wall_time"] else 0.0
-
-  def lacks(self, step: int) -> bool:
-    """Whether a resumed run's history ends before its ``step``."""
-    steps = self.columns["step"]
-    return self.continued and step > 0 and (not steps or steps[-1] < step)
-
-  def append(self, step: int, seconds: float, value: float, se: float) -> None:
-    for name, v in zip(History._fields, (step, self.wall + seconds, value, se)):
-      self.columns[name].append(v)
-
-  def history(self) -> History:
-    return History(*(np.asarray(self.columns[k], np.float64) for k in History._fields))
 
 
 def _progress(enabled: bool, total: int):

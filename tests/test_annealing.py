@@ -215,8 +215,8 @@ def test_mass_relative_to_the_base_precision():
     if base == "meanfield":
       variance = np.exp(2 * np.asarray(params["base"]["log_scale"], np.float64))
     else:
-      params["base"]["off_diag"] = jnp.asarray(rng.normal(size=(D, D)) * 0.2, jnp.float32)
-      chol = np.tril(np.asarray(params["base"]["off_diag"], np.float64), -1) + np.diag(
+      params["base"]["unit_lower"] = jnp.asarray(rng.normal(size=(D, D)) * 0.2, jnp.float32)
+      chol = (np.tril(np.asarray(params["base"]["unit_lower"], np.float64), -1) + np.eye(D)) * (
           np.exp(np.asarray(params["base"]["log_diag"], np.float64)))
       variance = np.diag(chol @ chol.T)
     shifted = dict(params, chain=dict(params["chain"], log_mass=jnp.asarray(

@@ -241,7 +241,10 @@ class AnnealedVI:
     # loss_fn reads this instance only: every call of objective() is one model for the
     # estimators and the compiled programs.
     with_function_key(loss_fn, ("annealed_vi", by_identity(self)))
-    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data)
+    # A learned model's evidence changes with its parameters: no fixed bound.
+    bound = self._template.log_evidence_bound if self.model_params is None else None
+    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data,
+                     log_evidence_bound=bound)
 
   def log_weight(self, params, noise) -> jax.Array:
     """The full-data ``log w`` of one chain draw (its mean over draws is the ELBO)."""

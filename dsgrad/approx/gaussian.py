@@ -127,7 +127,7 @@ def _likelihood_hessian_diag(model: Model, z, indices):
 
 
 _FAMILIES = {frozenset({"loc", "log_scale"}): MeanFieldGaussian,
-             frozenset({"loc", "off_diag", "log_diag"}): FullRankGaussian}
+             frozenset({"loc", "unit_lower", "log_diag"}): FullRankGaussian}
 
 
 def _gaussian_family(params, who: str):
@@ -135,7 +135,7 @@ def _gaussian_family(params, who: str):
   family = _FAMILIES.get(frozenset(params) if isinstance(params, dict) else None)
   if family is None:
     raise ValueError(f"{who} works on Gaussian params {{'loc', 'log_scale'}} (mean-field) "
-                     f"or {{'loc', 'off_diag', 'log_diag'}} (full-rank), got "
+                     f"or {{'loc', 'unit_lower', 'log_diag'}} (full-rank), got "
                      f"{jax.tree.structure(params)}")
   return family
 
@@ -177,7 +177,7 @@ def gaussian_taylor(model: Model) -> Approximation:
 
   Returns:
     An :class:`Approximation` for mean-field ``{"loc", "log_scale"}`` or full-rank
-    ``{"loc", "off_diag", "log_diag"}`` params (chosen by the params' keys).
+    ``{"loc", "unit_lower", "log_diag"}`` params (chosen by the params' keys).
 
   References:
     Wang, Geffner, Domke (2024), App. F, Eq. 61-67.

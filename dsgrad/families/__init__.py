@@ -29,7 +29,7 @@ def by_name(name: str, dim: int, **init):
     >>> import dsgrad
     >>> family = dsgrad.families.by_name("fullrank", 3)
     >>> sorted(family.params())
-    ['loc', 'log_diag', 'off_diag']
+    ['loc', 'log_diag', 'unit_lower']
   """
   if name not in FAMILIES:
     raise ValueError(f"unknown variational family {name!r}; choose one of {sorted(FAMILIES)}")

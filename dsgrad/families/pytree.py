@@ -37,7 +37,7 @@ from dsgrad.objective import Objective
 
 STRUCTURED_FIELDS = ("loc", "log_scale", "log_diag")
 """The parameter fields that take the latent's structure; others (a full-rank factor's
-``off_diag``) stay as they are."""
+``unit_lower``) stay as they are."""
 
 
 def latent_unravel(latent, what: str = "an example value of the latent"):

@@ -92,6 +92,11 @@ class Model(NamedTuple):
       (:func:`dsgrad.model_from_logdensity` sets it). Samples and params stay flat;
       ``jax.vmap(model.unravel)(result.samples)`` gives them that shape, and the MCMC
       entry points take a position in it.
+    log_evidence_bound: optional number known to be at least the log evidence
+      ``log p(x)``: ``0`` for discrete data (the evidence is a probability; dsgrad's
+      classification and comparison models set it), or the exact log evidence of a
+      conjugate model. No ELBO can exceed it, so an estimate above it is a numerical
+      failure, not progress: :func:`dsgrad.fit` and :func:`dsgrad.elbo` flag it.
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
@@ -104,6 +109,7 @@ class Model(NamedTuple):
   log_prior_hessian_diag: Callable[[jax.Array], jax.Array] | None = None
   data: dict | None = None
   unravel: Callable[[jax.Array], Any] | None = None
+  log_evidence_bound: float | None = None
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""

@@ -88,7 +88,8 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
     return jax.nn.log_sigmoid(signs[indices] * (pair[:, 0] - pair[:, 1]))
 
   return Model(log_prior, log_likelihood, int(a.shape[0]), m, name,
-               sparse=SparseLikelihood(2, coordinates, log_likelihood_local), data=data)
+               sparse=SparseLikelihood(2, coordinates, log_likelihood_local), data=data,
+               log_evidence_bound=0.0)  # outcomes are discrete: p(x) <= 1
 
 
 @checks.arguments(key=checks.prng_key(), num_players=checks.count(2),

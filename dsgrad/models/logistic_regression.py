@@ -107,7 +107,8 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
 
   return Model(log_prior, log_likelihood, n, d, name,
                LinearPredictor(x, 1, log_likelihood_of_logits, logistic_signs=signs),
-               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data)
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data,
+               log_evidence_bound=0.0)  # labels are discrete: p(x) <= 1
 
 
 @checks.arguments(key=checks.prng_key(), num_data=checks.count(1), dim=checks.count(1),
@@ -207,4 +208,5 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
 
   return Model(log_prior, log_likelihood, n, d * k, name,
                LinearPredictor(x, k, log_likelihood_of_logits),
-               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data)
+               log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data,
+               log_evidence_bound=0.0)  # labels are discrete: p(x) <= 1

@@ -1,0 +1,99 @@
+"""Whether an ELBO estimate or trace can be believed.
+
+An ELBO estimate is a Monte Carlo mean, and a run's trace a sequence of them: a numerical
+failure (an ill-conditioned scale matrix, an overflow) or a step size too large can turn
+both into numbers that read as progress. Two facts catch most of it: no ELBO exceeds the
+log evidence, so it exceeds no upper bound on it that the model knows
+(:attr:`dsgrad.models.Model.log_evidence_bound`: 0 for discrete data); and a run that
+improves from a poor start shrinks ``|ELBO|``, while one that diverges grows it by orders
+of magnitude. :func:`dsgrad.fit` reports what these checks find in its result's
+``warnings``, :func:`dsgrad.elbo` as an :class:`ELBOWarning`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from dsgrad import checks
+
+
+class ELBOWarning(RuntimeWarning):
+  """An ELBO estimate that cannot be right, or a trace that diverges
+  (:func:`elbo_trace_warnings`)."""
+
+
+# How far apart, in orders of magnitude, two successive ELBO evaluations may be before the
+# trace counts as diverging: a run improving from a poor start shrinks |ELBO|; growing
+# a thousandfold between two evaluations is a step size or a numerical failure.
+JUMP_FACTOR = 1e3
+
+
+def _above_bound(value: float, se: float, bound: float | None, where: str) -> str | None:
+  """A sentence when the ELBO estimate ``value`` is more than three standard errors above
+  ``bound`` (an upper bound on the log evidence), else ``None``."""
+  if bound is None or not np.isfinite(value) or value - 3 * se <= bound:
+    return None
+  return (f"the ELBO estimate {value:.6g} (se {se:.2g}) {where} is above {bound:.6g}, an "
+          "upper bound on the model's log evidence (Model.log_evidence_bound): no ELBO can "
+          "exceed it, so the estimate is a numerical failure (an ill-conditioned scale, an "
+          "overflow), not progress")
+
+
+@checks.arguments(bound=checks.optional(checks.real()))
+def elbo_trace_warnings(history, bound: float | None = None) -> tuple[str, ...]:
+  """What makes an ELBO trace untrustworthy, one sentence each (empty when nothing does).
+
+  Three checks on a :class:`dsgrad.History`:
+
+  * an estimate more than three standard errors above ``bound``, an upper bound on the
+    log evidence (``objective.log_evidence_bound``);
+  * two successive finite estimates whose magnitudes differ by :data:`JUMP_FACTOR` or
+    more, upward (|ELBO| growing): the run diverges, whether the values fall or rise;
+  * a last estimate below the run's best by more than ten combined standard errors and
+    10% of the best's magnitude: the run moved away from its best point.
+
+  Args:
+    history: the trace (``step``, ``elbo``, ``elbo_se``).
+    bound: upper bound on the log evidence, or ``None``.
+
+  Returns:
+    A tuple of messages, naming steps and values.
+  """
+  steps = np.asarray(history.step)
+  values = np.asarray(history.elbo, np.float64)
+  errors = np.asarray(history.elbo_se, np.float64)
+  found = np.isfinite(values)
+  steps, values, errors = steps[found], values[found], errors[found]
+  out = []
+  for step, value, se in zip(steps, values, errors):
+    message = _above_bound(value, se, bound, f"after step {int(step)}")
+    if message is not None:
+      out.append(message)
+      break
+  for k in range(1, len(values)):
+    before, after = abs(values[k - 1]), abs(values[k])
+    if after >= JUMP_FACTOR * max(before, 1.0):
+      out.append(f"the ELBO went from {values[k - 1]:.6g} to {values[k]:.6g} between steps "
+                 f"{int(steps[k - 1])} and {int(steps[k])}, {np.log10(after / max(before, 1.0)):.0f} "
+                 "orders of magnitude: the run is diverging, not improving; lower the step "
+                 "size (or check the family's scale for overflow)")
+      break
+  if len(values) >= 2:
+    best = int(np.argmax(values))
+    drop = values[best] - values[-1]
+    if drop > max(10 * (errors[best] + errors[-1]), 0.1 * abs(values[best])):
+      out.append(f"the ELBO ended at {values[-1]:.6g}, {drop:.4g} below its best "
+                 f"{values[best]:.6g} (step {int(steps[best])}): the run moved away from its "
+                 "best point; lower the step size or let it decay (e.g. "
+                 "optax.cosine_decay_schedule)")
+  return tuple(out)
+
+
+def warn_above_bound(value: float, se: float, bound: float | None, where: str) -> None:
+  """Issues an :class:`ELBOWarning` when ``value`` is above ``bound`` beyond Monte Carlo
+  error (three standard errors)."""
+  message = _above_bound(value, se, bound, where)
+  if message is not None:
+    warnings.warn(message, ELBOWarning, stacklevel=3)

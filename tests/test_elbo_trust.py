@@ -1,0 +1,99 @@
+"""An ELBO that cannot be wrong silently: estimates above a bound on the log evidence, and
+traces that diverge, are flagged in fit's result and by dsgrad.elbo."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import dsgrad
+from dsgrad.elbo_trust import ELBOWarning, elbo_trace_warnings
+from dsgrad.models.base import Model, model_data
+from dsgrad.resume import History
+
+
+def _history(values, errors=None):
+  values = np.asarray(values, np.float64)
+  errors = np.full_like(values, 1.0) if errors is None else np.asarray(errors, np.float64)
+  steps = np.arange(1, len(values) + 1) * 100.0
+  return History(steps, steps * 1e-3, values, errors)
+
+
+def test_trace_warnings_name_each_kind_and_spare_a_healthy_trace():
+  healthy = _history([-5e5, -2e4, -3000.0, -2100.0, -2050.0, -2060.0, -2040.0])
+  assert elbo_trace_warnings(healthy) == ()
+  assert elbo_trace_warnings(healthy, bound=0.0) == ()
+  # -44,417 -> +9.0e8: the full-rank path-derivative failure once reported as progress.
+  (jump,) = elbo_trace_warnings(_history([-50000.0, -44417.0, 9.0e8]))[:1]
+  assert "from -44417 to 9e+08 between steps 200 and 300" in jump and "diverging" in jump
+  falls = elbo_trace_warnings(_history([-3000.0, -2000.0, -1900.0, -2600.0]))
+  assert len(falls) == 1 and "below its best -1900 (step 300)" in falls[0]
+  # A fall within ten standard errors is noise, not a divergence.
+  assert elbo_trace_warnings(_history([-3000.0, -1900.0, -2600.0], [10, 10, 80])) == ()
+  above = elbo_trace_warnings(_history([-10.0, -2.0, 0.5], [0.1, 0.1, 0.1]), bound=0.0)
+  assert len(above) == 1 and "0.5" in above[0] and "after step 300" in above[0]
+  # Within three standard errors of the bound: Monte Carlo error, not a failure.
+  assert elbo_trace_warnings(_history([-10.0, 0.2], [0.1, 0.1]), bound=0.0) == ()
+
+
+def _conjugate_regression(bound_shift=None):
+  """y_n ~ N(x_n . z, 1), z ~ N(0, I): the log evidence in closed form."""
+  rng = np.random.default_rng(0)
+  n, d = 200, 3
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  y = (x @ np.ones(d) + rng.normal(size=n)).astype(np.float32)
+  data = model_data(x=x, y=y)
+  log_2pi = np.log(2 * np.pi)
+  x64, y64 = x.astype(np.float64), y.astype(np.float64)
+  precision = x64.T @ x64 + np.eye(d)
+  mean = np.linalg.solve(precision, x64.T @ y64)
+  log_z = float(-0.5 * n * log_2pi - 0.5 * np.linalg.slogdet(precision)[1]
+                - 0.5 * (y64 @ y64 - mean @ precision @ mean))
+  bound = None if bound_shift is None else log_z + bound_shift
+  return Model(lambda z: -0.5 * jnp.sum(z ** 2) - 0.5 * d * log_2pi,
+               lambda z, i: -0.5 * (data["y"][i] - data["x"][i] @ z) ** 2 - 0.5 * log_2pi,
+               n, d, name="regression", data=data, log_evidence_bound=bound), precision
+
+
+def test_fit_flags_a_diverging_run_and_not_a_converging_one():
+  model, precision = _conjugate_regression()
+  objective = dsgrad.meanfield_gaussian(model)
+  largest = float(np.linalg.eigvalsh(precision).max())
+  runs = {}
+  for name, step_size in (("diverging", 2.1 / largest), ("converging", 0.5 / largest)):
+    runs[name] = dsgrad.fit(objective, optax.sgd(step_size), dsgrad.meanfield_init(model, 0.0, -2.0),
+                            jax.random.key(0), num_steps=200, batch_size=200, eval_every=40,
+                            progress=False)
+  assert runs["converging"].warnings == ()
+  assert any("diverging" in w for w in runs["diverging"].warnings), runs["diverging"].warnings
+  assert np.all(np.isfinite(runs["diverging"].history.elbo))
+
+
+def test_an_elbo_above_the_models_evidence_bound_is_flagged():
+  """With the exact log evidence as the bound nothing is flagged; with a bound set 50 nats
+  below it (a wrong bound stands in for a wrong estimate), fit's result and dsgrad.elbo
+  both say so."""
+  key = jax.random.key(0)
+  flagged = {}
+  for shift in (0.0, -50.0):
+    model, _ = _conjugate_regression(bound_shift=shift)
+    objective = dsgrad.meanfield_gaussian(model)
+    assert objective.log_evidence_bound == model.log_evidence_bound
+    result = dsgrad.fit(objective, optax.adam(0.05), dsgrad.meanfield_init(model), key,
+                        num_steps=400, batch_size=50, progress=False)
+    flagged[shift] = result.warnings
+  assert flagged[0.0] == ()
+  assert any("above" in w and "log_evidence_bound" in w for w in flagged[-50.0]), flagged
+  with pytest.warns(ELBOWarning, match="above"):
+    dsgrad.elbo(objective, result.params, key, 100)
+
+
+def test_discrete_data_models_bound_the_elbo_by_zero():
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 50, 3)
+  players = dsgrad.models.synthetic_bradley_terry_data(jax.random.key(1), 5, 40)
+  for model in (dsgrad.models.logistic_regression(x, y),
+                dsgrad.models.softmax_regression(x, (y > 0).astype(jnp.int32), 2),
+                dsgrad.models.bradley_terry(*players[:2], 5)):
+    assert model.log_evidence_bound == 0.0
+    assert dsgrad.meanfield_gaussian(model).log_evidence_bound == 0.0
