@@ -242,7 +242,7 @@ def test_counts_that_are_not_int32_integers_are_refused(objective, params0, bad)
 
 def test_run_chain_refuses_a_chunk_size_of_zero():
   import importlib
-  sample = importlib.import_module("dsgrad.mcmc.sample")
+  sample = importlib.import_module("dsgrad.mcmc.chain")
   with pytest.raises(ValueError, match="chunk_size"):
     sample.run_chain(jax.random.key(0), lambda k, s: (s, {}), jnp.zeros(2), 10, chunk_size=0,
                      progress=False, position=lambda s: s)

@@ -24,14 +24,18 @@ from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
                                proxy_values, taylor_proxy)
 from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
                                 dual_averaging_update, find_reference_point, laplace_draws,
-                                laplace_precision, run_chain, sample,
-                                SamplingInterrupted)
+                                laplace_precision, refine_reference_point, sample)
+from dsgrad.mcmc.chain import SamplingInterrupted, run_chain
+from dsgrad.mcmc import estimator_noise
+from dsgrad.mcmc.estimator_noise import choose_subsample_size
+from dsgrad.mcmc.proxy import EstimatorVariance
 from dsgrad.mcmc.sgmcmc import SGInfo, SGState, log_posterior_gradient, sghmc, sgld
 from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, full_data,
                                    perturbed, suggest_block_poisson)
 
 __all__ = [
     "sample", "MCMCResult", "run_chain", "SamplingInterrupted",
+    "estimator_noise", "choose_subsample_size", "EstimatorVariance",
     "hmc", "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",
     "TaylorProxy", "taylor_proxy", "proxy_sum", "proxy_values", "differences",
@@ -39,7 +43,7 @@ __all__ = [
     "SubsampleScheme", "perturbed", "block_poisson", "full_data", "PoissonSubsample",
     "suggest_block_poisson",
     "sgld", "sghmc", "SGState", "SGInfo", "log_posterior_gradient",
-    "find_reference_point", "laplace_precision", "laplace_draws",
+    "find_reference_point", "refine_reference_point", "laplace_precision", "laplace_draws",
     "DualAveraging", "dual_averaging_init", "dual_averaging_update",
     "effective_sample_size", "inefficiency_factor", "computational_time",
     "positive_fraction", "signed_mean",

@@ -42,6 +42,7 @@ class HMCECSState(NamedTuple):
     subsample: the current ``u`` (scheme-specific).
     log_likelihood: ``log |L_hat(theta; u)|`` at the current position and subsample.
     sign: sign of ``L_hat`` (always 1 for the perturbed scheme).
+    variance: the estimator's :class:`dsgrad.mcmc.proxy.EstimatorVariance` there.
     potential: ``U_hat = -log |L_hat| - log p(theta)``.
     potential_grad: ``(d,)`` its gradient.
   """
@@ -50,6 +51,7 @@ class HMCECSState(NamedTuple):
   subsample: Any
   log_likelihood: jax.Array
   sign: jax.Array
+  variance: proxy_lib.EstimatorVariance
   potential: jax.Array
   potential_grad: jax.Array
 
@@ -64,6 +66,8 @@ class HMCECSInfo(NamedTuple):
     energy_change: ``Delta H`` of the proposal (estimated Hamiltonian).
     num_integration_steps: leapfrog steps ``L``.
     num_evaluations: data log-likelihood (with gradient) evaluations this iteration.
+    variance: the likelihood estimator's :class:`dsgrad.mcmc.proxy.EstimatorVariance` at
+      the iteration's end (its position and subsample), at no extra evaluation.
   """
 
   acceptance_rate: jax.Array
@@ -72,6 +76,7 @@ class HMCECSInfo(NamedTuple):
   energy_change: jax.Array
   num_integration_steps: jax.Array
   num_evaluations: jax.Array
+  variance: proxy_lib.EstimatorVariance
 
 
 class HMCParameters(NamedTuple):
@@ -115,8 +120,8 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
 
 def _potential_fn(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, subsample):
   def potential(theta):
-    log_lik, sign = scheme.log_likelihood(proxy, theta, subsample)
-    return -log_lik - model.log_prior(theta), (log_lik, sign)
+    log_lik, sign, variance = scheme.log_likelihood(proxy, theta, subsample)
+    return -log_lik - model.log_prior(theta), (log_lik, sign, variance)
   return potential
 
 
@@ -175,7 +180,7 @@ def build_kernel(model: Model, scheme: SubsampleScheme, move: Callable | None = 
 
     # 2. theta | u: the move on the estimated Hamiltonian (Eq. 3.6-3.7).
     inner = hmc.HMCState(state.position, state.potential, state.potential_grad,
-                         (state.log_likelihood, state.sign))
+                         (state.log_likelihood, state.sign, state.variance))
     inner, info = move(k_move, inner, _potential_fn(model, scheme, proxy, state.subsample),
                        params)
     state = HMCECSState(inner.position, state.subsample, *inner.aux, inner.potential,
@@ -184,7 +189,8 @@ def build_kernel(model: Model, scheme: SubsampleScheme, move: Callable | None = 
     evaluations = scheme.evaluations(state.subsample) * (
         info.num_integration_steps + (0 if scheme.fixed else 1))
     return state, HMCECSInfo(info.acceptance_rate, info.is_accepted, take_u,
-                             info.energy_change, info.num_integration_steps, evaluations)
+                             info.energy_change, info.num_integration_steps, evaluations,
+                             state.variance)
 
   return kernel
 

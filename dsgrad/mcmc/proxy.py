@@ -159,6 +159,55 @@ def differences(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   return model.log_likelihood(theta, indices) - proxy_values(model, proxy, theta, indices)
 
 
+class EstimatorVariance(NamedTuple):
+  """The estimated variance of a subsampled log-likelihood estimator at one ``theta``.
+
+  Pseudo-marginal chains mix and stay close to the posterior while this is about 1
+  (:data:`RECOMMENDED_VARIANCE`); well above it, the perturbed chain's target drifts away
+  from the posterior and the chain sticks.
+
+  Attributes:
+    with_control_variate: ``sigma2_hat`` of the estimator the chain uses (Eq. 4.3 for the
+      difference estimator).
+    without_control_variate: the same subsample's ``(n / m)^2 sum_i (l_{u_i} - mean l)^2``:
+      the variance of the plain estimator ``(n / m) sum_i l_{u_i}``, what the Taylor
+      control variates remove.
+  """
+
+  with_control_variate: jax.Array
+  without_control_variate: jax.Array
+
+
+RECOMMENDED_VARIANCE = 1.0
+"""The variance of the log-likelihood estimator that minimizes the computing time of a
+pseudo-marginal chain: about 1 (Pitt et al., 2012; Dang et al., 2019, Sec. 3, who choose
+``m`` to keep it there). ``subsample_size="auto"`` targets it."""
+
+VARIANCE_WARNING = 3.0
+"""Above this variance (averaged over the draws) :func:`dsgrad.mcmc.sample` warns: the top of the range
+``sigma`` in [1, 1.7] that Doucet, Pitt, Deligiannidis, Kohn (2015) find efficient."""
+
+
+def estimate_with_variance(model: Model, proxy: TaylorProxy, theta, indices):
+  """``(log_likelihood_estimate, EstimatorVariance)`` from one evaluation of the subsample:
+  the bias-corrected ``l_hat - sigma2_hat / 2`` of Eq. 4.5 and both variances.
+
+  Args:
+    model: the model.
+    proxy: the control variates.
+    theta: ``(d,)``.
+    indices: ``(m,)`` subsample, drawn uniformly with replacement.
+  """
+  values = model.log_likelihood(theta, indices)
+  d = values - proxy_values(model, proxy, theta, indices)
+  n, m = model.num_data, indices.shape[0]
+  scale = (n / m) ** 2
+  sigma2 = scale * jnp.sum((d - jnp.mean(d)) ** 2)
+  plain = scale * jnp.sum((values - jnp.mean(values)) ** 2)
+  estimate = proxy_sum(proxy, theta) + n * jnp.mean(d) - 0.5 * sigma2
+  return estimate, EstimatorVariance(sigma2, jax.lax.stop_gradient(plain))
+
+
 def difference_estimator(model: Model, proxy: TaylorProxy, theta, indices):
   """The difference estimator of the log likelihood and its variance (Eq. 4.1-4.3).
 
@@ -183,8 +232,7 @@ def difference_estimator(model: Model, proxy: TaylorProxy, theta, indices):
 def log_likelihood_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   """``log`` of the bias-corrected likelihood estimator ``l_hat - sigma2_hat / 2``
   (Eq. 4.5), the log likelihood perturbed HMC-ECS uses."""
-  l_hat, sigma2 = difference_estimator(model, proxy, theta, indices)
-  return l_hat - 0.5 * sigma2
+  return estimate_with_variance(model, proxy, theta, indices)[0]
 
 
 def gradient_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:

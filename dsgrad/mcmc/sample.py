@@ -23,6 +23,9 @@ import optax
 from dsgrad import batching
 from dsgrad import checks
 from dsgrad import data as data_lib
+from dsgrad.mcmc import estimator_noise
+from dsgrad.mcmc.chain import SamplingInterrupted, run_chain
+from dsgrad.mcmc.diagnostics import effective_sample_size
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
@@ -77,6 +80,45 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
     return jax.lax.scan(step, (theta, opt.init(theta)), None, length=num_steps)[0][0]
 
   return run(start)
+
+
+@checks.arguments(order=checks.count(1, 2), max_steps=checks.count(0))
+def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
+                           max_steps: int = 3) -> tuple[TaylorProxy, int]:
+  """Newton steps on the full-data log posterior from ``proxy.theta_star``, each from the
+  sums the proxy already holds (its gradient ``A`` and Hessian ``B``) and each followed by
+  the new point's proxy (one O(n) pass, whose ``sum_value`` also tells whether the step
+  climbed; one that did not is undone and ends the refinement).
+
+  Why: :func:`find_reference_point` maximizes on a data subset, so its ``theta*`` can be
+  several posterior standard deviations from the full-data mode the paper expands around
+  (Sec. 4.1). The control variates' error grows with ``|theta - theta*|`` (as its cube at
+  second order, its square at first), and with it the estimator's variance where the
+  chain goes: a first-order proxy at a subset's mode gave a variance of 100 at the
+  posterior, and a chain 25-60 standard deviations off.
+
+  Stops when the Newton decrement ``g^T P^{-1} g`` is below 0.01 (a step under a tenth of
+  a posterior standard deviation) or after ``max_steps`` steps.
+
+  Returns:
+    ``(proxy at the refined point, O(n) passes made)``.
+  """
+  def log_posterior(p):
+    return float(p.sum_value) + float(model.log_prior(p.theta_star))
+
+  passes = 0
+  for _ in range(max_steps):
+    grad = np.asarray(proxy.sum_grad + jax.grad(model.log_prior)(proxy.theta_star), np.float64)
+    step = np.linalg.solve(np.asarray(laplace_precision(model, proxy), np.float64), grad)
+    if not np.all(np.isfinite(step)) or grad @ step < 0.01:
+      break
+    moved = taylor_proxy(model, proxy.theta_star + jnp.asarray(step, proxy.theta_star.dtype),
+                         order=order)
+    passes += 1
+    if not log_posterior(moved) > log_posterior(proxy):
+      break
+    proxy = moved
+  return proxy, passes
 
 
 def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
@@ -151,7 +193,14 @@ class MCMCResult(NamedTuple):
     warmup_seconds: wall-clock of the setup and warm-up (compilation included).
     sampling_seconds: wall-clock of the sampling phase (compilation excluded).
     setup_evaluations: data evaluations spent before sampling (reference point, the
-      O(n) proxy passes, warm-up iterations).
+      O(n) proxy passes, choosing ``m``, warm-up iterations).
+    subsample_size: the ``m`` sampled with (chosen with ``"auto"``); ``None`` for
+      ``estimator="full"``.
+    ess: ``(d,)`` effective sample size of each coordinate of ``samples``
+      (:func:`dsgrad.mcmc.effective_sample_size`; NaN for a chain that diverged).
+    warnings: sentences on what makes the draws untrustworthy (an estimator variance
+      well above 1: :func:`dsgrad.mcmc.estimator_noise.variance_warnings`); printed with
+      ``progress``. ``info.variance`` holds the variance at every draw.
   """
 
   samples: np.ndarray
@@ -164,6 +213,9 @@ class MCMCResult(NamedTuple):
   warmup_seconds: float
   sampling_seconds: float
   setup_evaluations: int
+  subsample_size: int | None = None
+  ess: np.ndarray | None = None
+  warnings: tuple = ()
 
   def __repr__(self) -> str:
     # The fields' own reprs run to thousands of subsample indices: a summary instead.
@@ -177,108 +229,8 @@ class MCMCResult(NamedTuple):
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
-                  chunk_size=checks.count(1))
-def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data=None,
-              progress: bool = True, position=lambda s: s.position, sign=None):
-  """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
-
-  Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
-  (tqdm when installed, else nothing) advances between chunks. ``data`` (a model's
-  ``model.data`` handles) makes the model's arrays an argument of the compiled chunks
-  instead of constants.
-
-  Returns:
-    ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
-    seconds)``; compilation (once per chunk length, at most two) is excluded from
-    ``seconds``.
-  """
-  if sign is None:
-    def sign(s):
-      return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
-
-  def chunk(state, keys):
-    def body(state, k):
-      state, info = step(k, state)
-      return state, (position(state), sign(state), info)
-    return jax.lax.scan(body, state, keys)
-
-  # The model's data (``data``: its handles) are an argument of the compiled chunks.
-  wrapped, data_values = data_lib.as_argument(data, chunk)
-  runner = jax.jit(wrapped)
-  compiled_by_size = {}  # the last chunk may be shorter: at most two programs
-  bar = _bar(progress, num_samples)
-  outputs, seconds, done = [], 0.0, 0
-  keys = jax.random.split(key, num_samples)
-  try:
-    while done < num_samples:
-      size = min(chunk_size, num_samples - done)
-      batch = keys[done:done + size]
-      if size not in compiled_by_size:
-        compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
-      start = time.perf_counter()
-      # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = compiled_by_size[size](data_values, state, batch)
-      jax.block_until_ready(out)
-      seconds += time.perf_counter() - start
-      outputs.append(jax.tree.map(np.asarray, out))
-      state, done = after, done + size
-      bar(size)
-  except KeyboardInterrupt:
-    bar(0, close=True)
-    if not outputs:
-      raise
-    raise SamplingInterrupted(_chain_result(outputs, state, seconds), done,
-                              num_samples) from None
-  bar(0, close=True)
-  return _chain_result(outputs, state, seconds)
-
-
-def _chain_result(outputs, state, seconds):
-  """:func:`run_chain`'s return value from its chunks' outputs."""
-  positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
-  return positions, signs, info, state, seconds
-
-
-class SamplingInterrupted(KeyboardInterrupt):
-  """Raised by :func:`run_chain` and :func:`sample` when an interrupt (Ctrl-C) stops the
-  sampling: the draws of the chunks completed are kept.
-
-  A ``KeyboardInterrupt``, so a script still stops where nothing catches it.
-
-  Attributes:
-    result: what the call would have returned, over the draws kept: :func:`run_chain`'s
-      tuple, or :func:`sample`'s :class:`MCMCResult` (its ``state`` continues the chain:
-      ``run_chain`` from it with a new key).
-    draws: the draws kept.
-    num_samples: the draws asked for.
-  """
-
-  def __init__(self, result, draws: int, num_samples: int):
-    super().__init__(f"sampling interrupted after {draws} of {num_samples} draws; they are "
-                     "kept: catch dsgrad.mcmc.SamplingInterrupted and take its .result (in a "
-                     "notebook, sys.last_value.result)")
-    self.result, self.draws, self.num_samples = result, draws, num_samples
-
-
-def _bar(enabled, total):
-  if not enabled:
-    return lambda n, close=False: None
-  try:
-    from tqdm.auto import tqdm
-  except ImportError:
-    return lambda n, close=False: None
-  bar = tqdm(total=total, unit="draw")
-
-  def update(n, close=False):
-    if n:
-      bar.update(n)
-    if close:
-      bar.close()
-  return update
-
-
-@checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
-                  subsample_size=checks.count(1), num_warmup=checks.count(0),
+                  subsample_size=checks.or_word(checks.count(1), "auto"),
+                  num_warmup=checks.count(0),
                   num_blocks=checks.count(1), proxy_order=checks.count(1),
                   trajectory_length=checks.positive(),
                   target_accept=checks.probability(low_open=True, high_open=True),
@@ -286,7 +238,7 @@ def _bar(enabled, total):
                   max_integration_steps=checks.count(1),
                   reference_updates_every=checks.count(0),
                   signed_blocks_per_update=checks.count(1), mass_window=checks.count(1))
-def sample(key, model: Model, *, num_samples: int, subsample_size: int,
+def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
            num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
            position=None, reference_point=None, proxy_order: int = 2,
            trajectory_length: float = 1.2, target_accept: float = 0.8,
@@ -296,8 +248,9 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
            progress: bool = True) -> MCMCResult:
   """HMC-ECS from start to finish, tuned as in the paper (Sec. 6.3).
 
-  1. ``theta*`` = :func:`find_reference_point` (unless given), the Taylor proxy around
-     it (one O(n) pass) and the mass matrix ``M`` (by default :func:`laplace_precision`;
+  1. ``theta*`` = :func:`find_reference_point` (unless given) made the full-data mode by
+     :func:`refine_reference_point` (up to 3 Newton steps, an O(n) pass each), the Taylor
+     proxy around it (one O(n) pass) and the mass matrix ``M`` (by default :func:`laplace_precision`;
      see ``mass_matrix``).
   2. Warm-up of ``num_warmup`` iterations with the perturbed scheme: dual averaging of
      the step size towards ``target_accept`` with ``L = ceil(trajectory_length / eps)``;
@@ -314,7 +267,10 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     key: PRNG key (the whole run is reproducible from it).
     model: the model.
     num_samples: draws kept.
-    subsample_size: ``m``.
+    subsample_size: ``m``, or ``"auto"``: the ``m`` whose estimator variance is at most 1
+      at 90% of 50 draws of the Laplace approximation
+      (:func:`dsgrad.mcmc.estimator_noise.choose_subsample_size`; it costs 50 reads of
+      2,048 data, counted in ``setup_evaluations``).
     num_warmup: warm-up iterations (not kept).
     num_blocks: ``G`` for the perturbed scheme (``m`` must be a multiple).
     estimator: ``"perturbed"``, ``"signed"`` or ``"full"``.
@@ -369,17 +325,29 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
-  scheme = (subsample_lib.full_data(model) if estimator == "full"
-            else subsample_lib.perturbed(model, subsample_size, num_blocks))
   evaluations = 0
-  if reference_point is None:
+  refine = reference_point is None
+  if refine:
     reference_point = find_reference_point(model, k_ref)
     # Line searches not counted.
     evaluations += REFERENCE_STEPS * _default_subset_size(model.num_data)
   reference_point = check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += model.num_data
+  if refine:
+    proxy, passes = refine_reference_point(model, proxy, order=proxy_order)
+    evaluations += passes * model.num_data
   mass_mode, precision = _initial_precision(model, proxy, mass_matrix)
+  if estimator == "full":
+    subsample_size, scheme = None, subsample_lib.full_data(model)
+  else:
+    if subsample_size == "auto":
+      k_auto = jax.random.fold_in(key, 7)  # the other keys stay those of a given m
+      draws = laplace_draws(proxy, laplace_precision(model, proxy), k_auto, 50)
+      subsample_size, _ = estimator_noise.choose_subsample_size(
+          model, proxy, draws, k_auto, num_blocks=num_blocks)
+      evaluations += 50 * min(model.num_data, 2048)
+    scheme = subsample_lib.perturbed(model, subsample_size, num_blocks)
   position = reference_point if position is None else check_theta(model, position, "position")
   warmup = _Warmup(model, scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
@@ -399,8 +367,15 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int,
   warmup_seconds = time.perf_counter() - start_time
 
   def result(samples, signs, info, state, seconds):
+    try:
+      ess = effective_sample_size(samples)
+    except ValueError:  # a chain that diverged
+      ess = np.full(samples.shape[1], np.nan)
+    warnings = estimator_noise.variance_warnings(info.variance, subsample_size)
+    for message in warnings if progress else ():
+      print("warning: " + message, flush=True)
     return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
-                      seconds, evaluations)
+                      seconds, evaluations, subsample_size, ess, warnings)
 
   try:
     drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,

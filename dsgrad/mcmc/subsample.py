@@ -36,8 +36,9 @@ class SubsampleScheme(NamedTuple):
   Attributes:
     init: ``key -> u``.
     propose: ``(key, u) -> u'``, a correlated update (some blocks redrawn).
-    log_likelihood: ``(proxy, theta, u) -> (log |L_hat|, sign)``; differentiable in
-      ``theta``.
+    log_likelihood: ``(proxy, theta, u) -> (log |L_hat|, sign, variance)``, differentiable
+      in ``theta``; ``variance`` is a :class:`dsgrad.mcmc.proxy.EstimatorVariance` (the
+      estimator's own, from the same evaluation).
     evaluations: ``u -> int``: data log-likelihood evaluations one estimate costs.
     name: label.
     fixed: ``True`` when there is nothing to update (full data): the kernel skips the
@@ -67,7 +68,8 @@ def full_data(model: Model, chunk_size: int = 8192) -> SubsampleScheme:
     for start in range(0, n, chunk_size):  # static chunks: bounded memory
       idx = jnp.arange(start, min(start + chunk_size, n), dtype=jnp.int32)
       total = total + jnp.sum(model.log_likelihood(theta, idx))
-    return total, jnp.ones((), theta.dtype)
+    exact = jnp.zeros((), theta.dtype)
+    return total, jnp.ones((), theta.dtype), proxy_lib.EstimatorVariance(exact, exact)
 
   return SubsampleScheme(lambda key: jnp.zeros((), jnp.int32), lambda key, u: u,
                          log_likelihood, lambda u: jnp.asarray(n), "full data", fixed=True)
@@ -111,8 +113,8 @@ def perturbed(model: Model, subsample_size: int, num_blocks: int = 100) -> Subsa
     return jax.lax.dynamic_update_slice(u, fresh, (block * per_block,))
 
   def log_likelihood(proxy, theta, u):
-    return (proxy_lib.log_likelihood_estimate(model, proxy, theta, u),
-            jnp.ones((), theta.dtype))
+    estimate, variance = proxy_lib.estimate_with_variance(model, proxy, theta, u)
+    return estimate, jnp.ones((), theta.dtype), variance
 
   return SubsampleScheme(init, propose, log_likelihood, lambda u: jnp.asarray(m),
                          f"perturbed(m={m}, G={g})")
@@ -197,14 +199,23 @@ def block_poisson(model: Model, subsample_size: int, num_blocks: int, lower_boun
 
   def log_likelihood(proxy, theta, u):
     flat = u.indices.reshape(lam * max_factors, m)
-    d = jax.vmap(lambda idx: proxy_lib.differences(model, proxy, theta, idx))(flat)
+    values = jax.vmap(lambda idx: model.log_likelihood(theta, idx))(flat)
+    d = values - jax.vmap(lambda idx: proxy_lib.proxy_values(model, proxy, theta, idx))(flat)
     d_hat = (n * jnp.mean(d, axis=1)).reshape(lam, max_factors)
     used = jnp.arange(max_factors)[None, :] < u.counts[:, None]
     factor = (d_hat - a) / lam
     log_abs = jnp.sum(jnp.where(used, jnp.log(jnp.abs(factor)), 0.0))
     negatives = jnp.sum(jnp.where(used, factor < 0, False))
     sign = jnp.where(negatives % 2 == 0, 1.0, -1.0).astype(theta.dtype)
-    return proxy_lib.proxy_sum(proxy, theta) + (a + lam) + log_abs, sign
+    # Var log |L_hat| ~ E[#factors] Var(d_hat) / (d - a)^2 = lambda s2 / (d - a)^2: each
+    # used factor contributes log((d - a) / lambda) + (d_hat - d) / (d - a) to first order.
+    s2 = (n / m) ** 2 * jnp.sum((d - jnp.mean(d, axis=1, keepdims=True)) ** 2, axis=1)
+    plain = (n / m) ** 2 * jnp.sum((values - jnp.mean(values, axis=1, keepdims=True)) ** 2,
+                                   axis=1)
+    variance = proxy_lib.EstimatorVariance(
+        jax.lax.stop_gradient(lam * jnp.mean(s2) / jnp.mean((d_hat - a) ** 2)),
+        jax.lax.stop_gradient(jnp.mean(plain)))
+    return proxy_lib.proxy_sum(proxy, theta) + (a + lam) + log_abs, sign, variance
 
   return SubsampleScheme(init, propose, log_likelihood,
                          lambda u: jnp.asarray(lam * max_factors * m),

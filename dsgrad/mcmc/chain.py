@@ -1,0 +1,114 @@
+"""Running a transition kernel for many iterations: compiled chunks of ``lax.scan``, a
+progress bar between them, and the draws kept when an interrupt stops the run."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsgrad import checks
+from dsgrad import data as data_lib
+
+
+@checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
+                  chunk_size=checks.count(1))
+def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data=None,
+              progress: bool = True, position=lambda s: s.position, sign=None):
+  """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
+
+  Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
+  (tqdm when installed, else nothing) advances between chunks. ``data`` (a model's
+  ``model.data`` handles) makes the model's arrays an argument of the compiled chunks
+  instead of constants.
+
+  Returns:
+    ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
+    seconds)``; compilation (once per chunk length, at most two) is excluded from
+    ``seconds``.
+  """
+  if sign is None:
+    def sign(s):
+      return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
+
+  def chunk(state, keys):
+    def body(state, k):
+      state, info = step(k, state)
+      return state, (position(state), sign(state), info)
+    return jax.lax.scan(body, state, keys)
+
+  # The model's data (``data``: its handles) are an argument of the compiled chunks.
+  wrapped, data_values = data_lib.as_argument(data, chunk)
+  runner = jax.jit(wrapped)
+  compiled_by_size = {}  # the last chunk may be shorter: at most two programs
+  bar = _bar(progress, num_samples)
+  outputs, seconds, done = [], 0.0, 0
+  keys = jax.random.split(key, num_samples)
+  try:
+    while done < num_samples:
+      size = min(chunk_size, num_samples - done)
+      batch = keys[done:done + size]
+      if size not in compiled_by_size:
+        compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
+      start = time.perf_counter()
+      # The chain's state is not donated: an interrupt keeps the last whole chunk's.
+      after, out = compiled_by_size[size](data_values, state, batch)
+      jax.block_until_ready(out)
+      seconds += time.perf_counter() - start
+      outputs.append(jax.tree.map(np.asarray, out))
+      state, done = after, done + size
+      bar(size)
+  except KeyboardInterrupt:
+    bar(0, close=True)
+    if not outputs:
+      raise
+    raise SamplingInterrupted(_chain_result(outputs, state, seconds), done,
+                              num_samples) from None
+  bar(0, close=True)
+  return _chain_result(outputs, state, seconds)
+
+
+def _chain_result(outputs, state, seconds):
+  """:func:`run_chain`'s return value from its chunks' outputs."""
+  positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
+  return positions, signs, info, state, seconds
+
+
+class SamplingInterrupted(KeyboardInterrupt):
+  """Raised by :func:`run_chain` and :func:`sample` when an interrupt (Ctrl-C) stops the
+  sampling: the draws of the chunks completed are kept.
+
+  A ``KeyboardInterrupt``, so a script still stops where nothing catches it.
+
+  Attributes:
+    result: what the call would have returned, over the draws kept: :func:`run_chain`'s
+      tuple, or :func:`sample`'s :class:`MCMCResult` (its ``state`` continues the chain:
+      ``run_chain`` from it with a new key).
+    draws: the draws kept.
+    num_samples: the draws asked for.
+  """
+
+  def __init__(self, result, draws: int, num_samples: int):
+    super().__init__(f"sampling interrupted after {draws} of {num_samples} draws; they are "
+                     "kept: catch dsgrad.mcmc.SamplingInterrupted and take its .result (in a "
+                     "notebook, sys.last_value.result)")
+    self.result, self.draws, self.num_samples = result, draws, num_samples
+
+
+def _bar(enabled, total):
+  if not enabled:
+    return lambda n, close=False: None
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    return lambda n, close=False: None
+  bar = tqdm(total=total, unit="draw")
+
+  def update(n, close=False):
+    if n:
+      bar.update(n)
+    if close:
+      bar.close()
+  return update
