@@ -401,6 +401,23 @@ def numeric_array(values, label: str) -> np.ndarray:
   return array
 
 
+def float32_values(values, label: str) -> np.ndarray:
+  """``values`` as a float32 NumPy array, refusing what the cast would hide: a
+  non-numeric dtype, NaN or inf (naming how many), and values beyond float32's range
+  (which the cast turns into inf)."""
+  array = numeric_array(values, label)
+  if np.issubdtype(array.dtype, np.inexact):
+    bad = ~np.isfinite(array)
+    if np.any(bad):
+      raise ArgumentError(f"{label} contains non-finite values ({int(bad.sum())} NaN or inf)")
+  largest = float(np.max(np.abs(array))) if array.size else 0.0
+  if largest > float(np.finfo(np.float32).max):
+    raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
+                        "(3.4e38): JAX computes in float32 and they would become inf. "
+                        "Rescale them")
+  return array.astype(np.float32)
+
+
 def check_id_array(values, label: str) -> np.ndarray:
   """Integer ids as an int64 array: floats are accepted only if every value is a finite
   whole number (a NaN id would become a user of its own, 1.5 would be truncated)."""

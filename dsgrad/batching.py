@@ -291,6 +291,12 @@ def uniform_indices(key, num_data: int, shape, replace: bool = True):
   """
   if replace:
     return jax.random.randint(key, shape, 0, num_data, jnp.int32)
+  size = int(np.prod(shape)) if isinstance(shape, tuple) else int(shape)
+  if size > num_data:
+    # A slice of the permutation would silently return all num_data indices instead.
+    raise ValueError(f"{size} distinct indices cannot be drawn from {num_data} data: a "
+                     "batch drawn without replacement holds at most num_data indices "
+                     "(draw with replacement, or a smaller batch)")
   return permutation(key, num_data)[:shape]
 
 

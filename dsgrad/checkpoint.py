@@ -177,6 +177,13 @@ def save(path: str | os.PathLike, tree: Any) -> None:
       PRNG keys must be raw ``uint32`` arrays (``jax.random.key_data``).
   """
   path = os.fspath(path)
+  for where, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    if not isinstance(leaf, (np.ndarray, np.generic, jax.Array, int, float, bool, complex)):
+      # flax's serializer would say only "can not serialize 'function' object".
+      raise TypeError(f"checkpoint.save: the leaf at {jax.tree_util.keystr(where) or 'the root'}"
+                      f" is a {type(leaf).__name__}; a checkpoint holds arrays and numbers "
+                      "(params, optimizer state, raw keys): save what the object computes "
+                      "with, not the object")
   payload = serialization.to_bytes(jax.device_get(tree))
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)

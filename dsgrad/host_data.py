@@ -107,7 +107,11 @@ class HostArray:
     order). The result is aligned to 64 bytes, so that ``jax.device_put`` on a CPU
     device can use it in place instead of copying it."""
     self.check_unchanged()
-    idx = np.asarray(indices).astype(np.int64, copy=False)
+    idx = np.asarray(indices)
+    if not np.issubdtype(idx.dtype, np.integer):
+      # astype would truncate 1.7 to row 1.
+      raise TypeError(f"{self.name}: row indices must be integers, got {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
     flat = idx.reshape(-1)
     if flat.size and (flat.min() < 0 or flat.max() >= self.shape[0]):
       raise IndexError(f"{self.name}: indices outside [0, {self.shape[0]})")
@@ -189,6 +193,10 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
       raise ValueError(f"{name}: {path!r} is not a .npy file ({error})") from error
     offset = f.tell()
   file_shape, fortran, file_dtype = header
+  if file_dtype.hasobject or not (np.issubdtype(file_dtype, np.number)
+                                  or np.issubdtype(file_dtype, np.bool_)):
+    raise ValueError(f"{name}: {path!r} holds {file_dtype} values; data on disk must be a "
+                     "numeric array (np.save of a float or integer array)")
   expected = offset + int(np.prod(file_shape, dtype=np.int64)) * file_dtype.itemsize
   actual = os.path.getsize(path)
   if actual < expected:

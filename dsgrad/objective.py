@@ -103,6 +103,32 @@ class Objective:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
     if self.data:
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
+    self._check_noise_sharing()
+
+  def _check_noise_sharing(self) -> None:
+    """Refuses a noise function whose draws do not match ``shared_noise``: a per-datum
+    objective given a shared draw (no batch axis) would broadcast one draw over the batch,
+    or index into its coordinates as if they were data, without any error."""
+    try:
+      specs = [jax.eval_shape(lambda key, b=b: self.noise_fn(key, b), jax.random.key(0))
+               for b in (2, 3)]
+    except Exception:  # noqa: BLE001  (a noise_fn that needs more than this is checked later)
+      return
+    leaves = [jax.tree.leaves(spec) for spec in specs]
+    for leaf in leaves[0] + leaves[1]:
+      if jnp.issubdtype(leaf.dtype, jnp.complexfloating):
+        raise TypeError(f"{self.name}: noise_fn draws complex noise ({leaf.dtype}); the "
+                        "gradients of a real objective need real noise")
+    if self.shared_noise:
+      return
+    for two, three in zip(*leaves):
+      if two.shape[:1] != (2,) or three.shape[:1] != (3,):
+        raise ValueError(
+            f"{self.name}: shared_noise=False but noise_fn(key, batch_size) draws leaves of "
+            f"shapes {two.shape} and {three.shape} for batches of 2 and 3: a per-datum "
+            "objective needs one draw per datum (leading axis batch_size). Pass "
+            "shared_noise=True for one draw shared by the batch, or a per-datum noise_fn "
+            "(dsgrad.gaussian_noise(shape) rather than gaussian_noise(shape, shared=True))")
 
   def _after_substitute(self):
     # A copy on other data (dsgrad.data.substitute) works out its own pytree structure.
@@ -160,6 +186,7 @@ class Objective:
       if np.dtype(value.dtype) != np.dtype(ref.dtype):
         raise TypeError(f"{self.name}.with_data: data {key!r} has dtype {value.dtype}, "
                         f"expected {ref.dtype}")
+      data_lib.check_kind(ref, value, f"{self.name}.with_data: data {key!r}")
       out[key] = value
     return data_lib.substitute(self, self.data, out)
 
@@ -205,6 +232,10 @@ class Objective:
         shapes are wrong.
     """
     batch_size = checks.check_indices_static(indices)
+    for leaf in jax.tree.leaves(noise):
+      if jnp.issubdtype(jnp.result_type(leaf), jnp.complexfloating):
+        raise TypeError(f"noise passed to {self.name} is complex ({jnp.result_type(leaf)}); "
+                        f"draw it with {self.name}.sample_noise(key, batch_size)")
     checks.check_same_structure(
         noise, self.noise_spec(batch_size), "noise",
         f"{self.name}.sample_noise(key, batch_size={batch_size})")

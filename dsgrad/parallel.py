@@ -55,6 +55,14 @@ def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   if not devices:
     raise ValueError("data_mesh needs at least one device")
+  not_devices = [d for d in devices if not isinstance(d, jax.Device)]
+  if not_devices:
+    raise TypeError(f"data_mesh takes jax devices (e.g. jax.devices()[:4]), got "
+                    f"{not_devices[0]!r}")
+  repeated = sorted({str(d) for d in devices if devices.count(d) > 1})
+  if repeated:
+    raise ValueError(f"data_mesh: the devices repeat ({', '.join(repeated)}); a mesh holds "
+                     "each device once: pass distinct devices, e.g. jax.devices()[:4]")
   return Mesh(np.asarray(devices, dtype=object), (DATA_AXIS,))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 
 import numpy as np
@@ -51,8 +52,8 @@ def _parse(path, raw, magic, ndim):
   if fields[0] != magic:
     raise ValueError(f"mnist: {path!r} has IDX magic number {fields[0]}, expected {magic} "
                      f"(wrong file or corrupt)")
-  shape = tuple(fields[1:])
-  expected = header + int(np.prod(shape))
+  shape = tuple(int(f) for f in fields[1:])
+  expected = header + math.prod(shape)  # Python ints: huge sizes must not wrap around
   if len(raw) != expected:
     raise ValueError(f"mnist: {path!r} holds {len(raw)} bytes but its header announces "
                      f"{shape} items ({expected} bytes): truncated or corrupt. " + _HOW_TO_GET)

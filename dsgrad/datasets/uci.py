@@ -32,7 +32,14 @@ KNOWN_SHA256 = {
 
 def standardize(features: np.ndarray) -> np.ndarray:
   """Columns shifted to mean 0 and scaled to standard deviation 1 (constant columns: 0)."""
-  x = np.asarray(features, np.float64)
+  x = checks.numeric_array(features, "features").astype(np.float64)
+  if not np.all(np.isfinite(x)):
+    raise ValueError("features contain non-finite values (NaN or inf)")
+  # Z-scores do not depend on a column's scale: dividing by its largest magnitude first
+  # keeps x**2 finite for values up to 1e308, which would otherwise overflow into an
+  # infinite spread and a column of zeros.
+  magnitude = np.max(np.abs(x), axis=0) if x.size else np.ones(x.shape[1:])
+  x = x / np.where(magnitude > 0, magnitude, 1.0)
   std = x.std(0)
   return ((x - x.mean(0)) / np.where(std > 0, std, 1.0)).astype(np.float32)
 
@@ -40,7 +47,7 @@ def standardize(features: np.ndarray) -> np.ndarray:
 def add_intercept(features: np.ndarray) -> np.ndarray:
   """``(N, D)`` features with a column of ones appended (``(N, D + 1)`` float32), so that a
   GLM's last weight is its intercept."""
-  x = np.asarray(features, np.float32)
+  x = checks.float32_values(features, "features")
   return np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], axis=1)
 
 
@@ -119,7 +126,7 @@ def load_sonar(path: str | os.PathLike, *, standardize_features: bool = True):
     raise ValueError(f"{name}: {path!r} has features outside [0, 1] "
                      f"(min {x.min():.3g}, max {x.max():.3g}); the file is corrupt")
   y = np.asarray([mapping[v] for v in labels_raw], np.int32)
-  return (standardize(x) if standardize_features else x.astype(np.float32)), y
+  return (standardize(x) if standardize_features else checks.float32_values(x, name)), y
 
 
 def load_australian(path: str | os.PathLike, *, standardize_features: bool = True):
@@ -148,4 +155,5 @@ def load_australian(path: str | os.PathLike, *, standardize_features: bool = Tru
   if not set(np.unique(y)) <= {0.0, 1.0}:
     raise ValueError(f"{name}: {path!r} has labels {sorted(set(np.unique(y)))[:4]}, expected 0/1")
   x = data[:, :-1]
-  return (standardize(x) if standardize_features else x.astype(np.float32)), y.astype(np.int32)
+  return ((standardize(x) if standardize_features else checks.float32_values(x, name)),
+          y.astype(np.int32))

@@ -252,7 +252,8 @@ def masked_sum(tree, mask):
       lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), tree)
 
 
-def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "estimator"):
+def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "estimator",
+                         *, approx=None, value_checks: bool = False):
   """``optax.GradientTransformationExtraArgs(init_fn, update_fn)`` for an estimator of
   ``objective``, whose functions read ``objective``'s data.
 
@@ -265,7 +266,9 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
 
   ``update`` also refuses, by name, a state that this estimator's ``init`` does not make
   (another estimator's state, or a chain's states in another order), which would
-  otherwise fail deep inside the step on a missing field.
+  otherwise fail deep inside the step on a missing field. With ``value_checks`` and an
+  ``approx``, it checks that the update it returns is finite: its inputs are checked
+  already, so a NaN there comes from the approximation's terms, and is named so.
   """
   expected_types: dict = {}
 
@@ -276,7 +279,15 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
       _check_state_type(state, params, init_fn, expected_types, name)
     handed = explicit_objective(objective, extra_args.pop("objective", None), name)
     step = update_fn if handed is objective else handed.computing_with(update_fn)
-    return step(updates, state, params, **extra_args)
+    out, state = step(updates, state, params, **extra_args)
+    if value_checks and approx is not None:
+      checks.value_checks([(~checks.all_finite(out), checks.RangeOrFiniteMessage(
+          f"dsgrad.{name} computed a non-finite update from a finite gradient, params and "
+          f"noise: its approximation {approx.name!r} is not finite at these params (its "
+          "gradient or its expected gradient; e.g. an expectation that diverges there). "
+          "Check the approximation on this batch: approx.grad_and_expected(objective, "
+          "params, indices, noise)"))])
+    return out, state
 
   return optax.GradientTransformationExtraArgs(init_fn, update)
 
@@ -313,6 +324,20 @@ def _check_state_type(state, params, init, cache: dict, name: str) -> None:
     cache[key] = jax.eval_shape(init, params)
   expected = cache[key]
   if type(state) is type(expected):
+    got = [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)]
+    want = [(x.shape, x.dtype) for x in jax.tree.leaves(expected)]
+    if got != want:
+      # The same estimator built otherwise: a compact table (sparse_linearize) handed to
+      # the dense one, another table dtype, a table for another number of data.
+      changed = next((f"{jax.tree_util.keystr(p)}: {g[0]} {g[1]}, expected {w[0]} {w[1]}"
+                      for (p, _), g, w in zip(jax.tree.leaves_with_path(state), got, want)
+                      if g != w), f"{len(got)} arrays, expected {len(want)}")
+      raise ValueError(
+          f"dsgrad.{name}: the state passed to update is a {type(state).__name__} of other "
+          f"shapes than this estimator's init makes ({changed}). It was made by this "
+          "estimator built with another approximation (a compact table from "
+          "approx.sparse_linearize against a dense one), table dtype or data: pass the "
+          "state that this optimizer's init returned")
     return
   # Containers rebuilt by other code (Flax NNX turns NamedTuples into tuples; `()` for a
   # stateless estimator) pass when their arrays are the ones init makes; another

@@ -96,4 +96,5 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                                 optax.tree.sub(e_tilde, g_tilde))
     return optax.tree.cast_like(out, updates), state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "cv")
+  return _common.bound_transformation(objective, init_fn, update_fn, "cv", approx=approx,
+                                      value_checks=value_checks)

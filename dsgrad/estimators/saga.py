@@ -204,7 +204,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                                   optax.tree.scale(1.0 / objective.num_data, change))
     return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga")
+  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga", approx=approx,
+                                      value_checks=value_checks)
 
 
 class _TableKind(NamedTuple):

@@ -147,4 +147,5 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                                weight_state)
     return optax.tree.cast_like(out, updates), new_state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_svrg")
+  return _common.bound_transformation(objective, init_fn, update_fn, "joint_svrg", approx=approx,
+                                      value_checks=value_checks)

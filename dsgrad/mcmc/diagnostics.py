@@ -79,9 +79,26 @@ def computational_time(samples, evaluations_per_iteration: float,
   return ct
 
 
+def _checked_signs(signs) -> np.ndarray:
+  """``signs`` as float64, refusing anything but +1 and -1: a NaN or a 0/1 label where a
+  sign is meant would be counted (NaN > 0 is false) or weighted silently."""
+  s = np.asarray(signs, np.float64)
+  bad = ~np.isin(s, (-1.0, 1.0))
+  if np.any(bad):
+    found = np.unique(s[bad])[:5].tolist()
+    raise ValueError(f"signs must be +1 or -1 (the signs of the likelihood estimates, "
+                     f"result.signs), got {found}: NaN signs come from a chain that "
+                     "diverged; 0/1 values are labels, not signs")
+  return s
+
+
 def positive_fraction(signs) -> float:
-  """``tau``: fraction of iterations whose likelihood estimate was non-negative."""
-  return float(np.mean(np.asarray(signs) > 0))
+  """``tau``: fraction of iterations whose likelihood estimate was non-negative.
+
+  Raises:
+    ValueError: a sign other than +1 or -1 (NaN included).
+  """
+  return float(np.mean(_checked_signs(signs) > 0))
 
 
 def signed_mean(values, signs) -> np.ndarray:
@@ -92,11 +109,12 @@ def signed_mean(values, signs) -> np.ndarray:
     signs: ``(R,)`` signs ``s_j`` of the likelihood estimates.
 
   Raises:
-    ValueError: on mismatched lengths, or when the signs sum to zero or less (the
-      estimate is then meaningless: tune for fewer negative estimates).
+    ValueError: on mismatched lengths, a sign other than +1 or -1 (NaN included), or when
+      the signs sum to zero or less (the estimate is then meaningless: tune for fewer
+      negative estimates).
   """
   v = np.asarray(values, np.float64)
-  s = np.asarray(signs, np.float64)
+  s = _checked_signs(signs)
   if s.ndim != 1 or v.shape[0] != s.shape[0]:
     raise ValueError(f"values {v.shape} and signs {s.shape} must share the first axis")
   total = s.sum()

@@ -110,6 +110,12 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
   mass_matrix = jnp.asarray(mass_matrix, jnp.float32)
   if mass_matrix.ndim != 2 or mass_matrix.shape[0] != mass_matrix.shape[1]:
     raise ValueError(f"mass_matrix must be square, got shape {mass_matrix.shape}")
+  asymmetry = float(jnp.max(jnp.abs(mass_matrix - mass_matrix.T)))
+  if asymmetry > 1e-5 * max(float(jnp.max(jnp.abs(mass_matrix))), 1e-30):
+    # Symmetrizing it would sample with another matrix than the one given.
+    raise ValueError(f"mass_matrix is not symmetric (largest |M - M^T| = {asymmetry:.3g}): "
+                     "a mass matrix is a symmetric positive definite matrix; pass "
+                     "(M + M.T) / 2 if that is what you meant")
   chol = jnp.linalg.cholesky(mass_matrix)
   if not bool(jnp.all(jnp.isfinite(chol))):
     raise ValueError("mass_matrix is not positive definite")

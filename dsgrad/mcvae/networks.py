@@ -211,10 +211,19 @@ def check_images(x, data_dim: int | None = None, name: str = "images") -> np.nda
   arr = np.asarray(x, np.float32)
   if arr.ndim < 2:
     raise ValueError(f"{name} must have shape (N, ...), got {arr.shape}")
+  if arr.shape[0] == 0 or arr.size == 0:
+    raise ValueError(f"{name} is empty (shape {arr.shape}): pass at least one image with "
+                     "at least one pixel")
   arr = arr.reshape(arr.shape[0], -1)
   if data_dim is not None and arr.shape[1] != data_dim:
     raise ValueError(f"{name} have {arr.shape[1]} pixels each, the networks expect {data_dim}")
-  if not np.all(np.isfinite(arr)) or arr.min() < 0 or arr.max() > 1:
+  bad = ~np.isfinite(arr)
+  if np.any(bad):
+    first = np.argwhere(bad)[0]
+    raise ValueError(f"{name} contain {int(bad.sum())} non-finite pixels (NaN or inf; the "
+                     f"first in image {first[0]}, pixel {first[1]}): a Bernoulli decoder "
+                     "needs values in [0, 1]")
+  if arr.min() < 0 or arr.max() > 1:
     raise ValueError(f"{name} must lie in [0, 1] for a Bernoulli decoder, got values in "
                      f"[{np.nanmin(arr):g}, {np.nanmax(arr):g}]; scale them (e.g. / 255)")
   return arr

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad.data import declare_kind
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 
@@ -71,8 +72,11 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
     raise ValueError(f"outcomes must be a ({a.size},) array of 0/1")
   data = model_data(a=jnp.asarray(a, jnp.int32), b=jnp.asarray(b, jnp.int32),
                     signs=jnp.asarray(2.0 * y - 1.0, jnp.float32))
-  a, b, signs = data["a"], data["b"], data["signs"]
   m = int(num_players)
+  declare_kind(data["a"], ("index", m))
+  declare_kind(data["b"], ("index", m))
+  declare_kind(data["signs"], "signs")
+  a, b, signs = data["a"], data["b"], data["signs"]
 
   def log_prior(z):
     return (-0.5 * jnp.sum((z / prior_scale) ** 2)

@@ -105,14 +105,12 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
     >>> glm.num_data
     40
   """
-  x = checks.numeric_array(features, "features").astype(np.float32)
+  x = checks.float32_values(features, "features")
   y = checks.numeric_array(labels, "labels")
   if x.ndim != 2:
     raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
   if y.shape[:1] != (x.shape[0],):
     raise ValueError(f"labels must have leading dimension {x.shape[0]}, got shape {y.shape}")
-  if not np.all(np.isfinite(x)):
-    raise ValueError("features contain non-finite values")
   if loss is softmax_cross_entropy and (
       not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_outputs):
     raise ValueError(f"labels must be integers in [0, {num_outputs}) for cross-entropy")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data import HostArray
+from dsgrad.data import HostArray, declare_kind
 from dsgrad.models.base import LinearPredictor, Model, model_data
 
 
@@ -92,6 +92,7 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
   else:
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
   data = model_data(x=_features(x), signs=jnp.asarray(signs, jnp.float32))
+  declare_kind(data["signs"], "signs")
   x, signs = data["x"], data["signs"]
   n, d = x.shape
 
@@ -192,6 +193,7 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")
   data = model_data(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32))
+  declare_kind(data["y"], ("index", int(num_classes)))
   x, y = data["x"], data["y"]
   n, d = x.shape
   k = num_classes

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad.data import declare_kind
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
@@ -90,6 +91,8 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
   gc = g * c
   data = model_data(user=jnp.asarray(u, jnp.int32), genres=jnp.asarray(x, jnp.float32),
                     rating=jnp.asarray(y, jnp.int32))
+  declare_kind(data["user"], ("index", int(num_users)))
+  declare_kind(data["rating"], ("index", c))
   u, x, y = data["user"], data["genres"], data["rating"]
 
   def normal_logpdf_sum(v, mean, log_std):

@@ -79,11 +79,9 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
     >>> model.latent_dim  # the D x K loading matrix W, flattened
     12
   """
-  x = checks.numeric_array(data, "data")
+  x = checks.float32_values(data, "data")
   if x.ndim != 2:
     raise ValueError(f"data must be a 2-D (N, D) array, got shape {x.shape}")
-  if not np.all(np.isfinite(x)):
-    raise ValueError("data contain non-finite values")
   n, d = x.shape
   k = int(latent_dim)
   if not 1 <= k <= d:
