@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import checks
-from dsgrad.families.gaussian import MeanFieldGaussian, _initial_vector, bbvi_objective
+from dsgrad.families.gaussian import MeanFieldGaussian, initial_vector, bbvi_objective
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 
@@ -52,8 +52,8 @@ def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
     [-1.0, -1.0, -1.0]
   """
   d = model.latent_dim
-  return {"loc": _initial_vector(loc, d, "loc"),
-          "log_scale": _initial_vector(log_scale, d, "log_scale")}
+  return {"loc": initial_vector(loc, d, "loc"),
+          "log_scale": initial_vector(log_scale, d, "log_scale")}
 
 
 def meanfield_gaussian(model: Model, *, shared_noise: bool = True,

@@ -62,12 +62,8 @@ class DataArray:
     origin: the handle this one was copied from by :func:`substitute` (itself for an
       original): copies of one model share it, which is how a program built for a model
       recognises that model on other data.
-    kind: what the values mean, when a model relies on it (:func:`declare_kind`):
-      ``"signs"`` (every value +1 or -1) or ``("index", upper)`` (integers in
-      ``[0, upper)``); ``None`` for any numbers. Data handed in later
-      (:meth:`dsgrad.Objective.with_data`) are checked against it.
+    kind: what the values mean (:mod:`dsgrad.data_kinds`), or ``None``.
   """
-
   kind = None
 
   def __init__(self, value, name: str):
@@ -182,39 +178,6 @@ class HostView:
     spec = jax.ShapeDtypeStruct(index.shape + self.host.shape[1:], self.host.dtype)
     return jax.pure_callback(host_gather, spec, self.handle, index,
                              vmap_method="expand_dims")
-
-
-def declare_kind(handle: DataArray, kind) -> DataArray:
-  """Records what ``handle``'s values mean (see :attr:`DataArray.kind`) and checks its
-  current values against it. Returns ``handle``."""
-  handle.kind = kind
-  check_kind(handle, handle.value(), f"data {handle.name!r}")
-  return handle
-
-
-def check_kind(handle: DataArray, value, label: str) -> None:
-  """Refuses ``value`` (in memory, or on the host, read in chunks) when it does not mean
-  what ``handle``'s kind says: 0/1 labels where signs are meant would turn every 0 into a
-  likelihood term that ignores the parameters, an index past the end would read another
-  row (JAX clamps gathers) without any error."""
-  kind = handle.origin.kind
-  if kind is None:
-    return
-  host = value.host if isinstance(value, HostView) else value
-  blocks = ([host.array[i:i + (1 << 20)] for i in range(0, host.shape[0], 1 << 20)]
-            if isinstance(host, HostArray) else [np.asarray(host)])
-  for block in blocks:
-    if kind == "signs":
-      bad = ~np.isin(block, (-1, 1))
-      if np.any(bad):
-        raise ValueError(f"{label} holds {np.unique(block[bad])[:3].tolist()}; it holds signs, "
-                         "+1 or -1 (0/1 labels become signs as 2 * y - 1)")
-    else:
-      upper = kind[1]
-      whole = np.issubdtype(block.dtype, np.integer) or bool(np.all(block == np.round(block)))
-      if not whole or (block.size and (block.min() < 0 or block.max() >= upper)):
-        raise ValueError(f"{label} holds values outside the integers 0 .. {upper - 1} "
-                         f"(found {block.min()} .. {block.max()}); it indexes {upper} rows")
 
 
 def is_host(value) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad import data as data_lib
+from dsgrad import data_kinds
 
 Params = Any
 Noise = Any
@@ -186,7 +187,7 @@ class Objective:
       if np.dtype(value.dtype) != np.dtype(ref.dtype):
         raise TypeError(f"{self.name}.with_data: data {key!r} has dtype {value.dtype}, "
                         f"expected {ref.dtype}")
-      data_lib.check_kind(ref, value, f"{self.name}.with_data: data {key!r}")
+      data_kinds.check_kind(ref, value, f"{self.name}.with_data: data {key!r}")
       out[key] = value
     return data_lib.substitute(self, self.data, out)
 

@@ -2,10 +2,9 @@
 be accepted silently (or refused with an error that did not say why) is refused by name,
 or gives the documented answer.
 
-Two generated tests guard the kinds for entry points added later: every public model
-factory refuses float64 values beyond float32's range and NaN in each of its floating
-array arguments, and every catalogue model's data that carry a meaning (signs, indices)
-refuse other values when swapped in with ``with_data``.
+The generated tests that guard these kinds for entry points added later (every model
+factory's floating arrays, every catalogue model's data with a meaning) are in
+``tests/test_argument_kinds.py``.
 """
 
 import inspect
@@ -21,74 +20,6 @@ import dsgrad
 from dsgrad import batching, mcmc
 from dsgrad.datasets import mnist, uci
 from dsgrad.mcvae.networks import check_images
-
-RNG = np.random.default_rng(0)
-X = RNG.normal(size=(12, 3))
-LABELS = np.arange(12) % 2
-
-# Every public model factory of dsgrad.models that takes data, with a good call; a factory
-# added without an entry here fails test_every_model_factory_is_listed.
-FACTORIES = {
-    "logistic_regression": lambda **kw: dsgrad.models.logistic_regression(
-        kw.get("features", X), kw.get("labels", LABELS)),
-    "softmax_regression": lambda **kw: dsgrad.models.softmax_regression(
-        kw.get("features", X), kw.get("labels", LABELS), 2),
-    "ppca": lambda **kw: dsgrad.models.ppca(kw.get("data", X), 2),
-    "dropout_glm": lambda **kw: dsgrad.models.dropout_glm(
-        kw.get("features", X), kw.get("labels", LABELS), 2),
-    "bradley_terry": lambda **kw: dsgrad.models.bradley_terry(
-        kw.get("player_a", np.array([0, 1, 2])), kw.get("player_b", np.array([1, 2, 0])), 3,
-        kw.get("outcomes", np.array([1.0, 0.0, 1.0]))),
-    "movielens": lambda **kw: dsgrad.models.movielens(
-        kw.get("users", np.array([0, 1, 1])), kw.get("genres", np.eye(3, 2)),
-        kw.get("ratings", np.array([0, 4, 2])), 2),
-}
-FLOATING_ARGUMENTS = {"logistic_regression": ["features"], "softmax_regression": ["features"],
-                      "ppca": ["data"], "dropout_glm": ["features"], "bradley_terry": [],
-                      "movielens": []}
-NOT_FACTORIES = {"Model", "LinearPredictor", "SparseLikelihood", "with_coordinates",
-                 "model_data", "check_sparse_likelihood", "DropoutGLM", "softmax_cross_entropy",
-                 "movielens_latent", "MovieLensLatent"}
-
-
-def test_every_model_factory_is_listed():
-  public = {name for name in dsgrad.models.__all__ if not name.startswith("synthetic_")}
-  assert public - NOT_FACTORIES == set(FACTORIES), "list the new factory in FACTORIES"
-
-
-@pytest.mark.parametrize("factory", sorted(FACTORIES))
-def test_factories_refuse_values_that_the_float32_cast_would_change(factory):
-  FACTORIES[factory]()  # the good call passes
-  for argument in FLOATING_ARGUMENTS[factory]:
-    for bad, says in ((1e39, "float32"), (1e300, "float32"), (np.nan, "non-finite")):
-      values = X.copy()
-      values[1, 1] = bad
-      with pytest.raises(ValueError, match=says):
-        FACTORIES[factory](**{argument: values})
-
-
-KINDS = {  # model, the data leaves with a meaning, a value each must refuse
-    "logistic_regression": ({"signs": lambda v: (v > 0).astype(v.dtype)}),
-    "softmax_regression": ({"y": lambda v: v + 2}),
-    "bradley_terry": ({"a": lambda v: v + 3, "b": lambda v: -v - 1,
-                       "signs": lambda v: (v > 0).astype(v.dtype)}),
-    "movielens": ({"user": lambda v: v + 2, "rating": lambda v: v + 5}),
-}
-
-
-@pytest.mark.parametrize("factory", sorted(KINDS))
-def test_data_with_a_meaning_refuse_other_values_when_swapped_in(factory):
-  """0/1 labels where signs are meant, an index past the end: with_data refuses them by
-  name (JAX would clamp the gather; a zero sign ignores the parameters)."""
-  objective = dsgrad.meanfield_gaussian(FACTORIES[factory]())
-  data = {k: np.asarray(v) for k, v in objective.data_tree().items()}
-  objective.with_data(data)  # the same data pass
-  declared = {k for k, handle in objective.data.items() if handle.kind is not None}
-  assert declared == set(KINDS[factory]), declared
-  for leaf, corrupt in KINDS[factory].items():
-    with pytest.raises(ValueError, match=f"'{leaf}'"):
-      objective.with_data(dict(data, **{leaf: corrupt(data[leaf])}))
-
 
 def test_standardize_gives_z_scores_for_values_beyond_float32():
   """Z-scores do not depend on a column's scale: 1e300 once overflowed into a zero column."""

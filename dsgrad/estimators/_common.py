@@ -279,7 +279,21 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
       _check_state_type(state, params, init_fn, expected_types, name)
     handed = explicit_objective(objective, extra_args.pop("objective", None), name)
     step = update_fn if handed is objective else handed.computing_with(update_fn)
-    out, state = step(updates, state, params, **extra_args)
+    try:
+      out, next_state = step(updates, state, params, **extra_args)
+    except TypeError as error:
+      # The update's own checks passed but its arithmetic did not: a state of this
+      # estimator's type built for other shapes (a compact sparse_linearize table handed
+      # to the dense estimator, another table dtype) is named instead of a broadcast error.
+      mismatch = _state_shape_mismatch(state, params, init_fn, expected_types)
+      if mismatch is None:
+        raise
+      raise ValueError(
+          f"dsgrad.{name}: the state passed to update is a {type(state).__name__} of other "
+          f"shapes than this estimator's init makes ({mismatch}). It was made by this "
+          "estimator built with another approximation (a compact table from "
+          "approx.sparse_linearize against a dense one), table dtype or data: pass the "
+          "state that this optimizer's init returned") from error
     if value_checks and approx is not None:
       checks.value_checks([(~checks.all_finite(out), checks.RangeOrFiniteMessage(
           f"dsgrad.{name} computed a non-finite update from a finite gradient, params and "
@@ -287,7 +301,7 @@ def bound_transformation(objective: Objective, init_fn, update_fn, name: str = "
           "gradient or its expected gradient; e.g. an expectation that diverges there). "
           "Check the approximation on this batch: approx.grad_and_expected(objective, "
           "params, indices, noise)"))])
-    return out, state
+    return out, next_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update)
 
@@ -317,6 +331,26 @@ def explicit_objective(objective: Objective, handed, name: str) -> Objective:
   return handed
 
 
+def _state_shape_mismatch(state, params, init, cache: dict) -> str | None:
+  """The first array of ``state`` whose shape or dtype differs from what ``init`` makes
+  for ``params``, described, or ``None``."""
+  if params is None or not has_leaves(params):
+    return None
+  key = jax.tree.structure(params), tuple((jnp.shape(p), jnp.result_type(p))
+                                          for p in jax.tree.leaves(params))
+  expected = cache.get(key)
+  if expected is None:
+    expected = cache[key] = jax.eval_shape(init, params)
+  got = [(path, jnp.shape(x), jnp.result_type(x)) for path, x in
+         jax.tree.leaves_with_path(state)]
+  want = [(x.shape, x.dtype) for x in jax.tree.leaves(expected)]
+  for (path, shape, dtype), (shape_w, dtype_w) in zip(got, want):
+    if (shape, dtype) != (shape_w, dtype_w):
+      return (f"{jax.tree_util.keystr(path)}: {shape} {dtype}, expected {shape_w} "
+              f"{dtype_w}")
+  return None if len(got) == len(want) else f"{len(got)} arrays, expected {len(want)}"
+
+
 def _check_state_type(state, params, init, cache: dict, name: str) -> None:
   key = jax.tree.structure(params), tuple((jnp.shape(p), jnp.result_type(p))
                                           for p in jax.tree.leaves(params))
@@ -324,20 +358,6 @@ def _check_state_type(state, params, init, cache: dict, name: str) -> None:
     cache[key] = jax.eval_shape(init, params)
   expected = cache[key]
   if type(state) is type(expected):
-    got = [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)]
-    want = [(x.shape, x.dtype) for x in jax.tree.leaves(expected)]
-    if got != want:
-      # The same estimator built otherwise: a compact table (sparse_linearize) handed to
-      # the dense one, another table dtype, a table for another number of data.
-      changed = next((f"{jax.tree_util.keystr(p)}: {g[0]} {g[1]}, expected {w[0]} {w[1]}"
-                      for (p, _), g, w in zip(jax.tree.leaves_with_path(state), got, want)
-                      if g != w), f"{len(got)} arrays, expected {len(want)}")
-      raise ValueError(
-          f"dsgrad.{name}: the state passed to update is a {type(state).__name__} of other "
-          f"shapes than this estimator's init makes ({changed}). It was made by this "
-          "estimator built with another approximation (a compact table from "
-          "approx.sparse_linearize against a dense one), table dtype or data: pass the "
-          "state that this optimizer's init returned")
     return
   # Containers rebuilt by other code (Flax NNX turns NamedTuples into tuples; `()` for a
   # stateless estimator) pass when their arrays are the ones init makes; another

@@ -109,5 +109,4 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | No
     new_state = IncState(tables.set_rows(state.table, indices, params))
     return optax.tree.cast_like(out, updates), new_state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "inc", approx=approx,
-                                      value_checks=value_checks)
+  return _common.bound_transformation(objective, init_fn, update_fn, "inc")

@@ -139,5 +139,4 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     return optax.tree.cast_like(step, params if updates is None else updates), SmisoState(
         table, running_mean)
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "smiso", approx=approx,
-                                      value_checks=value_checks)
+  return _common.bound_transformation(objective, init_fn, update_fn, "smiso")

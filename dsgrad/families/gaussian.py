@@ -179,7 +179,7 @@ class _Family(nnx.Module):
                           inverse=self.inverse_transform)
 
 
-def _initial_vector(value, dim: int, name: str) -> jax.Array:
+def initial_vector(value, dim: int, name: str) -> jax.Array:
   """``value`` (a scalar or a ``(dim,)`` vector) as a float32 ``(dim,)`` vector; any other
   shape is refused by name instead of a raw broadcasting error."""
   array = jnp.asarray(value, jnp.float32)
@@ -206,9 +206,9 @@ class MeanFieldGaussian(_Family):
 
   def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
     self.dim = int(dim)
-    self.loc = nnx.Param(_initial_vector(loc, self.dim, "loc"))
+    self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_scale = nnx.Param(
-        _initial_vector(log_scale, self.dim, "log_scale"))
+        initial_vector(log_scale, self.dim, "log_scale"))
 
   @staticmethod
   def transform(params, eps):
@@ -271,9 +271,9 @@ class FullRankGaussian(_Family):
 
   def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
     self.dim = int(dim)
-    self.loc = nnx.Param(_initial_vector(loc, self.dim, "loc"))
+    self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_diag = nnx.Param(
-        _initial_vector(log_scale, self.dim, "log_scale"))
+        initial_vector(log_scale, self.dim, "log_scale"))
     self.unit_lower = nnx.Param(jnp.zeros((self.dim, self.dim), jnp.float32))
 
   @staticmethod

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data import declare_kind
+from dsgrad.data_kinds import declare_kind
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data import HostArray, declare_kind
+from dsgrad.data import HostArray
+from dsgrad.data_kinds import declare_kind
 from dsgrad.models.base import LinearPredictor, Model, model_data
 
 
