@@ -76,6 +76,8 @@ def _movielens_args(out, steps, checkpoint_dir=None):
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
+# Slow (14 s): bit-identical resume is checked by tests/test_train.py on every estimator.
+@pytest.mark.slow
 def test_movielens_runs_predicts_and_resumes_exactly(tmp_path):
   import movielens
   whole = movielens.main(_movielens_args(tmp_path / "whole", 20))

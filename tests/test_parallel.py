@@ -35,6 +35,8 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
+# Slow (27 s): the four-device test checks the same sharded program in one process.
+@pytest.mark.slow
 def test_two_processes_compute_what_one_process_does(tmp_path):
   """``jax.distributed`` with 2 CPU processes over loopback: the data split by datum across
   the processes (each reads only its rows of a memory-mapped file), the batch and the

@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 
+# Slow (22 s): the README runs the main job (tested below); this is the small example.
+@pytest.mark.slow
 def test_quickstart_runs(tmp_path, capsys):
   import logistic_regression as quickstart
   results = quickstart.main(["--steps", "60", "--batch-size", "10", "--seeds", "2",
