@@ -468,3 +468,13 @@ def test_the_reference_point_is_refined_to_the_full_data_mode():
   assert decrement(refined) < 0.01 and passes >= 2, (decrement(refined), passes)
   assert float(refined.sum_value) + float(model.log_prior(refined.theta_star)) > float(
       start.sum_value) + float(model.log_prior(start.theta_star))
+
+
+def test_a_reference_point_that_drifted_from_the_mode_is_reported():
+  """The warm-up moves theta* to the mean of recent draws; one coordinate 4 standard
+  deviations from the mode is named, 2 are not."""
+  precision = np.diag([4.0, 100.0])  # standard deviations 0.5 and 0.1
+  mode = np.zeros(2)
+  assert mcmc.estimator_noise.reference_drift_warnings(mode, [1.0, 0.2], precision) == ()
+  (message,) = mcmc.estimator_noise.reference_drift_warnings(mode, [0.1, -0.4], precision)
+  assert "4.0 posterior standard deviations" in message and "coordinate 1" in message

@@ -124,3 +124,35 @@ def variance_warnings(variance: proxy_lib.EstimatorVariance, subsample_size: int
           f"Sec. 3; Doucet et al. 2015). Its draws can be confidently wrong: raise "
           f"subsample_size from {subsample_size} to about {better} (the variance falls as "
           f"1/m), or pass subsample_size='auto'",)
+
+
+@checks.arguments(threshold=checks.positive())
+def reference_drift_warnings(mode, reference_point, precision,
+                             threshold: float = 3.0) -> tuple[str, ...]:
+  """A sentence when the reference point the chain sampled with lies more than
+  ``threshold`` posterior standard deviations from the full-data mode in any coordinate.
+
+  The warm-up moves ``theta*`` to the mean of recent draws (Dang et al., 2019, Sec. 6.3).
+  Where a coordinate drifted during warm-up, ``theta*`` follows it, the control variates
+  become exact *there*, and the perturbed chain stays there with a small estimator
+  variance: the variance check cannot see it, the distance from the mode can.
+
+  Args:
+    mode: ``(d,)`` the full-data mode (:func:`dsgrad.mcmc.refine_reference_point`).
+    reference_point: ``(d,)`` the ``theta*`` of the sampling phase.
+    precision: ``(d, d)`` the Laplace precision at the mode (its inverse's diagonal gives
+      the standard deviations).
+    threshold: in standard deviations.
+  """
+  sd = np.sqrt(np.diag(np.linalg.inv(np.asarray(precision, np.float64))))
+  distance = np.abs(np.asarray(reference_point, np.float64) - np.asarray(mode, np.float64)) / sd
+  worst = int(np.argmax(distance))
+  if not distance[worst] > threshold:
+    return ()
+  return (f"during warm-up the reference point moved {distance[worst]:.1f} posterior "
+          f"standard deviations from the full-data mode (coordinate {worst}; "
+          f"{int(np.sum(distance > threshold))} beyond {threshold:g}): the chain wandered "
+          "there, the control variates now fit there, and a perturbed chain can stay with "
+          "a small estimator variance. Rerun with a larger subsample_size, a longer "
+          "num_warmup, or reference_updates_every=0 (keep the mode)",)
+

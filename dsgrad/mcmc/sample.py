@@ -212,7 +212,9 @@ class MCMCResult(NamedTuple):
     ess: ``(d,)`` effective sample size of each coordinate of ``samples``
       (:func:`dsgrad.mcmc.effective_sample_size`; NaN for a chain that diverged).
     warnings: sentences on what makes the draws untrustworthy (an estimator variance
-      well above 1: :func:`dsgrad.mcmc.estimator_noise.variance_warnings`); printed with
+      well above 1: :func:`dsgrad.mcmc.estimator_noise.variance_warnings`; a reference
+      point that drifted from the full-data mode in warm-up:
+      :func:`~dsgrad.mcmc.estimator_noise.reference_drift_warnings`); printed with
       ``progress``. ``info.variance`` holds the variance at every draw.
   """
 
@@ -347,9 +349,11 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   reference_point = check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += model.num_data
+  mode = None
   if refine:
     proxy, passes = refine_reference_point(model, proxy, order=proxy_order)
     evaluations += passes * model.num_data
+    mode = (proxy.theta_star, laplace_precision(model, proxy))
   mass_mode, precision = _initial_precision(model, proxy, mass_matrix)
   if estimator == "full":
     subsample_size, scheme = None, subsample_lib.full_data(model)
@@ -385,6 +389,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     except ValueError:  # a chain that diverged
       ess = np.full(samples.shape[1], np.nan)
     warnings = estimator_noise.variance_warnings(info.variance, subsample_size)
+    if mode is not None and subsample_size is not None:
+      warnings += estimator_noise.reference_drift_warnings(mode[0], proxy.theta_star, mode[1])
     for message in warnings if progress else ():
       print("warning: " + message, flush=True)
     return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
