@@ -38,6 +38,7 @@ from dsgrad import elbo_trust
 from dsgrad import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
 from dsgrad import parallel
+from dsgrad import progress as progress_lib
 from dsgrad import psis
 from dsgrad import resume as resume_lib
 from dsgrad import segments
@@ -460,26 +461,13 @@ def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
 
 
 def _progress(enabled: bool, total: int):
-  """``update(n_steps, step, elbo, se, close=False)``: tqdm bar, printed lines, or nothing."""
-  if not enabled:
-    return lambda *a, **k: None
-  try:
-    from tqdm.auto import tqdm
-  except ImportError:
-    tqdm = None
-  if tqdm is not None:
-    bar = tqdm(total=total, unit="step")
+  """``update(n_steps, step, elbo, se, close=False)`` on :func:`dsgrad.progress.bar`: the
+  ELBO beside the bar, or a printed line per evaluation without tqdm."""
+  shown = progress_lib.bar(enabled, total, "step")
 
-    def update(n, step, value, se, close=False):
-      if n:
-        bar.update(n)
-      if value is not None and np.isfinite(value):
-        bar.set_postfix(elbo=f"{value:.4g}", se=f"{se:.2g}")
-      if close:
-        bar.close()
-    return update
-
-  def update_lines(n, step, value, se, close=False):
-    if n and value is not None:  # a line per evaluation
-      print(f"step {step}: elbo {value:.6g} (se {se:.2g})", flush=True)
-  return update_lines
+  def update(n, step, value, se, close=False):
+    known = value is not None and np.isfinite(value)
+    shown(n, status={"elbo": f"{value:.4g}", "se": f"{se:.2g}"} if known else None,
+          line=f"step {step}: elbo {value:.6g} (se {se:.2g})" if n and value is not None
+          else None, close=close)
+  return update

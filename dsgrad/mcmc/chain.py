@@ -11,6 +11,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad import data as data_lib
+from dsgrad import progress as progress_lib
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
@@ -98,17 +99,4 @@ class SamplingInterrupted(KeyboardInterrupt):
 
 
 def _bar(enabled, total):
-  if not enabled:
-    return lambda n, close=False: None
-  try:
-    from tqdm.auto import tqdm
-  except ImportError:
-    return lambda n, close=False: None
-  bar = tqdm(total=total, unit="draw")
-
-  def update(n, close=False):
-    if n:
-      bar.update(n)
-    if close:
-      bar.close()
-  return update
+  return progress_lib.bar(enabled, total, "draw")
