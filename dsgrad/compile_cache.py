@@ -59,6 +59,7 @@ def get_or_build_with_cost(key: Hashable, build: Callable[[], Any]) -> tuple[Any
     if key in _PROGRAMS:
       _PROGRAMS.move_to_end(key)
       return _PROGRAMS[key], 0.0, 0.0
+  _listen()
   _HITS.reads = []
   t0 = time.perf_counter()
   program = build()
@@ -90,7 +91,16 @@ def _count_hit(event: str, duration: float, **kwargs) -> None:
     _HITS.reads = _HITS.reads + [(_HITS.saved + float(duration), float(duration))]
 
 
-jax.monitoring.register_event_duration_secs_listener(_count_hit)
+_LISTENING = []
+
+
+def _listen() -> None:
+  """Registers :func:`_count_hit` with JAX's monitoring, once, at the first compile this
+  cache makes: importing dsgrad installs nothing."""
+  with _LOCK:
+    if not _LISTENING:
+      jax.monitoring.register_event_duration_secs_listener(_count_hit)
+      _LISTENING.append(True)
 
 
 def cached(factory: Callable) -> Callable:
