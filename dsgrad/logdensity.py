@@ -34,11 +34,10 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
     return int(latent), lambda z: z
   if isinstance(latent, (float, np.floating)):
     # 3.0 would be read as the example value of a scalar latent: one dimension.
+    as_int = int(latent) if float(latent).is_integer() and latent >= 1 else "d"
     raise TypeError(f"latent={latent!r} is ambiguous: give the dimension as an int "
-                    f"(latent={int(latent) if float(latent).is_integer() and latent >= 1 else 'd'}) "
-                    "or an "
-                    "example value as an array (jnp.zeros(()) for a scalar latent, "
-                    "jnp.zeros(3) for three numbers)")
+                    f"(latent={as_int}) or an example value as an array (jnp.zeros(()) for "
+                    "a scalar latent, jnp.zeros(3) for three numbers)")
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 

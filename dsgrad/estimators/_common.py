@@ -336,14 +336,9 @@ def _state_shape_mismatch(state, params, init, cache: dict) -> str | None:
   for ``params``, described, or ``None``."""
   if params is None or not has_leaves(params):
     return None
-  key = jax.tree.structure(params), tuple((jnp.shape(p), jnp.result_type(p))
-                                          for p in jax.tree.leaves(params))
-  expected = cache.get(key)
-  if expected is None:
-    expected = cache[key] = jax.eval_shape(init, params)
   got = [(path, jnp.shape(x), jnp.result_type(x)) for path, x in
          jax.tree.leaves_with_path(state)]
-  want = [(x.shape, x.dtype) for x in jax.tree.leaves(expected)]
+  want = [(x.shape, x.dtype) for x in jax.tree.leaves(_expected_state(params, init, cache))]
   for (path, shape, dtype), (shape_w, dtype_w) in zip(got, want):
     if (shape, dtype) != (shape_w, dtype_w):
       return (f"{jax.tree_util.keystr(path)}: {shape} {dtype}, expected {shape_w} "
@@ -351,12 +346,17 @@ def _state_shape_mismatch(state, params, init, cache: dict) -> str | None:
   return None if len(got) == len(want) else f"{len(got)} arrays, expected {len(want)}"
 
 
-def _check_state_type(state, params, init, cache: dict, name: str) -> None:
+def _expected_state(params, init, cache: dict):
+  """``init``'s abstract state for ``params``: one trace per params structure, cached."""
   key = jax.tree.structure(params), tuple((jnp.shape(p), jnp.result_type(p))
                                           for p in jax.tree.leaves(params))
-  if key not in cache:  # one abstract trace of init per params structure
+  if key not in cache:
     cache[key] = jax.eval_shape(init, params)
-  expected = cache[key]
+  return cache[key]
+
+
+def _check_state_type(state, params, init, cache: dict, name: str) -> None:
+  expected = _expected_state(params, init, cache)
   if type(state) is type(expected):
     return
   # Containers rebuilt by other code (Flax NNX turns NamedTuples into tuples; `()` for a

@@ -198,14 +198,21 @@ def estimate_with_variance(model: Model, proxy: TaylorProxy, theta, indices):
     theta: ``(d,)``.
     indices: ``(m,)`` subsample, drawn uniformly with replacement.
   """
+  l_hat, sigma2, plain = _difference_terms(model, proxy, theta, indices)
+  return l_hat - 0.5 * sigma2, EstimatorVariance(sigma2, jax.lax.stop_gradient(plain))
+
+
+def _difference_terms(model: Model, proxy: TaylorProxy, theta, indices):
+  """``(l_hat, sigma2_hat, plain)``: the difference estimator, its variance, and the
+  plain estimator's variance on the same subsample, from one read of it."""
   values = model.log_likelihood(theta, indices)
   d = values - proxy_values(model, proxy, theta, indices)
   n, m = model.num_data, indices.shape[0]
   scale = (n / m) ** 2
+  l_hat = proxy_sum(proxy, theta) + n * jnp.mean(d)
   sigma2 = scale * jnp.sum((d - jnp.mean(d)) ** 2)
   plain = scale * jnp.sum((values - jnp.mean(values)) ** 2)
-  estimate = proxy_sum(proxy, theta) + n * jnp.mean(d) - 0.5 * sigma2
-  return estimate, EstimatorVariance(sigma2, jax.lax.stop_gradient(plain))
+  return l_hat, sigma2, plain
 
 
 def difference_estimator(model: Model, proxy: TaylorProxy, theta, indices):
@@ -222,11 +229,7 @@ def difference_estimator(model: Model, proxy: TaylorProxy, theta, indices):
   Returns:
     ``(l_hat, sigma2_hat)`` scalars.
   """
-  d = differences(model, proxy, theta, indices)
-  n, m = model.num_data, indices.shape[0]
-  l_hat = proxy_sum(proxy, theta) + n * jnp.mean(d)
-  sigma2 = (n / m) ** 2 * jnp.sum((d - jnp.mean(d)) ** 2)
-  return l_hat, sigma2
+  return _difference_terms(model, proxy, theta, indices)[:2]
 
 
 def log_likelihood_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:

@@ -349,18 +349,22 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   reference_point = check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += model.num_data
-  mode = None
   if refine:
     proxy, passes = refine_reference_point(model, proxy, order=proxy_order)
     evaluations += passes * model.num_data
-    mode = (proxy.theta_star, laplace_precision(model, proxy))
-  mass_mode, precision = _initial_precision(model, proxy, mass_matrix)
+  # The posterior precision at theta*, computed once for all that use it: the mass matrix,
+  # the Laplace draws that choose m, the drift check's standard deviations.
+  needed = refine or subsample_size == "auto" or (isinstance(mass_matrix, str)
+                                                 and mass_matrix == "laplace")
+  laplace = laplace_precision(model, proxy) if needed else None
+  mode = (proxy.theta_star, laplace) if refine else None
+  mass_mode, precision = _initial_precision(model, laplace, mass_matrix)
   if estimator == "full":
     subsample_size, scheme = None, subsample_lib.full_data(model)
   else:
     if subsample_size == "auto":
       k_auto = jax.random.fold_in(key, 7)  # the other keys stay those of a given m
-      draws = laplace_draws(proxy, laplace_precision(model, proxy), k_auto, 50)
+      draws = laplace_draws(proxy, laplace, k_auto, 50)
       subsample_size, _ = estimator_noise.choose_subsample_size(
           model, proxy, draws, k_auto, num_blocks=num_blocks)
       evaluations += 50 * min(model.num_data, 2048)
@@ -405,15 +409,15 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   return result(*drawn)
 
 
-def _initial_precision(model: Model, proxy: TaylorProxy, mass_matrix):
-  """``(mode, M)``: ``"laplace"`` (the posterior precision at ``theta*``), ``"adapt"``
-  (identity, adapted in warm-up) or ``"fixed"`` (the user's, a ``(d,)`` diagonal or
-  ``(d, d)``)."""
+def _initial_precision(model: Model, laplace, mass_matrix):
+  """``(mode, M)``: ``"laplace"`` (``laplace``, the posterior precision at ``theta*``),
+  ``"adapt"`` (identity, adapted in warm-up) or ``"fixed"`` (the user's, a ``(d,)``
+  diagonal or ``(d, d)``)."""
   d = model.latent_dim
   if isinstance(mass_matrix, str):
     if mass_matrix not in ("laplace", "adapt"):
       raise ValueError(f"mass_matrix must be 'laplace', 'adapt' or an array, got {mass_matrix!r}")
-    return mass_matrix, (laplace_precision(model, proxy) if mass_matrix == "laplace"
+    return mass_matrix, (laplace if mass_matrix == "laplace"
                          else jnp.eye(d, dtype=jnp.float32))
   given = np.asarray(mass_matrix, np.float64)
   if given.shape == (d,):
