@@ -215,7 +215,13 @@ class MCMCResult(NamedTuple):
       well above 1: :func:`dsgrad.mcmc.estimator_noise.variance_warnings`; a reference
       point that drifted from the full-data mode in warm-up:
       :func:`~dsgrad.mcmc.estimator_noise.reference_drift_warnings`); printed with
-      ``progress``. ``info.variance`` holds the variance at every draw.
+      ``progress``.
+    estimator_variance: the perturbed scheme's estimator variance at up to 50 draws spread
+      over the chain, from data read afresh
+      (:func:`~dsgrad.mcmc.estimator_noise.variance_at_draws`, 2,048 data per draw, not
+      counted in ``setup_evaluations``); the variance warning reads it. ``info.variance``
+      holds the chain's own estimate at every draw, which is conditioned on the subsamples
+      the chain accepted and can be far lower; ``None`` for the other estimators.
   """
 
   samples: np.ndarray
@@ -231,6 +237,7 @@ class MCMCResult(NamedTuple):
   subsample_size: int | None = None
   ess: np.ndarray | None = None
   warnings: tuple = ()
+  estimator_variance: np.ndarray | None = None
 
   def __repr__(self) -> str:
     # The fields' own reprs run to thousands of subsample indices: a summary instead.
@@ -354,9 +361,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     evaluations += passes * model.num_data
   # The posterior precision at theta*, computed once for all that use it: the mass matrix,
   # the Laplace draws that choose m, the drift check's standard deviations.
-  needed = refine or subsample_size == "auto" or (isinstance(mass_matrix, str)
-                                                 and mass_matrix == "laplace")
-  laplace = laplace_precision(model, proxy) if needed else None
+  laplace = (laplace_precision(model, proxy) if refine or subsample_size == "auto"
+             or (isinstance(mass_matrix, str) and mass_matrix == "laplace") else None)
   mode = (proxy.theta_star, laplace) if refine else None
   mass_mode, precision = _initial_precision(model, laplace, mass_matrix)
   if estimator == "full":
@@ -369,7 +375,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
           model, proxy, draws, k_auto, num_blocks=num_blocks)
       evaluations += 50 * min(model.num_data, 2048)
     scheme = subsample_lib.perturbed(model, subsample_size, num_blocks)
-  position = reference_point if position is None else check_theta(model, position, "position")
+  # The default start is theta*: the refined one, not the subset's mode it came from.
+  position = proxy.theta_star if position is None else check_theta(model, position, "position")
   warmup = _Warmup(model, scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
   state = init(model, scheme, proxy, position, k_init)
@@ -392,13 +399,13 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
       ess = effective_sample_size(samples)
     except ValueError:  # a chain that diverged
       ess = np.full(samples.shape[1], np.nan)
-    warnings = estimator_noise.variance_warnings(info.variance, subsample_size)
-    if mode is not None and subsample_size is not None:
-      warnings += estimator_noise.reference_drift_warnings(mode[0], proxy.theta_star, mode[1])
+    estimator_variance, warnings = estimator_noise.diagnose(
+        model, proxy, samples, info, jax.random.fold_in(key, 8), subsample_size,
+        estimator == "perturbed", mode)
     for message in warnings if progress else ():
       print("warning: " + message, flush=True)
     return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,
-                      seconds, evaluations, subsample_size, ess, warnings)
+                      seconds, evaluations, subsample_size, ess, warnings, estimator_variance)
 
   try:
     drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,
