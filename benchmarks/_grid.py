@@ -7,15 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad.diagnostics import elbo_draws
-from dsgrad.batching import batch_indices
-from dsgrad.segments import train_step
+from dsgrad.training.batching import batch_indices
+from dsgrad.training.segments import train_step
 
 
 def trainer(make_optimizer, objective, params0, batch_size: int, num_steps: int,
             num_evals: int, *, keep_states: bool = False):
   """``(step_size, key) -> (trace, final optimizer state)`` for one training run.
 
-  Batches are reshuffled epochs (:func:`dsgrad.batching.batch_indices`), noise is drawn
+  Batches are reshuffled epochs (:func:`dsgrad.training.batching.batch_indices`), noise is drawn
   per step. The trace holds the params after each of ``num_evals`` evenly spaced
   segments (leaves ``(num_evals, ...)``); with ``keep_states`` it holds
   ``(params, optimizer state)`` pairs, for variance traces.

@@ -16,7 +16,7 @@ def environment() -> str:
   import numpy
   import optax
 
-  from dsgrad import race as race_lib
+  from dsgrad.advice import race as race_lib
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:

@@ -15,8 +15,8 @@ import dsgrad
 from benchmarks import _report
 from dsgrad import checks
 from dsgrad import data as data_lib
-from dsgrad.batching import epoch_batches
-from dsgrad.segments import train_step
+from dsgrad.training.batching import epoch_batches
+from dsgrad.training.segments import train_step
 
 
 class FusedStep(NamedTuple):

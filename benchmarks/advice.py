@@ -42,9 +42,9 @@ import optax
 import dsgrad
 from benchmarks import _report
 from benchmarks.fit_overhead import _hierarchical, _mlp, _student_t, bbvi_loss, epoch_batches
-from dsgrad import admission
-from dsgrad import advice as advice_lib
-from dsgrad import race as race_lib
+from dsgrad.advice import admission
+from dsgrad.advice import recommend as advice_lib
+from dsgrad.advice import race as race_lib
 
 
 MODELS = {
@@ -217,7 +217,7 @@ def _timing_agreement(advice) -> float:
 def _race_rounds(advice) -> dict:
   """``{name: [[fraction, gain, se], ...]}``: each raced candidate's gain over naive at
   equal wall-clock at the end of every race round it took part in (the fraction of its
-  run, and of the budget), paired as the race pairs it (:func:`dsgrad.race.race`)."""
+  run, and of the budget), paired as the race pairs it (:func:`dsgrad.advice.race.race`)."""
   naive = advice.runs["naive"].trace
   return {name: [[points[-1][0], *race_lib.checkpoint_difference(points, naive[r])]
                  for r, points in enumerate(lane.trace) if r > 0]

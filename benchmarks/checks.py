@@ -79,8 +79,8 @@ def run(sizes=((1_000, 10), (10_000, 100)), batch_size=100, steps=200, rounds=5,
 def _per_call_rows(model, params0, batch_size, steps, rounds, lr):
   """``[(estimator, ms per call on, ms per call off)]``: a Python loop calling one jitted
   step per call, blocking only at the end (so JAX may dispatch asynchronously)."""
-  from dsgrad.batching import epoch_batches
-  from dsgrad.segments import train_step
+  from dsgrad.training.batching import epoch_batches
+  from dsgrad.training.segments import train_step
   rows = []
   batches = epoch_batches(jax.random.key(2), model.num_data, batch_size, steps)
   keys = jax.random.split(jax.random.key(1), steps)
@@ -145,10 +145,10 @@ def _once_rows(model, params0, lr):
   with tempfile.TemporaryDirectory() as folder:
     path = os.path.join(folder, "state.ckpt")
     once.append(("`checkpoint.save` of that state (serialize, digest, write, fsync, rename)",
-                 _median_seconds(lambda: dsgrad.checkpoint.save(path, (params0, state)), 5)))
+                 _median_seconds(lambda: dsgrad.training.checkpoint.save(path, (params0, state)), 5)))
     once.append(("`checkpoint.restore` of that state (read, verify digest, deserialize, "
                  "check entries)",
-                 _median_seconds(lambda: dsgrad.checkpoint.restore(path, (params0, state)), 5)))
+                 _median_seconds(lambda: dsgrad.training.checkpoint.restore(path, (params0, state)), 5)))
   return once
 
 

@@ -58,7 +58,7 @@ from dsgrad.annealing import AnnealedVI, NeuralSurrogate, coreset_surrogate, ran
 from benchmarks import _report
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.logistic_regression import logistic_regression, synthetic_logistic_data
-from dsgrad.batching import batch_indices
+from dsgrad.training.batching import batch_indices
 
 CORRELATED_FEATURES = 0.9  # AR(1) coefficient of the features of "synthetic-corr"
 INIT_SCALE = 0.1  # NumPyro's default init_scale; dsgrad's base starts at the same scale

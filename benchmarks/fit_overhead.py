@@ -16,12 +16,12 @@ number of steps for every contender. Contenders:
 
 * **hand-written loop**: a jitted ``lax.scan`` over the steps of plain JAX and optax
   (value-and-grad of the negative ELBO, Adam), with fit's batches (reshuffled epochs,
-  :func:`dsgrad.batching.epoch_batches`) precomputed as an index array;
+  :func:`dsgrad.training.batching.epoch_batches`) precomputed as an index array;
 * **fit naive**: ``dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-3)),
   ...)`` with one segment and no ELBO evaluation; its time is the call's wall-clock minus
   its compile time (so argument checks, state set-up and the checks' round trip count);
 * **fit naive (checks every step)**: the same with the finiteness check in every step
-  (``dsgrad.segments.CHECK_AT_END_BYTES = 0``) rather than at each segment's end;
+  (``dsgrad.training.segments.CHECK_AT_END_BYTES = 0``) rather than at each segment's end;
 * **fit cv**: the same with ``dsgrad.cv(objective)`` (``linearize``: one JVP of the
   gradient);
 * **epoch orders**: the run's reshuffled epochs alone (part of fit's time; the
@@ -177,7 +177,7 @@ def epoch_batches(key, num_data, batch_size, steps):
 
 EVALUATIONS = {
     # fit as a user calls it: the default segments and evaluations
-    # (dsgrad.evaluation_plan).
+    # (dsgrad.training.evaluation_plan).
     "fit naive (default evaluations)": {},
     # The default before the evaluation plan: 100 draws after every segment of an epoch.
     "fit naive (100 draws an epoch)": dict(eval_every="epoch", elbo_samples=100),
@@ -193,7 +193,7 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
     objective = dsgrad.meanfield_gaussian(model)
     params0 = dsgrad.meanfield_init(model, 0.0, -2.0)
     # fit's own batches: it draws them from split(key)[0] of the key it is given.
-    batches = dsgrad.batching.epoch_batches(jax.random.split(fit_key)[0], model.num_data,
+    batches = dsgrad.training.batching.epoch_batches(jax.random.split(fit_key)[0], model.num_data,
                                             batch_size, steps)
     keys = jax.random.split(jax.random.key(2), steps)
     hand = {}
@@ -219,7 +219,7 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
     for round_ in _report.progress(range(rounds + 1), f"{name}: rounds (the first warms up)"):
       # Part of fit's own work: the run's epoch orders, which the hand loop gets for free.
       t0 = time.perf_counter()
-      orders = dsgrad.batching.EpochOrders(jax.random.split(fit_key)[0], model.num_data,
+      orders = dsgrad.training.batching.EpochOrders(jax.random.split(fit_key)[0], model.num_data,
                                            batch_size)
       jax.block_until_ready(orders.window(0, steps))
       if round_:
@@ -233,8 +233,8 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
           times[label].append(time.perf_counter() - t0)
       for label, optimizer in made.items():
         every_step = label == "fit naive (checks every step)"
-        cap = dsgrad.segments.CHECK_AT_END_BYTES
-        dsgrad.segments.CHECK_AT_END_BYTES = 0 if every_step else cap
+        cap = dsgrad.training.segments.CHECK_AT_END_BYTES
+        dsgrad.training.segments.CHECK_AT_END_BYTES = 0 if every_step else cap
         settings = dict(EVALUATIONS.get(label, dict(eval_every=steps, elbo_samples=0)))
         if settings.get("eval_every") == "epoch":
           settings["eval_every"] = model.num_data // batch_size
@@ -244,7 +244,7 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
                               batch_size=batch_size, progress=False, **settings)
           jax.block_until_ready(result.params)
         finally:
-          dsgrad.segments.CHECK_AT_END_BYTES = cap
+          dsgrad.training.segments.CHECK_AT_END_BYTES = cap
         if round_:  # the first round compiles; later ones reuse the executable
           times[label].append(time.perf_counter() - t0 - result.compile_seconds)
     results[name] = dict(latent_dim=model.latent_dim, num_data=model.num_data,
@@ -312,17 +312,17 @@ def render(record):
   if every:
     lines[-1] += (" Column \"checks every step\": fit naive with the finiteness check "
                   "in every step (a failure code per step, as before "
-                  "`dsgrad.segments.CHECK_AT_END_BYTES`), instead of once at the segment's "
+                  "`dsgrad.training.segments.CHECK_AT_END_BYTES`), instead of once at the segment's "
                   "end.")
   if orders:
     lines[-1] += (" Column \"epoch orders\": the time fit spends drawing the run's "
-                  "reshuffled epochs (`dsgrad.batching.EpochOrders`, one sort of N keys "
+                  "reshuffled epochs (`dsgrad.training.batching.EpochOrders`, one sort of N keys "
                   "per epoch), which the hand-written loop is given precomputed; it is "
                   "part of fit naive's time.")
   if evaluations:
     lines[-1] += (" Columns \"default evaluations\" and \"100 draws an epoch\": fit naive as "
                   "a user calls it, with its default ELBO evaluations "
-                  "(`dsgrad.evaluation_plan`: the ones before the last priced at a tenth of "
+                  "(`dsgrad.training.evaluation_plan`: the ones before the last priced at a tenth of "
                   "the steps, the last with 100 draws), and with 100 draws after every epoch "
                   "(the default before that plan), over fit naive without evaluations; "
                   "their time includes the evaluations.")

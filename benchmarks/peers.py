@@ -55,7 +55,7 @@ import optax
 import dsgrad
 from benchmarks import _report, peers_models, peers_vae
 from benchmarks._contenders import Runner, train_step_runner  # noqa: F401
-from dsgrad.batching import epoch_batches
+from dsgrad.training.batching import epoch_batches
 
 INIT_SCALE = 0.1
 SCHEDULED = " + cosine"

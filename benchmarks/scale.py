@@ -31,10 +31,10 @@ import optax
 
 import dsgrad
 from dsgrad import data as data_lib
-from dsgrad import segments
+from dsgrad.training import segments
 from benchmarks import _report, _timing
-from dsgrad import batching
-from dsgrad.batching import epoch_batches
+from dsgrad.training import batching
+from dsgrad.training.batching import epoch_batches
 from dsgrad import tables
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 

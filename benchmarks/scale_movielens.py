@@ -38,8 +38,8 @@ import optax
 
 import dsgrad
 from benchmarks import _report
-from dsgrad.batching import batch_indices
-from dsgrad.segments import train_step
+from dsgrad.training.batching import batch_indices
+from dsgrad.training.segments import train_step
 
 _bytes = _report.format_bytes
 

@@ -122,7 +122,7 @@ def run(models, steps, rounds, batch_size, num_data, learning_rate=1e-3) -> dict
     model = scale_models.BUILDERS[name](num_data=num_data)
     params = scale_suite._initial_params(model.dim)
     fit_key = jax.random.key(3)
-    batches = dsgrad.batching.epoch_batches(jax.random.split(fit_key)[0], model.num_data,
+    batches = dsgrad.training.batching.epoch_batches(jax.random.split(fit_key)[0], model.num_data,
                                             batch_size, steps)
     keys = jax.random.split(jax.random.key(2), steps)
     calls, ruled_out = {}, {}

@@ -51,7 +51,7 @@ import optax
 import dsgrad
 from benchmarks import _report
 from benchmarks import scale_models
-from dsgrad import race as race_lib
+from dsgrad.advice import race as race_lib
 
 CONTENDERS = ("hand", "naive", "cv", "joint_svrg", "joint_saga", "naive_batch",
               "naive_samples", "follow")

@@ -9,7 +9,7 @@ def undocumented_public_names():
   import importlib
   import inspect
   modules = ["dsgrad", "dsgrad.approx", "dsgrad.families", "dsgrad.models", "dsgrad.datasets",
-             "dsgrad.checkpoint", "dsgrad.diagnostics", "dsgrad.parallel", "dsgrad.mcmc",
+             "dsgrad.training.checkpoint", "dsgrad.diagnostics", "dsgrad.training.parallel", "dsgrad.mcmc",
              "dsgrad.mcvae", "dsgrad.annealing"]
   missing = []
   for module_name in modules:

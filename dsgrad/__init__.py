@@ -9,10 +9,7 @@ Gradient estimators are optax transformations; swap one for another in one line:
 
 from dsgrad import annealing
 from dsgrad import approx
-from dsgrad import batching
-from dsgrad import checkpoint
 from dsgrad import checks
-from dsgrad import compile_cache
 from dsgrad import data
 from dsgrad import datasets
 from dsgrad import families
@@ -20,11 +17,12 @@ from dsgrad import mcmc
 from dsgrad import mcvae
 from dsgrad import models
 from dsgrad import noise
-from dsgrad import parallel
 from dsgrad import psis
-from dsgrad import segments
+from dsgrad import advice
+from dsgrad import training
+from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training.parallel.*)
 from dsgrad.approx import Approximation
-from dsgrad.advice import Recommendation, recommend
+from dsgrad.advice.recommend import Recommendation, recommend
 from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
@@ -35,24 +33,28 @@ from dsgrad.estimators.chain import checked
 from dsgrad.noise import multi_sample
 from dsgrad.objective import Objective, gaussian_noise, per_datum
 from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
-from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,
-                           save_fit_checkpoint)
-from dsgrad.segments import train_step
-from dsgrad.train import FitInterrupted, FitResult, FitTiming, fit
+from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,
+                                    save_fit_checkpoint)
+from dsgrad.training.segments import train_step
+from dsgrad.training.loop import FitInterrupted, FitResult, FitTiming, fit
 
 __version__ = "0.1.0"
 
+# What a user calls. Internals (dsgrad.checks, dsgrad.training.segments, ...) are
+# importable by name but not part of this list.
 __all__ = [
-    "Objective", "gaussian_noise", "per_datum", "multi_sample", "noise",
-    "Approximation", "approx",
+    "Objective", "gaussian_noise", "per_datum", "multi_sample",
+    "Approximation",
     "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg", "checked",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "models", "batching", "checks", "compile_cache", "segments", "checkpoint", "data", "datasets", "families", "parallel", "mcmc", "mcvae", "annealing",
-    "fit", "train_step", "FitResult", "FitTiming", "FitInterrupted", "History", "save_fit_checkpoint",
-    "restore_fit_checkpoint", "restore_fit_history",
+    "fit", "train_step", "FitResult", "FitTiming", "FitInterrupted", "History",
+    "save_fit_checkpoint", "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition", "recommend", "Recommendation",
-    "psis", "pareto_k", "psis_log_weights", "importance_log_ratios",
+    "pareto_k", "psis_log_weights", "importance_log_ratios",
+    # user-facing namespaces
+    "approx", "models", "families", "datasets", "data", "noise", "psis", "mcmc", "mcvae",
+    "annealing", "training", "advice",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -365,21 +366,30 @@ def arguments(**kinds: Kind):
     if unknown:
       raise TypeError(f"{target.__qualname__} has no argument {sorted(unknown)}")
     owner = target.__qualname__.removesuffix(".__init__")
-    # Named as users call it: dsgrad.mcmc.sample, not dsgrad.mcmc.sample.sample.
-    where = f"{target.__module__.rsplit('.', 1)[0]}.{owner}"
 
     @functools.wraps(target)
     def call(*args, **kwargs):
       bound = signature.bind_partial(*args, **kwargs)
       for name, kind in kinds.items():
         if name in bound.arguments:
-          bound.arguments[name] = kind.check(bound.arguments[name], f"{where}: {name}")
+          bound.arguments[name] = kind.check(bound.arguments[name],
+                                             f"{_called_as(target, owner)}: {name}")
       return target(*bound.args, **bound.kwargs)
 
     call.__dsgrad_arguments__ = kinds
     return call
 
   return decorate
+
+
+def _called_as(target, owner: str) -> str:
+  """The name users call ``target`` by: ``dsgrad.fit`` where the package re-exports it
+  (not ``dsgrad.training.loop.fit``), else its module's package and its name
+  (``dsgrad.mcmc.sample``, not ``dsgrad.mcmc.sample.sample``)."""
+  top = sys.modules.get("dsgrad")
+  if getattr(getattr(top, owner.split(".")[0], None), "__wrapped__", None) is target:
+    return f"dsgrad.{owner}"
+  return f"{target.__module__.rsplit('.', 1)[0]}.{owner}"
 
 
 def check_numeric_dtype(dtype, label: str) -> None:

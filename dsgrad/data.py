@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.host_data import (HostArray, RowReader, free_memory_bytes, host_gather,  # noqa: F401
+from dsgrad.training.host_data import (HostArray, RowReader, free_memory_bytes, host_gather,  # noqa: F401
                                open_memmap, read_rows)
 
 __all__ = ["DataArray", "HostArray", "HostView", "open_memmap", "read_rows", "RowReader",

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from dsgrad.data import DataArray, HostView
-from dsgrad.host_data import HostArray
+from dsgrad.training.host_data import HostArray
 
 
 def declare_kind(handle: DataArray, kind) -> DataArray:

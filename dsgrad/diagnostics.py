@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import compile_cache
+from dsgrad.training import compile_cache
 from dsgrad import checks
 from dsgrad import elbo_trust
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from dsgrad.objective import Objective, per_datum
 from dsgrad.tables import full_pass_mean, tree_bytes
 

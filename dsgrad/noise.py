@@ -32,7 +32,7 @@ import numpy as np
 from scipy.stats import qmc
 
 from dsgrad import checks
-from dsgrad import compile_cache
+from dsgrad.training import compile_cache
 from dsgrad.objective import Objective
 
 __all__ = ["multi_sample", "sobol_normal", "SAMPLERS"]

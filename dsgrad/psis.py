@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks, compile_cache, diagnostics
+from dsgrad import checks, diagnostics
+from dsgrad.training import compile_cache
 
 __all__ = ["pareto_k", "psis_log_weights", "importance_log_ratios", "diagnose",
            "K_HAT_GOOD", "K_HAT_BAD"]

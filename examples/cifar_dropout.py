@@ -29,7 +29,7 @@ from flax import nnx
 
 import dsgrad
 from _common import add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph
-from dsgrad import checkpoint
+from dsgrad.training import checkpoint
 
 
 class LeNet(nnx.Module):

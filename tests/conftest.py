@@ -40,7 +40,7 @@ import numpy as np
 import optax
 import pytest
 
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
 N_DATA, DIM, BATCH = 50, 5, 5
@@ -161,7 +161,7 @@ def ctrl_c_at(monkeypatch, block: int) -> None:
   """An interrupt (Ctrl-C) as the ``block``-th block of fit's steps ends, where Python
   first runs after waiting for it (the block's result is out, its checks not yet read);
   ``monkeypatch`` (or one of its contexts) undoes it."""
-  from dsgrad import segments
+  from dsgrad.training import segments
   settle, calls = segments.SegmentRunner._settle, []
 
   def interrupted(self, *args):

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import dsgrad  # noqa: E402
-from dsgrad import parallel  # noqa: E402
+from dsgrad.training import parallel  # noqa: E402
 from dsgrad.models import (logistic_regression, movielens, synthetic_logistic_data,  # noqa: E402
                            synthetic_movielens_data)
 

@@ -68,9 +68,9 @@ def main():
                                initialization_timeout=60)
   assert jax.process_count() == num_processes, jax.process_count()
   model, objective = problem(folder)
-  mesh = dsgrad.parallel.data_mesh() if num_processes > 1 else None
+  mesh = dsgrad.training.parallel.data_mesh() if num_processes > 1 else None
   if mesh is not None:
-    objective = dsgrad.parallel.shard_data(objective, mesh)
+    objective = dsgrad.training.parallel.shard_data(objective, mesh)
     x = objective.data_tree()["x"]
     assert len(x.addressable_shards) == 1 and not x.is_fully_addressable, x.sharding
     local = x.addressable_shards[0].index[0]
@@ -82,7 +82,7 @@ def main():
     odd_model = dsgrad.models.logistic_regression(odd_x, np.load(os.path.join(folder,
                                                                                "y.npy"))[:N - 1])
     try:
-      dsgrad.parallel.shard_data(dsgrad.meanfield_gaussian(odd_model), mesh)
+      dsgrad.training.parallel.shard_data(dsgrad.meanfield_gaussian(odd_model), mesh)
     except ValueError as error:
       assert "do not split evenly across 2 devices (2 processes)" in str(error), error
     else:

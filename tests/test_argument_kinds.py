@@ -31,7 +31,7 @@ from dsgrad import checks
 
 MODULES = ["dsgrad", "dsgrad.annealing", "dsgrad.mcvae", "dsgrad.mcmc", "dsgrad.diagnostics",
            "dsgrad.datasets", "dsgrad.contrib.numpyro", "dsgrad.models", "dsgrad.families",
-           "dsgrad.approx", "dsgrad.psis", "dsgrad.checkpoint"]
+           "dsgrad.approx", "dsgrad.psis", "dsgrad.training.checkpoint"]
 
 # Public functions whose numeric arguments are not entry points for users' settings, with
 # the reason. Everything else must declare its kinds.

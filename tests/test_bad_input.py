@@ -331,8 +331,8 @@ def test_fit_segments_hold_no_host_callback(objective, params0):
   # A conditional host callback per step synchronizes a GPU with its host on every step.
   from dsgrad import data as data_lib
   optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  segment = dsgrad.segments.segment_program(objective, optimizer, BATCH, 3)
-  orders = dsgrad.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)
+  segment = dsgrad.training.segments.segment_program(objective, optimizer, BATCH, 3)
+  orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)
   text = segment.lower((params0, optimizer.init(params0)), jax.random.key(0), jnp.int32(0),
                        data_lib.split_host(objective.data_tree())[0], orders, {}).as_text()
   assert "callback" not in text

@@ -10,7 +10,7 @@ import optax
 
 import dsgrad
 from benchmarks import _grid
-from dsgrad.batching import batch_indices
+from dsgrad.training.batching import batch_indices
 
 
 def _naive_sgd_trainer(num_steps, num_evals):

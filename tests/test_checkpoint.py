@@ -10,8 +10,8 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad import checkpoint
-from dsgrad.batching import sample_batch
+from dsgrad.training import checkpoint
+from dsgrad.training.batching import sample_batch
 from conftest import BATCH
 
 
@@ -36,11 +36,11 @@ def test_joint_saga_resume_is_bit_identical(logreg_model, params0, tmp_path, sha
   for i, k in enumerate(keys):
     params, state = step(params, state, k)
     if i == 14:
-      dsgrad.checkpoint.save(tmp_path / "ckpt.msgpack", (params, state))
+      dsgrad.training.checkpoint.save(tmp_path / "ckpt.msgpack", (params, state))
   uninterrupted = (params, state)
 
   like = (params0, opt.init(params0))
-  params, state = dsgrad.checkpoint.restore(tmp_path / "ckpt.msgpack", like)
+  params, state = dsgrad.training.checkpoint.restore(tmp_path / "ckpt.msgpack", like)
   assert isinstance(state[0], dsgrad.JointSagaState)
   for k in keys[15:]:
     params, state = step(params, state, k)
@@ -51,20 +51,20 @@ def test_restore_errors(logreg_model, params0, tmp_path):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   state = dsgrad.joint_saga(objective).init(params0)
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
-    dsgrad.checkpoint.restore(tmp_path / "missing", state)
+    dsgrad.training.checkpoint.restore(tmp_path / "missing", state)
   path = tmp_path / "ckpt"
-  dsgrad.checkpoint.save(path, state)
+  dsgrad.training.checkpoint.save(path, state)
   data = path.read_bytes()
   path.write_bytes(data[: len(data) // 2])  # truncated
   with pytest.raises(ValueError, match="corrupt"):
-    dsgrad.checkpoint.restore(path, state)
+    dsgrad.training.checkpoint.restore(path, state)
   path.write_bytes(b"not a checkpoint at all")
   with pytest.raises(ValueError, match="corrupt"):
-    dsgrad.checkpoint.restore(path, state)
-  dsgrad.checkpoint.save(path, state)
+    dsgrad.training.checkpoint.restore(path, state)
+  dsgrad.training.checkpoint.save(path, state)
   other = state._replace(table=jax.tree.map(lambda t: t[:10], state.table))
   with pytest.raises(ValueError, match="shape"):
-    dsgrad.checkpoint.restore(path, other)
+    dsgrad.training.checkpoint.restore(path, other)
 
 
 def test_orbax_round_trip(logreg_model, params0, tmp_path):
@@ -85,14 +85,14 @@ def test_a_flipped_byte_is_refused_by_the_checksum(tmp_path):
   """a damaged payload used to restore silently with a wrong value."""
   tree = {"w": np.arange(64, dtype=np.float32)}
   path = tmp_path / "ckpt"
-  dsgrad.checkpoint.save(path, tree)
+  dsgrad.training.checkpoint.save(path, tree)
   data = bytearray(path.read_bytes())
   data[-40] ^= 0x01  # a bit inside the float payload, far from the msgpack framing
   path.write_bytes(bytes(data))
   with pytest.raises(ValueError, match="checksum does not match"):
-    dsgrad.checkpoint.restore(path, tree)
+    dsgrad.training.checkpoint.restore(path, tree)
   with pytest.raises(ValueError, match="checksum does not match"):
-    dsgrad.checkpoint.restore_raw(path)
+    dsgrad.training.checkpoint.restore_raw(path)
 
 
 def test_a_file_without_checksum_is_refused_unless_asked_for(tmp_path):
@@ -103,9 +103,9 @@ def test_a_file_without_checksum_is_refused_unless_asked_for(tmp_path):
   path = tmp_path / "old"
   path.write_bytes(serialization.to_bytes(tree))
   with pytest.raises(ValueError, match="no dsgrad header and checksum"):
-    dsgrad.checkpoint.restore(path, tree)
+    dsgrad.training.checkpoint.restore(path, tree)
   with pytest.warns(UserWarning, match="no checksum"):
-    restored = dsgrad.checkpoint.restore(path, tree, allow_unverified=True)
+    restored = dsgrad.training.checkpoint.restore(path, tree, allow_unverified=True)
   np.testing.assert_array_equal(restored["w"], tree["w"])
 
 
@@ -113,15 +113,15 @@ def test_template_dtype_and_keys_must_match(tmp_path):
   """a template of another dtype used to get float32 silently, and a
   template without a saved key silently dropped it."""
   path = tmp_path / "ckpt"
-  dsgrad.checkpoint.save(path, {"w": np.zeros(3, np.float32), "b": np.zeros((), np.float32)})
+  dsgrad.training.checkpoint.save(path, {"w": np.zeros(3, np.float32), "b": np.zeros((), np.float32)})
   with pytest.raises(ValueError, match=r"entry \['w'\] was saved as float32 where the "
                                        r"template has float64"):
-    dsgrad.checkpoint.restore(path, {"w": np.zeros(3, np.float64),
+    dsgrad.training.checkpoint.restore(path, {"w": np.zeros(3, np.float64),
                                      "b": np.zeros((), np.float32)})
   with pytest.raises(ValueError, match=r"it holds \['b'\] which the template lacks"):
-    dsgrad.checkpoint.restore(path, {"w": np.zeros(3, np.float32)})
+    dsgrad.training.checkpoint.restore(path, {"w": np.zeros(3, np.float32)})
   with pytest.raises(ValueError, match=r"the template expects \['c'\] which it lacks"):
-    dsgrad.checkpoint.restore(path, {"w": np.zeros(3, np.float32),
+    dsgrad.training.checkpoint.restore(path, {"w": np.zeros(3, np.float32),
                                      "b": np.zeros((), np.float32),
                                      "c": np.zeros(2, np.float32)})
 
@@ -133,7 +133,7 @@ def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
   import sys
   path = tmp_path / "run.ckpt"
   # A real kill -9 mid-write: a child writes a large temporary file and is killed.
-  prefix = dsgrad.checkpoint.temp_prefix(str(path))
+  prefix = dsgrad.training.checkpoint.temp_prefix(str(path))
   child = subprocess.Popen([sys.executable, "-c", (
       "import os, sys, tempfile, time\n"
       f"fd, tmp = tempfile.mkstemp(dir={str(tmp_path)!r}, "
@@ -150,7 +150,7 @@ def test_a_killed_save_leaves_no_orphan_after_the_next_save(tmp_path):
   elsewhere = tmp_path / f".run.ckpt.tmp-00000000-{os.getpid() + 10**6}-x"
   elsewhere.write_bytes(b"z")
   assert os.path.exists(orphan)
-  dsgrad.checkpoint.save(path, {"w": np.ones(2, np.float32)})
+  dsgrad.training.checkpoint.save(path, {"w": np.ones(2, np.float32)})
   assert not os.path.exists(orphan)
   assert alive.exists() and elsewhere.exists()
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(

@@ -9,7 +9,7 @@ import pytest
 from flax import serialization
 
 import dsgrad
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from conftest import BATCH, N_DATA, exact_negative_elbo
 from estimator_cases import CASES
 

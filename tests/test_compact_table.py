@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from dsgrad.diagnostics import estimator_samples, total_variance
 from dsgrad.models import Model, logistic_regression, softmax_regression
 from conftest import BATCH, N_DATA, exact_negative_elbo, fill_by_training
@@ -143,8 +143,8 @@ def test_checkpoint_round_trip(logreg_model, params0, tmp_path):
   state = opt.init(params0)
   state, params = fill_by_training(opt, objective, params0, jax.random.key(61), steps=5,
                                    is_optimizer=True)
-  dsgrad.checkpoint.save(tmp_path / "s.msgpack", (params, state))
-  restored = dsgrad.checkpoint.restore(tmp_path / "s.msgpack", (params0, opt.init(params0)))
+  dsgrad.training.checkpoint.save(tmp_path / "s.msgpack", (params, state))
+  restored = dsgrad.training.checkpoint.restore(tmp_path / "s.msgpack", (params0, opt.init(params0)))
   chex.assert_trees_all_equal(restored, (params, state))
 
 

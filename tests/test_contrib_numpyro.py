@@ -321,7 +321,7 @@ def test_segments_of_a_numpyro_model_compile_on_several_threads(logreg_data):
   optimizers = [optax.chain(dsgrad.naive(), optax.adam(1e-2)),
                 optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
                 optax.chain(dsgrad.joint_svrg(objective, every=4), optax.adam(1e-2))]
-  runners = [dsgrad.segments.SegmentRunner(objective, optax.with_extra_args_support(o), BATCH,
+  runners = [dsgrad.training.segments.SegmentRunner(objective, optax.with_extra_args_support(o), BATCH,
                                            jax.random.key(0)) for o in optimizers]
   states = [o.init(params) for o in optimizers]
   with concurrent.futures.ThreadPoolExecutor(3) as pool:

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from conftest import BATCH, fill_by_training
 
 

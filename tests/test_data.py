@@ -82,8 +82,8 @@ def test_compiled_segment_holds_no_copy_of_the_data():
     params = dsgrad.meanfield_init(model)
     state = optimizer.init(params)
     data_args, _ = data_lib.split_host(objective.data_tree())
-    segment = dsgrad.segments.segment_program(objective, optimizer, 50, 5)
-    orders = dsgrad.batching.EpochOrders(jax.random.key(1), n, 50).window(0, 5)
+    segment = dsgrad.training.segments.segment_program(objective, optimizer, 50, 5)
+    orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), n, 50).window(0, 5)
     lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args,
                             orders, {})
     sizes.append(len(lowered.as_text()))  # StableHLO: constants are printed in full
@@ -94,7 +94,7 @@ def test_compiled_segment_holds_no_copy_of_the_data():
 def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
   # Blocks of 10 steps read ahead: 2 blocks per 20-step segment, the next segment's first
   # block read while the last one runs.
-  monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_STEPS", 10)
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_STEPS", 10)
   x, y = _problem(2, n=600, d=6)
   model = dsgrad.models.logistic_regression(x, y)
   objective = dsgrad.meanfield_gaussian(model)
@@ -120,7 +120,7 @@ def test_an_interrupt_between_blocks_of_host_data_keeps_the_run(tmp_path, monkey
   """With host data a segment runs in blocks, each donating the state to the next: an
   interrupt after a block, in the middle of a segment, keeps that block's state, and the
   run continues from it to the uninterrupted one."""
-  monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_STEPS", 10)
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_STEPS", 10)
   x, y = _problem(2, n=600, d=6)
   model = dsgrad.models.logistic_regression(x, y)
   params = dsgrad.meanfield_init(model, 0.0, -2.0)
@@ -273,11 +273,11 @@ def test_every_model_reads_its_data_through_the_objective(name, counting_jit):
 def test_host_blocks_hold_at_most_the_byte_budget(tmp_path, monkeypatch):
   np.save(tmp_path / "x.npy", np.zeros((50, 30), np.float32))  # 120 bytes a row
   host = {"x": data_lib.open_memmap(tmp_path / "x.npy")}
-  assert dsgrad.segments.host_block_steps(host, 10) == dsgrad.segments.HOST_BLOCK_STEPS
-  monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_BYTES", 120 * 10 * 7 + 5)
-  assert dsgrad.segments.host_block_steps(host, 10) == 7
-  monkeypatch.setattr(dsgrad.segments, "HOST_BLOCK_BYTES", 10)
-  assert dsgrad.segments.host_block_steps(host, 10) == 1
+  assert dsgrad.training.segments.host_block_steps(host, 10) == dsgrad.training.segments.HOST_BLOCK_STEPS
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_BYTES", 120 * 10 * 7 + 5)
+  assert dsgrad.training.segments.host_block_steps(host, 10) == 7
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_BYTES", 10)
+  assert dsgrad.training.segments.host_block_steps(host, 10) == 1
 
 
 def test_substitute_copies_what_reaches_a_handle_and_shares_the_rest():
@@ -321,4 +321,4 @@ def test_no_module_state_holds_data():
     module = importlib.import_module(info.name)
     found += [f"{info.name}.{k}" for k, v in vars(module).items()
               if isinstance(v, threading.local)]
-  assert found == ["dsgrad.checks._DEFERRED", "dsgrad.compile_cache._HITS"], found
+  assert found == ["dsgrad.checks._DEFERRED", "dsgrad.training.compile_cache._HITS"], found

@@ -174,7 +174,7 @@ def test_sparse_linearize_takes_the_objective_or_refuses_it():
 
 
 def test_the_advice_races_joint_saga_with_the_declared_table():
-  from dsgrad import candidates
+  from dsgrad.advice import candidates
   log_lik, latent, reads, k = CASES["two_index"]
   objective = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent,
                                                reads=reads)

@@ -10,7 +10,7 @@ import pytest
 import dsgrad
 from dsgrad.elbo_trust import ELBOWarning, elbo_trace_warnings
 from dsgrad.models.base import Model, model_data
-from dsgrad.resume import History
+from dsgrad.training.resume import History
 
 
 def _history(values, errors=None):

@@ -1,4 +1,4 @@
-"""Successive halving's rule for the step-limited start of a run (dsgrad.halving), on
+"""Successive halving's rule for the step-limited start of a run (dsgrad.advice.halving), on
 lanes whose ELBO is a known function of the time they have run: no model is compiled, so
 which lane the race keeps, and how far it races them, is exact."""
 
@@ -7,9 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from dsgrad import halving
-from dsgrad import race as race_lib
-from dsgrad import race_elbo
+from dsgrad.advice import halving
+from dsgrad.advice import race as race_lib
+from dsgrad.advice import race_elbo
 
 NOISE = np.random.default_rng(0).normal(size=64)  # common random numbers
 

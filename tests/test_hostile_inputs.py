@@ -130,7 +130,7 @@ def test_resume_on_other_data_of_the_same_size_is_refused(logreg_data, params0, 
 
 def test_checkpoint_with_a_valid_checksum_but_nan_state_is_refused(objective, params0,
                                                                     tmp_path):
-  from dsgrad import checkpoint
+  from dsgrad.training import checkpoint
   path = str(tmp_path / "run.ckpt")
   opt = optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3))
   _fit(objective, opt, params0, path)
@@ -144,7 +144,7 @@ def test_checkpoint_with_a_valid_checksum_but_nan_state_is_refused(objective, pa
 
 
 def test_checkpoint_without_its_header_is_refused(objective, params0, tmp_path):
-  from dsgrad import checkpoint
+  from dsgrad.training import checkpoint
   path = tmp_path / "run.ckpt"
   checkpoint.save(path, {"a": np.arange(3.0)})
   data = path.read_bytes()
@@ -159,7 +159,7 @@ def test_checkpoint_without_its_header_is_refused(objective, params0, tmp_path):
 def test_two_writers_of_one_checkpoint_path_are_refused(tmp_path):
   import subprocess
   import sys
-  from dsgrad import checkpoint
+  from dsgrad.training import checkpoint
   path = tmp_path / "run.ckpt"
   # Another live process holds the path (as a running fit does for its whole run).
   holder = subprocess.Popen(
@@ -181,7 +181,8 @@ def test_two_writers_of_one_checkpoint_path_are_refused(tmp_path):
 # ------------------------------------------------------------------ file types
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_paths_that_are_not_regular_files_are_refused(tmp_path, kind):
-  from dsgrad import checkpoint, data
+  from dsgrad import data
+  from dsgrad.training import checkpoint
   from dsgrad.datasets import mnist
   if kind == "fifo":
     path = tmp_path / "pipe"
@@ -417,7 +418,7 @@ def test_memory_map_changed_after_opening_is_refused_not_read(tmp_path, change):
 
 def test_a_full_disk_names_the_checkpoint_path_and_keeps_the_old_one(tmp_path, monkeypatch):
   import errno
-  from dsgrad import checkpoint
+  from dsgrad.training import checkpoint
   path = tmp_path / "run.ckpt"
   checkpoint.save(path, {"a": np.arange(3.0)})
 
@@ -497,18 +498,18 @@ def test_movielens_genre_names_ignore_case_and_spaces():
   assert loose.genres[0].sum() == 2 and loose.genres[1].sum() == 0
 
 
-@pytest.mark.parametrize("carry_cap", [dsgrad.segments.CHECK_AT_END_BYTES, 0],
+@pytest.mark.parametrize("carry_cap", [dsgrad.training.segments.CHECK_AT_END_BYTES, 0],
                          ids=["checked at the segment's end", "checked every step"])
 def test_fit_names_the_first_step_whose_gradient_is_not_finite(objective, params0,
                                                                carry_cap, monkeypatch):
   # The datum that poisons the loss first enters a batch at a step fit's orders decide;
   # the error must name that step, not the segment's start or a later one, whether the
   # segment checks every step or checks its end and runs again to find the step.
-  monkeypatch.setattr(dsgrad.segments, "CHECK_AT_END_BYTES", carry_cap)
+  monkeypatch.setattr(dsgrad.training.segments, "CHECK_AT_END_BYTES", carry_cap)
   bad_datum = 7
   key = jax.random.key(3)
   run_key = jax.random.split(key)[0]  # fit keeps the other half for its ELBO draws
-  batches = np.asarray(dsgrad.batching.epoch_batches(jax.random.split(run_key)[0],
+  batches = np.asarray(dsgrad.training.batching.epoch_batches(jax.random.split(run_key)[0],
                                                      objective.num_data, BATCH, 40))
   first = int(np.argmax(np.any(batches == bad_datum, axis=1)))
   assert first > 0  # otherwise the test could not tell step 0 from the right step
@@ -545,7 +546,7 @@ def test_checks_at_the_segment_end_compute_what_checks_per_step_compute(
     return dsgrad.fit(objective, optimizer, params0, jax.random.key(0), num_steps=30,
                       batch_size=BATCH, eval_every=10, elbo_samples=0, progress=False)
   at_end = run()
-  monkeypatch.setattr(dsgrad.segments, "CHECK_AT_END_BYTES", 0)
+  monkeypatch.setattr(dsgrad.training.segments, "CHECK_AT_END_BYTES", 0)
   per_step = run()
   for a, b in zip(jax.tree.leaves(at_end.params), jax.tree.leaves(per_step.params)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -81,7 +81,7 @@ def test_annealing_does_not_reach_into_the_vae_package():
 
 
 def _package_of(module: str) -> str:
-  """``dsgrad.estimators`` for ``dsgrad.estimators.saga``; ``dsgrad`` for ``dsgrad.train``."""
+  """``dsgrad.estimators`` for ``dsgrad.estimators.saga``; ``dsgrad`` for ``dsgrad.training.loop``."""
   parts = module.split(".")
   path = PACKAGE.parent.joinpath(*parts)
   return module if path.is_dir() else ".".join(parts[:-1])
@@ -156,8 +156,8 @@ def test_modules_and_functions_fit_on_a_screen():
 
 
 def test_one_batch_sampler_and_one_compile_cache():
-  """Data indices are drawn by dsgrad.batching; compiled programs are kept by
-  dsgrad.compile_cache, under one bound."""
+  """Data indices are drawn by dsgrad.training.batching; compiled programs are kept by
+  dsgrad.training.compile_cache, under one bound."""
   for path in PACKAGE.rglob("*.py"):
     text = path.read_text()
     if path.name != "compile_cache.py":
@@ -165,10 +165,25 @@ def test_one_batch_sampler_and_one_compile_cache():
     if path.name != "batching.py":
       assert "random.permutation(" not in text, path
   uses = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-          if "dsgrad.batching" in _dsgrad_imports(p) or any(
-              n.startswith("dsgrad.batching") for n in _dsgrad_imports(p))}
-  assert {"segments.py", "diagnostics.py", "mcmc/sample.py", "mcmc/sgmcmc.py",
+          if "dsgrad.training.batching" in _dsgrad_imports(p) or any(
+              n.startswith("dsgrad.training.batching") for n in _dsgrad_imports(p))}
+  assert {"training/segments.py", "diagnostics.py", "mcmc/sample.py", "mcmc/sgmcmc.py",
           "mcmc/subsample.py"} <= uses, uses
+
+
+def test_training_and_advice_are_subpackages_and_all_lists_no_internal_module():
+  import types
+  import dsgrad
+  assert not [p.stem for p in PACKAGE.glob("*.py") if p.stem in {
+      "train", "segments", "batching", "checkpoint", "resume", "evaluation_plan", "host_data",
+      "parallel", "compile_cache", "progress", "advice", "race", "admission", "halving",
+      "candidates", "race_elbo", "step_sizes"}]
+  internal = {"checks", "argument_kinds", "data_kinds", "objective", "tables", "bbvi",
+              "logdensity", "diagnostics", "elbo_trust", "integrators", "tempering"}
+  modules = {n for n in dsgrad.__all__ if isinstance(getattr(dsgrad, n), types.ModuleType)}
+  assert not modules & internal, modules & internal
+  assert all(getattr(dsgrad, n).__file__.endswith("__init__.py") or n in {"noise", "psis", "data"}
+             for n in modules), modules
 
 
 def test_the_concepts_map_names_the_modules_that_exist():
@@ -182,6 +197,9 @@ def test_the_concepts_map_names_the_modules_that_exist():
   named |= set(re.findall(r"contrib/([a-z_]+)", block)) | {"contrib"}
   actual = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
   actual |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+  # What trains and what advises are subpackages whose every module the map names.
+  actual |= {p.stem for sub in ("training", "advice") for p in (PACKAGE / sub).glob("*.py")
+             if p.stem != "__init__"}
   assert {"base", "gaussian", "glm", "sparse", "dropout", "numpyro"} | actual >= named, named - actual
   assert not actual - named, actual - named
 

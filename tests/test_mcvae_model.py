@@ -45,7 +45,7 @@ def test_joint_control_variate_is_unbiased_on_a_vae():
 
   @jax.jit
   def deviation(key):
-    indices, noise = dsgrad.batching.sample_batch(key, objective, 8)
+    indices, noise = dsgrad.training.batching.sample_batch(key, objective, 8)
     g = objective.grad(params, indices, noise, validate=False)
     upd, _ = estimator.update(g, state, params, indices=indices, noise=noise)
     return jax.flatten_util.ravel_pytree(optax.tree.sub(upd, g))[0]
@@ -141,7 +141,7 @@ def test_conv_networks():
   vae = mcvae.MonteCarloVAE(encoder, decoder)
   objective = vae.objective(np.random.default_rng(0).uniform(size=(6, 8, 8)))
   params = vae.init_params()
-  indices, noise = dsgrad.batching.sample_batch(jax.random.key(0), objective, 3)
+  indices, noise = dsgrad.training.batching.sample_batch(jax.random.key(0), objective, 3)
   objective.validate(indices, noise)
   grads = jax.jit(lambda p: objective.grad(p, indices, noise, validate=False))(params)
   leaves = jax.tree.leaves(grads)

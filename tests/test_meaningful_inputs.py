@@ -17,7 +17,8 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad import batching, mcmc
+from dsgrad import mcmc
+from dsgrad.training import batching
 from dsgrad.datasets import mnist, uci
 from dsgrad.mcvae.networks import check_images
 
@@ -189,9 +190,9 @@ def test_images_that_are_empty_or_hold_nan_are_named():
 
 def test_a_device_list_with_repeats_is_refused():
   device = jax.devices()[0]
-  assert dsgrad.parallel.data_mesh([device]).size == 1
+  assert dsgrad.training.parallel.data_mesh([device]).size == 1
   with pytest.raises(ValueError, match="devices repeat"):
-    dsgrad.parallel.data_mesh([device, device])
+    dsgrad.training.parallel.data_mesh([device, device])
 
 
 def test_an_idx_header_whose_sizes_overflow_is_refused(tmp_path):
@@ -203,11 +204,11 @@ def test_an_idx_header_whose_sizes_overflow_is_refused(tmp_path):
 
 def test_a_checkpoint_of_a_function_names_the_leaf(tmp_path):
   with pytest.raises(TypeError, match=r"leaf at \['f'\] is a function"):
-    dsgrad.checkpoint.save(os.path.join(tmp_path, "c.ckpt"), {"w": np.zeros(2), "f": lambda x: x})
+    dsgrad.training.checkpoint.save(os.path.join(tmp_path, "c.ckpt"), {"w": np.zeros(2), "f": lambda x: x})
 
 
 def test_the_kinds_of_every_entry_point_above_are_public():
   # The checks live where the inputs enter: the public functions named above.
   for function in (dsgrad.checked, mcmc.signed_mean, mcmc.hmc_parameters, uci.standardize,
-                   dsgrad.parallel.data_mesh, dsgrad.checkpoint.save, dsgrad.data.open_memmap):
+                   dsgrad.training.parallel.data_mesh, dsgrad.training.checkpoint.save, dsgrad.data.open_memmap):
     assert inspect.getdoc(function)

@@ -179,7 +179,7 @@ def test_multi_sample_refuses_what_it_cannot_do(poisson):
 def test_randomized_qmc_beyond_sobols_dimensions_is_ruled_out_not_raised():
   """A latent larger than scipy's 21,201 Sobol dimensions: ``multi_sample`` refuses rqmc
   when it is built, and the advice rules the candidate out with that reason."""
-  from dsgrad import candidates
+  from dsgrad.advice import candidates
   rng = np.random.default_rng(0)
   data = {"u": rng.integers(0, 21_300, 50).astype(np.int32), "y": np.ones(50, np.float32)}
   objective = dsgrad.objective_from_logdensity(

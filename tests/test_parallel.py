@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dsgrad
-from dsgrad import parallel
+from dsgrad.training import parallel
 
 
 def test_one_and_four_devices_agree():

@@ -1,4 +1,4 @@
-"""The epoch orders' permutation (dsgrad.batching.permutation): a permutation, and uniform."""
+"""The epoch orders' permutation (dsgrad.training.batching.permutation): a permutation, and uniform."""
 
 import collections
 import itertools
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dsgrad import batching
+from dsgrad.training import batching
 
 
 def _draws(n, num, seed):

@@ -332,7 +332,8 @@ def test_files_of_every_kind_are_read_or_refused_by_name_never_hung(tmp_path_fac
                                                                     entry):
   import io
   import threading
-  from dsgrad import checkpoint, data
+  from dsgrad import data
+  from dsgrad.training import checkpoint
   from dsgrad.datasets import uci
   folder = tmp_path_factory.mktemp("files")
   good = np.arange(12, dtype=np.float32).reshape(4, 3)

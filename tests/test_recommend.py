@@ -12,8 +12,8 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad import advice as advice_lib
-from dsgrad import race as race_lib
+from dsgrad.advice import recommend as advice_lib
+from dsgrad.advice import race as race_lib
 
 N, D, BATCH = 200, 4, 10
 
@@ -111,7 +111,7 @@ def test_where_nothing_beats_naive_the_advice_says_naive(monkeypatch):
   objective = dsgrad.meanfield_gaussian(model)
   params = dsgrad.meanfield_init(model, 0.0, -6.0)
   table = N * 2 * D * 4  # a parameter copy per datum
-  monkeypatch.setattr(dsgrad.host_data, "free_memory_bytes", lambda: table)
+  monkeypatch.setattr(dsgrad.training.host_data, "free_memory_bytes", lambda: table)
   advice = dsgrad.recommend(objective, _schedule, params, jax.random.key(2),
                             batch_size=BATCH, budget=3000, budget_in="naive_steps",
                             candidates=("naive", "cv", "joint_saga"), share=0.25,
@@ -129,7 +129,7 @@ def test_the_candidates_each_objective_allows():
   """The path derivative is offered for mean-field objectives only; the equal-cost
   baselines take K from the control variates' given cost (here 3x: 3 samples, batch 30),
   else K = 2 (they compile beside the control variates, before any is timed)."""
-  from dsgrad import admission
+  from dsgrad.advice import admission
   assert admission.equal_cost_k(("naive", "cv", "naive_batch"), None) == 2
   assert admission.equal_cost_k(("naive", "cv", "joint_svrg", "naive_batch"),
                                 {"naive": 1.0, "cv": 2.2, "joint_svrg": 3.8}) == 3
@@ -150,7 +150,7 @@ def test_the_candidates_each_objective_allows():
   assert rows["naive_batch"].description == "naive, batch 30"
   assert all(np.isfinite(r.elbo) for r in advice.ranking if not r.note)
   # A batch of all the data has no larger batch to race (it raced itself, before).
-  from dsgrad import candidates
+  from dsgrad.advice import candidates
   (name, contender, _, note), = candidates.equal_cost_contenders(
       ("naive_batch",), objective, N, 3)
   assert contender is None and note == f"the batch is already all {N} data"
@@ -193,7 +193,7 @@ def test_the_race_estimates_on_sampled_data_where_full_passes_would_not_fit():
   """``elbo_rows="auto"``: full passes where the estimates fit their part of the share,
   else whole chunks of data drawn at random, and the advice's line says which; the same
   key gives every parameter set the same rows and noise (common random numbers)."""
-  from dsgrad import race_elbo
+  from dsgrad.advice import race_elbo
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   choose = lambda allowed, rows="auto": race_elbo.choose(
@@ -220,7 +220,7 @@ def test_a_budget_too_small_to_race_in_gets_naive_without_a_race(capsys):
   assert "s of its share" in capsys.readouterr().err
   rows = _by_name(advice)
   assert advice.best == "naive", str(advice)
-  assert set(rows) == set(dsgrad.advice.CANDIDATES)
+  assert set(rows) == set(dsgrad.advice.recommend.CANDIDATES)
   assert all(rows[n].note.startswith("not raced") for n in rows if n != "naive")
   lane = advice.runs["naive"]
   assert lane.steps == 0 and lane.total_steps == rows["naive"].budget_steps >= 1
@@ -261,7 +261,7 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   first pair measured at 0.5 s prices joint SAGA at 0.5 s, which then fits where the prior
   price (2 s) would not."""
   import types
-  from dsgrad import admission
+  from dsgrad.advice import admission
 
   clock = [0.0]
 
@@ -282,8 +282,8 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   objective = dsgrad.meanfield_gaussian(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0,
                                                              compile_cost_seconds=1.0))
-  ledger = admission.Share(allowed, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
-  contenders = dsgrad.candidates.base_contenders(names, objective, None, BATCH, "auto")
+  ledger = admission.Share(allowed, 0.0, naive, dsgrad.advice.candidates.NAIVE_PROGRAMS)
+  contenders = dsgrad.advice.candidates.base_contenders(names, objective, None, BATCH, "auto")
   lanes, out = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2),
                                  dsgrad.meanfield_init(model), jax.random.key(0), np.inf,
                                  lambda name: 20, 0.1, lambda message: None)
@@ -294,7 +294,7 @@ def test_candidates_are_compiled_in_priority_order_while_the_share_lasts(
   assert [n for n in notes if n in released] == released
   assert ledger.measured == [compile_seconds[name] for name in names
                              if name in admitted + released
-                             and name not in dsgrad.candidates.NAIVE_PROGRAMS]
+                             and name not in dsgrad.advice.candidates.NAIVE_PROGRAMS]
   assert all(note.startswith("not raced") for note in notes.values())
   if released:
     assert "took 13 s to compile" in notes["joint_svrg"]
@@ -307,7 +307,7 @@ def test_naive_second_program_compiled_beside_the_candidates_is_paid_once(monkey
   first candidates; then its time is spent and no longer owed. Counted twice, the share
   looked smaller than it was, and a lane compiled beside it could be let go."""
   import types
-  from dsgrad import admission
+  from dsgrad.advice import admission
 
   clock = [0.0]
 
@@ -327,11 +327,11 @@ def test_naive_second_program_compiled_beside_the_candidates_is_paid_once(monkey
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   naive = types.SimpleNamespace(runner=types.SimpleNamespace(compile_seconds=1.0,
                                                              compile_cost_seconds=1.0))
-  ledger = admission.Share(4.0, 0.0, naive, dsgrad.candidates.NAIVE_PROGRAMS)
+  ledger = admission.Share(4.0, 0.0, naive, dsgrad.advice.candidates.NAIVE_PROGRAMS)
   assert ledger.owed == 0.5  # naive's second program, overlapped
   restarted = race_lib.Lane(race_lib.Contender("naive", objective, dsgrad.naive(), BATCH),
                             lambda n: optax.adam(1e-2), 20, params, jax.random.key(0))
-  contenders = dsgrad.candidates.base_contenders(("cv",), objective, None, BATCH, "auto")
+  contenders = dsgrad.advice.candidates.base_contenders(("cv",), objective, None, BATCH, "auto")
   lanes, _ = admission.admit(contenders, ledger, 1e-3, lambda n: optax.adam(1e-2), params,
                              jax.random.key(0), np.inf, lambda name: 20, 0.1,
                              lambda message: None, companion=restarted)
@@ -345,7 +345,7 @@ def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time(
   naive's program, the price is the compile time JAX stored with it (whole seconds,
   truncated: the middle of that second, at least the cache's minimum compile time, here
   0), not the quick read (the other candidates, of other sizes, still compile in full)."""
-  from dsgrad import compile_cache
+  from dsgrad.training import compile_cache
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   optimizer = optax.with_extra_args_support(optax.adam(1e-2))
@@ -356,7 +356,7 @@ def test_a_program_served_by_jax_persistent_cache_is_priced_at_its_compile_time(
     runners = []
     for _ in range(2):
       compile_cache.clear()  # dsgrad's own cache; the second build reads JAX's from disk
-      runner = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(5))
+      runner = dsgrad.training.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(5))
       runner.prepare(params, optimizer.init(params), 0, 977)  # a length no other test uses
       runners.append(runner)
   finally:
@@ -397,7 +397,7 @@ def test_a_lane_keeps_its_program_where_its_schedule_sets_the_same_step_sizes_ov
   # Nor one whose probed updates are all zero (accumulating steps: nothing to compare).
   accumulating = lambda steps: optax.MultiSteps(cosine(steps), 4)
   assert not lane(accumulating).keeps_program(10_000, 0.04)
-  overlap = dsgrad.admission.compile_overlap()
+  overlap = dsgrad.advice.admission.compile_overlap()
   lanes = [lane(cosine), lane(warm_up), lane(cosine)]
   assert advice_lib._compile_again(lanes, [10_000] * 3, 0.04) * overlap == 1.0  # the warm-up
   assert advice_lib._compile_again(lanes, [10_000] * 3, 0.3) * overlap == 3.0
@@ -448,7 +448,7 @@ def test_the_cores_counted_are_those_the_process_may_use(monkeypatch, tmp_path):
   assert race_lib.usable_cpus(str(quota)) == 2
   monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
   assert race_lib.usable_cpus(str(tmp_path / "absent")) == 1
-  assert dsgrad.admission.compile_overlap() == 1.0
+  assert dsgrad.advice.admission.compile_overlap() == 1.0
 
 
 def test_checkpoint_difference_holds_the_runs_jitter():
@@ -476,8 +476,8 @@ def test_checkpoint_difference_holds_the_runs_jitter():
   assert race_lib.gain_factor(noisy, naive) == pytest.approx(3.182, abs=1e-3)
   assert race_lib.gain_factor(steady, naive) == 2.0
   assert race_lib.gain_factor(noisy[:1], naive[:1]) == 2.0
-  rows = [dsgrad.candidates.Candidate("naive", "naive", rounds=1),
-          dsgrad.candidates.Candidate("cv", "cv", gain=2.5, gain_se=1.0, rounds=1,
+  rows = [dsgrad.advice.candidates.Candidate("naive", "naive", rounds=1),
+          dsgrad.advice.candidates.Candidate("cv", "cv", gain=2.5, gain_se=1.0, rounds=1,
                                       gain_factor=race_lib.gain_factor(noisy, naive))]
   assert advice_lib._pick(rows).name == "naive"
   assert advice_lib._pick([rows[0], rows[1]._replace(gain_factor=2.0)]).name == "cv"
@@ -490,7 +490,7 @@ def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   optimizer = optax.chain(dsgrad.naive(), optax.sgd(1e-3))
-  runner = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
+  runner = dsgrad.training.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
   params = dsgrad.meanfield_init(model)
   seconds = runner.seconds_per_step(params, optimizer.init(params), 16, 3)
   # The calls took the first segment's batches over and over (no orders computed between
@@ -505,7 +505,7 @@ def test_timing_dispatches_segments_back_to_back_and_still_checks_them():
   # that one 24-step segment takes from the same start, and a failed check still raises.
   params = dsgrad.meanfield_init(model)
   three = runner.run_calls(params, optimizer.init(params), 0, 8, 3)
-  other = dsgrad.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
+  other = dsgrad.training.segments.SegmentRunner(objective, optimizer, BATCH, jax.random.key(0))
   params = dsgrad.meanfield_init(model)
   one = other.run(params, optimizer.init(params), 0, 24)
   for a, b in zip(jax.tree.leaves(three), jax.tree.leaves(one)):

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.batching import sample_batch
+from dsgrad.training.batching import sample_batch
 from dsgrad.diagnostics import estimator_samples
 from dsgrad.models import (bradley_terry, check_sparse_likelihood, movielens,
                            synthetic_bradley_terry_data, synthetic_movielens_data,

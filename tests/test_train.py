@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import dsgrad
-from dsgrad.batching import batch_indices
+from dsgrad.training.batching import batch_indices
 from conftest import BATCH, N_DATA, ctrl_c_at
 from estimator_cases import CASES
 
@@ -133,7 +133,7 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
 def test_wall_time_counts_the_epoch_orders(logreg_model, params0, monkeypatch):
   """A block's epoch orders are part of the run's time (they were computed before its
   clock started): orders made 50 ms slower show in the history's wall-clock."""
-  from dsgrad import batching
+  from dsgrad.training import batching
   window, calls = batching.EpochOrders.window, []
 
   def slow_window(self, *args):
@@ -172,7 +172,7 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   and every third epoch (2 x 250,000 data-draws against 200,000 allowed, the floor), the
   last all ``elbo_samples`` (the ELBO fit reports); and a run interrupted at an evaluated
   segment's end, before its evaluation, continues to the same evaluations."""
-  from dsgrad import train
+  from dsgrad.training import loop as train
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 250_000, 2)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   params = {"loc": jnp.zeros(2), "log_scale": jnp.full((2,), -1.0)}
@@ -298,7 +298,7 @@ def test_kill_9_during_fit_loses_nothing(tmp_path):
     child.kill()
     child.wait(timeout=30)
   # Killed between a save's two renames, the newest checkpoint is the previous one.
-  newest = dsgrad.checkpoint.latest(path)
+  newest = dsgrad.training.checkpoint.latest(path)
   assert newest is not None, "the child wrote no checkpoint within 120 s"
   objective, opt, params, kw = _killed_child_problem()
   saved_step = dsgrad.restore_fit_checkpoint(newest, params, opt.init(params))[2]
@@ -368,7 +368,7 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
   import subprocess
   import sys
   import time
-  from dsgrad.checkpoint import previous_path, temp_prefix
+  from dsgrad.training.checkpoint import previous_path, temp_prefix
   path = tmp_path / "run.ckpt"
   for attempt in range(3):
     child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(path)])
@@ -390,13 +390,13 @@ def test_kills_during_checkpoint_writes_and_a_damaged_checkpoint_lose_nothing(tm
       child.wait(timeout=30)
     # A kill between a save's two renames leaves only the previous checkpoint: that is
     # the newest one, and the next command resumes from it.
-    assert dsgrad.checkpoint.latest(path) is not None, (
+    assert dsgrad.training.checkpoint.latest(path) is not None, (
         "the child wrote no checkpoint within 120 s")
     if attempt == 1:
       assert saw_write, "no checkpoint write was caught in progress within 120 s"
   objective, opt, params, kw = _killed_child_problem()
   # Resume once, so that both the newest checkpoint and the one it replaced exist.
-  first = dsgrad.restore_fit_checkpoint(dsgrad.checkpoint.latest(path), params,
+  first = dsgrad.restore_fit_checkpoint(dsgrad.training.checkpoint.latest(path), params,
                                         opt.init(params))[2]
   dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=first + 20,
              checkpoint_path=path, resume=True, **kw)

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import checks
-from dsgrad import batching
-from dsgrad import compile_cache
+from dsgrad.training import batching
+from dsgrad.training import compile_cache
 from dsgrad import diagnostics
 from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate

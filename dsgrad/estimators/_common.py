@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad import host_data
+from dsgrad.training import host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
 
@@ -207,10 +207,10 @@ def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
 
 def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:
   """Refuses, before allocating, a per-datum parameter table larger than ``max_bytes``
-  (``"auto"``: 90% of :func:`dsgrad.host_data.free_memory_bytes`; ``None``: no check).
+  (``"auto"``: 90% of :func:`dsgrad.training.host_data.free_memory_bytes`; ``None``: no check).
 
   Only concrete parameters are checked: under ``jax.eval_shape`` nothing is allocated,
-  and under ``jit`` (e.g. :func:`dsgrad.parallel.init_sharded`) the table may be split
+  and under ``jit`` (e.g. :func:`dsgrad.training.parallel.init_sharded`) the table may be split
   across devices, which one device's memory does not describe.
   """
   if max_bytes is None or not has_leaves(params):
@@ -235,7 +235,7 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
         f"{{'latent leaf': 'index column'}}), and pass dsgrad.approx.sparse_linearize("
         f"objective): a table of those coordinates only; for a GLM, dsgrad.approx.glm_mean_taylor keeps "
         f"its logits. Else: dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, "
-        f"several devices (dsgrad.parallel), or max_table_bytes=None to skip this check.")
+        f"several devices (dsgrad.training.parallel), or max_table_bytes=None to skip this check.")
 
 
 def reweighted(objective: Objective, weights) -> Objective:

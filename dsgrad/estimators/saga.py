@@ -106,7 +106,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
   terms read ``k`` coordinates each (MovieLens: ``N x 2k`` instead of ``N x 2d``).
 
   Several devices: the table is split by datum across a
-  :func:`dsgrad.parallel.data_mesh` (see :func:`dsgrad.fit`'s ``mesh``).
+  :func:`dsgrad.training.parallel.data_mesh` (see :func:`dsgrad.fit`'s ``mesh``).
 
   Cost per step (parameter table): ``approx.grad_and_expected`` at ``B`` table rows (one JVP of the
   gradient each, vectorized) and ``approx.expected_grad`` for the ``B`` data at ``w``
@@ -145,7 +145,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       and the alternatives) when the parameter table would exceed this many bytes.
       ``"auto"``: 90% of the free memory of one device (the host's free memory on CPU);
       ``None``: no check. Checked when ``init`` runs on concrete parameters (not under
-      ``jit`` / ``eval_shape``, so :func:`dsgrad.parallel.init_sharded`, which splits
+      ``jit`` / ``eval_shape``, so :func:`dsgrad.training.parallel.init_sharded`, which splits
       the table across devices, is not refused).
 
   Returns:

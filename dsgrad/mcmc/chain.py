@@ -11,7 +11,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad import data as data_lib
-from dsgrad import progress as progress_lib
+from dsgrad.training import progress as progress_lib
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),

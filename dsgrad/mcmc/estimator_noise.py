@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import batching
+from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model

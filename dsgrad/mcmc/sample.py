@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import batching
+from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.mcmc import estimator_noise

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dsgrad import batching
+from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm

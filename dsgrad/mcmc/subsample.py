@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import checks
-from dsgrad import batching
+from dsgrad.training import batching
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
 

@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from dsgrad import checks
-from dsgrad import compile_cache
+from dsgrad.training import compile_cache
 from dsgrad import diagnostics
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,

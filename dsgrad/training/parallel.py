@@ -12,7 +12,7 @@ parameters as a run on one, up to float summation order.
 Usage (one host, several GPUs; or CPU devices with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4``)::
 
-    mesh = dsgrad.parallel.data_mesh()              # all devices
+    mesh = dsgrad.training.parallel.data_mesh()              # all devices
     result = dsgrad.fit(objective, optimizer, params, key, num_steps=..., batch_size=...,
                         mesh=mesh)
 
@@ -68,7 +68,7 @@ def data_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 
 def _check_mesh(mesh: Mesh) -> int:
   if not isinstance(mesh, Mesh) or DATA_AXIS not in mesh.axis_names:
-    raise ValueError(f"expected a mesh from dsgrad.parallel.data_mesh (axis {DATA_AXIS!r}), "
+    raise ValueError(f"expected a mesh from dsgrad.training.parallel.data_mesh (axis {DATA_AXIS!r}), "
                      f"got {mesh!r}")
   return mesh.shape[DATA_AXIS]
 

@@ -32,7 +32,7 @@ References:
 Example::
 
     >>> import jax, dsgrad
-    >>> batches = dsgrad.batching.epoch_batches(jax.random.key(0), 10, 3, 4)
+    >>> batches = dsgrad.training.batching.epoch_batches(jax.random.key(0), 10, 3, 4)
     >>> batches.shape, bool((jax.numpy.sort(batches[:3].ravel()) < 10).all())
     ((4, 3), True)
 """
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad import compile_cache
+from dsgrad.training import compile_cache
 
 ROUNDS = 3
 _M1, _M2 = 0x85EBCA6B, 0xC2B2AE35  # fmix32's multipliers (odd, so invertible mod 2^32)

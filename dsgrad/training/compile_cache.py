@@ -11,7 +11,7 @@ executable (and the arrays its closures hold) alive.
 Example::
 
     >>> import jax, jax.numpy as jnp
-    >>> from dsgrad import compile_cache
+    >>> from dsgrad.training import compile_cache
     >>> @compile_cache.cached
     ... def scaler(factor: float):
     ...   return jax.jit(lambda x: factor * x)

@@ -100,7 +100,7 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
 
   Example::
 
-    >>> from dsgrad.evaluation_plan import plan
+    >>> from dsgrad.training.evaluation_plan import plan
     >>> plan(200_000, 100, 200_000, None, 100)  # two draws every tenth epoch
     EvaluationPlan(eval_every=2000, every_segments=10, draws=2, last_draws=100)
     >>> plan(1_000, 10, 20_000, None, 100)  # ten draws a segment

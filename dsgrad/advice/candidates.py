@@ -10,7 +10,7 @@ from typing import NamedTuple
 from dsgrad import estimators
 from dsgrad.approx.sparse import sparse_linearize
 from dsgrad import noise as noise_lib
-from dsgrad import race as race_lib
+from dsgrad.advice import race as race_lib
 
 CANDIDATES = ("naive", "joint_svrg", "naive_batch", "cv", "naive_samples", "path_derivative",
               "rqmc", "joint_saga")
@@ -44,7 +44,7 @@ class Candidate(NamedTuple):
     raced_fraction: the fraction of its run (and of the budget) it was raced to.
     elbo: its ELBO at that point, and ``elbo_se`` its standard error.
     gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
-      (:func:`dsgrad.race.checkpoint_difference`), and ``gain_se`` its standard error.
+      (:func:`dsgrad.advice.race.checkpoint_difference`), and ``gain_se`` its standard error.
     time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
       relative to naive's, both counted from the race's start (below 1: faster; ``inf``:
       not reached in the race; ``nan``: naive ended the race no higher than it started).
@@ -52,7 +52,7 @@ class Candidate(NamedTuple):
     rounds: the rounds of successive halving it raced.
     gain_factor: how many ``gain_se`` the gain must exceed to count as a win: 2, or
       Student-t's 97.5% quantile where ``gain_se`` comes from the spread of a few
-      checkpoints (:func:`dsgrad.race.gain_factor`; 3.18 for four).
+      checkpoints (:func:`dsgrad.advice.race.gain_factor`; 3.18 for four).
   """
 
   name: str
@@ -75,12 +75,12 @@ EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
 
 NAIVE_PROGRAMS = ("naive", "path_derivative", "rqmc", "naive_samples", "naive_batch")
 """The candidates whose step is naive's on the objective or a variant of it: their
-programs compile in about naive's time (they are priced so by :class:`dsgrad.admission.Share`)."""
+programs compile in about naive's time (they are priced so by :class:`dsgrad.advice.admission.Share`)."""
 
 
 def cost_guess(name: str, k: int = 2) -> float:
   """A candidate's step cost in naive steps, guessed before it is compiled: the length
-  its first program's schedule is built for (:mod:`dsgrad.step_sizes`).
+  its first program's schedule is built for (:mod:`dsgrad.advice.step_sizes`).
   From the held-out models of ``python -m benchmarks advice`` on two CPU cores: the path
   derivative 1.1-1.35 naive steps, cv and joint SVRG 1.4-2.0, ``K = 2`` samples or batch
   0.7-1.8; joint SAGA's dense table 15-21 (it is compiled again)."""
@@ -139,7 +139,7 @@ def base_contenders(names, objective, approx, batch_size, max_table_bytes):
 def equal_cost_contenders(names, objective, batch_size, k):
   """``[(name, Contender | None, description, note)]`` for the equal-cost candidates:
   ``k`` samples per datum, or a ``k``-times batch (``k`` from
-  :func:`dsgrad.admission.equal_cost_k`)."""
+  :func:`dsgrad.advice.admission.equal_cost_k`)."""
   out = []
   for name in names:
     if name == "naive_samples":

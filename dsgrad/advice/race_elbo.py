@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from dsgrad import diagnostics
-from dsgrad import halving
-from dsgrad import race as race_lib
+from dsgrad.advice import halving
+from dsgrad.advice import race as race_lib
 from dsgrad.objective import Objective
 
 ESTIMATES_SHARE = 0.25
@@ -57,7 +57,7 @@ class Estimates(NamedTuple):
 
 def estimates_needed(num_lanes: int, share: float, own_start: bool = False) -> int:
   """The ELBO estimates a race of ``num_lanes`` makes after the start's, as planned
-  (:func:`dsgrad.halving.estimates_planned`; lanes kept beyond the plan pay for theirs
+  (:func:`dsgrad.advice.halving.estimates_planned`; lanes kept beyond the plan pay for theirs
   out of the race's share), and the start's where the race estimates it itself
   (``own_start``: it starts from naive's run, past the parameters estimated first)."""
   counts = halving.halving_fractions(num_lanes, share)[1]

@@ -11,7 +11,7 @@ handles and re-exports the public names here.
 Example::
 
     >>> import numpy as np
-    >>> from dsgrad.host_data import HostArray
+    >>> from dsgrad.training.host_data import HostArray
     >>> x = HostArray(np.arange(12.0).reshape(6, 2), "x")
     >>> x.rows([4, 1]).tolist()
     [[8.0, 9.0], [2.0, 3.0]]

@@ -268,7 +268,7 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
           f"checkpoint {path!r} has no dsgrad header and checksum: it is corrupt, not a "
           "dsgrad checkpoint, or written by a dsgrad older than the checksum. "
           "It cannot be verified; to read an old file anyway, call "
-          "dsgrad.checkpoint.restore(path, like, allow_unverified=True) and save it again")
+          "dsgrad.training.checkpoint.restore(path, like, allow_unverified=True) and save it again")
     warnings.warn(f"checkpoint {path!r} has no checksum; it is read without verification "
                   "(allow_unverified=True)", stacklevel=3)
     return data

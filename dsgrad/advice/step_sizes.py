@@ -15,7 +15,7 @@ the same gradient.
 Example::
 
     >>> import jax.numpy as jnp, optax
-    >>> from dsgrad import step_sizes
+    >>> from dsgrad.advice import step_sizes
     >>> params = {"w": jnp.zeros(3)}
     >>> cosine = lambda steps: optax.adam(optax.cosine_decay_schedule(1e-2, steps))
     >>> step_sizes.same_steps(cosine(1000), cosine(2000), params, last_step=40)

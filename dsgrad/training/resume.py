@@ -5,7 +5,7 @@ so far and the run's settings: what decides its batches and noise (:func:`run_se
 and what decides its state besides them (:func:`state_fingerprints`: the data and the
 optimizer's traced program). A resume with other settings is refused by name
 (:func:`check_resume_settings`) instead of continuing a different run. The file format,
-its checksum and the one-writer lock are :mod:`dsgrad.checkpoint`'s.
+its checksum and the one-writer lock are :mod:`dsgrad.training.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad import checkpoint as checkpoint_lib
+from dsgrad.training import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad.objective import Objective
 
@@ -32,7 +32,7 @@ __all__ = ["History", "run_settings", "data_fingerprint", "optimizer_fingerprint
 
 
 class History(NamedTuple):
-  """What :func:`fit` records at each ELBO evaluation (:mod:`dsgrad.evaluation_plan`).
+  """What :func:`fit` records at each ELBO evaluation (:mod:`dsgrad.training.evaluation_plan`).
 
   Attributes:
     step: steps taken so far.
@@ -174,7 +174,7 @@ def restore_fit_checkpoint(path, params_like, opt_state_like):
 
   Raises:
     ValueError: a damaged file, or entries, shapes or dtypes other than the templates'
-      (:func:`dsgrad.checkpoint.restore`).
+      (:func:`dsgrad.training.checkpoint.restore`).
   """
   return restore_fit_tree(path, checkpoint_lib.restore_raw(path), params_like,
                            opt_state_like)

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import optax
 
-from dsgrad import race as race_lib
-from dsgrad.candidates import NAIVE_PROGRAMS, Candidate, cost_guess
+from dsgrad.advice import race as race_lib
+from dsgrad.advice.candidates import NAIVE_PROGRAMS, Candidate, cost_guess
 
 
 def build_lanes(contenders, make_optimizer, params, key, memory_limit, steps_for):
@@ -132,7 +132,7 @@ def equal_cost_k(candidates, step_costs) -> int:
 def schedule_guesses(budget, budget_in, guess, step_costs):
   """``steps_for(name, k)``: the length of a candidate's first schedule, the steps it
   affords in the budget at the given step cost, or at a guess of it
-  (:func:`dsgrad.candidates.cost_guess`, ``k`` the equal-cost baselines')."""
+  (:func:`dsgrad.advice.candidates.cost_guess`, ``k`` the equal-cost baselines')."""
   if step_costs is not None:
     unit = float(step_costs.get("naive", 1.0)) if budget_in == "naive_steps" else 1.0
     # A name without a cost is refused with its reason before anything is timed.
@@ -169,7 +169,7 @@ class Share:
   time measured on the control variates compiled so far; before any, at twice naive's
   (on two CPU cores: 1.2-1.9x on a held-out MLP, 1.6-2.2x on the main job's logistic
   regression, 2-3x on a hierarchical model). A lane compiles once, for its timing and its
-  race, when its first schedule was guessed close enough (:meth:`dsgrad.race.Lane.stretched`).
+  race, when its first schedule was guessed close enough (:meth:`dsgrad.advice.race.Lane.stretched`).
 
   Args:
     allowed: the share, in seconds.

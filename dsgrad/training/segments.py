@@ -1,13 +1,13 @@
 """Training segments: many steps in one compiled ``lax.scan``, fed with reshuffled epochs.
 
 A segment of ``length`` steps is one program ``(carry, key, start, data, orders, rows) ->
-carry``: it slices its batches from the epoch orders (:mod:`dsgrad.batching`), folds the
+carry``: it slices its batches from the epoch orders (:mod:`dsgrad.training.batching`), folds the
 step number into the noise key and runs :func:`train_step` ``length`` times, with the
 ``(params, opt_state)`` carry donated. The data are arguments: the segment computes with
 a copy of the objective and the optimizer whose data handles hold them
 (:func:`dsgrad.data.substitute`), so one executable serves every objective of the same
 structure (:meth:`~dsgrad.Objective.with_data` copies, resumed and staged runs); it lives
-in :mod:`dsgrad.compile_cache`.
+in :mod:`dsgrad.training.compile_cache`.
 
 Where the carry is small (:data:`CHECK_AT_END_BYTES`), the estimators' range and
 finiteness checks are settled once per segment: the program checks that the params are
@@ -29,7 +29,7 @@ Example::
     >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
     >>> optimizer = optax.with_extra_args_support(optax.adam(1e-2))
     >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
-    >>> runner = dsgrad.segments.SegmentRunner(objective, optimizer, 10, jax.random.key(1))
+    >>> runner = dsgrad.training.segments.SegmentRunner(objective, optimizer, 10, jax.random.key(1))
     >>> params, state = runner.run(params, optimizer.init(params), 0, 20)
     >>> runner.compile_seconds > 0, params["loc"].shape
     (True, (3,))
@@ -46,11 +46,11 @@ import numpy as np
 import optax
 from jax.experimental import checkify
 
-from dsgrad import batching
+from dsgrad.training import batching
 from dsgrad import checks
-from dsgrad import compile_cache
+from dsgrad.training import compile_cache
 from dsgrad import data as data_lib
-from dsgrad import parallel
+from dsgrad.training import parallel
 from dsgrad import tables
 from dsgrad.objective import Objective
 from dsgrad.estimators import chain as chain_lib
@@ -75,7 +75,7 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     opt_state: the optimizer's state.
     indices: ``(B,)`` batch indices.
     noise_key: PRNG key for this step's noise.
-    mesh: optional :func:`dsgrad.parallel.data_mesh`: the batch (indices and per-datum
+    mesh: optional :func:`dsgrad.training.parallel.data_mesh`: the batch (indices and per-datum
       noise) is split across its devices.
     fused: ``True``: call ``optimizer.update(None, ...)`` and let the estimator first
       in the chain compute the naive gradient itself, in one program with its control
@@ -137,7 +137,7 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   (error, carry)`` of ``length`` steps from step ``start``; ``error`` is the first value
   check that failed (:func:`dsgrad.checks.raise_deferred` raises it).
 
-  ``orders`` is the window :meth:`dsgrad.batching.EpochOrders.window` gives for
+  ``orders`` is the window :meth:`dsgrad.training.batching.EpochOrders.window` gives for
   ``(start, length)``; ``data`` the objective's device data and int32 handles of its host
   arrays (:func:`dsgrad.data.split_host`); ``rows`` the host arrays' rows of every step,
   ``{}`` without host data.
@@ -199,7 +199,7 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 _TRACING = threading.Lock()
 """Held while a segment is traced and lowered: tracing runs the user's model code, which
 need not be thread-safe (a NumPyro model's effect handlers share one global stack, and
-two models traced at once by :func:`dsgrad.race.prepare_all`'s threads mixed their
+two models traced at once by :func:`dsgrad.advice.race.prepare_all`'s threads mixed their
 sites), and holds the interpreter anyway; XLA's compilation, which does not, still
 overlaps."""
 
@@ -209,9 +209,9 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
                      finite_at_end: bool = False):
   """:func:`segment_program` compiled for ``example_args``; ``(executable, seconds spent
   compiling, seconds it costs without JAX's persistent cache)``
-  (:func:`dsgrad.compile_cache.get_or_build_with_cost`).
+  (:func:`dsgrad.training.compile_cache.get_or_build_with_cost`).
 
-  On one device the executable is cached (:mod:`dsgrad.compile_cache`) under the
+  On one device the executable is cached (:mod:`dsgrad.training.compile_cache`) under the
   objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
   :meth:`~dsgrad.Objective.with_data` copies with the same optimizer object share it."""
   def build():
@@ -241,7 +241,7 @@ class SegmentRunner:
     batch_size: data per step.
     key: the run's PRNG key; the batches come from ``split(key)[0]`` and step ``t``'s
       noise from ``fold_in(split(key)[1], t)``.
-    mesh: optional :func:`dsgrad.parallel.data_mesh`.
+    mesh: optional :func:`dsgrad.training.parallel.data_mesh`.
     carry_shardings: with ``mesh``, the shardings of ``(params, opt_state)``.
     data_args: the device data to pass (default: the objective's, placed as they are).
 
@@ -357,7 +357,7 @@ class SegmentRunner:
     (dispatch, the deferred checks' read-back) overlaps the previous call's steps, as it
     does in a long run; the carry is consumed (donated, where the checks run per step).
     The calls take the first segment's batches over and over, and what the epochs'
-    orders cost a run per step is added (:meth:`dsgrad.batching.EpochOrders.seconds_per_step`):
+    orders cost a run per step is added (:meth:`dsgrad.training.batching.EpochOrders.seconds_per_step`):
     taking successive batches computed an epoch's orders between calls, a run's long
     segments compute them in bulk, and a 10 us step timed 20% above the run's rate in
     segments of 256 steps (zero-inflated Poisson regression, 50,000 data, two CPU cores;

@@ -10,7 +10,7 @@ budget. Their steps are timed in interleaved rounds. Naive's run then trains alo
 the start, where the cheapest step leads whatever its noise, and every candidate's run
 continues from there; those runs are raced by successive halving (naive always races, as
 the reference; a candidate within one doubling of naive's pace is not dropped:
-:mod:`dsgrad.halving`), and the ELBOs are compared with common random numbers at equal
+:mod:`dsgrad.advice.halving`), and the ELBOs are compared with common random numbers at equal
 wall-clock, at several checkpoints of the final round, so that the standard error also
 holds one run's jitter from step to step. The advice is naive, said plainly, unless a
 candidate beats naive by more than twice the standard error of the difference (Student-t's
@@ -42,14 +42,14 @@ import jax
 import numpy as np
 import optax
 
-from dsgrad import admission
+from dsgrad.advice import admission
 from dsgrad import checks
 from dsgrad import diagnostics
-from dsgrad import halving
-from dsgrad import host_data
-from dsgrad import race as race_lib
-from dsgrad import race_elbo
-from dsgrad.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
+from dsgrad.advice import halving
+from dsgrad.training import host_data
+from dsgrad.advice import race as race_lib
+from dsgrad.advice import race_elbo
+from dsgrad.advice.candidates import (CANDIDATES, EQUAL_COST, NAIVE_PROGRAMS,  # noqa: F401
                                Candidate, base_contenders, equal_cost_contenders)
 from dsgrad.objective import Objective
 
@@ -82,7 +82,7 @@ class Recommendation(NamedTuple):
     """Continues the recommended candidate's raced run to the end of its schedule with
     :func:`dsgrad.fit` (same key and batches; the schedule spans the whole run, while the
     raced part may have run one built for another length whose step sizes agree with it
-    over the race, to spare a compilation: :mod:`dsgrad.step_sizes`). The run began
+    over the race, to spare a compilation: :mod:`dsgrad.advice.step_sizes`). The run began
     as naive's, up to where the race started (``start_at`` of :func:`recommend`).
 
     Args:
@@ -92,7 +92,7 @@ class Recommendation(NamedTuple):
     Returns:
       :func:`dsgrad.fit`'s :class:`~dsgrad.FitResult`.
     """
-    from dsgrad.train import fit
+    from dsgrad.training.loop import fit
     lane = self.runs[name or self.best]
     return fit(lane.contender.objective, lane.run_optimizer(), race_lib.copy_tree(lane.params),
                self.key, num_steps=lane.total_steps, batch_size=lane.contender.batch_size,
@@ -281,7 +281,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
     share: the fraction of the budget the advice may take: compiling, timing and the
       race together. Compilation is a fixed cost (a candidate compiles one program, two
       where its schedule, built for a guessed step count, sets other step sizes over the
-      race than one over the count it affords: :mod:`dsgrad.step_sizes`; about a second
+      race than one over the count it affords: :mod:`dsgrad.advice.step_sizes`; about a second
       each for small models on two CPU cores), so a small budget races
       fewer candidates; the race takes what compiling leaves of the share, and at least
       a quarter of it. A candidate whose compile took longer than priced is still raced
@@ -294,7 +294,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       chunks of 4,096 data; at least ``N``: a full pass), or ``"auto"``: a full pass
       where the race's estimates fit a quarter of the share, else as many data drawn at
       random (the same for every candidate; unbiased, their spread in the standard
-      errors) as fit (:mod:`dsgrad.race_elbo`). Given
+      errors) as fit (:mod:`dsgrad.advice.race_elbo`). Given
       ``step_costs``, nothing is timed and ``"auto"`` is a full pass.
     progress: show a progress bar over the seconds of the share (tqdm where installed,
       else printed lines) with what is being compiled, timed or raced.
@@ -304,7 +304,7 @@ def recommend(objective: Objective, optimizer, params, key, *, batch_size: int,
       on the machine that will train. The equal-cost baselines' ``K`` then comes from it.
     start_at: where the race starts, as a fraction of the budget: naive's run trains alone
       to it, and every candidate's run continues from there
-      (:meth:`dsgrad.race.Lane.continue_from`), so the race compares the runs after the
+      (:meth:`dsgrad.advice.race.Lane.continue_from`), so the race compares the runs after the
       step-limited start, where the cheapest step leads whatever its noise. ``"auto"``:
       as far as the race itself goes (the share left once compiling and timing are
       paid). Naive's steps before it are not part of the share: they are the first part
@@ -362,7 +362,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
             candidates, share, memory_share, elbo_settings, progress, max_table_bytes,
             step_costs, started, start_at="auto") -> Recommendation:
   """:func:`recommend`'s work, its arguments checked; ``progress`` a
-  :class:`dsgrad.race.Progress`."""
+  :class:`dsgrad.advice.race.Progress`."""
   make_optimizer = _optimizer_factory(optimizer)
   limit = memory_share * (host_data.free_memory_bytes() or float("inf"))
   base = base_contenders(candidates, objective, approx, batch_size, max_table_bytes)
@@ -409,7 +409,7 @@ def _advise(objective, optimizer, params, key, batch_size, budget, budget_in, ap
     # Naive's first schedule was an epoch's, there only to time its step; its run gets
     # one over the steps that guess affords, compiled beside the first candidates, so
     # that the program its timing rounds run is its race's too (where the two schedules'
-    # step sizes agree over the race: dsgrad.step_sizes), not one compiled more.
+    # step sizes agree over the race: dsgrad.advice.step_sizes), not one compiled more.
     restarted = naive_lane.restarted(make_optimizer, max(1, int(float(budget) / guess)),
                                      params, key)
     restarted.chunk = race_lib.timing_chunk(guess)

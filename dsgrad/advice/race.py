@@ -30,9 +30,9 @@ import optax
 from scipy import stats
 
 from dsgrad import diagnostics
-from dsgrad import halving
-from dsgrad import segments
-from dsgrad import step_sizes
+from dsgrad.advice import halving
+from dsgrad.training import segments
+from dsgrad.advice import step_sizes
 from dsgrad import tables
 from dsgrad.objective import Objective
 
@@ -149,7 +149,7 @@ class Lane:
     """Whether a run of ``total_steps`` raced to ``reach`` (a fraction of it) can keep this
     lane's compiled program: it has not run, and its schedule, built for
     ``schedule_steps``, sets the same step sizes as one over ``total_steps`` up to there
-    (:func:`dsgrad.step_sizes.same_steps`)."""
+    (:func:`dsgrad.advice.step_sizes.same_steps`)."""
     if self.steps != 0:
       return False
     if self.schedule_steps == int(total_steps):
@@ -263,7 +263,7 @@ def time_steps(lanes: list, rounds: int = 5, round_seconds: float = 0.05,
   time per step, when it is given: :func:`timing_chunk`). The lanes' segments are
   compiled together first (:func:`prepare_all`), then each lane runs one segment
   uncounted and, in each round, as many segments as last about ``round_seconds``,
-  dispatched back to back (:meth:`dsgrad.segments.SegmentRunner.seconds_per_step`). The
+  dispatched back to back (:meth:`dsgrad.training.segments.SegmentRunner.seconds_per_step`). The
   lanes' runs are not advanced: every timed step starts from a copy of the lane's
   current carry.
   """
@@ -324,7 +324,7 @@ def race(lanes: list, reference: int, evaluate: Callable, share: float,
   """Successive halving over ``lanes`` (``reference``, naive, always races); ``progress``
   is told which lane races (a :class:`Progress`). A lane outside the better half stays
   while it is within one doubling of naive's pace and the share allows
-  (:mod:`dsgrad.halving`).
+  (:mod:`dsgrad.advice.halving`).
 
   Args:
     estimate_cost: one ELBO estimate's time as a fraction of the budget: the estimates of

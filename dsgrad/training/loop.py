@@ -11,8 +11,8 @@ slice ``t`` of the epoch permutations drawn from the key, its noise from the key
 with ``t``, so a run resumed from a checkpoint continues bit-identically.
 
 The loop is short because its parts live by concept: the batches in
-:mod:`dsgrad.batching`, the compiled steps in :mod:`dsgrad.segments`, checkpoints and the
-checks of a resume in :mod:`dsgrad.resume`.
+:mod:`dsgrad.training.batching`, the compiled steps in :mod:`dsgrad.training.segments`, checkpoints and the
+checks of a resume in :mod:`dsgrad.training.resume`.
 
 References:
   Wang, Geffner, Domke (2024), Sec. 7 (reshuffled epochs, ELBO traces), App. H.
@@ -31,22 +31,22 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad import checkpoint as checkpoint_lib
+from dsgrad.training import checkpoint as checkpoint_lib
 from dsgrad import data as data_lib
 from dsgrad import diagnostics
 from dsgrad import elbo_trust
-from dsgrad import evaluation_plan
+from dsgrad.training import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
-from dsgrad import parallel
-from dsgrad import progress as progress_lib
+from dsgrad.training import parallel
+from dsgrad.training import progress as progress_lib
 from dsgrad import psis
-from dsgrad import resume as resume_lib
-from dsgrad import segments
+from dsgrad.training import resume as resume_lib
+from dsgrad.training import segments
 from dsgrad.objective import Objective
-# Re-exported: fit's checkpoints and history are dsgrad.resume's.
-from dsgrad.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
+# Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
+from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
                            run_settings, save_fit_checkpoint, state_fingerprints)
-from dsgrad.evaluation_plan import DEFAULT_EVALUATIONS, default_eval_every  # noqa: F401
+from dsgrad.training.evaluation_plan import DEFAULT_EVALUATIONS, default_eval_every  # noqa: F401
 
 
 class FitTiming(NamedTuple):
@@ -231,7 +231,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       ``num_steps / DEFAULT_EVALUATIONS`` where that is longer, and the evaluations
       before the last are planned to cost about a tenth of the steps: fewer draws (at
       least 2), or every few segments where two draws of every datum cost more
-      (:mod:`dsgrad.evaluation_plan`; with 200,000 data, 100 draws an epoch cost 9 times
+      (:mod:`dsgrad.training.evaluation_plan`; with 200,000 data, 100 draws an epoch cost 9 times
       the steps).
     elbo_samples: Monte Carlo samples of the last ELBO estimate (the run's ELBO and
       k-hat), and of the others up to the plan above; 0 to skip evaluation.
@@ -240,7 +240,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     start_step: the step ``params``/``opt_state`` were taken at, when resuming.
     checkpoint_path: if given, ``(params, opt_state, step)`` and the history so far are
       saved there every ``checkpoint_every`` segments and at the end (atomic;
-      :mod:`dsgrad.checkpoint`).
+      :mod:`dsgrad.training.checkpoint`).
     checkpoint_every: segments between checkpoints.
     history: when resuming, the history up to ``start_step``
       (:func:`restore_fit_history`, or a :class:`FitInterrupted`'s, which can end before
@@ -250,9 +250,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       so an interrupted run can be restarted with the same call. The checkpoint holds
       the run's settings (number of data, ``batch_size``, ``key``); a call with other
       settings is refused, since it would not continue the same run.
-    mesh: optional :func:`dsgrad.parallel.data_mesh`: train data-parallel on its
+    mesh: optional :func:`dsgrad.training.parallel.data_mesh`: train data-parallel on its
       devices -- each batch split across them, per-datum tables split by datum,
-      everything else replicated (:mod:`dsgrad.parallel`). ``batch_size`` and the
+      everything else replicated (:mod:`dsgrad.training.parallel`). ``batch_size`` and the
       number of data must be multiples of the number of devices.
 
   Returns:
@@ -461,7 +461,7 @@ def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
 
 
 def _progress(enabled: bool, total: int):
-  """``update(n_steps, step, elbo, se, close=False)`` on :func:`dsgrad.progress.bar`: the
+  """``update(n_steps, step, elbo, se, close=False)`` on :func:`dsgrad.training.progress.bar`: the
   ELBO beside the bar, or a printed line per evaluation without tqdm."""
   shown = progress_lib.bar(enabled, total, "step")
 

@@ -1,0 +1,11 @@
+"""What trains: :func:`dsgrad.fit`'s loop and what it is built from.
+
+``loop`` (``fit``), ``segments`` (many steps in one compiled program, ``train_step``),
+``batching`` (the one sampler of indices), ``evaluation_plan`` (when the ELBO is
+evaluated), ``resume`` and ``checkpoint`` (saves and their checks), ``host_data``
+(memory-mapped rows read ahead), ``parallel`` (several devices), ``compile_cache`` and
+``progress``. Users call :func:`dsgrad.fit` and the checkpoint functions re-exported
+from :mod:`dsgrad`; the modules are imported by name where needed (nothing here is
+imported eagerly, so that :mod:`dsgrad.data` can use ``host_data`` without importing
+the loop).
+"""
