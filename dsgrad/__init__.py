@@ -36,7 +36,8 @@ from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,
                                     save_fit_checkpoint)
 from dsgrad.training.segments import train_step
-from dsgrad.training.loop import FitInterrupted, FitResult, FitTiming, fit
+from dsgrad.training.loop import FitResult, FitTiming, fit
+from dsgrad.training.progress import Interrupted
 
 __version__ = "0.1.0"
 
@@ -49,7 +50,7 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "fit", "train_step", "FitResult", "FitTiming", "FitInterrupted", "History",
+    "fit", "train_step", "FitResult", "FitTiming", "Interrupted", "History",
     "save_fit_checkpoint", "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition", "recommend", "Recommendation",

@@ -131,7 +131,7 @@ def test_an_interrupt_between_blocks_of_host_data_keeps_the_run(tmp_path, monkey
   whole = _fit(on_host, optimizer, params, steps=60)
   with monkeypatch.context() as patch:
     ctrl_c_at(patch, 3)  # as the third block ends (step 30 of 60)
-    with pytest.raises(dsgrad.FitInterrupted) as stop:
+    with pytest.raises(dsgrad.Interrupted) as stop:
       _fit(on_host, optimizer, params, steps=60)
   assert stop.value.step == 30 and stop.value.result.history.step.tolist() == [20]
   continued = stop.value.resume()

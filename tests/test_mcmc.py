@@ -264,14 +264,16 @@ def test_an_interrupted_chain_keeps_its_draws(monkeypatch):
     return update
 
   monkeypatch.setattr(module, "_bar", interrupted_bar)
-  with pytest.raises(mcmc.SamplingInterrupted, match="after 400 of 500 draws") as stop:
+  with pytest.raises(dsgrad.Interrupted, match="after 400 of 500 draws") as stop:
     run()
   assert isinstance(stop.value, KeyboardInterrupt)
   kept = stop.value.result
-  assert isinstance(kept, mcmc.MCMCResult) and stop.value.draws == 400
+  assert isinstance(kept, mcmc.MCMCResult) and stop.value.step == 400
   np.testing.assert_array_equal(kept.samples, whole.samples[:400])
   assert kept.info.is_accepted.shape == (400,) and kept.proxy is not None
   np.testing.assert_array_equal(kept.state.position, kept.samples[-1])
+  with pytest.raises(TypeError, match="run_chain from the kept result's state"):
+    stop.value.resume()  # one interrupt type: a chain continues by run_chain, not resume
 
 
 @pytest.mark.parametrize("which", ["sgld", "sghmc", "sgld without control variates"])

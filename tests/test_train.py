@@ -111,7 +111,7 @@ def test_an_interrupted_fit_keeps_its_run_and_continues_it(logreg_model, params0
   objective, opt, kw, key, whole = _joint_saga_run(logreg_model, params0)
   path = tmp_path / "fit.ckpt"
   ctrl_c_at(monkeypatch, block)
-  with pytest.raises(dsgrad.FitInterrupted, match=f"step {7 * block} of 28.*resume=True"
+  with pytest.raises(dsgrad.Interrupted, match=f"step {7 * block} of 28.*resume=True"
                      ) as stop:
     dsgrad.fit(objective, opt, params0, key, num_steps=28, checkpoint_path=path, **kw)
   monkeypatch.undo()
@@ -188,7 +188,7 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],
                              [value, se], rtol=1e-6)
   ctrl_c_at(monkeypatch, 3)  # as the segment that ends at step 7,500 ends
-  with pytest.raises(dsgrad.FitInterrupted) as stop:
+  with pytest.raises(dsgrad.Interrupted) as stop:
     dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   monkeypatch.undo()
   assert stop.value.step == 7_500 and stop.value.result.history.step.tolist() == [2_500]
@@ -320,7 +320,7 @@ print("ready", flush=True)
 try:
   dsgrad.fit(objective, opt, params, jax.random.key(3), num_steps=10**8, batch_size=5,
              eval_every=10, elbo_samples=0, progress=False)
-except dsgrad.FitInterrupted as stop:
+except dsgrad.Interrupted as stop:
   np.savez(sys.argv[1], step=stop.step, **stop.result.params)
 """
 

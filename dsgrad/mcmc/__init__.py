@@ -25,7 +25,7 @@ from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
 from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
                                 dual_averaging_update, find_reference_point, laplace_draws,
                                 laplace_precision, refine_reference_point, sample)
-from dsgrad.mcmc.chain import SamplingInterrupted, run_chain
+from dsgrad.mcmc.chain import run_chain
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.estimator_noise import choose_subsample_size
 from dsgrad.mcmc.proxy import EstimatorVariance
@@ -34,7 +34,7 @@ from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_pois
                                    perturbed, suggest_block_poisson)
 
 __all__ = [
-    "sample", "MCMCResult", "run_chain", "SamplingInterrupted",
+    "sample", "MCMCResult", "run_chain",
     "estimator_noise", "choose_subsample_size", "EstimatorVariance",
     "hmc", "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",

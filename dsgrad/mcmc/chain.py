@@ -12,6 +12,7 @@ import numpy as np
 from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.training import progress as progress_lib
+from dsgrad.training.progress import Interrupted
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
@@ -65,8 +66,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
     bar(0, close=True)
     if not outputs:
       raise
-    raise SamplingInterrupted(_chain_result(outputs, state, seconds), done,
-                              num_samples) from None
+    raise Interrupted(f"sampling interrupted after {done} of {num_samples} draws; they are "
+                      "kept: catch dsgrad.Interrupted and take its .result (in a notebook, "
+                      "sys.last_value.result)", _chain_result(outputs, state, seconds), done,
+                      num_samples) from None
   bar(0, close=True)
   return _chain_result(outputs, state, seconds)
 
@@ -75,27 +78,6 @@ def _chain_result(outputs, state, seconds):
   """:func:`run_chain`'s return value from its chunks' outputs."""
   positions, signs, info = jax.tree.map(lambda *a: np.concatenate(a), *outputs)
   return positions, signs, info, state, seconds
-
-
-class SamplingInterrupted(KeyboardInterrupt):
-  """Raised by :func:`run_chain` and :func:`sample` when an interrupt (Ctrl-C) stops the
-  sampling: the draws of the chunks completed are kept.
-
-  A ``KeyboardInterrupt``, so a script still stops where nothing catches it.
-
-  Attributes:
-    result: what the call would have returned, over the draws kept: :func:`run_chain`'s
-      tuple, or :func:`sample`'s :class:`MCMCResult` (its ``state`` continues the chain:
-      ``run_chain`` from it with a new key).
-    draws: the draws kept.
-    num_samples: the draws asked for.
-  """
-
-  def __init__(self, result, draws: int, num_samples: int):
-    super().__init__(f"sampling interrupted after {draws} of {num_samples} draws; they are "
-                     "kept: catch dsgrad.mcmc.SamplingInterrupted and take its .result (in a "
-                     "notebook, sys.last_value.result)")
-    self.result, self.draws, self.num_samples = result, draws, num_samples
 
 
 def _bar(enabled, total):

@@ -24,7 +24,8 @@ from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad.mcmc import estimator_noise
-from dsgrad.mcmc.chain import SamplingInterrupted, run_chain
+from dsgrad.mcmc.chain import run_chain
+from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
@@ -410,7 +411,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   try:
     drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,
                       num_samples, progress=progress, data=model.data)
-  except SamplingInterrupted as stop:
+  except Interrupted as stop:
     stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
   return result(*drawn)

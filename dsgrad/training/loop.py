@@ -21,6 +21,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from typing import Any, NamedTuple
@@ -39,6 +40,7 @@ from dsgrad.training import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
 from dsgrad.training import parallel
 from dsgrad.training import progress as progress_lib
+from dsgrad.training.progress import Interrupted
 from dsgrad import psis
 from dsgrad.training import resume as resume_lib
 from dsgrad.training import segments
@@ -102,60 +104,27 @@ class FitResult(NamedTuple):
   warnings: tuple = ()
 
 
-class FitInterrupted(KeyboardInterrupt):
-  """Raised by :func:`fit` when an interrupt (Ctrl-C) stops it: the run so far is kept.
+RESUME_CHANGES = ("num_steps", "progress", "elbo_samples", "eval_every", "checkpoint_path",
+                  "checkpoint_every")
+"""What an interrupted fit's ``resume`` may change: the rest (objective, optimizer, key, batch
+size, mesh) decides the batches and the state, and another value would not continue the run."""
 
-  A ``KeyboardInterrupt``, so a script still stops where nothing catches it. The state
-  kept is that after the last block of steps that ran (an interrupt arriving while one
-  runs is taken when it ends), with the history of the evaluations made before it; with
-  a ``checkpoint_path`` it is saved there too, and the same call with ``resume=True``
-  continues. The continued run's parameters and evaluations are those of the
-  uninterrupted run (wall-clock aside).
 
-  Attributes:
-    result: a :class:`FitResult` at ``step`` (``pareto_k`` not computed).
-    step: the steps taken.
-    num_steps: the steps the call asked for.
-
-  Example::
-
-    try:
-      result = dsgrad.fit(objective, optimizer, params, key, num_steps=10**6, batch_size=100)
-    except dsgrad.FitInterrupted as stop:  # Ctrl-C
-      result = stop.result                 # or stop.resume() to go on to num_steps
-  """
-
-  def __init__(self, result: "FitResult", step: int, call: dict):
-    saved = call.get("checkpoint_path")
-    super().__init__(
-        f"fit interrupted at step {step} of {call['num_steps']}; the run so far is kept: "
-        "catch dsgrad.FitInterrupted and take its .result (in a notebook, "
-        "sys.last_value.result), or call its .resume() to continue to the end"
-        + (f"; saved to {os.fspath(saved)!r}, where the same call with resume=True "
-           "continues" if saved is not None else ""))
-    self.result, self.step, self.num_steps, self._call = result, step, call["num_steps"], call
-
-  RESUME_CHANGES = ("num_steps", "progress", "elbo_samples", "eval_every", "checkpoint_path",
-                    "checkpoint_every")
-  """What :meth:`resume` may change: the rest (objective, optimizer, key, batch size, mesh)
-  decides the batches and the state, and another value would not continue this run."""
-
-  def resume(self, **changes) -> "FitResult":
-    """Continues the interrupted run with :func:`fit` (the same arguments but for
-    ``changes`` among :attr:`RESUME_CHANGES`, e.g. ``num_steps`` or ``progress``) from
-    :attr:`result`."""
-    other = sorted(set(changes) - set(self.RESUME_CHANGES))
-    if other:
-      raise TypeError(f"FitInterrupted.resume() can change {', '.join(self.RESUME_CHANGES)}; "
-                      f"not {', '.join(other)}, which would not continue this run")
-    call = {**self._call, **changes}
-    objective, optimizer, key = (call.pop(k) for k in ("objective", "optimizer", "key"))
-    return fit(objective, optimizer, self.result.params, key, opt_state=self.result.opt_state,
-               start_step=self.step, history=self.result.history, **call)
+def _resume(call: dict, stop: Interrupted, **changes) -> "FitResult":
+  """Continues an interrupted :func:`fit` from ``stop.result`` (``Interrupted.resume``)."""
+  other = sorted(set(changes) - set(RESUME_CHANGES))
+  if other:
+    raise TypeError(f"resume() of an interrupted dsgrad.fit can change "
+                    f"{', '.join(RESUME_CHANGES)}; not {', '.join(other)}, which would not "
+                    "continue this run")
+  call = {**call, **changes}
+  objective, optimizer, key = (call.pop(k) for k in ("objective", "optimizer", "key"))
+  return fit(objective, optimizer, stop.result.params, key, opt_state=stop.result.opt_state,
+             start_step=stop.step, history=stop.result.history, **call)
 
 
 def _interrupted(runner, history: History, settings: dict, call: dict) -> KeyboardInterrupt:
-  """The exception for an interrupt: :class:`FitInterrupted` with the state after the last
+  """The exception for an interrupt: :class:`Interrupted` with the state after the last
   block of steps, or a plain ``KeyboardInterrupt`` where none ran (nothing was trained)."""
   reached = runner.reached()
   if reached is None:
@@ -164,9 +133,15 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   if call["checkpoint_path"] is not None:
     save_fit_checkpoint(call["checkpoint_path"], params, opt_state, step, history,
                         settings=settings)
-  return FitInterrupted(
-      FitResult(params, opt_state, history, runner.compile_seconds, None,
-                f"k-hat not computed: the run was interrupted at step {step}"), step, call)
+  saved = call["checkpoint_path"]
+  message = (f"fit interrupted at step {step} of {call['num_steps']}; the run so far is kept: "
+             "catch dsgrad.Interrupted and take its .result (in a notebook, "
+             "sys.last_value.result), or call its .resume() to continue to the end"
+             + (f"; saved to {os.fspath(saved)!r}, where the same call with resume=True "
+                "continues" if saved is not None else ""))
+  result = FitResult(params, opt_state, history, runner.compile_seconds, None,
+                     f"k-hat not computed: the run was interrupted at step {step}")
+  return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
 def _evaluate(objective: Objective, params, key, elbo_samples: int, trust_check: bool,
@@ -243,7 +218,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       :mod:`dsgrad.training.checkpoint`).
     checkpoint_every: segments between checkpoints.
     history: when resuming, the history up to ``start_step``
-      (:func:`restore_fit_history`, or a :class:`FitInterrupted`'s, which can end before
+      (:func:`restore_fit_history`, or a :class:`Interrupted`'s, which can end before
       it); the returned history continues it, wall-clock too.
     resume: if true and ``checkpoint_path`` exists, continue from it: params, optimizer
       state, step and history are restored (``params`` then only gives the structure),
@@ -271,7 +246,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       noise), with the check's message and the first step it failed at: the checks
       travel out of the compiled segment as one small code per step
       (:func:`dsgrad.checks.collected`) instead of a host callback per step.
-    FitInterrupted: on an interrupt (Ctrl-C), once the block of steps running has ended:
+    Interrupted: on an interrupt (Ctrl-C), once the block of steps running has ended:
       a ``KeyboardInterrupt`` that holds the run so far (``.result``, ``.resume()``),
       saved to ``checkpoint_path`` too when given.
 

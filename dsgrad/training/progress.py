@@ -1,10 +1,11 @@
-"""The one progress display of dsgrad's long calls (:func:`dsgrad.fit`,
-:func:`dsgrad.mcmc.run_chain` and :func:`dsgrad.mcmc.sample`): a tqdm bar where tqdm is
-installed (an optional extra), printed lines where it is not, nothing when disabled."""
+"""What dsgrad's long calls (:func:`dsgrad.fit`, :func:`dsgrad.mcmc.run_chain`,
+:func:`dsgrad.mcmc.sample`) show and how they stop: the one progress display (a tqdm bar
+where tqdm is installed, an optional extra; printed lines where it is not; nothing when
+disabled) and the one exception of an interrupt, which keeps the work done."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 
 def bar(enabled: bool, total: int, unit: str) -> Callable[..., None]:
@@ -40,3 +41,43 @@ def bar(enabled: bool, total: int, unit: str) -> Callable[..., None]:
     if close:
       shown.close()
   return update
+
+
+class Interrupted(KeyboardInterrupt):
+  """Raised by a long call stopped by an interrupt (Ctrl-C): the work done is kept.
+
+  A ``KeyboardInterrupt``, so a script still stops where nothing catches it. The state
+  kept is the one after the last block of steps (or chunk of draws) that ran: an
+  interrupt arriving while one runs is taken when it ends.
+
+  Attributes:
+    result: what the call returns, for the work done: :func:`dsgrad.fit`'s
+      :class:`dsgrad.FitResult` at ``step`` (``pareto_k`` not computed),
+      :func:`dsgrad.mcmc.run_chain`'s tuple or :func:`dsgrad.mcmc.sample`'s
+      :class:`dsgrad.mcmc.MCMCResult` over the draws kept (its ``state`` continues the
+      chain: ``run_chain`` from it with a new key).
+    step: the steps (or draws) done.
+    num_steps: those the call asked for.
+
+  Example::
+
+    try:
+      result = dsgrad.fit(objective, optimizer, params, key, num_steps=10**6, batch_size=100)
+    except dsgrad.Interrupted as stop:  # Ctrl-C
+      result = stop.result              # or stop.resume() to go on to num_steps
+  """
+
+  def __init__(self, message: str, result: Any, step: int, num_steps: int,
+               resume: Callable[..., Any] | None = None):
+    super().__init__(message)
+    self.result, self.step, self.num_steps, self._resume = result, step, num_steps, resume
+
+  def resume(self, **changes):
+    """Continues the call from :attr:`result` to ``num_steps``: for :func:`dsgrad.fit`, the
+    same arguments but for ``changes`` among ``dsgrad.training.loop.RESUME_CHANGES``
+    (``num_steps``, ``progress``, ...). A chain continues with
+    ``dsgrad.mcmc.run_chain`` from ``result``'s state instead."""
+    if self._resume is None:
+      raise TypeError("this interrupted call cannot be resumed by resume(): continue a chain "
+                      "with dsgrad.mcmc.run_chain from the kept result's state and a new key")
+    return self._resume(self, **changes)

@@ -200,11 +200,11 @@ class Recorder:
     self.continued = history is not None
     if history is not None:
       # An interrupted run's history ends at its last evaluation, which can be before
-      # the step it stopped at (FitInterrupted); one past it belongs to another state.
+      # the step it stopped at (Interrupted); one past it belongs to another state.
       if len(history.step) and int(history.step[-1]) > start_step:
         raise ValueError(f"history ends at step {int(history.step[-1])} but start_step is "
                          f"{start_step}; pass the history saved with the checkpoint (or "
-                         "the one of the FitInterrupted that stopped this run)")
+                         "the one of the Interrupted that stopped this run)")
       self.columns = {name: list(np.asarray(getattr(history, name), np.float64))
                       for name in History._fields}
     self.wall = float(self.columns["wall_time"][-1]) if self.columns["wall_time"] else 0.0
