@@ -23,7 +23,7 @@ from dsgrad import training
 from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training.parallel.*)
 from dsgrad.approx import Approximation
 from dsgrad.advice.recommend import Recommendation, recommend
-from dsgrad.bbvi import meanfield_entropy, meanfield_gaussian, meanfield_init
+from dsgrad.families.gaussian import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
 from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity

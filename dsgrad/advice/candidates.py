@@ -117,7 +117,7 @@ def base_contenders(names, objective, approx, batch_size, max_table_bytes):
           out.append((name, None, "naive, path derivative", "only for objectives made by "
                       "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
           continue
-        from dsgrad.bbvi import meanfield_gaussian
+        from dsgrad.families.gaussian import meanfield_gaussian
         variant = meanfield_gaussian(source[1], shared_noise=objective.shared_noise,
                                      path_derivative=True)
         out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),

@@ -31,6 +31,7 @@ from scipy import stats
 
 from dsgrad import diagnostics
 from dsgrad.advice import halving
+from dsgrad.training import progress as progress_lib
 from dsgrad.training import segments
 from dsgrad.advice import step_sizes
 from dsgrad import tables
@@ -435,40 +436,23 @@ def gain_factor(points: list, reference: list) -> float:
 
 
 class Progress:
-  """What :func:`recommend` is doing, against the time it may take: a tqdm bar over the
-  seconds of its share (so the time left is the share's), with the current activity
-  beside it; printed lines where tqdm is not installed; nothing when disabled."""
+  """What :func:`recommend` is doing, against the time it may take: the one progress
+  display (:func:`dsgrad.training.progress.bar`) over the seconds of its share, with the
+  current activity beside it (a printed line where tqdm is not installed)."""
 
   def __init__(self, enabled: bool, started: float):
-    self.enabled, self.started, self.bar = enabled, started, None
-    if not enabled:
-      return
-    try:
-      from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      return
-    # The share in seconds is known once naive's step is timed (a budget in naive steps).
-    self.bar = tqdm(total=None, desc="dsgrad.recommend", unit="s",
-                    bar_format="{desc}: {elapsed}{postfix}")
+    self.started, self.shown = started, 0.0
+    self.update = progress_lib.bar(enabled, None, "s", desc="dsgrad.recommend")
 
   def set_total(self, seconds: float) -> None:
-    if self.bar is not None:
-      self.bar.bar_format = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s of its "
-                             "share [{elapsed}<{remaining}{postfix}]")
-      self.bar.total = seconds
-      self.bar.refresh()
+    # The share in seconds is known once naive's step is timed (a budget in naive steps).
+    self.update(total=seconds)
 
   def __call__(self, message: str) -> None:
-    if not self.enabled:
-      return
-    if self.bar is None:
-      print(f"dsgrad.recommend: {message}", flush=True)
-      return
     elapsed = time.perf_counter() - self.started
-    self.bar.n = min(elapsed, self.bar.total) if self.bar.total else elapsed
-    self.bar.set_postfix_str(message)
+    self.update(elapsed - self.shown, status=message, line=f"dsgrad.recommend: {message}")
+    self.shown = elapsed
 
   def close(self) -> None:
-    if self.bar is not None:
-      self("done")
-      self.bar.close()
+    self("done")
+    self.update(close=True)

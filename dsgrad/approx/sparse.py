@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad.approx.base import Approximation, with_statistics
-from dsgrad.bbvi import meanfield_entropy
+from dsgrad.families.gaussian import meanfield_entropy
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 

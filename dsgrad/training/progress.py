@@ -8,35 +8,48 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def bar(enabled: bool, total: int, unit: str) -> Callable[..., None]:
-  """``update(n, *, status=None, line=None, close=False)``.
+def bar(enabled: bool, total: int | None, unit: str, desc: str | None = None) -> Callable[..., None]:
+  """``update(n, *, status=None, line=None, close=False, total=None)``.
 
   ``update`` advances the bar by ``n`` units, shows ``status`` (a dict, e.g. the current
-  ELBO) beside it, and closes it with ``close``. Without tqdm, ``line`` (a sentence for
-  this update, e.g. ``"step 200: elbo -231.4"``) is printed instead, when given.
+  ELBO, or a string) beside it, sets the ``total`` once it is known, and closes it with
+  ``close``. Without tqdm, ``line`` (a sentence for this update, e.g.
+  ``"step 200: elbo -231.4"``) is printed instead, when given.
 
   Args:
     enabled: show anything at all.
-    total: the units the call will run.
-    unit: their name (``"step"``, ``"draw"``).
+    total: the units the call will run (``None``: not known yet).
+    unit: their name (``"step"``, ``"draw"``, ``"s"``).
+    desc: a label in front of the bar.
   """
   if not enabled:
     return lambda n=0, **_: None
   try:
     from tqdm.auto import tqdm
   except ImportError:
-    def printed(n=0, *, status=None, line=None, close=False):
-      del n, status, close
+    def printed(n=0, *, status=None, line=None, close=False, total=None):
+      del n, status, close, total
       if line is not None:
         print(line, flush=True)
     return printed
-  shown = tqdm(total=total, unit=unit)
+  # Seconds are fractional: shown to a tenth, and without a total as the time elapsed.
+  timed = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}"
+           "{postfix}]") if unit == "s" else None
+  shown = tqdm(total=total, unit=unit, desc=desc,
+               bar_format=timed if total or not timed else "{desc}: {elapsed}{postfix}")
 
-  def update(n=0, *, status=None, line=None, close=False):
+  def update(n=0, *, status=None, line=None, close=False, total=None):
     del line
+    if total is not None:
+      shown.total = total
+      if timed:
+        shown.bar_format = timed
+      shown.refresh()
     if n:
       shown.update(n)
-    if status:
+    if isinstance(status, str):
+      shown.set_postfix_str(status)
+    elif status:
       shown.set_postfix(**status)
     if close:
       shown.close()
