@@ -77,7 +77,7 @@ def objectives(num_data: int, batch_size: int):
 def run(num_data=20_000, batch_size=100, steps=400, rounds=7, log=True) -> dict:
   """``{row: seconds per step}`` (median of ``rounds``)."""
   objs, dim = objectives(num_data, batch_size)
-  optimizer = optax.chain(dsgrad.naive(value_checks=False), optax.adam(1e-3))
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-3))
   params = {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
   seconds, _ = _timing.time_per_step(objs, dict.fromkeys(objs, optimizer), params,
                                      batch_size, steps, rounds=rounds, log=log)

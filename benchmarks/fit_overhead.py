@@ -202,9 +202,6 @@ def run(models=tuple(MODELS), steps=20_000, batch_size=100, rounds=3, learning_r
       compiled = loop.lower(params0, adam.init(params0), keys).compile()
       hand[label] = (compiled, adam)
     fits = {"fit naive": lambda: optax.chain(dsgrad.naive(), optax.adam(learning_rate)),
-            # Where fit's time goes: the same run without the per-step value checks.
-            "fit naive (checks off)": lambda: optax.chain(dsgrad.naive(value_checks=False),
-                                                          optax.adam(learning_rate)),
             # The checks as fit ran them before they were settled at a segment's end.
             "fit naive (checks every step)": lambda: optax.chain(dsgrad.naive(),
                                                                  optax.adam(learning_rate)),
@@ -306,7 +303,7 @@ def render(record):
   lines += ["", "Targets, from this table: " + "; ".join(verdicts) + "."]
   if unchecked:
     lines += ["", "Column \"checks off\": the same fit with "
-              "`dsgrad.naive(value_checks=False)`; the difference to fit naive is what its "
+              "`dsgrad.naive()`; the difference to fit naive is what its "
               "value checks cost, the rest is fit's own work (drawing the epochs' orders, "
               "placing the state)."]
   if every:

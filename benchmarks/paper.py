@@ -62,15 +62,13 @@ def _with_sgd(estimator):
 def _estimator(name, objective, model, warmup):
   taylor = dsgrad.approx.gaussian_mean_taylor(model)
   taylor2 = dsgrad.approx.gaussian_taylor(model)  # second order: scales too (Eq. 65-67)
-  # Runs are vmapped: no host checks. The paper's estimators use c = 1 (rows named
-  # _adaptive override it).
-  checks_off = dict(value_checks=False)
-  off = dict(checks_off, control_weight=1.0)
-  adaptive = dict(checks_off, control_weight="adaptive")
+  # The paper's estimators use c = 1 (rows named _adaptive override it).
+  off = dict(control_weight=1.0)
+  adaptive = dict(control_weight="adaptive")
   return {
-      "naive": lambda: dsgrad.naive(value_checks=False),
+      "naive": lambda: dsgrad.naive(),
       "cv": lambda: dsgrad.cv(objective, taylor, **off),
-      "inc": lambda: dsgrad.inc(objective, **checks_off),
+      "inc": lambda: dsgrad.inc(objective),
       "joint": lambda: dsgrad.joint_saga(objective, taylor, warmup_steps=warmup, **off),
       "cv_taylor2": lambda: dsgrad.cv(objective, taylor2, **off),
       "joint_taylor2": lambda: dsgrad.joint_saga(objective, taylor2, warmup_steps=warmup,

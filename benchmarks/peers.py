@@ -357,9 +357,9 @@ def dsgrad_runner(task: Task, lr: float, estimator: str) -> Runner:
   if estimator.endswith("_probit"):  # binary logistic: the sigmoid's probit mixture
     approx = saga_approx = dsgrad.approx.logistic_probit(model)
     estimator = estimator[:-len("_probit")]
-  off = dict(value_checks=False)  # checked once below, not per step
+  off = {}
   est = {
-      "naive": lambda: dsgrad.naive(value_checks=False),
+      "naive": lambda: dsgrad.naive(),
       "cv": lambda: dsgrad.cv(objective, approx, control_weight="adaptive", **off),
       "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx, every=max(1, n // b),
                                               chunk_size=min(n, 16_384),

@@ -113,9 +113,9 @@ def contenders(task, runner_cls, adam, scheduled: str) -> dict:
     return runner_cls(init, segment, lambda st: (st[0], None))
 
   def dsgrad_runner(setting, estimator):
-    off = dict(value_checks=False)
+    off = {}
     approx = dsgrad.approx.linearize()
-    est = {"naive": lambda: dsgrad.naive(value_checks=False),
+    est = {"naive": lambda: dsgrad.naive(),
            "cv": lambda: dsgrad.cv(objective, approx, **off),
            "joint_svrg": lambda: dsgrad.joint_svrg(objective, approx,
                                                    every=max(1, n // task.batch_size),

@@ -46,11 +46,11 @@ _bytes = _report.format_bytes
 
 def estimators(model, objective, batch_size):
   """``{name: estimator}`` compared by this benchmark."""
-  off = dict(value_checks=False, control_weight=1.0)
+  off = dict(control_weight=1.0)
   linear = dsgrad.approx.linearize()
   epoch = model.num_data // batch_size
   return {
-      "naive": dsgrad.naive(value_checks=False),
+      "naive": dsgrad.naive(),
       "cv": dsgrad.cv(objective, linear, **off),
       "joint_svrg (refresh every epoch)": dsgrad.joint_svrg(objective, linear, every=epoch,
                                                             **off),

@@ -152,7 +152,7 @@ def _estimators(objective, model, every, include_slow):
       # dsgrad.fit defers the value checks to the end of each compiled segment.
       IN_FIT: lambda: _timing.DeferredChecks(dsgrad.joint_saga(objective, glm, **paper)),
       "joint_saga (no checks)": lambda: dsgrad.joint_saga(
-          objective, value_checks=False, **paper),
+          objective, **paper),
       # Not an estimator (it computes no gradient): the gradient is passed to it.
       "dense-table traffic only (floor)": lambda: _timing.TwoCalls(
           _table_traffic_floor(objective.num_data)),
@@ -172,7 +172,7 @@ def _estimators(objective, model, every, include_slow):
           objective, taylor2, every=every, control_weight="adaptive"),
   }
   out["joint_saga (App. F, logit table, no checks)"] = lambda: dsgrad.joint_saga(
-      objective, glm, value_checks=False, **paper)
+      objective, glm, **paper)
   # The same estimators with App. F's approximation in its logit form, whose fused step
   # reads the batch once; and the two-call form (gradient first, then update) beside them.
   out[CV_LOGITS] = lambda: dsgrad.cv(objective, glm, **paper)

@@ -29,7 +29,8 @@ from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_byte
 from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
                                SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)
-from dsgrad.estimators.chain import checked
+from dsgrad.estimators.checked import checked
+from dsgrad.estimators.chain import fused_update
 from dsgrad.noise import multi_sample
 from dsgrad.objective import Objective, gaussian_noise, per_datum
 from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
@@ -46,7 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Objective", "gaussian_noise", "per_datum", "multi_sample",
     "Approximation",
-    "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg", "checked",
+    "naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg", "checked", "fused_update",
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",

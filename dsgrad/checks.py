@@ -43,46 +43,6 @@ def is_concrete(x) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-_VALUE_CHECKS = {"enabled": True}
-
-
-def set_value_checks(enabled: bool) -> None:
-  """The library-wide default of the estimators' per-step value checks.
-
-  Every estimator checks, at each update, the values it is handed (finite gradients and
-  noise, indices in range) unless it was built with ``value_checks=False``. This switch
-  sets what estimators built afterwards do when their factory is not told: turn the
-  per-step checks off for a whole program (once its inputs are known to be good) with
-  ``dsgrad.checks.set_value_checks(False)``. Checks where data and settings enter
-  (factories, models, loaders, ``fit``'s arguments) always run.
-
-  Args:
-    enabled: the new default.
-
-  Example::
-
-    >>> import dsgrad
-    >>> dsgrad.checks.set_value_checks(False)
-    >>> dsgrad.checks.resolve_value_checks(None), dsgrad.checks.resolve_value_checks(True)
-    (False, True)
-    >>> dsgrad.checks.set_value_checks(True)
-  """
-  if not isinstance(enabled, bool):
-    raise TypeError(f"set_value_checks takes True or False, got {enabled!r}")
-  _VALUE_CHECKS["enabled"] = enabled
-
-
-def resolve_value_checks(value_checks: bool | None) -> bool:
-  """A factory's ``value_checks`` argument: itself if given, else the library default
-  (:func:`set_value_checks`)."""
-  if value_checks is None:
-    return _VALUE_CHECKS["enabled"]
-  if not isinstance(value_checks, bool):
-    raise TypeError(f"value_checks takes True, False or None (the library default), got "
-                    f"{value_checks!r}")
-  return value_checks
-
-
 def value_checks(checks: Sequence[tuple[Any, str]]) -> None:
   """Raises ``ValueError(message)`` for the first check whose flag is true.
 

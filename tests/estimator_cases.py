@@ -2,9 +2,9 @@
 
 import dsgrad
 
-# name -> (factory(objective, **checks) -> transform, is_optimizer)
+# name -> (factory(objective, **settings) -> transform, is_optimizer)
 CASES = {
-    "naive": (lambda obj, **kw: dsgrad.naive(**{k: v for k, v in kw.items() if k == "value_checks"}), False),
+    "naive": (lambda obj, **kw: dsgrad.naive(**kw), False),
     "cv": (lambda obj, **kw: dsgrad.cv(obj, **kw), False),
     "inc": (lambda obj, **kw: dsgrad.inc(obj, **kw), False),
     "smiso": (lambda obj, **kw: dsgrad.smiso(obj, 0.05, **kw), True),

@@ -21,11 +21,13 @@ def _batch(objective, size=BATCH):
           objective.sample_noise(jax.random.key(0), size))
 
 
+# The estimators' updates hold their maths only; a loop of one's own gets the checks
+# from dsgrad.checked(optimizer, objective).
 ESTIMATORS = {
-    "cv": lambda o: dsgrad.cv(o),
-    "joint_saga": lambda o: dsgrad.joint_saga(o),
-    "joint_svrg": lambda o: dsgrad.joint_svrg(o, every=5),
-    "smiso": lambda o: dsgrad.smiso(o, 0.01),
+    "cv": lambda o: dsgrad.checked(dsgrad.cv(o), o),
+    "joint_saga": lambda o: dsgrad.checked(dsgrad.joint_saga(o), o),
+    "joint_svrg": lambda o: dsgrad.checked(dsgrad.joint_svrg(o, every=5), o),
+    "smiso": lambda o: dsgrad.checked(dsgrad.smiso(o, 0.01), o),
 }
 
 
@@ -54,7 +56,7 @@ def test_index_dtype_and_rank(objective, params0):
 
 def test_noise_shape_and_batch_size_mismatch(objective, params0):
   idx, noise = _batch(objective)
-  tx = dsgrad.joint_saga(objective)
+  tx = ESTIMATORS["joint_saga"](objective)
   state = tx.init(params0)
   grads = objective.grad(params0, idx, noise)
   with pytest.raises(ValueError, match=r"noise has shape \(4, 5\), expected \(5, 5\)"):
@@ -73,15 +75,18 @@ def test_table_of_wrong_size(logreg_data, params0):
   state = dsgrad.joint_saga(big).init(params0)
   idx, noise = _batch(small)
   grads = small.grad(params0, idx, noise)
-  with pytest.raises(ValueError, match="table has .*50.* rows but the objective has num_data=40"):
-    dsgrad.joint_saga(small).update(grads, state, params0, indices=idx, noise=noise)
+  with pytest.raises(ValueError, match=r"not one this optimizer's init makes for these params "
+                                       r"\(.*table.*\(50, \d+\) float32, expected \(40, \d+\)"):
+    dsgrad.checked(dsgrad.joint_saga(small), small).update(grads, state, params0, indices=idx,
+                                                           noise=noise)
 
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_nan_gradient(objective, params0, jit):
   idx, noise = _batch(objective)
   grads = jax.tree.map(lambda p: p.at[0].set(jnp.nan), params0)
-  for tx in [dsgrad.naive(), dsgrad.cv(objective), dsgrad.joint_saga(objective)]:
+  for tx in [dsgrad.checked(e, objective) for e in (dsgrad.naive(), dsgrad.cv(objective),
+                                                    dsgrad.joint_saga(objective))]:
     state = tx.init(params0)
     update = lambda g: tx.update(g, state, params0, indices=idx, noise=noise)[0]
     if jit:
@@ -99,7 +104,7 @@ def test_nan_noise_and_gradient_from_objective(objective, params0):
 def test_missing_arguments(objective, params0):
   idx, noise = _batch(objective)
   grads = objective.grad(params0, idx, noise)
-  tx = dsgrad.joint_saga(objective)
+  tx = ESTIMATORS["joint_saga"](objective)
   state = tx.init(params0)
   with pytest.raises(ValueError, match="needs the current params"):
     tx.update(grads, state, None, indices=idx, noise=noise)
@@ -113,7 +118,7 @@ def test_smiso_refuses_to_be_chained(objective, params0):
   idx, noise = _batch(objective)
   grads = objective.grad(params0, idx, noise)
   # After: adam rescales SMISO's step, so the params drift from SMISO's iterate.
-  opt = optax.chain(dsgrad.smiso(objective, 0.01), optax.adam(0.1))
+  opt = dsgrad.checked(optax.chain(dsgrad.smiso(objective, 0.01), optax.adam(0.1)), objective)
   state = opt.init(params0)
   updates, state = opt.update(grads, state, params0, indices=idx, noise=noise)
   params = optax.apply_updates(params0, updates)
@@ -121,8 +126,8 @@ def test_smiso_refuses_to_be_chained(objective, params0):
   with pytest.raises(ValueError, match="optimizer in its own right.*transform after it"):
     opt.update(grads, state, params, indices=idx, noise=noise)
   # Before: a scaling transform changes the gradient SMISO receives.
-  opt = optax.chain(optax.scale(0.5), dsgrad.smiso(objective, 0.01))
-  with pytest.raises(ValueError, match="optimizer in its own right.*transform before it"):
+  opt = dsgrad.checked(optax.chain(optax.scale(0.5), dsgrad.smiso(objective, 0.01)), objective)
+  with pytest.raises(ValueError, match="chains a transformation .* before the dsgrad estimator"):
     opt.update(grads, opt.init(params), params, indices=idx, noise=noise)
 
 
@@ -172,16 +177,17 @@ def test_nan_params_or_noise_never_enter_the_state(logreg_model, params0, name, 
   """a NaN in params or noise is refused by name (eagerly and under
   jit), instead of being written into the table or running mean with a finite output."""
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=name == "inc")
-  tx = {"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
-        "joint_saga": lambda: dsgrad.joint_saga(objective),
-        "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name]()
+  tx = dsgrad.checked({"cv": lambda: dsgrad.cv(objective), "inc": lambda: dsgrad.inc(objective),
+                      "joint_saga": lambda: dsgrad.joint_saga(objective),
+                      "joint_svrg": lambda: dsgrad.joint_svrg(objective, every=5)}[name](),
+                     objective)
   idx, noise = _batch(objective)
   state = tx.init(params0)
   grads = objective.grad(params0, idx, noise)
   params = jax.tree.map(lambda p: p.at[0].set(jnp.nan), params0) if bad == "params" else params0
   noise = noise.at[0].set(jnp.nan) if bad == "noise" else noise
   for update in (tx.update, jax.jit(tx.update)):
-    with pytest.raises(Exception, match=f"{bad} passed to dsgrad.{name} contains non-finite"):
+    with pytest.raises(Exception, match=f"{bad} passed to dsgrad.checked contains non-finite"):
       jax.block_until_ready(update(grads, state, params, indices=idx, noise=noise))
 
 
@@ -231,10 +237,9 @@ def test_state_from_another_model_is_refused_by_name(logreg_model, params0, name
   state = tx_other.init(other)
   idx, noise = _batch(objective)
   d = params0["loc"].shape[0]
-  with pytest.raises(ValueError, match=rf"dsgrad.{name}: the state's {field} has shapes "
-                                       rf"\[\({d + 1},\), \({d + 1},\)\] but params have "
-                                       rf"shapes \[\({d},\), \({d},\)\]"):
-    tx.update(params0, state, params0, indices=idx, noise=noise)
+  with pytest.raises(ValueError, match=rf"dsgrad.checked: the state passed to update is not "
+                                       rf"one .*: \((\d+, )?{d + 1},?\) float32, expected \((\d+, )?{d},?\)"):
+    dsgrad.checked(tx, objective).update(params0, state, params0, indices=idx, noise=noise)
 
 
 @pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
@@ -331,31 +336,21 @@ def test_fit_segments_hold_no_host_callback(objective, params0):
   # A conditional host callback per step synchronizes a GPU with its host on every step.
   from dsgrad import data as data_lib
   optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
-  segment = dsgrad.training.segments.segment_program(objective, optimizer, BATCH, 3)
+  segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, BATCH, 3)
   orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)
   text = segment.lower((params0, optimizer.init(params0)), jax.random.key(0), jnp.int32(0),
                        data_lib.split_host(objective.data_tree())[0], orders, {}).as_text()
   assert "callback" not in text
 
 
-def test_one_library_wide_switch_for_the_per_step_value_checks():
-  """dsgrad.checks.set_value_checks(False) turns the per-step checks off for estimators
-  built afterwards (a NaN gradient then passes through, as under optax.apply_if_finite);
-  a factory's own value_checks=True still wins; the default is back on afterwards."""
+def test_the_estimators_hold_no_checks_and_checked_adds_them():
+  """An estimator's update is its maths: a NaN gradient passes through it (as under
+  optax.apply_if_finite); dsgrad.checked(optimizer, objective) refuses it by name."""
   params = {"w": jnp.zeros(3)}
   nan = {"w": jnp.full(3, jnp.nan)}
-  indices = jnp.arange(2)
+  updates, _ = dsgrad.naive().update(nan, (), params, indices=jnp.arange(2))
+  assert bool(jnp.all(jnp.isnan(updates["w"])))
   with pytest.raises(ValueError, match="non-finite|NaN"):
-    dsgrad.naive().update(nan, (), params, indices=indices)
-  dsgrad.checks.set_value_checks(False)
-  try:
-    updates, _ = dsgrad.naive().update(nan, (), params, indices=indices)
-    assert bool(jnp.all(jnp.isnan(updates["w"])))
-    with pytest.raises(ValueError, match="non-finite|NaN"):
-      dsgrad.naive(value_checks=True).update(nan, (), params, indices=indices)
-  finally:
-    dsgrad.checks.set_value_checks(True)
-  with pytest.raises(TypeError, match="True or False"):
-    dsgrad.checks.set_value_checks("off")
+    dsgrad.checked(dsgrad.naive()).update(nan, optax.EmptyState(), params)
   with pytest.raises(TypeError, match="value_checks"):
-    dsgrad.naive(value_checks="no")
+    dsgrad.naive(value_checks=False)

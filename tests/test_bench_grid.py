@@ -19,7 +19,7 @@ def _naive_sgd_trainer(num_steps, num_evals):
   model = dsgrad.models.logistic_regression(x, y)
   objective = dsgrad.meanfield_gaussian(model)
   params0 = dsgrad.meanfield_init(model, 0.0, -1.0)
-  est = dsgrad.naive(value_checks=False)
+  est = dsgrad.naive()
   train = _grid.trainer(lambda lr: optax.chain(est, optax.sgd(lr)), objective, params0,
                         batch_size=5, num_steps=num_steps, num_evals=num_evals)
   return model, objective, params0, est, train

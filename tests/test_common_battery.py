@@ -90,7 +90,7 @@ def test_inject_hyperparams_matches_plain(name, objective, params0):
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "smiso"])
 def test_apply_if_finite_skips_nan_steps_without_corrupting_state(name, objective, params0):
   factory, _ = CASES[name]
-  opt = optax.apply_if_finite(optax.chain(factory(objective, value_checks=False),
+  opt = optax.apply_if_finite(optax.chain(factory(objective),
                                           optax.sgd(1e-3)), max_consecutive_errors=3)
   state = opt.init(params0)
   idx = jnp.arange(BATCH, dtype=jnp.int32)

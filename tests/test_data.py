@@ -82,7 +82,7 @@ def test_compiled_segment_holds_no_copy_of_the_data():
     params = dsgrad.meanfield_init(model)
     state = optimizer.init(params)
     data_args, _ = data_lib.split_host(objective.data_tree())
-    segment = dsgrad.training.segments.segment_program(objective, optimizer, 50, 5)
+    segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, 50, 5)
     orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), n, 50).window(0, 5)
     lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args,
                             orders, {})

@@ -1,4 +1,4 @@
-"""The fused step (``update(None, ...)``: the estimator computes the naive gradient
+"""The fused step (:func:`dsgrad.fused_update`: the estimator computes the naive gradient
 itself) gives the numbers of the two-call form, for every estimator and approximation."""
 
 import jax
@@ -54,7 +54,8 @@ def _run_both(objective, transform, params):
   def both(two, fused, params, idx, eps):
     grads = objective.grad(params, idx, eps, validate=False)
     return (transform.update(grads, two, params, indices=idx, noise=eps),
-            transform.update(None, fused, params, indices=idx, noise=eps))
+            dsgrad.fused_update(transform, fused, params, indices=idx, noise=eps,
+                                objective=objective))
 
   out = []
   for t in range(STEPS):
@@ -95,27 +96,32 @@ def test_glm_approximations_fuse_only_their_own_objective():
   assert approx.fused_for(weighted) is None
 
 
-@pytest.mark.parametrize("name", ["naive", "inc", "smiso"])
+@pytest.mark.parametrize("name", ["inc", "smiso"])
 def test_estimators_without_a_fused_kernel_compute_the_gradient_themselves(name):
   model = _model(1)
   objective = dsgrad.meanfield_gaussian(model)
-  transform = {"naive": dsgrad.naive(), "inc": dsgrad.inc(objective),
-               "smiso": dsgrad.smiso(objective, 0.05)}[name]
+  transform = {"inc": dsgrad.inc(objective), "smiso": dsgrad.smiso(objective, 0.05)}[name]
   params = dsgrad.meanfield_init(model, 0.1, -1.0)
   idx = jnp.arange(B)
   eps = objective.sample_noise(jax.random.key(3), B)
   state = transform.init(params)
   two = transform.update(objective.grad(params, idx, eps), state, params, indices=idx,
                          noise=eps, objective=objective)
-  fused = transform.update(None, state, params, indices=idx, noise=eps, objective=objective)
+  fused = dsgrad.fused_update(transform, state, params, indices=idx, noise=eps,
+                              objective=objective)
   for a, b in zip(jax.tree.leaves(two), jax.tree.leaves(fused)):
     np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
-def test_naive_needs_the_batch_to_compute_the_gradient():
-  params = {"w": jnp.zeros(2)}
-  with pytest.raises(ValueError, match="objective=, indices= and noise="):
-    dsgrad.naive().update(None, optax.EmptyState(), params)
+def test_the_fused_entry_needs_an_estimator_first_in_the_chain():
+  model = _model(1)
+  objective = dsgrad.meanfield_gaussian(model)
+  params = dsgrad.meanfield_init(model)
+  for optimizer in (optax.chain(dsgrad.naive(), optax.adam(1e-2)), optax.adam(1e-2)):
+    with pytest.raises(ValueError, match="first transformation is not a dsgrad estimator"):
+      dsgrad.fused_update(optimizer, optimizer.init(params), params, indices=jnp.arange(B),
+                          noise=objective.sample_noise(jax.random.key(0), B),
+                          objective=objective)
 
 
 def test_fit_uses_the_fused_step_only_when_an_estimator_leads_the_chain():

@@ -204,16 +204,24 @@ def test_the_concepts_map_names_the_modules_that_exist():
   assert not actual - named, actual - named
 
 
-def test_estimators_have_one_validation_setting():
-  """Every estimator factory turns its per-step value checks off with one keyword,
-  ``value_checks``, whose default (``None``) is the library-wide setting
-  (dsgrad.checks.set_value_checks, on unless switched off); none takes a ``check_*``
-  keyword of its own."""
+def test_the_estimators_updates_are_maths_and_read_alike():
+  """Each estimator's ``update_fn`` holds its equations and its state update: it calls no
+  validation (checks, check_*, validate) and takes the same arguments; the checks of a
+  loop of one's own are dsgrad.checked's, and no factory takes a checks setting."""
   import inspect
   import dsgrad
+  signatures = set()
+  for name in ("naive", "cv", "inc", "smiso", "saga", "svrg"):
+    tree = ast.parse((PACKAGE / "estimators" / f"{name}.py").read_text())
+    update = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+              and n.name == "update_fn"]
+    assert len(update) == 1, name
+    called = {ast.unparse(c.func) for c in ast.walk(update[0]) if isinstance(c, ast.Call)}
+    assert not [c for c in called if "check" in c or "validat" in c], (name, called)
+    if name != "naive":
+      signatures.add(ast.unparse(update[0].args))
+  assert len(signatures) == 1, signatures
   for name in ("naive", "cv", "inc", "smiso", "joint_saga", "joint_svrg"):
     parameters = inspect.signature(getattr(dsgrad, name)).parameters
-    assert "value_checks" in parameters, name
-    assert parameters["value_checks"].default is None, name
-    assert not [p for p in parameters if p.startswith("check_")], name
-  assert dsgrad.checks.resolve_value_checks(None) is True
+    assert not [p for p in parameters if "check" in p], name
+  assert not hasattr(dsgrad.checks, "set_value_checks")

@@ -133,7 +133,9 @@ def test_an_approximation_that_is_not_finite_is_named(logistic):
   noise = objective.sample_noise(jax.random.key(1), 10)
   grads = objective.grad(params, indices, noise)
   for estimator in (dsgrad.cv(objective, infinite), dsgrad.joint_svrg(objective, infinite, every=5)):
-    with pytest.raises(ValueError, match="approximation 'diverging' is not finite"):
+    estimator = dsgrad.checked(estimator, objective)
+    with pytest.raises(ValueError, match="non-finite update from a finite gradient, params "
+                                         "and noise: an estimator's approximation is not finite"):
       estimator.update(grads, estimator.init(params), params, indices=indices, noise=noise)
 
 
@@ -164,8 +166,9 @@ def test_a_compact_saga_state_given_to_the_dense_estimator_is_named():
   dense = dsgrad.joint_saga(objective)
   indices = jnp.arange(2)
   noise = objective.sample_noise(jax.random.key(0), 2)
-  with pytest.raises(ValueError, match=r"other shapes.*table\['loc'\].*sparse_linearize"):
-    dense.update(objective.grad(params, indices, noise), compact.init(params), params,
+  with pytest.raises(ValueError, match=r"not one this optimizer's init makes.*table\['loc'\]"
+                                       r".*sparse_linearize"):
+    dsgrad.checked(dense, objective).update(objective.grad(params, indices, noise), compact.init(params), params,
                  indices=indices, noise=noise)
 
 

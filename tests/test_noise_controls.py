@@ -159,7 +159,7 @@ def test_rqmc_and_path_derivative_compose_with_control_variates(poisson, estimat
       dsgrad.meanfield_gaussian(model, path_derivative=True), 8, sampler="rqmc")
   factory = getattr(dsgrad, estimator)
   extra = {"every": 5} if estimator == "joint_svrg" else {}
-  est = factory(objective, value_checks=False, **extra)
+  est = factory(objective, **extra)
   _assert_unbiased(_full_batch_grads(objective, jax.random.key(4), 1000, est), exact)
 
 

@@ -94,12 +94,12 @@ def test_estimators_compute_with_the_objective_handed_to_update(make):
 def test_update_refuses_an_objective_of_another_model():
   objective, model, _ = _objective(0)
   stranger, _, _ = _objective(1)
-  opt = dsgrad.cv(objective)
+  opt = dsgrad.checked(dsgrad.cv(objective), objective)
   params = dsgrad.meanfield_init(model, 0.0, -1.0)
   state = opt.init(params)
   indices, noise = _batch(objective)
   grads = objective.grad(params, indices, noise)
-  with pytest.raises(ValueError, match="not the one this estimator was built with"):
+  with pytest.raises(ValueError, match="is not the estimator's .* on other data"):
     opt.update(grads, state, params, indices=indices, noise=noise, objective=stranger)
   with pytest.raises(TypeError, match="objective= must be a dsgrad.Objective"):
     opt.update(grads, state, params, indices=indices, noise=noise, objective={"x": 1})
@@ -122,8 +122,9 @@ def test_an_objective_built_twice_from_one_model_is_that_model():
   for other in (dsgrad.meanfield_gaussian(model, path_derivative=True),
                 dsgrad.meanfield_gaussian(model, shared_noise=False)):
     assert other.model_key() != first.model_key()
-    with pytest.raises(ValueError, match="not the one this estimator was built with"):
-      opt.update(grads, state, params, indices=indices, noise=noise, objective=other)
+    with pytest.raises(ValueError, match="is not the estimator's .* on other data"):
+      dsgrad.checked(opt, first).update(grads, state, params, indices=indices, noise=noise,
+                                        objective=other)
 
 
 def test_a_model_object_keyed_by_identity_is_one_model_and_stays_alive():

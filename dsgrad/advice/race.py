@@ -441,17 +441,19 @@ class Progress:
   current activity beside it (a printed line where tqdm is not installed)."""
 
   def __init__(self, enabled: bool, started: float):
-    self.started, self.shown = started, 0.0
+    self.started, self.shown, self.total = started, 0.0, None
     self.update = progress_lib.bar(enabled, None, "s", desc="dsgrad.recommend")
 
   def set_total(self, seconds: float) -> None:
     # The share in seconds is known once naive's step is timed (a budget in naive steps).
+    self.total = seconds
     self.update(total=seconds)
 
   def __call__(self, message: str) -> None:
     elapsed = time.perf_counter() - self.started
-    self.update(elapsed - self.shown, status=message, line=f"dsgrad.recommend: {message}")
-    self.shown = elapsed
+    shown = min(elapsed, self.total) if self.total else elapsed  # the bar ends at its total
+    self.update(shown - self.shown, status=message, line=f"dsgrad.recommend: {message}")
+    self.shown = shown
 
   def close(self) -> None:
     self("done")

@@ -17,10 +17,8 @@ first: ``optax.chain(dsgrad.joint_saga(...), optax.adam(...))``. The rule, in on
 :func:`check_chain_order` applies the rule to an optimizer state's structure (no
 values: it costs nothing and runs at trace time); :func:`dsgrad.fit` and
 :func:`dsgrad.train_step` call it, and a hand-written loop gets the same rule from
-:func:`checked` (``dsgrad.checked(optimizer)`` in place of ``optimizer``). Without it, the
-joint estimators' first-update check compares the incoming gradient with the objective's
-and catches a transformation that changed it on that step; ``cv`` keeps no step count
-and has no such check, and a clipping threshold may change the gradient only later.
+:func:`dsgrad.checked` (``dsgrad.checked(optimizer, objective)`` in place of
+``optimizer``), which also compares the incoming gradient with the objective's each step.
 """
 
 from __future__ import annotations
@@ -105,6 +103,42 @@ def check_chain_order(opt_state, where: str) -> None:
   walk(opt_state)
 
 
+def holds_estimator(opt_state) -> bool:
+  """Whether a dsgrad estimator (one that corrects the gradient with the batch's indices
+  and noise) is in this optimizer state, at any depth."""
+  return _holds_estimator(opt_state, _estimator_kinds())
+
+
+def fused_update(optimizer, opt_state, params, *, indices, noise, objective):
+  """One update in which the estimator first in the chain computes the naive gradient
+  itself, in one program with its control variate, from one read of the batch's rows
+  (:class:`dsgrad.approx.FusedTerms`; the numbers are those of passing the gradient).
+  :func:`dsgrad.train_step` and :func:`dsgrad.fit` step this way.
+
+  Args:
+    optimizer: an optax transformation whose first member is a dsgrad estimator
+      (:func:`computes_own_gradient` of its state).
+    opt_state: its state.
+    params: current params.
+    indices: the batch's datum indices.
+    noise: the batch's noise.
+    objective: the objective (a jit argument of the caller's step carries its data).
+
+  Returns:
+    ``(updates, new state)``, as ``optimizer.update`` returns them.
+
+  Raises:
+    ValueError: the optimizer's first transformation is not a dsgrad estimator (pass
+      the gradient to ``optimizer.update`` instead).
+  """
+  if not computes_own_gradient(opt_state):
+    raise ValueError("dsgrad.fused_update: the optimizer's first transformation is not a "
+                     "dsgrad estimator, which would compute the gradient itself; pass "
+                     "objective.grad(params, indices, noise) to optimizer.update instead")
+  return optimizer.update(None, opt_state, params, indices=indices, noise=noise,
+                          objective=objective)
+
+
 def computes_own_gradient(opt_state) -> bool:
   """Whether an optimizer with this state may be called in the fused form,
   ``update(None, state, params, indices=..., noise=..., objective=...)``: its first
@@ -121,50 +155,3 @@ def computes_own_gradient(opt_state) -> bool:
     if not _is_chain(state) or not state:
       return False
     state = state[0]
-
-
-def checked(optimizer) -> optax.GradientTransformationExtraArgs:
-  """``optimizer`` with the chain rule :func:`dsgrad.fit` applies, for a loop of your own.
-
-  Its ``init`` and ``update`` are ``optimizer``'s, after :func:`check_chain_order` on the
-  state (at trace time, from the structure alone: nothing is computed).
-
-  Args:
-    optimizer: an optax transformation, e.g. ``optax.chain(dsgrad.cv(objective),
-      optax.adam(1e-2))``.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs``.
-
-  Raises:
-    ValueError: from ``init`` or ``update``, when a transformation stands before a dsgrad
-      estimator in a chain (clipping before ``cv``, say), naming its position.
-
-  Example::
-
-    >>> import jax, optax, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 50, 3)
-    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
-    >>> params = dsgrad.meanfield_init(objective.source[1])
-    >>> wrong = optax.chain(optax.clip_by_global_norm(1.0), dsgrad.cv(objective))
-    >>> try:
-    ...   dsgrad.checked(wrong).init(params)
-    ... except ValueError as error:
-    ...   print(str(error)[:58])
-    dsgrad.checked: the optimizer chains a transformation (pos
-    >>> right = dsgrad.checked(optax.chain(dsgrad.cv(objective), optax.clip_by_global_norm(1.0)))
-    >>> state = right.init(params)
-  """
-  optimizer = optax.with_extra_args_support(optimizer)
-
-  def init(params):
-    state = optimizer.init(params)
-    check_chain_order(state, "dsgrad.checked")
-    return state
-
-  def update(updates, state, params=None, **extra_args):
-    check_chain_order(state, "dsgrad.checked")
-    return optimizer.update(updates, state, params, **extra_args)
-
-  return optax.GradientTransformationExtraArgs(init, update)
-

@@ -13,8 +13,7 @@ from dsgrad.objective import Objective
 @checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
                   control_weight_horizon=checks.positive())
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-       control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-       value_checks: bool | None = None) -> optax.GradientTransformationExtraArgs:
+       control_weight: float | str = "adaptive", control_weight_horizon: float = 100) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).
 
   ``g_cv = mean_b [grad f(w; n_b, eps_b) + E_xi grad f~(w; n_b, xi) - grad f~(w; n_b, eps_b)]``
@@ -41,10 +40,6 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       it); pass ``control_weight=1.0`` where the approximation is known to be good and
       every microsecond counts.
     control_weight_horizon: horizon of those moving averages, in steps.
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
-      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise`` (a host check each step;
-      :func:`dsgrad.fit` defers them to the end of each compiled segment).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``. ``update`` needs ``params`` and the
@@ -69,7 +64,6 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
   References:
     Wang, Geffner, Domke (2024), Eq. 8-10. Miller et al. (2017), NeurIPS.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
 
@@ -79,22 +73,12 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       return _weights.init(control_weight, params)
     return chain.FixedWeightState()
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, **extra_args):
     del extra_args
-    _common.check_update("cv", objective, updates, params, indices, noise,
-                         value_checks=value_checks)
-    fused = approx.fused_for(objective) if updates is None else None
-    if fused is not None:  # one read of the batch for the gradient and the approximation
-      updates, g_tilde, e_tilde = fused.at_params(objective, params, params, indices, noise,
-                                                  True)
-      updates = _common.check_own_gradient("cv", updates, value_checks)
-    else:
-      updates = _common.naive_if_missing("cv", objective, updates, params, indices,
-                                           noise, value_checks)
-      g_tilde, e_tilde = approx.grad_and_expected(objective, params, indices, noise)
-    out, state = _weights.apply(control_weight, control_weight_horizon, state, updates,
+    g, g_tilde, e_tilde = _common.gradient_and_terms(objective, approx, updates, params,
+                                                     params, indices, noise, True)
+    out, state = _weights.apply(control_weight, control_weight_horizon, state, g,
                                 optax.tree.sub(e_tilde, g_tilde))
-    return optax.tree.cast_like(out, updates), state
+    return optax.tree.cast_like(out, g), state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "cv", approx=approx,
-                                      value_checks=value_checks)
+  return _common.transformation(objective, init_fn, update_fn)

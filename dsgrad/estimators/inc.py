@@ -25,7 +25,7 @@ class IncState(NamedTuple):
 
 
 @checks.arguments(chunk_size=checks.count(1), max_table_bytes=checks.byte_budget())
-def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | None = None,
+def inc(objective: Objective, *, chunk_size: int = 1024,
         max_table_bytes: int | str | None = "auto"
         ) -> optax.GradientTransformationExtraArgs:
   """SAGA applied at a fixed noise draw (Eq. 13): controls subsampling noise only.
@@ -45,9 +45,6 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | No
   Args:
     objective: an objective with ``shared_noise=True``.
     chunk_size: data per chunk of the full pass.
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
-      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``.
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
       per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
       memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
@@ -74,7 +71,6 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | No
   References:
     Wang, Geffner, Domke (2024), Eq. 13-14, App. C.2.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
   if not objective.shared_noise:
     raise ValueError("dsgrad.inc needs one noise draw shared by all data (Eq. 13 uses the "
                      "same eps for every datum); build the objective with shared_noise=True")
@@ -89,15 +85,9 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | No
     _common.check_table_fits(params, n, None, max_table_bytes, "inc")
     return IncState(tables.new_table(params, n))
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, **extra_args):
     del extra_args
-    _common.check_update("inc", objective, updates, params, indices, noise,
-                         value_checks=value_checks,
-                         table=state.table, params_like={"table rows": jax.tree.map(
-                             lambda t: jax.ShapeDtypeStruct(t.shape[1:], t.dtype),
-                             state.table)})
-    updates = _common.naive_if_missing("inc", objective, updates, params, indices,
-                                           noise, value_checks)
+    g = _common.naive_gradient(objective, updates, params, indices, noise)
 
     def table_mean(idx):
       rows = tables.gather_rows(state.table, idx, params)
@@ -105,8 +95,8 @@ def inc(objective: Objective, *, chunk_size: int = 1024, value_checks: bool | No
 
     full = tables.full_pass_mean(table_mean, n, chunk_size)
     batch = table_mean(indices)
-    out = optax.tree.add(updates, optax.tree.sub(full, batch))
+    out = optax.tree.add(g, optax.tree.sub(full, batch))
     new_state = IncState(tables.set_rows(state.table, indices, params))
-    return optax.tree.cast_like(out, updates), new_state
+    return optax.tree.cast_like(out, g), new_state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "inc")
+  return _common.transformation(objective, init_fn, update_fn)

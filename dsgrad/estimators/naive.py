@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import jax
 import optax
 
-from dsgrad import checks
 
-
-def naive(*, value_checks: bool | None = None) -> optax.GradientTransformationExtraArgs:
+def naive() -> optax.GradientTransformationExtraArgs:
   """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
 
   It controls no variance; it exists so that estimators can be swapped in one line and
   compared on equal terms. Cost: none beyond the gradient. Memory: none.
-
-  Args:
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) raise a ``ValueError`` if the incoming gradient has NaN or inf
-      (set ``False`` under ``optax.apply_if_finite``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; extra arguments (``indices``,
@@ -42,26 +34,13 @@ def naive(*, value_checks: bool | None = None) -> optax.GradientTransformationEx
   References:
     Wang, Geffner, Domke (2024), Eq. 4.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
 
   def init_fn(params):
     del params
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None, **extra_args):
-    if updates is None:  # the fused step: compute the gradient here
-      objective = extra_args.get("objective")
-      if objective is None or "indices" not in extra_args or "noise" not in extra_args:
-        raise ValueError("dsgrad.naive: update(None, ...) computes the gradient itself and "
-                         "needs objective=, indices= and noise=")
-      updates = objective.grad(params, extra_args["indices"], extra_args["noise"],
-                               validate=False)
-    if params is not None and jax.tree.leaves(params):
-      # Static: a gradient of other shapes would be broadcast into params by
-      # optax.apply_updates, or fail there without naming the gradient.
-      checks.check_same_structure(updates, params, "updates (gradient)", "params")
-    if value_checks:
-      checks.value_checks(checks.finite_checks(updates, "updates (gradient) passed to dsgrad.naive"))
+    del params, extra_args
     return updates, state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

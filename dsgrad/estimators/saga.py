@@ -67,7 +67,6 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
                control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
-               value_checks: bool | None = None,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with a SAGA table: reduces subsampling *and* MC noise.
@@ -134,13 +133,6 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per coordinate, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
-      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
-      first update only, that the incoming ``updates`` equal ``objective.grad(params,
-      indices, noise)`` (one extra mini-batch gradient, once): the estimator was chained
-      after a transform that rescales the gradient, or the gradient was taken with other
-      indices or noise. ``False`` under ``optax.apply_if_finite``.
     max_table_bytes: ``init(params)`` raises ``MemoryError`` (naming the table's size
       and the alternatives) when the parameter table would exceed this many bytes.
       ``"auto"``: 90% of the free memory of one device (the host's free memory on CPU);
@@ -173,7 +165,6 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Wang, Geffner, Domke (2024), Eq. 5-6, Alg. 1, App. E (Alg. 3).
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)
@@ -190,22 +181,16 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
                           _weights.init(control_weight, params))
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, **extra_args):
     del extra_args
-    _common.check_update("joint_saga", objective, updates, params, indices, noise,
-                         value_checks=value_checks, table=state.table,
-                         params_like={"running_mean": state.running_mean},
-                         first_update=state.count == 0)
-    updates, control, new_table, change = kind.step(updates, state, params, indices, noise,
-                                                    value_checks)
+    g, control, new_table, change = kind.step(updates, state, params, indices, noise)
     # G += (1/N) sum over the batch's distinct data of (E grad f~ now - E grad f~ at the
     # rows replaced): G stays the mean over the table, so the estimator stays unbiased.
     running_mean = optax.tree.add(state.running_mean,
                                   optax.tree.scale(1.0 / objective.num_data, change))
-    return _output(updates, control, state, new_table, running_mean, warmup_steps, weight)
+    return _output(g, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_saga", approx=approx,
-                                      value_checks=value_checks)
+  return _common.transformation(objective, init_fn, update_fn)
 
 
 class _TableKind(NamedTuple):
@@ -214,7 +199,7 @@ class _TableKind(NamedTuple):
   Attributes:
     init: ``params -> (table, running_mean)``: every row from ``params`` and ``G`` the
       mean of the rows' expected approximate gradients (a chunked full pass).
-    step: ``(updates, state, params, indices, noise, value_checks) -> (updates, control,
+    step: ``(updates, state, params, indices, noise) -> (updates, control,
       new_table, change)``: the naive gradient (``updates``, or computed here when
       ``None``), the control ``G - mean_b grad f~(row_b; n_b, eps_b)`` (in expectation
       zero), the table with the batch's rows replaced, and ``sum_b first_b (E grad f~ now
@@ -242,9 +227,8 @@ def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_
     table = tables.new_table(params, n, table_dtype)
     return table, initial_mean(_as_stored(params, table))
 
-  def step(updates, state, params, indices, noise, value_checks):
-    updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
-                                       noise, value_checks)
+  def step(updates, state, params, indices, noise):
+    updates = _common.naive_gradient(objective, updates, params, indices, noise)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
                                objective, params_axis=0)(rows, indices, noise)
@@ -300,7 +284,7 @@ def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> 
 
     return table, tables.full_pass_mean(chunk_mean, n, chunk_size)
 
-  def step(updates, state, params, indices, noise, value_checks):
+  def step(updates, state, params, indices, noise):
     dtype = jax.tree.leaves(params)[0].dtype
     first = tables.first_occurrence(indices).astype(dtype)
     fused = approx.fused_for(objective) if updates is None else None
@@ -308,10 +292,8 @@ def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> 
       old_rows = jax.tree.map(lambda t: t[indices].astype(dtype), state.table)
       updates, d_old, new_rows, change = fused.at_statistics(
           objective, params, old_rows, indices, noise, first, stored)
-      updates = _common.check_own_gradient("joint_saga", updates, value_checks)
     else:
-      updates = _common.naive_if_missing("joint_saga", objective, updates, params, indices,
-                                         noise, value_checks)
+      updates = _common.naive_gradient(objective, updates, params, indices, noise)
       new_rows = stored(stats_fns.statistics(params, indices))
       old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
       uniform = jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)

@@ -13,12 +13,6 @@ from dsgrad import tables
 from dsgrad.estimators import _common
 from dsgrad.objective import Objective
 
-_CHAIN_MESSAGE = (
-    "dsgrad.smiso is an optimizer in its own right (App. A): its output is already the "
-    "parameter step, so it must be used alone -- not chained after or before another "
-    "optimizer or scaling transform (optax.adam, optax.sgd, optax.scale, ...). ")
-
-
 class SmisoState(NamedTuple):
   """State of :func:`smiso`.
 
@@ -32,9 +26,8 @@ class SmisoState(NamedTuple):
 
 
 @checks.arguments(step_size=checks.positive(), alpha=checks.probability(low_open=True),
-                  tolerance=checks.positive(), max_table_bytes=checks.byte_budget())
+                  max_table_bytes=checks.byte_budget())
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
-          tolerance: float = 1e-3, value_checks: bool | None = None,
           max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:
   """SMISO (Bietti & Mairal, 2017), the paper's incremental baseline for large data.
 
@@ -48,11 +41,9 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
   ``alpha * |B| * step_size / N`` (Eq. 26).
 
   SMISO is an optimizer, not a gradient estimator: momentum or adaptive scaling would
-  break its unbiasedness (App. A). With ``value_checks`` it verifies each step that (1)
-  ``params`` equal its own iterate ``w_bar`` (otherwise a later transform rescaled its
-  step) and (2) ``updates`` equal the mini-batch gradient of ``objective`` at
-  ``params`` (otherwise an earlier transform changed it), and raises a ``ValueError``
-  explaining this. Batches are assumed to hold distinct indices (sampling without
+  break its unbiasedness (App. A). :func:`dsgrad.checked` verifies each step that
+  ``params`` equal its own iterate ``w_bar`` (otherwise a transform after it rescaled its
+  step) and raises a ``ValueError`` explaining this. Batches are assumed to hold distinct indices (sampling without
   replacement); repeated indices are counted once.
 
   Cost per step: ``B`` per-datum gradients (SMISO needs them individually). Memory: the
@@ -62,11 +53,6 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     objective: the objective whose mini-batch gradient is passed as ``updates``.
     step_size: ``gamma`` (positive).
     alpha: averaging weight in ``(0, 1]`` (the paper uses 0.9).
-    tolerance: relative tolerance of the chain checks.
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
-      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and the two
-      chain checks above (a host check each step).
     max_table_bytes: ``init(params)`` raises ``MemoryError``, before allocating, when the
       per-datum table would exceed this many bytes (``"auto"``: 90% of one device's free
       memory; ``None``: no check), as :func:`dsgrad.joint_saga` does.
@@ -95,7 +81,6 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     datasets with finite sum structure. NeurIPS.
     Wang, Geffner, Domke (2024), App. A, Eq. 17-26.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
   n = objective.num_data
 
   def init_fn(params):
@@ -104,28 +89,9 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     # A copy, so that params and state can both be donated to a jitted step.
     return SmisoState(tables.new_table(params, n), jax.tree.map(jnp.copy, params))
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
-    del extra_args
-    _common.check_update("smiso", objective, updates, params, indices, noise,
-                         value_checks=value_checks,
-                         table=state.table,
-                         params_like={"running_mean": state.running_mean})
+  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+    del updates, extra_args  # SMISO steps from its per-datum gradients, computed here
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
-    if value_checks:
-      mean_grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-      pending = [
-          (_common.relative_gap(params, state.running_mean) > tolerance,
-           _CHAIN_MESSAGE + "The params differ from SMISO's iterate: a transform after it "
-           "changed its step (or the params were modified outside the optimizer).")]
-      if updates is not None:
-        pending.append((
-            _common.relative_gap(updates, mean_grad) > tolerance,
-            _CHAIN_MESSAGE + "The incoming updates are not the mini-batch gradient of the "
-            "objective at params: a transform before it changed the gradient (or "
-            "indices/noise are not those the gradient was computed with)."))
-      checks.value_checks(pending)
-      if updates is None:  # the fused step: the gradient computed here, as an incoming one
-        _common.check_own_gradient("smiso", mean_grad, value_checks)
     old = tables.gather_rows(state.table, indices, params)
     new = jax.tree.map(lambda o, p, g: (1 - alpha) * o + alpha * (p[None] - step_size * g),
                        old, params, grads)
@@ -136,7 +102,6 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     table = jax.tree.map(lambda t, v: t.at[write_at].set(v.astype(t.dtype), mode="drop"),
                          state.table, new)
     step = optax.tree.sub(running_mean, params)
-    return optax.tree.cast_like(step, params if updates is None else updates), SmisoState(
-        table, running_mean)
+    return optax.tree.cast_like(step, params), SmisoState(table, running_mean)
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "smiso")
+  return _common.transformation(objective, init_fn, update_fn)

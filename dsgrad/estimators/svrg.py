@@ -40,7 +40,7 @@ class JointSvrgState(NamedTuple):
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                every: int | None = None, chunk_size: int = 1024,
                control_weight: float | str = "adaptive",
-               control_weight_horizon: float = 100, value_checks: bool | None = None
+               control_weight_horizon: float = 100
                ) -> optax.GradientTransformationExtraArgs:
   """The joint control variate with an SVRG snapshot instead of a table (Alg. 2).
 
@@ -67,11 +67,6 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
       default; per coordinate, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
     control_weight_horizon: horizon of the adaptive weight's moving averages, in steps.
-    value_checks: (``None``, the default: the library-wide setting,
-      :func:`dsgrad.checks.set_value_checks`) check the values of each update (one policy for all of them): indices
-      in ``[0, N)``; a finite incoming gradient, ``params`` and ``noise``; and, on the
-      first update only, that the incoming ``updates`` equal the objective's mini-batch
-      gradient (the estimator comes first in the chain).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSvrgState`.
@@ -97,7 +92,6 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     Wang, Geffner, Domke (2024), App. B, Alg. 2.
     Johnson, Zhang (2013). Accelerating SGD using predictive variance reduction. NeurIPS.
   """
-  value_checks = checks.resolve_value_checks(value_checks)
   approx = approx or approx_lib.linearize()
   _weights.check_control_weight(control_weight, control_weight_horizon, "joint_svrg")
   n = objective.num_data
@@ -118,12 +112,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, initial_mean(params),
                           _weights.init(control_weight, params))
 
-  def update_fn(updates, state, params=None, *, indices=None, noise=None, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, **extra_args):
     del extra_args
-    _common.check_update("joint_svrg", objective, updates, params, indices, noise,
-                         value_checks=value_checks,
-                         params_like={"snapshot": state.snapshot},
-                         first_update=state.count == 0)
     # The batch size is static under jit, so the default period is a constant too.
     period = every if every is not None else max(1, n // indices.shape[0])
     refresh = (state.count > 0) & (state.count % period == 0)
@@ -132,20 +122,13 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
         refresh,
         lambda: (params_like, optax.tree.cast_like(full_mean(params_like), state.snapshot_mean)),
         lambda: (state.snapshot, state.snapshot_mean))
-    fused = approx.fused_for(objective) if updates is None else None
-    if fused is not None:  # one read of the batch for the gradient and the approximation
-      updates, g_tilde, _ = fused.at_params(objective, params, snapshot, indices, noise, False)
-      updates = _common.check_own_gradient("joint_svrg", updates, value_checks)
-    else:
-      updates = _common.naive_if_missing("joint_svrg", objective, updates, params, indices,
-                                           noise, value_checks)
-      g_tilde, _ = approx.grad_and_expected(objective, snapshot, indices, noise)
+    g, g_tilde, _ = _common.gradient_and_terms(objective, approx, updates, params, snapshot,
+                                               indices, noise, False)
     out, weight_state = _weights.apply(control_weight, control_weight_horizon,
-                                       state.control_weight, updates,
+                                       state.control_weight, g,
                                        optax.tree.sub(snapshot_mean, g_tilde))
     new_state = JointSvrgState(optax.safe_increment(state.count), snapshot, snapshot_mean,
                                weight_state)
-    return optax.tree.cast_like(out, updates), new_state
+    return optax.tree.cast_like(out, g), new_state
 
-  return _common.bound_transformation(objective, init_fn, update_fn, "joint_svrg", approx=approx,
-                                      value_checks=value_checks)
+  return _common.transformation(objective, init_fn, update_fn)

@@ -38,6 +38,7 @@ from dsgrad import diagnostics
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
+from dsgrad.estimators.checked import check_state
 from dsgrad.training import parallel
 from dsgrad.training import progress as progress_lib
 from dsgrad.training.progress import Interrupted
@@ -422,8 +423,11 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   checks.check_objective_evaluates(objective, params, "fit")
   # The estimators' initial full passes read fit's objective's data, whichever data set
   # the optimizer was built for.
-  opt_state = (objective.computing_with(optimizer).init(params) if opt_state is None
-               else jax.tree.map(jnp.copy, opt_state))
+  if opt_state is None:
+    opt_state = objective.computing_with(optimizer).init(params)
+  else:  # a state passed in or restored: the one this optimizer's init makes
+    check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
+    opt_state = jax.tree.map(jnp.copy, opt_state)
   check_chain_order(opt_state, "fit")
   return params, opt_state, placement
 

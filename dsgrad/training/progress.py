@@ -5,6 +5,7 @@ disabled) and the one exception of an interrupt, which keeps the work done."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 
@@ -40,7 +41,7 @@ def bar(enabled: bool, total: int | None, unit: str, desc: str | None = None) ->
 
   def update(n=0, *, status=None, line=None, close=False, total=None):
     del line
-    if total is not None:
+    if total and math.isfinite(total) and total > 0:  # else: the bar of elapsed time
       shown.total = total
       if timed:
         shown.bar_format = timed

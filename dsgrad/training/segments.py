@@ -38,13 +38,14 @@ Example::
 from __future__ import annotations
 
 import threading
+from typing import Any, NamedTuple
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import checkify
+
 
 from dsgrad.training import batching
 from dsgrad import checks
@@ -60,7 +61,9 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
                mesh=None, fused: bool | None = None):
   """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
 
-  Jittable; the value checks of ``objective.grad`` are off (run them once outside).
+  Jittable. It checks that the update is finite (a NaN from the gradient, the
+  estimator's terms or the update rule is named at its step); the batch is drawn here and
+  needs no checks.
   The objective is a pytree whose leaves are its data: jit the step with the objective
   as an argument (``jax.jit(functools.partial(train_step, optimizer=opt))`` or a
   wrapper) and the data are arguments of the compiled program, handed to the estimator
@@ -77,7 +80,7 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     noise_key: PRNG key for this step's noise.
     mesh: optional :func:`dsgrad.training.parallel.data_mesh`: the batch (indices and per-datum
       noise) is split across its devices.
-    fused: ``True``: call ``optimizer.update(None, ...)`` and let the estimator first
+    fused: ``True``: :func:`dsgrad.fused_update`: let the estimator first
       in the chain compute the naive gradient itself, in one program with its control
       variate (:class:`dsgrad.approx.FusedTerms`); ``False``: compute the gradient here
       and pass it (the two-call form; the same numbers); ``None`` (default): fused when
@@ -93,13 +96,22 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   chain_lib.check_chain_order(opt_state, "dsgrad.train_step")
   if fused is None:
     fused = chain_lib.computes_own_gradient(opt_state)
-  # The fused step: the estimator computes the naive gradient in the same program as its
-  # control variate, from one read of the batch (the same numbers as the two-call form).
-  grads = None if fused else objective.grad(params, indices, noise, validate=False)
-  # The estimators compute with the objective handed to them: under the caller's jit it
-  # carries the data as arguments, as the gradient above does.
-  updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
-                                        noise=noise, objective=objective)
+  if fused:
+    # The estimator computes the naive gradient in the same program as its control
+    # variate, from one read of the batch (the same numbers as the two-call form).
+    updates, opt_state = chain_lib.fused_update(optimizer, opt_state, params,
+                                                indices=indices, noise=noise,
+                                                objective=objective)
+  else:
+    grads = objective.grad(params, indices, noise, validate=False)
+    # The estimators compute with the objective handed to them: under the caller's jit
+    # it carries the data as arguments, as the gradient above does.
+    updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
+                                          noise=noise, objective=objective)
+  # The one value check of a step: its indices are in range and its noise finite by
+  # construction, so a NaN in the gradient, the estimator's terms or the update rule
+  # shows here, at the step it happens.
+  checks.value_checks(checks.finite_checks(updates, "the step's update"))
   return optax.apply_updates(params, updates), opt_state
 
 
@@ -133,9 +145,11 @@ PARAMS_NOT_FINITE = "the params became non-finite (NaN or inf) during a segment"
 
 def segment_program(objective: Objective, optimizer, batch_size: int, length: int,
                     mesh=None, carry_shardings=None, *, finite_at_end: bool = False):
-  """The jitted (not yet compiled) segment ``(carry, key, start, data, orders, rows) ->
-  (error, carry)`` of ``length`` steps from step ``start``; ``error`` is the first value
-  check that failed (:func:`dsgrad.checks.raise_deferred` raises it).
+  """``(program, messages)``: the jitted (not yet compiled) segment ``(carry, key, start,
+  data, orders, rows) -> (failure, carry)`` of ``length`` steps from step ``start``, and
+  the list its tracing fills with its checks' messages. ``failure`` is ``[code, step]``
+  of the first value check that failed (:class:`Failure` names it): code ``i + 1`` is
+  ``messages[i]``, ``-1`` :data:`PARAMS_NOT_FINITE`, ``0`` none.
 
   ``orders`` is the window :meth:`dsgrad.training.batching.EpochOrders.window` gives for
   ``(start, length)``; ``data`` the objective's device data and int32 handles of its host
@@ -149,6 +163,9 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   ``finite_at_end`` to find the failing step. Other checks still run per step.
   """
   host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
+  # Filled while the scan's body is traced: the per-step checks' messages, and those of
+  # the checks settled at the segment's end instead.
+  messages, settled = [], []
 
   def run(carry, key, start, data, orders, rows):
     _, noise_key = jax.random.split(key)
@@ -159,10 +176,6 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     # noise), derived for the whole segment in one vectorized call rather than one
     # serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
-
-    # Filled while the scan's body is traced: the per-step checks' messages, and those
-    # of the checks settled at the segment's end instead.
-    messages, settled = [], []
 
     values = data_lib.join_host(data, host)
 
@@ -185,15 +198,53 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
       return carry, checks.failure_code(found)
 
     carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
-    if settled:  # first, so that checkify reports it before any later per-step failure
-      checks._checkify(checks.all_finite(carry[0]), PARAMS_NOT_FINITE)
-    checks.check_failure_codes(codes, steps, messages)
-    return carry
+    # [code, step] of the first failure: an ordinary output (a checkify error would make
+    # the program's cache key differ at every compile, so that JAX's persistent
+    # compilation cache never served it).
+    failure = jnp.zeros((2,), jnp.int32)
+    if codes is not None:
+      first = jnp.argmax(codes != 0)
+      failure = jnp.stack([codes[first], steps[first]])
+    if settled:  # checked first: the per-step checks that remain come after
+      failure = jnp.where(checks.all_finite(carry[0]), failure,
+                          jnp.array([-1, 0], jnp.int32))
+    return failure, carry
 
   out_shardings = (None if carry_shardings is None
                    else (parallel.replicated(mesh), carry_shardings))
-  return jax.jit(checkify.checkify(run), donate_argnums=() if finite_at_end else 0,
-                 out_shardings=out_shardings)
+  program = jax.jit(run, donate_argnums=() if finite_at_end else 0,
+                    out_shardings=out_shardings)
+  return program, messages
+
+
+class Failure(NamedTuple):
+  """A segment's first failed check: ``codes`` (``[code, step]``, as the program returned
+  it, maybe not yet computed) and the messages its codes number."""
+
+  codes: jax.Array
+  messages: tuple
+
+  def message(self) -> str | None:
+    """The failure's message ending ``(at step t)``, :data:`PARAMS_NOT_FINITE`, or
+    ``None`` when nothing failed (waits for the program)."""
+    code, step = (int(v) for v in np.asarray(self.codes))
+    if code == 0:
+      return None
+    if code == -1:
+      return PARAMS_NOT_FINITE
+    return f"{self.messages[code - 1]} (at step {step})"
+
+
+class _Compiled(NamedTuple):
+  """A compiled segment and its checks' messages: calling it returns ``(Failure,
+  carry)``."""
+
+  executable: Any
+  messages: tuple
+
+  def __call__(self, *args):
+    codes, carry = self.executable(*args)
+    return Failure(codes, self.messages), carry
 
 
 _TRACING = threading.Lock()
@@ -216,9 +267,10 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
   :meth:`~dsgrad.Objective.with_data` copies with the same optimizer object share it."""
   def build():
     with _TRACING:
-      lowered = segment_program(objective, optimizer, batch_size, length, mesh,
-                                carry_shardings, finite_at_end=finite_at_end).lower(*example_args)
-    return lowered.compile()
+      program, messages = segment_program(objective, optimizer, batch_size, length, mesh,
+                                          carry_shardings, finite_at_end=finite_at_end)
+      lowered = program.lower(*example_args)
+    return _Compiled(lowered.compile(), tuple(messages))
   if mesh is not None:  # placed on this mesh's devices: not shared
     t0 = time.perf_counter()
     program = build()
@@ -321,13 +373,14 @@ class SegmentRunner:
     calls are run again from ``carry`` with every step checked, which raises the failing
     check with its step."""
     for call, error in enumerate(errors):
-      message = checks.deferred_message(error)
+      message = error.message()
       if message == PARAMS_NOT_FINITE:
         program = self._executable(steps, self._args(carry, starts[0], steps, {}),
                                    checked=True)
         for at in starts[:call + 1]:
           error, carry = program(*self._args(carry, at, steps, {}))
-          checks.raise_deferred(error)
+          if error.message():
+            raise ValueError(error.message())
         message = (f"{PARAMS_NOT_FINITE} (steps {starts[call]} to "
                    f"{starts[call] + steps - 1}) while every gradient, noise and index "
                    "the estimator checked was finite: the optimizer's update made them "
