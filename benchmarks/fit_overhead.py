@@ -303,7 +303,8 @@ def render(record):
   lines += ["", "Targets, from this table: " + "; ".join(verdicts) + "."]
   if unchecked:
     lines += ["", "Column \"checks off\": the same fit with "
-              "`dsgrad.naive()`; the difference to fit naive is what its "
+              "`dsgrad.naive(value_checks=False)` (runs from before the per-step checks "
+              "left the estimators for `dsgrad.checked`); the difference to fit naive is what its "
               "value checks cost, the rest is fit's own work (drawing the epochs' orders, "
               "placing the state)."]
   if every:

@@ -482,3 +482,30 @@ def test_a_reference_point_that_drifted_from_the_mode_is_reported():
   assert mcmc.estimator_noise.reference_drift_warnings(mode, [1.0, 0.2], precision) == ()
   (message,) = mcmc.estimator_noise.reference_drift_warnings(mode, [0.1, -0.4], precision)
   assert "4.0 posterior standard deviations" in message and "coordinate 1" in message
+
+
+def test_sg_kernels_take_the_minibatch_as_an_argument():
+  """SGLD's and SG-HMC's kernels step on the indices handed in (BlackJAX's idiom): with
+  every datum, the estimated gradient is the posterior's exact gradient (closed form for
+  a Gaussian posterior: -P (theta - mean)), so the SGLD step is that drift plus its own
+  noise; SG-HMC's L steps each read their own row of indices."""
+  model, mean, cov = _linear_gaussian(n=200, seed=4)
+  precision = np.linalg.inv(cov)
+  theta = jnp.asarray(mean, jnp.float32) + 0.3
+  grad = mcmc.log_posterior_gradient(model, None, control_variates=False)
+  everything = jnp.arange(model.num_data)
+  exact = -precision @ (np.asarray(theta, np.float64) - mean)
+  np.testing.assert_allclose(grad(theta, everything), exact, rtol=1e-3, atol=1e-2)
+  eps, key = 1e-4, jax.random.key(0)
+  moved, info = mcmc.sgld_kernel(grad)(key, mcmc.SGState(theta), everything, eps)
+  noise = np.sqrt(eps) * np.asarray(jax.random.normal(key, theta.shape))
+  np.testing.assert_allclose(np.asarray(moved.position) - noise,
+                             np.asarray(theta) + 0.5 * eps * exact, rtol=0, atol=1e-5)
+  assert int(info.num_evaluations) == model.num_data
+  half = mcmc.sgld_kernel(grad)(key, mcmc.SGState(theta), everything[:100], eps)[0]
+  assert not np.allclose(half.position, moved.position)  # the indices are what it reads
+  hmc = mcmc.hmc_parameters(1e-3, 3, precision)
+  kernel = mcmc.sghmc_kernel(grad, hmc, 1.0)
+  rows = jnp.tile(everything[None, :50], (3, 1))
+  state, info = kernel(key, mcmc.SGState(theta), rows)
+  assert int(info.num_evaluations) == 150 and np.all(np.isfinite(state.position))

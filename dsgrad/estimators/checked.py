@@ -37,6 +37,7 @@ _SMISO_CHAINED = (
     "params were modified outside the optimizer).")
 
 
+@checks.arguments(tolerance=checks.positive())
 def checked(optimizer, objective: Objective | None = None, *, tolerance: float = 1e-3
             ) -> optax.GradientTransformationExtraArgs:
   """``optimizer`` with the checks of a hand-written loop around it.

@@ -29,7 +29,8 @@ from dsgrad.mcmc.chain import run_chain
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.estimator_noise import choose_subsample_size
 from dsgrad.mcmc.proxy import EstimatorVariance
-from dsgrad.mcmc.sgmcmc import SGInfo, SGState, log_posterior_gradient, sghmc, sgld
+from dsgrad.mcmc.sgmcmc import (SGInfo, SGState, log_posterior_gradient, sghmc, sghmc_kernel,
+                                 sgld, sgld_kernel)
 from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_poisson, full_data,
                                    perturbed, suggest_block_poisson)
 
@@ -42,7 +43,7 @@ __all__ = [
     "difference_estimator", "log_likelihood_estimate", "gradient_estimate",
     "SubsampleScheme", "perturbed", "block_poisson", "full_data", "PoissonSubsample",
     "suggest_block_poisson",
-    "sgld", "sghmc", "SGState", "SGInfo", "log_posterior_gradient",
+    "sgld", "sghmc", "sgld_kernel", "sghmc_kernel", "SGState", "SGInfo", "log_posterior_gradient",
     "find_reference_point", "refine_reference_point", "laplace_precision", "laplace_draws",
     "DualAveraging", "dual_averaging_init", "dual_averaging_update",
     "effective_sample_size", "inefficiency_factor", "computational_time",

@@ -43,25 +43,71 @@ def _check(model, subsample_size, step_size):
   checks.check_positive(step_size, "step_size")
 
 
-@checks.arguments(subsample_size=checks.count(1))
-def log_posterior_gradient(model: Model, proxy: TaylorProxy | None, subsample_size: int,
+def log_posterior_gradient(model: Model, proxy: TaylorProxy | None,
                            control_variates: bool = True):
-  """``(key, theta) -> estimate of grad log p(theta | y)`` from a fresh subsample of
-  size ``m``: with control variates, Eq. 4.7 (needs ``proxy``); without, ``(n/m) sum_i
-  grad l_{u_i}(theta)``."""
-  n, m = model.num_data, int(subsample_size)
+  """``(theta, indices) -> estimate of grad log p(theta | y)`` from the subsample
+  ``indices`` (the minibatch is an argument, as in BlackJAX's SG-MCMC kernels): with
+  control variates, Eq. 4.7 (needs ``proxy``); without, ``(n/m) sum_i grad
+  l_{u_i}(theta)``."""
+  n = model.num_data
   if control_variates and proxy is None:
     raise ValueError("control variates need a TaylorProxy (dsgrad.mcmc.taylor_proxy)")
 
-  def grad(key, theta):
-    idx = batching.uniform_indices(key, n, (m,))
+  def grad(theta, indices):
     if control_variates:
-      g_lik = proxy_lib.gradient_estimate(model, proxy, theta, idx)
+      g_lik = proxy_lib.gradient_estimate(model, proxy, theta, indices)
     else:
-      g_lik = jax.grad(lambda t: n * jnp.mean(model.log_likelihood(t, idx)))(theta)
+      g_lik = jax.grad(lambda t: n * jnp.mean(model.log_likelihood(t, indices)))(theta)
     return g_lik + jax.grad(model.log_prior)(theta)
 
   return grad
+
+
+def sgld_kernel(grad_estimator):
+  """The SGLD transition ``kernel(key, state, indices, step_size) -> (state, info)``: one
+  step ``theta += (eps/2) grad_hat(theta, indices) + N(0, eps I)`` on the minibatch
+  ``indices`` (``(m,)``) handed in, as BlackJAX's ``sgld`` kernel takes it.
+
+  Args:
+    grad_estimator: ``(theta, indices) -> gradient`` (:func:`log_posterior_gradient`).
+  """
+  def kernel(key, state, indices, step_size):
+    theta = state.position
+    noise = jnp.sqrt(step_size) * jax.random.normal(key, theta.shape, theta.dtype)
+    theta = theta + 0.5 * step_size * grad_estimator(theta, indices) + noise
+    return SGState(theta), SGInfo(jnp.asarray(indices.shape[0]))
+  return kernel
+
+
+@checks.arguments(friction=checks.positive())
+def sghmc_kernel(grad_estimator, parameters: HMCParameters, friction: float):
+  """The SG-HMC transition ``kernel(key, state, indices) -> (state, info)``: momentum
+  ``p ~ N(0, M)``, then ``L`` steps, step ``l`` on the minibatch ``indices[l]``
+  (``indices``: ``(L, m)``, handed in).
+
+  Args:
+    grad_estimator: ``(theta, indices) -> gradient`` (:func:`log_posterior_gradient`).
+    parameters: step size, ``L`` and mass matrix (:func:`dsgrad.mcmc.hmc_parameters`).
+    friction: ``C``.
+  """
+  def kernel(key, state, indices):
+    k_p, k_steps = jax.random.split(key)
+    eps, inv_mass = parameters.step_size, parameters.inverse_mass_matrix
+    theta = state.position
+    p = parameters.mass_cholesky @ jax.random.normal(k_p, theta.shape, theta.dtype)
+
+    def one(i, carry):
+      theta, p = carry
+      k_noise = jax.random.fold_in(k_steps, i)
+      theta = theta + eps * inv_mass @ p
+      noise = jnp.sqrt(2 * friction * eps) * jax.random.normal(k_noise, theta.shape,
+                                                                 theta.dtype)
+      p = p + eps * grad_estimator(theta, indices[i]) - eps * friction * inv_mass @ p + noise
+      return theta, p
+
+    theta, _ = jax.lax.fori_loop(0, indices.shape[0], one, (theta, p))
+    return SGState(theta), SGInfo(jnp.asarray(indices.size))
+  return kernel
 
 
 @checks.arguments(step_size=checks.positive(), subsample_size=checks.count(1))
@@ -95,15 +141,12 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
     ((2000, 3), True)
   """
   _check(model, subsample_size, step_size)
-  grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
-  eps = float(step_size)
+  kernel = sgld_kernel(log_posterior_gradient(model, proxy, control_variates))
+  n, m, eps = model.num_data, int(subsample_size), float(step_size)
 
   def step(key, state):
-    k_grad, k_noise = jax.random.split(key)
-    theta = state.position
-    noise = jnp.sqrt(eps) * jax.random.normal(k_noise, theta.shape, theta.dtype)
-    theta = theta + 0.5 * eps * grad(k_grad, theta) + noise
-    return SGState(theta), SGInfo(jnp.asarray(subsample_size))
+    k_batch, k_noise = jax.random.split(key)
+    return kernel(k_noise, state, batching.uniform_indices(k_batch, n, (m,)), eps)
 
   return SamplingAlgorithm(
       lambda position, key: SGState(proxy_lib.check_theta(model, position, "position")), step)
@@ -150,25 +193,13 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
     ((500, 3), True)
   """
   _check(model, subsample_size, parameters.step_size)
-  grad = log_posterior_gradient(model, proxy, subsample_size, control_variates)
-  c = checks.check_positive(friction, "friction")
+  kernel = sghmc_kernel(log_posterior_gradient(model, proxy, control_variates), parameters,
+                        checks.check_positive(friction, "friction"))
+  n, m, steps = model.num_data, int(subsample_size), int(parameters.num_integration_steps)
 
   def step(key, state):
-    k_p, k_steps = jax.random.split(key)
-    eps, inv_mass = parameters.step_size, parameters.inverse_mass_matrix
-    theta = state.position
-    p = parameters.mass_cholesky @ jax.random.normal(k_p, theta.shape, theta.dtype)
-
-    def one(i, carry):
-      theta, p = carry
-      k_grad, k_noise = jax.random.split(jax.random.fold_in(k_steps, i))
-      theta = theta + eps * inv_mass @ p
-      noise = jnp.sqrt(2 * c * eps) * jax.random.normal(k_noise, theta.shape, theta.dtype)
-      p = p + eps * grad(k_grad, theta) - eps * c * inv_mass @ p + noise
-      return theta, p
-
-    theta, _ = jax.lax.fori_loop(0, parameters.num_integration_steps, one, (theta, p))
-    return SGState(theta), SGInfo(subsample_size * parameters.num_integration_steps)
+    k_batch, k_move = jax.random.split(key)
+    return kernel(k_move, state, batching.uniform_indices(k_batch, n, (steps, m)))
 
   return SamplingAlgorithm(
       lambda position, key: SGState(proxy_lib.check_theta(model, position, "position")), step)
