@@ -40,7 +40,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad.training.host_data import (HostArray, RowReader, free_memory_bytes, host_gather,  # noqa: F401
-                               open_memmap, read_rows)
+                                      on_device, open_memmap, read_rows)
 
 __all__ = ["DataArray", "HostArray", "HostView", "open_memmap", "read_rows", "RowReader",
            "substitute", "is_host", "split_host", "join_host", "with_batch_rows", "check_data",
@@ -68,7 +68,9 @@ class DataArray:
 
   def __init__(self, value, name: str):
     if not isinstance(value, (HostArray, HostView, jax.core.Tracer)):
-      value = _on_device(value, name)
+      # Checked once, here: every objective built from the model shares the handle.
+      _check_finite_leaf(value, f"data {name!r}")
+      value = on_device(value, name)
     if len(value.shape) < 1:
       raise ValueError(f"data {name!r}: a per-datum array needs a leading datum axis")
     self._value, self.name, self.origin = value, name, self
@@ -106,32 +108,6 @@ class DataArray:
     if isinstance(value, HostArray):
       value = HostView(value, value.handle)
     return value[index]
-
-
-def _on_device(value, name: str) -> jax.Array:
-  """``value`` on the default device, or a ``MemoryError`` that names the way to keep it
-  on disk when it does not fit (checked before copying, and on the device's refusal)."""
-  if isinstance(value, jax.Array):
-    return value
-  nbytes = int(np.prod(np.shape(value), dtype=np.int64)) * np.result_type(value).itemsize
-  free = free_memory_bytes()
-  if free is not None and nbytes > free:
-    raise MemoryError(_too_large(name, nbytes, free))
-  try:
-    return jnp.asarray(value)
-  except jax.errors.JaxRuntimeError as error:
-    if "RESOURCE_EXHAUSTED" not in str(error):
-      raise
-    raise MemoryError(_too_large(name, nbytes, free)) from error
-
-
-def _too_large(name: str, nbytes: int, free: int | None) -> str:
-  room = f"the {free / 2**20:,.1f} MiB free" if free is not None else "the free memory"
-  return (f"data {name!r}: {nbytes / 2**20:,.1f} MiB do not fit in {room} on "
-          f"{jax.devices()[0].platform}. Keep it on disk and read each batch's rows from "
-          f"there: save it once with np.save(path, array) and pass "
-          f"dsgrad.data.open_memmap(path) in its place (dsgrad.data.HostArray(array) for "
-          f"an array already in host memory).")
 
 
 class HostView:
@@ -241,7 +217,15 @@ def _children(obj):
   if dataclasses.is_dataclass(obj) or type(obj).__module__.split(".")[0] in ("dsgrad",
                                                                            "benchmarks"):
     return list(_attributes(obj).values())
+  if _is_wrapper(obj):  # looked into, to know whether it reads a handle: not copied
+    return [obj.__wrapped__]
   return None
+
+
+def _is_wrapper(obj) -> bool:
+  """A callable wrapping another that a copy cannot rebuild (``jax.jit``'s, a memoizing
+  cache's): it may hold results computed from the handles' old values."""
+  return not isinstance(obj, types.FunctionType) and callable(getattr(obj, "__wrapped__", None))
 
 
 def _filled(cell) -> bool:
@@ -293,7 +277,8 @@ def _reaching(root, targets) -> set:
   return reach
 
 
-def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, Any]):
+def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, Any],
+               *, new_data: bool = False):
   """A copy of ``obj`` whose data handles hold ``values`` instead of their arrays.
 
   Every handle reachable from ``obj`` (through closures, default arguments, partials,
@@ -310,11 +295,16 @@ def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, A
     values: ``{name: value}`` for every key of ``refs``: arrays, tracers,
       :class:`HostArray` or :class:`HostView`.
 
+    new_data: ``values`` are other data (``with_data``): a handle reached through a
+      wrapper a copy cannot rebuild (``jax.jit``, a memoizing cache) is then an error
+      (the copy would compute with the old data); otherwise it reads them as constants.
+
   Returns:
     ``obj`` with those handles holding ``values`` (``obj`` itself when it reaches none).
 
   Raises:
-    ValueError: a key of ``refs`` without a value.
+    ValueError: a key of ``refs`` without a value; with ``new_data``, a handle behind a
+      wrapper.
   """
   refs = dict(refs or {})
   missing = set(refs) - set(values)
@@ -335,6 +325,15 @@ def substitute(obj, refs: Mapping[str, DataArray] | None, values: Mapping[str, A
     if isinstance(x, DataArray):
       memo[key] = out = DataArray._copy_holding(targets[id(x.origin)], x)
       return out
+    if _is_wrapper(x):
+      if new_data:
+        raise ValueError(
+            f"the model reads its data through {type(x).__name__} "
+            f"{getattr(x, '__qualname__', '')!r}, a wrapper (jax.jit, a memoizing cache) "
+            "that a copy on other data cannot rebuild: it would go on computing with the "
+            "old arrays. Call the wrapped function directly in the model (jit the step "
+            "that takes the objective instead), or build the model on the new data")
+      return x
     if isinstance(x, types.FunctionType):
       cells = tuple(types.CellType() for _ in (x.__closure__ or ()))
       out = types.FunctionType(x.__code__, x.__globals__, x.__name__, None, cells or None)
@@ -382,16 +381,9 @@ def _check_finite_leaf(value, label: str) -> None:
   """Refuses NaN or inf in an in-memory floating data leaf, and float64 values beyond
   float32's range where JAX would cast them to inf (checked before that cast). Host and
   memory-mapped arrays are left to their loaders, which read them in chunks."""
-  if isinstance(value, DataArray):
-    # A handle is checked once: objectives derived from one (reweighted, copies that
-    # share it) need not scan its array again.
-    if getattr(value, "_finite_checked", False):
-      return
-    _check_finite_leaf(value.value(), label)
-    value._finite_checked = True
-    return
-  if isinstance(value, (HostArray, HostView, jax.core.Tracer)) or not hasattr(value, "dtype") and \
-      not isinstance(value, (list, tuple)):
+  # A handle's array was checked when the handle was made.
+  if isinstance(value, (DataArray, HostArray, HostView, jax.core.Tracer)) or \
+      not hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
     return
   dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
   checks.check_numeric_dtype(dtype, label)

@@ -189,7 +189,7 @@ class Objective:
                         f"expected {ref.dtype}")
       data_kinds.check_kind(ref, value, f"{self.name}.with_data: data {key!r}")
       out[key] = value
-    return data_lib.substitute(self, self.data, out)
+    return data_lib.substitute(self, self.data, out, new_data=True)
 
   def model_key(self):
     """What makes this objective the same model as another, whatever its data: the loss

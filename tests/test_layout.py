@@ -200,7 +200,7 @@ def test_the_concepts_map_names_the_modules_that_exist():
   # What trains and what advises are subpackages whose every module the map names.
   actual |= {p.stem for sub in ("training", "advice") for p in (PACKAGE / sub).glob("*.py")
              if p.stem != "__init__"}
-  assert {"base", "gaussian", "glm", "sparse", "dropout", "numpyro"} | actual >= named, named - actual
+  assert {"base", "gaussian", "glm", "sparse", "dropout", "numpyro", "chain", "checked"} | actual >= named, named - actual
   assert not actual - named, actual - named
 
 

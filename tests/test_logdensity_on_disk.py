@@ -59,6 +59,6 @@ def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator
 
 
 def test_data_larger_than_the_free_memory_name_the_memory_map(monkeypatch):
-  monkeypatch.setattr(dsgrad.data, "free_memory_bytes", lambda: 10_000)  # x: 18,000
+  monkeypatch.setattr(dsgrad.training.host_data, "free_memory_bytes", lambda: 10_000)  # x: 18,000
   with pytest.raises(MemoryError, match=r"'x'.*dsgrad.data.open_memmap\(path\)"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, _data(), LATENT)

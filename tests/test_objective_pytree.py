@@ -147,3 +147,26 @@ def test_a_model_object_keyed_by_identity_is_one_model_and_stays_alive():
   del key
   gc.collect()
   assert alive() is None
+
+
+@pytest.mark.parametrize("wrap", ["jit", "lru_cache"])
+def test_with_data_refuses_a_model_that_reads_its_data_through_a_wrapper(wrap):
+  """A copy on other data cannot rebuild a jax.jit or lru_cache wrapper around a function
+  that reads the data: it would compute with the old arrays, so with_data refuses it by
+  name. fit on the objective's own data still runs (the wrapper reads them as constants)."""
+  import functools
+  _, model, (x, y) = _objective(0)
+  if wrap == "jit":
+    lik = jax.jit(model.log_likelihood)
+  else:
+    cached = functools.lru_cache(None)(lambda: model.log_likelihood)
+    lik = lambda z, i: cached()(z, i)  # noqa: E731
+  objective = dsgrad.meanfield_gaussian(model._replace(log_likelihood=lik))
+  new = {"x": -np.asarray(objective.data_tree()["x"]), "signs": objective.data_tree()["signs"]}
+  with pytest.raises(ValueError, match="wrapper .* cannot rebuild: it would go on computing "
+                                       "with the old arrays"):
+    objective.with_data(new)
+  result = dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)),
+                      dsgrad.meanfield_init(model), jax.random.key(0), num_steps=3,
+                      batch_size=5, elbo_samples=0, progress=False)
+  assert all(np.all(np.isfinite(p)) for p in jax.tree.leaves(result.params))

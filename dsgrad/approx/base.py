@@ -87,7 +87,7 @@ class DatumStatistics(NamedTuple):
 
 class FusedTerms(NamedTuple):
   """Lets an estimator compute the naive gradient and the approximation's terms in one
-  program from one read of the batch's rows (the fused step: ``update(None, ...)``).
+  program from one read of the batch's rows (the fused step: :func:`dsgrad.fused_update`).
 
   A GLM's naive gradient and its approximations are all products of the batch's rows
   with logit-space terms: computed apart, each reads the rows and multiplies them again;

@@ -5,7 +5,7 @@ Every GLM approximation (:func:`dsgrad.approx.glm_mean_taylor`,
 :func:`dsgrad.approx.glm_taylor`, :func:`dsgrad.approx.logistic_probit`) describes itself
 in logit space (:class:`LogitSpec`); :func:`fused_terms` turns that description into
 :class:`dsgrad.approx.FusedTerms`, which ``cv``, ``joint_svrg`` and ``joint_saga`` use
-when they compute the gradient themselves (``update(None, ...)``).
+when they compute the gradient themselves (:func:`dsgrad.fused_update`).
 
 References:
   Wang, Geffner, Domke (2024), App. F (the mean-field objective and its Taylor terms).

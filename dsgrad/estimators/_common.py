@@ -43,14 +43,6 @@ def gradient_and_terms(objective: Objective, approx, updates, params, at, indice
   return g, g_tilde, e_tilde if with_expected else None
 
 
-def relative_gap(a, b) -> jax.Array:
-  """``||a - b|| / (1 + ||b||)`` over all leaves: a scale-aware distance of two trees."""
-  diff = jnp.sqrt(sum(jnp.sum((x - y) ** 2) for x, y in zip(jax.tree.leaves(a),
-                                                             jax.tree.leaves(b))))
-  scale = jnp.sqrt(sum(jnp.sum(y ** 2) for y in jax.tree.leaves(b)))
-  return diff / (1.0 + scale)
-
-
 def require_full_precision(params, estimator: str) -> None:
   """Refuses, by name, floating ``params`` below 32 bits (float16, bfloat16).
 

@@ -25,6 +25,7 @@ import weakref
 from typing import Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
@@ -282,3 +283,29 @@ class RowReader:
     if rows is None:
       raise RuntimeError("RowReader.take() without a submitted block")
     return rows
+
+
+def on_device(value, name: str) -> jax.Array:
+  """``value`` on the default device, or a ``MemoryError`` that names the way to keep it
+  on disk when it does not fit (checked before copying, and on the device's refusal)."""
+  if isinstance(value, jax.Array):
+    return value
+  nbytes = int(np.prod(np.shape(value), dtype=np.int64)) * np.result_type(value).itemsize
+  free = free_memory_bytes()
+  if free is not None and nbytes > free:
+    raise MemoryError(_too_large(name, nbytes, free))
+  try:
+    return jnp.asarray(value)
+  except jax.errors.JaxRuntimeError as error:
+    if "RESOURCE_EXHAUSTED" not in str(error):
+      raise
+    raise MemoryError(_too_large(name, nbytes, free)) from error
+
+
+def _too_large(name: str, nbytes: int, free: int | None) -> str:
+  room = f"the {free / 2**20:,.1f} MiB free" if free is not None else "the free memory"
+  return (f"data {name!r}: {nbytes / 2**20:,.1f} MiB do not fit in {room} on "
+          f"{jax.devices()[0].platform}. Keep it on disk and read each batch's rows from "
+          f"there: save it once with np.save(path, array) and pass "
+          f"dsgrad.data.open_memmap(path) in its place (dsgrad.data.HostArray(array) for "
+          f"an array already in host memory).")
