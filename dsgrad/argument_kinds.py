@@ -369,7 +369,13 @@ def arguments(**kinds: Kind):
 
     @functools.wraps(target)
     def call(*args, **kwargs):
-      bound = signature.bind_partial(*args, **kwargs)
+      try:
+        bound = signature.bind_partial(*args, **kwargs)
+      except TypeError as error:  # named, with the signature, not a bare "got an ..."
+        hints = [_REMOVED[k] for k in kwargs if k in _REMOVED and k not in signature.parameters]
+        shown = signature.replace(return_annotation=inspect.Signature.empty)
+        raise TypeError(f"{_called_as(target, owner)}{shown}: {error}"
+                        + "".join(f". {h}" for h in hints)) from None
       for name, kind in kinds.items():
         if name in bound.arguments:
           bound.arguments[name] = kind.check(bound.arguments[name],
@@ -380,6 +386,13 @@ def arguments(**kinds: Kind):
     return call
 
   return decorate
+
+
+_REMOVED = {
+    "value_checks": "The estimators no longer check each update; wrap the optimizer for "
+                    "the checks of a loop of your own: dsgrad.checked(optimizer, objective)",
+}
+"""Keywords that dsgrad's functions took once, with what replaced them."""
 
 
 def _called_as(target, owner: str) -> str:

@@ -352,5 +352,17 @@ def test_the_estimators_hold_no_checks_and_checked_adds_them():
   assert bool(jnp.all(jnp.isnan(updates["w"])))
   with pytest.raises(ValueError, match="non-finite|NaN"):
     dsgrad.checked(dsgrad.naive()).update(nan, optax.EmptyState(), params)
-  with pytest.raises(TypeError, match="value_checks"):
-    dsgrad.naive(value_checks=False)
+  for make in (lambda: dsgrad.naive(value_checks=False),
+               lambda: dsgrad.cv(dsgrad.meanfield_gaussian(
+                   logistic_regression(np.eye(3, dtype=np.float32), np.array([0, 1, 1]))),
+                   value_checks=False)):
+    with pytest.raises(TypeError, match=r"dsgrad\.(naive|cv)\(.*\): got an unexpected keyword "
+                                        r"argument 'value_checks'.*dsgrad\.checked"):
+      make()
+
+
+def test_a_wrong_keyword_names_the_function_and_its_signature(objective, params0):
+  with pytest.raises(TypeError, match=r"^dsgrad\.recommend\(objective.*budget.*\): got an "
+                                      r"unexpected keyword argument 'update_rule'"):
+    dsgrad.recommend(objective, lambda n: optax.adam(1e-2), params0, jax.random.key(0),
+                     batch_size=5, budget=1.0, update_rule=optax.adam)

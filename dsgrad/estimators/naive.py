@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import optax
 
+from dsgrad import checks
 
+
+@checks.arguments()  # a wrong keyword is named with the signature
 def naive() -> optax.GradientTransformationExtraArgs:
   """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
 
