@@ -424,20 +424,28 @@ def numeric_array(values, label: str) -> np.ndarray:
   return array
 
 
-def float32_values(values, label: str) -> np.ndarray:
-  """``values`` as a float32 NumPy array, refusing what the cast would hide: a
-  non-numeric dtype, NaN or inf (naming how many), and values beyond float32's range
-  (which the cast turns into inf)."""
-  array = numeric_array(values, label)
-  if np.issubdtype(array.dtype, np.inexact):
-    bad = ~np.isfinite(array)
-    if np.any(bad):
-      raise ArgumentError(f"{label} contains non-finite values ({int(bad.sum())} NaN or inf)")
-  largest = float(np.max(np.abs(array))) if array.size else 0.0
-  if largest > float(np.finfo(np.float32).max):
+def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True) -> None:
+  """Refuses NaN or inf in a floating NumPy array (naming how many) and, where it will be
+  cast to float32 (``cast``), values beyond float32's range, which the cast turns into
+  inf. The one check of data before they become JAX arrays."""
+  if not np.issubdtype(array.dtype, np.inexact) or not array.size:
+    return
+  bad = ~np.isfinite(array)
+  if np.any(bad):
+    raise ArgumentError(f"{label} contains non-finite values ({int(bad.sum())} NaN or inf)")
+  largest = float(np.max(np.abs(array)))
+  if cast and largest > float(np.finfo(np.float32).max):
     raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
                         "(3.4e38): JAX computes in float32 and they would become inf. "
                         "Rescale them")
+
+
+def float32_values(values, label: str) -> np.ndarray:
+  """``values`` as a float32 NumPy array, refusing what the cast would hide: a
+  non-numeric dtype, NaN or inf, and values beyond float32's range
+  (:func:`check_float32_range`)."""
+  array = numeric_array(values, label)
+  check_float32_range(array, label)
   return array.astype(np.float32)
 
 

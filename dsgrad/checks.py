@@ -32,7 +32,8 @@ from jax.experimental import checkify
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, arguments, byte_budget, check_count, check_floating_params,
-    check_id_array, check_numeric_dtype, check_positive, count, finite_values, float32_values,
+    check_float32_range, check_id_array, check_numeric_dtype, check_positive, count, finite_values,
+    float32_values,
     numeric_array,
     floating_dtype, optimizer, optional, or_word, parameters, positive, probability, prng_key,
     real, sizes)

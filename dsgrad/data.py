@@ -394,13 +394,9 @@ def _check_finite_leaf(value, label: str) -> None:
       finite = bool(jnp.all(jnp.isfinite(value)))
   else:
     array = np.asarray(value)
-    finite = bool(np.all(np.isfinite(array)))
-    if (finite and array.size and array.dtype.itemsize > 4
-        and not jax.config.jax_enable_x64
-        and float(np.max(np.abs(array))) > float(np.finfo(np.float32).max)):
-      raise ValueError(f"{label} holds values up to {float(np.max(np.abs(array))):.3g}, "
-                       "beyond float32's range: JAX computes in float32 and they would "
-                       "become inf. Rescale the data")
+    checks.check_float32_range(array, label, cast=array.dtype.itemsize > 4
+                               and not jax.config.jax_enable_x64)
+    finite = True
   if not finite:
     raise ValueError(f"{label} contains non-finite values (NaN or inf)")
 

@@ -27,13 +27,9 @@ def _check_features_labels(features, labels):
     x.check_unchanged()
   for start in range(0, x.shape[0], chunk):
     block = x.array[start:start + chunk] if isinstance(x, HostArray) else x[start:start + chunk]
-    rows = f"rows {start} to {min(start + chunk, x.shape[0]) - 1}"
-    if not np.all(np.isfinite(block)):
-      raise ValueError(f"features contain non-finite values ({rows})")
-    # Checked before the float32 cast, where they would become inf.
-    if block.size and np.max(np.abs(block)) > np.finfo(np.float32).max:
-      raise ValueError(f"features hold values beyond float32's range ({rows}): JAX "
-                       "computes in float32 and they would become inf. Rescale them")
+    # Checked before the float32 cast, where values beyond its range would become inf.
+    checks.check_float32_range(np.asarray(block), f"features (rows {start} to "
+                               f"{min(start + chunk, x.shape[0]) - 1})")
   return x, y
 
 
