@@ -389,16 +389,14 @@ def _check_finite_leaf(value, label: str) -> None:
   checks.check_numeric_dtype(dtype, label)
   if not np.issubdtype(dtype, np.inexact):
     return
-  if isinstance(value, jax.Array):
+  if isinstance(value, jax.Array):  # on the device already: its values, not a copy
     with jax.ensure_compile_time_eval():  # eager even while a caller is being traced
-      finite = bool(jnp.all(jnp.isfinite(value)))
-  else:
-    array = np.asarray(value)
-    checks.check_float32_range(array, label, cast=array.dtype.itemsize > 4
-                               and not jax.config.jax_enable_x64)
-    finite = True
-  if not finite:
-    raise ValueError(f"{label} contains non-finite values (NaN or inf)")
+      if not bool(jnp.all(jnp.isfinite(value))):
+        raise ValueError(f"{label} contains non-finite values (NaN or inf)")
+    return
+  array = np.asarray(value)
+  checks.check_float32_range(array, label, cast=array.dtype.itemsize > 4
+                             and not jax.config.jax_enable_x64)
 
 
 def check_finite_data(tree, who: str = "data") -> None:

@@ -67,10 +67,9 @@ class AdaptiveWeightState(NamedTuple):
   count: jax.Array
 
 
-def check_control_weight(control_weight, horizon, estimator: str) -> None:
+def check_horizon(horizon, estimator: str) -> None:
   """Refuses a horizon below one step, naming the argument (the factories' declared kinds
   check the weight itself and that the horizon is positive)."""
-  del control_weight
   if horizon < 1:
     raise ValueError(f"dsgrad.{estimator}: control_weight_horizon must be >= 1 (steps), "
                      f"got {horizon!r}")

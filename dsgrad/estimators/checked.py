@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import checks
-from dsgrad.estimators.chain import check_chain_order, holds_estimator
+from dsgrad.estimators.chain import _members, check_chain_order, holds_estimator
 from dsgrad.objective import Objective
 
 WHO = "dsgrad.checked"
@@ -116,7 +116,6 @@ def checked(optimizer, objective: Objective | None = None, *, tolerance: float =
         raise ValueError(f"{WHO}: the estimator needs the batch it is correcting: pass "
                          "indices=... and noise=... to update (the same ones used to "
                          "compute the gradient)")
-      extra_args["indices"] = checks.as_index_array(extra_args["indices"])
       pending = _batch_checks(target, updates, state, params, extra_args["indices"],
                               extra_args["noise"], tolerance)
     elif updates is not None:
@@ -222,17 +221,5 @@ def check_state(optimizer, state, params, who: str = WHO) -> None:
 def _named_types(state) -> list:
   """The NamedTuple state types in ``state``, outermost first (containers rebuilt as plain
   tuples, as Flax NNX does, hold none and pass)."""
-  found = []
-
-  def walk(s):
-    if hasattr(s, "_fields"):
-      found.append(type(s).__name__)
-    if isinstance(s, (tuple, list)):
-      for member in s:
-        walk(member)
-    elif isinstance(s, dict):
-      for member in s.values():
-        walk(member)
-
-  walk(state)
-  return found
+  named = [type(state).__name__] if hasattr(state, "_fields") else []
+  return named + [name for member in _members(state) for name in _named_types(member)]

@@ -65,7 +65,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
     Wang, Geffner, Domke (2024), Eq. 8-10. Miller et al. (2017), NeurIPS.
   """
   approx = approx or approx_lib.linearize()
-  _weights.check_control_weight(control_weight, control_weight_horizon, "cv")
+  _weights.check_horizon(control_weight_horizon, "cv")
 
   def init_fn(params):
     _common.check_params_fit(objective, params, "cv", approx)

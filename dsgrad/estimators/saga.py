@@ -166,7 +166,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
   approx = approx or approx_lib.linearize()
-  _weights.check_control_weight(control_weight, control_weight_horizon, "joint_saga")
+  _weights.check_horizon(control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)
   kind = (_statistics_table(objective, approx, chunk_size, table_dtype)
           if approx.statistics is not None else

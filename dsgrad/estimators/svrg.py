@@ -93,7 +93,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     Johnson, Zhang (2013). Accelerating SGD using predictive variance reduction. NeurIPS.
   """
   approx = approx or approx_lib.linearize()
-  _weights.check_control_weight(control_weight, control_weight_horizon, "joint_svrg")
+  _weights.check_horizon(control_weight_horizon, "joint_svrg")
   n = objective.num_data
 
   def full_mean(params):

@@ -9,8 +9,8 @@ a copy of the objective and the optimizer whose data handles hold them
 structure (:meth:`~dsgrad.Objective.with_data` copies, resumed and staged runs); it lives
 in :mod:`dsgrad.training.compile_cache`.
 
-Where the carry is small (:data:`CHECK_AT_END_BYTES`), the estimators' range and
-finiteness checks are settled once per segment: the program checks that the params are
+Where the carry is small (:data:`CHECK_AT_END_BYTES`), the steps' finiteness check
+(:func:`train_step`'s, on each update) is settled once per segment: the program checks that the params are
 finite at its end, keeps its input carry (no donation), and only if they are not is the
 segment run again from that carry with every step checked, to name the failing check and
 step. A per-step check kept the gradient from fusing with the update: up to an eighth of
@@ -38,14 +38,13 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
 import time
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 
 from dsgrad.training import batching
 from dsgrad import checks
@@ -379,12 +378,12 @@ class SegmentRunner:
                                    checked=True)
         for at in starts[:call + 1]:
           error, carry = program(*self._args(carry, at, steps, {}))
-          if error.message():
-            raise ValueError(error.message())
+          found = error.message()
+          if found:
+            raise ValueError(found)
         message = (f"{PARAMS_NOT_FINITE} (steps {starts[call]} to "
-                   f"{starts[call] + steps - 1}) while every gradient, noise and index "
-                   "the estimator checked was finite: the optimizer's update made them "
-                   "so (a step size too large?)")
+                   f"{starts[call] + steps - 1}) while every step's update was finite: "
+                   "adding an update to the params overflowed (a step size too large?)")
       if message:
         raise ValueError(message)
 
