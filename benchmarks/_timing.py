@@ -93,32 +93,29 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   runners, inputs = {}, {}
   for name, opt in optimizers.items():
     objective = objectives[name]
-    data_args, host = data_lib.split_host(objective.data_tree())
-    refs = objective.data or {}
-    inputs[name] = (objective, data_args, host)
+    host = data_lib.host_leaves(objective)
+    inputs[name] = (objective, host)
 
     deferred = isinstance(opt, DeferredChecks)
     fused = None if not isinstance(opt, TwoCalls) else False
 
-    def step(carry, xs, values, opt=opt.optimizer if isinstance(opt, (DeferredChecks, TwoCalls))
-             else opt, deferred=deferred, fused=fused, objective=objective, refs=refs):
+    def step(carry, xs, objective, opt=opt.optimizer if isinstance(opt, (DeferredChecks, TwoCalls))
+             else opt, deferred=deferred, fused=fused):
       idx, key, rows = xs
-      # As fit's segments do: a copy computing with the program's data arguments.
-      objective, opt = data_lib.substitute(
-          (objective, opt), refs, data_lib.with_batch_rows(values, idx, rows))
+      # As fit's segments do: the program's objective argument, with the step's host rows.
+      objective = data_lib.with_batch_rows(objective, idx, rows)
       with checks.deferred() if deferred else contextlib.nullcontext():
         if isinstance(opt, FusedStep):
           return opt.step(*carry, idx, key), None
         return train_step(objective, opt, *carry, idx, key, fused=fused), None
 
-    def run(carry, xs, data, step=step, host=host):
-      values = data_lib.join_host(data, host)
-      return jax.lax.scan(lambda c, x: step(c, x, values), carry, xs)[0]
+    def run(carry, xs, objective, step=step):
+      return jax.lax.scan(lambda c, x: step(c, x, objective), carry, xs)[0]
 
     runners[name] = jax.jit(checkify.checkify(run) if deferred else run, donate_argnums=0)
 
   host_rows = {}  # per objective, read once, as fit's reader does
-  for objective, _, host in inputs.values():
+  for objective, host in inputs.values():
     if id(objective) not in host_rows:
       host_rows[id(objective)] = jax.device_put(data_lib.read_rows(host, batches))
 
@@ -131,19 +128,19 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
   for round_ in _report.progress(range(rounds + 1), "timing rounds (the first warms up)"):
     order = names[round_ % len(names):] + names[:round_ % len(names)]
     for name in order:
-      objective, data_args, _ = inputs[name]
+      objective, _ = inputs[name]
       n_steps = steps_for(name) if steps_for else steps
       xs = (batches[:n_steps], keys[:n_steps], rows_for(objective, n_steps))
       params = jax.tree.map(jnp.copy, params0)
-      state = objective.computing_with(optimizers[name]).init(params)
+      state = optimizers[name].init(params)
       memory[name] = dsgrad.table_bytes(state), dsgrad.state_bytes(state)
       jax.block_until_ready(state)
       if round_ == 0 and compile_seconds is not None:
         t0 = time.perf_counter()
-        runners[name] = runners[name].lower((params, state), xs, data_args).compile()
+        runners[name] = runners[name].lower((params, state), xs, objective).compile()
         compile_seconds[name] = time.perf_counter() - t0
       start = time.perf_counter()
-      carry = runners[name]((params, state), xs, data_args)
+      carry = runners[name]((params, state), xs, objective)
       jax.block_until_ready(carry)
       elapsed = (time.perf_counter() - start) / n_steps
       if round_:
@@ -157,7 +154,7 @@ def time_per_step(objective, optimizers: dict, params0, batch_size: int, steps: 
 def host_read_seconds(objective, batches, rounds: int = 3) -> float:
   """Median seconds per step to read a block of batches' rows of the objective's host
   (memory-mapped) arrays on the host, as :class:`dsgrad.data.RowReader` does; 0 if none."""
-  _, host = data_lib.split_host(objective.data_tree())
+  host = data_lib.host_leaves(objective)
   if not host:
     return 0.0
   times = []

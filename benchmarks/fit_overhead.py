@@ -137,7 +137,7 @@ def bbvi_loss(model):
 
   def loss(params, idx, eps):
     z = params["loc"] + jnp.exp(params["log_scale"]) * eps
-    return (-n * jnp.mean(model.log_likelihood(z, idx)) - model.log_prior(z)
+    return (-n * jnp.mean(model.log_likelihood_at(z, idx)) - model.log_prior(z)
             - jnp.sum(params["log_scale"]))
 
   return loss

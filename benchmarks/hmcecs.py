@@ -132,8 +132,7 @@ def run(num_data=100_000, dim=11, subsample_size=1000, num_blocks=100, num_sampl
           subsample_size=subsample_size), k_sghmc, subsample_size * sghmc_steps)):
     state = algo.init(proxy.theta_star, None)
     samples, _, _, _, seconds = mcmc.run_chain(k, algo.step, state,
-                                               num_warmup + num_samples, progress=False,
-                                               data=model.data)
+                                               num_warmup + num_samples, progress=False)
     rows.append(_summary(name, samples[num_warmup:], seconds * num_samples /
                          (num_warmup + num_samples), evals, ref_mean, ref_sd,
                          note="control variates, fixed step"))

@@ -129,12 +129,12 @@ def _full_pass_seconds(objective, params, repeats=3):
   in the estimators' own chunked pass."""
   noise = objective.sample_noise(jax.random.key(0), 1)  # shared noise: one draw
 
-  def full_grad(params):
+  def full_grad(objective, params):
     return tables.full_pass_mean(
         lambda idx: objective.grad(params, idx, noise, validate=False), objective.num_data,
         4096)
 
-  return _median_seconds(data_lib.jit(objective.data, full_grad), (params,), repeats)
+  return _median_seconds(jax.jit(full_grad), (objective, params), repeats)
 
 
 def _median_seconds(fn, args, repeats):
@@ -169,22 +169,19 @@ def _gather_seconds(objective, batch_size, steps, rounds=3, index_range=None):
   ``index_range``: batches from the first ``index_range`` data only."""
   batches = epoch_batches(jax.random.key(2), index_range or objective.num_data, batch_size,
                           steps)
-  data_args, host = data_lib.split_host(objective.data_tree())
-  refs = objective.data
+  host = data_lib.host_leaves(objective)
   rows = jax.device_put(data_lib.read_rows(host, batches))  # as fit's reader does
 
   @jax.jit
-  def run(batches, data, rows):
-    values = data_lib.join_host(data, host)
-
+  def run(batches, objective, rows):
     def body(acc, xs):
       idx, rows_t = xs
-      step_refs = data_lib.substitute(refs, refs, data_lib.with_batch_rows(values, idx, rows_t))
-      return acc + sum(jnp.sum(ref[idx]) for ref in step_refs.values()), None
+      step = data_lib.with_batch_rows(objective, idx, rows_t)
+      return acc + sum(jnp.sum(r) for r in jax.tree.leaves(step.rows(idx))), None
 
     return jax.lax.scan(body, jnp.zeros(()), (batches, rows))[0]
 
-  return (_median_seconds(run, (batches, data_args, rows), rounds) / steps,
+  return (_median_seconds(run, (batches, objective, rows), rounds) / steps,
           _timing.host_read_seconds(objective, batches, rounds))
 
 
@@ -249,15 +246,11 @@ def _split_gathers(objective, batch_size) -> int:
   """How many of a batch's row gathers XLA's CPU compiler splits across threads (its
   ``outer_dimension_partitions``; its cost model counts the whole gathered-from array,
   so a gather of 100 rows from an array over 512 KiB is split): 0 elsewhere."""
-  refs = objective.data
-  data_args, host = data_lib.split_host(objective.data_tree())
-
-  def gather(idx, data):
-    step_refs = data_lib.substitute(refs, refs, data_lib.join_host(data, host))
-    return [ref[idx] for ref in step_refs.values()]
+  def gather(idx, objective):
+    return objective.rows(idx)
 
   idx = jnp.arange(batch_size, dtype=jnp.int32)
-  text = jax.jit(gather).lower(idx, data_args).compile().as_text()
+  text = jax.jit(gather).lower(idx, objective).compile().as_text()
   return sum("outer_dimension_partitions" in line for line in text.splitlines()
              if "gather" in line and "fusion(" in line)
 

@@ -1,6 +1,6 @@
 """What a model's data values mean, when the model relies on it: signs that must be +1 or
--1, indices that must lie in a range. Declared once by the model's factory on its data
-handles (:func:`declare_kind`), checked on data handed in later
+-1, indices that must lie in a range. Declared by the model's factory
+(:attr:`dsgrad.models.Model.kinds`), checked there and on data handed in later
 (:meth:`dsgrad.Objective.with_data`)."""
 
 from __future__ import annotations
@@ -8,27 +8,26 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dsgrad.data import DataArray, HostView
+from dsgrad.data import HostView
 from dsgrad.training.host_data import HostArray
 
 
-def declare_kind(handle: DataArray, kind) -> DataArray:
-  """Records what ``handle``'s values mean (see :attr:`DataArray.kind`) and checks its
-  current values against it. Returns ``handle``."""
-  handle.kind = kind
-  check_kind(handle, handle.value(), f"data {handle.name!r}")
-  return handle
+def check_kinds(kinds, values, who: str = "data") -> None:
+  """Checks every leaf of the dict ``values`` that ``kinds`` (``{key: kind}``, a model's
+  :attr:`~dsgrad.models.Model.kinds`) names against its kind (:func:`check_kind`)."""
+  for key, kind in (kinds or {}).items():
+    check_kind(kind, values[key], f"{who}[{key!r}]")
 
 
-def check_kind(handle: DataArray, value, label: str) -> None:
+def check_kind(kind, value, label: str) -> None:
   """Refuses ``value`` (in memory, or on the host, read in chunks) when it does not mean
-  what ``handle``'s kind says: 0/1 labels where signs are meant would turn every 0 into a
-  likelihood term that ignores the parameters, an index past the end would read another
-  row (JAX clamps gathers) without any error."""
-  kind = handle.origin.kind
-  if kind is None:
+  what ``kind`` says (``"signs"``: +1 or -1; ``("index", n)``: integers in ``[0, n)``):
+  0/1 labels where signs are meant would turn every 0 into a likelihood term that ignores
+  the parameters, an index past the end would read another row (JAX clamps gathers)
+  without any error."""
+  if kind is None or isinstance(value, (jax.core.Tracer, HostView)):
     return
-  host = value.host if isinstance(value, HostView) else value
+  host = value
   if isinstance(host, HostArray):
     blocks = [host.array[i:i + (1 << 20)] for i in range(0, host.shape[0], 1 << 20)]
   elif isinstance(host, jax.Array) and not host.is_fully_addressable:

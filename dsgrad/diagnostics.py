@@ -228,7 +228,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     (8,)
   """
   program = compile_cache.get_or_build(
-      ("elbo_draws", objective.structure_key(), num_samples, chunk_size),
+      ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size),
       lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
                                         chunk_size=chunk_size)))[0]
   return functools.partial(program, objective)
@@ -267,7 +267,7 @@ def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: 
   """
   chunk = max(1, min(int(chunk_size), objective.num_data))
   program = compile_cache.get_or_build(
-      ("sampled_elbo_draws", objective.structure_key(), num_samples, chunk),
+      ("sampled_elbo_draws", jax.tree.structure(objective), num_samples, chunk),
       lambda: jax.jit(functools.partial(_sampled_elbo_run, num_samples=num_samples,
                                         chunk_size=chunk)))[0]
   return functools.partial(program, objective)

@@ -98,18 +98,18 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
   layout, columns = _reads_layout(reads, latent, d, handles)
   position = {col: p for p, col in enumerate(columns)}
   k = sum(width * (len(cols) if cols else 1) for _, _, cols, width in layout)
-  data_leaves = list(handles.values())
   data_names = list(handles)
 
-  def coordinates(indices):
+  def coordinates(rows):
     pieces = []
+    b = rows[data_names[0]].shape[0]
     for start, _, cols, width in layout:
       if cols is None:
         pieces.append(jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32),
-                                       indices.shape + (width,)))
+                                       (b, width)))
         continue
       for col in cols:
-        row = handles[col][indices].astype(jnp.int32)
+        row = rows[col].astype(jnp.int32)
         pieces.append(start + row[:, None] * width
                       + jnp.arange(width, dtype=jnp.int32)[None, :])
     return jnp.concatenate(pieces, axis=1)
@@ -128,8 +128,8 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
       parts.append(small)
     return jax.tree_util.tree_unflatten(jax.tree.structure(latent), parts)
 
-  def log_likelihood_local(z_local, indices):
-    rows = [h[indices] for h in data_leaves]
+  def log_likelihood_local(z_local, rows):
+    rows = [rows[name] for name in data_names]
 
     def one(zl, row):
       row = [jnp.full((1,), position[col], leaf.dtype) if col in position else leaf[None]
@@ -246,7 +246,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     ...     data, latent={"w": jnp.zeros(()), "b": jnp.zeros(())})
     >>> model.num_data, model.latent_dim
     (50, 2)
-    >>> model.log_likelihood(jnp.array([0.5, 2.0]), jnp.arange(3)).shape  # flat latent
+    >>> model.log_likelihood_at(jnp.array([0.5, 2.0]), jnp.arange(3)).shape  # flat latent
     (3,)
 
   A hierarchical model whose row reads one group's intercept and the shared slope::
@@ -264,31 +264,31 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   d, unravel = _latent_unravel(latent)
   n = _num_data(data)
   data_lib.check_finite_data(data, "data")  # before the cast to float32
-  # Each leaf behind a handle: compiled programs (fit's segments, full passes, the ELBO)
-  # take the rows as arguments instead of folding the data into the program as constants
-  # (at 10^6 rows and more, gigabytes of constants and minutes of compiling), and a
+  # The model's data, by name: the leaves of its pytree (so compiled programs take them
+  # as arguments instead of folding them in as constants: at 10^6 rows and more,
+  # gigabytes of constants and minutes of compiling), and the keys with_data takes. A
   # memory-mapped leaf (dsgrad.data.open_memmap) stays on the host.
   paths, treedef = jax.tree_util.tree_flatten_with_path(data)
   handles = model_data(**{_leaf_name(path): leaf for path, leaf in paths})
+  names = list(handles)
 
   def prior_flat(z):
     return log_prior(unravel(z))
 
-  def lik_flat(z, indices):
-    batch = jax.tree_util.tree_unflatten(treedef, [h[indices] for h in handles.values()])
-    return log_lik(unravel(z), batch)
+  def lik_flat(z, rows):
+    return log_lik(unravel(z), jax.tree_util.tree_unflatten(treedef, [rows[k] for k in names]))
 
   z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
   prior_shape = jax.eval_shape(prior_flat, z0).shape
   if prior_shape != ():
     raise ValueError(f"log_prior must return a scalar, got shape {prior_shape}")
+  model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
-  lik_shape = jax.eval_shape(lik_flat, z0, probe).shape
+  lik_shape = jax.eval_shape(model.log_likelihood_at, z0, probe).shape
   if lik_shape != probe.shape:
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
-  model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   if reads is None:
     return model
   model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
@@ -303,10 +303,10 @@ def _check_declared_reads(model: Model, reads) -> None:
   indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
   z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
   sparse = model.sparse
-  # The data as arguments, not constants folded into the two small programs.
-  full = np.asarray(data_lib.jit(model.data, model.log_likelihood)(z, indices))
-  local = np.asarray(data_lib.jit(model.data, lambda zz, i: sparse.log_likelihood_local(
-      zz[sparse.coordinates(i)], i))(z, indices))
+  rows = model.rows(indices)
+  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
+  local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
+      zz[sparse.coordinates(r)], r))(z, rows))
   if not np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max())):
     raise ValueError(
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "

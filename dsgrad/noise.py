@@ -159,9 +159,9 @@ def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
       # Per-datum noise: (K, B, ...) -> (B, K, ...), so the batch axis stays first.
       return draws if shared else jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), draws)
 
-  def loss_fn(params, indices, noise):
+  def loss_fn(params, rows, noise):
     axis = 0 if shared else 1
-    losses = jax.vmap(lambda e: base_loss(params, indices, e), in_axes=axis)(noise)
+    losses = jax.vmap(lambda e: base_loss(params, rows, e), in_axes=axis)(noise)
     return jnp.mean(losses, axis=0)
 
   label = f"{objective.name}[{k} {'RQMC' if sampler == 'rqmc' else 'MC'} samples]"

@@ -12,7 +12,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,16 +33,17 @@ NoiseFn = Callable[[jax.Array, int], Noise]
 class Objective:
   """A doubly-stochastic objective ``f(w; n, eps)`` over ``num_data`` data.
 
-  A mini-batch is named by its datum indices alone. ``loss_fn`` reads the data through
-  the :class:`dsgrad.data.DataArray` handles listed in ``data``, so that compiled programs
-  (:func:`dsgrad.fit`, the estimators) take the data as an argument and one compilation
-  serves every data set of the same shapes (:meth:`with_data`). An objective without
-  ``data`` closes over its data as constants.
+  A mini-batch is named by its datum indices; ``loss_fn`` receives their rows of ``data``
+  (:meth:`rows`) as an argument, so that compiled programs (:func:`dsgrad.fit`, the
+  estimators) take the data as arguments and one compilation serves every data set of
+  the same shapes (:meth:`with_data`). An objective without ``data`` closes over its data
+  as constants and its ``loss_fn`` receives the indices.
 
   Attributes:
-    loss_fn: ``loss_fn(params, indices, noise) -> values`` of shape ``(B,)``: the
-      per-datum loss ``f(params; indices[b], noise_b)`` for each datum of the batch.
-      Its mean over uniformly drawn data and noise is the objective ``F(params)``.
+    loss_fn: ``loss_fn(params, rows, noise) -> values`` of shape ``(B,)``: the per-datum
+      loss ``f(params; n_b, noise_b)`` for each datum of the batch, from the batch's rows
+      of ``data`` (its indices when ``data`` is ``None``). Its mean over uniformly drawn
+      data and noise is the objective ``F(params)``.
     noise_fn: ``noise_fn(key, batch_size) -> noise``: draws the Monte Carlo noise for a
       batch. With ``shared_noise=False`` every leaf has leading axis ``batch_size``
       (one draw per datum); with ``shared_noise=True`` it has no batch axis and the
@@ -50,8 +51,9 @@ class Objective:
     num_data: ``N``, the number of data.
     shared_noise: whether one noise draw is shared by the batch (see ``noise_fn``).
     name: a label used in error messages and benchmark tables.
-    data: ``{name: DataArray}``, the per-datum arrays ``loss_fn`` (and the model's
-      approximations) read; every leading axis is ``num_data``.
+    data: the per-datum arrays ``loss_fn`` (and the model's approximations) read, a
+      pytree whose every leading axis is ``num_data`` (a model's :attr:`~dsgrad.models.
+      Model.data`); the objective's pytree leaves.
     log_q_offset: optional ``(params, noise) -> log q(z) + H(q)`` at the latent
       ``z`` the noise gives. An objective whose full-data ELBO draw is
       ``log p(x, z) + H(q)`` sets it, so that the draw minus the offset is the log
@@ -64,13 +66,16 @@ class Objective:
     log_evidence_bound: optional upper bound on the log evidence that the ELBO
       (``-`` the mean loss) cannot exceed (:attr:`dsgrad.models.Model.log_evidence_bound`,
       which the BBVI objectives copy): an estimate above it is flagged.
+    kinds: what data values mean (:attr:`dsgrad.models.Model.kinds`), checked by
+      :meth:`with_data`.
 
   The noise must have mean zero for :func:`dsgrad.approx.linearize`: an objective whose
   natural noise is not centred (Gaussian dropout's ``eps ~ N(1, s^2)``) exposes the
   centred noise ``eps - 1`` instead.
 
-  An objective is a pytree whose leaves are its in-memory data arrays (the functions,
-  ``num_data`` and the host arrays are its static structure), like an equinox module:
+  An objective is a pytree whose leaves are its data arrays (the functions and
+  ``num_data`` are its static structure; a host array is an int32 handle), like an
+  equinox module:
   ``jax.jit(step)(objective, params, indices, noise)`` takes the data as arguments of
   the compiled program, and :meth:`with_data` copies share the tree structure, so one
   compilation serves them all::
@@ -90,19 +95,21 @@ class Objective:
   num_data: int
   shared_noise: bool = False
   name: str = "objective"
-  data: Mapping[str, data_lib.DataArray] | None = None
+  data: Any = None
   log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
   source: tuple | None = None
   log_evidence_bound: float | None = None
+  kinds: tuple = ()
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
-    _register_pytree(cls)
+    data_lib.register_with_data(cls)
 
   def __post_init__(self):
     if not isinstance(self.num_data, int) or self.num_data < 1:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
-    if self.data:
+    if self.data is not None:
+      object.__setattr__(self, "data", data_lib.placed(self.data, f"{self.name}.data"))
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
     self._check_noise_sharing()
 
@@ -131,82 +138,55 @@ class Objective:
             "shared_noise=True for one draw shared by the batch, or a per-datum noise_fn "
             "(dsgrad.gaussian_noise(shape) rather than gaussian_noise(shape, shared=True))")
 
-  def _after_substitute(self):
-    # A copy on other data (dsgrad.data.substitute) works out its own pytree structure.
-    self.__dict__.pop("_cached_pytree_structure", None)
-
   # ------------------------------------------------------------------ data
-  def data_tree(self) -> dict:
-    """``{name: array}``: the data this objective computes with (empty if none)."""
-    return data_lib.values_of(self.data)
+  def data_tree(self):
+    """The data this objective computes with (``{}`` if none)."""
+    return {} if self.data is None else self.data
 
-  def computing_with(self, thing):
-    """``thing`` (an optax transformation, an approximation, a function: anything that
-    reads this objective's model's data handles) on this objective's data: a
-    :func:`dsgrad.data.substitute` copy, or ``thing`` itself when it already reads them.
+  def rows(self, indices):
+    """The rows of :attr:`data` at ``indices``: what ``loss_fn`` receives (``indices``
+    themselves for an objective without data)."""
+    return data_lib.rows_of(self.data, indices)
 
-    An estimator built for ``objective`` and handed ``objective.with_data(new)`` computes
-    with ``new`` through this."""
-    return data_lib.substitute(thing, self.data, self.data_tree())
-
-  def with_data(self, values: Mapping[str, Any]) -> "Objective":
+  def with_data(self, values) -> "Objective":
     """This objective on other data of the same shapes and dtypes.
 
-    The returned objective is a copy whose data handles hold ``values``
-    (:func:`dsgrad.data.substitute`); it counts as the same model, so every compiled
-    program (:func:`dsgrad.fit`'s segments, :func:`dsgrad.elbo`) is reused: one
-    compilation serves both data sets. Pass the same optimizer object to ``fit`` to reuse
-    its compilation.
+    Only the pytree's leaves change, so every program compiled for this objective (a
+    ``jax.jit`` taking it as an argument, :func:`dsgrad.fit`'s segments,
+    :func:`dsgrad.elbo`) serves the copy. Pass the same optimizer object to ``fit`` to
+    reuse its compilation.
 
     Args:
-      values: ``{name: array}`` with the keys of :meth:`data_tree`; NumPy arrays,
-        JAX arrays, or :class:`dsgrad.data.HostArray` (host/memory-mapped).
+      values: a pytree like :meth:`data_tree` (``{name: array}`` for dsgrad's models):
+        NumPy arrays, JAX arrays, or :class:`dsgrad.data.HostArray` (host/memory-mapped).
 
     Raises:
-      ValueError/TypeError: a missing or extra key, leaves that disagree on ``N``, or a
-        leaf whose shape or dtype differs from this objective's.
+      ValueError/TypeError: a missing or extra key, leaves that disagree on ``N``, a leaf
+        whose shape or dtype differs from this objective's, or values that do not mean
+        what the model's data mean (:mod:`dsgrad.data_kinds`).
     """
-    if not self.data:
-      raise ValueError(f"{self.name} declares no data handles (objective.data); build it "
-                       "from a dsgrad model to swap its data")
-    values = dict(values)
-    if set(values) != set(self.data):
-      raise ValueError(f"{self.name}.with_data: expected the keys {sorted(self.data)}, got "
-                       f"{sorted(values)}")
-    data_lib.check_data(values, None, f"{self.name}.with_data")
-    out = {}
-    for key, ref in self.data.items():
-      value = values[key]
-      if isinstance(value, np.memmap):
-        value = data_lib.HostArray(value, key)
-      elif not isinstance(value, (data_lib.HostArray, jax.Array)):
-        value = jnp.asarray(value)
-      if tuple(value.shape) != ref.shape:
-        raise ValueError(f"{self.name}.with_data: data {key!r} has shape {tuple(value.shape)}, "
-                         f"expected {ref.shape} (same shapes as the objective's data)")
-      if np.dtype(value.dtype) != np.dtype(ref.dtype):
-        raise TypeError(f"{self.name}.with_data: data {key!r} has dtype {value.dtype}, "
-                        f"expected {ref.dtype}")
-      data_kinds.check_kind(ref, value, f"{self.name}.with_data: data {key!r}")
-      out[key] = value
-    return data_lib.substitute(self, self.data, out, new_data=True)
-
-  def model_key(self):
-    """What makes this objective the same model as another, whatever its data: the loss
-    and noise functions (or the keys their constructor gave them,
-    :func:`with_function_key`), ``N``, the noise sharing and the data handles. Every
-    :meth:`with_data` copy shares it, in memory or on the host, and so does the same
-    constructor called twice on the same model."""
-    refs = tuple((k, id(r.origin)) for k, r in sorted((self.data or {}).items()))
-    return (function_key(self.loss_fn), function_key(self.noise_fn), self.num_data,
-            self.shared_noise, refs)
-
-  def structure_key(self):
-    """What determines this objective's compiled programs apart from its data values:
-    :meth:`model_key` and which data are host arrays. Objectives made from one another
-    by :meth:`with_data` with data of the same kinds share it."""
-    host = tuple(sorted(k for k, v in self.data_tree().items() if data_lib.is_host(v)))
-    return self.model_key() + (host,)
+    if self.data is None:
+      raise ValueError(f"{self.name} declares no data (objective.data); build it from a "
+                       "dsgrad model to swap its data")
+    who = f"{self.name}.with_data"
+    ours = jax.tree.structure(self.data, is_leaf=data_lib.is_host)
+    theirs = jax.tree.structure(values, is_leaf=lambda v: data_lib.is_host(v) or
+                                isinstance(v, np.ndarray))
+    if ours != theirs:
+      keys = lambda t: sorted(jax.tree_util.keystr(p) for p, _ in
+                              jax.tree.leaves_with_path(t, is_leaf=data_lib.is_host))
+      raise ValueError(f"{who}: expected the keys {keys(self.data)}, got {keys(values)}")
+    values = data_lib.placed(values, who)
+    for (path, new), old in zip(jax.tree.leaves_with_path(values, is_leaf=data_lib.is_host),
+                                jax.tree.leaves(self.data, is_leaf=data_lib.is_host)):
+      key = jax.tree_util.keystr(path)
+      if tuple(new.shape) != tuple(old.shape):
+        raise ValueError(f"{who}: data {key} has shape {tuple(new.shape)}, expected "
+                         f"{tuple(old.shape)} (same shapes as the objective's data)")
+      if np.dtype(new.dtype) != np.dtype(old.dtype):
+        raise TypeError(f"{who}: data {key} has dtype {new.dtype}, expected {old.dtype}")
+    data_kinds.check_kinds(dict(self.kinds), values, who)
+    return dataclasses.replace(self, data=values)
 
   # ----------------------------------------------------------------- noise
   @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))
@@ -263,7 +243,7 @@ class Objective:
     """Per-datum losses ``f(params; n, eps_n)`` for the batch, shape ``(B,)``."""
     if validate:
       self.validate(indices, noise)
-    values = self.loss_fn(params, indices, noise)
+    values = self.loss_fn(params, self.rows(indices), noise)
     if jnp.shape(values) != jnp.shape(indices):
       raise ValueError(f"{self.name}.loss_fn returned shape {jnp.shape(values)}; it must "
                        f"return one value per datum, shape {jnp.shape(indices)}")
@@ -297,121 +277,10 @@ class Objective:
     """Scalar loss of one datum; ``noise_one`` has no batch axis."""
     if not self.shared_noise:
       noise_one = jax.tree.map(lambda x: x[None], noise_one)
-    return self.loss_fn(params, jnp.reshape(index, (1,)), noise_one)[0]
+    return self.loss_fn(params, self.rows(jnp.reshape(index, (1,))), noise_one)[0]
 
 
-class _Structure:
-  """The static part of an objective's pytree: everything but its in-memory data.
-
-  Two objectives share a structure (and hence every compiled program taking them as an
-  argument) when :meth:`Objective.structure_key` agrees and they hold the same data keys:
-  exactly the copies :meth:`Objective.with_data` makes with in-memory arrays.
-  """
-
-  __slots__ = ("template", "keys", "host", "_key")
-
-  def __init__(self, template: Objective, keys: tuple, host: dict):
-    self.template, self.keys, self.host = template, keys, host
-    self._key = (template.structure_key(), keys,
-                 tuple((k, id(v)) for k, v in sorted(host.items())))
-
-  def __eq__(self, other):
-    return isinstance(other, _Structure) and self._key == other._key
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __repr__(self):
-    return f"Objective structure of {self.template.name!r} (data {list(self.keys)})"
-
-
-def with_function_key(fn: Callable, key: Hashable) -> Callable:
-  """Marks ``fn`` as computing what every function marked with an equal ``key`` computes.
-
-  A constructor that builds its loss or noise function as a fresh closure marks it with
-  what determines it (the model's functions, the family, the settings), so that an
-  objective built twice from the same model -- ``dsgrad.meanfield_gaussian(model)``
-  handed to an estimator and again to :func:`dsgrad.fit` -- is recognised as one model
-  and shares its compiled programs. A function whose key omits something it depends on
-  would be confused with another, so keys list every input of the closure; an input that
-  is unhashable or compares by value goes in as :class:`by_identity` ``(obj)``. A
-  function derived from a marked one is a new function, unmarked until its maker marks it.
-  """
-  fn._dsgrad_function_key = key
-  return fn
-
-
-class by_identity:  # noqa: N801  (used like a function: by_identity(obj))
-  """``obj`` as a part of a :func:`with_function_key` key, equal only to itself.
-
-  For objects that are unhashable or compare by value (a model holding arrays). It keeps
-  ``obj`` alive: a key holding a bare ``id(obj)`` could, once ``obj`` is collected, match a
-  new object at the same address, and with it a compiled program cached for the old one.
-  """
-
-  __slots__ = ("obj",)
-
-  def __init__(self, obj):
-    self.obj = obj
-
-  def __eq__(self, other):
-    return isinstance(other, by_identity) and other.obj is self.obj
-
-  def __hash__(self):
-    return id(self.obj)
-
-
-def function_key(fn: Callable) -> Hashable:
-  """``fn``'s key from :func:`with_function_key`, else ``fn`` itself (identity)."""
-  return getattr(fn, "_dsgrad_function_key", fn)
-
-
-def _copy(objective: Objective, **changes) -> Objective:
-  """A field-by-field copy with ``changes``, without ``__post_init__``'s validation."""
-  out = object.__new__(type(objective))
-  for field in dataclasses.fields(objective):
-    object.__setattr__(out, field.name, changes.get(field.name, getattr(objective, field.name)))
-  return out
-
-
-def _flatten_objective(objective: Objective):
-  values = objective.data_tree()
-  # jit flattens its arguments at every call: the static part is built once per objective.
-  structure = objective.__dict__.get("_cached_pytree_structure")
-  if structure is None:
-    host = {k: v for k, v in values.items() if data_lib.is_host(v)}
-    keys = tuple(sorted(k for k in values if k not in host))
-    # The template holds shapes, not the data, so that a compilation cache keyed by the
-    # structure does not keep a data set alive.
-    template = data_lib.substitute(objective, objective.data, {
-        k: (v if k in host else jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)))
-        for k, v in values.items()})
-    structure = _Structure(template, keys, host)
-    object.__setattr__(objective, "_cached_pytree_structure", structure)
-  children = tuple((jax.tree_util.DictKey(k), values[k]) for k in structure.keys)
-  return children, structure
-
-
-def _unflatten_objective(structure: _Structure, leaves) -> Objective:
-  # No validation here: JAX unflattens with placeholders (tracers, None, shardings) too.
-  template = structure.template
-  if not template.data:
-    return _copy(template)
-  return data_lib.substitute(template, template.data,
-                             {**structure.host, **dict(zip(structure.keys, leaves))})
-
-
-def _flatten_objective_fast(objective: Objective):
-  children, structure = _flatten_objective(objective)
-  return tuple(value for _, value in children), structure
-
-
-def _register_pytree(cls) -> None:
-  jax.tree_util.register_pytree_with_keys(
-      cls, _flatten_objective, _unflatten_objective, flatten_func=_flatten_objective_fast)
-
-
-_register_pytree(Objective)
+data_lib.register_with_data(Objective)
 
 
 def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable:
@@ -467,5 +336,4 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
 
   # What the randomized QMC sampler (dsgrad.multi_sample) needs to know to replace it.
   noise_fn.gaussian = (shape, dtype, scale, shared)
-  return with_function_key(noise_fn, ("gaussian_noise", shape, jnp.dtype(dtype), float(scale),
-                                      bool(shared)))
+  return noise_fn

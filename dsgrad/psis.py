@@ -206,7 +206,7 @@ def _offsets(objective, num_samples: int):
       return jax.vmap(lambda k: objective.log_q_offset(params, objective.sample_noise(k, 1))
                       )(keys)
     return offsets
-  return compile_cache.get_or_build(("psis_offsets", objective.structure_key(), num_samples),
+  return compile_cache.get_or_build(("psis_offsets", jax.tree.structure(objective), num_samples),
                                     build)[0]
 
 

@@ -64,7 +64,7 @@ def test_k0_is_the_base_elbo():
   log_q = jnp.sum(stats.norm(np.asarray(params["base"]["loc"]),
                              np.exp(np.asarray(params["base"]["log_scale"]))).logpdf(
                                  np.asarray(z0)))
-  want = model.log_prior(z0) + jnp.sum(model.log_likelihood(z0, jnp.arange(N))) - log_q
+  want = model.log_prior(z0) + jnp.sum(model.log_likelihood_at(z0, jnp.arange(N))) - log_q
   np.testing.assert_allclose(vi.log_weight(params, noise), want, rtol=1e-5)
   # The objective's mean loss over all data is minus the same log weight.
   objective = vi.objective()
@@ -90,7 +90,7 @@ def test_bound_is_below_the_evidence_and_tightens_with_k():
 def test_sl_dais_with_the_full_likelihood_as_surrogate_is_dais():
   model, _, post_mean, post_cov = _regression()
   everything = jnp.arange(N, dtype=jnp.int32)
-  exact = Surrogate(lambda: {}, lambda p, z: jnp.sum(model.log_likelihood(z, everything)), D,
+  exact = Surrogate(lambda: {}, lambda p, z: jnp.sum(model.log_likelihood_at(z, everything)), D,
                     "full likelihood")
   dais_vi, sl_vi = AnnealedVI(model, 6), AnnealedVI(model, 6, surrogate=exact)
   params = _params(dais_vi, post_mean, post_cov)
@@ -143,8 +143,8 @@ def test_coreset_surrogate_is_an_unbiased_estimate_of_the_log_likelihood():
   # Sensitivity sampling is not uniform: some data are drawn more often, weighted less.
   assert weights.max() / weights.min() > 1.5
   for z in (jnp.asarray(post_mean, jnp.float32), jnp.array([1.0, -2.0, 0.5])):
-    terms = weights * np.asarray(model.log_likelihood(z, points), np.float64)
-    full = float(jnp.sum(model.log_likelihood(z, jnp.arange(N))))
+    terms = weights * np.asarray(model.log_likelihood_at(z, points), np.float64)
+    full = float(jnp.sum(model.log_likelihood_at(z, jnp.arange(N))))
     assert abs(terms.sum() - full) < Z * np.sqrt(m) * terms.std(ddof=1), (terms.sum(), full)
     np.testing.assert_allclose(coreset(z), terms.sum(), rtol=1e-4)
   # CS-INIT learns the weights, CS-FIX keeps them (no learnable parameters).

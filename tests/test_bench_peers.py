@@ -28,7 +28,7 @@ def test_numpyro_model_with_fed_indices_is_the_dsgrad_model(num_classes):
   z = jnp.asarray(rng.normal(size=model.latent_dim), jnp.float32)
   idx = jnp.asarray(rng.choice(300, 20, replace=False), jnp.int32)
   fed, _ = log_density(peers.numpyro_model(task), (idx,), {}, {"w": z})
-  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood(z, idx))
+  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood_at(z, idx))
   np.testing.assert_allclose(fed, ours, rtol=1e-5)
   other = jnp.asarray(rng.choice(300, 20, replace=False), jnp.int32)
   moved, _ = log_density(peers.numpyro_model(task), (other,), {}, {"w": z})
@@ -80,7 +80,7 @@ def test_movielens_numpyro_model_with_fed_indices_is_the_dsgrad_model():
   idx = jnp.asarray(rng.choice(task.x.shape[0], task.batch_size, replace=False), jnp.int32)
   fed, _ = log_density(peers.numpyro_model(task), (idx,), {},
                        {"mu": latent.mu, "sigma": latent.sigma, "Z": latent.user_weights})
-  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood(z, idx))
+  ours = model.log_prior(z) + model.num_data * jnp.mean(model.log_likelihood_at(z, idx))
   np.testing.assert_allclose(fed, ours, rtol=1e-5)
   runner = peers.numpyro_runner(task, 0.01, "Trace_ELBO", True)
   loc, log_scale = runner.params(runner.init(jax.random.key(0)))

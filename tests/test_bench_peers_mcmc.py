@@ -22,7 +22,7 @@ def test_numpyro_model_is_the_dsgrad_model(problem):
   model = peers_mcmc.numpyro_model(problem.model.num_data, None)
   theirs, _ = log_density(model, (problem.x, problem.y), {}, {"theta": theta})
   everyone = jnp.arange(problem.model.num_data)
-  ours = problem.model.log_prior(theta) + jnp.sum(problem.model.log_likelihood(theta, everyone))
+  ours = problem.model.log_prior(theta) + jnp.sum(problem.model.log_likelihood_at(theta, everyone))
   np.testing.assert_allclose(theirs, ours, rtol=1e-5)
 
 
@@ -52,7 +52,7 @@ def test_sgld_steps_drift_by_the_same_amount(problem, library):
   theta = problem.theta_star + 2 * jnp.asarray(sd, jnp.float32)
   everyone = jnp.arange(problem.model.num_data)
   grad = jax.grad(lambda t: problem.model.log_prior(t)
-                  + jnp.sum(problem.model.log_likelihood(t, everyone)))(theta)
+                  + jnp.sum(problem.model.log_likelihood_at(t, everyone)))(theta)
   want = 0.5 * s["sgld_eps"] * np.asarray(grad, np.float64)
   moves = np.asarray(jax.jit(jax.vmap(lambda k: step(k, theta)))(
       jax.random.split(jax.random.key(3), 40_000)), np.float64) - np.asarray(theta)

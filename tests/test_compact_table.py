@@ -57,9 +57,11 @@ def test_logit_structure_matches_log_likelihood(logreg_model):
     z = jax.random.normal(jax.random.key(0), (model.latent_dim,))
     idx = jnp.arange(model.num_data, dtype=jnp.int32)
     lin = model.linear
-    logits = lin.features[idx] @ z.reshape(lin.features.shape[1], lin.num_outputs)
-    np.testing.assert_allclose(lin.log_likelihood_of_logits(logits, idx),
-                               model.log_likelihood(z, idx), rtol=1e-6)
+    rows = model.rows(idx)
+    x = lin.features(rows)
+    logits = x @ z.reshape(x.shape[1], lin.num_outputs)
+    np.testing.assert_allclose(lin.log_likelihood_of_logits(logits, rows),
+                               model.log_likelihood_at(z, idx), rtol=1e-6)
 
 
 def test_model_without_linear_structure_is_refused(logreg_model):
@@ -83,7 +85,7 @@ def test_unbiased_with_stale_table(logreg_model, logreg_data, params0, shared_no
                          table_dtype=table_dtype)
   state, params = fill_by_training(tx, objective, params0, jax.random.key(41))
   assert state.table.shape == (N_DATA, 1)
-  stored_loc_logits = logreg_model.linear.features.value() @ params["loc"]
+  stored_loc_logits = logreg_model.data["x"] @ params["loc"]
   assert not np.allclose(np.asarray(state.table[:, 0], np.float32), stored_loc_logits,
                          atol=1e-3), "table should hold logits at earlier iterates"
   exact_flat = np.asarray(jax.flatten_util.ravel_pytree(
@@ -108,12 +110,12 @@ def test_running_mean_invariant_with_duplicates():
     params = optax.apply_updates(params, jax.tree.map(lambda g: -3e-2 * g, out))
   everyone = jnp.arange(model.num_data, dtype=jnp.int32)
   want = approx.statistics.datum_expected(
-      objective, params, state.table, everyone,
+      objective, params, state.table, model.rows(everyone),
       jnp.full((model.num_data,), 1.0 / model.num_data))
   _tree_close(state.running_mean, want, rtol=1e-4, atol=1e-4)
   # Rows of visited data hold the logits of their last visit, others the initial ones.
   init_logits = approx.statistics.statistics(dsgrad.meanfield_init(model, 0.1, -1.0),
-                                             everyone)
+                                             model.rows(everyone))
   assert not np.allclose(state.table[9], init_logits[9])
   np.testing.assert_allclose(state.table[20], init_logits[20], rtol=1e-6)
 
@@ -164,10 +166,11 @@ def test_expected_change_is_the_difference_of_two_expectations(logreg_model, whi
                 "log_scale": jnp.full((d,), -1.0)}
   indices = jnp.array([3, 7, 3, 11, 0], jnp.int32)
   weights = dsgrad.tables.first_occurrence(indices).astype(jnp.float32)
-  new, old = stats.statistics(new_params, indices), stats.statistics(old_params, indices)
-  change = stats.expected_change(objective, new_params, new, old, indices, weights)
+  rows = objective.rows(indices)
+  new, old = stats.statistics(new_params, rows), stats.statistics(old_params, rows)
+  change = stats.expected_change(objective, new_params, new, old, rows, weights)
   difference = jax.tree.map(
-      jnp.subtract, stats.datum_expected(objective, new_params, new, indices, weights),
-      stats.datum_expected(objective, new_params, old, indices, weights))
+      jnp.subtract, stats.datum_expected(objective, new_params, new, rows, weights),
+      stats.datum_expected(objective, new_params, old, rows, weights))
   _tree_close(change, difference, rtol=1e-5, atol=1e-4)
   assert float(jnp.abs(change["loc"]).max()) > 1e-3  # not trivially zero

@@ -81,10 +81,9 @@ def test_compiled_segment_holds_no_copy_of_the_data():
                             optax.adam(1e-2))
     params = dsgrad.meanfield_init(model)
     state = optimizer.init(params)
-    data_args, _ = data_lib.split_host(objective.data_tree())
     segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, 50, 5)
     orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), n, 50).window(0, 5)
-    lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), data_args,
+    lowered = segment.lower((params, state), jax.random.key(0), jnp.int32(0), objective,
                             orders, {})
     sizes.append(len(lowered.as_text()))  # StableHLO: constants are printed in full
   # As constants, the features alone would print as 0.08 MB and 8 MB.
@@ -248,8 +247,10 @@ def _numpyro_objective(x, y):
   return bridge.objective(model, x=x, y=y)
 
 
+# A NumPyro model indexes its own arrays with the plate's indices: its objective has no
+# data of its own (the arrays are constants of its programs).
 @pytest.mark.parametrize("name", ["logistic", "softmax", "bradley_terry", "movielens", "ppca",
-                                  "dropout_glm", "numpyro"])
+                                  "dropout_glm"])
 def test_every_model_reads_its_data_through_the_objective(name, counting_jit):
   """``with_data`` on the rows permuted: datum ``i`` of the new data is datum ``perm[i]``
   of the old, so the loss at indices ``idx`` equals the old loss at ``perm[idx]`` --
@@ -280,32 +281,6 @@ def test_host_blocks_hold_at_most_the_byte_budget(tmp_path, monkeypatch):
   assert dsgrad.training.segments.host_block_steps(host, 10) == 1
 
 
-def test_substitute_copies_what_reaches_a_handle_and_shares_the_rest():
-  handle = data_lib.DataArray(np.arange(4.0, dtype=np.float32), "x")
-  unrelated = {"scale": np.float32(1.0)}
-
-  def inner(i):
-    return handle[i]
-
-  def outer(i, factor=2.0):
-    return inner(i) * factor + unrelated["scale"]
-
-  def countdown(n):  # a closure that reaches itself: the copy must too
-    return handle[1] if n == 0 else countdown(n - 1)
-
-  copies = data_lib.substitute((outer, countdown, unrelated), {"x": handle},
-                               {"x": 10.0 * np.arange(4.0, dtype=np.float32)})
-  new_outer, new_countdown, same = copies
-  assert float(new_outer(1)) == 21.0 and float(outer(1)) == 3.0  # the original is unchanged
-  assert float(new_countdown(3)) == 10.0 and float(countdown(3)) == 1.0
-  assert same is unrelated  # nothing reaching no handle is copied
-  # A copy of a copy is matched by origin; a key without a value is refused by name.
-  again = data_lib.substitute(new_outer, {"x": handle}, {"x": np.zeros(4, np.float32)})
-  assert float(again(1)) == 1.0
-  with pytest.raises(ValueError, match=r"no value given for data \['x'\]"):
-    data_lib.substitute(outer, {"x": handle}, {})
-
-
 def test_no_module_state_holds_data():
   """Programs get their data from what they are handed: no module of dsgrad keeps a
   binding in global or thread-local state (the thread-locals left are the stack of
@@ -322,3 +297,35 @@ def test_no_module_state_holds_data():
     found += [f"{info.name}.{k}" for k, v in vars(module).items()
               if isinstance(v, threading.local)]
   assert found == ["dsgrad.checks._DEFERRED", "dsgrad.training.compile_cache._HITS"], found
+
+
+def _input_shapes(closed):
+  return [tuple(v.aval.shape) for v in closed.jaxpr.invars]
+
+
+def test_a_fit_step_takes_the_data_and_the_batch_rows_as_inputs(tmp_path):
+  """``jax.make_jaxpr`` of fit's compiled steps: the data arrays are inputs of the
+  program (none is a constant); with the data on the host, the batches' rows read ahead
+  are its inputs and no whole data array is."""
+  n, d, b, steps = 300, 5, 10, 3
+  x, y = _problem(0, n=n, d=d)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  optimizer = optax.chain(dsgrad.cv(objective, dsgrad.approx.glm_mean_taylor(model)),
+                          optax.adam(1e-2))
+  params = dsgrad.meanfield_init(model)
+  state = optimizer.init(params)
+  orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), n, b).window(0, steps)
+  segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, b, steps)
+  closed = jax.make_jaxpr(segment)((params, state), jax.random.key(0), jnp.int32(0),
+                                   objective, orders, {})
+  assert (n, d) in _input_shapes(closed) and (n,) in _input_shapes(closed)
+  assert not [c for c in closed.consts if jnp.ndim(c) and jnp.shape(c)[0] == n]
+  np.save(tmp_path / "x.npy", x.astype(np.float32))
+  on_host = objective.with_data({"x": data_lib.open_memmap(tmp_path / "x.npy"),
+                                 "signs": 2.0 * y - 1.0})
+  (path,) = data_lib.host_leaves(on_host)
+  rows = {path: jnp.zeros((steps, b, d), jnp.float32)}
+  closed = jax.make_jaxpr(segment)((params, state), jax.random.key(0), jnp.int32(0),
+                                   on_host, orders, rows)
+  assert (steps, b, d) in _input_shapes(closed) and (n, d) not in _input_shapes(closed)

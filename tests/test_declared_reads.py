@@ -70,11 +70,11 @@ def test_local_likelihood_is_the_users(case):
   model = dsgrad.model_from_logdensity(_gaussian_prior, log_lik, _data(), latent, reads=reads)
   assert model.sparse.num_coordinates == k
   indices = jnp.arange(N, dtype=jnp.int32)
-  coords = np.asarray(model.sparse.coordinates(indices))
+  coords = np.asarray(model.sparse.coordinates(model.rows(indices)))
   assert coords.shape == (N, k) and coords.min() >= 0 and coords.max() < model.latent_dim
   z = jax.random.normal(jax.random.key(1), (model.latent_dim,))
-  full = model.log_likelihood(z, indices)
-  local = model.sparse.log_likelihood_local(z[coords], indices)
+  full = model.log_likelihood_at(z, indices)
+  local = model.sparse.log_likelihood_local(z[coords], model.rows(indices))
   np.testing.assert_allclose(local, full, rtol=1e-5, atol=1e-5)
   if case != "pair":  # a pair may name one player twice, which the full check forbids
     check_sparse_likelihood(model, z, indices)

@@ -52,7 +52,7 @@ def _conjugate_regression(bound_shift=None):
                 - 0.5 * (y64 @ y64 - mean @ precision @ mean))
   bound = None if bound_shift is None else log_z + bound_shift
   return Model(lambda z: -0.5 * jnp.sum(z ** 2) - 0.5 * d * log_2pi,
-               lambda z, i: -0.5 * (data["y"][i] - data["x"][i] @ z) ** 2 - 0.5 * log_2pi,
+               lambda z, i: -0.5 * (i["y"] - i["x"] @ z) ** 2 - 0.5 * log_2pi,
                n, d, name="regression", data=data, log_evidence_bound=bound), precision
 
 

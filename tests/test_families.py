@@ -174,8 +174,8 @@ def test_structured_params_take_the_latents_structure_and_give_the_flat_values()
   indices = jnp.arange(16)
   noise = objective.sample_noise(jax.random.key(3), 16)
   flat_params = dsgrad.families.flat_params(params)
-  chex.assert_trees_all_close(objective.loss_fn(params, indices, noise),
-                              flat.loss_fn(flat_params, indices, noise))
+  chex.assert_trees_all_close(objective.loss(params, indices, noise),
+                              flat.loss(flat_params, indices, noise))
   grads = objective.grad(params, indices, noise)
   assert jax.tree.structure(grads) == jax.tree.structure(params)
   chex.assert_trees_all_close(
@@ -215,7 +215,7 @@ def test_full_rank_converges_where_mean_field_does_on_a_correlated_50d_posterior
   data = dsgrad.models.base.model_data(x=x, y=y)
   log_2pi = np.log(2 * np.pi)
   model = Model(lambda z: -0.5 * jnp.sum(z ** 2) - 0.5 * d * log_2pi,
-                lambda z, i: -0.5 * (data["y"][i] - data["x"][i] @ z) ** 2 - 0.5 * log_2pi,
+                lambda z, i: -0.5 * (i["y"] - i["x"] @ z) ** 2 - 0.5 * log_2pi,
                 n, d, name="correlated regression", data=data)
   x64, y64 = x.astype(np.float64), y.astype(np.float64)
   precision = x64.T @ x64 + np.eye(d)

@@ -390,7 +390,7 @@ def test_bridge_nested_plates_give_numpyro_own_log_joint(data_dim):
 
   found = bridge.to_model(model, y)
   z = jnp.linspace(-0.5, 0.7, found.model.latent_dim)
-  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood(z, jnp.arange(n)))
+  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood_at(z, jnp.arange(n)))
   full = handlers.substitute(model, data={"data": jnp.arange(n)})
   with pytest.warns(UserWarning, match="subsample_size"):
     theirs = -potential_energy(full, (y,), {}, found.unravel(z))

@@ -225,3 +225,19 @@ def test_the_estimators_updates_are_maths_and_read_alike():
     parameters = inspect.signature(getattr(dsgrad, name)).parameters
     assert not [p for p in parameters if "check" in p], name
   assert not hasattr(dsgrad.checks, "set_value_checks")
+
+
+def test_nothing_in_dsgrad_rebuilds_functions_or_walks_closures():
+  """Data reach a program as arguments (models and objectives are pytrees whose leaves
+  are their data), so no module constructs functions or cells, reads a closure, or
+  looks objects up by the name of the benchmarks package."""
+  found = []
+  for path in PACKAGE.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      named = (node.attr if isinstance(node, ast.Attribute) else
+               node.id if isinstance(node, ast.Name) else None)
+      if named in ("FunctionType", "CellType", "__closure__"):
+        found.append(f"{path.name}: {named}")
+      if isinstance(node, ast.Constant) and node.value == "benchmarks":
+        found.append(f"{path.name}: 'benchmarks'")
+  assert not found, found

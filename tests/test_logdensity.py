@@ -62,8 +62,8 @@ def test_pytree_latent_is_unravelled(logreg):
   np.testing.assert_allclose(z_flat, [0.7, 0.5, -1.0, 2.0])
   flat_model = models.logistic_regression(x, y)
   idx = jnp.arange(50, dtype=jnp.int32)
-  np.testing.assert_allclose(model.log_likelihood(z_flat, idx),
-                             flat_model.log_likelihood(jnp.array([0.5, -1.0, 2.0, 0.7]), idx),
+  np.testing.assert_allclose(model.log_likelihood_at(z_flat, idx),
+                             flat_model.log_likelihood_at(jnp.array([0.5, -1.0, 2.0, 0.7]), idx),
                              rtol=1e-5)
   np.testing.assert_allclose(model.log_prior(z_flat), flat_model.log_prior(z_flat), rtol=1e-6)
 

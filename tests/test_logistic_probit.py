@@ -47,18 +47,19 @@ def test_drawn_term_has_the_stated_expectation_for_stale_statistics(logreg_model
   fns = dsgrad.approx.logistic_probit(logreg_model).statistics
   stale = {"loc": params0["loc"] + 0.4, "log_scale": params0["log_scale"] + 0.7}
   indices = jnp.array([1, 4, 7, 7, 30], jnp.int32)
-  stats = fns.statistics(stale, indices)
+  rows = objective.rows(indices)
+  stats = fns.statistics(stale, rows)
   weights = jnp.full((5,), 0.2)
 
   @jax.jit
   def draw(key):
     noise = objective.sample_noise(key, 5)
-    return fns.datum_terms(objective, params0, stats, indices, noise, weights)
+    return fns.datum_terms(objective, params0, stats, rows, noise, weights)
 
   expected = assert_drawn_mean_is_expected(draw, jax.random.key(5), "logistic_probit",
                                            z_max=Z)
   # The expectation held in the running mean depends on the stored statistics only.
-  held = fns.expectation(params0, fns.datum_expected(objective, params0, stats, indices,
+  held = fns.expectation(params0, fns.datum_expected(objective, params0, stats, rows,
                                                      weights))
   np.testing.assert_allclose(held["loc"], expected["loc"], rtol=1e-5, atol=1e-4)
 

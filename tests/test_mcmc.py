@@ -47,9 +47,9 @@ def test_taylor_sums_match_direct_evaluation(logreg):
   theta_star = 0.3 * jax.random.normal(jax.random.key(2), (logreg.latent_dim,))
   proxy = mcmc.taylor_proxy(logreg, theta_star, chunk_size=700)  # a ragged last chunk
   everyone = jnp.arange(logreg.num_data, dtype=jnp.int32)
-  per_datum = jax.vmap(lambda i: (logreg.log_likelihood(theta_star, i[None])[0],
-                                  jax.grad(lambda t: logreg.log_likelihood(t, i[None])[0])(theta_star),
-                                  jax.hessian(lambda t: logreg.log_likelihood(t, i[None])[0])(theta_star)))(everyone)
+  per_datum = jax.vmap(lambda i: (logreg.log_likelihood_at(theta_star, i[None])[0],
+                                  jax.grad(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star),
+                                  jax.hessian(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star)))(everyone)
   np.testing.assert_allclose(proxy.sum_value, per_datum[0].sum(), rtol=1e-5)
   np.testing.assert_allclose(proxy.sum_grad, per_datum[1].sum(0), rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose(proxy.sum_hessian, per_datum[2].sum(0), rtol=1e-4, atol=1e-3)
@@ -70,8 +70,8 @@ def test_difference_estimator_is_unbiased(logreg, order):
   theta_star = jnp.zeros(logreg.latent_dim)
   proxy = mcmc.taylor_proxy(logreg, theta_star, order=order)
   theta = 0.4 * jax.random.normal(jax.random.key(4), theta_star.shape)
-  exact = float(jnp.sum(logreg.log_likelihood(theta, jnp.arange(logreg.num_data))))
-  exact_grad = np.asarray(jax.grad(lambda t: jnp.sum(logreg.log_likelihood(
+  exact = float(jnp.sum(logreg.log_likelihood_at(theta, jnp.arange(logreg.num_data))))
+  exact_grad = np.asarray(jax.grad(lambda t: jnp.sum(logreg.log_likelihood_at(
       t, jnp.arange(logreg.num_data))))(theta))
   idx = jax.random.randint(jax.random.key(5), (4000, 50), 0, logreg.num_data)
   l_hat, sigma2 = jax.vmap(lambda i: mcmc.difference_estimator(logreg, proxy, theta, i))(idx)
@@ -105,8 +105,8 @@ def test_block_poisson_estimator_is_unbiased_for_the_likelihood(logreg):
   # Work relative to sum_k l_k(theta*): float32 cannot resolve 1e-3 of a log likelihood
   # of -2,000, so both sides drop that constant (the proxy's sum_value) exactly.
   everyone = jnp.arange(logreg.num_data)
-  exact = float(np.sum(np.asarray(logreg.log_likelihood(theta, everyone), np.float64)
-                       - np.asarray(logreg.log_likelihood(proxy.theta_star, everyone),
+  exact = float(np.sum(np.asarray(logreg.log_likelihood_at(theta, everyone), np.float64)
+                       - np.asarray(logreg.log_likelihood_at(proxy.theta_star, everyone),
                                     np.float64)))
   proxy = proxy._replace(sum_value=jnp.zeros(()))
   lam, a = mcmc.suggest_block_poisson(logreg, proxy, theta[None], jax.random.key(7), 30)
@@ -197,7 +197,7 @@ def _logistic_2d(n=2000):
   a, b = np.meshgrid(*grid, indexing="ij")
   points = jnp.asarray(np.stack([a.ravel(), b.ravel()], 1), jnp.float32)
   everyone = jnp.arange(n)
-  logpost = jax.jit(jax.vmap(lambda t: jnp.sum(model.log_likelihood(t, everyone))
+  logpost = jax.jit(jax.vmap(lambda t: jnp.sum(model.log_likelihood_at(t, everyone))
                              + model.log_prior(t)))(points)
   logpost = np.asarray(logpost, np.float64)
   w = np.exp(logpost - logpost.max())
@@ -389,7 +389,7 @@ def _heterogeneous_linear_gaussian(n=2000, d=3, seed=0):
   data = dsgrad.models.base.model_data(x=x, y=y)
   log_2pi = np.log(2 * np.pi)
   model = Model(lambda z: -0.5 * jnp.sum(z ** 2) - 0.5 * d * log_2pi,
-                lambda z, i: -0.5 * (data["y"][i] - data["x"][i] @ z) ** 2 - 0.5 * log_2pi,
+                lambda z, i: -0.5 * (i["y"] - i["x"] @ z) ** 2 - 0.5 * log_2pi,
                 n, d, "heterogeneous regression", data=data)
   x64 = x.astype(np.float64)
   cov = np.linalg.inv(np.eye(d) + x64.T @ x64)
@@ -431,7 +431,7 @@ def test_estimator_variance_is_the_subsample_estimators_spread():
   estimate, variance = jax.vmap(
       lambda i: mcmc.proxy.estimate_with_variance(model, proxy, theta, i))(idx)
   l_hat = estimate + 0.5 * variance.with_control_variate
-  plain = jax.vmap(lambda i: 500 * jnp.mean(model.log_likelihood(theta, i)))(idx)
+  plain = jax.vmap(lambda i: 500 * jnp.mean(model.log_likelihood_at(theta, i)))(idx)
   for draws, reported in ((l_hat, variance.with_control_variate),
                           (plain, variance.without_control_variate)):
     spread = np.var(np.asarray(draws, np.float64), ddof=1)

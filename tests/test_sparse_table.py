@@ -126,7 +126,7 @@ def test_dense_and_sparse_tables_give_identical_updates(shared_noise):
                               rtol=1e-4, atol=1e-4)
   # Row n of the sparse table is row n of the dense table restricted to n's coordinates.
   everyone = jnp.arange(model.num_data, dtype=jnp.int32)
-  coords = model.sparse.coordinates(everyone)
+  coords = model.sparse.coordinates(model.rows(everyone))
   for key in ("loc", "log_scale"):
     np.testing.assert_allclose(runs["sparse"][2].table[key],
                                jnp.take_along_axis(runs["dense"][2].table[key], coords, 1),
@@ -175,7 +175,7 @@ def test_unbiased_with_stale_table(shared_noise):
   for key in jax.random.split(jax.random.key(6), 25):
     state, params = step(state, params, key)
   stale = state.table["loc"] != dsgrad.approx.sparse_linearize(model).statistics.statistics(
-      params, jnp.arange(MATCHES, dtype=jnp.int32))["loc"]
+      params, model.rows(jnp.arange(MATCHES, dtype=jnp.int32)))["loc"]
   assert bool(jnp.any(stale)), "the table should hold earlier iterates"
   exact = jax.grad(_bradley_terry_negative_elbo(*data))(params)
   exact_flat = np.asarray(jax.flatten_util.ravel_pytree(exact)[0])
@@ -199,10 +199,10 @@ def test_running_mean_invariant_and_untouched_rows():
     params = optax.apply_updates(params, optax.tree.scale(-3e-2, out))
   everyone = jnp.arange(model.num_data, dtype=jnp.int32)
   want = jax.jit(lambda p, t: approx.statistics.datum_expected(
-      objective, p, t, everyone, jnp.full((model.num_data,), 1.0 / model.num_data)))(
+      objective, p, t, model.rows(everyone), jnp.full((model.num_data,), 1.0 / model.num_data)))(
           params, state.table)
   chex.assert_trees_all_close(state.running_mean, want, rtol=1e-4, atol=1e-4)
-  initial = approx.statistics.statistics(params0, everyone)
+  initial = approx.statistics.statistics(params0, model.rows(everyone))
   assert not np.allclose(state.table["loc"][9], initial["loc"][9])
   np.testing.assert_array_equal(state.table["loc"][20], initial["loc"][20])
 

@@ -33,7 +33,7 @@ from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective, by_identity, with_function_key
+from dsgrad.objective import Objective
 
 
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
@@ -204,9 +204,9 @@ class AnnealedVI:
     if self.dynamics_batch_size is not None:
       idx = noise["dynamics_indices"]
       scale = model.num_data / self.dynamics_batch_size
-      return lambda z: model.log_prior(z) + scale * jnp.sum(model.log_likelihood(z, idx))
+      return lambda z: model.log_prior(z) + scale * jnp.sum(model.log_likelihood_at(z, idx))
     everything = jnp.arange(model.num_data, dtype=jnp.int32)
-    return lambda z: model.log_prior(z) + jnp.sum(model.log_likelihood(z, everything))
+    return lambda z: model.log_prior(z) + jnp.sum(model.log_likelihood_at(z, everything))
 
   def chain(self, params, noise, return_path: bool = False):
     """Runs the chain: ``(z_K, shared terms)`` -- ``shared = log w`` without the log
@@ -233,24 +233,20 @@ class AnnealedVI:
 
     def loss_fn(params, indices, noise):
       z_k, shared = self.chain(params, noise)
-      return -(n * self.model_at(params).log_likelihood(z_k, indices) + shared)
+      return -(n * self.model_at(params).log_likelihood_at(z_k, indices) + shared)
 
-    # A fixed model's data are arguments of compiled programs; a learned model is rebuilt
-    # from its parameters at each call, so its arrays stay constants.
-    data = self._template.data if self.model_params is None else None
-    # loss_fn reads this instance only: every call of objective() is one model for the
-    # estimators and the compiled programs.
-    with_function_key(loss_fn, ("annealed_vi", by_identity(self)))
+    # The chain's guide reads the whole data set (or its dynamics mini-batch) besides the
+    # batch's rows, so the loss reads the model's data itself: constants of its programs.
     # A learned model's evidence changes with its parameters: no fixed bound.
     bound = self._template.log_evidence_bound if self.model_params is None else None
-    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name, data=data,
+    return Objective(loss_fn, self.noise_fn, n, shared_noise=True, name=self.name,
                      log_evidence_bound=bound)
 
   def log_weight(self, params, noise) -> jax.Array:
     """The full-data ``log w`` of one chain draw (its mean over draws is the ELBO)."""
     z_k, shared = self.chain(params, noise)
     everything = jnp.arange(self._template.num_data, dtype=jnp.int32)
-    return shared + jnp.sum(self.model_at(params).log_likelihood(z_k, everything))
+    return shared + jnp.sum(self.model_at(params).log_likelihood_at(z_k, everything))
 
   @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2), chunk_size=checks.count(1))
   def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):

@@ -187,7 +187,7 @@ def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
     raise ValueError(f"pilot_latents must have shape (S, {d}), got {pilot_latents.shape}")
 
   def datum_sensitivity(index):  # lax.map vmaps this over chunks of chunk_size data
-    values = jax.vmap(lambda z: model.log_likelihood(z, index[None])[0])(pilot_latents)
+    values = jax.vmap(lambda z: model.log_likelihood_at(z, index[None])[0])(pilot_latents)
     return jnp.max(jnp.abs(values))
 
   sensitivity = jax.lax.map(datum_sensitivity, jnp.arange(n, dtype=jnp.int32),

@@ -44,18 +44,19 @@ class DatumStatistics(NamedTuple):
   """An approximation split into a per-datum part held in a compact table and a
   data-independent part evaluated at the current parameters.
 
-  ``grad f~(w; n, eps) = d_n(s_n, w, eps) + c(w, eps)`` where ``s_n = statistics(w^n, n)``
+  ``grad f~(w; n, eps) = d_n(s_n, w, eps) + c(w, eps)`` where ``s_n = statistics(w^n, x_n)``
   is what the SAGA table stores for datum ``n`` (taken at the parameters ``w^n`` of its
   last visit) and ``c`` is the data-independent part (prior, entropy). Requirements for
   an unbiased ``joint_saga``: ``E_eps d_n(s, w, eps)`` depends on ``s`` and ``n`` only
   (not on ``w``) and ``E_eps c(w, eps)`` is known.
 
   Attributes:
-    statistics: ``(params, indices) -> tree`` with leaves ``(B, ...)``.
-    datum_terms: ``(objective, params, stats, indices, noise, weights) -> (d, e)``,
+    statistics: ``(params, rows) -> tree`` with leaves ``(B, ...)``, from a batch's rows
+      (:meth:`dsgrad.Objective.rows`).
+    datum_terms: ``(objective, params, stats, rows, noise, weights) -> (d, e)``,
       ``d = sum_b weights_b d_b(stats_b, params, eps_b)`` and
       ``e = sum_b weights_b E d_b(stats_b)``, both shaped like ``params``.
-    datum_expected: ``(objective, params, stats, indices, weights) -> e`` as above;
+    datum_expected: ``(objective, params, stats, rows, weights) -> e`` as above;
       ``params`` serves only as a template for the output's structure.
     global_terms: ``(objective, params, noise) -> (c, E c)``: the data-independent part,
       averaged over the batch's noise draws.
@@ -65,7 +66,7 @@ class DatumStatistics(NamedTuple):
       per-datum part at the current parameters is ``expected_of_mean(params, mean)``.
       :func:`glm_taylor` uses it for the scale: ``E d_n = sigma^2 * curvature_n``, with
       the stored curvature and the current ``sigma``. ``None``: the identity.
-    expected_change: optional ``(objective, params, new_stats, old_stats, indices,
+    expected_change: optional ``(objective, params, new_stats, old_stats, rows,
       weights) -> datum_expected(new) - datum_expected(old)`` (same weights), which
       ``joint_saga`` adds to its running mean each step. Set it when the difference is
       cheaper than two calls (a GLM projects the difference of two ``(B, K)`` logit
@@ -239,7 +240,8 @@ def with_statistics(statistics, datum_terms, datum_expected, global_terms, name:
     return jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)
 
   def grad_and_expected(objective, params, indices, noise):
-    d, e = datum_terms(objective, params, statistics(params, indices), indices, noise,
+    rows = objective.rows(indices)
+    d, e = datum_terms(objective, params, statistics(params, rows), rows, noise,
                        uniform(indices))
     c, ec = global_terms(objective, params, noise)
     return optax.tree.add(d, c), optax.tree.add(e, ec)
@@ -248,8 +250,9 @@ def with_statistics(statistics, datum_terms, datum_expected, global_terms, name:
                         expected_of_mean, expected_change)
 
   def expected_grad(objective, params, indices):
-    e = fns.expectation(params, datum_expected(objective, params, statistics(params, indices),
-                                               indices, uniform(indices)))
+    rows = objective.rows(indices)
+    e = fns.expectation(params, datum_expected(objective, params, statistics(params, rows),
+                                               rows, uniform(indices)))
     zero = objective.zero_noise(indices.shape[0])
     return optax.tree.add(e, global_terms(objective, params, zero)[1])
 

@@ -67,25 +67,24 @@ def dropout_taylor(glm: DropoutGLM) -> Approximation:
     Wang, Geffner, Domke (2024), App. E, Eq. 55-58.
   """
 
-  def per_datum(params, index, delta):
-    x, y = glm.features[index], glm.labels[index]
+  def per_datum(params, x, y, delta):
     gt = jax.grad(lambda p: _dropout_terms(glm, p, x, y, delta)[0])(params)
     ge = jax.grad(lambda p: _dropout_terms(glm, p, x, y, delta)[1])(params)
     return gt, ge
 
   def grad_and_expected(objective: Objective, params, indices, noise):
-    del objective
-    gt, ge = jax.vmap(per_datum, in_axes=(None, 0, 0))(params, indices, noise)
+    rows = objective.rows(indices)
+    gt, ge = jax.vmap(per_datum, in_axes=(None, 0, 0, 0))(params, rows["features"],
+                                                          rows["labels"], noise)
     return jax.tree.map(lambda a: jnp.mean(a, 0), (gt, ge))
 
   def expected_grad(objective: Objective, params, indices):
-    del objective
-
-    def one(index):
-      x, y = glm.features[index], glm.labels[index]
+    def one(x, y):
       return jax.grad(lambda p: _dropout_terms(glm, p, x, y, jnp.zeros_like(x))[1])(params)
 
-    return jax.tree.map(lambda a: jnp.mean(a, 0), jax.vmap(one)(indices))
+    rows = objective.rows(indices)
+    return jax.tree.map(lambda a: jnp.mean(a, 0), jax.vmap(one)(rows["features"],
+                                                                rows["labels"]))
 
   return Approximation(grad_and_expected, expected_grad, "dropout_taylor")
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import data as data_lib
 from dsgrad.approx.base import Approximation
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
@@ -56,24 +57,28 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
     >>> estimator = dsgrad.joint_saga(objective, approx)  # or dsgrad.cv, dsgrad.joint_svrg
   """
 
-  def grad_k_and_hvp(loc, scale, indices, eps):
+  def grad_k_and_hvp(loc, scale, rows, eps):
     def k(z):
-      return jnp.mean(model.num_data * model.log_likelihood(z, indices)) + model.log_prior(z)
+      return jnp.mean(model.num_data * model.log_likelihood(z, rows)) + model.log_prior(z)
     return jax.jvp(jax.grad(k), (loc,), (scale * eps,))
 
   def grad_and_expected(objective: Objective, params, indices, noise):
     loc, scale = params["loc"], jnp.exp(params["log_scale"])
+    rows = objective.rows(indices)
     if objective.shared_noise:
-      g, hv = grad_k_and_hvp(loc, scale, indices, noise)
+      g, hv = grad_k_and_hvp(loc, scale, rows, noise)
     else:
-      g, hv = jax.vmap(lambda i, e: grad_k_and_hvp(loc, scale, i[None], e))(indices, noise)
+      g, hv = jax.vmap(lambda row, e: grad_k_and_hvp(loc, scale, data_lib.batch_of_one(row),
+                                                     e))(rows, noise)
       g, hv = jnp.mean(g, 0), jnp.mean(hv, 0)
     zeros = jnp.zeros_like(params["log_scale"])
     return ({"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros})
 
   def expected_grad(objective: Objective, params, indices):
+    rows = objective.rows(indices)
+
     def k(z):
-      return jnp.mean(model.num_data * model.log_likelihood(z, indices)) + model.log_prior(z)
+      return jnp.mean(model.num_data * model.log_likelihood(z, rows)) + model.log_prior(z)
     return {"loc": -jax.grad(k)(params["loc"]),
             "log_scale": jnp.zeros_like(params["log_scale"])}
 
@@ -97,11 +102,11 @@ def _hessian_diag(fn, z):
   return jax.lax.map(one, jnp.eye(d, dtype=z.dtype), batch_size=min(d, 256))
 
 
-def _logit_hessian_diag(linear, logits, indices):
+def _logit_hessian_diag(linear, logits, rows):
   """``diag Hess_a log p(x_b | a)`` at each row of ``logits`` (``(B, K)``), by ``K``
   Hessian-vector products of the batch's summed log likelihood (rows are independent)."""
   k = logits.shape[1]
-  grad = jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))
+  grad = jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, rows)))
   directions = jnp.broadcast_to(jnp.eye(k, dtype=logits.dtype)[:, None, :],
                                 (k,) + logits.shape)
   columns = jax.vmap(lambda e: jax.jvp(grad, (logits,), (e,))[1])(directions)  # (K, B, K)
@@ -114,16 +119,16 @@ def _prior_hessian_diag(model: Model, z):
   return _hessian_diag(model.log_prior, z)
 
 
-def _likelihood_hessian_diag(model: Model, z, indices):
+def _likelihood_hessian_diag(model: Model, z, rows):
   """``mean_b N diag Hess log p(x_b | z)``: closed form for a linear predictor
   (``N x_b^2`` times the logits' Hessian diagonal), else ``d`` Hessian-vector products."""
   n, linear = model.num_data, model.linear
   if linear is not None:
-    x = linear.features[indices]
+    x = linear.features(rows)
     logits = x @ z.reshape(x.shape[1], linear.num_outputs)
-    curvature = _logit_hessian_diag(linear, logits, indices)
-    return (n / indices.shape[0]) * (curvature.T @ x ** 2).T.reshape(-1).astype(z.dtype)
-  return _hessian_diag(lambda zz: n * jnp.mean(model.log_likelihood(zz, indices)), z)
+    curvature = _logit_hessian_diag(linear, logits, rows)
+    return (n / x.shape[0]) * (curvature.T @ x ** 2).T.reshape(-1).astype(z.dtype)
+  return _hessian_diag(lambda zz: n * jnp.mean(model.log_likelihood(zz, rows)), z)
 
 
 _FAMILIES = {frozenset({"loc", "log_scale"}): MeanFieldGaussian,
@@ -198,8 +203,8 @@ def gaussian_taylor(model: Model) -> Approximation:
   """
   n = model.num_data
 
-  def k_mean(z, indices):
-    return n * jnp.mean(model.log_likelihood(z, indices)) + model.log_prior(z)
+  def k_mean(z, rows):
+    return n * jnp.mean(model.log_likelihood(z, rows)) + model.log_prior(z)
 
   def expected_from(family, params, grad_k, curvature):
     def expected_value(p):  # E f~ up to terms constant in p, at z0 = loc
@@ -211,35 +216,34 @@ def gaussian_taylor(model: Model) -> Approximation:
       return -jnp.vdot(grad_k, p["loc"]) - 0.5 * trace - family.entropy_at(p)
     return jax.grad(expected_value)(params)
 
-  def curvature_at(params, z, indices):
+  def curvature_at(params, z, rows):
     if "log_scale" in params:  # mean-field: the Hessian's diagonal suffices
-      return _likelihood_hessian_diag(model, z, indices) + _prior_hessian_diag(model, z)
-    return jax.hessian(lambda zz: k_mean(zz, indices))(z)
+      return _likelihood_hessian_diag(model, z, rows) + _prior_hessian_diag(model, z)
+    return jax.hessian(lambda zz: k_mean(zz, rows))(z)
 
   def grad_and_expected(objective: Objective, params, indices, noise):
     family = _gaussian_family(params, "gaussian_taylor")
-    loc = params["loc"]
+    loc, rows = params["loc"], objective.rows(indices)
 
-    def drawn(idx, eps):
+    def drawn(batch, eps):
       delta = family.transform(params, eps) - loc
-      g, hv = jax.jvp(jax.grad(lambda z: k_mean(z, idx)), (loc,), (delta,))
+      g, hv = jax.jvp(jax.grad(lambda z: k_mean(z, batch)), (loc,), (delta,))
       _, pullback = jax.vjp(lambda p: family.transform(p, eps), params)
       return pullback(-(g + hv))[0], g
 
     if objective.shared_noise:
-      g_tilde, grad_k = drawn(indices, noise)
+      g_tilde, grad_k = drawn(rows, noise)
     else:
       g_tilde, grad_k = jax.tree.map(lambda a: jnp.mean(a, 0), jax.vmap(
-          lambda i, e: drawn(i[None], e))(indices, noise))
+          lambda row, e: drawn(data_lib.batch_of_one(row), e))(rows, noise))
     g_tilde = optax.tree.sub(g_tilde, jax.grad(family.entropy_at)(params))
-    expected = expected_from(family, params, grad_k, curvature_at(params, loc, indices))
+    expected = expected_from(family, params, grad_k, curvature_at(params, loc, rows))
     return g_tilde, expected
 
   def expected_grad(objective: Objective, params, indices):
-    del objective
     family = _gaussian_family(params, "gaussian_taylor")
-    loc = params["loc"]
-    grad_k = jax.grad(lambda z: k_mean(z, indices))(loc)
-    return expected_from(family, params, grad_k, curvature_at(params, loc, indices))
+    loc, rows = params["loc"], objective.rows(indices)
+    grad_k = jax.grad(lambda z: k_mean(z, rows))(loc)
+    return expected_from(family, params, grad_k, curvature_at(params, loc, rows))
 
   return Approximation(grad_and_expected, expected_grad, "gaussian_taylor")

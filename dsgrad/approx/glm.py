@@ -26,7 +26,8 @@ class _GlmParts(NamedTuple):
   table statistic (the logits at ``loc``) and the logit-space gradient terms."""
 
   linear: Any
-  x: jax.Array
+  x: Callable[[Any], jax.Array]
+  dtype: Any
   dim: int
   k: int
   check: Callable[[Any], None]
@@ -45,7 +46,8 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
                      f"{model.name!r} has none. Use {alternative} instead.")
   linear = model.linear
   x = linear.features
-  dim, k = x.shape[1], linear.num_outputs
+  k = linear.num_outputs
+  dim = model.latent_dim // k
 
   def check(params):
     shape = jnp.shape(params["loc"])
@@ -53,34 +55,35 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
       raise ValueError(f"{who}({model.name}): params['loc'] has shape {shape}, "
                        f"expected ({dim * k},) = D * K with D={dim}, K={k}")
 
-  def statistics(params, indices):
+  def statistics(params, rows):
     check(params)
-    return x[indices] @ params["loc"].reshape(dim, k)
+    return x(rows) @ params["loc"].reshape(dim, k)
 
-  def logit_grad(stats, indices):
-    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, indices)))(stats)
+  def logit_grad(stats, rows):
+    return jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, rows)))(stats)
 
-  def logit_terms(objective, params, stats, indices, noise):
+  def logit_terms(objective, params, stats, rows, noise):
     """``(ell'(a_b), ell''(a_b) x_b^T V_b, V, x_b^T V_b)`` with
     ``V = exp(log_scale) * noise``."""
     scaled = jnp.exp(params["log_scale"]) * noise
     if objective.shared_noise:
-      direction = x[indices] @ scaled.reshape(dim, k)
+      direction = x(rows) @ scaled.reshape(dim, k)
     else:
-      direction = jnp.einsum("bd,bdk->bk", x[indices], scaled.reshape(-1, dim, k))
-    g, hv = jax.jvp(lambda a: logit_grad(a, indices), (stats,), (direction,))
+      direction = jnp.einsum("bd,bdk->bk", x(rows), scaled.reshape(-1, dim, k))
+    g, hv = jax.jvp(lambda a: logit_grad(a, rows), (stats,), (direction,))
     return g, hv, scaled, direction
 
-  def weighted_outer(indices, terms, weights):
+  def weighted_outer(rows, terms, weights):
     """``sum_b weights_b x_b terms_b^T`` as a ``(D, K)`` matrix."""
     # Written (v^T x)^T: XLA:CPU compiles x^T v with x gathered into a slow loop fusion.
-    return ((terms * weights[:, None].astype(terms.dtype)).T @ x[indices]).T
+    return ((terms * weights[:, None].astype(terms.dtype)).T @ x(rows)).T
 
-  def weighted_square_outer(indices, terms, weights):
+  def weighted_square_outer(rows, terms, weights):
     """``sum_b weights_b x_b^2 terms_b^T`` (elementwise square) as a ``(D, K)`` matrix."""
-    return ((terms * weights[:, None].astype(terms.dtype)).T @ x[indices] ** 2).T
+    return ((terms * weights[:, None].astype(terms.dtype)).T @ x(rows) ** 2).T
 
-  return _GlmParts(linear, x, dim, k, check, statistics, logit_grad, logit_terms,
+  features_dtype = jax.eval_shape(lambda: x(model.rows(jnp.zeros((1,), jnp.int32)))).dtype
+  return _GlmParts(linear, x, features_dtype, dim, k, check, statistics, logit_grad, logit_terms,
                    weighted_outer, weighted_square_outer)
 
 
@@ -137,25 +140,25 @@ def glm_mean_taylor(model: Model) -> Approximation:
   glm = _glm_parts(model, "glm_mean_taylor", "gaussian_mean_taylor(model) or linearize()")
   n = model.num_data
 
-  def to_params(params, per_datum_logit_terms, indices, weights):
-    loc = -n * glm.weighted_outer(indices, per_datum_logit_terms, weights).reshape(-1)
+  def to_params(params, per_datum_logit_terms, rows, weights):
+    loc = -n * glm.weighted_outer(rows, per_datum_logit_terms, weights).reshape(-1)
     return {"loc": loc.astype(params["loc"].dtype),
             "log_scale": jnp.zeros_like(params["log_scale"])}
 
-  def datum_terms(objective, params, stats, indices, noise, weights):
+  def datum_terms(objective, params, stats, rows, noise, weights):
     glm.check(params)
-    g, hv, _, _ = glm.logit_terms(objective, params, stats, indices, noise)
-    return (to_params(params, g + hv, indices, weights),
-            to_params(params, g, indices, weights))
+    g, hv, _, _ = glm.logit_terms(objective, params, stats, rows, noise)
+    return (to_params(params, g + hv, rows, weights),
+            to_params(params, g, rows, weights))
 
-  def datum_expected(objective, params, stats, indices, weights):
+  def datum_expected(objective, params, stats, rows, weights):
     del objective
-    return to_params(params, glm.logit_grad(stats, indices), indices, weights)
+    return to_params(params, glm.logit_grad(stats, rows), rows, weights)
 
-  def expected_change(objective, params, new, old, indices, weights):
+  def expected_change(objective, params, new, old, rows, weights):
     del objective
-    change = glm.logit_grad(new, indices) - glm.logit_grad(old, indices)
-    return to_params(params, change, indices, weights)
+    change = glm.logit_grad(new, rows) - glm.logit_grad(old, rows)
+    return to_params(params, change, rows, weights)
 
   def global_terms(objective, params, noise):
     scaled = jnp.exp(params["log_scale"]) * noise
@@ -165,16 +168,16 @@ def glm_mean_taylor(model: Model) -> Approximation:
     zeros = jnp.zeros_like(params["log_scale"])
     return {"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros}
 
-  def drawn(params, stats, direction, indices):
+  def drawn(params, stats, direction, rows):
     del params
-    g, hv = jax.jvp(lambda a: glm.logit_grad(a, indices), (stats,), (direction,))
+    g, hv = jax.jvp(lambda a: glm.logit_grad(a, rows), (stats,), (direction,))
     return g + hv, None
 
-  spec = _LogitSpec(lambda params, logits, rows, indices: logits, drawn,
-                    lambda stats, indices: glm.logit_grad(stats, indices),
+  spec = _LogitSpec(lambda params, logits, x_rows, rows: logits, drawn,
+                    lambda stats, rows: glm.logit_grad(stats, rows),
                     lambda stats: stats, False, global_terms)
   return with_statistics(glm.statistics, datum_terms, datum_expected, global_terms,
-                          "glm_mean_taylor", glm.x.dtype, expected_change=expected_change,
+                          "glm_mean_taylor", glm.dtype, expected_change=expected_change,
                           fused=_fused_terms(model, glm, spec))
 
 
@@ -240,11 +243,11 @@ class _LocTerms(NamedTuple):
   """Replaces the second-order Taylor term of ``loc`` in :func:`_glm_second_order`.
 
   Attributes:
-    statistics: ``(params, indices, rows=None) -> tree`` stored per datum beside the
-      logits (``rows``: the batch's rows when already read).
-    drawn: ``(params, logits, extra, direction, indices) -> (B, K)``: the logit-space
+    statistics: ``(params, rows, x_rows=None) -> tree`` stored per datum beside the
+      logits (``x_rows``: the batch's feature rows when already read).
+    drawn: ``(params, logits, extra, direction, rows) -> (B, K)``: the logit-space
       term whose ``-N x_n`` multiple is the control variate's ``loc`` part.
-    expected: ``(logits, extra, indices) -> (B, K)``: its expectation over the noise,
+    expected: ``(logits, extra, rows) -> (B, K)``: its expectation over the noise,
       a function of the stored statistics only.
   """
 
@@ -260,18 +263,18 @@ def _variance(params):
 def _second_order_spec(glm: _GlmParts, loc_terms: _LocTerms | None, logits_of,
                        expected_loc, global_terms) -> _LogitSpec:
   """:func:`_glm_second_order`'s approximation in logit space, for its fused kernel."""
-  def new_stats(params, logits, rows, indices):
+  def new_stats(params, logits, x_rows, rows):
     if loc_terms is None:
       return logits
-    return {"logit": logits, "extra": loc_terms.statistics(params, indices, rows)}
+    return {"logit": logits, "extra": loc_terms.statistics(params, rows, x_rows)}
 
-  def drawn(params, stats, direction, indices):
+  def drawn(params, stats, direction, rows):
     logits = logits_of(stats)
-    g, hv = jax.jvp(lambda a: glm.logit_grad(a, indices), (logits,), (direction,))
+    g, hv = jax.jvp(lambda a: glm.logit_grad(a, rows), (logits,), (direction,))
     taylor = g + hv
     if loc_terms is None:
       return taylor, taylor
-    return loc_terms.drawn(params, logits, stats["extra"], direction, indices), taylor
+    return loc_terms.drawn(params, logits, stats["extra"], direction, rows), taylor
 
   return _LogitSpec(new_stats, drawn, expected_loc, logits_of, True, global_terms)
 
@@ -290,71 +293,71 @@ def _glm_second_order(model: Model, who: str, loc_terms: _LocTerms | None = None
                        f"full-rank params use gaussian_taylor(model)")
     glm.check(params)
 
-  def statistics(params, indices):
+  def statistics(params, rows):
     check(params)
-    return spec.new_stats(params, glm.statistics(params, indices), None, indices)
+    return spec.new_stats(params, glm.statistics(params, rows), None, rows)
 
   def logits_of(stats):
     return stats if loc_terms is None else stats["logit"]
 
-  def curvature(stats, indices, weights):
+  def curvature(stats, rows, weights):
     """``sum_b weights_b x_b^2 diag ell''(a_b)^T``, flattened; independent of ``w``."""
-    h = _logit_hessian_diag(glm.linear, logits_of(stats), indices)
-    return glm.weighted_square_outer(indices, h, weights).reshape(-1)
+    h = _logit_hessian_diag(glm.linear, logits_of(stats), rows)
+    return glm.weighted_square_outer(rows, h, weights).reshape(-1)
 
-  def datum_terms(objective, params, stats, indices, noise, weights):
+  def datum_terms(objective, params, stats, rows, noise, weights):
     check(params)
-    g, hv, scaled, direction = glm.logit_terms(objective, params, logits_of(stats), indices,
+    g, hv, scaled, direction = glm.logit_terms(objective, params, logits_of(stats), rows,
                                                noise)
     t = g + hv
-    taylor_loc = -n * glm.weighted_outer(indices, t, weights).reshape(-1)
+    taylor_loc = -n * glm.weighted_outer(rows, t, weights).reshape(-1)
     if objective.shared_noise:
       scale = taylor_loc * scaled
     else:
-      scale = -n * jnp.einsum("bd,bk,bdk->dk", x[indices],
+      scale = -n * jnp.einsum("bd,bk,bdk->dk", x(rows),
                               t * weights[:, None].astype(t.dtype),
                               scaled.reshape(-1, dim, k)).reshape(-1)
     if loc_terms is None:
-      loc, loc_mean = taylor_loc, glm.weighted_outer(indices, g, weights)
+      loc, loc_mean = taylor_loc, glm.weighted_outer(rows, g, weights)
     else:
-      drawn = loc_terms.drawn(params, stats["logit"], stats["extra"], direction, indices)
-      loc = -n * glm.weighted_outer(indices, drawn, weights).reshape(-1)
+      drawn = loc_terms.drawn(params, stats["logit"], stats["extra"], direction, rows)
+      loc = -n * glm.weighted_outer(rows, drawn, weights).reshape(-1)
       loc_mean = glm.weighted_outer(
-          indices, loc_terms.expected(stats["logit"], stats["extra"], indices), weights)
+          rows, loc_terms.expected(stats["logit"], stats["extra"], rows), weights)
     expected = {"loc": -n * loc_mean.reshape(-1),
-                "log_scale": -n * curvature(stats, indices, weights) * _variance(params)}
+                "log_scale": -n * curvature(stats, rows, weights) * _variance(params)}
     d = {"loc": loc, "log_scale": scale}
     return (optax.tree.cast_like(d, params), optax.tree.cast_like(expected, params))
 
-  def expected_terms(stats, indices):
+  def expected_terms(stats, rows):
     """The ``(B, K)`` logit-space terms whose projections are ``E d``'s loc and scale."""
-    per_datum = (glm.logit_grad(stats, indices) if loc_terms is None else
-                 loc_terms.expected(stats["logit"], stats["extra"], indices))
-    return per_datum, _logit_hessian_diag(glm.linear, logits_of(stats), indices)
+    per_datum = (glm.logit_grad(stats, rows) if loc_terms is None else
+                 loc_terms.expected(stats["logit"], stats["extra"], rows))
+    return per_datum, _logit_hessian_diag(glm.linear, logits_of(stats), rows)
 
-  def project(params, per_datum, hessian, indices, weights):
-    mean = {"loc": -n * glm.weighted_outer(indices, per_datum, weights).reshape(-1),
-            "log_scale": -n * glm.weighted_square_outer(indices, hessian, weights).reshape(-1)}
+  def project(params, per_datum, hessian, rows, weights):
+    mean = {"loc": -n * glm.weighted_outer(rows, per_datum, weights).reshape(-1),
+            "log_scale": -n * glm.weighted_square_outer(rows, hessian, weights).reshape(-1)}
     return optax.tree.cast_like(mean, params)
 
-  def datum_expected(objective, params, stats, indices, weights):
+  def datum_expected(objective, params, stats, rows, weights):
     del objective
-    return project(params, *expected_terms(stats, indices), indices, weights)
+    return project(params, *expected_terms(stats, rows), rows, weights)
 
-  def expected_change(objective, params, new, old, indices, weights):
+  def expected_change(objective, params, new, old, rows, weights):
     del objective
-    (g_new, h_new), (g_old, h_old) = expected_terms(new, indices), expected_terms(old, indices)
-    return project(params, g_new - g_old, h_new - h_old, indices, weights)
+    (g_new, h_new), (g_old, h_old) = expected_terms(new, rows), expected_terms(old, rows)
+    return project(params, g_new - g_old, h_new - h_old, rows, weights)
 
   def expected_of_mean(params, mean):
     return {"loc": mean["loc"], "log_scale": mean["log_scale"] * _variance(params)}
 
   global_terms = _prior_terms(model)
   spec = _second_order_spec(glm, loc_terms, logits_of,
-                            lambda stats, indices: expected_terms(stats, indices)[0],
+                            lambda stats, rows: expected_terms(stats, rows)[0],
                             global_terms)
   return with_statistics(statistics, datum_terms, datum_expected, global_terms,
-                          who, x.dtype, expected_of_mean, expected_change,
+                          who, glm.dtype, expected_of_mean, expected_change,
                           fused=_fused_terms(model, glm, spec))
 
 
@@ -477,21 +480,21 @@ def logistic_probit(model: Model) -> Approximation:
   x = linear.features
   signs = linear.logistic_signs
 
-  def spread(params, indices, rows=None):
-    """``|x_b * s|``: the sd of datum b's logit under ``q``, ``(B,)`` (``rows``: the
-    batch's rows when already read)."""
-    rows = x[indices] if rows is None else rows
-    return jnp.sqrt((rows ** 2) @ jnp.exp(2.0 * params["log_scale"]))
+  def spread(params, rows, x_rows=None):
+    """``|x_b * s|``: the sd of datum b's logit under ``q``, ``(B,)`` (``x_rows``: the
+    batch's feature rows when already read)."""
+    x_rows = x(rows) if x_rows is None else x_rows
+    return jnp.sqrt((x_rows ** 2) @ jnp.exp(2.0 * params["log_scale"]))
 
-  def drawn(params, logits, stored_spread, direction, indices):
-    now = spread(params, indices)
+  def drawn(params, logits, stored_spread, direction, rows):
+    now = spread(params, rows)
     xi = jnp.where(now > 0, direction[:, 0] / jnp.where(now > 0, now, 1.0), 0.0)
     a = logits[:, 0] + stored_spread * xi
-    sign = signs[indices]
+    sign = signs(rows)
     return (sign * sigmoid_probit_mixture(-sign * a))[:, None]
 
-  def expected(logits, stored_spread, indices):
-    sign = signs[indices]
+  def expected(logits, stored_spread, rows):
+    sign = signs(rows)
     mean = sigmoid_probit_mixture_gaussian_mean(sign * logits[:, 0], stored_spread)
     return (sign * (1.0 - mean))[:, None]
 

@@ -28,12 +28,13 @@ class LogitSpec(NamedTuple):
   """A GLM approximation in logit space, for its fused kernel (:func:`fused_terms`).
 
   Attributes:
-    new_stats: ``(params, logits (B, K), rows (B, D), indices) -> stats`` at ``params``.
-    drawn: ``(params, stats, direction (B, K), indices) -> (t_loc, t_scale)``: the
+    new_stats: ``(params, logits (B, K), x_rows (B, D), rows) -> stats`` at ``params``
+      (``x_rows``: the batch's feature rows; ``rows``: its data rows).
+    drawn: ``(params, stats, direction (B, K), rows) -> (t_loc, t_scale)``: the
       logit-space terms whose ``-N x_b`` projections are the per-datum part's ``loc`` and
       (times the scaled noise) ``log_scale`` gradients; ``t_scale`` is ``None`` for an
       approximation without scale terms and may be ``t_loc`` itself.
-    expected: ``(stats, indices) -> (B, K)``: the noise expectation of ``t_loc``.
+    expected: ``(stats, rows) -> (B, K)``: the noise expectation of ``t_loc``.
     logits_of: ``stats -> (B, K)`` logits (the curvature's argument).
     second_order: whether the scale's expectation has the curvature term
       ``-N x_b^2 diag ell''(a_b) * exp(2 log_scale)``.
@@ -48,23 +49,23 @@ class LogitSpec(NamedTuple):
   global_terms: Callable[..., Any]
 
 
-def _forward(rows, vectors, dim: int, k: int):
-  """``[rows @ v.reshape(D, K) for v in vectors]`` as one product."""
-  out = rows @ jnp.concatenate([v.reshape(dim, k) for v in vectors], 1)
+def _forward(x_rows, vectors, dim: int, k: int):
+  """``[x_rows @ v.reshape(D, K) for v in vectors]`` as one product."""
+  out = x_rows @ jnp.concatenate([v.reshape(dim, k) for v in vectors], 1)
   return [out[:, i * k:(i + 1) * k] for i in range(len(vectors))]
 
 
-def _project(rows, terms, k: int):
+def _project(x_rows, terms, k: int):
   """``[(sum_b x_b t_b^T).reshape(-1) for t in terms]`` as one product; written
   ``(t^T x)^T``, which XLA:CPU compiles without a slow gather fusion."""
-  out = jnp.concatenate(terms, 1).T @ rows
+  out = jnp.concatenate(terms, 1).T @ x_rows
   return [out[i * k:(i + 1) * k].T.reshape(-1) for i in range(len(terms))]
 
 
-def _curvature(glm, spec, stats, indices):
+def _curvature(glm, spec, stats, rows):
   """``diag ell''(a_b)`` at the statistics' logits, ``(B, K)``: projected on ``x_b^2``, the
   scale's expectation."""
-  return _logit_hessian_diag(glm.linear, spec.logits_of(stats), indices)
+  return _logit_hessian_diag(glm.linear, spec.logits_of(stats), rows)
 
 
 def _naive_gradient(model: Model, params, projected_data, scaled):
@@ -81,8 +82,8 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
   With ``Z = loc + s * eps`` (``s = exp(log_scale)``), the naive gradient is
   ``G = -(N/B) sum_b x_b ell'(a_b(Z)) - grad log p(Z)`` for ``loc`` and ``G * s * eps - 1``
   for ``log_scale``, and the logits are linear in ``Z``: ``a(Z) = a(loc) + a(s * eps)``.
-  So one product of the rows with ``[loc, s eps]`` (and a snapshot's) gives every logit,
-  and one product of the stacked logit-space terms with the rows every gradient.
+  So one product of the feature rows with ``[loc, s eps]`` (and a snapshot's) gives every logit,
+  and one product of the stacked logit-space terms with the feature rows every gradient.
   """
   x, dim, k, n = glm.x, glm.dim, glm.k, model.num_data
 
@@ -96,27 +97,28 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
       return jnp.zeros_like(params["log_scale"])
     return t_scale_projected * scaled
 
-  def drawn_terms(params, stats, direction, indices):
-    t_loc, t_scale = spec.drawn(params, stats, direction, indices)
+  def drawn_terms(params, stats, direction, rows):
+    t_loc, t_scale = spec.drawn(params, stats, direction, rows)
     terms = [t_loc] if t_scale is None or t_scale is t_loc else [t_loc, t_scale]
     return t_loc, t_scale, terms
 
   def at_params(objective, params, at, indices, noise, with_expected):
     glm.check(params)
-    rows, b = x[indices], indices.shape[0]
+    rows = objective.rows(indices)
+    x_rows, b = x(rows), indices.shape[0]
     scaled = jnp.exp(params["log_scale"]) * noise
     same = at is params
     scaled_at = scaled if same else jnp.exp(at["log_scale"]) * noise
-    logits = _forward(rows, [params["loc"], scaled] + ([] if same else [at["loc"], scaled_at]),
+    logits = _forward(x_rows, [params["loc"], scaled] + ([] if same else [at["loc"], scaled_at]),
                       dim, k)
     a_mu, direction = logits[0], logits[1]
     a_at, direction_at = (a_mu, direction) if same else (logits[2], logits[3])
-    stats = spec.new_stats(at, a_at, rows, indices)
-    t_loc, t_scale, drawn = drawn_terms(at, stats, direction_at, indices)
-    terms = [glm.logit_grad(a_mu + direction, indices)] + drawn
+    stats = spec.new_stats(at, a_at, x_rows, rows)
+    t_loc, t_scale, drawn = drawn_terms(at, stats, direction_at, rows)
+    terms = [glm.logit_grad(a_mu + direction, rows)] + drawn
     if with_expected:
-      terms.append(spec.expected(stats, indices))
-    projected = [-(n / b) * p for p in _project(rows, terms, k)]
+      terms.append(spec.expected(stats, rows))
+    projected = [-(n / b) * p for p in _project(x_rows, terms, k)]
     data, p_loc = projected[0], projected[1]
     p_scale = None if t_scale is None else (p_loc if t_scale is t_loc else projected[2])
     g_global, e_global = spec.global_terms(objective, at, noise)
@@ -126,8 +128,8 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
     if with_expected:
       e_scale = jnp.zeros_like(at["log_scale"])
       if spec.second_order:
-        uniform = jnp.full((b,), 1.0 / b, rows.dtype)
-        curvature = glm.weighted_square_outer(indices, _curvature(glm, spec, stats, indices),
+        uniform = jnp.full((b,), 1.0 / b, x_rows.dtype)
+        curvature = glm.weighted_square_outer(rows, _curvature(glm, spec, stats, rows),
                                               uniform).reshape(-1)
         e_scale = -n * curvature * jnp.exp(2.0 * at["log_scale"])
       e_tilde = {"loc": projected[-1] + e_global["loc"],
@@ -137,26 +139,26 @@ def fused_terms(model: Model, glm, spec: LogitSpec) -> FusedTerms:
             optax.tree.cast_like(g_tilde, params), e_tilde)
 
   def at_statistics(objective, params, old, indices, noise, first, store):
-    del objective
     glm.check(params)
-    rows, b = x[indices], indices.shape[0]
+    rows = objective.rows(indices)
+    x_rows, b = x(rows), indices.shape[0]
     scaled = jnp.exp(params["log_scale"]) * noise
-    a_mu, direction = _forward(rows, [params["loc"], scaled], dim, k)
-    new = store(spec.new_stats(params, a_mu, rows, indices))
-    t_loc, t_scale, drawn = drawn_terms(params, old, direction, indices)
-    first = first.astype(rows.dtype)
-    change = first[:, None] * (spec.expected(new, indices) - spec.expected(old, indices))
-    terms = [glm.logit_grad(a_mu + direction, indices)] + drawn + [change]
-    projected = _project(rows, terms, k)
+    a_mu, direction = _forward(x_rows, [params["loc"], scaled], dim, k)
+    new = store(spec.new_stats(params, a_mu, x_rows, rows))
+    t_loc, t_scale, drawn = drawn_terms(params, old, direction, rows)
+    first = first.astype(x_rows.dtype)
+    change = first[:, None] * (spec.expected(new, rows) - spec.expected(old, rows))
+    terms = [glm.logit_grad(a_mu + direction, rows)] + drawn + [change]
+    projected = _project(x_rows, terms, k)
     data, p_loc = -(n / b) * projected[0], -(n / b) * projected[1]
     p_scale = None if t_scale is None else (
         p_loc if t_scale is t_loc else -(n / b) * projected[2])
     d_old = {"loc": p_loc, "log_scale": scale_part(params, p_scale, scaled)}
     change_scale = jnp.zeros_like(params["log_scale"])
     if spec.second_order:
-      difference = (_curvature(glm, spec, new, indices)
-                    - _curvature(glm, spec, old, indices))
-      change_scale = -n * glm.weighted_square_outer(indices, difference, first).reshape(-1)
+      difference = (_curvature(glm, spec, new, rows)
+                    - _curvature(glm, spec, old, rows))
+      change_scale = -n * glm.weighted_square_outer(rows, difference, first).reshape(-1)
     change = {"loc": -n * projected[-1], "log_scale": change_scale}
     return (optax.tree.cast_like(_naive_gradient(model, params, data, scaled), params),
             optax.tree.cast_like(d_old, params), new, optax.tree.cast_like(change, params))

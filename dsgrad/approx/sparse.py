@@ -113,16 +113,17 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
   def check(params):
     _check_params(params, model.name, d)
 
-  def coordinates(indices):
-    coords = sparse.coordinates(indices)
-    if coords.shape != indices.shape + (k,):
+  def coordinates(rows):
+    coords = sparse.coordinates(rows)
+    b = jax.tree.leaves(rows)[0].shape[0]
+    if coords.shape != (b, k):
       raise ValueError(f"{model.name}: sparse.coordinates returned shape {coords.shape}, "
-                       f"expected {indices.shape + (k,)}")
+                       f"expected {(b, k)}")
     return coords
 
-  def statistics(params, indices):
+  def statistics(params, rows):
     check(params)
-    coords = coordinates(indices)
+    coords = coordinates(rows)
     return {"loc": params["loc"][coords], "log_scale": params["log_scale"][coords]}
 
   def local_noise(objective, noise, coords):
@@ -130,38 +131,38 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
       return noise[coords]
     return jnp.take_along_axis(noise, coords, axis=1)
 
-  def batch_loss(rows, indices, eps):
-    # Datum b's term reads only rows[b], so the gradient of the sum with respect to the
-    # stacked rows is each datum's own gradient: no vmap over the data, whose one-datum
-    # reads would miss the batch's rows read ahead from host data.
-    z = rows["loc"] + jnp.exp(rows["log_scale"]) * eps
-    return -n * jnp.sum(sparse.log_likelihood_local(z, indices))
+  def batch_loss(local, rows, eps):
+    # Datum b's term reads only its own coordinates' values, so the gradient of the sum
+    # with respect to the stacked values is each datum's own gradient: no vmap over the
+    # data.
+    z = local["loc"] + jnp.exp(local["log_scale"]) * eps
+    return -n * jnp.sum(sparse.log_likelihood_local(z, rows))
 
-  def local_terms(rows, indices, eps):
+  def local_terms(local, rows, eps):
     def grad_at(e):
-      return jax.grad(batch_loss)(rows, indices, e)
+      return jax.grad(batch_loss)(local, rows, e)
     expected, deviation = jax.jvp(grad_at, (jnp.zeros_like(eps),), (eps,))
     return optax.tree.add(expected, deviation), expected
 
-  def scatter(params, rows, coords, weights):
+  def scatter(params, local, coords, weights):
     flat = coords.reshape(-1)
     return {key: jnp.zeros_like(params[key]).at[flat].add(
-        (rows[key] * weights[:, None].astype(rows[key].dtype)).reshape(-1)
+        (local[key] * weights[:, None].astype(local[key].dtype)).reshape(-1)
         .astype(params[key].dtype)) for key in ("loc", "log_scale")}
 
-  def datum_terms(objective, params, stats, indices, noise, weights):
+  def datum_terms(objective, params, stats, rows, noise, weights):
     check(params)
-    coords = coordinates(indices)
+    coords = coordinates(rows)
     eps = local_noise(objective, noise, coords)
-    rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
-    d_rows, e_rows = local_terms(rows, indices, eps)
+    local = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
+    d_rows, e_rows = local_terms(local, rows, eps)
     return scatter(params, d_rows, coords, weights), scatter(params, e_rows, coords, weights)
 
-  def datum_expected(objective, params, stats, indices, weights):
+  def datum_expected(objective, params, stats, rows, weights):
     del objective
-    coords = coordinates(indices)
-    rows = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
-    e_rows = jax.grad(batch_loss)(rows, indices, jnp.zeros_like(rows["loc"]))
+    coords = coordinates(rows)
+    local = jax.tree.map(lambda v: v.astype(params["loc"].dtype), stats)
+    e_rows = jax.grad(batch_loss)(local, rows, jnp.zeros_like(local["loc"]))
     return scatter(params, e_rows, coords, weights)
 
   def global_loss(params, eps):

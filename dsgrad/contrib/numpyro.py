@@ -54,7 +54,6 @@ from jax.flatten_util import ravel_pytree
 from dsgrad import checks
 from dsgrad import families
 from dsgrad.contrib import _numpyro_trace as trace_lib
-from dsgrad.data import DataArray
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 
@@ -149,14 +148,10 @@ def to_model(model, *model_args, data_plate: str | None = None,
 
   log_likelihood_given = _per_datum_log_likelihood(model, plate, observed, fixed, unravel)
 
-  # The model's per-datum arrays (leading axis N) become data handles, so that compiled
-  # programs take them as arguments (dsgrad.data); the likelihood reads them through the
-  # handles and hands the current arrays to the NumPyro model.
-  handles, current_arguments = _data_handles(model_args, model_kwargs, num_data)
-
+  # The NumPyro model indexes its own arrays with the plate's indices, so it receives
+  # indices (a dsgrad model without data): its arrays are constants of its programs.
   def log_likelihood(z, indices):
-    args, kwargs = current_arguments()
-    return log_likelihood_given(args, kwargs, z, indices)
+    return log_likelihood_given(model_args, model_kwargs, z, indices)
 
   probe = jnp.arange(min(2, num_data), dtype=jnp.int32)
   try:
@@ -179,8 +174,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
 
   trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
-                       getattr(model, "__name__", "numpyro_model"), data=handles or None,
-                       unravel=unravel)
+                       getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
 
@@ -241,24 +235,6 @@ def _per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
     return total
 
   return log_likelihood_given
-
-
-def _data_handles(model_args, model_kwargs, num_data: int):
-  """The model's per-datum arrays (leading axis N) as data handles, so that compiled
-  programs take them as arguments (:mod:`dsgrad.data`), and ``current_arguments()``:
-  the model's arguments with the arrays the handles read now."""
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
-  handles = {}
-  for path, leaf in paths_leaves:
-    if isinstance(leaf, jax.Array) and leaf.ndim >= 1 and leaf.shape[0] == num_data:
-      name = trace_lib.argument_label(path)
-      handles[name] = DataArray(leaf, name)
-
-  def current_arguments():
-    values = [handles[trace_lib.argument_label(path)].value()
-              if trace_lib.argument_label(path) in handles else leaf for path, leaf in paths_leaves]
-    return jax.tree.unflatten(treedef, values)
-  return handles, current_arguments
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

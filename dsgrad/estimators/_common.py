@@ -134,8 +134,8 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
 
 def reweighted(objective: Objective, weights) -> Objective:
   """The objective whose per-datum losses on a batch are multiplied by ``weights``."""
-  def loss_fn(params, indices, noise):
-    return weights * objective.loss_fn(params, indices, noise)
+  def loss_fn(params, rows, noise):
+    return weights * objective.loss_fn(params, rows, noise)
   return dataclasses.replace(objective, loss_fn=loss_fn, name=objective.name + "*weights",
                              source=None)
 
@@ -149,18 +149,17 @@ def masked_sum(tree, mask):
 def transformation(objective: Objective, init_fn, update_fn
                    ) -> optax.GradientTransformationExtraArgs:
   """``optax.GradientTransformationExtraArgs(init_fn, update)`` for an estimator of
-  ``objective``: ``update(..., objective=obj)`` computes with ``obj``'s data (a
-  :meth:`~dsgrad.Objective.with_data` copy, e.g. a jit argument of the caller's step:
-  the data are then arguments of the compiled program), else with ``objective``'s.
+  ``objective``: ``update(..., objective=obj)`` hands ``update_fn`` the objective it
+  computes with: ``obj`` (a :meth:`~dsgrad.Objective.with_data` copy, or a jit argument of
+  the caller's step, whose data are then arguments of the compiled program), else
+  ``objective`` itself. ``init_fn`` reads no data, so that one state serves both.
   Nothing is checked here: :func:`dsgrad.checked` wraps an optimizer with the checks of a
   user's loop, and :func:`dsgrad.fit` checks what enters it."""
 
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:  # the dtype the tables are written with (a conversion)
       extra_args["indices"] = checks.as_index_array(extra_args["indices"])
-    handed = extra_args.pop("objective", None)
-    step = update_fn if handed is None or handed is objective else \
-        handed.computing_with(update_fn)
-    return step(updates, state, params, **extra_args)
+    extra_args["objective"] = extra_args.get("objective") or objective
+    return update_fn(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init_fn, update)

@@ -147,7 +147,7 @@ def _objective(objective, handed):
   if not isinstance(handed, Objective):
     raise TypeError(f"{WHO}: objective= must be a dsgrad.Objective (the one the estimator "
                     f"was built with, or its with_data copy), got {type(handed).__name__}")
-  if objective is not None and handed.model_key() != objective.model_key():
+  if objective is not None and jax.tree.structure(handed) != jax.tree.structure(objective):
     raise ValueError(
         f"{WHO}: the objective passed to update ({handed.name!r}) is not the estimator's "
         f"({objective.name!r}) on other data: its model, family or number of data differ. "

@@ -73,7 +73,7 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
       return _weights.init(control_weight, params)
     return chain.FixedWeightState()
 
-  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
     g, g_tilde, e_tilde = _common.gradient_and_terms(objective, approx, updates, params,
                                                      params, indices, noise, True)

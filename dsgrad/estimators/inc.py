@@ -76,7 +76,7 @@ def inc(objective: Objective, *, chunk_size: int = 1024,
                      "same eps for every datum); build the objective with shared_noise=True")
   n = objective.num_data
 
-  def grads_at_rows(rows, indices, noise):
+  def grads_at_rows(objective, rows, indices, noise):
     return per_datum(lambda p, i, e: objective.grad(p, i, e, validate=False), objective,
                      params_axis=0)(rows, indices, noise)
 
@@ -85,13 +85,13 @@ def inc(objective: Objective, *, chunk_size: int = 1024,
     _common.check_table_fits(params, n, None, max_table_bytes, "inc")
     return IncState(tables.new_table(params, n))
 
-  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
     g = _common.naive_gradient(objective, updates, params, indices, noise)
 
     def table_mean(idx):
       rows = tables.gather_rows(state.table, idx, params)
-      return jax.tree.map(lambda x: jnp.mean(x, 0), grads_at_rows(rows, idx, noise))
+      return jax.tree.map(lambda x: jnp.mean(x, 0), grads_at_rows(objective, rows, idx, noise))
 
     full = tables.full_pass_mean(table_mean, n, chunk_size)
     batch = table_mean(indices)

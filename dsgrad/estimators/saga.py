@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -10,7 +9,6 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import checks
-from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
@@ -177,13 +175,23 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
                             _weights.init(control_weight, params))
-    table, running_mean = kind.init(params)
-    return JointSagaState(jnp.zeros([], jnp.int32), table, running_mean,
+    # G (and a table of statistics) are filled by the first update, from the data it is
+    # handed: the state reads no data.
+    table = kind.init(params)
+    return JointSagaState(jnp.zeros([], jnp.int32), table, jax.tree.map(jnp.zeros_like, params),
                           _weights.init(control_weight, params))
 
-  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
-    g, control, new_table, change = kind.step(updates, state, params, indices, noise)
+    def fill():
+      table, mean = kind.fill(objective, params, state.table)
+      return table, optax.tree.cast_like(mean, state.running_mean)
+
+    table, running_mean = jax.lax.cond(state.count == 0, fill,
+                                       lambda: (state.table, state.running_mean))
+    state = state._replace(table=table, running_mean=running_mean)
+    g, control, new_table, change = kind.step(objective, updates, state, params, indices,
+                                              noise)
     # G += (1/N) sum over the batch's distinct data of (E grad f~ now - E grad f~ at the
     # rows replaced): G stays the mean over the table, so the estimator stays unbiased.
     running_mean = optax.tree.add(state.running_mean,
@@ -197,9 +205,11 @@ class _TableKind(NamedTuple):
   """What one kind of SAGA table stores per datum, and how a step reads and writes it.
 
   Attributes:
-    init: ``params -> (table, running_mean)``: every row from ``params`` and ``G`` the
-      mean of the rows' expected approximate gradients (a chunked full pass).
-    step: ``(updates, state, params, indices, noise) -> (updates, control,
+    init: ``params -> table``, made without reading data.
+    fill: ``(objective, params, table) -> (table, running_mean)``: every row from
+      ``params`` and ``G`` the mean of the rows' expected approximate gradients (a chunked
+      full pass), at the first update.
+    step: ``(objective, updates, state, params, indices, noise) -> (updates, control,
       new_table, change)``: the naive gradient (``updates``, or computed here when
       ``None``), the control ``G - mean_b grad f~(row_b; n_b, eps_b)`` (in expectation
       zero), the table with the batch's rows replaced, and ``sum_b first_b (E grad f~ now
@@ -207,6 +217,7 @@ class _TableKind(NamedTuple):
   """
 
   init: Any
+  fill: Any
   step: Any
 
 
@@ -215,19 +226,16 @@ def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_
   """Row ``n`` holds the parameters ``w^n`` at the last step datum ``n`` was drawn."""
   n = objective.num_data
 
-  def expected_at(params, indices):
-    return approx.expected_grad(objective, params, indices)
-
-  @functools.partial(data_lib.jit, objective.data)
-  def initial_mean(params):
-    return tables.full_pass_mean(lambda idx: expected_at(params, idx), n, chunk_size)
-
   def init(params):
     _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
-    table = tables.new_table(params, n, table_dtype)
-    return table, initial_mean(_as_stored(params, table))
+    return tables.new_table(params, n, table_dtype)
 
-  def step(updates, state, params, indices, noise):
+  def fill(objective, params, table):
+    stored = _as_stored(params, table)
+    return table, tables.full_pass_mean(
+        lambda idx: approx.expected_grad(objective, stored, idx), n, chunk_size)
+
+  def step(objective, updates, state, params, indices, noise):
     updates = _common.naive_gradient(objective, updates, params, indices, noise)
     rows = tables.gather_rows(state.table, indices, params)
     g_rows, e_rows = per_datum(lambda p, i, e: approx.grad_and_expected(objective, p, i, e),
@@ -246,12 +254,12 @@ def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_
       e_now_sum = optax.tree.scale(indices.shape[0], approx.expected_grad(
           _common.reweighted(objective, weights), stored, indices))
     else:
-      e_now = jax.vmap(lambda i: expected_at(stored, i[None]))(indices)
+      e_now = jax.vmap(lambda i: approx.expected_grad(objective, stored, i[None]))(indices)
       e_now_sum = _common.masked_sum(e_now, first)
     change = optax.tree.sub(e_now_sum, _common.masked_sum(e_rows, first))
     return updates, control, new_table, change
 
-  return _TableKind(init, step)
+  return _TableKind(init, fill, step)
 
 
 def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> _TableKind:
@@ -270,21 +278,28 @@ def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> 
       return values
     return jax.tree.map(lambda v: v.astype(table_dtype).astype(v.dtype), values)
 
-  @functools.partial(data_lib.jit, objective.data)
+  def statistics_at(objective, params, indices):
+    return stats_fns.statistics(params, objective.rows(indices))
+
   def init(params):
-    exact = tables.full_pass_rows(lambda idx: stats_fns.statistics(params, idx), n,
+    spec = jax.eval_shape(lambda: statistics_at(objective, params,
+                                                jnp.zeros((n,), jnp.int32)))
+    return jax.tree.map(lambda v: jnp.zeros(v.shape, table_dtype or v.dtype), spec)
+
+  def fill(objective, params, table):
+    exact = tables.full_pass_rows(lambda idx: statistics_at(objective, params, idx), n,
                                    chunk_size)
-    table = jax.tree.map(lambda v: v.astype(table_dtype or v.dtype), exact)
+    table = jax.tree.map(lambda t, v: v.astype(t.dtype), table, exact)
     dtype = jax.tree.leaves(params)[0].dtype
 
     def chunk_mean(idx):
-      rows = jax.tree.map(lambda t, v: t[idx].astype(v.dtype), table, exact)
+      stats = jax.tree.map(lambda t, v: t[idx].astype(v.dtype), table, exact)
       weights = jnp.full(idx.shape, 1.0 / idx.shape[0], dtype)
-      return stats_fns.datum_expected(objective, params, rows, idx, weights)
+      return stats_fns.datum_expected(objective, params, stats, objective.rows(idx), weights)
 
     return table, tables.full_pass_mean(chunk_mean, n, chunk_size)
 
-  def step(updates, state, params, indices, noise):
+  def step(objective, updates, state, params, indices, noise):
     dtype = jax.tree.leaves(params)[0].dtype
     first = tables.first_occurrence(indices).astype(dtype)
     fused = approx.fused_for(objective) if updates is None else None
@@ -294,17 +309,18 @@ def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> 
           objective, params, old_rows, indices, noise, first, stored)
     else:
       updates = _common.naive_gradient(objective, updates, params, indices, noise)
-      new_rows = stored(stats_fns.statistics(params, indices))
+      rows = objective.rows(indices)
+      new_rows = stored(stats_fns.statistics(params, rows))
       old_rows = jax.tree.map(lambda t, v: t[indices].astype(v.dtype), state.table, new_rows)
       uniform = jnp.full(indices.shape, 1.0 / indices.shape[0], dtype)
-      d_old, _ = stats_fns.datum_terms(objective, params, old_rows, indices, noise, uniform)
+      d_old, _ = stats_fns.datum_terms(objective, params, old_rows, rows, noise, uniform)
       if stats_fns.expected_change is not None:
-        change = stats_fns.expected_change(objective, params, new_rows, old_rows, indices,
+        change = stats_fns.expected_change(objective, params, new_rows, old_rows, rows,
                                            first)
       else:  # one call on the stacked rows with weights (+first, -first)
         both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), new_rows, old_rows)
         change = stats_fns.datum_expected(objective, params, both,
-                                          jnp.concatenate([indices, indices]),
+                                          jax.tree.map(lambda r: jnp.concatenate([r, r]), rows),
                                           jnp.concatenate([first, -first]))
     c_now, c_expected = stats_fns.global_terms(objective, params, noise)
     expected = stats_fns.expectation(params, state.running_mean)
@@ -312,4 +328,4 @@ def _statistics_table(objective: Objective, approx, chunk_size, table_dtype) -> 
                              optax.tree.sub(c_expected, c_now))
     return updates, control, tables.set_row_values(state.table, indices, new_rows), change
 
-  return _TableKind(init, step)
+  return _TableKind(init, fill, step)

@@ -89,7 +89,7 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     # A copy, so that params and state can both be donated to a jitted step.
     return SmisoState(tables.new_table(params, n), jax.tree.map(jnp.copy, params))
 
-  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del updates, extra_args  # SMISO steps from its per-datum gradients, computed here
     grads = objective.per_datum_grads(params, indices, noise, validate=False)
     old = tables.gather_rows(state.table, indices, params)

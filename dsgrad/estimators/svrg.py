@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import checks
-from dsgrad import data as data_lib
 from dsgrad import tables
 from dsgrad.approx import base as approx_lib
 from dsgrad.estimators import _common, _weights
@@ -70,7 +69,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state :class:`JointSvrgState`.
-    ``init`` takes the first snapshot (one full pass).
+    The first update takes the first snapshot (one full pass).
 
   Example::
 
@@ -96,31 +95,32 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   _weights.check_horizon(control_weight_horizon, "joint_svrg")
   n = objective.num_data
 
-  def full_mean(params):
+  def full_mean(objective, params):
     return tables.full_pass_mean(
         lambda idx: approx.expected_grad(objective, params, idx), n, chunk_size)
-
-  initial_mean = data_lib.jit(objective.data, full_mean)
 
   def init_fn(params):
     _common.check_params_fit(objective, params, "joint_svrg", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
                             _weights.init(control_weight, params))
-    # A copy, so that params and state can both be donated to a jitted step.
+    # Both filled by the first update's refresh (a full pass over the data it is handed):
+    # the state reads no data. A copy, so that params and state can both be donated.
     snapshot = jax.tree.map(jnp.copy, params)
-    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot, initial_mean(params),
+    return JointSvrgState(jnp.zeros([], jnp.int32), snapshot,
+                          jax.tree.map(jnp.zeros_like, params),
                           _weights.init(control_weight, params))
 
-  def update_fn(updates, state, params, *, indices, noise, **extra_args):
+  def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
     # The batch size is static under jit, so the default period is a constant too.
     period = every if every is not None else max(1, n // indices.shape[0])
-    refresh = (state.count > 0) & (state.count % period == 0)
+    refresh = state.count % period == 0
     params_like = optax.tree.cast_like(params, state.snapshot)
     snapshot, snapshot_mean = jax.lax.cond(
         refresh,
-        lambda: (params_like, optax.tree.cast_like(full_mean(params_like), state.snapshot_mean)),
+        lambda: (params_like, optax.tree.cast_like(full_mean(objective, params_like),
+                                                   state.snapshot_mean)),
         lambda: (state.snapshot, state.snapshot_mean))
     g, g_tilde, _ = _common.gradient_and_terms(objective, approx, updates, params, snapshot,
                                                indices, noise, False)

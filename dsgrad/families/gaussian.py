@@ -30,7 +30,7 @@ from flax import nnx
 
 from dsgrad import checks
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective, gaussian_noise, with_function_key
+from dsgrad.objective import Objective, gaussian_noise
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -80,6 +80,9 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     inference. NeurIPS (when the path derivative raises the variance).
   """
   n, d = model.num_data, model.latent_dim
+  # The model's functions, not the model: the loss reads the data from the rows it is
+  # handed, never from the model it was built from.
+  log_likelihood, log_prior_of = model.log_likelihood, model.log_prior
   if path_derivative and log_prob is None:
     raise ValueError("path_derivative=True needs the family's log_prob(params, z)")
 
@@ -101,15 +104,16 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     term = path(z, noise) if shared_noise else jax.vmap(path)(z, noise)
     return value + term - jax.lax.stop_gradient(term)
 
-  def loss_fn(params, indices, noise):
+  def loss_fn(params, rows, noise):
     if shared_noise:
       z = transform(params, noise)
-      log_lik = model.log_likelihood(z, indices)
-      log_prior = model.log_prior(z)
+      log_lik = log_likelihood(z, rows)
+      log_prior = log_prior_of(z)
     else:
       z = jax.vmap(lambda e: transform(params, e))(noise)
-      log_lik = jax.vmap(lambda zb, i: model.log_likelihood(zb, i[None])[0])(z, indices)
-      log_prior = jax.vmap(model.log_prior)(z)
+      log_lik = jax.vmap(lambda zb, row: log_likelihood(
+          zb, jax.tree.map(lambda r: r[None], row))[0])(z, rows)
+      log_prior = jax.vmap(log_prior_of)(z)
     return -n * log_lik - log_prior + minus_entropy(params, z, noise)
 
   def log_q_offset(params, noise):
@@ -120,16 +124,12 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     return 0.0 * jnp.sum(noise) if path_derivative else 0.5 * d - 0.5 * jnp.sum(
         jnp.square(noise))
 
-  # Everything loss_fn reads: the same call on the same model computes the same loss.
-  with_function_key(loss_fn, (
-      "bbvi", model.log_prior, model.log_likelihood, n, transform, entropy, log_prob,
-      inverse, shared_noise, path_derivative))
   label = f"{name}({model.name})" + ("[path derivative]" if path_derivative else "")
   # A fused kernel computes the closed-form-entropy gradient: not this objective's.
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
                    shared_noise=shared_noise, name=label, data=model.data,
                    log_q_offset=log_q_offset, source=None if path_derivative else source,
-                   log_evidence_bound=model.log_evidence_bound)
+                   log_evidence_bound=model.log_evidence_bound, kinds=model.kinds)
 
 
 class _Family(nnx.Module):

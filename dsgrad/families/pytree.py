@@ -114,8 +114,8 @@ def structured(objective: Objective, latent) -> Objective:
   latent_unravel(latent)
   flat_loss = objective.loss_fn
 
-  def loss_fn(params, indices, noise):
-    return flat_loss(flat_params(params), indices, noise)
+  def loss_fn(params, rows, noise):
+    return flat_loss(flat_params(params), rows, noise)
 
   return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]",
                              source=None)

@@ -10,21 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad import data as data_lib
 from dsgrad.training import progress as progress_lib
 from dsgrad.training.progress import Interrupted
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
                   chunk_size=checks.count(1))
-def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data=None,
+def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
               progress: bool = True, position=lambda s: s.position, sign=None):
   """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
 
   Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
-  (tqdm when installed, else nothing) advances between chunks. ``data`` (a model's
-  ``model.data`` handles) makes the model's arrays an argument of the compiled chunks
-  instead of constants.
+  (tqdm when installed, else nothing) advances between chunks.
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
@@ -41,9 +38,7 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
       return state, (position(state), sign(state), info)
     return jax.lax.scan(body, state, keys)
 
-  # The model's data (``data``: its handles) are an argument of the compiled chunks.
-  wrapped, data_values = data_lib.as_argument(data, chunk)
-  runner = jax.jit(wrapped)
+  runner = jax.jit(chunk)
   compiled_by_size = {}  # the last chunk may be shorter: at most two programs
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
@@ -53,10 +48,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, data
       size = min(chunk_size, num_samples - done)
       batch = keys[done:done + size]
       if size not in compiled_by_size:
-        compiled_by_size[size] = runner.lower(data_values, state, batch).compile()
+        compiled_by_size[size] = runner.lower(state, batch).compile()
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = compiled_by_size[size](data_values, state, batch)
+      after, out = compiled_by_size[size](state, batch)
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(np.asarray, out))

@@ -22,7 +22,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -31,7 +30,6 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dsgrad import checks
-from dsgrad import data as data_lib
 from dsgrad.checks import is_concrete
 from dsgrad.models.base import Model
 from dsgrad.tables import full_pass_mean
@@ -120,9 +118,9 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
   n = model.num_data
 
   def total(theta, idx):
-    return jnp.sum(model.log_likelihood(theta, idx))
+    return jnp.sum(model.log_likelihood_at(theta, idx))
 
-  @functools.partial(data_lib.jit, model.data)
+  @jax.jit
   def sums(theta):
     def chunk_mean(idx):
       value, grad = jax.value_and_grad(total)(theta, idx)
@@ -148,7 +146,7 @@ def proxy_values(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   delta = theta - proxy.theta_star
 
   def first(z):
-    return jax.jvp(lambda w: model.log_likelihood(w, indices), (z,), (delta,))
+    return jax.jvp(lambda w: model.log_likelihood_at(w, indices), (z,), (delta,))
 
   (value, slope), (_, curvature) = jax.jvp(first, (proxy.theta_star,), (delta,))
   return value + slope + 0.5 * proxy.second_order * curvature
@@ -156,7 +154,7 @@ def proxy_values(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
 
 def differences(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   """``d_k(theta) = l_k(theta) - q_k(theta)`` for the data ``indices`` (Eq. 4.3)."""
-  return model.log_likelihood(theta, indices) - proxy_values(model, proxy, theta, indices)
+  return model.log_likelihood_at(theta, indices) - proxy_values(model, proxy, theta, indices)
 
 
 class EstimatorVariance(NamedTuple):
@@ -205,7 +203,7 @@ def estimate_with_variance(model: Model, proxy: TaylorProxy, theta, indices):
 def _difference_terms(model: Model, proxy: TaylorProxy, theta, indices):
   """``(l_hat, sigma2_hat, plain)``: the difference estimator, its variance, and the
   plain estimator's variance on the same subsample, from one read of it."""
-  values = model.log_likelihood(theta, indices)
+  values = model.log_likelihood_at(theta, indices)
   d = values - proxy_values(model, proxy, theta, indices)
   n, m = model.num_data, indices.shape[0]
   scale = (n / m) ** 2
@@ -252,7 +250,7 @@ def gradient_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.A
   delta = theta - proxy.theta_star
 
   def subsample_grad(t):
-    return jax.grad(lambda w: jnp.sum(model.log_likelihood(w, indices)))(t)
+    return jax.grad(lambda w: jnp.sum(model.log_likelihood_at(w, indices)))(t)
 
   grad_now = subsample_grad(theta)
   grad_star, hess_delta = jax.jvp(subsample_grad, (proxy.theta_star,), (delta,))

@@ -10,7 +10,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from typing import Any, NamedTuple
@@ -22,7 +21,6 @@ import optax
 
 from dsgrad.training import batching
 from dsgrad import checks
-from dsgrad import data as data_lib
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.chain import run_chain
 from dsgrad.training.progress import Interrupted
@@ -66,12 +64,12 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
            else check_theta(model, position, "position"))
 
   def loss(theta):
-    return -(n / size) * jnp.sum(model.log_likelihood(theta, subset)) - model.log_prior(theta)
+    return -(n / size) * jnp.sum(model.log_likelihood_at(theta, subset)) - model.log_prior(theta)
 
   opt = optax.lbfgs()
   value_and_grad = optax.value_and_grad_from_state(loss)
 
-  @functools.partial(data_lib.jit, model.data)
+  @jax.jit
   def run(theta):
     def step(carry, _):
       theta, state = carry
@@ -110,7 +108,7 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
   """
   full = subsample_lib.full_data(model)
 
-  @functools.partial(data_lib.jit, model.data)
+  @jax.jit
   def log_posterior(theta):
     return full.log_likelihood(None, theta, None)[0] + model.log_prior(theta)
 
@@ -410,7 +408,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
 
   try:
     drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,
-                      num_samples, progress=progress, data=model.data)
+                      num_samples, progress=progress)
   except Interrupted as stop:
     stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
@@ -448,7 +446,7 @@ class _Warmup:
     self.max_steps = max_integration_steps
     kernel = build_kernel(model, scheme)
 
-    @functools.partial(data_lib.jit, model.data)
+    @jax.jit
     def window(state, adapt, proxy, params, keys):
       def body(carry, k):
         state, adapt = carry

@@ -57,7 +57,7 @@ def log_posterior_gradient(model: Model, proxy: TaylorProxy | None,
     if control_variates:
       g_lik = proxy_lib.gradient_estimate(model, proxy, theta, indices)
     else:
-      g_lik = jax.grad(lambda t: n * jnp.mean(model.log_likelihood(t, indices)))(theta)
+      g_lik = jax.grad(lambda t: n * jnp.mean(model.log_likelihood_at(t, indices)))(theta)
     return g_lik + jax.grad(model.log_prior)(theta)
 
   return grad

@@ -67,7 +67,7 @@ def full_data(model: Model, chunk_size: int = 8192) -> SubsampleScheme:
     total = jnp.zeros((), theta.dtype)
     for start in range(0, n, chunk_size):  # static chunks: bounded memory
       idx = jnp.arange(start, min(start + chunk_size, n), dtype=jnp.int32)
-      total = total + jnp.sum(model.log_likelihood(theta, idx))
+      total = total + jnp.sum(model.log_likelihood_at(theta, idx))
     exact = jnp.zeros((), theta.dtype)
     return total, jnp.ones((), theta.dtype), proxy_lib.EstimatorVariance(exact, exact)
 
@@ -199,7 +199,7 @@ def block_poisson(model: Model, subsample_size: int, num_blocks: int, lower_boun
 
   def log_likelihood(proxy, theta, u):
     flat = u.indices.reshape(lam * max_factors, m)
-    values = jax.vmap(lambda idx: model.log_likelihood(theta, idx))(flat)
+    values = jax.vmap(lambda idx: model.log_likelihood_at(theta, idx))(flat)
     d = values - jax.vmap(lambda idx: proxy_lib.proxy_values(model, proxy, theta, idx))(flat)
     d_hat = (n * jnp.mean(d, axis=1)).reshape(lam, max_factors)
     used = jnp.arange(max_factors)[None, :] < u.counts[:, None]

@@ -239,14 +239,14 @@ class MonteCarloVAE:
     Raises:
       ValueError: images outside ``[0, 1]``, non-finite, or of the wrong size.
     """
-    handles = model_data(images=jnp.asarray(check_images(images, self.data_dim)))
-    data = handles["images"]
+    data = model_data(images=jnp.asarray(check_images(images, self.data_dim)))
+    datum_bound = self.datum_bound
 
-    def loss_fn(params, indices, noise):
-      return -jax.vmap(lambda x, e: self.datum_bound(params, x, e))(data[indices], noise)
+    def loss_fn(params, rows, noise):
+      return -jax.vmap(lambda x, e: datum_bound(params, x, e))(rows["images"], noise)
 
-    return Objective(loss_fn, self.noise_fn, int(data.shape[0]),
-                     name=name or f"mcvae:{self.method}", data=handles)
+    return Objective(loss_fn, self.noise_fn, int(data["images"].shape[0]),
+                     name=name or f"mcvae:{self.method}", data=data)
 
   # -------------------------------------------------------------- generation
   def _means(self, decoder, z):

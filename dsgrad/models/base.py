@@ -1,7 +1,14 @@
-"""The model protocol: a log prior and a per-datum log likelihood over a flat latent."""
+"""The model protocol: a log prior and a per-datum log likelihood over a flat latent.
+
+A model's data are its pytree leaves (:attr:`Model.data`), and its functions receive a
+batch's rows of them as an argument (``log_likelihood(z, rows)``): a program that takes the
+model (or an objective built from it) as an argument computes with whatever data it is
+handed (:mod:`dsgrad.data`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -9,46 +16,44 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data import DataArray
+from dsgrad import data as data_lib
+from dsgrad import data_kinds
 
 
 def model_data(**arrays) -> dict:
-  """``{name: DataArray}`` handles for a model's per-datum arrays (see :mod:`dsgrad.data`):
-  the model's functions read ``handle[indices]``, so compiled programs can take the data
-  as arguments."""
-  return {name: DataArray(value, name) for name, value in arrays.items()}
+  """``{name: array}``: a model's per-datum arrays checked (leading sizes, no NaN or inf)
+  and put on the device (a :class:`dsgrad.data.HostArray` stays on the host)."""
+  return data_lib.placed(dict(arrays))
 
 
 class LinearPredictor(NamedTuple):
   """Declares that a likelihood sees the latent only through ``K`` linear predictors.
 
-  ``log p(x_n | z) = log_likelihood_of_logits(x_n^T Z, n)`` with ``Z = z.reshape(D, K)``
+  ``log p(x_n | z) = log_likelihood_of_logits(x_n^T Z, rows)`` with ``Z = z.reshape(D, K)``
   (row-major). Approximations can then store per datum the ``K`` logits instead of the
   whole parameter vector (see :func:`dsgrad.approx.glm_mean_taylor`).
 
   Attributes:
-    features: ``(N, D)`` feature matrix ``x_n``: a :class:`dsgrad.data.DataArray` in
-      dsgrad's models (index it, ``features[indices]``, or take ``features.value()``).
+    features: ``rows -> (B, D)``: the feature rows ``x_n`` of a batch's data rows.
     num_outputs: ``K``, the number of linear predictors per datum.
-    log_likelihood_of_logits: ``(logits (B, K), indices (B,)) -> (B,)`` log likelihoods.
+    log_likelihood_of_logits: ``(logits (B, K), rows) -> (B,)`` log likelihoods.
     logistic_signs: for a binary logistic likelihood ``log sigmoid(sign_n a_n)`` (``K = 1``),
-      the ``(N,)`` signs in ``{-1, +1}`` (a ``DataArray`` like ``features``); ``None``
-      otherwise. Lets
+      ``rows -> (B,)`` signs in ``{-1, +1}``; ``None`` otherwise. Lets
       :func:`dsgrad.approx.logistic_probit` integrate the likelihood's gradient over a
       Gaussian logit in closed form.
   """
 
-  features: jax.Array
+  features: Callable[[Any], jax.Array]
   num_outputs: int
-  log_likelihood_of_logits: Callable[[jax.Array, jax.Array], jax.Array]
-  logistic_signs: jax.Array | None = None
+  log_likelihood_of_logits: Callable[[jax.Array, Any], jax.Array]
+  logistic_signs: Callable[[Any], jax.Array] | None = None
 
 
 class SparseLikelihood(NamedTuple):
   """Declares that datum ``n``'s likelihood reads only ``k`` coordinates of the latent.
 
-  ``log p(x_n | z) = log_likelihood_local(z[coordinates(n)], n)``: the likelihood term of
-  a datum depends on ``z`` only through a fixed number ``k`` of coordinates (MovieLens:
+  ``log p(x_n | z) = log_likelihood_local(z[coordinates(rows)], rows)``: the likelihood term
+  of a datum depends on ``z`` only through a fixed number ``k`` of coordinates (MovieLens:
   the rating user's ``G C`` weights; Bradley-Terry: the two players). Approximations
   can then keep per datum those ``k`` coordinates instead of all ``d`` (see
   :func:`dsgrad.approx.sparse_linearize`), so a SAGA table holds ``N k`` instead of
@@ -56,25 +61,29 @@ class SparseLikelihood(NamedTuple):
 
   Attributes:
     num_coordinates: ``k``.
-    coordinates: ``indices (B,) -> (B, k)`` int32 latent coordinates of each datum,
-      distinct within a row, in ``[0, d)``. A function (not an ``(N, k)`` array) so
-      that declaring the structure costs no memory.
-    log_likelihood_local: ``(z_local (B, k), indices (B,)) -> (B,)``: ``log p(x_n | z)``
-      from the datum's coordinates, in the order ``coordinates`` lists them.
+    coordinates: ``rows -> (B, k)`` int32 latent coordinates of each datum of a batch,
+      distinct within a row, in ``[0, d)``.
+    log_likelihood_local: ``(z_local (B, k), rows) -> (B,)``: ``log p(x_n | z)`` from the
+      datum's coordinates, in the order ``coordinates`` lists them.
   """
 
   num_coordinates: int
-  coordinates: Callable[[jax.Array], jax.Array]
-  log_likelihood_local: Callable[[jax.Array, jax.Array], jax.Array]
+  coordinates: Callable[[Any], jax.Array]
+  log_likelihood_local: Callable[[jax.Array, Any], jax.Array]
 
 
-class Model(NamedTuple):
+@dataclasses.dataclass(frozen=True, eq=False)
+class Model:
   """A Bayesian model ``p(z) prod_n p(x_n | z)`` with a flat latent ``z`` in R^d.
+
+  A pytree whose leaves are its data (every other field is static structure), so
+  ``jax.jit(f)(model, ...)`` takes the data as arguments.
 
   Attributes:
     log_prior: ``log_prior(z) -> scalar`` for ``z`` of shape ``(latent_dim,)``.
-    log_likelihood: ``log_likelihood(z, indices) -> (B,)``: ``log p(x_n | z)`` for each
-      datum of the batch, all at the same ``z``. The data are closed over.
+    log_likelihood: ``log_likelihood(z, rows) -> (B,)``: ``log p(x_n | z)`` for each datum
+      of a batch, all at the same ``z``, where ``rows`` are the batch's rows of ``data``
+      (:meth:`rows`), or the batch's indices for a model without ``data``.
     num_data: ``N``.
     latent_dim: ``d``.
     name: label for messages and tables.
@@ -85,9 +94,9 @@ class Model(NamedTuple):
       Hessian in closed form. The second-order approximations
       (:func:`dsgrad.approx.gaussian_taylor`, :func:`dsgrad.approx.glm_taylor`) use it;
       without it they compute the diagonal with ``d`` Hessian-vector products.
-    data: optional ``{name: DataArray}`` (:func:`model_data`): the per-datum arrays the
-      likelihood reads. Objectives built from the model list them, so that compiled
-      programs take them as arguments (:meth:`dsgrad.Objective.with_data`).
+    data: optional pytree of ``(N, ...)`` arrays (:func:`model_data`), the leaves; a leaf
+      may be a :class:`dsgrad.data.HostArray`. ``None``: the likelihood closes over its
+      data (as constants of every program) and receives indices.
     unravel: optional ``z -> pytree``: the flat latent arranged as the user wrote it
       (:func:`dsgrad.model_from_logdensity` sets it). Samples and params stay flat;
       ``jax.vmap(model.unravel)(result.samples)`` gives them that shape, and the MCMC
@@ -97,23 +106,47 @@ class Model(NamedTuple):
       classification and comparison models set it), or the exact log evidence of a
       conjugate model. No ELBO can exceed it, so an estimate above it is a numerical
       failure, not progress: :func:`dsgrad.fit` and :func:`dsgrad.elbo` flag it.
+    kinds: optional ``((key, kind), ...)``: what the values of ``data[key]`` mean
+      (:mod:`dsgrad.data_kinds`), checked on data handed in later.
   """
 
   log_prior: Callable[[jax.Array], jax.Array]
-  log_likelihood: Callable[[jax.Array, jax.Array], jax.Array]
+  log_likelihood: Callable[[jax.Array, Any], jax.Array]
   num_data: int
   latent_dim: int
   name: str = "model"
   linear: LinearPredictor | None = None
   sparse: SparseLikelihood | None = None
   log_prior_hessian_diag: Callable[[jax.Array], jax.Array] | None = None
-  data: dict | None = None
+  data: Any = None
   unravel: Callable[[jax.Array], Any] | None = None
   log_evidence_bound: float | None = None
+  kinds: tuple = ()
+
+  def __post_init__(self):
+    if self.data is not None:
+      object.__setattr__(self, "data", data_lib.placed(self.data, f"{self.name}.data"))
+      data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
+      data_kinds.check_kinds(dict(self.kinds), self.data, f"{self.name}.data")
+
+  def _replace(self, **changes) -> "Model":
+    """A copy with ``changes`` (as a NamedTuple's ``_replace``)."""
+    return dataclasses.replace(self, **changes)
+
+  def rows(self, indices):
+    """The rows of :attr:`data` at ``indices`` (``indices`` for a model without data)."""
+    return data_lib.rows_of(self.data, indices)
+
+  def log_likelihood_at(self, z, indices):
+    """``log p(x_n | z)`` for the data ``indices``: :attr:`log_likelihood` of their rows."""
+    return self.log_likelihood(z, self.rows(indices))
 
   def log_joint_datum(self, z, index):
     """``k_n(z) = N log p(x_n | z) + log p(z)`` for one datum (App. F notation)."""
-    return self.num_data * self.log_likelihood(z, index[None])[0] + self.log_prior(z)
+    return self.num_data * self.log_likelihood_at(z, index[None])[0] + self.log_prior(z)
+
+
+data_lib.register_with_data(Model)
 
 
 @checks.arguments(num_coordinates=checks.count(1))
@@ -131,20 +164,20 @@ def with_coordinates(model: Model, num_coordinates: int,
   Args:
     model: the model.
     num_coordinates: ``k``.
-    coordinates: ``indices (B,) -> (B, k)`` int latent coordinates.
+    coordinates: ``rows -> (B, k)`` int latent coordinates (rows: as the likelihood's).
 
   Returns:
     The model with ``sparse`` set.
   """
   d = model.latent_dim
 
-  def log_likelihood_local(z_local, indices):
-    coords = coordinates(indices)
+  def log_likelihood_local(z_local, rows):
+    def one(zl, row):
+      row = jax.tree.map(lambda r: r[None], row)
+      zero = jnp.zeros((d,), zl.dtype)
+      return model.log_likelihood(zero.at[coordinates(row)[0]].set(zl), row)[0]
 
-    def one(zl, c, i):
-      return model.log_likelihood(jnp.zeros((d,), zl.dtype).at[c].set(zl), i[None])[0]
-
-    return jax.vmap(one)(z_local, coords, indices)
+    return jax.vmap(one)(z_local, rows)
 
   return model._replace(sparse=SparseLikelihood(int(num_coordinates), coordinates,
                                                 log_likelihood_local))
@@ -162,7 +195,8 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
   sparse = model.sparse
   if sparse is None:
     raise ValueError(f"model {model.name!r} declares no sparse likelihood (model.sparse)")
-  coords = np.asarray(sparse.coordinates(indices))
+  rows = model.rows(indices)
+  coords = np.asarray(sparse.coordinates(rows))
   b, k = indices.shape[0], sparse.num_coordinates
   if coords.shape != (b, k):
     raise ValueError(f"{model.name}: coordinates returned shape {coords.shape}, "
@@ -171,14 +205,14 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
     raise ValueError(f"{model.name}: coordinates outside [0, {model.latent_dim})")
   if any(len(set(row.tolist())) != k for row in coords):
     raise ValueError(f"{model.name}: coordinates repeat within a datum's row")
-  full = np.asarray(jax.jit(model.log_likelihood)(z, indices))
-  local = np.asarray(jax.jit(sparse.log_likelihood_local)(z[coords], indices))
+  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
+  local = np.asarray(jax.jit(sparse.log_likelihood_local)(z[coords], rows))
   if not np.allclose(full, local, rtol=rtol, atol=rtol * (1 + np.abs(full).max())):
     raise ValueError(f"{model.name}: local likelihood {local[:3]} differs from the full "
                      f"one {full[:3]}")
   grads = np.asarray(jax.jit(jax.vmap(
-      jax.grad(lambda zz, i: model.log_likelihood(zz, i[None])[0]), in_axes=(None, 0)))(
-          z, indices))
+      jax.grad(lambda zz, row: model.log_likelihood(
+          zz, jax.tree.map(lambda r: r[None], row))[0]), in_axes=(None, 0)))(z, rows))
   outside = np.ones_like(grads, bool)
   np.put_along_axis(outside, coords, False, axis=1)
   if np.any(grads[outside] != 0):

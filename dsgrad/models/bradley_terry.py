@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data_kinds import declare_kind
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 
@@ -73,27 +72,24 @@ def bradley_terry(player_a, player_b, num_players: int, outcomes=None,
   data = model_data(a=jnp.asarray(a, jnp.int32), b=jnp.asarray(b, jnp.int32),
                     signs=jnp.asarray(2.0 * y - 1.0, jnp.float32))
   m = int(num_players)
-  declare_kind(data["a"], ("index", m))
-  declare_kind(data["b"], ("index", m))
-  declare_kind(data["signs"], "signs")
-  a, b, signs = data["a"], data["b"], data["signs"]
 
   def log_prior(z):
     return (-0.5 * jnp.sum((z / prior_scale) ** 2)
             - m * (jnp.log(prior_scale) + 0.5 * jnp.log(2 * jnp.pi)))
 
-  def log_likelihood(z, indices):
-    return jax.nn.log_sigmoid(signs[indices] * (z[a[indices]] - z[b[indices]]))
+  def log_likelihood(z, rows):
+    return jax.nn.log_sigmoid(rows["signs"] * (z[rows["a"]] - z[rows["b"]]))
 
-  def coordinates(indices):
-    return jnp.stack([a[indices], b[indices]], axis=1)
+  def coordinates(rows):
+    return jnp.stack([rows["a"], rows["b"]], axis=1)
 
-  def log_likelihood_local(pair, indices):
-    return jax.nn.log_sigmoid(signs[indices] * (pair[:, 0] - pair[:, 1]))
+  def log_likelihood_local(pair, rows):
+    return jax.nn.log_sigmoid(rows["signs"] * (pair[:, 0] - pair[:, 1]))
 
   return Model(log_prior, log_likelihood, int(a.shape[0]), m, name,
                sparse=SparseLikelihood(2, coordinates, log_likelihood_local), data=data,
-               log_evidence_bound=0.0)  # outcomes are discrete: p(x) <= 1
+               log_evidence_bound=0.0,  # outcomes are discrete: p(x) <= 1
+               kinds=(("a", ("index", m)), ("b", ("index", m)), ("signs", "signs")))
 
 
 @checks.arguments(key=checks.prng_key(), num_players=checks.count(2),

@@ -19,9 +19,8 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad.data import DataArray
 from dsgrad.models.base import model_data
-from dsgrad.objective import Objective, by_identity, gaussian_noise, with_function_key
+from dsgrad.objective import Objective, gaussian_noise
 
 
 def softmax_cross_entropy(logits, label):
@@ -33,9 +32,8 @@ class DropoutGLM(NamedTuple):
   """A GLM ``logits = W ((1 + delta) * x) + b`` with Gaussian dropout ``delta ~ N(0, s^2)``.
 
   Attributes:
-    features: ``(N, D)`` inputs ``x_n`` (a :class:`dsgrad.data.DataArray` when built by
-      :func:`dropout_glm`, so that compiled programs take the data as arguments).
-    labels: ``(N,)`` targets ``y_n`` (integers for classification), likewise.
+    features: ``(N, D)`` inputs ``x_n``.
+    labels: ``(N,)`` targets ``y_n`` (integers for classification).
     num_outputs: ``K``, the number of logits.
     dropout_std: ``s``, the standard deviation of the multiplicative noise.
     loss: ``loss(logits (K,), label) -> scalar`` (default softmax cross-entropy).
@@ -58,28 +56,25 @@ class DropoutGLM(NamedTuple):
       return {"weight": jnp.zeros((k, d)), "bias": jnp.zeros((k,))}
     return {"weight": scale * jax.random.normal(key, (k, d)), "bias": jnp.zeros((k,))}
 
-  def logits(self, params, indices, delta):
-    """Logits of the batch, ``(B, K)``; ``delta`` is ``(B, D)`` centred noise."""
-    x = self.features[indices] * (1.0 + delta)
-    return x @ params["weight"].T + params["bias"]
+  def logits(self, params, features, delta):
+    """Logits of a batch of feature rows ``(B, D)``, ``(B, K)``; ``delta`` is ``(B, D)``
+    centred noise."""
+    return (features * (1.0 + delta)) @ params["weight"].T + params["bias"]
 
   def objective(self) -> Objective:
-    """The doubly-stochastic objective ``f(w; n, delta) = L(y_n, W((1+delta) x_n) + b)``.
+    """The doubly-stochastic objective ``f(w; n, delta) = L(y_n, W((1+delta) x_n) + b)``
+    over the data ``{"features", "labels"}``.
 
     The noise is per datum, centred: ``delta ~ N(0, s^2 I_D)``.
     """
-    labels = self.labels
+    logits, loss = self.logits, self.loss
 
-    def loss_fn(params, indices, delta):
-      logits = self.logits(params, indices, delta)
-      return jax.vmap(self.loss)(logits, labels[indices])
+    def loss_fn(params, rows, delta):
+      return jax.vmap(loss)(logits(params, rows["features"], delta), rows["labels"])
 
-    data = ({"features": self.features, "labels": labels}
-            if isinstance(self.features, DataArray) and isinstance(labels, DataArray) else None)
-    # loss_fn reads this model only: every call of objective() is one model.
-    with_function_key(loss_fn, ("dropout_glm", by_identity(self)))
     return Objective(loss_fn, gaussian_noise((self.features.shape[1],), scale=self.dropout_std),
-                     self.num_data, shared_noise=False, name="dropout_glm", data=data)
+                     self.num_data, shared_noise=False, name="dropout_glm",
+                     data={"features": self.features, "labels": self.labels})
 
 
 @checks.arguments(num_outputs=checks.count(1), dropout_std=checks.positive())

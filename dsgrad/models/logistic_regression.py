@@ -8,7 +8,6 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad.data import HostArray
-from dsgrad.data_kinds import declare_kind
 from dsgrad.models.base import LinearPredictor, Model, model_data
 
 
@@ -41,6 +40,14 @@ def _features(x):
                       f"{x.dtype}")
     return x
   return jnp.asarray(x, jnp.float32)
+
+
+def _x(rows):
+  return rows["x"]
+
+
+def _signs(rows):
+  return rows["signs"]
 
 
 def _isotropic_hessian_diag(prior_scale: float):
@@ -89,24 +96,23 @@ def logistic_regression(features, labels, prior_scale: float = 1.0,
   else:
     raise ValueError(f"labels must be in {{0, 1}} or {{-1, 1}}, got values {sorted(values)[:5]}")
   data = model_data(x=_features(x), signs=jnp.asarray(signs, jnp.float32))
-  declare_kind(data["signs"], "signs")
-  x, signs = data["x"], data["signs"]
   n, d = x.shape
 
   def log_prior(z):
     return (-0.5 * jnp.sum((z / prior_scale) ** 2)
             - d * (jnp.log(prior_scale) + 0.5 * jnp.log(2 * jnp.pi)))
 
-  def log_likelihood(z, indices):
-    return jax.nn.log_sigmoid(signs[indices] * (x[indices] @ z))
+  def log_likelihood(z, rows):
+    return jax.nn.log_sigmoid(rows["signs"] * (rows["x"] @ z))
 
-  def log_likelihood_of_logits(logits, indices):
-    return jax.nn.log_sigmoid(signs[indices] * logits[:, 0])
+  def log_likelihood_of_logits(logits, rows):
+    return jax.nn.log_sigmoid(rows["signs"] * logits[:, 0])
 
   return Model(log_prior, log_likelihood, n, d, name,
-               LinearPredictor(x, 1, log_likelihood_of_logits, logistic_signs=signs),
+               LinearPredictor(_x, 1, log_likelihood_of_logits, logistic_signs=_signs),
                log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data,
-               log_evidence_bound=0.0)  # labels are discrete: p(x) <= 1
+               log_evidence_bound=0.0,  # labels are discrete: p(x) <= 1
+               kinds=(("signs", "signs"),))
 
 
 @checks.arguments(key=checks.prng_key(), num_data=checks.count(1), dim=checks.count(1),
@@ -190,8 +196,6 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
   if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_classes:
     raise ValueError(f"labels must be integers in [0, {num_classes})")
   data = model_data(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32))
-  declare_kind(data["y"], ("index", int(num_classes)))
-  x, y = data["x"], data["y"]
   n, d = x.shape
   k = num_classes
 
@@ -199,13 +203,14 @@ def softmax_regression(features, labels, num_classes: int, prior_scale: float = 
     return (-0.5 * jnp.sum((z / prior_scale) ** 2)
             - d * k * (jnp.log(prior_scale) + 0.5 * jnp.log(2 * jnp.pi)))
 
-  def log_likelihood_of_logits(logits, indices):
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
+  def log_likelihood_of_logits(logits, rows):
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), rows["y"][:, None], axis=1)[:, 0]
 
-  def log_likelihood(z, indices):
-    return log_likelihood_of_logits(x[indices] @ z.reshape(d, k), indices)
+  def log_likelihood(z, rows):
+    return log_likelihood_of_logits(rows["x"] @ z.reshape(d, k), rows)
 
   return Model(log_prior, log_likelihood, n, d * k, name,
-               LinearPredictor(x, k, log_likelihood_of_logits),
+               LinearPredictor(_x, k, log_likelihood_of_logits),
                log_prior_hessian_diag=_isotropic_hessian_diag(prior_scale), data=data,
-               log_evidence_bound=0.0)  # labels are discrete: p(x) <= 1
+               log_evidence_bound=0.0,  # labels are discrete: p(x) <= 1
+               kinds=(("y", ("index", int(num_classes))),))

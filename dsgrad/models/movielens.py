@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.data_kinds import declare_kind
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 
 _LOG_2PI = float(np.log(2 * np.pi))
@@ -91,9 +90,6 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
   gc = g * c
   data = model_data(user=jnp.asarray(u, jnp.int32), genres=jnp.asarray(x, jnp.float32),
                     rating=jnp.asarray(y, jnp.int32))
-  declare_kind(data["user"], ("index", int(num_users)))
-  declare_kind(data["rating"], ("index", c))
-  u, x, y = data["user"], data["genres"], data["rating"]
 
   def normal_logpdf_sum(v, mean, log_std):
     return jnp.sum(-0.5 * ((v - mean) * jnp.exp(-log_std)) ** 2 - log_std - 0.5 * _LOG_2PI)
@@ -103,21 +99,22 @@ def movielens(users, genres, ratings, num_users: int, num_classes: int = 5,
     return (normal_logpdf_sum(mu, 0.0, 0.0) + normal_logpdf_sum(sigma, 0.0, 0.0)
             + normal_logpdf_sum(weights, mu[None], sigma[None]))
 
-  def log_likelihood(z, indices):
-    weights = z[2 * gc:].reshape(num_users, g, c)[u[indices]]  # (B, G, C)
-    logits = jnp.einsum("bg,bgc->bc", x[indices], weights)
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
+  def log_likelihood_local(weights, rows):
+    logits = jnp.einsum("bg,bgc->bc", rows["genres"], weights.reshape(-1, g, c))
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), rows["rating"][:, None],
+                               axis=1)[:, 0]
 
-  def coordinates(indices):
-    return 2 * gc + u[indices][:, None] * gc + jnp.arange(gc, dtype=jnp.int32)[None, :]
+  def log_likelihood(z, rows):
+    weights = z[2 * gc:].reshape(num_users, g, c)[rows["user"]]  # (B, G, C)
+    return log_likelihood_local(weights, rows)
 
-  def log_likelihood_local(weights, indices):
-    logits = jnp.einsum("bg,bgc->bc", x[indices], weights.reshape(-1, g, c))
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), y[indices][:, None], axis=1)[:, 0]
+  def coordinates(rows):
+    return 2 * gc + rows["user"][:, None] * gc + jnp.arange(gc, dtype=jnp.int32)[None, :]
 
   return Model(log_prior, log_likelihood, n, (num_users + 2) * gc, name,
                sparse=SparseLikelihood(gc, coordinates, log_likelihood_local), data=data,
-               log_evidence_bound=0.0)  # ratings are discrete: p(x) <= 1
+               log_evidence_bound=0.0,  # ratings are discrete: p(x) <= 1
+               kinds=(("user", ("index", int(num_users))), ("rating", ("index", c))))
 
 
 @checks.arguments(key=checks.prng_key(), num_users=checks.count(1),

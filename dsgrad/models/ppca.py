@@ -87,18 +87,17 @@ def ppca(data, latent_dim: int = 16, noise_std: float = 1.0, name: str = "ppca")
   if not 1 <= k <= d:
     raise ValueError(f"latent_dim must be in [1, D={d}], got {latent_dim}")
   data = model_data(x=jnp.asarray(x, jnp.float32))
-  x = data["x"]
   var = float(noise_std) ** 2
 
   def log_prior(z):
     return -0.5 * jnp.sum(z ** 2) - 0.5 * d * k * _LOG_2PI
 
-  def log_likelihood(z, indices):
+  def log_likelihood(z, rows):
     w = z.reshape(d, k)
     chol = _cholesky(var * jnp.eye(k, dtype=z.dtype) + w.T @ w)
     # log det(W W^T + s^2 I_D) = (D - K) log s^2 + log det(s^2 I_K + W^T W).
     log_det = (d - k) * jnp.log(var) + 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
-    xb = x[indices]
+    xb = rows["x"]
     projected = _solve_lower(chol, w.T @ xb.T)  # (K, B)
     quad = (jnp.sum(xb ** 2, axis=1) - jnp.sum(projected ** 2, axis=0)) / var
     return -0.5 * (d * _LOG_2PI + log_det + quad)

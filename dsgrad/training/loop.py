@@ -33,7 +33,6 @@ import optax
 
 from dsgrad import checks
 from dsgrad.training import checkpoint as checkpoint_lib
-from dsgrad import data as data_lib
 from dsgrad import diagnostics
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
@@ -408,23 +407,21 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   if mesh is not None:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:
-      params, opt_state = parallel.init_sharded(optimizer, params, mesh, objective)
+      params, opt_state = parallel.init_sharded(optimizer, params, mesh)
     else:
       params = jax.device_put(params, parallel.replicated(mesh))
       opt_state = parallel.shard_state(mesh, opt_state)
     placement = dict(
         carry_shardings=(jax.tree.map(lambda _: parallel.replicated(mesh), params),
                          parallel.state_shardings(mesh, opt_state)),
-        data_args=parallel.place_data(mesh, data_lib.split_host(objective.data_tree())[0]))
+        objective_arg=parallel.place_data(mesh, objective))
   # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
   # are strongly typed, so that a weakly typed initial value does not make the segments
   # (which return strong types) compile twice.
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   checks.check_objective_evaluates(objective, params, "fit")
-  # The estimators' initial full passes read fit's objective's data, whichever data set
-  # the optimizer was built for.
   if opt_state is None:
-    opt_state = objective.computing_with(optimizer).init(params)
+    opt_state = optimizer.init(params)
   else:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
     opt_state = jax.tree.map(jnp.copy, opt_state)

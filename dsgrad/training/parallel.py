@@ -82,15 +82,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def place_data(mesh: Mesh, data: dict) -> dict:
-  """The data a training program takes, placed for ``mesh``: arrays already split by
-  :func:`shard_data` on this mesh stay where they are, the rest is replicated."""
+def place_data(mesh: Mesh, objective):
+  """The objective a training program takes, its data placed for ``mesh``: arrays already
+  split by :func:`shard_data` on this mesh stay where they are, host arrays on the host,
+  the rest is replicated."""
   def place(value):
-    if (isinstance(value, jax.Array) and isinstance(value.sharding, NamedSharding)
-        and value.sharding.mesh == mesh):
+    if data_lib.is_host(value) or (isinstance(value, jax.Array)
+                                   and isinstance(value.sharding, NamedSharding)
+                                   and value.sharding.mesh == mesh):
       return value
     return jax.device_put(value, replicated(mesh))
-  return {name: place(value) for name, value in data.items()}
+  return jax.tree.map(place, objective, is_leaf=data_lib.is_host)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -132,30 +134,24 @@ def shard_state(mesh: Mesh, state: Any) -> Any:
   return jax.device_put(state, state_shardings(mesh, state))
 
 
-def init_sharded(optimizer, params, mesh: Mesh, objective: Objective | None = None):
+def init_sharded(optimizer, params, mesh: Mesh):
   """``optimizer.init(params)`` computed directly into its sharded layout.
 
-  Tables are created shard by shard on their devices (never whole on one device), and
-  the initial full passes (SAGA's running mean, SVRG's snapshot mean) run on all devices.
+  Tables are created shard by shard on their devices (never whole on one device); the
+  estimators' full passes (SAGA's running mean, SVRG's snapshot mean) run at the first
+  update, on all devices.
 
   Args:
     optimizer: the optax transformation.
     params: initial params.
     mesh: a mesh from :func:`data_mesh`.
-    objective: the objective whose data the estimators read; its data are passed to the
-      compiled init as arguments (required when they are split across processes by
-      :func:`shard_data`, which a compiled program cannot hold as constants).
 
   Returns:
     ``(params replicated on mesh, optimizer state with sharded tables)``.
   """
   params = jax.device_put(params, replicated(mesh))
-  # The estimators' full passes read the objective's data, passed as arguments (handles
-  # are matched by origin, so an optimizer built for another copy of the model reads them).
-  init, data = data_lib.as_argument(None if objective is None else objective.data,
-                                    optimizer.init)
-  shardings = state_shardings(mesh, jax.eval_shape(init, data, params))
-  return params, jax.jit(init, out_shardings=shardings)(data, params)
+  shardings = state_shardings(mesh, jax.eval_shape(optimizer.init, params))
+  return params, jax.jit(optimizer.init, out_shardings=shardings)(params)
 
 
 def check_batch_size(batch_size: int, mesh: Mesh) -> None:
@@ -201,25 +197,24 @@ def shard_data(objective: Objective, mesh: Mesh) -> Objective:
       (JAX shards evenly), or the objective declares no data.
   """
   devices = _check_mesh(mesh)
-  if not objective.data:
-    raise ValueError(f"{objective.name} declares no data handles (objective.data); "
-                     "shard_data needs a model built with dsgrad.models.model_data")
+  if objective.data is None:
+    raise ValueError(f"{objective.name} declares no data (objective.data); shard_data "
+                     "needs an objective whose loss receives its data's rows")
   n = objective.num_data
   if n % devices:
     raise ValueError(f"{n} data do not split evenly across {devices} devices "
                      f"({jax.process_count()} processes); use a number of devices that "
                      f"divides {n}, or drop {n % devices} data")
   sharding = batch_sharding(mesh)
-  out = {}
-  for key, value in objective.data_tree().items():
-    source = value.array if isinstance(value, data_lib.HostArray) else value
+
+  def split(value):
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
-      out[key] = value  # already global
-      continue
-    out[key] = jax.make_array_from_callback(
-        tuple(value.shape), sharding,
-        lambda index, source=source: np.asarray(source[index]))
-  return objective.with_data(out)
+      return value  # already global
+    source = value.array if isinstance(value, data_lib.HostArray) else value
+    return jax.make_array_from_callback(
+        tuple(value.shape), sharding, lambda index: np.asarray(source[index]))
+
+  return objective.with_data(jax.tree.map(split, objective.data, is_leaf=data_lib.is_host))
 
 
 def bytes_per_device(tree: Any) -> dict:

@@ -73,7 +73,10 @@ def data_fingerprint(objective: Objective, rows: int = 257) -> np.ndarray:
   (first and last included): another data set of the same size is told apart without
   reading all of a large (memory-mapped) array."""
   chunks = []
-  for name, leaf in sorted(objective.data_tree().items()):
+  leaves = jax.tree.leaves_with_path(objective.data_tree(), is_leaf=data_lib.is_host)
+  # Named as before for a dict of arrays ("x", not "['x']"): older checkpoints still match.
+  named = [(jax.tree_util.keystr(path).strip("[]'\""), leaf) for path, leaf in leaves]
+  for name, leaf in sorted(named, key=lambda item: item[0]):
     shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
     chunks += [name, shape, dtype.str]
     if shape and shape[0]:
@@ -92,12 +95,13 @@ def optimizer_fingerprint(objective: Objective, optimizer, params, batch_size: i
   would otherwise continue with a table or running mean that belongs to another run."""
   abstract = jax.tree.map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)),
                           params)
-  optimizer = objective.computing_with(optimizer)
   state = jax.eval_shape(optimizer.init, abstract)
   noise = jax.eval_shape(lambda k: objective.sample_noise(k, batch_size), jax.random.key(0))
+  # The objective is an argument: its data are the data fingerprint's, not constants here.
   closed = jax.make_jaxpr(
-      lambda g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e))(
-          abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32), noise)
+      lambda o, g, st, p, i, e: optimizer.update(g, st, p, indices=i, noise=e, objective=o))(
+          objective, abstract, state, abstract, jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+          noise)
   text = re.sub(r"0x[0-9a-fA-F]+", "", str(closed.jaxpr))
   consts = [np.ascontiguousarray(np.asarray(c)).tobytes()[:1 << 20] for c in closed.consts
             if hasattr(c, "shape")]

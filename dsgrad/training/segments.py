@@ -1,13 +1,12 @@
 """Training segments: many steps in one compiled ``lax.scan``, fed with reshuffled epochs.
 
-A segment of ``length`` steps is one program ``(carry, key, start, data, orders, rows) ->
-carry``: it slices its batches from the epoch orders (:mod:`dsgrad.training.batching`), folds the
-step number into the noise key and runs :func:`train_step` ``length`` times, with the
-``(params, opt_state)`` carry donated. The data are arguments: the segment computes with
-a copy of the objective and the optimizer whose data handles hold them
-(:func:`dsgrad.data.substitute`), so one executable serves every objective of the same
-structure (:meth:`~dsgrad.Objective.with_data` copies, resumed and staged runs); it lives
-in :mod:`dsgrad.training.compile_cache`.
+A segment of ``length`` steps is one program ``(carry, key, start, objective, orders,
+rows) -> carry``: it slices its batches from the epoch orders
+(:mod:`dsgrad.training.batching`), folds the step number into the noise key and runs
+:func:`train_step` ``length`` times, with the ``(params, opt_state)`` carry donated. The
+objective is an argument, so its data are (:mod:`dsgrad.data`) and one executable serves
+every objective of the same structure (:meth:`~dsgrad.Objective.with_data` copies,
+resumed and staged runs); it lives in :mod:`dsgrad.training.compile_cache`.
 
 Where the carry is small (:data:`CHECK_AT_END_BYTES`), the steps' finiteness check
 (:func:`train_step`'s, on each update) is settled once per segment: the program checks that the params are
@@ -145,15 +144,15 @@ PARAMS_NOT_FINITE = "the params became non-finite (NaN or inf) during a segment"
 def segment_program(objective: Objective, optimizer, batch_size: int, length: int,
                     mesh=None, carry_shardings=None, *, finite_at_end: bool = False):
   """``(program, messages)``: the jitted (not yet compiled) segment ``(carry, key, start,
-  data, orders, rows) -> (failure, carry)`` of ``length`` steps from step ``start``, and
+  objective, orders, rows) -> (failure, carry)`` of ``length`` steps from step ``start``, and
   the list its tracing fills with its checks' messages. ``failure`` is ``[code, step]``
   of the first value check that failed (:class:`Failure` names it): code ``i + 1`` is
   ``messages[i]``, ``-1`` :data:`PARAMS_NOT_FINITE`, ``0`` none.
 
   ``orders`` is the window :meth:`dsgrad.training.batching.EpochOrders.window` gives for
-  ``(start, length)``; ``data`` the objective's device data and int32 handles of its host
-  arrays (:func:`dsgrad.data.split_host`); ``rows`` the host arrays' rows of every step,
-  ``{}`` without host data.
+  ``(start, length)``; ``objective`` one of ``objective``'s structure (its data are the
+  program's arguments); ``rows`` the host arrays' rows of every step
+  (``{path: (length, B, ...)}``, :func:`dsgrad.data.host_leaves`), ``{}`` without host data.
 
   With ``finite_at_end``, the steps' range and finiteness checks
   (:func:`dsgrad.checks.is_range_or_finite_check`) are replaced by one check that the
@@ -161,12 +160,11 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   carry is not donated, so that the caller can run the segment again from it without
   ``finite_at_end`` to find the failing step. Other checks still run per step.
   """
-  host = {k: v for k, v in objective.data_tree().items() if data_lib.is_host(v)}
   # Filled while the scan's body is traced: the per-step checks' messages, and those of
   # the checks settled at the segment's end instead.
   messages, settled = [], []
 
-  def run(carry, key, start, data, orders, rows):
+  def run(carry, key, start, objective_arg, orders, rows):
     _, noise_key = jax.random.split(key)
     indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
@@ -176,19 +174,15 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     # serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
 
-    values = data_lib.join_host(data, host)
-
     def step(carry, xs):
       idx, t, key_t, rows_t = xs
-      # Copies computing with the segment's data arguments (made once: the scan's body is
-      # traced once); a host array's view also holds this step's rows, read ahead and
-      # handed over, so that the step makes no host read.
-      step_objective, step_optimizer = data_lib.substitute(
-          (objective, optimizer), objective.data, data_lib.with_batch_rows(values, idx, rows_t))
-      # The estimators' value checks travel out as one small code per step instead of a
-      # host round trip per step (a GPU synchronization each); SegmentRunner raises them.
+      # A host array's view also holds this step's rows, read ahead and handed over, so
+      # that the step makes no host read.
+      step_objective = data_lib.with_batch_rows(objective_arg, idx, rows_t)
+      # The value checks travel out as one small code per step instead of a host round
+      # trip per step (a GPU synchronization each); SegmentRunner raises them.
       with checks.collected() as found:
-        carry = train_step(step_objective, step_optimizer, *carry, idx, key_t, mesh=mesh)
+        carry = train_step(step_objective, optimizer, *carry, idx, key_t, mesh=mesh)
       if finite_at_end:
         # Unused, these checks' reductions are compiled away.
         settled[:] = [m for _, m in found if checks.is_range_or_finite_check(m)]
@@ -276,7 +270,7 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
     seconds = time.perf_counter() - t0
     return program, seconds, seconds
   avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
-  key = ("fit segment", objective.structure_key(), optimizer, batch_size, length,
+  key = ("fit segment", jax.tree.structure(objective), optimizer, batch_size, length,
          finite_at_end, jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
   return compile_cache.get_or_build_with_cost(key, build)
 
@@ -294,7 +288,7 @@ class SegmentRunner:
       noise from ``fold_in(split(key)[1], t)``.
     mesh: optional :func:`dsgrad.training.parallel.data_mesh`.
     carry_shardings: with ``mesh``, the shardings of ``(params, opt_state)``.
-    data_args: the device data to pass (default: the objective's, placed as they are).
+    objective_arg: the objective to pass (default: ``objective``, placed as it is).
 
   Attributes:
     compile_seconds: total time spent compiling so far.
@@ -305,11 +299,11 @@ class SegmentRunner:
   """
 
   def __init__(self, objective: Objective, optimizer, batch_size: int, key, *, mesh=None,
-               carry_shardings=None, data_args=None):
+               carry_shardings=None, objective_arg=None):
     self.objective, self.optimizer, self.batch_size = objective, optimizer, batch_size
     self.key, self.mesh, self.carry_shardings = key, mesh, carry_shardings
-    device_data, self.host_data = data_lib.split_host(objective.data_tree())
-    self.data_args = device_data if data_args is None else data_args
+    self.host_data = data_lib.host_leaves(objective)
+    self.objective_arg = objective if objective_arg is None else objective_arg
     replicated = None if mesh is None else parallel.replicated(mesh)
     self.orders = batching.EpochOrders(jax.random.split(key)[0], objective.num_data,
                                        batch_size, replicated)
@@ -346,7 +340,7 @@ class SegmentRunner:
       self._executable(steps, self._args((params, opt_state), at, steps, {}))
 
   def _args(self, carry, at: int, steps: int, rows) -> tuple:
-    return (carry, self.key, jnp.int32(at), self.data_args, self.orders.window(at, steps),
+    return (carry, self.key, jnp.int32(at), self.objective_arg, self.orders.window(at, steps),
             rows)
 
   def _executable(self, steps: int, args, checked: bool = False):
