@@ -340,7 +340,7 @@ def check_objective_evaluates(objective, params, who: str) -> None:
   indices = jnp.zeros((1,), jnp.int32)
   noise = objective.zero_noise(1)
   try:
-    jax.eval_shape(lambda p: objective.loss_fn(p, objective.rows(indices), noise), params)
+    jax.eval_shape(lambda p, i: objective.loss_fn(p, objective.rows(i), noise), params, indices)
   except KeyError as error:
     keys = (sorted(map(str, params)) if isinstance(params, dict)
             else jax.tree_util.tree_structure(params))

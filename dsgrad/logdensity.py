@@ -42,7 +42,7 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
 
 
 def _num_data(data) -> int:
-  leaves = jax.tree.leaves(data)
+  leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
   if not leaves:
     raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
   shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
@@ -268,7 +268,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   # as arguments instead of folding them in as constants: at 10^6 rows and more,
   # gigabytes of constants and minutes of compiling), and the keys with_data takes. A
   # memory-mapped leaf (dsgrad.data.open_memmap) stays on the host.
-  paths, treedef = jax.tree_util.tree_flatten_with_path(data)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(data, is_leaf=data_lib.is_host)
   handles = model_data(**{_leaf_name(path): leaf for path, leaf in paths})
   names = list(handles)
 

@@ -63,6 +63,7 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
     return jax.jvp(jax.grad(k), (loc,), (scale * eps,))
 
   def grad_and_expected(objective: Objective, params, indices, noise):
+    _check_latent_dim(model, params, "gaussian_mean_taylor")
     loc, scale = params["loc"], jnp.exp(params["log_scale"])
     rows = objective.rows(indices)
     if objective.shared_noise:
@@ -75,6 +76,7 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
     return ({"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros})
 
   def expected_grad(objective: Objective, params, indices):
+    _check_latent_dim(model, params, "gaussian_mean_taylor")
     rows = objective.rows(indices)
 
     def k(z):
@@ -133,6 +135,14 @@ def _likelihood_hessian_diag(model: Model, z, rows):
 
 _FAMILIES = {frozenset({"loc", "log_scale"}): MeanFieldGaussian,
              frozenset({"loc", "unit_lower", "log_diag"}): FullRankGaussian}
+
+
+def _check_latent_dim(model: Model, params, who: str) -> None:
+  """Refuses params of another latent dimension than the model the approximation was
+  built for (it computes on the objective's rows with this model's functions)."""
+  if jnp.shape(params["loc"]) != (model.latent_dim,):
+    raise ValueError(f"{who}({model.name}): params['loc'] has shape "
+                     f"{jnp.shape(params['loc'])}, expected ({model.latent_dim},)")
 
 
 def _gaussian_family(params, who: str):
@@ -223,6 +233,7 @@ def gaussian_taylor(model: Model) -> Approximation:
 
   def grad_and_expected(objective: Objective, params, indices, noise):
     family = _gaussian_family(params, "gaussian_taylor")
+    _check_latent_dim(model, params, "gaussian_taylor")
     loc, rows = params["loc"], objective.rows(indices)
 
     def drawn(batch, eps):
@@ -242,6 +253,7 @@ def gaussian_taylor(model: Model) -> Approximation:
 
   def expected_grad(objective: Objective, params, indices):
     family = _gaussian_family(params, "gaussian_taylor")
+    _check_latent_dim(model, params, "gaussian_taylor")
     loc, rows = params["loc"], objective.rows(indices)
     grad_k = jax.grad(lambda z: k_mean(z, rows))(loc)
     return expected_from(family, params, grad_k, curvature_at(params, loc, rows))

@@ -45,8 +45,7 @@ def _glm_parts(model: Model, who: str, alternative: str) -> _GlmParts:
     raise ValueError(f"{who} needs a model with a linear predictor (model.linear); "
                      f"{model.name!r} has none. Use {alternative} instead.")
   linear = model.linear
-  x = linear.features
-  k = linear.num_outputs
+  x, k = linear.features, linear.num_outputs
   dim = model.latent_dim // k
 
   def check(params):
@@ -477,8 +476,7 @@ def logistic_probit(model: Model) -> Approximation:
     raise ValueError(f"logistic_probit needs a binary logistic regression (a model whose "
                      f"model.linear.logistic_signs is set); {model.name!r} is not one. Use "
                      "glm_taylor(model) for other GLMs")
-  x = linear.features
-  signs = linear.logistic_signs
+  x, signs = linear.features, linear.logistic_signs
 
   def spread(params, rows, x_rows=None):
     """``|x_b * s|``: the sd of datum b's logit under ``q``, ``(B,)`` (``x_rows``: the
