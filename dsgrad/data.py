@@ -9,8 +9,8 @@ not constant-fold gathers over them, and one compilation serves every data set o
 same shapes and dtypes (:meth:`dsgrad.Objective.with_data`).
 
 A leaf may be a :class:`HostArray` (e.g. a memory-mapped ``.npy`` file larger than
-memory). Inside a program it is a :class:`HostView`: the array's shape and an int32 handle
-(an argument, so one program serves every host array of that shape). Its rows are read by
+memory). Inside a program it is a view: the array's shape and an int32 handle (an
+argument, so one program serves every host array of that shape). Its rows are read by
 a host callback, in chunks for a full pass; :func:`dsgrad.fit` instead reads each block
 of steps' rows ahead on a thread and hands every step its batch's rows
 (:func:`with_batch_rows`), so that a step makes no host read.
@@ -19,98 +19,44 @@ of steps' rows ahead on a thread and hands every step its batch's rows
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.training.host_data import (HostArray, RowReader, free_memory_bytes, host_gather,  # noqa: F401
-                                      on_device, open_memmap, read_rows)
+from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device,  # noqa: F401
+                                      open_memmap, read_rows)
 
-__all__ = ["HostArray", "HostView", "open_memmap", "read_rows", "RowReader", "rows_of",
+__all__ = ["HostArray", "open_memmap", "read_rows", "RowReader", "rows_of",
            "is_host", "host_leaves", "with_batch_rows", "check_data", "check_finite_data", "placed",
            "register_with_data"]
 
 
-class HostSpec(NamedTuple):
-  """What a program knows of a host array: its shape, dtype and name (static)."""
-
-  shape: tuple
-  dtype: Any
-  name: str
+def _flatten_host(array: HostArray):
+  handle = array.handle
+  return ((np.int32(handle) if isinstance(handle, int) else handle, array.batch), array.spec)
 
 
-class HostView:
-  """A host array as a compiled program sees it: its :class:`HostSpec`, its int32 handle
-  (maybe traced) and, optionally, the current batch's indices and rows, read once per step
-  and handed over as an argument.
-
-  Args:
-    spec: the array's :class:`HostSpec`.
-    handle: its handle (``HostArray.handle``, or a traced argument).
-    batch: optional ``(indices, rows)``: reads at exactly these indices, or at indices all
-      of which are among them, return these rows without another host read.
-  """
-
-  def __init__(self, spec: HostSpec, handle, batch=None):
-    self.spec, self.handle, self.batch = spec, handle, batch
-
-  shape = property(lambda self: self.spec.shape)
-  dtype = property(lambda self: self.spec.dtype)
-  ndim = property(lambda self: len(self.spec.shape))
-
-  def __getitem__(self, index):
-    if self.batch is not None:
-      batch_index, rows = self.batch
-      if index is batch_index:
-        return rows  # this step's rows, already read
-      index = jnp.asarray(index)
-      if index.ndim >= 1 and jnp.issubdtype(index.dtype, jnp.integer):
-        # Indices made from the batch's (e.g. the batch twice, concatenated): look them up
-        # among the rows already read; a host read only if one is not in the batch.
-        match = index[..., None] == batch_index
-        found = jnp.all(jnp.any(match, axis=-1))
-        return jax.lax.cond(found, lambda: rows[jnp.argmax(match, axis=-1)],
-                            lambda: HostView(self.spec, self.handle)[index])
-    if isinstance(index, tuple):
-      raise TypeError(f"{self.spec.name}: host data support row indexing x[indices] only")
-    if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
-      return jnp.asarray(host_gather(self.handle, np.asarray(index)))
-    index = jnp.asarray(index)
-    if not jnp.issubdtype(index.dtype, jnp.integer):
-      raise TypeError(f"{self.spec.name}: host data support integer row indices only, "
-                      f"got {index.dtype}")
-    out = jax.ShapeDtypeStruct(index.shape + tuple(self.shape[1:]), self.dtype)
-    return jax.pure_callback(host_gather, out, self.handle, index, vmap_method="expand_dims")
-
-
-def _spec(array: HostArray) -> HostSpec:
-  return HostSpec(tuple(array.shape), np.dtype(array.dtype), array.name)
-
-
-def _host_from_leaves(spec: HostSpec, leaves):
+def _unflatten_host(spec: HostSpec, leaves):
   # JAX unflattens with placeholders (tracers, None, shardings) too: only a concrete live
-  # handle is the array itself.
-  handle = leaves[0]
-  if isinstance(handle, (int, np.integer, np.ndarray)) and np.ndim(handle) == 0:
+  # handle without a batch is the array itself.
+  handle, batch = leaves
+  if batch is None and isinstance(handle, (int, np.integer, np.ndarray)) and \
+      np.ndim(handle) == 0:
     array = HostArray._registry.get(int(handle))
     if array is not None:
       return array
-  return HostView(spec, handle)
+  return HostArray.view(spec, handle, batch)
 
 
-jax.tree_util.register_pytree_node(
-    HostArray, lambda a: ((np.int32(a.handle),), _spec(a)), _host_from_leaves)
-jax.tree_util.register_pytree_node(
-    HostView, lambda v: ((v.handle, v.batch), v.spec),
-    lambda spec, leaves: HostView(spec, *leaves))
+jax.tree_util.register_pytree_node(HostArray, _flatten_host, _unflatten_host)
 
 
 def is_host(value) -> bool:
-  """Whether a data leaf lives on the host (a :class:`HostArray` or its :class:`HostView`)."""
-  return isinstance(value, (HostArray, HostView))
+  """Whether a data leaf lives on the host (a :class:`HostArray`, or its view inside a
+  program)."""
+  return isinstance(value, HostArray)
 
 
 def rows_of(data, indices):
@@ -118,13 +64,7 @@ def rows_of(data, indices):
   ``data`` is ``None`` (a model or objective whose functions close over their data)."""
   if data is None:
     return indices
-  return jax.tree.map(lambda leaf: _gather(leaf, indices), data, is_leaf=is_host)
-
-
-def _gather(leaf, indices):
-  if isinstance(leaf, HostArray):
-    return HostView(_spec(leaf), np.int32(leaf.handle))[indices]
-  return leaf[indices]
+  return jax.tree.map(lambda leaf: leaf[indices], data, is_leaf=is_host)
 
 
 def host_leaves(tree) -> dict:
@@ -141,9 +81,9 @@ def with_batch_rows(tree, indices, rows: dict):
   if not rows:
     return tree
   return jax.tree_util.tree_map_with_path(
-      lambda path, v: (HostView(v.spec, v.handle, (indices, rows[jax.tree_util.keystr(path)]))
-                       if isinstance(v, HostView) else v), tree,
-      is_leaf=lambda v: isinstance(v, HostView))
+      lambda path, v: (HostArray.view(v.spec, v.handle,
+                                      (indices, rows[jax.tree_util.keystr(path)]))
+                       if is_host(v) else v), tree, is_leaf=is_host)
 
 
 def _check_finite_leaf(value, label: str) -> None:
@@ -174,6 +114,13 @@ def check_finite_data(tree, who: str = "data") -> None:
     _check_finite_leaf(leaf, f"{who}{jax.tree_util.keystr(path)}")
 
 
+def leaf_name(path) -> str:
+  """A data leaf's name: its path in the data pytree, ``"x"`` for ``data["x"]``,
+  ``"a/0"`` for ``data["a"][0]``, ``"data"`` for a single array."""
+  parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+  return "/".join(parts) or "data"
+
+
 def check_data(values, num_data: int | None = None, who: str = "data") -> int:
   """Checks a data pytree: every leaf an array with the same leading size ``N``, and no
   NaN or inf in floating leaves.
@@ -187,12 +134,13 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
   """
   sizes = {}
   for path, value in jax.tree.leaves_with_path(values, is_leaf=is_host):
-    key = jax.tree_util.keystr(path)
+    key = leaf_name(path)
     shape = tuple(value.shape) if is_host(value) else np.shape(value)
     if len(shape) < 1:
-      raise ValueError(f"{who}{key} is a scalar; every data leaf needs a leading datum axis")
+      raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
+                       "axis")
     sizes[key] = shape[0]
-    _check_finite_leaf(value, f"{who}{key}")
+    _check_finite_leaf(value, f"{who}[{key!r}]")
   distinct = set(sizes.values())
   if len(distinct) > 1:
     listing = ", ".join(f"{k}: {n}" for k, n in sizes.items())
@@ -211,7 +159,7 @@ def placed(values, who: str = "data"):
   check_data(values, None, who)
 
   def place(path, leaf):
-    name = jax.tree_util.keystr(path).strip("[]'\"") or who
+    name = leaf_name(path)
     if isinstance(leaf, np.memmap):
       return HostArray(leaf, name)
     return leaf if is_host(leaf) else on_device(leaf, name)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dsgrad.data import HostView
 from dsgrad.training.host_data import HostArray
 
 
@@ -25,7 +24,8 @@ def check_kind(kind, value, label: str) -> None:
   0/1 labels where signs are meant would turn every 0 into a likelihood term that ignores
   the parameters, an index past the end would read another row (JAX clamps gathers)
   without any error."""
-  if kind is None or isinstance(value, (jax.core.Tracer, HostView)):
+  if kind is None or isinstance(value, jax.core.Tracer) or (
+      isinstance(value, HostArray) and value.array is None):
     return
   host = value
   if isinstance(host, HostArray):

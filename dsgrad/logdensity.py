@@ -59,14 +59,6 @@ def _num_data(data) -> int:
   return n
 
 
-def _leaf_name(path) -> str:
-  """A data leaf's name in ``objective.data`` (the keys ``with_data`` takes): its path in
-  the data pytree, ``"x"`` for ``data["x"]``, ``"a/0"`` for ``data["a"][0]``, ``"data"``
-  for a single array."""
-  parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
-  return "/".join(parts) or "data"
-
-
 def _index_columns(reads, data_names) -> list[str]:
   """The data columns named in ``reads``, in first-seen order."""
   columns = []
@@ -153,7 +145,7 @@ def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
                      "latent={'beta': jnp.zeros(D), 'u': jnp.zeros(U)}), not a dimension")
   columns = _index_columns(reads, handles)
   leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
-  leaf_names = [_leaf_name(path) for path, _ in leaves]
+  leaf_names = [data_lib.leaf_name(path) for path, _ in leaves]
   unknown = sorted(set(reads) - set(leaf_names))
   if unknown:
     raise ValueError(f"reads names latent leaves {unknown} that the latent does not have; "
@@ -269,7 +261,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   # gigabytes of constants and minutes of compiling), and the keys with_data takes. A
   # memory-mapped leaf (dsgrad.data.open_memmap) stays on the host.
   paths, treedef = jax.tree_util.tree_flatten_with_path(data, is_leaf=data_lib.is_host)
-  handles = model_data(**{_leaf_name(path): leaf for path, leaf in paths})
+  handles = model_data(**{data_lib.leaf_name(path): leaf for path, leaf in paths})
   names = list(handles)
 
   def prior_flat(z):

@@ -173,18 +173,22 @@ class Objective:
     theirs = jax.tree.structure(values, is_leaf=lambda v: data_lib.is_host(v) or
                                 isinstance(v, np.ndarray))
     if ours != theirs:
-      keys = lambda t: sorted(jax.tree_util.keystr(p) for p, _ in
+      keys = lambda t: sorted(data_lib.leaf_name(p) for p, _ in
                               jax.tree.leaves_with_path(t, is_leaf=data_lib.is_host))
       raise ValueError(f"{who}: expected the keys {keys(self.data)}, got {keys(values)}")
     values = data_lib.placed(values, who)
+    shapes, dtypes = [], []
     for (path, new), old in zip(jax.tree.leaves_with_path(values, is_leaf=data_lib.is_host),
                                 jax.tree.leaves(self.data, is_leaf=data_lib.is_host)):
-      key = jax.tree_util.keystr(path)
+      key = repr(data_lib.leaf_name(path))
       if tuple(new.shape) != tuple(old.shape):
-        raise ValueError(f"{who}: data {key} has shape {tuple(new.shape)}, expected "
-                         f"{tuple(old.shape)} (same shapes as the objective's data)")
-      if np.dtype(new.dtype) != np.dtype(old.dtype):
-        raise TypeError(f"{who}: data {key} has dtype {new.dtype}, expected {old.dtype}")
+        shapes.append(f"data {key} has shape {tuple(new.shape)}, expected {tuple(old.shape)}")
+      elif np.dtype(new.dtype) != np.dtype(old.dtype):
+        dtypes.append(f"data {key} has dtype {new.dtype}, expected {old.dtype}")
+    if shapes:
+      raise ValueError(f"{who}: {'; '.join(shapes)} (same shapes as the objective's data)")
+    if dtypes:
+      raise TypeError(f"{who}: {'; '.join(dtypes)} (no cast)")
     data_kinds.check_kinds(dict(self.kinds), values, who)
     return dataclasses.replace(self, data=values)
 

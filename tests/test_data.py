@@ -169,7 +169,7 @@ def test_with_data_refuses_other_shapes_dtypes_keys_and_disagreeing_leaves():
   x, y = _problem(0, n=100, d=4)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   signs = 2.0 * y - 1.0
-  with pytest.raises(ValueError, match=r"disagree on the number of data N \(x: 100, signs: 99\)"):
+  with pytest.raises(ValueError, match=r"disagree on the number of data N \(signs: 99, x: 100\)"):
     objective.with_data({"x": x, "signs": signs[:99]})
   with pytest.raises(ValueError, match=r"data 'x' has shape \(100, 5\), expected \(100, 4\)"):
     objective.with_data({"x": np.ones((100, 5)), "signs": signs})

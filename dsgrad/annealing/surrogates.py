@@ -109,7 +109,7 @@ class WeightedDataSurrogate(SurrogateLikelihood):
     if not bool(jnp.all(jnp.isfinite(weights) & (weights > 0))):
       raise ValueError("surrogate weights must be positive and finite")
     self.latent_dim, self.name = model.latent_dim, name
-    self._datum_log_likelihood = model.log_likelihood
+    self._datum_log_likelihood = model.log_likelihood_at
     self.points = SurrogateData(points.astype(jnp.int32))
     kind = nnx.Param if learn_weights else SurrogateData
     self.log_weights = kind(jnp.log(weights))

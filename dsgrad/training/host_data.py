@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Mapping
+from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,18 +54,33 @@ def free_memory_bytes() -> int | None:
     return None
 
 
+class HostSpec(NamedTuple):
+  """What a program knows of a host array: its shape, dtype and name (static)."""
+
+  shape: tuple
+  dtype: Any
+  name: str
+
+
 class HostArray:
   """A per-datum array kept in host memory (or on disk, memory-mapped), never on device.
 
-  Rows are read on demand: eagerly by NumPy indexing, inside ``jit`` by a host callback
-  (``jax.pure_callback``) that receives the indices and returns their rows. The callback
-  identifies the array by a small integer handle passed as an argument, so one compiled
-  program serves every host array of the same shape and dtype.
+  Rows are read on demand (``host_array[indices]``): eagerly by NumPy indexing, inside
+  ``jit`` by a host callback (``jax.pure_callback``) that receives the indices and returns
+  their rows. The callback identifies the array by a small integer handle, an argument of
+  the program (a host array is a pytree whose one leaf is its handle,
+  :mod:`dsgrad.data`), so one compiled program serves every host array of the same shape
+  and dtype. Inside a program the array is a view: its :class:`HostSpec`, its (traced)
+  handle and, in :func:`dsgrad.fit`'s steps, the batch's rows read ahead (``batch``).
 
   Attributes:
-    array: the NumPy array or ``np.memmap``.
+    array: the NumPy array or ``np.memmap`` (``None`` in a view inside a program).
     name: label for messages.
+    batch: ``None``, or ``(indices, rows)``: reads at exactly these indices, or at indices
+      all of which are among them, return these rows without another host read.
   """
+
+  batch = None
 
   _registry: "weakref.WeakValueDictionary[int, HostArray]" = weakref.WeakValueDictionary()
   _next = [1]
@@ -79,6 +94,7 @@ class HostArray:
       raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
     self.array = array
     self.name = name
+    self.spec = HostSpec(tuple(array.shape), np.dtype(array.dtype), name)
     # A memory map reads the file lazily: if the file is truncated or rewritten after it
     # was opened, a read past the new end kills the process (SIGBUS) and a rewritten one
     # reads other (or zero) bytes. Its identity is recorded here and checked per read.
@@ -89,9 +105,42 @@ class HostArray:
       HostArray._next[0] += 1
       HostArray._registry[self.handle] = self
 
-  shape = property(lambda self: self.array.shape)
-  dtype = property(lambda self: self.array.dtype)
-  ndim = property(lambda self: self.array.ndim)
+  shape = property(lambda self: self.spec.shape)
+  dtype = property(lambda self: self.spec.dtype)
+  ndim = property(lambda self: len(self.spec.shape))
+
+  @classmethod
+  def view(cls, spec: HostSpec, handle, batch=None) -> "HostArray":
+    """The array as a program sees it: ``spec``, a (maybe traced) ``handle`` and
+    optionally the batch's ``(indices, rows)``."""
+    out = object.__new__(cls)
+    out.array, out.name, out.spec, out._file = None, spec.name, spec, None
+    out.handle, out.batch = handle, batch
+    return out
+
+  def __getitem__(self, index):
+    if self.batch is not None:
+      batch_index, rows = self.batch
+      if index is batch_index:
+        return rows  # this step's rows, already read
+      index = jnp.asarray(index)
+      if index.ndim >= 1 and jnp.issubdtype(index.dtype, jnp.integer):
+        # Indices made from the batch's (e.g. the batch twice, concatenated): look them up
+        # among the rows already read; a host read only if one is not in the batch.
+        match = index[..., None] == batch_index
+        found = jnp.all(jnp.any(match, axis=-1))
+        return jax.lax.cond(found, lambda: rows[jnp.argmax(match, axis=-1)],
+                            lambda: HostArray.view(self.spec, self.handle)[index])
+    if isinstance(index, tuple):
+      raise TypeError(f"{self.name}: host data support row indexing x[indices] only")
+    if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
+      return jnp.asarray(host_gather(self.handle, np.asarray(index)))
+    index = jnp.asarray(index)
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+      raise TypeError(f"{self.name}: host data support integer row indices only, got "
+                      f"{index.dtype}")
+    out = jax.ShapeDtypeStruct(index.shape + tuple(self.shape[1:]), self.dtype)
+    return jax.pure_callback(host_gather, out, self.handle, index, vmap_method="expand_dims")
 
   def __len__(self):
     return self.shape[0]

@@ -75,7 +75,7 @@ def data_fingerprint(objective: Objective, rows: int = 257) -> np.ndarray:
   chunks = []
   leaves = jax.tree.leaves_with_path(objective.data_tree(), is_leaf=data_lib.is_host)
   # Named as before for a dict of arrays ("x", not "['x']"): older checkpoints still match.
-  named = [(jax.tree_util.keystr(path).strip("[]'\""), leaf) for path, leaf in leaves]
+  named = [(data_lib.leaf_name(path), leaf) for path, leaf in leaves]
   for name, leaf in sorted(named, key=lambda item: item[0]):
     shape, dtype = tuple(leaf.shape), np.dtype(leaf.dtype)
     chunks += [name, shape, dtype.str]
