@@ -118,8 +118,9 @@ def base_contenders(names, objective, approx, batch_size, max_table_bytes):
                       "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
           continue
         from dsgrad.families.gaussian import meanfield_gaussian
-        variant = meanfield_gaussian(source[1], shared_noise=objective.shared_noise,
-                                     path_derivative=True)
+        # The objective's data (a with_data copy's), not those its source was built on.
+        variant = meanfield_gaussian(source[1]._replace(data=objective.data),
+                                     shared_noise=objective.shared_noise, path_derivative=True)
         out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),
                     "naive, path derivative (sticking the landing)", ""))
       else:

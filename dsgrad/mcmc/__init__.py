@@ -22,8 +22,9 @@ from dsgrad.mcmc.hmcecs import (HMCECSInfo, HMCECSState, HMCParameters, Sampling
 from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
                                gradient_estimate, log_likelihood_estimate, proxy_sum,
                                proxy_values, taylor_proxy)
-from dsgrad.mcmc.sample import (DualAveraging, MCMCResult, dual_averaging_init,
-                                dual_averaging_update, find_reference_point, laplace_draws,
+from dsgrad.mcmc.dual_averaging import (DualAveraging, dual_averaging_init,
+                                        dual_averaging_update)
+from dsgrad.mcmc.sample import (MCMCResult, find_reference_point, laplace_draws,
                                 laplace_precision, refine_reference_point, sample)
 from dsgrad.mcmc.chain import run_chain
 from dsgrad.mcmc import estimator_noise

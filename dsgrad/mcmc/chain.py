@@ -16,12 +16,14 @@ from dsgrad.training.progress import Interrupted
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
                   chunk_size=checks.count(1))
-def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
+def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, model=None,
               progress: bool = True, position=lambda s: s.position, sign=None):
   """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
 
   Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
-  (tqdm when installed, else nothing) advances between chunks.
+  (tqdm when installed, else nothing) advances between chunks. With ``model``, ``step`` is
+  ``step(model, key, state)`` and the model is an argument of the compiled chunks, so its
+  data are their inputs rather than constants.
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
@@ -32,9 +34,9 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
     def sign(s):
       return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
 
-  def chunk(state, keys):
+  def chunk(model, state, keys):
     def body(state, k):
-      state, info = step(k, state)
+      state, info = step(k, state) if model is None else step(model, k, state)
       return state, (position(state), sign(state), info)
     return jax.lax.scan(body, state, keys)
 
@@ -48,10 +50,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200,
       size = min(chunk_size, num_samples - done)
       batch = keys[done:done + size]
       if size not in compiled_by_size:
-        compiled_by_size[size] = runner.lower(state, batch).compile()
+        compiled_by_size[size] = runner.lower(model, state, batch).compile()
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = compiled_by_size[size](state, batch)
+      after, out = compiled_by_size[size](model, state, batch)
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(np.asarray, out))

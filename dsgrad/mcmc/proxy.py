@@ -117,11 +117,12 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
     raise ValueError(f"order must be 1 or 2, got {order}")
   n = model.num_data
 
-  def total(theta, idx):
-    return jnp.sum(model.log_likelihood_at(theta, idx))
-
+  # The model is an argument: its data are the program's inputs, not constants.
   @jax.jit
-  def sums(theta):
+  def sums(model, theta):
+    def total(theta, idx):
+      return jnp.sum(model.log_likelihood_at(theta, idx))
+
     def chunk_mean(idx):
       value, grad = jax.value_and_grad(total)(theta, idx)
       hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
@@ -129,7 +130,7 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
     means = full_pass_mean(chunk_mean, n, chunk_size)
     return jax.tree.map(lambda m: n * m, means)
 
-  value, grad, hess = sums(theta_star)
+  value, grad, hess = sums(model, theta_star)
   return TaylorProxy(theta_star, value, grad, 0.5 * (hess + hess.T),
                      jnp.asarray(1.0 if order == 2 else 0.0, theta_star.dtype))
 

@@ -10,6 +10,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, NamedTuple
@@ -23,6 +24,8 @@ from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.chain import run_chain
+from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_update,
+                                        integration_steps)
 from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
@@ -63,14 +66,17 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
            else check_theta(model, position, "position"))
 
-  def loss(theta):
-    return -(n / size) * jnp.sum(model.log_likelihood_at(theta, subset)) - model.log_prior(theta)
-
   opt = optax.lbfgs()
-  value_and_grad = optax.value_and_grad_from_state(loss)
 
+  # The model is an argument: its data are the program's inputs, not constants.
   @jax.jit
-  def run(theta):
+  def run(model, theta):
+    def loss(theta):
+      return (-(n / size) * jnp.sum(model.log_likelihood_at(theta, subset))
+              - model.log_prior(theta))
+
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
     def step(carry, _):
       theta, state = carry
       value, grad = value_and_grad(theta, state=state)
@@ -78,7 +84,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
       return (optax.apply_updates(theta, updates), state), None
     return jax.lax.scan(step, (theta, opt.init(theta)), None, length=num_steps)[0][0]
 
-  return run(start)
+  return run(model, start)
 
 
 @checks.arguments(order=checks.count(1, 2), max_steps=checks.count(0))
@@ -106,11 +112,12 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
   Returns:
     ``(proxy at the refined point, O(n) passes made)``.
   """
-  full = subsample_lib.full_data(model)
-
   @jax.jit
-  def log_posterior(theta):
+  def log_posterior_of(model, theta):
+    full = subsample_lib.full_data(model)
     return full.log_likelihood(None, theta, None)[0] + model.log_prior(theta)
+
+  log_posterior = functools.partial(log_posterior_of, model)
 
   current, passes = float(log_posterior(proxy.theta_star)), 1
   for _ in range(max_steps):
@@ -152,42 +159,6 @@ def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
   z = jax.random.normal(key, (num, proxy.theta_star.shape[0]))
   offsets = jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T
   return proxy.theta_star + offsets
-
-
-class DualAveraging(NamedTuple):
-  """Dual-averaging state for the step size (Hoffman & Gelman 2014, Alg. 5)."""
-
-  log_step: jax.Array
-  log_step_avg: jax.Array
-  error_sum: jax.Array
-  count: jax.Array
-  mu: jax.Array
-
-
-def dual_averaging_init(step_size) -> DualAveraging:
-  """Starts at ``step_size`` and shrinks towards ``log(10 step_size)`` (``mu``)."""
-  log_step = jnp.log(jnp.asarray(step_size, jnp.float32))
-  return DualAveraging(log_step, log_step, jnp.zeros(()), jnp.zeros(()), log_step + jnp.log(10.0))
-
-
-@checks.arguments(target=checks.probability(low_open=True, high_open=True),
-                  gamma=checks.positive(), t0=checks.positive(allow_zero=True),
-                  kappa=checks.positive())
-def dual_averaging_update(state: DualAveraging, accept_prob, target: float = 0.8,
-                          gamma: float = 0.05, t0: float = 10.0,
-                          kappa: float = 0.75) -> DualAveraging:
-  """One update towards acceptance ``target``."""
-  count = state.count + 1
-  weight = 1.0 / (count + t0)
-  error_sum = (1 - weight) * state.error_sum + weight * (target - accept_prob)
-  log_step = state.mu - jnp.sqrt(count) / gamma * error_sum
-  eta = count ** (-kappa)
-  log_step_avg = eta * log_step + (1 - eta) * state.log_step_avg
-  return DualAveraging(log_step, log_step_avg, error_sum, count, state.mu)
-
-
-def _steps_for(step_size, trajectory_length, max_steps):
-  return jnp.clip(jnp.ceil(trajectory_length / step_size), 1, max_steps).astype(jnp.int32)
 
 
 class MCMCResult(NamedTuple):
@@ -346,8 +317,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
-  evaluations = 0
-  refine = reference_point is None
+  evaluations, refine = 0, reference_point is None
   if refine:
     reference_point = find_reference_point(model, k_ref)
     # Line searches not counted.
@@ -365,7 +335,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   mode = (proxy.theta_star, laplace) if refine else None
   mass_mode, precision = _initial_precision(model, laplace, mass_matrix)
   if estimator == "full":
-    subsample_size, scheme = None, subsample_lib.full_data(model)
+    subsample_size, make_scheme = None, subsample_lib.full_data
   else:
     if subsample_size == "auto":
       k_auto = jax.random.fold_in(key, 7)  # the other keys stay those of a given m
@@ -373,23 +343,22 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
       subsample_size, _ = estimator_noise.choose_subsample_size(
           model, proxy, draws, k_auto, num_blocks=num_blocks)
       evaluations += 50 * min(model.num_data, 2048)
-    scheme = subsample_lib.perturbed(model, subsample_size, num_blocks)
-  # The default start is theta*: the refined one, not the subset's mode it came from.
+    make_scheme = functools.partial(subsample_lib.perturbed, subsample_size=subsample_size,
+                                    num_blocks=num_blocks)
+  # Compiled programs take the model as an argument (its data are their inputs) and build
+  # the scheme from it; ``scheme`` serves the eager calls. The default start is theta*.
+  scheme = make_scheme(model)
   position = proxy.theta_star if position is None else check_theta(model, position, "position")
-  warmup = _Warmup(model, scheme, trajectory_length, max_integration_steps, target_accept,
+  warmup = _Warmup(model, make_scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
   state = init(model, scheme, proxy, position, k_init)
   state, proxy, params, warm_evaluations = warmup.run(
       state, proxy, hmc_parameters(initial_step_size, 1, precision), k_warm, num_warmup,
       reference_updates_every, mass_mode, mass_window)
   evaluations += warm_evaluations
-  kernel = build_kernel(model, scheme)
   if estimator == "signed":
-    draws = laplace_draws(proxy, laplace_precision(model, proxy), k_tune, 50)
-    lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, k_tune, subsample_size)
-    scheme = subsample_lib.block_poisson(model, subsample_size, lam, a,
-                                         blocks_per_update=min(signed_blocks_per_update, lam))
-    kernel = build_kernel(model, scheme)
+    make_scheme = _signed_scheme(model, proxy, k_tune, subsample_size, signed_blocks_per_update)
+    scheme = make_scheme(model)
     state = init(model, scheme, proxy, state.position, k_signed)
   warmup_seconds = time.perf_counter() - start_time
 
@@ -407,12 +376,22 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
                       seconds, evaluations, subsample_size, ess, warnings, estimator_variance)
 
   try:
-    drawn = run_chain(k_sample, lambda k, s: kernel(k, s, proxy, params), state,
-                      num_samples, progress=progress)
+    drawn = run_chain(
+        k_sample, lambda m, k, s: build_kernel(m, make_scheme(m))(k, s, proxy, params), state,
+        num_samples, progress=progress, model=model)
   except Interrupted as stop:
     stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
   return result(*drawn)
+
+
+def _signed_scheme(model, proxy, key, subsample_size: int, blocks_per_update: int):
+  """``model -> scheme``: block-Poisson with ``(lambda, a)`` suggested at Laplace draws."""
+  draws = laplace_draws(proxy, laplace_precision(model, proxy), key, 50)
+  lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, key, subsample_size)
+  return functools.partial(subsample_lib.block_poisson, subsample_size=subsample_size,
+                           num_blocks=lam, lower_bound=a,
+                           blocks_per_update=min(blocks_per_update, lam))
 
 
 def _initial_precision(model: Model, laplace, mass_matrix):
@@ -439,19 +418,20 @@ class _Warmup:
   ``L = ceil(trajectory_length / eps)``, in windows that end at every reference update
   and every mass update; each update reads the draws since its own previous one."""
 
-  def __init__(self, model, scheme, trajectory_length, max_integration_steps, target_accept,
-               initial_step_size, proxy_order):
+  def __init__(self, model, make_scheme, trajectory_length, max_integration_steps,
+               target_accept, initial_step_size, proxy_order):
     self.model, self.proxy_order, self.initial_step_size = model, proxy_order, initial_step_size
-    self.scheme, self.trajectory_length = scheme, trajectory_length
+    self.scheme, self.trajectory_length = make_scheme(model), trajectory_length
     self.max_steps = max_integration_steps
-    kernel = build_kernel(model, scheme)
 
     @jax.jit
-    def window(state, adapt, proxy, params, keys):
+    def window(model, state, adapt, proxy, params, keys):
+      kernel = build_kernel(model, make_scheme(model))
+
       def body(carry, k):
         state, adapt = carry
         step = jnp.exp(adapt.log_step)
-        params_now = params._replace(step_size=step, num_integration_steps=_steps_for(
+        params_now = params._replace(step_size=step, num_integration_steps=integration_steps(
             step, trajectory_length, max_integration_steps))
         state, info = kernel(k, state, proxy, params_now)
         adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
@@ -471,7 +451,7 @@ class _Warmup:
     keys = jax.random.split(key, max(num_warmup, 1))
     while done < num_warmup:
       size = min(window, num_warmup - done)
-      (state, adapt), (positions, evals) = self.window(state, adapt, proxy, params,
+      (state, adapt), (positions, evals) = self.window(model, state, adapt, proxy, params,
                                                        keys[done:done + size])
       draws.append(positions)
       evaluations += int(np.sum(evals))
@@ -493,6 +473,6 @@ class _Warmup:
         adapt = dual_averaging_init(jnp.exp(adapt.log_step))
     step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else self.initial_step_size
     params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
-                             num_integration_steps=_steps_for(
+                             num_integration_steps=integration_steps(
                                  step_size, self.trajectory_length, self.max_steps))
     return state, proxy, params, evaluations
