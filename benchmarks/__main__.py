@@ -19,7 +19,6 @@ BENCHMARKS = {
     "checks": "benchmarks.checks",
     "bridge-cost": "benchmarks.bridge_cost",
     "fit-overhead": "benchmarks.fit_overhead",
-    "advice": "benchmarks.advice",
     "render": "benchmarks.render",
 }
 

@@ -10,13 +10,27 @@ import re
 import jax
 
 
+def usable_cpus(cgroup_file: str = "/sys/fs/cgroup/cpu.max") -> int:
+  """The CPU cores this process may run on: those of its affinity mask (``taskset``, a
+  container's cpuset), fewer where a cgroup v2 quota allows less (``docker --cpus``)."""
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+  cpus = cpus or os.cpu_count() or 1
+  try:
+    with open(cgroup_file) as f:
+      quota, period = f.read().split()[:2]
+    if quota != "max":
+      cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+  except (OSError, ValueError):
+    pass
+  return cpus
+
+
 def environment() -> str:
   """One line naming the machine, the JAX backend and library versions."""
   import flax
   import numpy
   import optax
 
-  from dsgrad.advice import race as race_lib
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
@@ -26,7 +40,7 @@ def environment() -> str:
   except OSError:
     pass
   devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
-  return (f"{datetime.date.today().isoformat()}; {cpu}, {race_lib.usable_cpus()} cores visible; "
+  return (f"{datetime.date.today().isoformat()}; {cpu}, {usable_cpus()} cores visible; "
           f"backend {jax.default_backend()} ({devices}); python {platform.python_version()}, "
           f"jax {jax.__version__}, optax {optax.__version__}, flax {flax.__version__}, "
           f"numpy {numpy.__version__}")

@@ -51,7 +51,6 @@ import optax
 import dsgrad
 from benchmarks import _report
 from benchmarks import scale_models
-from dsgrad.advice import race as race_lib
 
 CONTENDERS = ("hand", "naive", "cv", "joint_svrg", "joint_saga", "naive_batch",
               "naive_samples", "follow")
@@ -107,7 +106,8 @@ class _Evaluator:
     if not bool(dsgrad.checks.all_finite(params)):
       return None
     try:
-      return race_lib.elbo_draws(self.objective, params, self.key, num)
+      return dsgrad.diagnostics.finite_elbo_draws(dsgrad.diagnostics.elbo_draws(
+          self.objective, num)(params, self.key), "the scale suite")
     except dsgrad.diagnostics.NonFiniteELBO:
       return None
 
@@ -297,21 +297,22 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
 
 
 def run_follow(model, peak, budget, batch_size, key, evaluator) -> dict:
-  """``recommend`` then ``Recommendation.fit()``, timed end to end."""
+  """``recommend`` then ``Recommendation.fit()`` in the budget, timed end to end."""
   params = _initial_params(model.dim)
   started = time.perf_counter()
   advice = dsgrad.recommend(model.objective, lambda steps: _cosine(peak, steps), params, key,
                             batch_size=batch_size, budget=budget, progress=False)
   advised = time.perf_counter() - started
-  result = advice.fit(progress=False)
+  result = advice.fit(progress=False, elbo_samples=TRACE_DRAWS)
   total = time.perf_counter() - started
   history = result.history
   trace = [(0.0, evaluator.mean(params))]
   trace += [(advised + float(t), float(e)) for t, e in zip(history.wall_time, history.elbo)
             if np.isfinite(e)]
   row = {"pick": advice.best, "advice_seconds": advised, "end_to_end_seconds": total,
-         "reasons": list(advice.reasons), "trace": trace,
-         "steps": int(history.step[-1]) if len(history.step) else 0,
+         "raced": [c.name for c in advice.ranking if c.raced],
+         "candidates": [c._asdict() for c in advice.ranking],
+         "reasons": list(advice.reasons), "trace": trace, "steps": int(result.step),
          "compile_seconds": float(result.compile_seconds), "piece_rates": []}
   row = _finish(row, evaluator, result.params, budget)
   row["seconds"] = total
@@ -369,13 +370,17 @@ def _equal_cost_k(rows) -> int:
 
 def time_to_reach(trace, target) -> float:
   """Seconds at which an ELBO trace (``(seconds, ELBO)``) first reaches ``target``."""
-  return race_lib.time_to_reach([tuple(p) for p in trace], target)
+  for (t0, e0), (t1, e1) in zip(trace, trace[1:]):
+    if e1 >= target:
+      return t1 if e1 == e0 else t0 + (t1 - t0) * float(np.clip((target - e0) / (e1 - e0), 0, 1))
+  return math.inf
 
 
 def _paired(row, hand) -> tuple:
   if row.get("draws") is None or hand.get("draws") is None:
     return float("nan"), float("nan")
-  return race_lib.paired_difference(np.asarray(row["draws"]), np.asarray(hand["draws"]))
+  return dsgrad.diagnostics.mean_and_standard_error(
+      np.asarray(row["draws"]) - np.asarray(hand["draws"]))
 
 
 LABELS = {"hand": "hand-written optax loop", "naive": "dsgrad naive", "cv": "cv (linearize)",
@@ -461,7 +466,39 @@ def render(record) -> str:
           f"{f['pick']}" for f in follow) + "."]
     figure = figure_path(config.get("section") or f"scale_suite_{_backend(record)}", name)
     lines += ["", f"![ELBO against seconds, {name}]({figure})", ""]
+  advice = advice_rows(results)
+  if advice:
+    lines += ["#### Following the advice", "",
+              "Per model and seed: what recommend raced and picked, recommend + fit against "
+              "the budget, and the pick's final ELBO against the best other contender's and "
+              "the hand loop's (paired standard errors; 'follow' is the pick's run, recommend "
+              "included).", "",
+              "| model | seed | pick | control variates raced | recommend + fit / budget | "
+              "pick - best contender (se) | best contender | pick - hand (se) |",
+              "| --- | --- | --- | --- | ---: | --- | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in advice]
   return "\n".join(lines)
+
+
+def advice_rows(results) -> list:
+  """The table of 'follow' against the other contenders, one row per model and seed."""
+  rows = []
+  for name, r in results.items():
+    for seed, s in r["seeds"].items():
+      follow, hand = s["contenders"].get("follow"), s["contenders"].get("hand")
+      if not follow or "raced" not in follow or not hand or follow.get("draws") is None:
+        continue  # (runs of the advice before it recorded what it raced are not shown)
+      others = {c: row for c, row in s["contenders"].items() if c not in ("follow", "hand")
+                and row.get("draws") is not None and row["seconds"] <= 1.05 * row["budget_seconds"]}
+      best = max(others, key=lambda c: np.mean(others[c]["draws"]), default=None)
+      vs_best = (f"{_paired(follow, others[best])[0]:+.1f} ({_paired(follow, others[best])[1]:.1f})"
+                 if best else "-")
+      gain, se = _paired(follow, hand)
+      raced = [c for c in follow.get("raced", []) if c in ("cv", "joint_svrg", "joint_saga")]
+      rows.append([name, str(seed), follow["pick"], ", ".join(raced) or "none",
+                   f"{follow['end_to_end_seconds'] / follow['budget_seconds']:.3f}",
+                   vs_best, LABELS.get(best, "-"), f"{gain:+.1f} ({se:.1f})"])
+  return rows
 
 
 def _backend(record) -> str:
@@ -535,14 +572,18 @@ def main(argv=None):
                       help="dsgrad's contenders read the rows from .npy files written to DIR "
                            "(memory-mapped); the hand loop keeps them in memory")
   parser.add_argument("--section", default=None, help="default: scale-suite-<backend>")
+  parser.add_argument("--peak-for", nargs="*", default=[], metavar="MODEL=PEAK",
+                      help="a model's peak, tuned before (not tuned again in this run)")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)
+  given = {k: float(v) for k, v in (item.split("=") for item in args.peak_for)}
   if args.tune_seed in args.seeds:
     parser.error("the tuning seed must not be a reported seed")
   config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
             "tune_seed": args.tune_seed, "peaks": [args.peak] if args.peak else args.peaks, "num_data": args.num_data,
             "contenders": args.contenders, "models": args.models,
-            "backend": jax.default_backend(), "data_on_disk": bool(args.data_on_disk)}
+            "backend": jax.default_backend(), "data_on_disk": bool(args.data_on_disk),
+            "peak_for": given}
   section = args.section or (f"scale-suite-{jax.default_backend()}"
                              + ("-disk" if args.data_on_disk else ""))
   config["section"] = section
@@ -555,8 +596,8 @@ def main(argv=None):
     model = scale_models.BUILDERS[name](num_data=args.num_data)
     if args.data_on_disk:
       model = scale_models.on_disk(model, args.data_on_disk)
-    if args.peak:
-      peak, tuning = args.peak, {}
+    if args.peak or name in given:
+      peak, tuning = given.get(name, args.peak), {}
     else:
       peak, tuning = tune_peak(model, args.budget, args.batch_size, args.tune_seed,
                                args.peaks)

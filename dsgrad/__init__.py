@@ -22,7 +22,7 @@ from dsgrad import advice
 from dsgrad import training
 from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training.parallel.*)
 from dsgrad.approx import Approximation
-from dsgrad.advice.recommend import Recommendation, recommend
+from dsgrad.advice.recommend import Recommendation, recommend, recommend_and_fit
 from dsgrad.families.gaussian import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
                                  total_variance, variance_decomposition)
@@ -37,7 +37,7 @@ from dsgrad.psis import importance_log_ratios, pareto_k, psis_log_weights
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,
                                     save_fit_checkpoint)
 from dsgrad.training.segments import train_step
-from dsgrad.training.loop import FitResult, FitTiming, fit
+from dsgrad.training.loop import FitResult, FitTiming, compile_fit, fit
 from dsgrad.training.progress import Interrupted
 
 __version__ = "0.1.0"
@@ -51,10 +51,10 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "fit", "train_step", "FitResult", "FitTiming", "Interrupted", "History",
+    "fit", "compile_fit", "train_step", "FitResult", "FitTiming", "Interrupted", "History",
     "save_fit_checkpoint", "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
-    "variance_decomposition", "recommend", "Recommendation",
+    "variance_decomposition", "recommend", "recommend_and_fit", "Recommendation",
     "pareto_k", "psis_log_weights", "importance_log_ratios",
     # user-facing namespaces
     "approx", "models", "families", "datasets", "data", "noise", "psis", "mcmc", "mcvae",

@@ -308,6 +308,23 @@ def optimizer(factory: bool = False) -> Kind:
   return Kind("optimizer", check, accepted, dict(factory=factory))
 
 
+def optimizer_factory(value, who: str):
+  """``num_steps -> transformation`` from an :func:`optimizer` kind with ``factory``: a
+  transformation is used as it is; a factory's result is checked where it is built (a
+  function returning a float or a schedule would fail later, inside optax)."""
+  if callable(getattr(value, "init", None)) and callable(getattr(value, "update", None)):
+    return lambda steps: value
+
+  def make(steps):
+    made = value(steps)
+    if np.ndim(made) == 0 and np.issubdtype(np.asarray(made).dtype, np.number):
+      raise ArgumentError(f"{who}: optimizer({steps}) must be an optax transformation, got "
+                          f"the number {made!r}: a learning-rate schedule? Pass lambda n: "
+                          "optax.adam(optax.cosine_decay_schedule(1e-2, n))")
+    return optimizer().check(made, f"{who}: optimizer({steps})")
+  return make
+
+
 def sizes(minimum: int = 1) -> Kind:
   """A sequence of integers ``>= minimum`` (layer widths, channel counts)."""
   element = count(minimum)

@@ -35,7 +35,7 @@ from dsgrad.argument_kinds import (  # noqa: F401
     check_float32_range, check_id_array, check_numeric_dtype, check_positive, count, finite_values,
     float32_values,
     numeric_array,
-    floating_dtype, optimizer, optional, or_word, parameters, positive, probability, prng_key,
+    floating_dtype, optimizer, optimizer_factory, optional, or_word, parameters, positive, probability, prng_key,
     real, sizes)
 
 

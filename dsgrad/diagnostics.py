@@ -197,6 +197,20 @@ def mean_and_standard_error(draws) -> tuple[float, float]:
   return float(values.mean()), float(values.std(ddof=1) / np.sqrt(values.size))
 
 
+def paired_gain(draws: list, reference: list) -> tuple[float, float]:
+  """``(gain, its standard error)`` of one run's ELBO over a ``reference`` run, from both
+  runs' draws at several checkpoints, each with common random numbers: the mean over
+  checkpoints of the paired differences; the error holds the draws' spread and the
+  checkpoints' (a run's jitter from step to step), as :func:`dsgrad.recommend` compares
+  runs at equal time."""
+  differences = [np.asarray(a, np.float64) - np.asarray(b, np.float64)
+                 for a, b in zip(draws, reference)]
+  means = np.array([d.mean() for d in differences])
+  draw_variance = np.mean([d.var(ddof=1) / d.size for d in differences]) / means.size
+  checkpoint_variance = means.var(ddof=1) / means.size if means.size > 1 else 0.0
+  return float(means.mean()), float(np.sqrt(draw_variance + checkpoint_variance))
+
+
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
   """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws

@@ -228,8 +228,8 @@ def test_params_with_a_nan_or_of_another_model_are_refused_where_they_enter(logr
           objective, p, jax.random.key(0), 5, num_draws=4, full_draws=2,
           noise_draws_per_datum=2),
       "recommend": lambda p: dsgrad.recommend(
-          objective, optax.adam(1e-2), p, jax.random.key(0), batch_size=5, budget=10,
-          budget_in="naive_steps", candidates=("naive",), progress=False)}
+          objective, optax.adam(1e-2), p, jax.random.key(0), batch_size=5, budget=1.0,
+          candidates=("naive",), progress=False)}
   for name, call in calls.items():
     with pytest.raises(ValueError, match=r"params\['loc'\] holds NaN or inf"):
       call(bad)

@@ -283,9 +283,8 @@ def test_host_blocks_hold_at_most_the_byte_budget(tmp_path, monkeypatch):
 
 def test_no_module_state_holds_data():
   """Programs get their data from what they are handed: no module of dsgrad keeps a
-  binding in global or thread-local state (the thread-locals left are the stack of
-  deferred value checks, which holds check results, and the persistent-cache reads of
-  the program compiling on a thread, which hold seconds: neither holds data)."""
+  binding in global or thread-local state (the thread-local left is the stack of
+  deferred value checks, which holds check results, not data)."""
   import importlib
   import pkgutil
   import threading
@@ -296,7 +295,7 @@ def test_no_module_state_holds_data():
     module = importlib.import_module(info.name)
     found += [f"{info.name}.{k}" for k, v in vars(module).items()
               if isinstance(v, threading.local)]
-  assert found == ["dsgrad.checks._DEFERRED", "dsgrad.training.compile_cache._HITS"], found
+  assert found == ["dsgrad.checks._DEFERRED"], found
 
 
 def _input_shapes(closed):

@@ -178,10 +178,10 @@ def test_the_advice_races_joint_saga_with_the_declared_table():
   log_lik, latent, reads, k = CASES["two_index"]
   objective = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent,
                                                reads=reads)
-  [(name, contender, description, note)] = candidates.base_contenders(
-      ("joint_saga",), objective, None, 10, "auto")
   d = jax.flatten_util.ravel_pytree(latent)[0].size
   params = {"loc": jnp.zeros(d), "log_scale": jnp.zeros(d)}
+  [contender] = candidates.build(("joint_saga",), objective, params, 10)
   assert dsgrad.table_bytes(contender.estimator.init(params)) == N * 2 * k * 4
-  assert "rows each datum reads" in description and not note
+  assert contender.candidate.approximation == "sparse_linearize"
+  assert not contender.candidate.why_not
 

@@ -93,8 +93,8 @@ def test_an_elbo_that_is_not_finite_is_refused_wherever_it_is_estimated():
                eval_every=12, elbo_samples=8, progress=False)
   with pytest.raises(ValueError, match=r"dsgrad.recommend: the ELBO is not finite"):
     dsgrad.recommend(objective, optax.adam(1e-2), params, jax.random.key(1), batch_size=6,
-                     budget=2000, budget_in="naive_steps", candidates=("naive", "cv"),
-                     step_costs={"naive": 1e-5, "cv": 1e-5}, progress=False)
+                     budget=20.0, share=0.5, race_at=0.05, candidates=("naive", "cv"),
+                     progress=False)
   # A finite ELBO passes the same check.
   draws = dsgrad.diagnostics.finite_elbo_draws(np.array([-1.0, -2.0]), "f")
   assert draws.dtype == np.float64

@@ -186,6 +186,22 @@ def test_training_and_advice_are_subpackages_and_all_lists_no_internal_module():
              for n in modules), modules
 
 
+MAX_ADVICE_LINES = 600
+
+
+def test_the_advice_is_one_small_subpackage_on_fits_public_surface():
+  """recommend and its race fit in about 600 lines, and reach training only through what
+  fit offers a user (fit, compile_fit), not segments, batching or the compile cache."""
+  advice = sorted((PACKAGE / "advice").glob("*.py"))
+  lines = sum(len(p.read_text().splitlines()) for p in advice)
+  assert lines <= MAX_ADVICE_LINES, lines
+  for path in advice:
+    imported = _dsgrad_imports(path)
+    assert not [n for n in imported if n.startswith(("dsgrad.training.segments",
+                                                      "dsgrad.training.batching",
+                                                      "dsgrad.training.compile_cache"))], path
+
+
 def test_the_concepts_map_names_the_modules_that_exist():
   """docs/concepts.md opens with a map of the package; it names every module and
   package of dsgrad, and nothing that is not there."""

@@ -176,8 +176,10 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 250_000, 2)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   params = {"loc": jnp.zeros(2), "log_scale": jnp.full((2,), -1.0)}
-  evaluated, evaluate = [], train._evaluate
-  monkeypatch.setattr(train, "_evaluate", lambda *a: evaluated.append(a[3:5]) or evaluate(*a))
+  from dsgrad.training import evaluation_plan
+  evaluated, evaluate = [], evaluation_plan._evaluate
+  monkeypatch.setattr(evaluation_plan, "_evaluate",
+                      lambda *a: evaluated.append(a[3:5]) or evaluate(*a))
   kw = dict(num_steps=15_000, batch_size=100, elbo_samples=30, progress=False)
   key = jax.random.key(1)
   whole = dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)

@@ -1,2 +1,2 @@
-"""What advises: :func:`dsgrad.recommend` (``recommend``) and its race (``candidates``,
-``admission``, ``race``, ``halving``, ``race_elbo``, ``step_sizes``)."""
+"""What advises: :func:`dsgrad.recommend` (``recommend``), the ways to train it races
+(``candidates``) and their runs on :func:`dsgrad.fit`'s public surface (``runs``)."""

@@ -1,170 +1,129 @@
-"""The ways to train that :func:`dsgrad.recommend` races, as contenders: an estimator, a
-noise control, or an equal-cost use of naive's time, each with the objective and batch
-size it steps on."""
+"""The ways to train that :func:`dsgrad.recommend` can race, each built or ruled out (with
+its reason) before anything runs."""
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import jax
+
+from dsgrad import approx as approx_lib
 from dsgrad import estimators
-from dsgrad.approx.sparse import sparse_linearize
 from dsgrad import noise as noise_lib
-from dsgrad.advice import race as race_lib
+from dsgrad import tables
+from dsgrad.training import host_data
 
-CANDIDATES = ("naive", "joint_svrg", "naive_batch", "cv", "naive_samples", "path_derivative",
+CANDIDATES = ("naive", "joint_svrg", "cv", "naive_batch", "naive_samples", "path_derivative",
               "rqmc", "joint_saga")
-"""What :func:`recommend` can race: naive; the control variates ``cv``, ``joint_svrg``
-and ``joint_saga``; naive with the path-derivative ("sticking the landing") gradient
-(mean-field Gaussian objectives); naive with ``K`` randomized QMC samples per datum
-(Gaussian noise); and the equal-cost baselines: naive with ``K`` independent samples per
-datum, and naive with a ``K``-times larger batch, ``K`` the control variates' cost in naive
-steps where step costs are given, else 2.
+"""What :func:`dsgrad.recommend` can race: naive (the reference); the control variates;
+the equal-cost uses of naive's time (a batch, Monte Carlo samples or randomized QMC samples
+:data:`EQUAL_COST_FACTOR` times more); naive with the path-derivative gradient."""
 
-The default order is :func:`recommend`'s priority, compiled two at a time: each control
-variate is paired with a naive variant. On a held-out MLP the best at minute budgets was a
-larger batch or more samples on two seeds of three, and a share spent on the control
-variates first had no room left to race them; on a hierarchical model a control variate
-was best. Joint SVRG comes before cv: its control variate also takes out subsampling
-noise, at about cv's cost per step (1.4-2.0 naive steps both, on the held-out models),
-and on a hierarchical model of 10^6 data it ended 97 nats above cv where the share could
-compile only one of them. Joint SAGA comes last: its table is the largest state and its
-step the slowest to compile."""
+DEFAULT_CANDIDATES = ("naive", "joint_svrg", "cv", "naive_batch")
+"""Raced unless told otherwise: few, since each shortens the others' race; the larger
+batch is the equal-cost baseline that won most often on held-out models."""
+
+EQUAL_COST_FACTOR = 2  # a control variate's step: 1.3-2.0 naive steps, two CPU cores
 
 
 class Candidate(NamedTuple):
-  """What :func:`dsgrad.recommend` measured for one candidate.
+  """One way to train, as :class:`dsgrad.Recommendation` reports it.
 
   Attributes:
     name: a name from :data:`CANDIDATES`.
-    description: what it is, in words (e.g. ``"naive, 3 MC samples per datum"``).
-    seconds_per_step: median of interleaved timing rounds.
-    budget_steps: the steps it affords in the budget (its schedule's length).
-    state_bytes: its estimator and optimizer state's memory.
-    raced_fraction: the fraction of its run (and of the budget) it was raced to.
-    elbo: its ELBO at that point, and ``elbo_se`` its standard error.
-    gain: its ELBO minus naive's at equal wall-clock, mean over its last round's checkpoints
-      (:func:`dsgrad.advice.race.checkpoint_difference`), and ``gain_se`` its standard error.
-    time_ratio: the time it took to reach the ELBO naive reached at the end of the race,
-      relative to naive's, both counted from the race's start (below 1: faster; ``inf``:
-      not reached in the race; ``nan``: naive ended the race no higher than it started).
-    note: why it did not race, when it did not.
-    rounds: the rounds of successive halving it raced.
-    gain_factor: how many ``gain_se`` the gain must exceed to count as a win: 2, or
-      Student-t's 97.5% quantile where ``gain_se`` comes from the spread of a few
-      checkpoints (:func:`dsgrad.advice.race.gain_factor`; 3.18 for four).
+    batch_size: data per step.
+    samples_per_datum: Monte Carlo (or QMC) samples per datum.
+    approximation: the control variate's approximation (``None`` for naive's variants).
+    steps_per_second: as raced (``None`` where not raced).
+    gain: ELBO minus naive's at equal wall-clock, over the race's checkpoints (``None``
+      where not raced; 0 for naive).
+    gain_se: its standard error.
+    raced: whether it raced.
+    why_not: why it did not race (empty where it did).
   """
 
   name: str
-  description: str
-  seconds_per_step: float = math.nan
-  budget_steps: int = 0
-  state_bytes: int = 0
-  raced_fraction: float = 0.0
-  elbo: float = math.nan
-  elbo_se: float = math.nan
-  gain: float = math.nan
-  gain_se: float = math.nan
-  time_ratio: float = math.nan
-  note: str = ""
-  rounds: int = 0
-  gain_factor: float = 2.0
+  batch_size: int
+  samples_per_datum: int = 1
+  approximation: str | None = None
+  steps_per_second: float | None = None
+  gain: float | None = None
+  gain_se: float | None = None
+  raced: bool = False
+  why_not: str = ""
+
+  def describe(self) -> str:
+    """Its name and settings, in words."""
+    settings = [f"batch {self.batch_size}"]
+    if self.samples_per_datum > 1:
+      settings.append(f"{self.samples_per_datum} samples per datum")
+    if self.approximation:
+      settings.append(f"approximation {self.approximation}")
+    return f"{self.name} ({', '.join(settings)})"
 
 
-EQUAL_COST = ("rqmc", "naive_samples", "naive_batch")
+class Contender(NamedTuple):
+  """A candidate ready to run: the objective its steps use and its estimator."""
 
-NAIVE_PROGRAMS = ("naive", "path_derivative", "rqmc", "naive_samples", "naive_batch")
-"""The candidates whose step is naive's on the objective or a variant of it: their
-programs compile in about naive's time (they are priced so by :class:`dsgrad.advice.admission.Share`)."""
-
-
-def cost_guess(name: str, k: int = 2) -> float:
-  """A candidate's step cost in naive steps, guessed before it is compiled: the length
-  its first program's schedule is built for (:mod:`dsgrad.advice.step_sizes`).
-  From the held-out models of ``python -m benchmarks advice`` on two CPU cores: the path
-  derivative 1.1-1.35 naive steps, cv and joint SVRG 1.4-2.0, ``K = 2`` samples or batch
-  0.7-1.8; joint SAGA's dense table 15-21 (it is compiled again)."""
-  if name in ("naive", "path_derivative"):
-    return 1.0 if name == "naive" else 1.2
-  if name in EQUAL_COST:
-    return (1 + k) / 2 * 0.85
-  return 1.7
+  candidate: Candidate
+  objective: Any
+  estimator: Any
 
 
-def _declared_table(objective):
-  """:func:`dsgrad.approx.sparse_linearize` where a mean-field objective's model declares
-  which coordinates each datum reads (``reads``), else ``None``."""
-  source = objective.source or ()
-  if source[:1] == ("meanfield_gaussian",) and source[1].sparse is not None:
-    return sparse_linearize(objective)
-  return None
-
-
-def base_contenders(names, objective, approx, batch_size, max_table_bytes):
-  """``[(Contender | None, description, note)]`` for the candidates that need no cost
-  ratio."""
-  n, out = objective.num_data, []
-  for name in names:
-    if name in EQUAL_COST:
-      continue
-    try:
-      if name == "naive":
-        out.append((name, race_lib.Contender(name, objective, estimators.naive(), batch_size),
-                    "naive", ""))
-      elif name == "path_derivative":
-        source = objective.source or ()
-        if source[:1] != ("meanfield_gaussian",):
-          out.append((name, None, "naive, path derivative", "only for objectives made by "
-                      "dsgrad.meanfield_gaussian (build yours with path_derivative=True)"))
-          continue
-        from dsgrad.families.gaussian import meanfield_gaussian
-        # The objective's data (a with_data copy's), not those its source was built on.
-        variant = meanfield_gaussian(source[1]._replace(data=objective.data),
-                                     shared_noise=objective.shared_noise, path_derivative=True)
-        out.append((name, race_lib.Contender(name, variant, estimators.naive(), batch_size),
-                    "naive, path derivative (sticking the landing)", ""))
-      else:
-        factory = getattr(estimators, name)
-        extra = ({"every": max(1, n // batch_size)} if name == "joint_svrg" else
-                 {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
-        own = _declared_table(objective) if name == "joint_saga" and approx is None else None
-        out.append((name, race_lib.Contender(name, objective,
-                                             factory(objective, own or approx, **extra),
-                                             batch_size),
-                    "joint_saga, a table of the rows each datum reads" if own else name, ""))
-    except MemoryError as error:
-      out.append((name, None, name, str(error).split(". ")[0]))
-  return out
-
-
-def equal_cost_contenders(names, objective, batch_size, k):
-  """``[(name, Contender | None, description, note)]`` for the equal-cost candidates:
-  ``k`` samples per datum, or a ``k``-times batch (``k`` from
-  :func:`dsgrad.advice.admission.equal_cost_k`)."""
+def build(names, objective, params, batch_size: int, approx=None,
+          max_table_bytes="auto", memory_share: float = 0.5) -> list:
+  """A :class:`Contender` for each name, or a :class:`Candidate` whose ``why_not`` says
+  why it cannot apply: an approximation or noise the objective lacks, more noise
+  coordinates than the QMC generator has, a table that does not fit, a state larger than
+  ``memory_share`` of the free memory (computed from shapes, nothing allocated)."""
+  free = host_data.free_memory_bytes()
   out = []
   for name in names:
-    if name == "naive_samples":
-      out.append((name, race_lib.Contender(name, noise_lib.multi_sample(objective, k),
-                                     estimators.naive(), batch_size),
-                  f"naive, {k} MC samples per datum", ""))
-    elif name == "rqmc":
-      if getattr(objective.noise_fn, "gaussian", None) is None:
-        out.append((name, None, f"naive, {k} RQMC samples",
-                    "the noise is not dsgrad.gaussian_noise"))
-        continue
-      try:
-        samples = noise_lib.multi_sample(objective, k, sampler="rqmc")
-      except ValueError as error:  # more noise coordinates than Sobol dimensions
-        out.append((name, None, f"naive, {k} RQMC samples", str(error).split("; ")[0]))
-        continue
-      out.append((name, race_lib.Contender(name, samples, estimators.naive(), batch_size),
-                  f"naive, {k} randomized QMC samples per datum", ""))
-    elif name == "naive_batch":
-      big = min(objective.num_data, k * batch_size)
-      if big == batch_size:  # a race against itself
-        out.append((name, None, "naive, a larger batch",
-                    f"the batch is already all {objective.num_data} data"))
-        continue
-      out.append((name, race_lib.Contender(name, objective, estimators.naive(), big),
-                  f"naive, batch {big}", ""))
+    k = EQUAL_COST_FACTOR if name in ("naive_samples", "rqmc") else 1
+    label = ((approx or approx_lib.linearize()).name
+             if name in ("cv", "joint_svrg", "joint_saga") else None)
+    batch = min(objective.num_data, EQUAL_COST_FACTOR * batch_size) if name == "naive_batch" \
+        else batch_size
+    candidate = Candidate(name, batch, k, label)
+    try:
+      if name == "naive_batch" and batch == batch_size:
+        raise ValueError(f"the batch is already all {objective.num_data:,} data")
+      contender = _contender(candidate, objective, approx, max_table_bytes)
+      needed = tables.tree_bytes(jax.eval_shape(contender.estimator.init, params))
+      if free and needed > memory_share * free:
+        raise MemoryError(f"its state needs {needed / 2**30:.3g} GiB, more than "
+                          f"{memory_share:.0%} of the {free / 2**30:.3g} GiB free")
+      out.append(contender)
+    except (ValueError, MemoryError, TypeError) as error:  # the first sentence says why
+      out.append(candidate._replace(why_not=str(error).split(". ")[0].split("; ")[0]))
   return out
+
+
+def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Contender:
+  """``candidate`` built on ``objective``; a ValueError says why it does not apply."""
+  name, naive = candidate.name, estimators.naive()
+  if name in ("naive", "naive_batch"):
+    return Contender(candidate, objective, naive)
+  if name in ("naive_samples", "rqmc"):
+    if name == "rqmc" and getattr(objective.noise_fn, "gaussian", None) is None:
+      raise ValueError("the noise is not dsgrad.gaussian_noise")
+    return Contender(candidate, noise_lib.multi_sample(
+        objective, candidate.samples_per_datum, sampler="rqmc" if name == "rqmc" else "mc"),
+        naive)
+  source = objective.source or ()
+  if name == "path_derivative":
+    if source[:1] != ("meanfield_gaussian",):
+      raise ValueError("only for objectives made by dsgrad.meanfield_gaussian")
+    from dsgrad.families.gaussian import meanfield_gaussian
+    # On the objective's data (a with_data copy's), not those its source was built on.
+    return Contender(candidate, meanfield_gaussian(
+        source[1]._replace(data=objective.data), shared_noise=objective.shared_noise,
+        path_derivative=True), naive)
+  if (name == "joint_saga" and approx is None and source[:1] == ("meanfield_gaussian",)
+      and source[1].sparse is not None):  # a table of the coordinates each row reads
+    approx = approx_lib.sparse_linearize(objective)
+    candidate = candidate._replace(approximation=approx.name)
+  extra = ({"every": max(1, objective.num_data // candidate.batch_size)}
+           if name == "joint_svrg" else
+           {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
+  return Contender(candidate, objective, getattr(estimators, name)(objective, approx, **extra))

@@ -39,7 +39,6 @@ Example::
 
 from __future__ import annotations
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -204,7 +203,6 @@ and with 50,000 data a run in segments of 890 steps 18% above its rate in long s
 (4.6% computed in bulk: 0.30 ms per epoch against 0.96 ms one at a time; Student-t
 regression of ``python -m benchmarks advice``, two CPU cores). Above it an epoch costs
 more than a call, and the epochs past a run's end would be wasted work."""
-_EPOCH_SECONDS: dict = {}
 
 
 class EpochOrders:
@@ -231,22 +229,6 @@ class EpochOrders:
     perms = self.factory(self.n, self.b, count)(self.key, jnp.int32(first))
     rows = list(np.asarray(perms)) if self.on_host else jnp.unstack(perms)
     self.cache.update(zip(range(first, first + count), rows))
-
-  def seconds_per_step(self) -> float:
-    """What computing the epochs' orders adds to a step of a run: an epoch's cost, as a
-    run's segments compute epochs (:data:`BULK_EPOCHS` at a time where that many are at
-    most :data:`BULK_ELEMENTS` indices, else one at a time), over its steps.
-    Measured once per ``(N, B)`` and kept (seconds, not data), its compilation excluded."""
-    count = BULK_EPOCHS if self.short_epochs else 1
-    key = (self.n, self.b, count, self.on_host)
-    if key not in _EPOCH_SECONDS:
-      orders = self.factory(self.n, self.b, count)
-      far = 2 ** 20  # epochs no run reaches: the measurement keeps nothing
-      np.asarray(orders(self.key, jnp.int32(far)))  # compiles where it has not yet
-      t0 = time.perf_counter()
-      np.asarray(orders(self.key, jnp.int32(far + count)))
-      _EPOCH_SECONDS[key] = (time.perf_counter() - t0) / count
-    return _EPOCH_SECONDS[key] / (self.n // self.b)
 
   def window(self, start: int, length: int):
     """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""

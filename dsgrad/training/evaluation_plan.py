@@ -22,7 +22,12 @@ where the uninterrupted one does.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
+
+import jax
+
+from dsgrad import diagnostics, psis
 
 DEFAULT_EVALUATIONS = 100
 """At most this many ELBO evaluations in a :func:`dsgrad.fit` run without ``eval_every``.
@@ -126,3 +131,87 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
   if draws >= 2:
     return EvaluationPlan(every, 1, draws, elbo_samples)
   return EvaluationPlan(every, -(-2 * num_data // int(allowance)), 2, elbo_samples)
+
+
+class Evaluations:
+  """A :func:`dsgrad.fit` run's evaluations as they happen: each recorded in the history
+  and shown on the progress bar, their time and draws counted (for a run limited in
+  time: :meth:`end_within`), and the last one's PSIS k-hat where it can be computed.
+
+  Args:
+    objective: the run's objective.
+    plan: its :class:`EvaluationPlan`.
+    key: the evaluations' key (folded with the step).
+    record: the :class:`dsgrad.training.resume.Recorder` of the history.
+    bar: ``(n_steps, step, elbo, se, close=False)``, the progress display.
+    timed: whether the run is limited in time: then the first segment is always
+      followed by an evaluation, which times the evaluations for :meth:`end_within`.
+  """
+
+  def __init__(self, objective, plan: EvaluationPlan, key, record, bar, timed: bool = False):
+    self.objective, self.plan, self.key, self.record, self.bar = objective, plan, key, record, bar
+    self.timed = timed and plan.last_draws > 0
+    self.trust_check, self.diagnosis = _can_check_trust(objective, plan.last_draws)
+    self.k_hat, self.seconds, self.draws = None, 0.0, 0
+
+  def after(self, step: int, end: int, length: int, params, step_seconds: float) -> None:
+    """The evaluation after the segment of ``length`` steps that ended at ``step``, where
+    the plan has one (``end``: the run's last step)."""
+    if not self.plan.evaluates(step, end) and not (self.timed and self.draws == 0):
+      return self.bar(length, step, None, None)
+    draws = self.plan.draws_at(step, end)
+    started = time.perf_counter()
+    value, se, trust = _evaluate(self.objective, params, jax.random.fold_in(self.key, step),
+                                 draws, self.trust_check and step == end, step)
+    self.seconds += time.perf_counter() - started
+    self.draws += draws
+    if trust is not None:
+      self.k_hat, self.diagnosis = trust
+    self.record.append(step, step_seconds, value, se)
+    self.bar(length, step, value, se)
+
+  def end_within(self, max_seconds, elapsed: float, step: int, length: int, end: int,
+                 step_seconds: float) -> int:
+    """Where a run limited to ``max_seconds`` ends, decided ``elapsed`` seconds into it,
+    before the segment of ``length`` steps from ``step``: ``end`` while another segment
+    fits after this one, ``step + length`` where this is the last to fit, ``step`` where
+    it does not; room is kept for the last evaluation. Timed by ``step_seconds`` per step
+    (0 before any ran: the first segment always runs) and the evaluations so far."""
+    if max_seconds is None or step_seconds == 0:
+      return end
+    segment = step_seconds * length
+    # The last evaluation (PSIS's ratios too) priced at 1.5 of the same draws so far.
+    left = max_seconds - elapsed - 1.5 * self.seconds / max(1, self.draws) * self.plan.last_draws
+    return step if segment > left else step + length if 2 * segment > left else end
+
+
+
+def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step: int):
+  """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step``; NaNs
+  where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
+  try:
+    if trust_check:
+      # The last evaluation's draws also give the importance ratios (same key, same
+      # draws as diagnostics.elbo), so k-hat costs no extra full pass.
+      ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
+      k_hat = float(psis.pareto_k(ratios))
+      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat)))
+    if not elbo_samples:
+      return float("nan"), float("nan"), None
+    return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
+  except diagnostics.NonFiniteELBO as error:
+    # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
+    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
+                                    error.detail) from None
+
+
+def _can_check_trust(objective, elbo_samples: int) -> tuple[bool, str]:
+  """Whether fit's last evaluation can give the PSIS k-hat, and if not, why."""
+  if objective.log_q_offset is None:
+    return False, ("k-hat not computed: the objective does not expose log q "
+                   "(Objective.log_q_offset)")
+  if not objective.shared_noise:
+    return False, "k-hat not computed: the objective draws one noise per datum"
+  if elbo_samples < 25:
+    return False, f"k-hat not computed: it needs elbo_samples >= 25, got {elbo_samples}"
+  return True, ""

@@ -33,7 +33,6 @@ import optax
 
 from dsgrad import checks
 from dsgrad.training import checkpoint as checkpoint_lib
-from dsgrad import diagnostics
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
 from dsgrad.estimators.chain import check_chain_order
@@ -92,6 +91,8 @@ class FitResult(NamedTuple):
       (:func:`dsgrad.elbo_trust.elbo_trace_warnings`: an estimate above the model's
       log evidence bound, a jump of orders of magnitude, a run that ended far below its
       best); empty when none. Printed with ``progress``.
+    step: the step the run ended at: ``num_steps``, or earlier where ``max_seconds``
+      stopped it.
   """
 
   params: Any
@@ -102,10 +103,11 @@ class FitResult(NamedTuple):
   diagnosis: str = ""
   timing: FitTiming | None = None
   warnings: tuple = ()
+  step: int | None = None
 
 
 RESUME_CHANGES = ("num_steps", "progress", "elbo_samples", "eval_every", "checkpoint_path",
-                  "checkpoint_every")
+                  "checkpoint_every", "max_seconds")
 """What an interrupted fit's ``resume`` may change: the rest (objective, optimizer, key, batch
 size, mesh) decides the batches and the state, and another value would not continue the run."""
 
@@ -144,26 +146,6 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
-def _evaluate(objective: Objective, params, key, elbo_samples: int, trust_check: bool,
-              step: int):
-  """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step``; NaNs
-  where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
-  try:
-    if trust_check:
-      # The last evaluation's draws also give the importance ratios (same key, same
-      # draws as diagnostics.elbo), so k-hat costs no extra full pass.
-      ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
-      k_hat = float(psis.pareto_k(ratios))
-      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat)))
-    if not elbo_samples:
-      return float("nan"), float("nan"), None
-    return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
-  except diagnostics.NonFiniteELBO as error:
-    # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
-    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
-                                    error.detail) from None
-
-
 def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
@@ -179,12 +161,15 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
 @checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
-                  checkpoint_every=checks.count(1))
+                  checkpoint_every=checks.count(1),
+                  max_seconds=checks.optional(checks.positive()),
+                  segment_steps=checks.optional(checks.count(1)))
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
         checkpoint_every: int = 1, history: History | None = None,
-        resume: bool = False, mesh=None) -> FitResult:
+        resume: bool = False, mesh=None, max_seconds: float | None = None,
+        segment_steps: int | None = None) -> FitResult:
   """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
 
   Steps run in jitted ``lax.scan`` segments of ``eval_every`` steps with the state
@@ -229,6 +214,17 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       devices -- each batch split across them, per-datum tables split by datum,
       everything else replicated (:mod:`dsgrad.training.parallel`). ``batch_size`` and the
       number of data must be multiples of the number of devices.
+    max_seconds: optional wall-clock limit of the call, compiles and evaluations
+      included: the run stops at the end of the last segment whose steps, and the last
+      evaluation after them, fit in it (timed by the segments before, and by an
+      evaluation after the first segment, which always runs; the last evaluation's own
+      first compile is not foreseen). ``FitResult.step`` says where it stopped; the
+      schedule is the optimizer's, so size ``num_steps`` to the time (as
+      :func:`dsgrad.recommend` does) for a schedule that ends with the run.
+    segment_steps: steps per compiled segment, where they should be fewer than
+      ``eval_every`` (which is then rounded up to a multiple of it, or must be one where
+      given): a finer ``max_seconds`` stop, or the same program for runs with other
+      evaluation rhythms. ``checkpoint_every`` then counts evaluation periods.
 
   Returns:
     A :class:`FitResult`. Resume with ``restore_fit_checkpoint`` (its step is the
@@ -286,8 +282,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     checks.value_checks(checks.finite_checks(params, "params passed to fit"))
     if num_steps < start_step:
       raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
-    evaluation = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
-                                      elbo_samples)
+    segment_steps_given = segment_steps
+    evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
+                                      elbo_samples, segment_steps)
     eval_every_given, eval_every = eval_every, evaluation.eval_every
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
@@ -295,51 +292,98 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
                                     **placement)
     record = resume_lib.Recorder(history, start_step)
-    trust_check, diagnosis = _can_check_trust(objective, elbo_samples)
-    k_hat, evaluations = None, _Clock()
-    bar = _progress(progress, num_steps - start_step)
-    step, segment = start_step, 0
-
-    def evaluate(length):
-      nonlocal k_hat, diagnosis
-      if not evaluation.evaluates(step, num_steps):
-        return bar(length, step, None, None)
-      with evaluations:
-        value, se, trust = _evaluate(objective, params, jax.random.fold_in(eval_key, step),
-                                     evaluation.draws_at(step, num_steps),
-                                     trust_check and step == num_steps, step)
-      if trust is not None:
-        k_hat, diagnosis = trust
-      record.append(step, runner.step_seconds, value, se)
-      bar(length, step, value, se)
+    evaluations = evaluation_plan.Evaluations(objective, evaluation, eval_key, record,
+                                              _progress(progress, num_steps - start_step),
+                                              timed=max_seconds is not None)
+    step, periods, end = start_step, 0, num_steps  # end: earlier where max_seconds stops it
+    evaluate = lambda length: evaluations.after(step, end, length, params, runner.step_seconds)
 
     if record.lacks(step) and evaluation.evaluates(step, num_steps):
       evaluate(0)  # an interrupt came at a segment's end, before its evaluation
     try:
-      while step < num_steps:
-        length = _segment_length(step, eval_every, num_steps)
-        following = ((step + length, _segment_length(step + length, eval_every, num_steps))
-                     if step + length < num_steps else None)
+      while step < end:
+        length = _segment_length(step, segment_steps, end)
+        end = evaluations.end_within(max_seconds, time.perf_counter() - entered, step, length,
+                                     end, runner.step_seconds / max(1, step - start_step))
+        if step == end:  # stopped by max_seconds: the last evaluation, in full
+          evaluate(0)
+          if checkpoint_path is not None:
+            save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
+                                settings=settings)
+          break
+        following = ((step + length, _segment_length(step + length, segment_steps, end))
+                     if step + length < end else None)
         params, opt_state = runner.run(params, opt_state, step, length, following)
-        step, segment = step + length, segment + 1
+        step, periods = step + length, periods + ((step + length) % eval_every == 0)
         evaluate(length)
-        if checkpoint_path is not None and (segment % checkpoint_every == 0
-                                            or step == num_steps):
+        if checkpoint_path is not None and ((step % eval_every == 0
+                                             and periods % checkpoint_every == 0) or step == end):
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
     except KeyboardInterrupt:
-      bar(0, step, None, None, close=True)
+      evaluations.bar(0, step, None, None, close=True)
       raise _interrupted(runner, record.history(), settings, dict(
           objective=objective, optimizer=optimizer, key=key, num_steps=num_steps,
           batch_size=batch_size, eval_every=eval_every_given, elbo_samples=elbo_samples,
           progress=progress, checkpoint_path=checkpoint_path,
-          checkpoint_every=checkpoint_every, mesh=mesh)) from None
-    bar(0, step, None, None, close=True)
+          checkpoint_every=checkpoint_every, mesh=mesh, max_seconds=max_seconds,
+          segment_steps=segment_steps_given)) from None
+    evaluations.bar(0, step, None, None, close=True)
     history = record.history()
+    k_hat, diagnosis = evaluations.k_hat, evaluations.diagnosis
     trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.elbo_trace_warnings(
         history, objective.log_evidence_bound))
     return FitResult(params, opt_state, history, runner.compile_seconds, k_hat,
-                     diagnosis, _timing(entered, runner, evaluations.seconds), trace_warnings)
+                     diagnosis, _timing(entered, runner, evaluations.seconds), trace_warnings,
+                     step)
+
+
+@checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
+                  batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
+                  elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
+                  segment_steps=checks.optional(checks.count(1)))
+def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
+                batch_size: int, eval_every: int | None = None, elbo_samples: int = 100,
+                opt_state=None, start_step: int = 0, segment_steps: int | None = None) -> float:
+  """Compiles the training segments that :func:`fit` with the same arguments and the same
+  optimizer object will run, and runs none of them: that fit then starts at once. Safe to
+  call in a thread while another run trains (tracing takes a lock; XLA's compilation
+  overlaps the other run's steps), which is how :func:`dsgrad.recommend` prepares its
+  candidates without waiting for them.
+
+  It takes the arguments :func:`fit` will be called with that decide the programs:
+  ``objective``, ``optimizer``, ``params``, ``key``, ``num_steps``, ``batch_size``,
+  ``eval_every``, ``elbo_samples``, ``opt_state``, ``start_step``, ``segment_steps`` (the
+  segment lengths follow from the step counts and the evaluation plan).
+
+  Returns:
+    The seconds spent compiling (0.0 where every program was compiled before).
+
+  Example::
+
+    >>> import jax, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+    >>> model = dsgrad.models.logistic_regression(x, y)
+    >>> objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+    >>> optimizer = optax.adam(1e-2)
+    >>> settings = dict(num_steps=50, batch_size=10, elbo_samples=0)
+    >>> seconds = dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings)
+    >>> result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
+    ...                     **settings)
+    >>> seconds > 0, result.compile_seconds
+    (True, 0.0)
+  """
+  optimizer = optax.with_extra_args_support(optimizer)
+  _check_fit_arguments(objective, batch_size, None)
+  every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
+  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
+                                        None)
+  runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0])
+  first = _segment_length(start_step, every, num_steps)
+  rest = num_steps - start_step - first
+  for length in {first, min(every, rest), rest % every} - {0}:
+    runner.prepare(params, opt_state, start_step, length)
+  return runner.compile_seconds
 
 
 def _report(progress: bool, k_hat, diagnosis: str, trace_warnings: tuple) -> tuple:
@@ -352,37 +396,12 @@ def _report(progress: bool, k_hat, diagnosis: str, trace_warnings: tuple) -> tup
   return trace_warnings
 
 
-class _Clock:
-  """The seconds spent inside its ``with`` blocks."""
-
-  def __init__(self):
-    self.seconds = 0.0
-
-  def __enter__(self):
-    self._started = time.perf_counter()
-
-  def __exit__(self, *exc_info):
-    self.seconds += time.perf_counter() - self._started
-
-
 def _timing(entered: float, runner, evaluation_seconds: float) -> FitTiming:
   """fit's :class:`FitTiming` at its return: what is not steps, compiling or evaluations
   is setup."""
   total = time.perf_counter() - entered
   return FitTiming(total, runner.step_seconds, runner.compile_seconds, evaluation_seconds,
                    total - runner.step_seconds - runner.compile_seconds - evaluation_seconds)
-
-
-def _can_check_trust(objective: Objective, elbo_samples: int) -> tuple[bool, str]:
-  """Whether fit's last evaluation can give the PSIS k-hat, and if not, why."""
-  if objective.log_q_offset is None:
-    return False, ("k-hat not computed: the objective does not expose log q "
-                   "(Objective.log_q_offset)")
-  if not objective.shared_noise:
-    return False, "k-hat not computed: the objective draws one noise per datum"
-  if elbo_samples < 25:
-    return False, f"k-hat not computed: it needs elbo_samples >= 25, got {elbo_samples}"
-  return True, ""
 
 
 def _restore(checkpoint_path, settings: dict, optimizer, params, opt_state):
@@ -427,6 +446,21 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
     opt_state = jax.tree.map(jnp.copy, opt_state)
   check_chain_order(opt_state, "fit")
   return params, opt_state, placement
+
+
+def _plan(objective: Objective, batch_size: int, num_steps: int, eval_every, elbo_samples: int,
+          segment_steps) -> tuple:
+  """``(evaluation plan, steps per segment)``: segments of ``eval_every`` steps, or of
+  ``segment_steps`` with the evaluations every multiple of them planned."""
+  plan = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
+                              elbo_samples)
+  if segment_steps is None:
+    return plan, plan.eval_every
+  if eval_every is not None and eval_every % segment_steps:
+    raise ValueError(f"eval_every={eval_every} must be a multiple of segment_steps="
+                     f"{segment_steps}: evaluations come at a segment's end")
+  return plan._replace(eval_every=-(-plan.eval_every // segment_steps) * segment_steps), \
+      segment_steps
 
 
 def _segment_length(step: int, eval_every: int, num_steps: int) -> int:

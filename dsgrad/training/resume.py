@@ -219,6 +219,11 @@ class Recorder:
     return self.continued and step > 0 and (not steps or steps[-1] < step)
 
   def append(self, step: int, seconds: float, value: float, se: float) -> None:
+    """Appends an evaluation; one at the step of the last replaces it (a run stopped by
+    its time limit evaluates again, in full, where a cheaper evaluation was made)."""
+    if self.columns["step"] and self.columns["step"][-1] == step:
+      for column in self.columns.values():
+        column.pop()
     for name, v in zip(History._fields, (step, self.wall + seconds, value, se)):
       self.columns[name].append(v)
 

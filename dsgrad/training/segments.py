@@ -243,8 +243,8 @@ class _Compiled(NamedTuple):
 _TRACING = threading.Lock()
 """Held while a segment is traced and lowered: tracing runs the user's model code, which
 need not be thread-safe (a NumPyro model's effect handlers share one global stack, and
-two models traced at once by :func:`dsgrad.advice.race.prepare_all`'s threads mixed their
-sites), and holds the interpreter anyway; XLA's compilation, which does not, still
+two models traced at once by two threads mixed their sites: :func:`dsgrad.recommend`
+compiles in a thread beside a run), and holds the interpreter anyway; XLA's compilation, which does not, still
 overlaps."""
 
 
@@ -252,8 +252,7 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
                      example_args, mesh=None, carry_shardings=None, *,
                      finite_at_end: bool = False):
   """:func:`segment_program` compiled for ``example_args``; ``(executable, seconds spent
-  compiling, seconds it costs without JAX's persistent cache)``
-  (:func:`dsgrad.training.compile_cache.get_or_build_with_cost`).
+  compiling)`` (:func:`dsgrad.training.compile_cache.get_or_build`).
 
   On one device the executable is cached (:mod:`dsgrad.training.compile_cache`) under the
   objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
@@ -268,11 +267,11 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
     t0 = time.perf_counter()
     program = build()
     seconds = time.perf_counter() - t0
-    return program, seconds, seconds
+    return program, seconds
   avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
   key = ("fit segment", jax.tree.structure(objective), optimizer, batch_size, length,
          finite_at_end, jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
-  return compile_cache.get_or_build_with_cost(key, build)
+  return compile_cache.get_or_build(key, build)
 
 
 class SegmentRunner:
@@ -292,9 +291,6 @@ class SegmentRunner:
 
   Attributes:
     compile_seconds: total time spent compiling so far.
-    compile_cost_seconds: what compiling would have taken without JAX's persistent
-      compilation cache (equal to ``compile_seconds`` where it served nothing): the
-      price of compiling a similar program of other sizes.
     step_seconds: total time spent running steps so far (compilation excluded).
   """
 
@@ -315,7 +311,7 @@ class SegmentRunner:
     # Whether the range and finiteness checks are settled at each segment's end, decided
     # on the first carry; rows read from the host could not be read again in order.
     self.finite_at_end = None
-    self.compile_seconds = self.step_seconds = self.compile_cost_seconds = 0.0
+    self.compile_seconds = self.step_seconds = 0.0
     self.last_block = None  # set by run(): see reached()
 
   def _read_ahead(self, start: int, steps: int) -> None:
@@ -352,11 +348,10 @@ class SegmentRunner:
     # Without checks at the end, the usual executables already check every step.
     cache = self.checked if checked and self.finite_at_end else self.executables
     if steps not in cache:
-      cache[steps], seconds, cost = compiled_segment(
+      cache[steps], seconds = compiled_segment(
           self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
           self.carry_shardings, finite_at_end=at_end)
       self.compile_seconds += seconds
-      self.compile_cost_seconds += cost
     return cache[steps]
 
   def _settle(self, errors, carry, starts, steps: int) -> None:
@@ -396,63 +391,6 @@ class SegmentRunner:
     if error is not None:
       self._settle([error], carry, [at], steps)
     return params, opt_state, at + steps
-
-  def seconds_per_step(self, params, opt_state, length: int, calls: int) -> float:
-    """Seconds per step of ``calls`` segments of ``length`` steps from ``params``,
-    dispatched back to back and waited for once, so that a call's host-side cost
-    (dispatch, the deferred checks' read-back) overlaps the previous call's steps, as it
-    does in a long run; the carry is consumed (donated, where the checks run per step).
-    The calls take the first segment's batches over and over, and what the epochs'
-    orders cost a run per step is added (:meth:`dsgrad.training.batching.EpochOrders.seconds_per_step`):
-    taking successive batches computed an epoch's orders between calls, a run's long
-    segments compute them in bulk, and a 10 us step timed 20% above the run's rate in
-    segments of 256 steps (zero-inflated Poisson regression, 50,000 data, two CPU cores;
-    timed this way, 2-6% below it with 5,000, 50,000 and 10^6 data). With host data,
-    whose rows are read per block, the calls wait for each other."""
-    if self.host_data:
-      before = self.step_seconds
-      carry = (params, opt_state)
-      for _ in range(calls):
-        carry = self.run(*carry, 0, length)
-      return (self.step_seconds - before) / (calls * length)
-    self.prepare(params, opt_state, 0, length)
-    program = self.executables[length]
-    start = carry = (params, opt_state)
-    errors = []
-    orders = self.orders.seconds_per_step()
-    args = self._args(carry, 0, length, {})
-    jax.block_until_ready((carry, args[4]))
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      error, carry = program(carry, *args[1:])
-      errors.append(error)
-    jax.block_until_ready(carry)
-    seconds = time.perf_counter() - t0
-    self.step_seconds += seconds
-    self._settle(errors, start, [0] * calls, length)
-    return seconds / (calls * length) + orders
-
-  def run_calls(self, params, opt_state, start: int, length: int, calls: int):
-    """Steps ``start .. start + calls * length - 1`` as ``calls`` segments of ``length``
-    dispatched back to back and waited for once (a call's fixed cost overlaps the steps
-    before it); a value check that failed in any call raises after the last. With host
-    data, whose rows are read per block, the calls wait for each other. Returns
-    ``(params, opt_state)``, ready."""
-    if self.host_data:
-      for call in range(calls):
-        params, opt_state = self.run(params, opt_state, start + call * length, length)
-      return params, opt_state
-    self.prepare(params, opt_state, start, length)
-    program, errors = self.executables[length], []
-    first = carry = (params, opt_state)
-    t0 = time.perf_counter()
-    for call in range(calls):
-      error, carry = program(*self._args(carry, start + call * length, length, {}))
-      errors.append(error)
-    jax.block_until_ready(carry)
-    self.step_seconds += time.perf_counter() - t0
-    self._settle(errors, first, [start + call * length for call in range(calls)], length)
-    return carry
 
   def run(self, params, opt_state, start: int, length: int, following=None):
     """Steps ``start .. start + length - 1``; returns ``(params, opt_state)``, ready.

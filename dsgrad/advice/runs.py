@@ -1,0 +1,146 @@
+"""A candidate's training run as :func:`dsgrad.recommend` drives it, on :func:`dsgrad.fit`'s
+public surface: compiled by :func:`dsgrad.compile_fit` (in a thread, beside another run),
+advanced in pieces with ``fit(..., start_step=, opt_state=)``, moved between programs.
+
+A run's schedule spans the budget: at a fraction ``f`` of the budget it is at step ``f x
+length``. So a candidate can continue another run (its params and the user optimizer's
+state, step counts moved; its estimator's state afresh), and a run can move to a program
+built for another length, where the two schedules agree: at the same fraction.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dsgrad.training.loop import compile_fit, fit
+
+
+class Program(NamedTuple):
+  """The estimator chained with the user's optimizer over ``length`` steps (whole
+  segments), compiled for segments of ``segment`` steps."""
+
+  length: int
+  segment: int
+  optimizer: Any
+  compile_seconds: float
+
+
+class Run:
+  """One :class:`~dsgrad.advice.candidates.Contender`'s run with the user's
+  ``make_optimizer`` (``num_steps -> transformation``), ``key`` and starting ``params``:
+  its program, params, optimizer state, step, and its steps' seconds (compiles, setup and
+  evaluations excluded)."""
+
+  def __init__(self, contender, make_optimizer, key, params):
+    self.contender, self.make_optimizer, self.key = contender, make_optimizer, key
+    self.start_params, self.program = params, None
+    self.params = self.opt_state = None
+    self.step, self.steps_run, self.seconds = 0, 0, 0.0
+    self.timings, self.earlier_rate = [], None  # (steps, seconds) per advance on program
+
+  name = property(lambda self: self.contender.candidate.name)
+  batch_size = property(lambda self: self.contender.candidate.batch_size)
+
+  @property
+  def seconds_per_step(self) -> float | None:
+    """The current program's step time (its first call, which runs cold, left out where
+    there are more), or the previous program's before it has run."""
+    timed = self.timings[1:] or self.timings
+    if not timed:
+      return self.earlier_rate
+    return sum(seconds for _, seconds in timed) / sum(steps for steps, _ in timed)
+
+  def compile(self, length: int, segment: int) -> Program:
+    """Builds and compiles this run's :class:`Program` over ``length`` steps."""
+    length = max(segment, -(-int(length) // segment) * segment)
+    optimizer = optax.chain(self.contender.estimator, self.make_optimizer(length))
+    seconds = compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
+                          num_steps=length, batch_size=self.batch_size, elbo_samples=0,
+                          segment_steps=segment)
+    return Program(length, segment, optimizer, seconds)
+
+  def use(self, program: Program, fraction: float) -> None:
+    """Continues on ``program`` at ``fraction`` of the budget: the step, and the user
+    optimizer's step counts, moved to that fraction of its length (whole segments)."""
+    # At least one segment left: a run whose budget is spent still ends with a segment.
+    step = min(int(fraction * program.length) // program.segment * program.segment,
+               program.length - program.segment)
+    self.opt_state = (self.opt_state[0], _moved_counts(self.opt_state[1], step))
+    if program is not self.program:
+      self.earlier_rate, self.timings = self.seconds_per_step, []
+    self.program, self.step = program, step
+
+  def start(self, program: Program) -> None:
+    """Starts the user's run on ``program``, from the optimizer's initial state."""
+    self.params = jax.tree.map(jnp.copy, self.start_params)
+    self.opt_state = program.optimizer.init(self.params)
+    self.use(program, 0.0)
+
+  def continue_from(self, other: "Run", program: Program, fraction: float) -> None:
+    """Continues ``other``'s run on ``program`` at ``fraction`` of the budget: ``other``'s
+    params and user-optimizer state, this run's estimator state made afresh at those
+    params (its first update fills a table or takes a snapshot)."""
+    self.params = jax.tree.map(jnp.copy, other.params)
+    fresh = program.optimizer.init(self.params)
+    self.opt_state = (fresh[0], jax.tree.map(jnp.copy, other.opt_state[1]))
+    self.use(program, fraction)
+
+  def advance(self, steps: int) -> None:
+    """Runs ``steps`` more steps (whole segments, at least one) with :func:`dsgrad.fit`."""
+    segment = self.program.segment
+    steps = max(segment, steps // segment * segment)
+    result = self.fit(num_steps=self.step + steps, elbo_samples=0, progress=False)
+    self.params, self.opt_state, self.step = result.params, result.opt_state, result.step
+    self.steps_run += steps
+    self.seconds += result.timing.steps
+    self.timings.append((steps, result.timing.steps))
+
+  def advance_for(self, seconds: float) -> None:
+    """About ``seconds`` of steps (two segments first where its step is not timed yet)."""
+    if self.seconds_per_step is None:
+      before = self.seconds
+      self.advance(2 * self.program.segment)
+      seconds -= self.seconds - before
+    if seconds > 0.5 * self.program.segment * self.seconds_per_step:
+      self.advance(round(seconds / self.seconds_per_step))
+
+  def fit(self, **fit_kwargs):
+    """:func:`dsgrad.fit` of this run from where it is, on its program (its schedule's
+    length the default ``num_steps``)."""
+    settings = {"num_steps": self.program.length, "segment_steps": self.program.segment,
+                **fit_kwargs}
+    return fit(self.contender.objective, self.program.optimizer, self.params, self.key,
+               batch_size=self.batch_size, opt_state=self.opt_state, start_step=self.step,
+               **settings)
+
+  def settle(self, budget: float, spent) -> None:
+    """Puts the run where its schedule should be at the fraction ``spent() / budget`` of
+    the budget spent, on a program over the steps it affords in ``budget`` seconds: its
+    own, or where that is more than 10% off, one compiled in a thread while the run goes
+    on."""
+    affords = int(budget / self.seconds_per_step)
+    program = self.program
+    if abs(program.length - affords) > 0.1 * affords:
+      # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
+      # run limited in time still stops within a hundredth of it.
+      segment = max(program.segment, round(0.01 * budget / self.seconds_per_step))
+      with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        future = thread.submit(self.compile, affords, segment)
+        while not future.done():  # steps of about a fifth of a second
+          self.advance(round(0.2 / self.seconds_per_step))
+      program = future.result()
+    self.use(program, spent() / budget)
+
+
+def _moved_counts(state, step: int):
+  """``state`` with every ``count`` (optax's step counters: schedules, Adam's bias
+  correction) set to ``step``; unchanged where it keeps none."""
+  try:
+    return optax.tree_utils.tree_set(state, count=jnp.asarray(step, jnp.int32))
+  except KeyError:
+    return state
