@@ -27,7 +27,6 @@ class Program(NamedTuple):
   length: int
   segment: int
   optimizer: Any
-  compile_seconds: float
 
 
 class Run:
@@ -42,6 +41,7 @@ class Run:
     self.params = self.opt_state = None
     self.step, self.steps_run, self.seconds = 0, 0, 0.0
     self.timings, self.earlier_rate = [], None  # (steps, seconds) per advance on program
+    self.mark, self.first_seconds = (0.0, 0), 0.0  # see start_race
 
   name = property(lambda self: self.contender.candidate.name)
   batch_size = property(lambda self: self.contender.candidate.batch_size)
@@ -59,15 +59,15 @@ class Run:
     """Builds and compiles this run's :class:`Program` over ``length`` steps."""
     length = max(segment, -(-int(length) // segment) * segment)
     optimizer = optax.chain(self.contender.estimator, self.make_optimizer(length))
-    seconds = compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
-                          num_steps=length, batch_size=self.batch_size, elbo_samples=0,
-                          segment_steps=segment)
-    return Program(length, segment, optimizer, seconds)
+    compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
+                num_steps=length, batch_size=self.batch_size, elbo_samples=0,
+                segment_steps=segment)
+    return Program(length, segment, optimizer)
 
   def use(self, program: Program, fraction: float) -> None:
     """Continues on ``program`` at ``fraction`` of the budget: the step, and the user
-    optimizer's step counts, moved to that fraction of its length (whole segments)."""
-    # At least one segment left: a run whose budget is spent still ends with a segment.
+    optimizer's step counts, moved to that fraction of its length (whole segments; at
+    least one left)."""
     step = min(int(fraction * program.length) // program.segment * program.segment,
                program.length - program.segment)
     self.opt_state = (self.opt_state[0], _moved_counts(self.opt_state[1], step))
@@ -100,6 +100,22 @@ class Run:
     self.seconds += result.timing.steps
     self.timings.append((steps, result.timing.steps))
 
+  def start_race(self, first_update: bool) -> None:
+    """Marks the race's start; with ``first_update``, after a segment whose first update
+    fills a table or takes a snapshot (its extra time is charged by epoch of steps)."""
+    if first_update:
+      before = self.seconds
+      self.advance(self.program.segment)
+      self.first_seconds = self.seconds - before
+    self.mark, self.timings = (self.seconds, self.steps_run), []
+
+  def raced_seconds(self) -> float:
+    """The race's seconds: its steps', and its first update's extra time by epoch."""
+    seconds, steps = self.seconds - self.mark[0], self.steps_run - self.mark[1]
+    extra = max(0.0, self.first_seconds - self.program.segment * (self.seconds_per_step or 0))
+    epoch = max(1, self.contender.objective.num_data // self.batch_size)
+    return seconds + extra * min(1.0, steps / epoch)
+
   def advance_for(self, seconds: float) -> None:
     """About ``seconds`` of steps (two segments first where its step is not timed yet)."""
     if self.seconds_per_step is None:
@@ -122,10 +138,11 @@ class Run:
     """Puts the run where its schedule should be at the fraction ``spent() / budget`` of
     the budget spent, on a program over the steps it affords in ``budget`` seconds: its
     own, or where that is more than 10% off, one compiled in a thread while the run goes
-    on."""
-    affords = int(budget / self.seconds_per_step)
-    program = self.program
-    if abs(program.length - affords) > 0.1 * affords:
+    on, and checked once more by its own step time (its longer segments run faster)."""
+    for _ in range(2):
+      affords, program = int(budget / self.seconds_per_step), self.program
+      if abs(program.length - affords) <= 0.1 * affords:
+        break
       # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
       # run limited in time still stops within a hundredth of it.
       segment = max(program.segment, round(0.01 * budget / self.seconds_per_step))
@@ -133,8 +150,10 @@ class Run:
         future = thread.submit(self.compile, affords, segment)
         while not future.done():  # steps of about a fifth of a second
           self.advance(round(0.2 / self.seconds_per_step))
-      program = future.result()
-    self.use(program, spent() / budget)
+      self.use(future.result(), spent() / budget)
+      for _ in range(2):  # timed on its own segments: the first call runs cold
+        self.advance(round(0.25 / self.seconds_per_step))
+    self.use(self.program, spent() / budget)
 
 
 def _moved_counts(state, step: int):
