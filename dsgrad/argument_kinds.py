@@ -293,7 +293,7 @@ def optimizer(factory: bool = False) -> Kind:
       "optax.adam(optax.cosine_decay_schedule(1e-2, n)))" if factory else ""))
 
   def check(value, label):
-    if callable(getattr(value, "init", None)) and callable(getattr(value, "update", None)):
+    if _is_transformation(value):
       return value
     if callable(value) and _takes_a_learning_rate(value):
       name = getattr(value, "__qualname__", type(value).__name__)
@@ -308,11 +308,15 @@ def optimizer(factory: bool = False) -> Kind:
   return Kind("optimizer", check, accepted, dict(factory=factory))
 
 
+def _is_transformation(value) -> bool:
+  return callable(getattr(value, "init", None)) and callable(getattr(value, "update", None))
+
+
 def optimizer_factory(value, who: str):
   """``num_steps -> transformation`` from an :func:`optimizer` kind with ``factory``: a
   transformation is used as it is; a factory's result is checked where it is built (a
   function returning a float or a schedule would fail later, inside optax)."""
-  if callable(getattr(value, "init", None)) and callable(getattr(value, "update", None)):
+  if _is_transformation(value):
     return lambda steps: value
 
   def make(steps):

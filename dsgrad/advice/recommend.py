@@ -147,17 +147,19 @@ class _Race:
   def train_naive(self, race_at: float) -> None:
     """Naive trains (on its own program once compiled) until the race: at ``race_at`` of
     the budget, or once the candidates are compiled, and at half of it at the latest."""
-    moved = False
+    job = self.jobs["naive"]
+
+    def move():  # onto naive's own program, once compiled
+      if job.done() and self.naive.program is not job.result():
+        self.naive.use(job.result(), self.elapsed() / self.budget)
+
     # The race (every run's pieces, one after another) ends by three quarters of the budget.
     latest = min(0.5 * self.budget, 0.75 * self.budget - len(self.runs) * CHECKPOINTS * self.piece)
     while self.elapsed() < min(latest, race_at * self.budget) or (
         self.elapsed() < latest and not all(j.done() for j in self.jobs.values())):
-      if not moved and self.jobs["naive"].done():
-        self.naive.use(self.jobs["naive"].result(), self.elapsed() / self.budget)
-        moved = True
+      move()
       self.naive.advance(round(0.2 / self.naive.seconds_per_step))
-    if not moved and self.jobs["naive"].done():
-      self.naive.use(self.jobs["naive"].result(), self.elapsed() / self.budget)
+    move()
 
   def race(self) -> tuple[dict, dict]:
     """Every compiled candidate continues naive's run; ``({name: ELBO draws after each

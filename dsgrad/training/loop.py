@@ -305,16 +305,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
         length = _segment_length(step, segment_steps, end)
         end = evaluations.end_within(max_seconds, time.perf_counter() - entered, step, length,
                                      end, runner.step_seconds / max(1, step - start_step))
-        if step == end:  # stopped by max_seconds: the last evaluation, in full
-          evaluate(0)
-          if checkpoint_path is not None:
-            save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
-                                settings=settings)
-          break
-        following = ((step + length, _segment_length(step + length, segment_steps, end))
-                     if step + length < end else None)
-        params, opt_state = runner.run(params, opt_state, step, length, following)
-        step, periods = step + length, periods + ((step + length) % eval_every == 0)
+        length = length if step < end else 0  # 0: stopped by max_seconds, evaluated in full
+        if length:
+          following = ((step + length, _segment_length(step + length, segment_steps, end))
+                       if step + length < end else None)
+          params, opt_state = runner.run(params, opt_state, step, length, following)
+          step, periods = step + length, periods + ((step + length) % eval_every == 0)
         evaluate(length)
         if checkpoint_path is not None and ((step % eval_every == 0
                                              and periods % checkpoint_every == 0) or step == end):
