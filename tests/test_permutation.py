@@ -82,6 +82,7 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
   # On a CPU, EpochOrders sorts the keys with NumPy; the orders must be the ones the
   # jitted program (used on accelerators) and batch_indices compute, so a run's batches
   # do not depend on where it runs.
+  batching._shared_orders.clear()  # the counts below are of orders computed here
   # Several epochs in one call (as a long segment over small data asks) are the same
   # orders as one at a time.
   for num_data, batch_size in ((10, 3), (997, 10)):
@@ -117,3 +118,21 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
     np.testing.assert_array_equal(
         np.asarray(window),
         np.asarray(batching.epoch_batches(jax.random.key(3), 50, 10, 300))[start:start + 150])
+
+
+def test_a_later_call_with_the_same_key_reuses_the_epoch_orders(monkeypatch):
+  # A run advanced in many fit calls sorts each epoch once, not once per call.
+  batching._shared_orders.clear()
+  computed = []
+  real = batching.EpochOrders._compute
+  monkeypatch.setattr(batching.EpochOrders, "_compute",
+                      lambda self, first, count: computed.append(first) or real(self, first, count))
+  n = batching.BULK_ELEMENTS // batching.BULK_EPOCHS + 10  # epochs computed one at a time
+  before = np.asarray(batching.EpochOrders(jax.random.key(5), n, 10).window(0, 5))
+  after = np.asarray(batching.EpochOrders(jax.random.key(5), n, 10).window(0, 5))
+  assert computed == [0, 1]
+  np.testing.assert_array_equal(before, after)
+  other = batching.EpochOrders(jax.random.key(6), n, 10).window(0, 5)  # its own orders
+  assert computed == [0, 1, 0, 1] and not np.array_equal(np.asarray(other), before)
+  batching.EpochOrders(jax.random.key(5), n, 20).window(0, 5)  # another batch size too
+  assert computed == [0, 1, 0, 1, 0, 1]

@@ -1,5 +1,4 @@
-"""The ways to train that :func:`dsgrad.recommend` can race, each built or ruled out (with
-its reason) before anything runs."""
+"""The ways to train that :func:`dsgrad.recommend` races, built or ruled out with a reason."""
 
 from __future__ import annotations
 

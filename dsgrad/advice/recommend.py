@@ -4,7 +4,7 @@ Naive starts training at once; beside it, a thread compiles each candidate's pro
 user's optimizer over the steps it affords, guessed from naive's step: :data:`COST_GUESS`)
 and the ELBO estimates. At ``race_at`` of the budget every compiled candidate continues
 naive's run (:mod:`dsgrad.advice.runs`) and each run, naive's too, takes the same step
-time in :data:`CHECKPOINTS` interleaved pieces, its ELBO estimated after each with common
+time in :data:`PIECES` interleaved pieces; then every run's ELBO is estimated with common
 random numbers. The largest gain over naive beyond twice its standard error wins, else
 naive. The losers' pieces and the estimates are the advice's cost (``share`` of the
 budget); :meth:`Recommendation.fit` continues the winner to the end of the budget. A share
@@ -40,11 +40,12 @@ from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, 
 from dsgrad.advice.runs import Run
 from dsgrad.training import progress as progress_lib
 
-MIN_RACE_SECONDS = 1.0
-"""The least share per candidate: below it a piece of the race is a few tenths of a
-second, within a shared machine's jitter."""
-CHECKPOINTS = 3  # pieces of a race, each followed by an ELBO estimate of every run
+MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
+PIECES = 3
+"""A race's pieces, taken by the runs in turn (a slow spell hits all). The runs are compared
+where they end: gains move through a race, their spread over pieces was a trend."""
 ESTIMATES_SHARE = 0.3  # of the share, for the race's ELBO estimates
+MAX_ESTIMATE_CALLS = 16  # of elbo_samples draws each, on all the data, per run
 SEGMENTS_PER_PIECE = 8  # a run stops within half a segment of its piece's time
 
 COST_GUESS = {"naive": 1.0, "path_derivative": 1.2, "naive_batch": 2.0, "naive_samples": 2.0,
@@ -107,8 +108,8 @@ class _Race:
     self.runs, self.objective, self.budget, self.key, self.say = runs, objective, budget, key, say
     self.naive = runs["naive"]
     self.others = [run for name, run in runs.items() if name != "naive"]
-    self.piece = share * budget * (1 - ESTIMATES_SHARE) / len(self.others) / CHECKPOINTS
-    self.estimates_seconds = ESTIMATES_SHARE * share * budget / (CHECKPOINTS * len(runs))
+    self.piece = share * budget * (1 - ESTIMATES_SHARE) / len(self.others) / PIECES
+    self.estimates_seconds = ESTIMATES_SHARE * share * budget / len(runs)
     self.thread = concurrent.futures.ThreadPoolExecutor(1)
     self.jobs: dict = {}
     self.started, self.rows = started, objective.num_data
@@ -123,26 +124,31 @@ class _Race:
     segment = lambda seconds: max(1, round(self.piece / (SEGMENTS_PER_PIECE * seconds)))
     self.jobs["naive"] = self.thread.submit(self.naive.compile, self.budget / step,
                                             segment(step))
-    self.estimates = self.thread.submit(self._estimates, elbo_samples)
+    program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, min(4096, self.rows))
+    self.estimates = self.thread.submit(  # compiled here, timed in _evaluator
+        lambda: (jax.block_until_ready(program(self.naive.start_params, self.key, 1)), program)[1])
     for run in self.others:
       guess = step * COST_GUESS[run.name]
       self.jobs[run.name] = self.thread.submit(run.compile, self.budget / guess, segment(guess))
 
-  def _estimates(self, elbo_samples: int):
-    """``params, key -> ELBO draws`` on as many random rows as keep an estimate within its
-    part of the share (a full pass where it fits), timed on sixteen chunks."""
-    n = self.objective.num_data
-    chunk = min(4096, n)
-    program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, chunk)
-    timed = min(n, 16 * chunk)
-    jax.block_until_ready(program(self.naive.start_params, self.key, timed))  # compiles
+  def _evaluator(self):
+    """``params -> ELBO draws`` within the estimates' part of the share: all the data, up
+    to :data:`MAX_ESTIMATE_CALLS` calls, where one full pass fits, else as many rows."""
+    program, n = self.estimates.result(), self.objective.num_data
+    timed = min(n, 16 * 4096)
+    jax.block_until_ready(program(self.naive.params, self.key, timed))
     started = time.perf_counter()
-    jax.block_until_ready(program(self.naive.start_params, self.key, timed))
-    chunks = int(self.estimates_seconds / (time.perf_counter() - started) * timed / chunk)
-    rows = n if chunks * chunk >= n else max(1, chunks) * chunk
-    self.rows = rows
-    return lambda params, key: diagnostics.finite_elbo_draws(program(params, key, rows),
-                                                             "dsgrad.recommend")
+    jax.block_until_ready(program(self.naive.params, self.key, timed))
+    per_row = (time.perf_counter() - started) / timed
+    calls = int(min(MAX_ESTIMATE_CALLS, self.estimates_seconds / (per_row * n)))
+    self.rows = n if calls >= 1 else max(timed, int(self.estimates_seconds / per_row))
+    keys = [jax.random.fold_in(self.key, i) for i in range(max(1, calls))]
+
+    def evaluate(params):
+      draws = [program(params, key, self.rows) for key in keys]
+      return diagnostics.finite_elbo_draws(jax.numpy.concatenate(draws), "dsgrad.recommend")
+
+    return evaluate
 
   def train_naive(self, race_at: float) -> None:
     """Naive trains (on its own program once compiled) until the race: at ``race_at`` of
@@ -154,16 +160,16 @@ class _Race:
         self.naive.use(job.result(), self.elapsed() / self.budget)
 
     # The race (every run's pieces, one after another) ends by three quarters of the budget.
-    latest = min(0.5 * self.budget, 0.75 * self.budget - len(self.runs) * CHECKPOINTS * self.piece)
+    latest = min(0.5 * self.budget, 0.75 * self.budget - len(self.runs) * PIECES * self.piece)
     while self.elapsed() < min(latest, race_at * self.budget) or (
         self.elapsed() < latest and not all(j.done() for j in self.jobs.values())):
       move()
-      self.naive.advance(round(0.2 / self.naive.seconds_per_step))
+      self.naive.advance(round(0.5 / self.naive.seconds_per_step))
     move()
 
   def race(self) -> tuple[dict, dict]:
-    """Every compiled candidate continues naive's run; ``({name: ELBO draws after each
-    piece}, {name: why not raced})``."""
+    """Every compiled candidate continues naive's run; ``({name: [its ELBO draws where the
+    race ends]}, {name: why not raced})``."""
     fraction, skipped, raced = self.elapsed() / self.budget, {}, [self.naive]
     for run in self.others:
       job = self.jobs[run.name]
@@ -175,23 +181,21 @@ class _Race:
         run.continue_from(self.naive, job.result(), fraction)
         raced.append(run)
     self.thread.shutdown(wait=False, cancel_futures=True)
-    draws, evaluate = {run.name: [] for run in raced}, self.estimates.result()
-    evaluate(self.naive.params, self.key)  # a model whose ELBO is not finite stops here
+    evaluate = self._evaluator()
+    evaluate(self.naive.params)  # a model whose ELBO is not finite stops here
     if len(raced) == 1:
-      return draws, skipped
+      return {}, skipped
     for run in raced:  # naive's step timed in the race, not beside the compiles
       run.start_race(first_update=run is not self.naive)
     self.say(f"racing {', '.join(run.name for run in raced)} from {fraction:.0%} of the budget")
-    for piece in range(1, CHECKPOINTS + 1):
+    for piece in range(1, PIECES + 1):
       for run in raced:
         run.advance_for(piece * self.piece - run.raced_seconds())
-        draws[run.name].append(evaluate(run.params, jax.random.fold_in(self.key, piece)))
-    return draws, skipped
+    return {run.name: [evaluate(run.params)] for run in raced}, skipped
 
 
 def _rows(runs: dict, draws: dict, skipped: dict, ruled_out: list) -> list:
-  """The :class:`Candidate` rows: measured for the raced (those with ``draws``), with why
-  for the others."""
+  """The :class:`Candidate` rows: measured for the raced (with ``draws``), else why not."""
   rows = []
   for name, run in runs.items():
     row = run.contender.candidate
@@ -206,8 +210,7 @@ def _rows(runs: dict, draws: dict, skipped: dict, ruled_out: list) -> list:
 
 
 def verdict(rows: list) -> Candidate:
-  """The raced candidate with the largest gain over naive beyond twice its standard
-  error; naive where none."""
+  """The raced candidate with the largest gain over naive beyond twice its error, or naive."""
   naive = next(r for r in rows if r.name == "naive")
   winners = [r for r in rows if r.raced and r.name != "naive" and r.gain > 2 * r.gain_se]
   return max(winners, key=lambda r: r.gain, default=naive)
@@ -222,13 +225,11 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
         f"{r.steps_per_second / naive.steps_per_second:.3g}x naive's steps per second; "
         f"{r.gain:+.4g} +- {r.gain_se:.2g} nats over naive at equal time." if r.raced
         else f"{r.why_not}."))
-  if best.name == "naive":
-    lines.append("no candidate beat naive by more than twice its standard error: stay with "
-                 "naive and your decaying step size.")
-  else:
-    lines.append(f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, more "
-                 "than twice its standard error and the most of any: continue it with "
-                 "Recommendation.fit().")
+  lines.append("no candidate beat naive by more than twice its standard error: stay with "
+               "naive and your decaying step size." if best.name == "naive" else
+               f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, more "
+               "than twice its standard error and the most of any: continue it with "
+               "Recommendation.fit().")
   return lines
 
 
@@ -262,9 +263,10 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
       that do not win, and the ELBO estimates.
     race_at: where the race starts, as a fraction of the budget (naive trains alone to
       there: early in a run the cheapest step leads whatever its noise).
-    elbo_samples: Monte Carlo draws per ELBO estimate: few, over as many rows as fit (the
-      same noise in every run cancels in their differences; a sample of the rows does
-      not, at 10^6 rows its spread hid gains of thousands of nats).
+    elbo_samples: Monte Carlo draws per call of the race's ELBO estimate, on all the data
+      where it fits (calls repeated as the estimates' time allows); the same noise in
+      every run cancels in their differences, a sample of the rows does not (at 10^6
+      rows its spread hid gains of thousands of nats).
     memory_share: a candidate whose state needs more than this fraction of the free
       memory is ruled out (computed from shapes, before anything is allocated).
     max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`).
@@ -303,9 +305,10 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
       race.prepare(elbo_samples)
       race.train_naive(race_at)
       draws, skipped = race.race()
-      race_line = (f"each run raced {CHECKPOINTS * race.piece:.3g} s of steps from naive's "
-                   f"run, in {CHECKPOINTS} pieces, each followed by an ELBO estimate on "
-                   f"{race.rows:,} of the {objective.num_data:,} data.") * (len(draws) > 1)
+      if len(draws) > 1:
+        race_line = (f"each run raced {PIECES * race.piece:.3g} s of steps from naive's run, in "
+                     f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
+                     f"common noise, on {race.rows:,} of the {objective.num_data:,} data.")
     rows = _rows(runs, draws, skipped, ruled_out)
     best = verdict(rows)
     ranking = [best] + sorted((r for r in rows if r is not best),

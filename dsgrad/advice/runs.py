@@ -48,8 +48,7 @@ class Run:
 
   @property
   def seconds_per_step(self) -> float | None:
-    """The current program's step time (its first call, which runs cold, left out where
-    there are more), or the previous program's before it has run."""
+    """The program's step time (its cold first call left out), else the previous one's."""
     timed = self.timings[1:] or self.timings
     if not timed:
       return self.earlier_rate
@@ -135,10 +134,9 @@ class Run:
                **settings)
 
   def settle(self, budget: float, spent) -> None:
-    """Puts the run where its schedule should be at the fraction ``spent() / budget`` of
-    the budget spent, on a program over the steps it affords in ``budget`` seconds: its
-    own, or where that is more than 10% off, one compiled in a thread while the run goes
-    on, and checked once more by its own step time (its longer segments run faster)."""
+    """Puts the run at the fraction ``spent() / budget`` of a schedule over the steps it
+    affords in ``budget``: its own, or, more than 10% off, one compiled in a thread while
+    the run goes on (checked once more by its own step time: longer segments run faster)."""
     for _ in range(2):
       affords, program = int(budget / self.seconds_per_step), self.program
       if abs(program.length - affords) <= 0.1 * affords:
