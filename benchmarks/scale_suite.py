@@ -470,19 +470,23 @@ def render(record) -> str:
   if advice:
     lines += ["#### Following the advice", "",
               "Per model and seed: what recommend raced and picked, recommend + fit against "
-              "the budget, and the pick's final ELBO against the best other contender's and "
-              "the hand loop's (paired standard errors; 'follow' is the pick's run, recommend "
-              "included).", "",
+              "the budget, and final ELBOs against the best other contender's and the hand "
+              "loop's (paired standard errors): the pick's own run over the whole budget "
+              "(the choice; '-' where the suite ran it with other settings), and 'follow' "
+              "(recommend, then the pick continued: the choice with its cost).", "",
               "| model | seed | pick | control variates raced | recommend + fit / budget | "
-              "pick - best contender (se) | best contender | pick - hand (se) |",
-              "| --- | --- | --- | --- | ---: | --- | --- | --- |"]
+              "best contender | pick's run - best (se) | pick's run - hand (se) | "
+              "follow - best (se) | follow - hand (se) |",
+              "| --- | --- | --- | --- | ---: | --- | --- | --- | --- | --- |"]
     lines += ["| " + " | ".join(row) + " |" for row in advice]
   return "\n".join(lines)
 
 
 def advice_rows(results) -> list:
-  """The table of 'follow' against the other contenders, one row per model and seed."""
+  """The table of 'follow' against the other contenders, one row per model and seed: the
+  pick's own equal-time run (the choice) and 'follow' (the choice, its cost included)."""
   rows = []
+  gap = lambda row, other: "{:+.1f} ({:.1f})".format(*_paired(row, other)) if row else "-"
   for name, r in results.items():
     for seed, s in r["seeds"].items():
       follow, hand = s["contenders"].get("follow"), s["contenders"].get("hand")
@@ -491,13 +495,17 @@ def advice_rows(results) -> list:
       others = {c: row for c, row in s["contenders"].items() if c not in ("follow", "hand")
                 and row.get("draws") is not None and row["seconds"] <= 1.05 * row["budget_seconds"]}
       best = max(others, key=lambda c: np.mean(others[c]["draws"]), default=None)
-      vs_best = (f"{_paired(follow, others[best])[0]:+.1f} ({_paired(follow, others[best])[1]:.1f})"
-                 if best else "-")
-      gain, se = _paired(follow, hand)
+      picked = s["contenders"].get(follow["pick"])  # the same settings as the advice's pick?
+      pick_batch = next((c["batch_size"] for c in follow["candidates"]
+                         if c["name"] == follow["pick"]), None)
+      if picked and picked.get("batch_size", pick_batch) != pick_batch:
+        picked = None
       raced = [c for c in follow.get("raced", []) if c in ("cv", "joint_svrg", "joint_saga")]
       rows.append([name, str(seed), follow["pick"], ", ".join(raced) or "none",
                    f"{follow['end_to_end_seconds'] / follow['budget_seconds']:.3f}",
-                   vs_best, LABELS.get(best, "-"), f"{gain:+.1f} ({se:.1f})"])
+                   LABELS.get(best, "-"), gap(picked, others.get(best)) if best else "-",
+                   gap(picked, hand), gap(follow, others.get(best)) if best else "-",
+                   gap(follow, hand)])
   return rows
 
 
