@@ -43,7 +43,10 @@ def run(models, estimators, num_data, steps, rounds, batch_size, directory) -> d
         # which reads the whole file).
         optimizer = optax.chain(scale_suite._estimator(estimator, objective, True),
                                 optax.adam(1e-3))
-        state = optimizer.init(params)
+        # Timed after the first update, which takes joint SVRG's snapshot or fills joint
+        # SAGA's table (init reads no data).
+        state = scale_suite.first_update(objective, optimizer, params, jax.random.key(0),
+                                         batch_size)[0]
         scale_suite._timed_fit(objective, optimizer, params, jax.random.key(0), steps,
                                batch_size, state)  # compiles
         prepared[where] = (objective, optimizer, state)

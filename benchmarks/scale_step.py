@@ -98,6 +98,7 @@ def _full_passes(model, params, batch_size: int) -> dict:
   objective, out = model.objective, {}
   batching = dsgrad.training.batching
   batching.EpochOrders(jax.random.key(12), model.num_data, batch_size).window(0, 1)  # compiles
+  batching._shared_orders.clear()  # kept from an earlier model with the same N and B
   orders = batching.EpochOrders(jax.random.key(13), model.num_data, batch_size)
   started = time.perf_counter()
   orders.window(0, 1)
