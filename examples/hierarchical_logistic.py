@@ -156,10 +156,10 @@ def run_dsgrad(objective, estimator, params, peak, seconds, batch_size, key, tra
   ``(trace rows, final params, steps)``. The estimator's first full pass (SVRG's snapshot)
   counts as training time; with ``refreshes``, one more every epoch is expected when
   sizing the run."""
-  def fit(optimizer, params, state, start, steps):
+  def fit(optimizer, params, state, start, steps, segment=None):
     return dsgrad.fit(objective, optimizer, params, key, num_steps=start + steps,
                       batch_size=batch_size, opt_state=state, start_step=start,
-                      elbo_samples=0, progress=False, eval_every=steps)
+                      elbo_samples=0, progress=False, eval_every=segment or steps)
 
   # A probe for the step's seconds: the estimator alone with a constant step size.
   probe_steps = 500
@@ -168,8 +168,9 @@ def run_dsgrad(objective, estimator, params, peak, seconds, batch_size, key, tra
   state = jax.block_until_ready(probe.init(params))
   init_seconds = time.perf_counter() - started
   fit(probe, params, state, 0, probe_steps)  # warms up; its timing is not used
-  # Two lengths, so that what a call costs besides its steps cancels out.
-  short, long = (fit(probe, params, state, 0, n).timing.steps
+  # Two lengths, so that what a call costs besides its steps cancels out (the first
+  # update's full pass among it), in segments of one length: one program to compile.
+  short, long = (fit(probe, params, state, 0, n, probe_steps).timing.steps
                  for n in (probe_steps, 3 * probe_steps))
   step_seconds = max(long - short, 1e-3 * long) / (2 * probe_steps)
   # Joint SVRG's refresh, once an epoch, costs about its first full pass.
