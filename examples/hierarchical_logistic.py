@@ -164,27 +164,21 @@ def run_dsgrad(objective, estimator, params, peak, seconds, batch_size, key, tra
   # A probe for the step's seconds: the estimator alone with a constant step size.
   probe_steps = 500
   probe = optax.chain(estimator, optax.adam(peak))
-  started = time.perf_counter()
-  state = jax.block_until_ready(probe.init(params))
-  init_seconds = time.perf_counter() - started
+  state = probe.init(params)  # reads no data: the first update takes SVRG's snapshot
   fit(probe, params, state, 0, probe_steps)  # warms up; its timing is not used
   # Two lengths, so that what a call costs besides its steps cancels out (the first
   # update's full pass among it), in segments of one length: one program to compile.
   short, long = (fit(probe, params, state, 0, n, probe_steps).timing.steps
                  for n in (probe_steps, 3 * probe_steps))
   step_seconds = max(long - short, 1e-3 * long) / (2 * probe_steps)
-  # Joint SVRG's refresh, once an epoch, costs about its first full pass.
+  # Joint SVRG's refresh, once an epoch, costs about its first full pass: in what a call
+  # costs besides its steps.
   epoch = max(1, objective.num_data // batch_size)
-  refresh = init_seconds / epoch if refreshes else 0.0
+  refresh = max(0.0, short - probe_steps * step_seconds) / epoch if refreshes else 0.0
   total = max(PIECES, int(seconds / (step_seconds + refresh)) // PIECES * PIECES)
   optimizer = optax.chain(estimator, adam_cosine(peak, total))
-  started = time.perf_counter()
-  state = jax.block_until_ready(optimizer.init(params))
-  spent = time.perf_counter() - started
-  rows = [(0.0, trace.mean(params))]
-  if spent > 0.01:
-    rows.append((spent, rows[0][1]))
-  at = 0
+  state = optimizer.init(params)
+  rows, spent, at = [(0.0, trace.mean(params))], 0.0, 0
   for _ in range(PIECES):
     result = fit(optimizer, params, state, at, total // PIECES)
     params, state, at = result.params, result.opt_state, at + total // PIECES

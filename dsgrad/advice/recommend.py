@@ -124,7 +124,7 @@ class _Race:
     segment = lambda seconds: max(1, round(self.piece / (SEGMENTS_PER_PIECE * seconds)))
     self.jobs["naive"] = self.thread.submit(self.naive.compile, self.budget / step,
                                             segment(step))
-    program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, min(4096, self.rows))
+    program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, 4096)  # chunks
     self.estimates = self.thread.submit(  # compiled here, timed in _evaluator
         lambda: (jax.block_until_ready(program(self.naive.start_params, self.key, 1)), program)[1])
     for run in self.others:
@@ -136,7 +136,8 @@ class _Race:
     to :data:`MAX_ESTIMATE_CALLS` calls, where one full pass fits, else as many rows."""
     program, n = self.estimates.result(), self.objective.num_data
     timed = min(n, 16 * 4096)
-    jax.block_until_ready(program(self.naive.params, self.key, timed))
+    # A model whose ELBO is not finite stops here, before the race.
+    diagnostics.finite_elbo_draws(program(self.naive.params, self.key, timed), "dsgrad.recommend")
     started = time.perf_counter()
     jax.block_until_ready(program(self.naive.params, self.key, timed))
     per_row = (time.perf_counter() - started) / timed
@@ -182,7 +183,6 @@ class _Race:
         raced.append(run)
     self.thread.shutdown(wait=False, cancel_futures=True)
     evaluate = self._evaluator()
-    evaluate(self.naive.params)  # a model whose ELBO is not finite stops here
     if len(raced) == 1:
       return {}, skipped
     for run in raced:  # naive's step timed in the race, not beside the compiles

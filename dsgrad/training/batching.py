@@ -226,15 +226,15 @@ class EpochOrders:
   def __init__(self, key, num_data: int, batch_size: int, sharding=None):
     self.key, self.n, self.b, self.sharding = key, num_data, batch_size, sharding
     self.cache: dict = {}
-    words = (jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-             else key)
-    self.shared_id = (np.asarray(words).tobytes(), num_data, batch_size)
     self.stacked = (None, None)  # (epochs, their stacked permutations)
     on_cpu = (jax.default_backend() == "cpu" if sharding is None
               else all(d.platform == "cpu" for d in sharding.device_set))
     # On a CPU the orders are kept as NumPy rows: slicing and stacking hundreds of
     # small device arrays per segment costs more than the steps of a cheap model.
     self.on_host = on_cpu
+    words = (jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+             else key)
+    self.shared_id = (np.asarray(words).tobytes(), num_data, batch_size, on_cpu)
     self.factory = _epoch_permutation_host_sort if on_cpu else _epoch_permutation_program
     # Short epochs are computed in bulk even where a window lacks one (BULK_ELEMENTS).
     self.short_epochs = num_data * BULK_EPOCHS <= BULK_ELEMENTS
@@ -244,15 +244,15 @@ class EpochOrders:
     rows = list(np.asarray(perms)) if self.on_host else jnp.unstack(perms)
     self.cache.update(zip(range(first, first + count), rows))
     with _shared_lock:  # the latest epochs, up to the bytes (and a few thousand short ones)
-      _shared_orders.update(zip([self.shared_id + (self.on_host, e)
-                                 for e in range(first, first + count)], rows))
+      _shared_orders.update(zip([self.shared_id + (e,) for e in range(first, first + count)],
+                                rows))
       while len(_shared_orders) > max(2, min(4096, SHARED_ORDERS_BYTES // rows[0].nbytes)):
         _shared_orders.popitem(last=False)
 
   def _from_shared(self, epochs) -> None:
     with _shared_lock:
       for epoch in epochs:
-        row = _shared_orders.get(self.shared_id + (self.on_host, epoch))
+        row = _shared_orders.get(self.shared_id + (epoch,))
         if row is not None:
           self.cache[epoch] = row
 
