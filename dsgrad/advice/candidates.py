@@ -34,8 +34,8 @@ class Candidate(NamedTuple):
     samples_per_datum: Monte Carlo (or QMC) samples per datum.
     approximation: the control variate's approximation (``None`` for naive's variants).
     steps_per_second: as raced (``None`` where not raced).
-    gain: ELBO minus naive's at equal wall-clock, over the race's checkpoints (``None``
-      where not raced; 0 for naive).
+    gain: ELBO minus naive's at equal wall-clock, where the race ends (``None`` where
+      not raced; 0 for naive).
     gain_se: its standard error.
     raced: whether it raced.
     why_not: why it did not race (empty where it did).

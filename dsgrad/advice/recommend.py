@@ -315,9 +315,8 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
     spent = time.perf_counter() - started
     kept = {name: run for name, run in runs.items() if name in draws} or {"naive": runs["naive"]}
-    return Recommendation(best.name, tuple(ranking),
-                          tuple(_reasons(best, rows, budget, spent, race_line)), budget, spent,
-                          kept)
+    reasons = tuple(_reasons(best, rows, budget, spent, race_line))
+    return Recommendation(best.name, tuple(ranking), reasons, budget, spent, kept)
   finally:
     bar(0, close=True)
 

@@ -41,7 +41,7 @@ class Run:
     self.params = self.opt_state = None
     self.step, self.steps_run, self.seconds = 0, 0, 0.0
     self.timings, self.earlier_rate = [], None  # (steps, seconds) per advance on program
-    self.mark, self.first_seconds = (0.0, 0), 0.0  # see start_race
+    self.mark, self.first_seconds, self.compile_seconds = (0.0, 0), 0.0, 0.0  # start_race
 
   name = property(lambda self: self.contender.candidate.name)
   batch_size = property(lambda self: self.contender.candidate.batch_size)
@@ -58,9 +58,9 @@ class Run:
     """Builds and compiles this run's :class:`Program` over ``length`` steps."""
     length = max(segment, -(-int(length) // segment) * segment)
     optimizer = optax.chain(self.contender.estimator, self.make_optimizer(length))
-    compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
-                num_steps=length, batch_size=self.batch_size, elbo_samples=0,
-                segment_steps=segment)
+    self.compile_seconds = compile_fit(  # the latest compile's seconds: see settle
+        self.contender.objective, optimizer, self.start_params, self.key, num_steps=length,
+        batch_size=self.batch_size, elbo_samples=0, segment_steps=segment)
     return Program(length, segment, optimizer)
 
   def use(self, program: Program, fraction: float) -> None:
@@ -135,11 +135,12 @@ class Run:
 
   def settle(self, budget: float, spent) -> None:
     """Puts the run at the fraction ``spent() / budget`` of a schedule over the steps it
-    affords in ``budget``: its own, or, more than 10% off, one compiled in a thread while
-    the run goes on (checked once more by its own step time: longer segments run faster)."""
-    for _ in range(2):
+    affords in ``budget``: its own or, more than 10% off with four compiles' time left (a
+    compile cannot be stopped), one compiled in a thread as the run goes on."""
+    for _ in range(2):  # the second on its own step time: longer segments run faster
       affords, program = int(budget / self.seconds_per_step), self.program
-      if abs(program.length - affords) <= 0.1 * affords:
+      if (abs(program.length - affords) <= 0.1 * affords
+          or budget - spent() < 4 * self.compile_seconds):
         break
       # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
       # run limited in time still stops within a hundredth of it.
