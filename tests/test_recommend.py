@@ -103,9 +103,14 @@ def test_a_control_variate_that_leads_by_far_is_raced_from_naive_and_the_budget_
   assert estimates == [N] * 2, estimates
 
 
-def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it():
+def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monkeypatch):
   """Half a second of advice cannot race three candidates: naive, returned within a tenth
-  of the budget, each other candidate saying why; its fit takes the rest of the budget."""
+  of the budget, each other candidate saying why; its fit takes the rest of the budget,
+  on naive's one program where a second compile, which cannot be stopped, would not fit
+  (a stand-in compiler reports a second more than each compile took)."""
+  compiles, real_compile = [], runs_lib.compile_fit
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: compiles.append(
+      kwargs["num_steps"]) or real_compile(*args, **kwargs) + 1.0)
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   budget = 3.0
@@ -121,7 +126,7 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it():
   assert rows["cv"].gain is None and not rows["cv"].raced
   result = advice.fit(progress=False, elbo_samples=10)
   assert time.perf_counter() - started <= 1.05 * budget
-  assert result.step > 0 and np.isfinite(result.history.elbo[-1])
+  assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
 
 
 def test_the_verdict_follows_the_measured_gains():
@@ -140,6 +145,33 @@ def test_the_verdict_follows_the_measured_gains():
           row("naive_batch", 20.0, 11.0)]
   assert advice_lib.verdict(rows).name == "joint_svrg"
   assert advice_lib.verdict([rows[0], row("cv", 1.9, 1.0)]).name == "naive"
+
+
+def test_a_joint_control_variate_tied_with_the_leader_is_picked_and_one_far_behind_is_not():
+  """A larger batch that leads joint SVRG by less than twice their paired error (both far
+  above naive) gives way to it: its noise reduction grows as the run settles. One that
+  leads by many paired errors wins, and cv (no snapshot) does not take a tie."""
+  rng = np.random.default_rng(1)
+  base = rng.normal(0.0, 50.0, 64)  # the draws' common noise, shared by every run
+  spread = lambda scale: rng.normal(0.0, scale, 64)
+  draws = {"naive": [base], "naive_batch": [base + 1000.0 + spread(40.0)],
+           "joint_svrg": [base + 994.0 + spread(40.0)], "cv": [base + 994.0 + spread(40.0)]}
+
+  def rows_for(draws):
+    gains = {n: dsgrad.diagnostics.paired_gain(d, draws["naive"]) for n, d in draws.items()}
+    return [candidates_lib.Candidate(n, BATCH, gain=g, gain_se=s, raced=True)
+            for n, (g, s) in gains.items()]
+
+  gap, gap_se = dsgrad.diagnostics.paired_gain(draws["joint_svrg"], draws["naive_batch"])
+  assert -2 * gap_se < gap < 0  # tied, the batch ahead
+  assert advice_lib.verdict(rows_for(draws)).name == "naive_batch"  # without the draws
+  assert advice_lib.verdict(rows_for(draws), draws).name == "joint_svrg"
+  draws["joint_svrg"] = [base + 700.0 + spread(40.0)]
+  assert advice_lib.verdict(rows_for(draws), draws).name == "naive_batch"
+  del draws["joint_svrg"]  # cv, as close as joint SVRG was, does not take the tie
+  gap, gap_se = dsgrad.diagnostics.paired_gain(draws["cv"], draws["naive_batch"])
+  assert -2 * gap_se < gap < 0
+  assert advice_lib.verdict(rows_for(draws), draws).name == "naive_batch"
 
 
 def test_candidates_that_cannot_apply_are_ruled_out_by_name_before_anything_runs(

@@ -5,10 +5,11 @@ user's optimizer over the steps it affords, guessed from naive's step: :data:`CO
 and the ELBO estimates. At ``race_at`` of the budget every compiled candidate continues
 naive's run (:mod:`dsgrad.advice.runs`) and each run, naive's too, takes the same step
 time in :data:`PIECES` interleaved pieces; then every run's ELBO is estimated with common
-random numbers. The largest gain over naive beyond twice its standard error wins, else
-naive. The losers' pieces and the estimates are the advice's cost (``share`` of the
-budget); :meth:`Recommendation.fit` continues the winner to the end of the budget. A share
-that cannot give each candidate :data:`MIN_RACE_SECONDS` is too small to race: naive.
+random numbers. The largest gain over naive beyond twice its standard error wins (or a
+:data:`SETTLING` control variate it does not beat by twice their paired error), else naive.
+The losers' pieces and the estimates are the advice's cost (``share`` of the budget);
+:meth:`Recommendation.fit` continues the winner to the end of the budget. A share that
+cannot give each candidate :data:`MIN_RACE_SECONDS` is too small to race: naive.
 
 Example::
 
@@ -41,9 +42,7 @@ from dsgrad.advice.runs import Run
 from dsgrad.training import progress as progress_lib
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
-PIECES = 3
-"""A race's pieces, taken by the runs in turn (a slow spell hits all). The runs are compared
-where they end: gains move through a race, their spread over pieces was a trend."""
+PIECES = 3  # taken by the runs in turn: a slow spell of the machine hits all of them
 ESTIMATES_SHARE = 0.3  # of the share, for the race's ELBO estimates
 MAX_ESTIMATE_CALLS = 16  # of elbo_samples draws each, on all the data, per run
 SEGMENTS_PER_PIECE = 8  # a run stops within half a segment of its piece's time
@@ -209,11 +208,24 @@ def _rows(runs: dict, draws: dict, skipped: dict, ruled_out: list) -> list:
   return rows + [c._replace(why_not=f"ruled out: {c.why_not}") for c in ruled_out]
 
 
-def verdict(rows: list) -> Candidate:
-  """The raced candidate with the largest gain over naive beyond twice its error, or naive."""
+SETTLING = ("joint_svrg", "joint_saga")
+"""Control variates at a recent snapshot of the run: the noise they remove grows as it
+settles (a larger batch's share stays), the better bet where the race ties them."""
+
+
+def verdict(rows: list, draws: dict | None = None) -> Candidate:
+  """The raced candidate with the largest gain over naive beyond twice its error, or naive;
+  with the race's ``draws``, a :data:`SETTLING` winner within twice the paired error of
+  that one in its place."""
   naive = next(r for r in rows if r.name == "naive")
   winners = [r for r in rows if r.raced and r.name != "naive" and r.gain > 2 * r.gain_se]
-  return max(winners, key=lambda r: r.gain, default=naive)
+  leader = max(winners, key=lambda r: r.gain, default=naive)
+  if not draws or leader.name in SETTLING:
+    return leader
+  gaps = {r.name: diagnostics.paired_gain(draws[r.name], draws[leader.name])
+          for r in winners if r.name in SETTLING}
+  close = [r for r in winners if r.name in gaps and gaps[r.name][0] > -2 * gaps[r.name][1]]
+  return max(close, key=lambda r: r.gain, default=leader)
 
 
 def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line: str) -> list:
@@ -225,11 +237,13 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
         f"{r.steps_per_second / naive.steps_per_second:.3g}x naive's steps per second; "
         f"{r.gain:+.4g} +- {r.gain_se:.2g} nats over naive at equal time." if r.raced
         else f"{r.why_not}."))
+  tied = best.gain is not None and best.gain < max(r.gain or 0.0 for r in rows)
   lines.append("no candidate beat naive by more than twice its standard error: stay with "
                "naive and your decaying step size." if best.name == "naive" else
                f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, more "
-               "than twice its standard error and the most of any: continue it with "
-               "Recommendation.fit().")
+               "than twice its standard error, " + ("tied with the most (a control variate "
+               "at a recent snapshot: the better bet)" if tied else "the most of any") +
+               ": continue it with Recommendation.fit().")
   return lines
 
 
@@ -264,9 +278,8 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     race_at: where the race starts, as a fraction of the budget (naive trains alone to
       there: early in a run the cheapest step leads whatever its noise).
     elbo_samples: Monte Carlo draws per call of the race's ELBO estimate, on all the data
-      where it fits (calls repeated as the estimates' time allows); the same noise in
-      every run cancels in their differences, a sample of the rows does not (at 10^6
-      rows its spread hid gains of thousands of nats).
+      where it fits (calls repeated as time allows): the same noise in every run cancels
+      in their differences, a sample of the rows would not.
     memory_share: a candidate whose state needs more than this fraction of the free
       memory is ruled out (computed from shapes, before anything is allocated).
     max_table_bytes: joint SAGA's table limit (:func:`dsgrad.joint_saga`).
@@ -298,8 +311,9 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   try:
     draws, skipped, race_line = {}, {}, ""
     if share * budget < MIN_RACE_SECONDS * max(1, len(runs) - 1) or len(runs) == 1:
-      skipped = dict.fromkeys(set(runs) - {"naive"}, f"the budget is too small to race ({share * budget:.2g} s "
-                              f"of advice for {len(runs) - 1} candidate{'s' * (len(runs) > 2)})")
+      skipped = dict.fromkeys(set(runs) - {"naive"}, (
+          f"the budget is too small to race ({share * budget:.2g} s of advice for "
+          f"{len(runs) - 1} candidate{'s' * (len(runs) > 2)})"))
     else:
       race = _Race(runs, objective, budget, share, jax.random.fold_in(key, 7919), say, started)
       race.prepare(elbo_samples)
@@ -310,7 +324,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
                      f"common noise, on {race.rows:,} of the {objective.num_data:,} data.")
     rows = _rows(runs, draws, skipped, ruled_out)
-    best = verdict(rows)
+    best = verdict(rows, draws)
     ranking = [best] + sorted((r for r in rows if r is not best),
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
     spent = time.perf_counter() - started
