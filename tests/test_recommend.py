@@ -129,6 +129,22 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
 
 
+def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_expects(
+    monkeypatch):
+  """settle moves a run to a new program only while four compiles' time is left; a
+  compile that took no time (its program cached) must not make the next look free."""
+  reported = iter([2.0, 0.0])
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: next(reported))
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], _schedule, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  run.compile(100, 10)
+  run.compile(200, 10)
+  assert run.compile_seconds == 2.0
+
+
 def test_the_verdict_follows_the_measured_gains():
   """The largest gain beyond twice its standard error wins; a gain within it does not,
   however large its mean; the error holds the checkpoints' spread, not only the draws'."""
