@@ -62,3 +62,61 @@ def test_data_larger_than_the_free_memory_name_the_memory_map(monkeypatch):
   monkeypatch.setattr(dsgrad.training.host_data, "free_memory_bytes", lambda: 10_000)  # x: 18,000
   with pytest.raises(MemoryError, match=r"'x'.*dsgrad.data.open_memmap\(path\)"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, _data(), LATENT)
+
+
+def test_a_step_whose_update_overflows_is_named_on_memory_mapped_data_as_in_memory(
+    tmp_path, monkeypatch):
+  """The finiteness checks settle at a block's end on data read from disk too (the
+  block's rows are kept, so that it runs again with every step checked): an update made
+  infinite at step 7 is named with its step, as in memory."""
+  data = _data()
+  on_disk = {}
+  for name, value in data.items():
+    np.save(tmp_path / f"{name}.npy", value)
+    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  blow_up = optax.scale_by_schedule(lambda t: jnp.where(t == 7, jnp.inf, 1.0))
+  compiled, real = [], dsgrad.training.segments.compiled_segment
+  monkeypatch.setattr(dsgrad.training.segments, "compiled_segment", lambda *a, **k: (
+      compiled.append(k["finite_at_end"]) or real(*a, **k)))
+  messages = []
+  for rows in (data, on_disk):
+    compiled.clear()
+    objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, rows, LATENT)
+    params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+    with pytest.raises(ValueError, match=r"non-finite") as info:
+      dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.sgd(0.01), blow_up), params,
+                 jax.random.key(1), num_steps=20, batch_size=25, progress=False,
+                 elbo_samples=0)
+    messages.append(str(info.value))
+    assert compiled == [True, False]  # checked at the end, then again at every step
+  assert messages[0] == messages[1] and messages[1].endswith("(at step 7)"), messages
+
+
+def test_the_next_blocks_rows_are_requested_before_this_blocks_steps_are_queued(
+    tmp_path, monkeypatch):
+  """A block's batch indices come from the device: asked for after the current block's
+  steps were queued, they would wait for those steps, and the next rows would be read
+  after them instead of beside them."""
+  data = _data()
+  on_disk = {}
+  for name, value in data.items():
+    np.save(tmp_path / f"{name}.npy", value)
+    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  events = []
+  real_submit = dsgrad.data.RowReader.submit
+  real_executable = dsgrad.training.segments.SegmentRunner._executable
+
+  def executable(runner, steps, args, checked=False):
+    program = real_executable(runner, steps, args, checked)
+    return lambda *a: events.append("steps") or program(*a)
+
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_STEPS", 10)
+  monkeypatch.setattr(dsgrad.data.RowReader, "submit",
+                      lambda reader, idx: events.append("rows") or real_submit(reader, idx))
+  monkeypatch.setattr(dsgrad.training.segments.SegmentRunner, "_executable", executable)
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
+  params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+  dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(0.05)), params,
+             jax.random.key(1), num_steps=40, batch_size=25, eval_every=40, progress=False,
+             elbo_samples=0)
+  assert events == ["rows", "rows", "steps", "rows", "steps", "rows", "steps", "steps"], events

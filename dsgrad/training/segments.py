@@ -19,7 +19,8 @@ measurable.
 Data kept on the host (memory-mapped, :class:`dsgrad.data.HostArray`) cannot be
 gathered on the device: :class:`SegmentRunner` cuts a segment into blocks of at most
 :func:`host_block_steps` steps, and a thread reads the next block's rows while the device
-runs the current one.
+runs the current one. A block's rows are kept until its checks are settled, so that the
+checks can move to its end as in memory (the block runs again, checked, where they fail).
 
 Example::
 
@@ -308,8 +309,8 @@ class SegmentRunner:
     self.pending = None  # the block whose rows the reader is reading
     self.executables: dict = {}  # by number of steps (at most two per run)
     self.checked: dict = {}  # by number of steps: every step checked, to run one again
-    # Whether the range and finiteness checks are settled at each segment's end, decided
-    # on the first carry; rows read from the host could not be read again in order.
+    # Whether the range and finiteness checks are settled at each block's end, decided on
+    # the first carry (a block read from the host is kept until its checks are settled).
     self.finite_at_end = None
     self.compile_seconds = self.step_seconds = 0.0
     self.last_block = None  # set by run(): see reached()
@@ -342,8 +343,7 @@ class SegmentRunner:
   def _executable(self, steps: int, args, checked: bool = False):
     """The compiled segment of ``steps`` steps (``checked``: every step checked)."""
     if self.finite_at_end is None:
-      self.finite_at_end = (not self.host_data
-                            and tables.tree_bytes(args[0]) <= CHECK_AT_END_BYTES)
+      self.finite_at_end = tables.tree_bytes(args[0]) <= CHECK_AT_END_BYTES
     at_end = self.finite_at_end and not checked
     # Without checks at the end, the usual executables already check every step.
     cache = self.checked if checked and self.finite_at_end else self.executables
@@ -354,27 +354,20 @@ class SegmentRunner:
       self.compile_seconds += seconds
     return cache[steps]
 
-  def _settle(self, errors, carry, starts, steps: int) -> None:
-    """Raises the first failed value check among ``errors``, those of successive calls
-    of ``steps`` steps from the steps ``starts``, the first call from ``carry`` (kept
-    when the checks are settled at the end). Where the params became non-finite, the
-    calls are run again from ``carry`` with every step checked, which raises the failing
-    check with its step."""
-    for call, error in enumerate(errors):
-      message = error.message()
-      if message == PARAMS_NOT_FINITE:
-        program = self._executable(steps, self._args(carry, starts[0], steps, {}),
-                                   checked=True)
-        for at in starts[:call + 1]:
-          error, carry = program(*self._args(carry, at, steps, {}))
-          found = error.message()
-          if found:
-            raise ValueError(found)
-        message = (f"{PARAMS_NOT_FINITE} (steps {starts[call]} to "
-                   f"{starts[call] + steps - 1}) while every step's update was finite: "
-                   "adding an update to the params overflowed (a step size too large?)")
-      if message:
-        raise ValueError(message)
+  def _settle(self, error, carry, at: int, steps: int, rows) -> None:
+    """Raises the failed value check ``error`` of the call of ``steps`` steps from step
+    ``at``, from ``carry`` (kept when the checks are settled at the end) on ``rows``.
+    Where the params became non-finite, the call runs again from ``carry`` with every
+    step checked, which raises the failing check with its step."""
+    message = error.message()
+    if message == PARAMS_NOT_FINITE:
+      args = self._args(carry, at, steps, rows)
+      found = self._executable(steps, args, checked=True)(*args)[0].message()
+      message = found or (
+          f"{PARAMS_NOT_FINITE} (steps {at} to {at + steps - 1}) while every step's update "
+          "was finite: adding an update to the params overflowed (a step size too large?)")
+    if message:
+      raise ValueError(message)
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
@@ -383,13 +376,13 @@ class SegmentRunner:
     interrupt came between a call and its result (the block's input, donated, is gone)."""
     if self.last_block is None:
       return None
-    params, opt_state, error, carry, at, steps = self.last_block
+    params, opt_state, error, carry, at, steps, rows = self.last_block
     if any(leaf.is_deleted() for leaf in jax.tree.leaves((params, opt_state))
            if isinstance(leaf, jax.Array)):
       return None
     jax.block_until_ready((params, opt_state))
     if error is not None:
-      self._settle([error], carry, [at], steps)
+      self._settle(error, carry, at, steps, rows)
     return params, opt_state, at + steps
 
   def run(self, params, opt_state, start: int, length: int, following=None):
@@ -410,14 +403,16 @@ class SegmentRunner:
       args = self._args(carry, at, steps, rows)
       program = self._executable(steps, args)
       t0 += self.compile_seconds - compiling
+      upcoming = parts[k + 1:] or parts_next
+      if upcoming:
+        # The next block's rows, read while this one runs. Its batch indices are computed
+        # before this block's steps are queued: after, they would wait for those steps.
+        self._read_ahead(*upcoming[0])
       error, (params, opt_state) = program(*args)
       # What an interrupt keeps (:meth:`reached`): this block's result, its checks unsettled.
-      self.last_block = (params, opt_state, error, carry, at, steps)
-      upcoming = parts[k + 1:] or parts_next
-      if upcoming:  # the next block's rows, while this one runs
-        self._read_ahead(*upcoming[0])
+      self.last_block = (params, opt_state, error, carry, at, steps, rows)
       jax.block_until_ready((params, opt_state))
       self.step_seconds += time.perf_counter() - t0
-      self._settle([error], carry, [at], steps)
-      self.last_block = (params, opt_state, None, None, at, steps)  # settled
+      self._settle(error, carry, at, steps, rows)
+      self.last_block = (params, opt_state, None, None, at, steps, None)  # settled
     return params, opt_state
