@@ -120,3 +120,28 @@ def test_the_next_blocks_rows_are_requested_before_this_blocks_steps_are_queued(
              jax.random.key(1), num_steps=40, batch_size=25, eval_every=40, progress=False,
              elbo_samples=0)
   assert events == ["rows", "rows", "steps", "rows", "steps", "rows", "steps", "steps"], events
+
+
+def test_an_interrupted_fit_on_memory_mapped_data_keeps_the_steps_it_ran(tmp_path,
+                                                                          monkeypatch):
+  """Ctrl-C as the second block of rows read from disk ends: the run comes back at that
+  block's end, its checks settled on the rows it read, equal to a run of that length."""
+  from conftest import ctrl_c_at
+  data = _data()
+  on_disk = {}
+  for name, value in data.items():
+    np.save(tmp_path / f"{name}.npy", value)
+    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
+  params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(0.05))
+  kw = dict(batch_size=25, eval_every=40, progress=False, elbo_samples=0)
+  monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_STEPS", 10)
+  with monkeypatch.context() as interrupt:
+    ctrl_c_at(interrupt, 2)
+    with pytest.raises(dsgrad.Interrupted) as stop:
+      dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=40, **kw)
+  assert stop.value.step == 20
+  part = dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=20, **kw)
+  for a, b in zip(jax.tree.leaves(stop.value.result.params), jax.tree.leaves(part.params)):
+    np.testing.assert_array_equal(a, b)
