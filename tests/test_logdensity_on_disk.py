@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import dsgrad
+from conftest import ctrl_c_at
 
 N, GROUPS, D = 1500, 30, 3
 
@@ -33,13 +34,19 @@ def _log_lik(z, rows):
 LATENT = {"beta": jnp.zeros(D), "b": jnp.zeros(GROUPS)}
 
 
+def _saved(data, directory):
+  """``data`` written as ``.npy`` files in ``directory`` and opened memory-mapped."""
+  on_disk = {}
+  for name, value in data.items():
+    np.save(directory / f"{name}.npy", value)
+    on_disk[name] = dsgrad.data.open_memmap(directory / f"{name}.npy")
+  return on_disk
+
+
 @pytest.mark.parametrize("estimator", ["naive", "joint_svrg"])
 def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator):
   data = _data()
-  on_disk = {}
-  for name, value in data.items():
-    np.save(tmp_path / f"{name}.npy", value)
-    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  on_disk = _saved(data, tmp_path)
   results = []
   for rows in (data, on_disk):
     # reads= exercises the index column's range check on the memory map too.
@@ -70,10 +77,7 @@ def test_a_step_whose_update_overflows_is_named_on_memory_mapped_data_as_in_memo
   block's rows are kept, so that it runs again with every step checked): an update made
   infinite at step 7 is named with its step, as in memory."""
   data = _data()
-  on_disk = {}
-  for name, value in data.items():
-    np.save(tmp_path / f"{name}.npy", value)
-    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  on_disk = _saved(data, tmp_path)
   blow_up = optax.scale_by_schedule(lambda t: jnp.where(t == 7, jnp.inf, 1.0))
   compiled, real = [], dsgrad.training.segments.compiled_segment
   monkeypatch.setattr(dsgrad.training.segments, "compiled_segment", lambda *a, **k: (
@@ -97,11 +101,7 @@ def test_the_next_blocks_rows_are_requested_before_this_blocks_steps_are_queued(
   """A block's batch indices come from the device: asked for after the current block's
   steps were queued, they would wait for those steps, and the next rows would be read
   after them instead of beside them."""
-  data = _data()
-  on_disk = {}
-  for name, value in data.items():
-    np.save(tmp_path / f"{name}.npy", value)
-    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  on_disk = _saved(_data(), tmp_path)
   events = []
   real_submit = dsgrad.data.RowReader.submit
   real_executable = dsgrad.training.segments.SegmentRunner._executable
@@ -126,12 +126,7 @@ def test_an_interrupted_fit_on_memory_mapped_data_keeps_the_steps_it_ran(tmp_pat
                                                                           monkeypatch):
   """Ctrl-C as the second block of rows read from disk ends: the run comes back at that
   block's end, its checks settled on the rows it read, equal to a run of that length."""
-  from conftest import ctrl_c_at
-  data = _data()
-  on_disk = {}
-  for name, value in data.items():
-    np.save(tmp_path / f"{name}.npy", value)
-    on_disk[name] = dsgrad.data.open_memmap(tmp_path / f"{name}.npy")
+  on_disk = _saved(_data(), tmp_path)
   objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
   params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
   optimizer = optax.chain(dsgrad.naive(), optax.adam(0.05))
