@@ -65,6 +65,36 @@ def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_numpys_default_dtypes_on_disk_train_as_the_same_data_in_memory(tmp_path):
+  """Files as ``np.save`` writes NumPy's defaults (int64 indices, float64 features): the
+  rows are read in JAX's 32-bit dtypes, as the same arrays in memory are cast."""
+  data = {k: v.astype(np.int64 if k == "g" else np.float64) for k, v in _data().items()}
+  on_disk = _saved(data, tmp_path)
+  assert on_disk["g"].dtype == np.int32 and on_disk["x"].dtype == np.float32
+  results = []
+  for rows in (data, on_disk):
+    objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, rows, LATENT)
+    params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+    results.append(dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(0.05)),
+                              params, jax.random.key(1), num_steps=40, batch_size=25,
+                              progress=False, elbo_samples=0))
+  for a, b in zip(jax.tree.leaves(results[0].params), jax.tree.leaves(results[1].params)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [np.float64(1e39), np.int64(2**31)])
+def test_64_bit_values_the_cast_would_change_are_refused_when_read(tmp_path, value):
+  """A float64 beyond float32's range would become inf, an int64 index beyond int32's
+  would wrap to another row's: the read that meets one says so and names the file."""
+  column = np.zeros(10, value.dtype)
+  column[7] = value
+  np.save(tmp_path / "c.npy", column)
+  host = dsgrad.data.open_memmap(tmp_path / "c.npy")
+  assert float(host[np.arange(5)].sum()) == 0.0  # rows within range read as usual
+  with pytest.raises(ValueError, match=r"c\.npy: holds (float|int)64 values beyond"):
+    host[np.arange(10)]
+
+
 def test_data_larger_than_the_free_memory_name_the_memory_map(monkeypatch):
   monkeypatch.setattr(dsgrad.training.host_data, "free_memory_bytes", lambda: 10_000)  # x: 18,000
   with pytest.raises(MemoryError, match=r"'x'.*dsgrad.data.open_memmap\(path\)"):

@@ -94,7 +94,10 @@ class HostArray:
       raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
     self.array = array
     self.name = name
-    self.spec = HostSpec(tuple(array.shape), np.dtype(array.dtype), name)
+    # Rows reach programs in JAX's dtype for the array's (float32 and int32 for 64-bit
+    # files unless x64 is on), cast as they are read: as jnp.asarray casts data in memory.
+    self.spec = HostSpec(tuple(array.shape),
+                         np.dtype(jax.dtypes.canonicalize_dtype(array.dtype)), name)
     # A memory map reads the file lazily: if the file is truncated or rewritten after it
     # was opened, a read past the new end kills the process (SIGBUS) and a rewritten one
     # reads other (or zero) bytes. Its identity is recorded here and checked per read.
@@ -167,8 +170,26 @@ class HostArray:
       raise IndexError(f"{self.name}: indices outside [0, {self.shape[0]})")
     out = aligned_empty((flat.size,) + self.shape[1:], self.dtype)
     # mode="clip" (the indices are checked above): "raise" would read through a buffer.
-    np.take(self.array, flat, axis=0, out=out, mode="clip")
+    if self.array.dtype == self.dtype:
+      np.take(self.array, flat, axis=0, out=out, mode="clip")
+    else:
+      self._narrow(np.take(self.array, flat, axis=0, mode="clip"), out)
     return out.reshape(idx.shape + self.shape[1:])
+
+  def _narrow(self, rows: np.ndarray, out: np.ndarray) -> None:
+    """``rows`` (the file's 64-bit dtype) cast into ``out``, refusing values the cast
+    would change: beyond float32's range (they would become inf) or int32's (they would
+    wrap to other rows' indices)."""
+    out[...] = rows
+    if np.issubdtype(out.dtype, np.integer):
+      info = np.iinfo(out.dtype)
+      changed = rows.size and (rows.min() < info.min or rows.max() > info.max)
+    else:
+      changed = np.isinf(out).any() and np.isfinite(rows[np.isinf(out)]).any()
+    if changed:
+      raise ValueError(f"{self.name}: holds {rows.dtype} values beyond {out.dtype}'s range, "
+                       f"in which JAX computes (jax_enable_x64 is off); rescale them or "
+                       f"save the file as {out.dtype}")
 
 
   def check_unchanged(self) -> None:
