@@ -11,7 +11,9 @@ from benchmarks import scale_models, scale_suite
 
 SMALL = {"hierarchical": dict(num_data=60, groups=7), "two_index": dict(num_data=60, users=9,
                                                                          items=5),
-         "mlp": dict(num_data=60, hidden=4), "wide_glm": dict(num_data=60, dim=12, chunk=25)}
+         "mlp": dict(num_data=60, hidden=4), "wide_glm": dict(num_data=60, dim=12, chunk=25),
+         "item_response": dict(num_data=60, persons=11, items=4),
+         "factorization": dict(num_data=60, users=8, items=6, rank=2)}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -46,9 +48,10 @@ def test_pieces_are_equal_and_end_at_the_run():
   assert scale_suite._steps_in(10.0, 0.001) % scale_suite.PIECES == 0
 
 
-@pytest.mark.parametrize("name, k", [("hierarchical", 3 + 8 + 3 + 3), ("two_index", 9)])
+@pytest.mark.parametrize("name, k", [("hierarchical", 3 + 8 + 3 + 3), ("two_index", 9),
+                                     ("item_response", 3), ("factorization", 2 + 2 + 1)])
 def test_joint_saga_keeps_only_the_rows_each_datum_reads(name, k):
-  """The hierarchical and count models declare their reads, so joint SAGA's table holds
+  """The models with per-row latents declare their reads, so joint SAGA's table holds
   each row's ``k`` coordinates (loc and log-scale, float32), not the ``d`` latents."""
   model = scale_models.BUILDERS[name](**SMALL[name])
   params = {"loc": jnp.zeros(model.dim), "log_scale": jnp.zeros(model.dim)}
