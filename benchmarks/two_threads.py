@@ -1,6 +1,7 @@
 """Whether a step's time repeats across processes, in plain JAX (no dsgrad): the
-hierarchical model's mini-batch gradient and its JVP in the noise direction (the ``cv``
-control variate's arithmetic), written with ``jax.jit`` alone, timed in several fresh
+hierarchical model's mini-batch gradient, its JVP in the noise direction (the ``cv``
+control variate's arithmetic) and the step's noise draw alone (``d`` standard normals,
+which the gradient includes), written with ``jax.jit`` alone, timed in several fresh
 processes with XLA free to use every core and pinned to one (``taskset``-like affinity
 set before JAX starts).
 
@@ -58,10 +59,16 @@ def gradient_and_jvp(params, idx, key):
   eps = jax.random.normal(key, (d,))
   return jax.jvp(lambda e: jax.grad(loss)(params, idx, e), (jnp.zeros(d),), (eps,))
 
+@jax.jit
+def noise_draw(params, idx, key):
+  return jax.random.normal(key, (d,))
+
+PROGRAMS = (("gradient", gradient), ("gradient and JVP", gradient_and_jvp),
+            ("noise draw alone", noise_draw))
 params = {"loc": jnp.zeros(d), "log_scale": jnp.full(d, -2.0)}
 idx = jnp.arange(batch)
 out = {"cores_visible": len(os.sched_getaffinity(0))}
-for name, fn in (("gradient", gradient), ("gradient and JVP", gradient_and_jvp)):
+for name, fn in PROGRAMS:
   jax.block_until_ready(fn(params, idx, jax.random.key(0)))
   times = []
   for r in range(repeats):
@@ -99,8 +106,10 @@ def render(record) -> str:
            f"{record['environment']}.", "",
            "| program | XLA's threads | ms per call, one number per process | slowest / "
            "fastest process |", "| --- | --- | --- | ---: |"]
-  for program in ("gradient", "gradient and JVP"):
+  for program in ("gradient", "gradient and JVP", "noise draw alone"):
     for label, runs in data.items():
+      if program not in runs[0]:  # runs made before it was timed
+        continue
       medians = [statistics.median(r[program]) for r in runs]
       lines.append(f"| {program} | {label} ({runs[0]['cores_visible']} visible) | "
                    + ", ".join(f"{m:.2f}" for m in medians)
