@@ -16,15 +16,23 @@ import re
 
 from benchmarks import _report
 
-_SECTION = re.compile(r"(<!-- bench:(\S+?) -->\n)(?:.*?\n)?(<!-- /bench:\2 -->)", re.S)
+# The lazy body ends at the section's nearest closing marker: an optional body would
+# rather span to a later closing marker of the same name than be empty.
+_SECTION = re.compile(r"(<!-- bench:(\S+?) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
 def render_page(text: str, data_folder: str) -> str:
   """``text`` (a benchmarks page) with every marked section rebuilt from ``data_folder``.
 
   Raises:
-    SystemExit: a section has no data file, or its data file holds no run.
+    SystemExit: a section has no data file, its data file holds no run, or it appears
+      twice on the page.
   """
+  names = re.findall(r"<!-- bench:(\S+?) -->", text)
+  twice = sorted({name for name in names if names.count(name) > 1})
+  if twice:
+    raise SystemExit(f"the benchmarks page has section(s) {twice} more than once; keep one")
+
   def section(match):
     name = match.group(2)
     path = os.path.join(data_folder, f"{name}.json")
@@ -33,7 +41,7 @@ def render_page(text: str, data_folder: str) -> str:
     runs = json.load(open(path))
     if not runs:
       raise SystemExit(f"{path} holds no run")
-    return match.group(1) + _report.render_record(runs[-1]).rstrip() + "\n" + match.group(3)
+    return match.group(1) + _report.render_record(runs[-1]).rstrip() + "\n" + match.group(4)
   return _SECTION.sub(section, text)
 
 

@@ -85,3 +85,19 @@ def test_benchmarks_page_is_rendered_from_its_data(tmp_path):
   os.remove(data / "memory.json")
   with pytest.raises(SystemExit, match="memory"):
     render.render_page(page, str(data))
+
+
+def test_an_empty_section_ends_at_its_own_marker_and_a_repeated_one_is_refused(tmp_path):
+  """An empty section renders in place, leaving the text after it; the same section
+  placed twice is refused (rendered, the first would have swallowed the page up to the
+  second's closing marker)."""
+  import json
+
+  sys.path.insert(0, ROOT)
+  from benchmarks import render
+  json.dump([{"output": "table"}], open(tmp_path / "a.json", "w"))
+  page = "<!-- bench:a -->\n<!-- /bench:a -->\n\nprose that stays\n"
+  assert render.render_page(page, str(tmp_path)) == (
+      "<!-- bench:a -->\ntable\n<!-- /bench:a -->\n\nprose that stays\n")
+  with pytest.raises(SystemExit, match=r"\['a'\] more than once"):
+    render.render_page(page + "\n" + page, str(tmp_path))
