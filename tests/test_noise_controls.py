@@ -263,3 +263,14 @@ def test_path_derivative_gradient_is_the_path_term_of_log_q():
         want = jax.grad(reference)(params)
         for key in params:
           np.testing.assert_allclose(got[key], want[key], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape, shared", [((7,), True), ((6,), True), ((5,), False),
+                                           ((3, 3), False)])
+def test_gaussian_noise_gives_jax_random_normals_numbers_at_any_count(shape, shared):
+  """An odd count is drawn as the next even count and cut (two XLA threads draw an odd
+  count several times slower in a loop): the numbers are still those of
+  ``jax.random.normal`` at the same key and shape, so runs and checkpoints repeat."""
+  noise = dsgrad.gaussian_noise(shape, scale=2.0, shared=shared)(jax.random.key(4), 3)
+  full = shape if shared else (3,) + shape
+  np.testing.assert_array_equal(noise, 2.0 * jax.random.normal(jax.random.key(4), full))
