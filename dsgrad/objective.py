@@ -311,8 +311,9 @@ def per_datum(batch_fn: Callable, objective: Objective, params_axis) -> Callable
   return jax.vmap(one, in_axes=(params_axis, 0, noise_axis))
 
 
-def _normal(key, shape, dtype):
-  """``jax.random.normal(key, shape, dtype)``, the same numbers, drawn as an even count.
+def standard_normal(key, shape, dtype=jnp.float32):
+  """``jax.random.normal(key, shape, dtype)``, the same numbers, drawn as an even count:
+  for the noise a step draws (every objective's ``noise_fn``).
 
   With XLA free to use two threads, an odd count of threefry draws inside a compiled loop
   (as fit's steps are) took about 30 ns a number against 6 ns for an even count, and an
@@ -351,7 +352,7 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
 
   def noise_fn(key, batch_size):
     full = shape if shared else (batch_size,) + shape
-    return scale * _normal(key, full, dtype)
+    return scale * standard_normal(key, full, dtype)
 
   # What the randomized QMC sampler (dsgrad.multi_sample) needs to know to replace it.
   noise_fn.gaussian = (shape, dtype, scale, shared)

@@ -33,7 +33,7 @@ from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
-from dsgrad.objective import Objective
+from dsgrad.objective import Objective, standard_normal
 
 
 _FAMILIES = {"meanfield": MeanFieldGaussian, "fullrank": FullRankGaussian}
@@ -187,8 +187,8 @@ class AnnealedVI:
     del batch_size
     k0, k1, k2 = jax.random.split(key, 3)
     d = self._template.latent_dim
-    noise = {"eps0": jax.random.normal(k0, (d,)),
-             "momentum": jax.random.normal(k1, (self.num_steps, d))}
+    noise = {"eps0": standard_normal(k0, (d,)),
+             "momentum": standard_normal(k1, (self.num_steps, d))}
     if self.dynamics_batch_size is not None:
       # With replacement: O(B_dyn) per draw (without replacement costs a sort of all N).
       noise["dynamics_indices"] = batching.uniform_indices(

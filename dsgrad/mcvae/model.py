@@ -43,7 +43,7 @@ from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
                                    gaussian_log_likelihood)
 from dsgrad.models.base import model_data
-from dsgrad.objective import Objective
+from dsgrad.objective import Objective, standard_normal
 
 METHODS = ("vae", "iwae", "lmcvae", "amcvae")
 
@@ -177,11 +177,11 @@ class MonteCarloVAE:
     """All randomness of a batch, each part centred (mean zero), leading axis ``B``."""
     n, k, d = self.num_particles, self.num_steps, self.latent_dim
     keys = jax.random.split(key, 4)
-    noise = {"eps0": jax.random.normal(keys[1], (batch_size, n, d))}
+    noise = {"eps0": standard_normal(keys[1], (batch_size, n, d))}
     if self.binarize == "dynamic":
       noise["binarize"] = jax.random.uniform(keys[0], (batch_size, self.data_dim)) - 0.5
     if self.method in ("lmcvae", "amcvae"):
-      noise["langevin"] = jax.random.normal(keys[2], (batch_size, n, k, d))
+      noise["langevin"] = standard_normal(keys[2], (batch_size, n, k, d))
     if self.method == "amcvae":
       noise["accept"] = jax.random.uniform(keys[3], (batch_size, n, k)) - 0.5
     return noise
