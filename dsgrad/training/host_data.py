@@ -185,7 +185,7 @@ class HostArray:
       info = np.iinfo(out.dtype)
       changed = rows.size and (rows.min() < info.min or rows.max() > info.max)
     else:
-      changed = np.isinf(out).any() and np.isfinite(rows[np.isinf(out)]).any()
+      changed = np.isfinite(rows[np.isinf(out)]).any()
     if changed:
       raise ValueError(f"{self.name}: holds {rows.dtype} values beyond {out.dtype}'s range, "
                        f"in which JAX computes (jax_enable_x64 is off); rescale them or "
