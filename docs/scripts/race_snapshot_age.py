@@ -15,6 +15,7 @@ the end. Run from the project root:
     PYTHONPATH=. python docs/scripts/race_snapshot_age.py 1.5
 """
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,6 @@ prog_n = naive.compile(int(budget / 4.5e-4), 200)
 naive.start(prog_n); naive.advance(400); naive.advance(int(1.0 / naive.seconds_per_step))
 step = naive.seconds_per_step; print("naive step", step)
 epoch = obj.num_data // 100
-def clock_fraction(steps): return steps * step / budget
 # naive to (20% - half an epoch), keep, then to 20%
 target = int(0.2 * budget / step); half = epoch // 2
 naive.advance(target - half - naive.step)
@@ -52,9 +52,8 @@ def fresh(name):
   r = R.Run(built[name], make, key, params); r.continue_from(naive, progs[name], frac); return r
 svrg_fresh, batch = fresh("joint_svrg"), fresh("naive_batch")
 svrg_old = R.Run(built["joint_svrg"], make, key, params)
-class _Old: pass
-o = _Old(); o.params, o.opt_state = old_params, old_state
-svrg_old.continue_from(o, progs["joint_svrg"], old_step / prog_n.length)
+earlier = types.SimpleNamespace(params=old_params, opt_state=old_state)  # naive then
+svrg_old.continue_from(earlier, progs["joint_svrg"], old_step / prog_n.length)
 svrg_old.advance(200)  # its first update: the snapshot at the older params
 svrg_old.params = jax.tree.map(jnp.copy, naive.params)
 svrg_old.opt_state = (svrg_old.opt_state[0], jax.tree.map(jnp.copy, naive.opt_state[1]))
