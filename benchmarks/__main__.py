@@ -33,6 +33,8 @@ def main(argv=None):
     print("  --data-dir DIR  the embedded data sets; default: ../shared/data beside the "
           "checkout, or $DSGRAD_DATA_DIR")
     print("  --quiet         no progress bars (results are still printed)")
+    print("  --xla-cores K   XLA's threads on K cores, the rest of the process on all "
+          "(dsgrad.pin_xla_threads)")
     for name, module in BENCHMARKS.items():
       print(f"  {name:<12} {module}")
     return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -44,7 +46,11 @@ def main(argv=None):
   common.add_argument("--out", default=None)
   common.add_argument("--data-dir", default=None)
   common.add_argument("--quiet", action="store_true")
+  common.add_argument("--xla-cores", type=int, default=None)
   folders, rest = common.parse_known_args(argv[1:])
+  if folders.xla_cores is not None:
+    import dsgrad
+    _report.set_xla_cores(dsgrad.pin_xla_threads(folders.xla_cores))
   _report.set_folders(folders.out, folders.data_dir)
   _report.set_quiet(folders.quiet)
   return importlib.import_module(BENCHMARKS[argv[0]]).main(rest)

@@ -25,6 +25,16 @@ def usable_cpus(cgroup_file: str = "/sys/fs/cgroup/cpu.max") -> int:
   return cpus
 
 
+_XLA_CORES = None
+
+
+def set_xla_cores(cores) -> None:
+  """Records that XLA's threads were started on ``cores`` (``--xla-cores``), for
+  :func:`environment`."""
+  global _XLA_CORES
+  _XLA_CORES = len(cores)
+
+
 def environment() -> str:
   """One line naming the machine, the JAX backend and library versions."""
   import flax
@@ -40,7 +50,8 @@ def environment() -> str:
   except OSError:
     pass
   devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
-  return (f"{datetime.date.today().isoformat()}; {cpu}, {usable_cpus()} cores visible; "
+  xla = "" if _XLA_CORES is None else f", XLA's threads on {_XLA_CORES}"
+  return (f"{datetime.date.today().isoformat()}; {cpu}, {usable_cpus()} cores visible{xla}; "
           f"backend {jax.default_backend()} ({devices}); python {platform.python_version()}, "
           f"jax {jax.__version__}, optax {optax.__version__}, flax {flax.__version__}, "
           f"numpy {numpy.__version__}")

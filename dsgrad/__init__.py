@@ -39,6 +39,7 @@ from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit
 from dsgrad.training.segments import train_step
 from dsgrad.training.loop import FitResult, FitTiming, compile_fit, fit
 from dsgrad.training.progress import Interrupted
+from dsgrad.training.cpu_threads import pin_xla_threads
 
 __version__ = "0.1.0"
 
@@ -52,6 +53,7 @@ __all__ = [
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
     "fit", "compile_fit", "train_step", "FitResult", "FitTiming", "Interrupted", "History",
+    "pin_xla_threads",
     "save_fit_checkpoint", "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",
     "variance_decomposition", "recommend", "recommend_and_fit", "Recommendation",

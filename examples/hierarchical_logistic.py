@@ -20,8 +20,9 @@ same Adam + cosine schedule with the same peak step size:
   ended below the hand loop here, is in the scale suite: ``python -m benchmarks
   scale-suite``.)
 
-On a CPU the job runs on one core unless ``--all-cores`` is given. Measured on a 2-core
-machine (AMD EPYC, jax 0.10.2): with XLA's loops split over two threads, the same compiled
+On a CPU, XLA's threads run on one core unless ``--all-cores`` is given
+(``dsgrad.pin_xla_threads(1)``: the rest of the process, compiles included, keeps every
+core). Measured on a 2-core machine (AMD EPYC, jax 0.10.2): with XLA's loops split over two threads, the same compiled
 ``cv`` step ran at about 1.1 ms in some processes and 23.5 ms in others (identical
 optimized programs; the time in one loop fusion, the flat gradient's concatenation), and
 SVRG's full pass inside ``fit`` at up to 19 s instead of 0.09 s; pinned to one core, 6
@@ -209,12 +210,14 @@ def main(argv=None):
                            "for the hand loop on a seed it does not report)")
   parser.add_argument("--seed", type=int, default=0, help="seed of the batches and noise")
   parser.add_argument("--all-cores", action="store_true",
-                      help="let XLA use every core (default: one; see the module's docstring)")
+                      help="let XLA's threads use every core (default: one; see the module's "
+                           "docstring)")
   parser.add_argument("--out", default=os.path.join("results", "hierarchical_logistic"))
   args = parser.parse_args(argv)
+  xla_cores = None
   if not args.all_cores and hasattr(os, "sched_setaffinity"):
-    # Before JAX starts its CPU client, which sizes its thread pool from this mask.
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    # Before JAX starts its CPU client, which sizes its thread pool when it starts.
+    xla_cores = len(dsgrad.pin_xla_threads(1))
   for name in ("rows", "groups", "batch_size"):
     if getattr(args, name) < 1:
       parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -235,7 +238,8 @@ def main(argv=None):
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   print(f"{args.rows:,} rows, {args.groups:,} groups, {d:,} latents; "
         f"{args.seconds:g} s of steps per contender, batch {args.batch_size}, "
-        f"peak {args.peak:g}; {jax.devices()[0].device_kind}, {cores} core(s)")
+        f"peak {args.peak:g}; {jax.devices()[0].device_kind}, {cores} core(s)"
+        + (f", XLA's threads on {xla_cores}" if xla_cores else ""))
 
   key = jax.random.key(args.seed)
   runs = {}

@@ -1,0 +1,112 @@
+"""XLA's CPU threads on a few cores, every core for the rest of the process.
+
+JAX's CPU client sizes its thread pool by the cores the process may use when the client
+starts, and XLA then splits large loops of a compiled program over that pool. On small
+virtual machines the split can cost far more than it saves: on the 2-core machines of
+dsgrad's benchmarks, a loop that assembles a flat gradient from a pytree's pieces (a
+concatenate) ran many times slower split over two threads than on one ("Whether a step
+repeats" in docs/benchmarks.md). Pinning the whole process to one core avoids it but
+leaves the other cores idle while a step runs. Linux threads inherit the affinity of the thread that
+creates them, so starting the client while this thread is narrowed gives XLA a pool of
+that size on those cores. Then every thread but that pool gets its cores back: this
+thread, and the client's others (its compiles' threads among them: left on the pool's
+core, a program compiled beside a run took twice as long and slowed the run's steps).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+POOL_THREAD_NAME = "tf_XLAEigen"
+"""The name XLA's CPU client gives the threads of its compute pool (TSL's ``XLAEigen``
+pool), as Linux shows it in ``/proc/self/task/<id>/comm``."""
+_TASKS = "/proc/self/task"
+
+
+def _threads() -> set:
+  try:
+    return set(os.listdir(_TASKS))
+  except OSError:
+    return set()
+
+
+def _release(thread_ids, cores) -> None:
+  """Gives ``thread_ids`` but the compute pool's ``cores`` (a thread that ends meanwhile
+  is skipped); where no pool thread is named as expected, all stay where they are."""
+  names = {}
+  for tid in thread_ids:
+    try:
+      with open(os.path.join(_TASKS, tid, "comm")) as f:
+        names[tid] = f.read().strip()
+    except OSError:
+      pass
+  if POOL_THREAD_NAME not in names.values():
+    return
+  for tid, name in names.items():
+    if name != POOL_THREAD_NAME:
+      try:
+        os.sched_setaffinity(int(tid), cores)
+      except OSError:
+        pass
+
+
+def _backends_started() -> bool:
+  # JAX has no public query for this; the private one is guarded so that a JAX without it
+  # skips the check rather than failing.
+  try:
+    from jax._src import xla_bridge
+    return xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    return False
+
+
+def pin_xla_threads(cores: int = 1) -> frozenset:
+  """Starts JAX's backends with XLA's threads on ``cores`` CPU cores; the calling thread
+  keeps every core it had.
+
+  Call it first, before anything creates a JAX array or asks for devices: the client's
+  thread pool is sized once, when it starts. Every other thread, the caller's, the
+  client's others and those started later (a compile in a background thread, a data
+  reader), may run on any core of the process.
+
+  Args:
+    cores: how many of the process's cores XLA's threads may use (the lowest-numbered
+      ones of its affinity mask); a positive integer no larger than that mask.
+
+  Returns:
+    The cores XLA's threads run on.
+
+  Raises:
+    ValueError: ``cores`` is not a positive integer within the process's cores.
+    RuntimeError: a JAX backend has already started, or the platform cannot set a
+      thread's affinity (Linux's ``sched_setaffinity``).
+
+  Example::
+
+      import dsgrad
+      dsgrad.pin_xla_threads(1)   # first, before any JAX computation
+      # ... build the objective and call dsgrad.fit as usual
+  """
+  if not hasattr(os, "sched_setaffinity"):
+    raise RuntimeError("pin_xla_threads needs os.sched_setaffinity (Linux); on this "
+                       "platform leave XLA's threads as they are")
+  available = sorted(os.sched_getaffinity(0))
+  if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= len(
+      available):
+    raise ValueError(f"pin_xla_threads: cores must be an integer from 1 to "
+                     f"{len(available)} (the cores this process may use), got {cores!r}")
+  if _backends_started():
+    raise RuntimeError("pin_xla_threads: JAX's backends have already started, so XLA's "
+                       "thread pool is already sized; call it first in the program, "
+                       "before any JAX array is created")
+  chosen = frozenset(available[:cores])
+  before = _threads()
+  os.sched_setaffinity(0, chosen)
+  try:
+    jax.devices()
+  finally:
+    os.sched_setaffinity(0, available)
+    _release(_threads() - before, available)
+  return chosen
