@@ -63,7 +63,7 @@ def test_xla_threads_run_on_the_chosen_core_and_every_other_thread_on_all():
 
 @pytest.mark.parametrize("cores", [0, -1, 1.0, True, "1", 10**6])
 def test_cores_outside_the_process_mask_are_refused(cores):
-  with pytest.raises(ValueError, match="cores must be an integer from 1 to"):
+  with pytest.raises(ValueError, match="cores must be an integer"):
     dsgrad.pin_xla_threads(cores)
 
 

@@ -4,13 +4,13 @@ JAX's CPU client sizes its thread pool by the cores the process may use when the
 starts, and XLA then splits large loops of a compiled program over that pool. On small
 virtual machines the split can cost far more than it saves: on the 2-core machines of
 dsgrad's benchmarks, a loop that assembles a flat gradient from a pytree's pieces (a
-concatenate) ran many times slower split over two threads than on one ("Whether a step
-repeats" in docs/benchmarks.md). Pinning the whole process to one core avoids it but
-leaves the other cores idle while a step runs. Linux threads inherit the affinity of the thread that
-creates them, so starting the client while this thread is narrowed gives XLA a pool of
-that size on those cores. Then every thread but that pool gets its cores back: this
-thread, and the client's others (its compiles' threads among them: left on the pool's
-core, a program compiled beside a run took twice as long and slowed the run's steps).
+concatenate) ran several times slower split over two threads than on one ("Whether a
+step repeats" in docs/benchmarks.md). Pinning the whole process to one core avoids it
+but leaves the other cores idle while a step runs. Linux threads inherit the affinity of
+the thread that creates them, so starting the client while this thread is narrowed gives
+XLA a pool of that size on those cores. Then every thread but that pool gets its cores
+back: this thread, and the client's others (left on the pool's core, a program compiled
+beside a run took more than twice as long and slowed the run's steps).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 
 import jax
+
+from dsgrad import checks
 
 POOL_THREAD_NAME = "tf_XLAEigen"
 """The name XLA's CPU client gives the threads of its compute pool (TSL's ``XLAEigen``
@@ -33,8 +35,9 @@ def _threads() -> set:
 
 
 def _release(thread_ids, cores) -> None:
-  """Gives ``thread_ids`` but the compute pool's ``cores`` (a thread that ends meanwhile
-  is skipped); where no pool thread is named as expected, all stay where they are."""
+  """Gives every thread of ``thread_ids`` but the compute pool's ``cores`` (a thread that
+  ends meanwhile is skipped); where no pool thread is named as expected, all stay where
+  they are: narrowed is slower to compile but never split."""
   names = {}
   for tid in thread_ids:
     try:
@@ -62,6 +65,7 @@ def _backends_started() -> bool:
     return False
 
 
+@checks.arguments(cores=checks.count(1))
 def pin_xla_threads(cores: int = 1) -> frozenset:
   """Starts JAX's backends with XLA's threads on ``cores`` CPU cores; the calling thread
   keeps every core it had.
@@ -93,8 +97,7 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
     raise RuntimeError("pin_xla_threads needs os.sched_setaffinity (Linux); on this "
                        "platform leave XLA's threads as they are")
   available = sorted(os.sched_getaffinity(0))
-  if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= len(
-      available):
+  if cores > len(available):
     raise ValueError(f"pin_xla_threads: cores must be an integer from 1 to "
                      f"{len(available)} (the cores this process may use), got {cores!r}")
   if _backends_started():
