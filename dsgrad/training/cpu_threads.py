@@ -67,8 +67,8 @@ def _backends_started() -> bool:
 
 @checks.arguments(cores=checks.count(1))
 def pin_xla_threads(cores: int = 1) -> frozenset:
-  """Starts JAX's backends with XLA's threads on ``cores`` CPU cores; the calling thread
-  keeps every core it had.
+  """Starts JAX's backends with XLA's compute threads on ``cores`` CPU cores; every other
+  thread keeps every core the process had.
 
   Call it first, before anything creates a JAX array or asks for devices: the client's
   thread pool is sized once, when it starts. Every other thread, the caller's, the
@@ -76,11 +76,12 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
   reader), may run on any core of the process.
 
   Args:
-    cores: how many of the process's cores XLA's threads may use (the lowest-numbered
-      ones of its affinity mask); a positive integer no larger than that mask.
+    cores: how many of the process's cores XLA's compute threads may use (the
+      lowest-numbered ones of its affinity mask): XLA sizes its pool, and so how far it
+      splits a loop, by this number. A positive integer, at most the mask's size.
 
   Returns:
-    The cores XLA's threads run on.
+    The cores XLA's compute pool runs on.
 
   Raises:
     ValueError: ``cores`` is not a positive integer within the process's cores.
