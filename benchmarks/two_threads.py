@@ -33,33 +33,15 @@ cores = sys.argv[1]
 every_core = os.sched_getaffinity(0)
 if cores == "one":
   os.sched_setaffinity(0, {min(every_core)})
-import jax, jax.numpy as jnp, numpy as np
+import jax, jax.numpy as jnp
 if cores == "xla_one":  # XLA's compute pool on one core, every other thread on all
   import dsgrad
   dsgrad.pin_xla_threads(1)
-from jax.flatten_util import ravel_pytree
+from benchmarks import _plain_hierarchical as plain
 num_data, groups, batch, calls, repeats = map(int, sys.argv[2:7])
-rng = np.random.default_rng(0)
-x = jnp.asarray(rng.standard_normal((num_data, 8), dtype=np.float32))
-g = jnp.asarray(rng.integers(0, groups, num_data).astype(np.int32))
-y = jnp.asarray((rng.random(num_data) < 0.5).astype(np.float32))
-latent = {"beta": jnp.zeros(8), "mu": jnp.zeros(3), "log_tau": jnp.zeros(3),
-          "raw": jnp.zeros((groups, 3))}
-flat, unravel = ravel_pytree(latent)
-d = flat.size
-
-def loss(params, idx, eps):
-  zf = params["loc"] + jnp.exp(params["log_scale"]) * eps
-  z = unravel(zf)
-  ab = z["mu"] + jnp.exp(z["log_tau"]) * z["raw"][g[idx]]
-  xr = x[idx]
-  logit = xr @ z["beta"] + ab[:, 0] + ab[:, 1] * xr[:, 0] + ab[:, 2] * xr[:, 1]
-  return (-num_data * jnp.mean(y[idx] * logit - jax.nn.softplus(logit))
-          + 0.5 * jnp.sum(zf ** 2) - jnp.sum(params["log_scale"]))
-
-@jax.jit
-def gradient(params, idx, key):
-  return jax.grad(loss)(params, idx, jax.random.normal(key, (d,)))
+model = plain.build(num_data, groups, batch)
+loss, params, idx, d = model
+gradient = plain.gradient(model)
 
 @jax.jit
 def gradient_and_jvp(params, idx, key):
@@ -76,8 +58,6 @@ def concatenate(params, idx, key):  # arrays as arguments: XLA folds no constant
 
 PROGRAMS = (("gradient", gradient), ("gradient and JVP", gradient_and_jvp),
             ("noise draw alone", noise_draw), ("concatenate alone", concatenate))
-params = {"loc": jnp.zeros(d), "log_scale": jnp.full(d, -2.0)}
-idx = jnp.arange(batch)
 out = {"cores_visible": len(os.sched_getaffinity(0)), "split": {}}
 for name, fn in PROGRAMS:
   args = (dict(c=jnp.ones(30 * groups + 3), raw=jnp.ones((10 * groups, 3)),
@@ -98,6 +78,7 @@ print(json.dumps(out))
 '''
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ importable
 PROGRAM_NAMES = ("gradient", "gradient and JVP", "noise draw alone", "concatenate alone")
 SETTINGS = {"XLA on one core": "one core; the caller on all"}
 
@@ -111,7 +92,7 @@ def run(processes, num_data, groups, batch, calls, repeats) -> dict:
       child = subprocess.run(
           [sys.executable, "-c", CHILD, cores, str(num_data), str(groups), str(batch),
            str(calls), str(repeats)], capture_output=True, text=True, timeout=600,
-          env=dict(os.environ, XLA_FLAGS=""))
+          env=dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT))
       if child.returncode:
         raise RuntimeError(child.stderr[-2000:])
       results[label].append(json.loads(child.stdout.strip().splitlines()[-1]))
