@@ -110,6 +110,16 @@ def test_epoch_orders_sorted_on_the_host_are_the_device_program_s():
                                 batching.BULK_ELEMENTS // batching.BULK_EPOCHS + 10, 10)
   large.window(0, 5)
   assert sorted(large.cache) == [0, 1]
+  # A window of many long epochs computes those, not sixteen: a bulk of long epochs put
+  # sixteen sorts into one segment every few (a 10^6-row run's pieces spread 20-30%).
+  wide = batching.EpochOrders(jax.random.key(3), large.n, large.n // 4)
+  window = wide.window(0, 20)
+  spanned = batching.window_epochs(20, large.n, large.n // 4)
+  assert spanned > 3 and sorted(wide.cache) == list(range(spanned)) == list(
+      range(window.shape[0]))
+  np.testing.assert_array_equal(
+      np.asarray(batching.slice_window(window, 0, 20, large.n, large.n // 4)),
+      np.asarray(batching.epoch_batches(jax.random.key(3), large.n, large.n // 4, 20)))
   # A window over many short epochs (computed in bulk), then the next one, which reuses
   # the epochs computed past the first.
   orders = batching.EpochOrders(jax.random.key(3), 50, 10)
