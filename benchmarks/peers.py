@@ -238,7 +238,7 @@ def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
     chunk = min(n, 65_536)
 
     @jax.jit
-    def evaluate(loc, log_scale):
+    def quadrature_elbo(loc, log_scale):
       def chunk_sum(start):
         idx = start + jnp.arange(chunk)
         valid = idx < n
@@ -252,7 +252,7 @@ def elbo_evaluator(task: Task, samples: int = 200) -> Callable:
       starts = jnp.arange(0, n, chunk)
       return jnp.sum(jax.lax.map(chunk_sum, starts)) + prior_and_entropy(loc, log_scale)
 
-    return lambda loc, log_scale: float(evaluate(loc, log_scale))
+    return lambda loc, log_scale: float(quadrature_elbo(loc, log_scale))
 
   model = dsgrad.models.softmax_regression(task.x, task.y, k)
   objective = dsgrad.meanfield_gaussian(model)
