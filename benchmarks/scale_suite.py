@@ -96,11 +96,52 @@ def _initial_params(dim: int) -> dict:
   return {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
 
 
-class _Evaluator:
-  """The full-data ELBO's draws with one noise key for every contender and piece."""
+class _PlainLoop:
+  """A plain-JAX loop (the hand loss's gradient, SGD, batches by ``randint``) timed for
+  about :data:`PLAIN_SECONDS` at each piece's ends: the machine's speed then, beside
+  which a contender's piece is read (a slow spell of a shared machine slows both)."""
 
-  def __init__(self, objective, seed: int):
-    self.objective, self.key = objective, jax.random.key(10_000 + seed)
+  def __init__(self, model, batch_size: int):
+    loss, d, n = scale_models.hand_loss(model), model.dim, model.num_data
+
+    def run(data, params, keys):
+      def step(p, k):
+        k_batch, k_noise = jax.random.split(k)
+        rows = jax.tree.map(lambda a: a[jax.random.randint(k_batch, (batch_size,), 0, n)],
+                            data)
+        grads = jax.grad(loss)(p, rows, jax.random.normal(k_noise, (d,)))
+        return jax.tree.map(lambda a, g: a - 1e-9 * g, p, grads), None
+      return jax.lax.scan(step, params, keys)[0]
+
+    self.run, self.data, self.params = jax.jit(run), model.data, _initial_params(d)
+    self.keys = jax.random.split(jax.random.key(0), 100)
+
+  def _timed(self) -> float:
+    started = time.perf_counter()
+    jax.block_until_ready(self.run(self.data, self.params, self.keys))
+    return time.perf_counter() - started
+
+  def seconds_per_step(self) -> float:
+    self._timed()  # compiled on the first call
+    while (elapsed := self._timed()) < PLAIN_SECONDS:
+      longer = int(len(self.keys) * min(100.0, 1.2 * PLAIN_SECONDS / max(elapsed, 1e-4))) + 1
+      self.keys = jax.random.split(jax.random.key(0), longer)
+      self._timed()
+    return elapsed / len(self.keys)
+
+
+PLAIN_SECONDS = 0.2
+
+
+class _Evaluator:
+  """The full-data ELBO's draws with one noise key for every contender and piece, and,
+  where given, the plain loop's speed at each estimate."""
+
+  def __init__(self, objective, seed: int, plain: _PlainLoop | None = None):
+    self.objective, self.key, self.plain = objective, jax.random.key(10_000 + seed), plain
+
+  def plain_rate(self) -> float:
+    return self.plain.seconds_per_step() if self.plain is not None else float("nan")
 
   def draws(self, params, num: int):
     if not bool(dsgrad.checks.all_finite(params)):
@@ -138,6 +179,13 @@ def _finish(row: dict, evaluator, params, budget: float) -> dict:
   row["step_seconds"] = float(np.median(warm)) if warm else float("nan")
   row["step_spread"] = (float(max(warm) / min(warm) - 1) if warm and min(warm) > 0
                         else float("nan"))
+  # Each piece beside the plain loop's speed at its two ends (their mean).
+  plain = row.pop("plain_rates", [])
+  if len(plain) == len(piece_rates) + 1 and np.all(np.isfinite(plain)):
+    ends = (np.asarray(plain[:-1]) + np.asarray(plain[1:])) / 2
+    relative = (np.asarray(piece_rates) / ends)[len(piece_rates) - len(warm):]
+    row["plain_rates"] = [float(v) for v in plain]
+    row["step_spread_vs_plain"] = float(relative.max() / relative.min() - 1)
   row["budget_seconds"] = budget
   return row
 
@@ -182,7 +230,7 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
   run = run.lower(model.data, params, state, all_keys[:stops[0]]).compile()
   compile_seconds = time.perf_counter() - compile_started
   trace, seconds, at = [(0.0, evaluator.mean(params))], 0.0, 0
-  rates = []
+  rates, plain = [], [evaluator.plain_rate()]
   for stop in stops:
     started = time.perf_counter()
     params, state = jax.block_until_ready(run(model.data, params, state,
@@ -192,8 +240,9 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
     rates.append(elapsed / (stop - at))
     at = stop
     trace.append((seconds, evaluator.mean(params)))
+    plain.append(evaluator.plain_rate())
   row = {"steps": total, "trace": trace, "compile_seconds": compile_seconds,
-         "piece_rates": rates, "peak": peak}
+         "piece_rates": rates, "plain_rates": plain, "peak": peak}
   return _finish(row, evaluator, params, budget), params
 
 
@@ -280,6 +329,7 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
   state = optimizer.init(params)  # the first update's full pass is in the first piece
   seconds, at = 0.0, 0
   trace, rates, compile_seconds = [(0.0, evaluator.mean(params))], [], 0.0
+  plain = [evaluator.plain_rate()]
   for stop in _piece_stops(total, PIECES):
     result, elapsed = _timed_fit(train_objective, optimizer, params, key, stop - at, batch,
                                  state, at)
@@ -289,6 +339,7 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
     rates.append(elapsed / (stop - at))
     at = stop
     trace.append((seconds, evaluator.mean(params)))
+    plain.append(evaluator.plain_rate())
     if not math.isfinite(trace[-1][1]):
       break
     if seconds + rates[-1] * (total // PIECES) > 1.05 * budget and stop < total:
@@ -297,7 +348,8 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
       break
   row = {"steps": at, "scheduled_steps": total, "trace": trace, "batch_size": batch,
          "compile_seconds": compile_seconds, "init_seconds": init_seconds,
-         "probe_step_seconds": step, "refresh_seconds": refresh, "piece_rates": rates}
+         "probe_step_seconds": step, "refresh_seconds": refresh, "piece_rates": rates,
+         "plain_rates": plain}
   return _finish(row, evaluator, params, budget)
 
 
@@ -336,7 +388,7 @@ def tune_peak(model, budget, batch_size, tune_seed, peaks) -> tuple:
 
 
 def run_seed(model, peak, budget, batch_size, seed, contenders) -> dict:
-  evaluator = _Evaluator(model.objective, seed)
+  evaluator = _Evaluator(model.objective, seed, _PlainLoop(model, batch_size))
   key = jax.random.key(seed)
   rows = {}
   bar = _report.progress(contenders, f"{model.name}, seed {seed}")
@@ -394,6 +446,13 @@ LABELS = {"hand": "hand-written optax loop", "naive": "dsgrad naive", "cv": "cv 
           "follow": "follow the advice (recommend + fit)"}
 
 
+def _percents(values) -> str:
+  """``"5%; 17%"`` by seed, or ``"n/a"`` where none was measured."""
+  if not np.isfinite(values).any():
+    return "n/a"
+  return "; ".join(f"{100 * v:.0f}%" if np.isfinite(v) else "n/a" for v in values)
+
+
 def render(record) -> str:
   results, config = record["results"]["results"], record["results"]["config"]
   lines = [f"Command: `{record['command']}`; budget {config['budget']:g} s of steps per "
@@ -416,16 +475,17 @@ def render(record) -> str:
                   if r["tuning"] else f"peak {r['peak']:g}, given (not tuned in this run)."),
               "",
               "| contender | steps | seconds run, by seed | ms / step | spread over pieces, by seed | "
-              "compile s | full passes s | ELBO - hand at the run's end (paired se), by seed | "
+              "spread beside the plain loop, by seed | compile s | full passes s | "
+              "ELBO - hand at the run's end (paired se), by seed | "
               "time to hand's final ELBO, s, by seed |",
-              "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     seeds = r["seeds"]
     names = [n for n in LABELS if any(n in s["contenders"] for s in seeds.values())]
     for c in names:
       rows = [s["contenders"].get(c) for s in seeds.values()]
       if all(row is None or "ruled_out" in row for row in rows):
         reason = next(row["ruled_out"] for row in rows if row)
-        lines.append(f"| {LABELS[c]} | ruled out: {reason} | | | | | | | |")
+        lines.append(f"| {LABELS[c]} | ruled out: {reason} | | | | | | | | |")
         continue
       ok = [row for row in rows if row and "ruled_out" not in row]
       k = next(iter(seeds.values()))["equal_cost_k"]
@@ -459,11 +519,11 @@ def render(record) -> str:
                           * row["steps"] / max(1, r["num_data"] // row.get("batch_size", 1))
                           for row in ok])
       # By seed: a slow spell of the machine hits one run, not the contender.
-      spreads = [row["step_spread"] for row in ok]
-      spread_cell = ("; ".join(f"{100 * v:.0f}%" if np.isfinite(v) else "n/a" for v in spreads)
-                     if np.isfinite(spreads).any() else "n/a")
+      spread_cell, plain_cell = (_percents([row.get(k, np.nan) for row in ok])
+                                 for k in ("step_spread", "step_spread_vs_plain"))
       ms_cell = f"{ms:.3f}" if np.isfinite(ms) else "n/a"
-      lines.append(f"| {label} | {steps} | {ran} | {ms_cell} | {spread_cell} | {compile_s:.1f} | "
+      lines.append(f"| {label} | {steps} | {ran} | {ms_cell} | {spread_cell} | {plain_cell} | "
+                   f"{compile_s:.1f} | "
                    f"{passes:.2f} | {'; '.join(diffs)} | {'; '.join(times)} |")
     follow = [s["contenders"]["follow"] for s in seeds.values() if "follow" in s["contenders"]]
     if follow:

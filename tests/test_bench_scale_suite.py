@@ -43,6 +43,25 @@ def test_time_to_reach_reads_the_trace():
   assert scale_suite.time_to_reach(trace, -5.0) == float("inf")
 
 
+def test_a_slow_spell_of_the_machine_cancels_beside_the_plain_loop():
+  # A spell slows pieces 1-4 (fully in 2-3) and the plain loop timed at their ends alike:
+  # the raw spread shows it, the spread beside the plain loop does not; a slow piece the
+  # plain loop does not share (the last, then) is what remains. The first piece is cold.
+  class Draws:
+    def draws(self, params, num):
+      return np.zeros(num)
+
+  def finish(rates):
+    return scale_suite._finish({"trace": [(6.0, 0.0)], "piece_rates": list(rates),
+                                "plain_rates": [1.0, 1.0, 1.3, 1.3, 1.3, 1.0, 1.0]},
+                               Draws(), None, 6.0)
+
+  row = finish([2.0, 1.15, 1.3, 1.3, 1.15, 1.0])
+  assert row["step_spread"] == pytest.approx(0.3)
+  assert row["step_spread_vs_plain"] == pytest.approx(0.0, abs=1e-12)
+  assert finish([2.0, 1.15, 1.3, 1.3, 1.15, 1.2])["step_spread_vs_plain"] == pytest.approx(0.2)
+
+
 def test_pieces_are_equal_and_end_at_the_run():
   assert scale_suite._piece_stops(120, 12) == list(range(10, 121, 10))
   assert scale_suite._steps_in(10.0, 0.001) % scale_suite.PIECES == 0
