@@ -60,6 +60,8 @@ def test_a_slow_spell_of_the_machine_cancels_beside_the_plain_loop():
   assert row["step_spread"] == pytest.approx(0.3)
   assert row["step_spread_vs_plain"] == pytest.approx(0.0, abs=1e-12)
   assert finish([2.0, 1.15, 1.3, 1.3, 1.15, 1.2])["step_spread_vs_plain"] == pytest.approx(0.2)
+  assert scale_suite._plain_spread(row) == pytest.approx(0.3)  # the table's column
+  assert np.isnan(scale_suite._plain_spread({}))  # runs that predate it
 
 
 def test_pieces_are_equal_and_end_at_the_run():
