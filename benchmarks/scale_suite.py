@@ -96,25 +96,35 @@ def _initial_params(dim: int) -> dict:
   return {"loc": jnp.zeros(dim), "log_scale": jnp.full(dim, -2.0)}
 
 
+def _hand_gradient(model, batch_size: int):
+  """``(data, params, key) -> grads``: the hand-written loop's step before its optimizer:
+  a batch drawn with ``randint``, one noise draw, the gradient of the hand loss."""
+  loss, d, n = scale_models.hand_loss(model), model.dim, model.num_data
+
+  def gradient(data, params, key):
+    k_batch, k_noise = jax.random.split(key)
+    idx = jax.random.randint(k_batch, (batch_size,), 0, n)
+    rows = jax.tree.map(lambda a: a[idx], data)
+    return jax.grad(loss)(params, rows, jax.random.normal(k_noise, (d,)))
+
+  return gradient
+
+
 class _PlainLoop:
   """A plain-JAX loop (the hand loss's gradient, SGD, batches by ``randint``) timed for
   about :data:`PLAIN_SECONDS` at each piece's ends: the machine's speed then, beside
   which a contender's piece is read (a slow spell of a shared machine slows both)."""
 
   def __init__(self, model, batch_size: int):
-    loss, d, n = scale_models.hand_loss(model), model.dim, model.num_data
+    gradient = _hand_gradient(model, batch_size)
 
     def run(data, params, keys):
       def step(p, k):
-        k_batch, k_noise = jax.random.split(k)
-        rows = jax.tree.map(lambda a: a[jax.random.randint(k_batch, (batch_size,), 0, n)],
-                            data)
-        grads = jax.grad(loss)(p, rows, jax.random.normal(k_noise, (d,)))
-        return jax.tree.map(lambda a, g: a - 1e-9 * g, p, grads), None
+        return jax.tree.map(lambda a, g: a - 1e-9 * g, p, gradient(data, p, k)), None
       return jax.lax.scan(step, params, keys)[0]
 
-    self.run, self.data, self.params = jax.jit(run), model.data, _initial_params(d)
-    self.keys = jax.random.split(jax.random.key(0), 100)
+    self.run, self.data, self.params = jax.jit(run), model.data, _initial_params(model.dim)
+    self.keys = None  # the loop's length, set (and compiled) on the first timing
 
   def _timed(self) -> float:
     started = time.perf_counter()
@@ -122,12 +132,14 @@ class _PlainLoop:
     return time.perf_counter() - started
 
   def seconds_per_step(self) -> float:
-    self._timed()  # compiled on the first call
-    while (elapsed := self._timed()) < PLAIN_SECONDS:
-      longer = int(len(self.keys) * min(100.0, 1.2 * PLAIN_SECONDS / max(elapsed, 1e-4))) + 1
-      self.keys = jax.random.split(jax.random.key(0), longer)
+    if self.keys is None:  # lengthened until a call takes PLAIN_SECONDS, each compiled once
+      self.keys = jax.random.split(jax.random.key(0), 100)
       self._timed()
-    return elapsed / len(self.keys)
+      while (elapsed := self._timed()) < PLAIN_SECONDS:
+        longer = int(len(self.keys) * min(100.0, 1.2 * PLAIN_SECONDS / max(elapsed, 1e-4)))
+        self.keys = jax.random.split(jax.random.key(0), longer + 1)
+        self._timed()
+    return self._timed() / len(self.keys)
 
 
 PLAIN_SECONDS = 0.2
@@ -192,17 +204,12 @@ def _finish(row: dict, evaluator, params, budget: float) -> dict:
 
 def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) -> tuple:
   """The hand-written loop: ``(row, final params)``."""
-  loss = scale_models.hand_loss(model)
-  d, n = model.dim, model.num_data
+  gradient, d = _hand_gradient(model, batch_size), model.dim
 
   def segment(adam):
     def step(data, carry, k):
       params, state = carry
-      k_batch, k_noise = jax.random.split(k)
-      idx = jax.random.randint(k_batch, (batch_size,), 0, n)
-      rows = jax.tree.map(lambda a: a[idx], data)
-      grads = jax.grad(loss)(params, rows, jax.random.normal(k_noise, (d,)))
-      updates, state = adam.update(grads, state, params)
+      updates, state = adam.update(gradient(data, params, k), state, params)
       return (optax.apply_updates(params, updates), state), None
     # The data are an argument: as constants, XLA would fold gigabytes into the program.
     return jax.jit(lambda data, p, s, ks: jax.lax.scan(

@@ -24,15 +24,15 @@ On a CPU, XLA's threads run on one core unless ``--all-cores`` is given
 (``dsgrad.pin_xla_threads(1)``: the rest of the process, compiles included, keeps every
 core). Measured on a 2-core machine (AMD EPYC, jax 0.10.2): with XLA's loops split over
 two threads, the same compiled ``cv`` step ran at about 1.1 ms in some processes and 23.5
-ms in others (identical optimized programs; the time in one loop fusion, the flat gradient's concatenation), and
-SVRG's full pass inside ``fit`` at up to 19 s instead of 0.09 s; pinned to one core, 6
-processes of 6 ran it at 1.2-1.5 ms, and the naive step was faster too (0.56 against 0.65
-ms). Each run's steps are sized from a short timed probe, and its ELBO is estimated after each
-eighth of it with one shared noise key (common random numbers, so that the contenders'
-curves differ by their params, not by the estimate's noise). Printed: the time each
-contender took to reach the hand loop's final ELBO, and the ELBO at the end of its budget
-with a paired standard error against the hand loop. Plotted: ELBO against training seconds
-(``results/hierarchical_logistic/elbo.png``).
+ms in others (identical optimized programs; the time in one loop fusion, the flat
+gradient's concatenation), and SVRG's full pass inside ``fit`` at up to 19 s instead of
+0.09 s; pinned to one core, 6 processes of 6 ran it at 1.2-1.5 ms, and the naive step was
+faster too (0.56 against 0.65 ms). Each run's steps are sized from a short timed probe,
+and its ELBO is estimated after each eighth of it with one shared noise key (common random
+numbers, so that the contenders' curves differ by their params, not by the estimate's
+noise). Printed: the time each contender took to reach the hand loop's final ELBO, and the
+ELBO at the end of its budget with a paired standard error against the hand loop. Plotted:
+ELBO against training seconds (``results/hierarchical_logistic/elbo.png``).
 
     python examples/hierarchical_logistic.py                 # about 2 minutes on 2 cores
     python examples/hierarchical_logistic.py --seconds 60    # the scale suite's budget
