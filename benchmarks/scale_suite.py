@@ -202,6 +202,15 @@ def _finish(row: dict, evaluator, params, budget: float) -> dict:
   return row
 
 
+def _next_piece_over(seconds: float, rates: list, total: int, stop: int,
+                     budget: float) -> bool:
+  """Whether the next piece, at the last piece's speed, would end past 1.05 budgets: the
+  probe underestimated the step (or the machine slowed), and the budget ends the run, its
+  schedule unfinished, rather than granting it more time than the others. The hand loop
+  and dsgrad's contenders stop by this same rule."""
+  return stop < total and seconds + rates[-1] * (total // PIECES) > 1.05 * budget
+
+
 def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) -> tuple:
   """The hand-written loop: ``(row, final params)``."""
   gradient, d = _hand_gradient(model, batch_size), model.dim
@@ -248,8 +257,11 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
     at = stop
     trace.append((seconds, evaluator.mean(params)))
     plain.append(evaluator.plain_rate())
-  row = {"steps": total, "trace": trace, "compile_seconds": compile_seconds,
-         "piece_rates": rates, "plain_rates": plain, "peak": peak}
+    if _next_piece_over(seconds, rates, total, stop, budget):
+      break
+  row = {"steps": at, "scheduled_steps": total, "trace": trace,
+         "compile_seconds": compile_seconds, "piece_rates": rates, "plain_rates": plain,
+         "peak": peak}
   return _finish(row, evaluator, params, budget), params
 
 
@@ -347,11 +359,8 @@ def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
     at = stop
     trace.append((seconds, evaluator.mean(params)))
     plain.append(evaluator.plain_rate())
-    if not math.isfinite(trace[-1][1]):
-      break
-    if seconds + rates[-1] * (total // PIECES) > 1.05 * budget and stop < total:
-      # The probe underestimated the step (or the machine slowed): the budget ends the
-      # run, its schedule unfinished, rather than granting it more time than the others.
+    if not math.isfinite(trace[-1][1]) or _next_piece_over(seconds, rates, total, stop,
+                                                          budget):
       break
   row = {"steps": at, "scheduled_steps": total, "trace": trace, "batch_size": batch,
          "compile_seconds": compile_seconds, "init_seconds": init_seconds,

@@ -69,6 +69,42 @@ def test_pieces_are_equal_and_end_at_the_run():
   assert scale_suite._steps_in(10.0, 0.001) % scale_suite.PIECES == 0
 
 
+def test_the_hand_loop_stops_at_the_budget_like_the_others(monkeypatch):
+  """The machine slows threefold after the hand loop's probe: its pieces take three times
+  what the probe said, and the loop stops where the next piece would end past 1.05 budgets
+  (after four of twelve), as dsgrad's contenders do, not at 3 budgets."""
+  budget = 12.0
+
+  class Clock:  # the probe's call takes PROBE_SECONDS; each piece 3 x budget / PIECES
+    calls, now = 0, 0.0
+
+    def perf_counter(self):
+      self.calls += 1
+      if self.calls == 2:
+        self.now += scale_suite.PROBE_SECONDS
+      elif self.calls >= 5 and self.calls % 2 == 0:
+        self.now += 3 * budget / scale_suite.PIECES
+      return self.now
+
+  class Evaluator:
+    def mean(self, params):
+      return 0.0
+
+    def plain_rate(self):
+      return 1.0
+
+    def draws(self, params, num):
+      return np.zeros(num)
+
+  monkeypatch.setattr(scale_suite, "time", Clock())
+  model = scale_models.BUILDERS["hierarchical"](**SMALL["hierarchical"])
+  row, _ = scale_suite.run_hand(model, 1e-2, budget, 5, jax.random.key(0), Evaluator())
+  assert row["scheduled_steps"] % scale_suite.PIECES == 0
+  assert row["steps"] == 4 * row["scheduled_steps"] // scale_suite.PIECES
+  assert row["seconds"] == pytest.approx(budget)
+  assert not scale_suite._next_piece_over(0.0, [1.0], 120, 120, 1.0)  # the last piece ran
+
+
 @pytest.mark.parametrize("name, k", [("hierarchical", 3 + 8 + 3 + 3), ("two_index", 9),
                                      ("item_response", 3), ("factorization", 2 + 2 + 1)])
 def test_joint_saga_keeps_only_the_rows_each_datum_reads(name, k):
