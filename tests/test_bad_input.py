@@ -334,7 +334,6 @@ def test_deferred_checks_raise_the_same_error_naming_the_step(objective, params0
 
 def test_fit_segments_hold_no_host_callback(objective, params0):
   # A conditional host callback per step synchronizes a GPU with its host on every step.
-  from dsgrad import data as data_lib
   optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
   segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, BATCH, 3)
   orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)

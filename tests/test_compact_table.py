@@ -12,7 +12,7 @@ import pytest
 import dsgrad
 from dsgrad.training.batching import sample_batch
 from dsgrad.diagnostics import estimator_samples, total_variance
-from dsgrad.models import Model, logistic_regression, softmax_regression
+from dsgrad.models import Model, softmax_regression
 from conftest import BATCH, N_DATA, exact_negative_elbo, fill_by_training
 from test_unbiased import NUM_DRAWS, _assert_unbiased
 

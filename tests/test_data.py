@@ -1,7 +1,6 @@
 """Data as arguments of compiled programs (dsgrad.data, Objective.with_data)."""
 
 import functools
-import os
 
 import chex
 import jax

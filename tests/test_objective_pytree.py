@@ -4,7 +4,6 @@ as arguments, and the estimators compute with the objective handed to ``update``
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -172,7 +172,6 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   and every third epoch (2 x 250,000 data-draws against 200,000 allowed, the floor), the
   last all ``elbo_samples`` (the ELBO fit reports); and a run interrupted at an evaluated
   segment's end, before its evaluation, continues to the same evaluations."""
-  from dsgrad.training import loop as train
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 250_000, 2)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   params = {"loc": jnp.zeros(2), "log_scale": jnp.full((2,), -1.0)}
