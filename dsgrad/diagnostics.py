@@ -69,18 +69,24 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
         "estimator_samples draws the estimator's own output, so it needs the estimator "
         "and its state, not an optax.chain (whose output is the optimizer's step): for "
         "opt = optax.chain(est, optax.adam(...)) pass est and state[0]")
-  draws = _estimator_draws(transform, objective, batch_size, replace)
-  return draws(state, params, jax.random.split(key, num_draws))
+  draws = _estimator_draws(transform, jax.tree.structure(objective), batch_size, replace)
+  return draws(objective, state, params, jax.random.split(key, num_draws))
 
 
 @compile_cache.cached
-def _estimator_draws(transform, objective: Objective, batch_size: int, replace: bool):
+def _estimator_draws(transform, structure, batch_size: int, replace: bool):
+  """The draws' program for objectives of ``structure``: the objective (its data) is an
+  argument, handed to the estimator's ``update``; as a constant, XLA would fold every row
+  into the program (4 GB at 10^6 rows of 1,000 features)."""
+  del structure  # the cache's key: one program per kind of objective
+
   @jax.jit
-  def draws(state, params, keys):
+  def draws(objective, state, params, keys):
     def one(k):
       indices, noise = sample_batch(k, objective, batch_size, replace)
       grads = objective.grad(params, indices, noise, validate=False)
-      out, _ = transform.update(grads, state, params, indices=indices, noise=noise)
+      out, _ = transform.update(grads, state, params, indices=indices, noise=noise,
+                                objective=objective)
       return jax.flatten_util.ravel_pytree(out)[0]
     return jax.lax.map(one, keys)
 

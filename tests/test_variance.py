@@ -184,3 +184,34 @@ def test_variance_decomposition_on_a_sample_of_the_data_is_unbiased(logreg_data,
   se = estimates.std(ddof=1) / np.sqrt(len(estimates))
   assert abs(estimates.mean() - v_n_exact) < 4 * se, (estimates.mean(), v_n_exact, se)
   assert se < 0.2 * v_n_exact  # the band is narrow enough to catch a wrong divisor
+
+
+def test_estimator_samples_take_the_data_as_an_argument(logreg_data, params0):
+  """Two objectives of one kind (a ``with_data`` copy) share one compiled program, and
+  each draw is the estimator's output on that objective's own rows: the data are an
+  argument of the program, not constants folded into it (gigabytes at scale). Joint
+  SVRG, built on the first, refreshes from the objective it is handed."""
+  from dsgrad.training import compile_cache
+  from dsgrad.training.batching import sample_batch
+  x, y = logreg_data[:2]
+  first = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+  second = first.with_data(jax.tree.map(lambda a: a[::-1], first.data))
+  naive = dsgrad.naive()
+  estimator_samples(naive, (), params0, first, jax.random.key(0), 3, BATCH)
+  programs = compile_cache.size()
+  draws = estimator_samples(naive, (), params0, second, jax.random.key(0), 3, BATCH)
+  assert compile_cache.size() == programs
+  for row, k in zip(draws, jax.random.split(jax.random.key(0), 3)):
+    indices, noise = sample_batch(k, second, BATCH, True)
+    by_hand = jax.flatten_util.ravel_pytree(second.grad(params0, indices, noise))[0]
+    np.testing.assert_allclose(row, by_hand, rtol=1e-5, atol=1e-6)
+  # Joint SVRG, built on the first, takes its snapshot and its per-batch terms from the
+  # objective it is handed: at the snapshot's point the control variate cancels most of
+  # the subsampling noise (with the first's rows it would cancel none of it).
+  svrg = dsgrad.joint_svrg(first, every=10)
+  indices, noise = sample_batch(jax.random.key(2), second, BATCH, True)
+  state = svrg.update(second.grad(params0, indices, noise), svrg.init(params0), params0,
+                      indices=indices, noise=noise, objective=second)[1]  # the snapshot
+  reduced, se = _variance(svrg, state, params0, second, 1, 2000)
+  plain, plain_se = _variance(naive, (), params0, second, 1, 2000)
+  assert reduced + 4 * se < 0.5 * (plain - 4 * plain_se)
