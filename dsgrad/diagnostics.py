@@ -390,8 +390,9 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
   checks.check_objective_evaluates(objective, params, "variance_decomposition")
   n = objective.num_data
   k_naive, k_datum, k_full = jax.random.split(key, 3)
-  naive_draws, datum_stats, full_draws_fn = _decomposition_fns(
-      objective, batch_size, noise_draws_per_datum)
+  naive_draws, datum_stats, full_draws_fn = (
+      functools.partial(program, objective) for program in _decomposition_fns(
+          jax.tree.structure(objective), batch_size, noise_draws_per_datum))
   v_n_eps, v_n_eps_se = total_variance(
       naive_draws(params, jax.random.split(k_naive, num_draws)))
 
@@ -418,20 +419,22 @@ def variance_decomposition(objective: Objective, params, key, batch_size: int, *
 
 
 @compile_cache.cached
-def _decomposition_fns(objective: Objective, batch_size: int, noise_draws: int):
-  """The jitted pieces of :func:`variance_decomposition`, compiled once per objective."""
-  n = objective.num_data
+def _decomposition_fns(structure, batch_size: int, noise_draws: int):
+  """The jitted pieces of :func:`variance_decomposition`, compiled once per kind of
+  objective (``structure``, the cache's key): the objective, its data, is each one's
+  first argument, not a constant folded into the program."""
+  del structure
   flat = lambda tree: jax.flatten_util.ravel_pytree(tree)[0]  # noqa: E731
 
   @jax.jit
-  def naive_draws(params, keys):
+  def naive_draws(objective, params, keys):
     def one(k):
       indices, noise = sample_batch(k, objective, batch_size, replace=True)
       return flat(objective.grad(params, indices, noise, validate=False))
     return jax.lax.map(one, keys)
 
   @jax.jit
-  def datum_stats(params, indices, k):
+  def datum_stats(objective, params, indices, k):
     # (K, C, P) per-datum gradients at K noise draws.
     def at(kd):
       noise = objective.sample_noise(kd, indices.shape[0])
@@ -444,7 +447,8 @@ def _decomposition_fns(objective: Objective, batch_size: int, noise_draws: int):
     return mean.sum(0), jnp.sum(mean ** 2), jnp.sum(within)
 
   @jax.jit
-  def full_draws(params, keys):
+  def full_draws(objective, params, keys):
+    n = objective.num_data
     all_idx = jnp.arange(n, dtype=jnp.int32)
     def one(k):
       noise = objective.sample_noise(k, n)

@@ -215,3 +215,12 @@ def test_estimator_samples_take_the_data_as_an_argument(logreg_data, params0):
   reduced, se = _variance(svrg, state, params0, second, 1, 2000)
   plain, plain_se = _variance(naive, (), params0, second, 1, 2000)
   assert reduced + 4 * se < 0.5 * (plain - 4 * plain_se)
+  # The variance decomposition's programs too: one set for both, on each one's rows.
+  decompose = lambda objective: dsgrad.variance_decomposition(
+      objective, params0, jax.random.key(3), BATCH, num_draws=50, full_draws=20)
+  decompose(first)
+  programs = compile_cache.size()
+  on_second = decompose(second)
+  assert compile_cache.size() == programs
+  built = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x[::-1], y[::-1]))
+  assert on_second == pytest.approx(decompose(built), rel=1e-5)
