@@ -65,6 +65,20 @@ def _longer(steps: int, seconds: float) -> int:
   """A probe length whose call should take :data:`PROBE_SECONDS`, from one that took
   ``seconds``."""
   return int(steps * min(100.0, 1.2 * PROBE_SECONDS / max(seconds, 1e-3))) + 1
+
+
+def _probe_step(timed, steps: int) -> float:
+  """Seconds per step from ``timed(steps)`` (one call's seconds): an untimed call compiles
+  each length, lengthened until a call takes :data:`PROBE_SECONDS`; then the faster of
+  that call and one more. A slow spell of the machine, or data paged back in, during the
+  one timed call sized a 60 s run at 37-41 s; the run's own pieces pay such spells as
+  they come."""
+  while True:
+    timed(steps)  # compiles this length
+    elapsed = timed(steps)
+    if elapsed >= PROBE_SECONDS:
+      return min(elapsed, timed(steps)) / steps
+    steps = _longer(steps, elapsed)
 PIECES = 12
 """Pieces of each run, an ELBO estimate after each: the traces' resolution."""
 TRACE_DRAWS = 8
@@ -227,16 +241,14 @@ def run_hand(model, peak, budget, batch_size, key, evaluator, probe_steps=2000) 
   params = _initial_params(d)
   probe = segment(optax.adam(peak))
   state = optax.adam(peak).init(params)
-  while True:
-    keys = jax.random.split(jax.random.key(1), probe_steps)
-    jax.block_until_ready(probe(model.data, params, state, keys))  # compiles this length
+
+  def timed(steps):
+    keys = jax.random.split(jax.random.key(1), steps)
     started = time.perf_counter()
     jax.block_until_ready(probe(model.data, params, state, keys))
-    elapsed = time.perf_counter() - started
-    if elapsed >= PROBE_SECONDS:
-      break
-    probe_steps = _longer(probe_steps, elapsed)
-  total = _steps_in(budget, elapsed / probe_steps)
+    return time.perf_counter() - started
+
+  total = _steps_in(budget, _probe_step(timed, probe_steps))
   adam = _cosine(peak, total)
   run = segment(adam)
   state = adam.init(params)
@@ -315,12 +327,9 @@ def _probe(objective, estimator, peak, params, batch_size, key, probe_steps) -> 
   ``chain(estimator, adam(peak))`` under ``fit``, timed after the first update."""
   optimizer = optax.chain(estimator, optax.adam(peak))
   state, first_seconds = first_update(objective, optimizer, params, key, batch_size)
-  while True:
-    _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)  # compiles
-    elapsed = _timed_fit(objective, optimizer, params, key, probe_steps, batch_size, state)[1]
-    if elapsed >= PROBE_SECONDS:
-      return elapsed / probe_steps, first_seconds
-    probe_steps = _longer(probe_steps, elapsed)
+  step = _probe_step(lambda steps: _timed_fit(objective, optimizer, params, key, steps,
+                                              batch_size, state)[1], probe_steps)
+  return step, first_seconds
 
 
 def run_fit(name, model, peak, budget, batch_size, key, evaluator, k,
