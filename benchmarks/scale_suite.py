@@ -69,15 +69,14 @@ def _longer(steps: int, seconds: float) -> int:
 
 def _probe_step(timed, steps: int) -> float:
   """Seconds per step from ``timed(steps)`` (one call's seconds): an untimed call compiles
-  each length, lengthened until a call takes :data:`PROBE_SECONDS`; then the faster of
-  that call and one more. A slow spell of the machine, or data paged back in, during the
-  one timed call sized a 60 s run at 37-41 s; the run's own pieces pay such spells as
-  they come."""
+  each length, lengthened until a timed call takes :data:`PROBE_SECONDS`. (The faster of
+  two such calls read the wide GLM's steps 4-22% faster than its runs' median step, joint
+  SVRG's refreshes aside, and every run there stopped with its schedule unfinished.)"""
   while True:
     timed(steps)  # compiles this length
     elapsed = timed(steps)
     if elapsed >= PROBE_SECONDS:
-      return min(elapsed, timed(steps)) / steps
+      return elapsed / steps
     steps = _longer(steps, elapsed)
 PIECES = 12
 """Pieces of each run, an ELBO estimate after each: the traces' resolution."""
