@@ -78,6 +78,8 @@ def _probe_step(timed, steps: int) -> float:
     if elapsed >= PROBE_SECONDS:
       return elapsed / steps
     steps = _longer(steps, elapsed)
+
+
 PIECES = 12
 """Pieces of each run, an ELBO estimate after each: the traces' resolution."""
 TRACE_DRAWS = 8

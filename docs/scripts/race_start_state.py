@@ -13,8 +13,6 @@ Run from the repository root (two cores, about four minutes):
 ``model`` is a scale-suite model (default two_index, peak 0.001).
 """
 
-import sys
-
 import dsgrad
 
 dsgrad.pin_xla_threads(1)
@@ -23,25 +21,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import scale_models, scale_suite  # noqa: E402
-from dsgrad import diagnostics  # noqa: E402
+from _race_common import BUDGET, RACE_SECONDS, naive_alone, race, setup  # noqa: E402
 from dsgrad.advice import candidates as candidates_lib  # noqa: E402
 from dsgrad.advice import runs as runs_lib  # noqa: E402
 
-BUDGET, RACE_AT, RACE_SECONDS = 60.0, 0.2, 1.4
+RACE_AT = 0.2
 NAMES = ("naive", "joint_svrg", "cv", "naive_batch")
 
 
 def main():
-  name = sys.argv[1] if len(sys.argv) > 1 else "two_index"
-  peak = float(sys.argv[2]) if len(sys.argv) > 2 else 0.001
-  model = scale_models.BUILDERS[name]()
-  objective = model.objective
-  params = scale_suite._initial_params(model.dim)
-  make = lambda steps: scale_suite._cosine(peak, steps)  # noqa: E731
-  program = diagnostics.sampled_elbo_draws(objective, 4, 4096)
-  elbo = lambda p: float(jnp.concatenate([program(p, jax.random.fold_in(  # noqa: E731
-      jax.random.key(7), i), objective.num_data) for i in range(2)]).mean())
+  name, objective, params, make, elbo = setup()
 
   # (1) The state recommend races from: naive's, when its first candidate continues it.
   seen = {}
@@ -57,7 +46,7 @@ def main():
                             budget=BUDGET, progress=False)
   runs_lib.Run.continue_from = continue_from
   steps, start, fraction = seen["start"]
-  print(f"recommend: the race began at {fraction:.1%} of the budget, after {steps:,} naive "
+  print(f"{name}, recommend: the race began at {fraction:.1%} of the budget, after {steps:,} naive "
         f"steps, from ELBO {elbo(start):,.0f}; it picked {advice.best}:")
   for c in advice.ranking:
     if c.raced and c.name != "naive":
@@ -66,16 +55,7 @@ def main():
   # (2) Naive alone to 20% of the budget, then the same race from there, four keys.
   built = [c for c in candidates_lib.build(NAMES, objective, params, 100)
            if isinstance(c, candidates_lib.Contender)]
-  naive = runs_lib.Run(built[0], make, jax.random.key(0), params)
-  naive.start(naive.compile(10**7, 64))
-  naive.advance(128)
-  naive.advance(round(0.3 / naive.seconds_per_step))
-  step = naive.seconds_per_step
-  own = naive.compile(BUDGET / step, 256)
-  naive.use(own, naive.seconds / BUDGET)
-  while naive.seconds < RACE_AT * BUDGET:
-    naive.advance(round(0.5 / step))
-  naive.use(own, RACE_AT)
+  naive, step, own = naive_alone(built[0], make, params, RACE_AT)
   print(f"naive alone: {naive.steps_run:,} steps by {RACE_AT:.0%} of the budget, ELBO "
         f"{elbo(naive.params):,.0f}; the race from there, four keys:")
   piece = RACE_SECONDS / 3
@@ -89,8 +69,7 @@ def main():
       run = runs_lib.Run(contender, make, jax.random.key(100 + k), params)
       run.continue_from(naive, program_c, RACE_AT)
       run.start_race(first_update=cname != "naive")
-      for i in range(1, 4):
-        run.advance_for(i * piece - run.raced_seconds())
+      race(run)
       ends.setdefault(cname, []).append(elbo(run.params))
   for cname, values in ends.items():
     if cname != "naive":

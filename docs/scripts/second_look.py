@@ -11,51 +11,30 @@ Run from the repository root (two cores, a few minutes):
     PYTHONPATH=. python docs/scripts/second_look.py [model] [peak]
 """
 
-import sys
-
 import dsgrad
 
 dsgrad.pin_xla_threads(1)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import scale_models, scale_suite  # noqa: E402
-from dsgrad import diagnostics  # noqa: E402
+from _race_common import BUDGET, RACE_SECONDS, naive_alone, race, setup  # noqa: E402
 from dsgrad.advice import candidates as candidates_lib  # noqa: E402
 from dsgrad.advice import runs as runs_lib  # noqa: E402
 
-BUDGET, RACE_SECONDS, KEYS = 60.0, 1.4, 4
+KEYS = 4
 
 
 def main():
-  name = sys.argv[1] if len(sys.argv) > 1 else "two_index"
-  peak = float(sys.argv[2]) if len(sys.argv) > 2 else 0.001
-  model = scale_models.BUILDERS[name]()
-  objective = model.objective
-  params = scale_suite._initial_params(model.dim)
-  make = lambda steps: scale_suite._cosine(peak, steps)  # noqa: E731
-  program = diagnostics.sampled_elbo_draws(objective, 4, 4096)
-  elbo = lambda p: float(jnp.concatenate([program(p, jax.random.fold_in(  # noqa: E731
-      jax.random.key(7), i), objective.num_data) for i in range(2)]).mean())
+  name, objective, params, make, elbo = setup()
   built = {c.candidate.name: c for c in candidates_lib.build(
       ("naive", "joint_svrg", "naive_batch"), objective, params, 100)}
 
   def run_of(name_, key=0):
     return runs_lib.Run(built[name_], make, jax.random.key(key), params)
 
-  naive = run_of("naive")
-  naive.start(naive.compile(10**7, 64))
-  naive.advance(128)
-  naive.advance(round(0.3 / naive.seconds_per_step))
-  step = naive.seconds_per_step
+  naive, step, _ = naive_alone(built["naive"], make, params, 0.2)
   segment = lambda seconds: max(1, round(RACE_SECONDS / 3 / (8 * seconds)))  # noqa: E731
-  own = naive.compile(BUDGET / step, 256)
-  naive.use(own, naive.seconds / BUDGET)
-  while naive.seconds < 0.2 * BUDGET:
-    naive.advance(round(0.5 / step))
-  naive.use(own, 0.2)
   programs = {}
   for n in ("joint_svrg", "naive_batch"):  # each on a schedule over the steps it affords
     probe = run_of(n)
@@ -79,8 +58,7 @@ def main():
         run = run_of(n, 100 + k)
         run.continue_from(pick, programs[n], at)
         run.start_race(first_update=n == "joint_svrg")
-        for i in range(1, 4):
-          run.advance_for(i * RACE_SECONDS / 3 - run.raced_seconds())
+        race(run)
         ends.setdefault(n, []).append(elbo(run.params))
     gap = np.asarray(ends["joint_svrg"]) - np.asarray(ends["naive_batch"])
     print(f"  at {at:.0%} (the 2x batch at ELBO {elbo(pick.params):,.0f}): joint SVRG minus "
