@@ -129,6 +129,23 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
 
 
+def test_a_race_that_begins_before_the_estimates_compile_waits_for_them(monkeypatch):
+  """The thread compiles naive's program, then the ELBO estimates, then the candidates. A
+  race that must begin while naive's program is still compiling (a stand-in compiler two
+  seconds slower, a race due at half a second) leaves the candidate out as still
+  compiling, but waits for the estimates it needs instead of cancelling them."""
+  real_compile = runs_lib.compile_fit
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: time.sleep(2.0)
+                      or real_compile(*args, **kwargs))
+  model = _model()
+  advice = dsgrad.recommend(dsgrad.meanfield_gaussian(model), _schedule,
+                            dsgrad.meanfield_init(model), jax.random.key(1), batch_size=BATCH,
+                            budget=10.0, share=0.5, race_at=0.05, candidates=("naive", "cv"),
+                            progress=False)
+  assert advice.best == "naive"
+  assert "still compiling when the race began" in _by_name(advice)["cv"].why_not
+
+
 def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_expects(
     monkeypatch):
   """settle moves a run to a new program only while four compiles' time is left; a

@@ -109,8 +109,7 @@ class _Race:
     self.others = [run for name, run in runs.items() if name != "naive"]
     self.piece = share * budget * (1 - ESTIMATES_SHARE) / len(self.others) / PIECES
     self.estimates_seconds = ESTIMATES_SHARE * share * budget / len(runs)
-    self.thread = concurrent.futures.ThreadPoolExecutor(1)
-    self.jobs: dict = {}
+    self.thread, self.jobs = concurrent.futures.ThreadPoolExecutor(1), {}
     self.started, self.rows = started, objective.num_data
 
   elapsed = lambda self: time.perf_counter() - self.started
@@ -180,7 +179,9 @@ class _Race:
       else:
         run.continue_from(self.naive, job.result(), fraction)
         raced.append(run)
-    self.thread.shutdown(wait=False, cancel_futures=True)
+    for job in self.jobs.values():  # those not started; the estimates' are needed
+      job.cancel()
+    self.thread.shutdown(wait=False)
     evaluate = self._evaluator()
     if len(raced) == 1:
       return {}, skipped
@@ -329,8 +330,8 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
     spent = time.perf_counter() - started
     kept = {name: run for name, run in runs.items() if name in draws} or {"naive": runs["naive"]}
-    reasons = tuple(_reasons(best, rows, budget, spent, race_line))
-    return Recommendation(best.name, tuple(ranking), reasons, budget, spent, kept)
+    return Recommendation(best.name, tuple(ranking), tuple(_reasons(
+        best, rows, budget, spent, race_line)), budget, spent, kept)
   finally:
     bar(0, close=True)
 

@@ -37,8 +37,7 @@ class Run:
 
   def __init__(self, contender, make_optimizer, key, params):
     self.contender, self.make_optimizer, self.key = contender, make_optimizer, key
-    self.start_params, self.program = params, None
-    self.params = self.opt_state = None
+    self.start_params, self.program, self.params, self.opt_state = params, None, None, None
     self.step, self.steps_run, self.seconds = 0, 0, 0.0
     self.timings, self.earlier_rate = [], None  # (steps, seconds) per advance on program
     self.mark, self.first_seconds, self.compile_seconds = (0.0, 0), 0.0, 0.0  # start_race
