@@ -278,7 +278,8 @@ def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
   started = time.perf_counter()
   result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
                       max_seconds=1.5, **settings)
-  # Within the limit but for the last evaluation's first compile (PSIS's ratios).
+  # Within the limit but for the error in pricing the last evaluation's compile (PSIS's
+  # ratios) from the first evaluation's.
   assert time.perf_counter() - started <= 1.5 + 1.0 and result.timing.steps >= 0.5
   assert result.compile_seconds == 0.0
   assert 0 < result.step < 10 ** 8 and result.step % 50 == 0
@@ -286,3 +287,38 @@ def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
   with pytest.raises(ValueError, match="must be a multiple of segment_steps"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=100,
                batch_size=BATCH, segment_steps=30, eval_every=50, progress=False)
+
+
+def test_fit_within_max_seconds_prices_the_last_evaluations_compile_not_every_draw(
+    monkeypatch):
+  """A run limited in time prices its last evaluation from the first: a stand-in
+  evaluation compiler (a second the first time each program runs, 1.45 s for PSIS's)
+  must neither make every later draw look a second dear, stopping the run after one
+  segment, nor be left out, running past the limit."""
+  from dsgrad.training import evaluation_plan
+  n = 20_000
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), n, 3)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  settings = dict(num_steps=3 * 10 ** 6, batch_size=BATCH, segment_steps=200, elbo_samples=100)
+  plan = evaluation_plan.plan(n, BATCH, settings["num_steps"], None, 100)
+  assert plan.draws < plan.last_draws  # a few draws along the run, all of them at its end
+  seen, real_evaluate = set(), evaluation_plan._evaluate
+
+  def evaluate(objective_, params_, key, draws, trust_check, step):
+    if (draws, trust_check) not in seen:
+      seen.add((draws, trust_check))
+      time.sleep(1.45 if trust_check else 1.0)
+    return real_evaluate(objective_, params_, key, draws, trust_check, step)
+
+  monkeypatch.setattr(evaluation_plan, "_evaluate", evaluate)
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
+  dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings)
+  limit = 8.0
+  started = time.perf_counter()
+  result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
+                      max_seconds=limit, **settings)
+  assert time.perf_counter() - started <= 1.05 * limit, time.perf_counter() - started
+  # 8 s less the two stand-in compiles and a margin for the evaluations: steps for 4 s.
+  assert result.timing.steps >= 3.0, result.timing
+  assert result.history.step[-1] == result.step and result.pareto_k is not None
