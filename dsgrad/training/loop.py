@@ -217,8 +217,11 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     max_seconds: optional wall-clock limit of the call, compiles and evaluations
       included: the run stops at the end of the last segment whose steps, and the last
       evaluation after them, fit in it (timed by the segments before, and by an
-      evaluation after the first segment, which always runs; the last evaluation's own
-      first compile is not foreseen). ``FitResult.step`` says where it stopped; the
+      evaluation after the first segment, which always runs, called twice: cold, then
+      warm). Where the last evaluation's draws would not fit, it takes the draws of the
+      program already timed, without k-hat (``FitResult.diagnosis`` says so; a limit
+      that leaves no time to train cannot be kept whole: the first segment and its
+      evaluation always run). ``FitResult.step`` says where it stopped; the
       schedule is the optimizer's, so size ``num_steps`` to the time (as
       :func:`dsgrad.recommend` does) for a schedule that ends with the run.
     segment_steps: steps per compiled segment, where they should be fewer than
