@@ -6,6 +6,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -144,6 +145,30 @@ def test_a_race_that_begins_before_the_estimates_compile_waits_for_them(monkeypa
                             progress=False)
   assert advice.best == "naive"
   assert "still compiling when the race began" in _by_name(advice)["cv"].why_not
+
+
+def test_a_candidate_whose_update_is_not_finite_leaves_the_race_with_why(monkeypatch):
+  """A log density whose gradient is finite but whose second derivative is not (log of a
+  normal cdf at +inf: 0, slope 0, curvature NaN) trains with naive while cv's linearized
+  terms are NaN: cv leaves the race saying why, instead of ending recommend with an
+  error, and naive, listed after it, is still the reference of every line."""
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), N, D)
+
+  def log_lik(z, batch):
+    eta = batch["x"] @ z
+    flat = jnp.log(jax.scipy.stats.norm.cdf(jnp.inf - eta))  # 0, with a NaN curvature
+    return -jnp.logaddexp(0.0, -(2 * batch["y"] - 1) * eta) + flat
+
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), log_lik, {"x": x, "y": y}, D)
+  advice = dsgrad.recommend(objective, _schedule, dsgrad.families.by_name("meanfield", D).params(),
+                            jax.random.key(1), batch_size=BATCH, budget=16.0, share=0.25,
+                            race_at=0.1, candidates=("cv", "naive"), progress=False)
+  cv = _by_name(advice)["cv"]
+  assert advice.best == "naive" and not cv.raced
+  assert "from naive's state" in cv.why_not and "non-finite" in cv.why_not, cv.why_not
+  assert any(line.startswith("cv (batch") for line in advice.reasons), advice.reasons
+  assert not any(line.startswith("naive (batch") for line in advice.reasons), advice.reasons
 
 
 def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_expects(

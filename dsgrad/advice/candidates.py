@@ -75,8 +75,7 @@ def build(names, objective, params, batch_size: int, approx=None,
   why it cannot apply: an approximation or noise the objective lacks, more noise
   coordinates than the QMC generator has, a table that does not fit, a state larger than
   ``memory_share`` of the free memory (computed from shapes, nothing allocated)."""
-  free = host_data.free_memory_bytes()
-  out = []
+  free, out = host_data.free_memory_bytes(), []
   for name in names:
     k = EQUAL_COST_FACTOR if name in ("naive_samples", "rqmc") else 1
     label = ((approx or approx_lib.linearize()).name

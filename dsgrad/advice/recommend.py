@@ -1,15 +1,14 @@
 """Which way to train this model? Decided by racing the candidates inside the user's budget.
 
-Naive starts training at once; beside it, a thread compiles each candidate's program (the
-user's optimizer over the steps it affords, guessed from naive's step: :data:`COST_GUESS`)
-and the ELBO estimates. At ``race_at`` of the budget every compiled candidate continues
-naive's run (:mod:`dsgrad.advice.runs`) and each run, naive's too, takes the same step
-time in :data:`PIECES` interleaved pieces; then every run's ELBO is estimated with common
-random numbers. The largest gain over naive beyond twice its standard error wins (or a
-:data:`SETTLING` control variate it does not beat by twice their paired error), else naive.
-The losers' pieces and the estimates are the advice's cost (``share`` of the budget);
-:meth:`Recommendation.fit` continues the winner to the end of the budget. A share that
-cannot give each candidate :data:`MIN_RACE_SECONDS` is too small to race: naive.
+Naive trains at once; beside it, a thread compiles each candidate's program (over the steps
+it affords, guessed by :data:`COST_GUESS`) and the ELBO estimates. At ``race_at`` of the
+budget each compiled candidate continues naive's run (:mod:`dsgrad.advice.runs`); every
+run takes the same step time in :data:`PIECES` interleaved pieces, then its ELBO is
+estimated with common random numbers. The largest gain over naive beyond twice its
+standard error wins (or a :data:`SETTLING` control variate within twice their paired error
+of it), else naive. The losers' pieces and the estimates cost ``share`` of the budget;
+:meth:`Recommendation.fit` continues the winner. Below :data:`MIN_RACE_SECONDS` a
+candidate, the share is too small to race: naive.
 
 Example::
 
@@ -105,8 +104,7 @@ class _Race:
 
   def __init__(self, runs: dict, objective, budget: float, share: float, key, say, started):
     self.runs, self.objective, self.budget, self.key, self.say = runs, objective, budget, key, say
-    self.naive = runs["naive"]
-    self.others = [run for name, run in runs.items() if name != "naive"]
+    self.naive, self.others = runs["naive"], [r for n, r in runs.items() if n != "naive"]
     self.piece = share * budget * (1 - ESTIMATES_SHARE) / len(self.others) / PIECES
     self.estimates_seconds = ESTIMATES_SHARE * share * budget / len(runs)
     self.thread, self.jobs = concurrent.futures.ThreadPoolExecutor(1), {}
@@ -120,8 +118,7 @@ class _Race:
     step = self.naive.seconds_per_step
     self.say(f"naive: {step:.3g} s a step; compiling the candidates beside its training")
     segment = lambda seconds: max(1, round(self.piece / (SEGMENTS_PER_PIECE * seconds)))
-    self.jobs["naive"] = self.thread.submit(self.naive.compile, self.budget / step,
-                                            segment(step))
+    self.jobs["naive"] = self.thread.submit(self.naive.compile, self.budget / step, segment(step))
     program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, 4096)  # chunks
     self.estimates = self.thread.submit(  # compiled here, timed in _evaluator
         lambda: (jax.block_until_ready(program(self.naive.start_params, self.key, 1)), program)[1])
@@ -185,12 +182,17 @@ class _Race:
     evaluate = self._evaluator()
     if len(raced) == 1:
       return {}, skipped
-    for run in raced:  # naive's step timed in the race, not beside the compiles
-      run.start_race(first_update=run is not self.naive)
     self.say(f"racing {', '.join(run.name for run in raced)} from {fraction:.0%} of the budget")
-    for piece in range(1, PIECES + 1):
-      for run in raced:
-        run.advance_for(piece * self.piece - run.raced_seconds())
+    for piece in range(PIECES + 1):  # 0: the start (naive's step timed in the race)
+      for run in list(raced):
+        try:
+          run.advance_for(piece * self.piece - run.raced_seconds()) if piece else \
+              run.start_race(first_update=run is not self.naive)
+        except ValueError as error:  # an update not finite: the candidate leaves the race
+          if run is self.naive:
+            raise
+          raced.remove(run)
+          skipped[run.name] = f"from naive's state, {str(error).splitlines()[0]}"
     return {run.name: [evaluate(run.params)] for run in raced}, skipped
 
 
@@ -232,8 +234,8 @@ def verdict(rows: list, draws: dict | None = None) -> Candidate:
 def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line: str) -> list:
   lines = [f"budget {budget:.3g} s; this advice took {spent:.3g} s, naive's training "
            "included (the first part of every run)."] + [race_line] * bool(race_line)
-  naive = rows[0]
-  for r in rows[1:]:
+  naive = next(r for r in rows if r.name == "naive")  # wherever the user listed it
+  for r in (r for r in rows if r is not naive):
     lines.append(f"{r.describe()}: " + (
         f"{r.steps_per_second / naive.steps_per_second:.3g}x naive's steps per second; "
         f"{r.gain:+.4g} +- {r.gain_se:.2g} nats over naive at equal time." if r.raced
@@ -306,7 +308,6 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                                max_table_bytes, memory_share)
   make = checks.optimizer_factory(optimizer, "dsgrad.recommend")
   runs = {c.candidate.name: Run(c, make, key, params) for c in built if isinstance(c, Contender)}
-  ruled_out = [c for c in built if isinstance(c, Candidate)]
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")
   try:
@@ -324,7 +325,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
         race_line = (f"each run raced {PIECES * race.piece:.3g} s of steps from naive's run, in "
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
                      f"common noise, on {race.rows:,} of the {objective.num_data:,} data.")
-    rows = _rows(runs, draws, skipped, ruled_out)
+    rows = _rows(runs, draws, skipped, [c for c in built if isinstance(c, Candidate)])
     best = verdict(rows, draws)
     ranking = [best] + sorted((r for r in rows if r is not best),
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
