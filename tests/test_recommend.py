@@ -125,6 +125,8 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   assert all("too small to race" in rows[n].why_not for n in rows if n != "naive")
   assert rows["naive_batch"].batch_size == 2 * BATCH  # settings are fields
   assert rows["cv"].gain is None and not rows["cv"].raced
+  with pytest.raises(ValueError, match=r"'cv' did not race: Recommendation.fit continues"):
+    advice.fit("cv")
   result = advice.fit(progress=False, elbo_samples=10)
   assert time.perf_counter() - started <= 1.05 * budget
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1

@@ -84,7 +84,9 @@ class Recommendation(NamedTuple):
     off). Returns fit's :class:`~dsgrad.FitResult`, from where the run was."""
     entered = time.perf_counter()
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
-    run = self.runs[name or self.best]
+    run = self.runs.get(name or self.best)
+    if run is None:
+      raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
     if run.program is None:  # naive, not started: it starts, and is timed, now
       _start_naive(run, self.budget_seconds)
     run.settle(self.budget_seconds, spent)

@@ -91,12 +91,10 @@ class Run:
 
   def advance(self, steps: int) -> None:
     """Runs ``steps`` more steps (whole segments, at least one) with :func:`dsgrad.fit`."""
-    segment = self.program.segment
-    steps = max(segment, steps // segment * segment)
+    steps = max(self.program.segment, steps // self.program.segment * self.program.segment)
     result = self.fit(num_steps=self.step + steps, elbo_samples=0, progress=False)
     self.params, self.opt_state, self.step = result.params, result.opt_state, result.step
-    self.steps_run += steps
-    self.seconds += result.timing.steps
+    self.steps_run, self.seconds = self.steps_run + steps, self.seconds + result.timing.steps
     self.timings.append((steps, result.timing.steps))
 
   def start_race(self, first_update: bool) -> None:
