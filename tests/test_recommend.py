@@ -358,8 +358,10 @@ def test_fit_within_max_seconds_prices_the_last_evaluations_compile_not_every_dr
 def test_fit_within_max_seconds_keeps_it_where_the_last_evaluation_would_not_fit(
     monkeypatch):
   """Where the last evaluation's draws and k-hat would run past the limit, it takes the
-  draws of the program already timed, and the diagnosis says why there is no k-hat."""
-  seconds, result = _fit_with_slow_evaluation_compiles(monkeypatch, 1.2)
-  assert seconds <= 1.05 * 1.2, seconds
+  draws of the program already timed, the run training on to the time those leave, and
+  the diagnosis says why there is no k-hat."""
+  seconds, result = _fit_with_slow_evaluation_compiles(monkeypatch, 2.2)
+  assert seconds <= 1.05 * 2.2, seconds
+  assert result.timing.steps >= 0.5, result.timing  # 2.2 s less a stand-in compile
   assert result.pareto_k is None and "would have run past max_seconds" in result.diagnosis
   assert result.history.step[-1] == result.step and np.isfinite(result.history.elbo[-1])

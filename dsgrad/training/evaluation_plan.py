@@ -200,16 +200,24 @@ class Evaluations:
     self.deadline = time.perf_counter() - elapsed + 1.05 * max_seconds
     if step_seconds == 0:
       return end
-    segment, left = step_seconds * length, max_seconds - elapsed - self.last_seconds()
+    segment, left = step_seconds * length, max_seconds - elapsed
+    # Where the last evaluation in full no longer fits, it takes the timed program's
+    # draws (see after): the run trains on to the time that leaves for those.
+    full = self.last_seconds()
+    left -= full if full < left else self.last_seconds(in_full=False)
     return step if segment > left else step + length if 2 * segment > left else end
 
-  def last_seconds(self) -> float:
-    """The last evaluation's price: 1.5 times the same draws warm, plus its first call's
-    compile: none where it is the program timed, 2.5 times the timed program's for PSIS's
-    ratios and k-hat (1.7-2.4 times and 0.5 s more on three held-out models), else once."""
+  def last_seconds(self, in_full: bool = True) -> float:
+    """The last evaluation's price: 1.5 times its draws warm, plus, ``in_full``, its
+    first call's compile: none where it is the program timed, 2.5 times the timed
+    program's for PSIS's ratios and k-hat (1.7-2.4 times and 0.5 s more on three held-out
+    models), else once. Not ``in_full``: the timed program's draws."""
+    per_draw = 1.5 * self.warm_seconds / max(1, self.warm_draws)
+    if not in_full:
+      return per_draw * self.plan.draws
     compile = (0.0 if self.plan.draws == self.plan.last_draws and not self.trust_check
                else (2.5 if self.trust_check else 1.0) * self.compile_seconds)
-    return compile + 1.5 * self.warm_seconds / max(1, self.warm_draws) * self.plan.last_draws
+    return compile + per_draw * self.plan.last_draws
 
 
 
