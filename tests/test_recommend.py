@@ -171,6 +171,12 @@ def test_a_candidate_whose_update_is_not_finite_leaves_the_race_with_why(monkeyp
   assert "from naive's state" in cv.why_not and "non-finite" in cv.why_not, cv.why_not
   assert any(line.startswith("cv (batch") for line in advice.reasons), advice.reasons
   assert not any(line.startswith("naive (batch") for line in advice.reasons), advice.reasons
+  # A plain fit with cv names the step and where such a NaN can come from.
+  with pytest.raises(ValueError, match=r"non-finite values \(NaN or inf\), from the gradient, "
+                                       r".*NaN curvature.*dsgrad.naive\(\).*\(at step 0\)$"):
+    dsgrad.fit(objective, optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
+               dsgrad.families.by_name("meanfield", D).params(), jax.random.key(1),
+               num_steps=20, batch_size=BATCH, elbo_samples=0, progress=False)
 
 
 def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_expects(

@@ -366,6 +366,12 @@ class SegmentRunner:
       message = found or (
           f"{PARAMS_NOT_FINITE} (steps {at} to {at + steps - 1}) while every step's update "
           "was finite: adding an update to the params overflowed (a step size too large?)")
+    if message and message.startswith(f"the step's update{checks.NON_FINITE}"):
+      message = message.replace(checks.NON_FINITE, checks.NON_FINITE + (
+          ", from the gradient, the estimator's terms or the update rule (a control "
+          "variate's approximation differentiates the log density twice, so a NaN curvature, "
+          "as of a normal cdf at +-inf, shows there and not in the gradient: dsgrad.naive() "
+          "in its place tells them apart)"), 1)
     if message:
       raise ValueError(message)
 
