@@ -247,11 +247,12 @@ def index_checks(indices, num_data: int, name: str = "indices"):
            RangeOrFiniteMessage(f"{name}{OUT_OF_RANGE}{num_data})"))]
 
 
-def finite_checks(tree, name: str):
-  """Value checks that every leaf of ``tree`` is finite."""
+def finite_checks(tree, name: str, where: str = ""):
+  """Value checks that every leaf of ``tree`` is finite; ``where`` follows the message's
+  "contains non-finite values" (where such values can come from)."""
   if not _floating_leaves(tree):
     return []
-  return [(~all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}"))]
+  return [(~all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}{where}"))]
 
 
 def is_range_or_finite_check(message: str) -> bool:

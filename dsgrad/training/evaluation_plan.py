@@ -153,8 +153,9 @@ class Evaluations:
     self.timed = timed and plan.last_draws > 0
     self.trust_check, self.diagnosis = _can_check_trust(objective, plan.last_draws)
     self.k_hat, self.seconds, self.draws = None, 0.0, 0
-    # For end_within: warm calls' seconds and draws, and a compile of the last's program.
-    self.warm_seconds, self.warm_draws, self.compile_seconds = 0.0, 0, 0.0
+    # For end_within: the evaluations' seconds without compiles (warm calls), and the
+    # compile a first call costs.
+    self.warm_seconds, self.compile_seconds = 0.0, 0.0
     self.deadline = None  # of a run limited in time's last evaluation (time.perf_counter)
 
   def after(self, step: int, end: int, length: int, params, step_seconds: float) -> None:
@@ -164,7 +165,7 @@ class Evaluations:
       return self.bar(length, step, None, None)
     draws, key = self.plan.draws_at(step, end), jax.random.fold_in(self.key, step)
     trust_check = self.trust_check and step == end
-    if (step == end and self.warm_draws and self.deadline is not None
+    if (step == end and self.draws and self.deadline is not None
         and time.perf_counter() + self.last_seconds() > self.deadline):
       # The limit is kept: the program already timed, its draws, instead of all of them.
       draws, trust_check = self.plan.draws, False
@@ -173,7 +174,7 @@ class Evaluations:
     started = time.perf_counter()
     value, se, trust = _evaluate(self.objective, params, key, draws, trust_check, step)
     took = warm = time.perf_counter() - started
-    if self.timed and self.warm_draws == 0 and step < end:
+    if self.timed and self.draws == 0 and step < end:
       # The first call compiled its program: a second, warm, prices a draw, and the
       # difference prices compiling the last evaluation's (its draws, PSIS's ratios).
       again = time.perf_counter()
@@ -181,7 +182,7 @@ class Evaluations:
       warm = time.perf_counter() - again
       self.compile_seconds, took = max(0.0, took - warm), took + warm
     self.seconds, self.draws = self.seconds + took, self.draws + draws
-    self.warm_seconds, self.warm_draws = self.warm_seconds + warm, self.warm_draws + draws
+    self.warm_seconds += warm
     if trust is not None:
       self.k_hat, self.diagnosis = trust
     self.record.append(step, step_seconds, value, se)
@@ -212,7 +213,7 @@ class Evaluations:
     first call's compile: none where it is the program timed, 2.5 times the timed
     program's for PSIS's ratios and k-hat (1.7-2.4 times and 0.5 s more on three held-out
     models), else once. Not ``in_full``: the timed program's draws."""
-    per_draw = 1.5 * self.warm_seconds / max(1, self.warm_draws)
+    per_draw = 1.5 * self.warm_seconds / max(1, self.draws)
     if not in_full:
       return per_draw * self.plan.draws
     compile = (0.0 if self.plan.draws == self.plan.last_draws and not self.trust_check

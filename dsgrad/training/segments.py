@@ -110,8 +110,16 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   # The one value check of a step: its indices are in range and its noise finite by
   # construction, so a NaN in the gradient, the estimator's terms or the update rule
   # shows here, at the step it happens.
-  checks.value_checks(checks.finite_checks(updates, "the step's update"))
+  checks.value_checks(checks.finite_checks(updates, "the step's update", UPDATE_NOT_FINITE_WHERE))
   return optax.apply_updates(params, updates), opt_state
+
+
+UPDATE_NOT_FINITE_WHERE = (
+    ", from the gradient, the estimator's terms or the update rule (a control variate's "
+    "approximation differentiates the log density twice, so a NaN curvature, as of a normal "
+    "cdf at +-inf, shows there and not in the gradient: dsgrad.naive() in its place tells "
+    "them apart)")
+"""Where a step's non-finite update can come from, as its error says."""
 
 
 HOST_BLOCK_STEPS = 1000
@@ -366,12 +374,6 @@ class SegmentRunner:
       message = found or (
           f"{PARAMS_NOT_FINITE} (steps {at} to {at + steps - 1}) while every step's update "
           "was finite: adding an update to the params overflowed (a step size too large?)")
-    if message and message.startswith(f"the step's update{checks.NON_FINITE}"):
-      message = message.replace(checks.NON_FINITE, checks.NON_FINITE + (
-          ", from the gradient, the estimator's terms or the update rule (a control "
-          "variate's approximation differentiates the log density twice, so a NaN curvature, "
-          "as of a normal cdf at +-inf, shows there and not in the gradient: dsgrad.naive() "
-          "in its place tells them apart)"), 1)
     if message:
       raise ValueError(message)
 
