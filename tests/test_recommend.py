@@ -195,6 +195,23 @@ def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_ex
   assert run.compile_seconds == 2.0
 
 
+def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(monkeypatch):
+  """settle sizes a run's schedule by its typical step time: one call slowed threefold (a
+  busy spell on a shared machine) among three must not shrink a schedule that fits."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], _schedule, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: 0.1)
+  run.start(run.compile(10_000, 100))
+  run.timings = [(100, 1.0), (100, 0.01), (100, 0.03), (100, 0.01)]  # cold, warm, slow, warm
+  assert run.seconds_per_step == pytest.approx(1e-4)
+  monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
+  run.settle(1.0, lambda: 0.5)
+  assert run.program.length == 10_000 and run.step == 5_000
+
+
 def test_the_verdict_follows_the_measured_gains():
   """The largest gain beyond twice its standard error wins; a gain within it does not,
   however large its mean; the error holds the checkpoints' spread, not only the draws'."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dsgrad.training.loop import compile_fit, fit
@@ -47,11 +48,10 @@ class Run:
 
   @property
   def seconds_per_step(self) -> float | None:
-    """The program's step time (its cold first call left out), else the previous one's."""
+    """The program's step time, the median over its calls (a slow spell of a shared machine
+    moves one call, not the median; the cold first call left out), else the previous one's."""
     timed = self.timings[1:] or self.timings
-    if not timed:
-      return self.earlier_rate
-    return sum(seconds for _, seconds in timed) / sum(steps for steps, _ in timed)
+    return float(np.median([s / n for n, s in timed])) if timed else self.earlier_rate
 
   def compile(self, length: int, segment: int) -> Program:
     """Builds and compiles this run's :class:`Program` over ``length`` steps."""
@@ -148,8 +148,8 @@ class Run:
         while not future.done():  # steps of about a fifth of a second
           self.advance(round(0.2 / self.seconds_per_step))
       self.use(future.result(), spent() / budget)
-      for _ in range(2):  # timed on its own segments: the first call runs cold
-        self.advance(round(0.25 / self.seconds_per_step))
+      for _ in range(4):  # timed on its own segments: the first call runs cold
+        self.advance(round(0.2 / self.seconds_per_step))
     self.use(self.program, spent() / budget)
 
 
