@@ -560,3 +560,39 @@ def test_checks_settled_at_a_segment_end_are_known_by_kind_not_by_wording():
   assert all(dsgrad.checks.is_range_or_finite_check(message) for _, message in ours)
   for _, message in ours:
     assert not dsgrad.checks.is_range_or_finite_check(str(message))
+
+
+# ------------------------------------------------------------------ estimator and objective
+@pytest.mark.parametrize("name", ["cv", "inc", "smiso", "joint_saga", "joint_svrg"])
+def test_an_estimator_built_for_other_data_is_refused_by_name(name):
+  """An estimator keeps per-datum state sized by the objective it was built from; updated
+  with an objective over other data (a gather past a table's end is clamped, not an
+  error) it must refuse, naming itself, instead of training on wrong rows."""
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 60, 3)
+  full = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y),
+                                   shared_noise=name == "inc")
+  part = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x[:20], y[:20]),
+                                   shared_noise=name == "inc")
+  make = {"cv": dsgrad.cv, "inc": dsgrad.inc, "smiso": lambda o: dsgrad.smiso(o, 0.01),
+          "joint_saga": dsgrad.joint_saga, "joint_svrg": dsgrad.joint_svrg}[name]
+  estimator = make(part)
+  optimizer = estimator if name == "smiso" else optax.chain(estimator, optax.adam(1e-2))
+  with pytest.raises(ValueError, match=rf"dsgrad.{name} was built for an objective of 20 "
+                                       r"data and is updated with one of 60"):
+    dsgrad.fit(full, optimizer, dsgrad.meanfield_init(full), jax.random.key(1), num_steps=4,
+               batch_size=5, elbo_samples=0, progress=False)
+
+
+def test_meanfield_init_takes_a_logdensity_objective_and_refuses_another_family():
+  data = {"y": np.linspace(-1.0, 1.0, 8, dtype=np.float32)}
+  log_prior = lambda z: -0.5 * jnp.sum(z ** 2)
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[0]) ** 2
+  objective = dsgrad.objective_from_logdensity(log_prior, log_lik, data, 2)
+  params = dsgrad.meanfield_init(objective, 0.5, -1.0)
+  assert jax.tree.map(jnp.shape, params) == {"loc": (2,), "log_scale": (2,)}
+  assert float(params["loc"][0]) == 0.5 and float(params["log_scale"][1]) == -1.0
+  fullrank = dsgrad.objective_from_logdensity(log_prior, log_lik, data, 2, family="fullrank")
+  with pytest.raises(TypeError, match="is not a mean-field one.*by_name"):
+    dsgrad.meanfield_init(fullrank)
+  with pytest.raises(TypeError, match="takes the model or its mean-field objective, got int"):
+    dsgrad.meanfield_init(2)

@@ -146,20 +146,26 @@ def masked_sum(tree, mask):
       lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), tree)
 
 
-def transformation(objective: Objective, init_fn, update_fn
+def transformation(objective: Objective, init_fn, update_fn, name: str
                    ) -> optax.GradientTransformationExtraArgs:
   """``optax.GradientTransformationExtraArgs(init_fn, update)`` for an estimator of
   ``objective``: ``update(..., objective=obj)`` hands ``update_fn`` the objective it
   computes with: ``obj`` (a :meth:`~dsgrad.Objective.with_data` copy, or a jit argument of
   the caller's step, whose data are then arguments of the compiled program), else
-  ``objective`` itself. ``init_fn`` reads no data, so that one state serves both.
-  Nothing is checked here: :func:`dsgrad.checked` wraps an optimizer with the checks of a
+  ``objective`` itself. ``init_fn`` reads no data, so that one state serves both. An
+  ``obj`` over another number of data is refused (at trace time, by ``name``): the state's
+  per-datum tables and the N/B scaling were sized by ``objective``, and a gather past a
+  table's end is clamped, not an error. Nothing else is checked here: :func:`dsgrad.checked` wraps an optimizer with the checks of a
   user's loop, and :func:`dsgrad.fit` checks what enters it."""
 
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:  # the dtype the tables are written with (a conversion)
       extra_args["indices"] = checks.as_index_array(extra_args["indices"])
-    extra_args["objective"] = extra_args.get("objective") or objective
+    given = extra_args["objective"] = extra_args.get("objective") or objective
+    if given.num_data != objective.num_data:
+      raise ValueError(f"dsgrad.{name} was built for an objective of {objective.num_data:,} "
+                       f"data and is updated with one of {given.num_data:,}: build the "
+                       "estimator from the objective it trains")
     return update_fn(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init_fn, update)

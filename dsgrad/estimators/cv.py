@@ -81,4 +81,4 @@ def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
                                 optax.tree.sub(e_tilde, g_tilde))
     return optax.tree.cast_like(out, g), state
 
-  return _common.transformation(objective, init_fn, update_fn)
+  return _common.transformation(objective, init_fn, update_fn, "cv")

@@ -99,4 +99,4 @@ def inc(objective: Objective, *, chunk_size: int = 1024,
     new_state = IncState(tables.set_rows(state.table, indices, params))
     return optax.tree.cast_like(out, g), new_state
 
-  return _common.transformation(objective, init_fn, update_fn)
+  return _common.transformation(objective, init_fn, update_fn, "inc")

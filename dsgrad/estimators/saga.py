@@ -198,7 +198,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                                   optax.tree.scale(1.0 / objective.num_data, change))
     return _output(g, control, state, new_table, running_mean, warmup_steps, weight)
 
-  return _common.transformation(objective, init_fn, update_fn)
+  return _common.transformation(objective, init_fn, update_fn, "joint_saga")
 
 
 class _TableKind(NamedTuple):

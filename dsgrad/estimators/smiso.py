@@ -104,4 +104,4 @@ def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
     step = optax.tree.sub(running_mean, params)
     return optax.tree.cast_like(step, params), SmisoState(table, running_mean)
 
-  return _common.transformation(objective, init_fn, update_fn)
+  return _common.transformation(objective, init_fn, update_fn, "smiso")

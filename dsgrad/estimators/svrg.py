@@ -131,4 +131,4 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
                                weight_state)
     return optax.tree.cast_like(out, g), new_state
 
-  return _common.transformation(objective, init_fn, update_fn)
+  return _common.transformation(objective, init_fn, update_fn, "joint_svrg")

@@ -338,12 +338,13 @@ def meanfield_entropy(log_scale: jax.Array) -> jax.Array:
 
 
 @checks.arguments(loc=checks.finite_values(), log_scale=checks.finite_values())
-def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
+def meanfield_init(model: Model | Objective, loc: float | jax.Array = 0.0,
                    log_scale: float | jax.Array = 0.0) -> dict:
   """Variational parameters ``{"loc": (d,), "log_scale": (d,)}`` filled with constants.
 
   Args:
-    model: the model (gives ``d``).
+    model: the model (gives ``d``), or the mean-field objective built from it (as
+      :func:`dsgrad.objective_from_logdensity` returns).
     loc: the mean, a scalar or a ``(d,)`` vector.
     log_scale: the log standard deviation, a scalar or a ``(d,)`` vector.
 
@@ -358,6 +359,15 @@ def meanfield_init(model: Model, loc: float | jax.Array = 0.0,
     >>> params["log_scale"].tolist()
     [-1.0, -1.0, -1.0]
   """
+  if isinstance(model, Objective):
+    if not (model.source and model.source[0] == "meanfield_gaussian"):
+      raise TypeError(f"dsgrad.meanfield_init: the objective {model.name!r} is not a mean-field "
+                      "one; its family's params() (dsgrad.families.by_name(name, d).params(), "
+                      "or families.structured_init(latent)) start it")
+    model = model.source[1]
+  if not isinstance(model, Model):
+    raise TypeError(f"dsgrad.meanfield_init takes the model or its mean-field objective, got "
+                    f"{type(model).__name__}")
   d = model.latent_dim
   return {"loc": initial_vector(loc, d, "loc"),
           "log_scale": initial_vector(log_scale, d, "log_scale")}
