@@ -178,6 +178,36 @@ def test_two_writers_of_one_checkpoint_path_are_refused(tmp_path):
   assert not os.path.exists(str(path) + ".lock")
 
 
+def test_a_fresh_fit_does_not_replace_a_folder_a_file_or_an_earlier_checkpoint(
+    tmp_path, objective, params0):
+  """A fit's saves move what is at checkpoint_path aside, then replace it: a folder (moved
+  whole), a user's file or an earlier run's checkpoint would be lost. A fresh run refuses
+  them; resume=True continues the earlier run; checkpoint.save refuses a folder."""
+  from dsgrad.training import checkpoint
+  fit = lambda path, **kw: dsgrad.fit(
+      objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)), params0, jax.random.key(0),
+      num_steps=20, batch_size=BATCH, eval_every=10, checkpoint_every=1, elbo_samples=0,
+      progress=False, checkpoint_path=path, **kw)
+  folder = tmp_path / "runs"
+  (folder / "notes.txt").parent.mkdir()
+  (folder / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="is a folder; a checkpoint is one file"):
+    fit(folder)
+  with pytest.raises(IsADirectoryError, match="is a folder"):
+    checkpoint.save(folder, {"a": np.zeros(2)})
+  with pytest.raises(ValueError, match="already holds a file.*resume=True"):
+    fit(folder / "notes.txt")
+  assert (folder / "notes.txt").read_text() == "mine" and os.listdir(folder) == ["notes.txt"]
+  earlier = fit(folder / "run.msgpack")
+  with pytest.raises(ValueError, match="already holds a file.*resume=True"):
+    fit(folder / "run.msgpack")
+  continued = dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)), params0,
+                         jax.random.key(0), num_steps=30, batch_size=BATCH, eval_every=10,
+                         elbo_samples=0, progress=False,
+                         checkpoint_path=folder / "run.msgpack", resume=True)
+  assert earlier.step == 20 and continued.step == 30
+
+
 # ------------------------------------------------------------------ file types
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_paths_that_are_not_regular_files_are_refused(tmp_path, kind):

@@ -146,16 +146,28 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
-def _check_fit_arguments(objective, batch_size, checkpoint_path) -> None:
+def _check_fit_arguments(objective, batch_size, checkpoint_path, fresh=False) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
   # The counts' kinds are checked by fit's argument declarations.
   checks.check_batch_size(batch_size, objective.num_data)
-  if checkpoint_path is not None:
-    folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint_path)))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-      raise ValueError(f"checkpoint_path {os.fspath(checkpoint_path)!r}: its folder {folder!r} "
-                       "does not exist or is not writable")
+  if checkpoint_path is None:
+    return
+  path = os.fspath(checkpoint_path)
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist or is "
+                     "not writable")
+  if os.path.isdir(path):
+    raise ValueError(f"checkpoint_path {path!r} is a folder; a checkpoint is one file: give "
+                     f"a file name in it, e.g. {os.path.join(path, 'run.msgpack')!r}")
+  # A fresh run's saves move what is there aside and then replace it: a user's file, or an
+  # earlier run's checkpoint, would be lost by its second save. (A run continued from a
+  # step, as an interrupted run's resume(), writes on its own checkpoint.)
+  if fresh and checkpoint_lib.latest(path) is not None:
+    raise ValueError(f"checkpoint_path {path!r} already holds a file (a checkpoint of an "
+                     "earlier run?) and resume=False would replace it: pass resume=True to "
+                     "continue that run, or another path (or delete the file) to start afresh")
 
 
 @checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
@@ -238,7 +250,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     ValueError: before anything is compiled, on a count that is not an integer of the
       right range (``num_steps >= 0``; ``batch_size``, ``eval_every``,
       ``checkpoint_every >= 1``), ``batch_size`` above the number of data, non-finite
-      ``params``, or a ``checkpoint_path`` whose folder is missing or not writable; with ``resume``, a
+      ``params``, a ``checkpoint_path`` whose folder is missing or not writable, or that
+      is a folder, or (without ``resume``, from step 0) holds a file; with ``resume``, a
       checkpoint written with other settings, damaged (checksum), or whose entries,
       shapes or dtypes differ from this optimizer's state. After a segment, when an
       estimator's value check failed during it (a non-finite gradient, params or
@@ -266,7 +279,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     True
   """
   entered = time.perf_counter()
-  _check_fit_arguments(objective, batch_size, checkpoint_path)
+  _check_fit_arguments(objective, batch_size, checkpoint_path,
+                       fresh=not resume and start_step == 0)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
