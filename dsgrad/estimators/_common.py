@@ -155,8 +155,9 @@ def transformation(objective: Objective, init_fn, update_fn, name: str
   ``objective`` itself. ``init_fn`` reads no data, so that one state serves both. An
   ``obj`` over another number of data is refused (at trace time, by ``name``): the state's
   per-datum tables and the N/B scaling were sized by ``objective``, and a gather past a
-  table's end is clamped, not an error. Nothing else is checked here: :func:`dsgrad.checked` wraps an optimizer with the checks of a
-  user's loop, and :func:`dsgrad.fit` checks what enters it."""
+  table's end is clamped, not an error. Nothing else is checked here:
+  :func:`dsgrad.checked` wraps an optimizer with the checks of a user's loop, and
+  :func:`dsgrad.fit` checks what enters it."""
 
   def update(updates, state, params=None, **extra_args):
     if "indices" in extra_args:  # the dtype the tables are written with (a conversion)
