@@ -197,6 +197,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     params: initial parameters.
     key: PRNG key; determines every batch and noise draw.
     num_steps: total steps, counted from 0 (including ``start_step`` already taken).
+      ``num_steps == start_step`` takes no step and evaluates nothing (the history is
+      the one passed in); :func:`dsgrad.elbo` estimates the ELBO at given params.
     batch_size: data per step.
     eval_every: steps per segment, each followed by an ELBO evaluation with
       ``elbo_samples`` draws. By default segments are one epoch, ``N // batch_size``, or
