@@ -148,7 +148,7 @@ class Run:
         while not future.done():  # steps of about a fifth of a second
           self.advance(round(0.2 / self.seconds_per_step))
       self.use(future.result(), spent() / budget)
-      for _ in range(4):  # timed on its own segments: the first call runs cold
+      for _ in range(4):  # timed on its own segments: the first runs cold, three give a median
         self.advance(round(0.2 / self.seconds_per_step))
     self.use(self.program, spent() / budget)
 

@@ -177,14 +177,15 @@ def save(path: str | os.PathLike, tree: Any) -> None:
       PRNG keys must be raw ``uint32`` arrays (``jax.random.key_data``).
 
   Raises:
-    IsADirectoryError: ``path``, or the previous checkpoint's place beside it, is a folder.
+    ValueError: ``path``, or the previous checkpoint's place beside it, holds something
+      other than a regular file (a folder, a FIFO, a device).
   """
   path = os.fspath(path)
-  if os.path.isdir(path) or os.path.isdir(previous_path(path)):
+  for existing in (path, previous_path(path)):
     # The save moves what is at path aside (to previous_path): a folder would be moved,
     # contents and all, and the next save would fail on it.
-    raise IsADirectoryError(f"checkpoint.save: {path!r} (or {previous_path(path)!r}) is a "
-                            "folder; a checkpoint is one file: give a file name in it")
+    if os.path.exists(existing):
+      checks.check_regular_file(existing, "checkpoint.save")
   for where, leaf in jax.tree_util.tree_leaves_with_path(tree):
     if not isinstance(leaf, (np.ndarray, np.generic, jax.Array, int, float, bool, complex)):
       # flax's serializer would say only "can not serialize 'function' object".

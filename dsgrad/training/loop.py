@@ -158,9 +158,8 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, fresh=False) ->
   if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
     raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist or is "
                      "not writable")
-  if os.path.isdir(path):
-    raise ValueError(f"checkpoint_path {path!r} is a folder; a checkpoint is one file: give "
-                     f"a file name in it, e.g. {os.path.join(path, 'run.msgpack')!r}")
+  if os.path.exists(path):  # a folder, a FIFO or a device would be moved aside by a save
+    checks.check_regular_file(path, "checkpoint_path")
   # A fresh run's saves move what is there aside and then replace it: a user's file, or an
   # earlier run's checkpoint, would be lost by its second save. (A run continued from a
   # step, as an interrupted run's resume(), writes on its own checkpoint.)
@@ -253,7 +252,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       right range (``num_steps >= 0``; ``batch_size``, ``eval_every``,
       ``checkpoint_every >= 1``), ``batch_size`` above the number of data, non-finite
       ``params``, a ``checkpoint_path`` whose folder is missing or not writable, or that
-      is a folder, or (without ``resume``, from step 0) holds a file; with ``resume``, a
+      is not a regular file (a folder, a FIFO), or (without ``resume``, from step 0)
+      holds a file; with ``resume``, a
       checkpoint written with other settings, damaged (checksum), or whose entries,
       shapes or dtypes differ from this optimizer's state. After a segment, when an
       estimator's value check failed during it (a non-finite gradient, params or
