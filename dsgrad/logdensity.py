@@ -41,10 +41,23 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
+def _number_list(x) -> bool:
+  """A (nested) Python list of numbers: what a user means as an array."""
+  return isinstance(x, list) and bool(x) and all(
+      _number_list(v) or isinstance(v, (bool, int, float, np.number)) for v in x)
+
+
 def _num_data(data) -> int:
   leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
   if not leaves:
     raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
+  # JAX reads a Python list as a pytree node, so a column given as a list would arrive
+  # as one scalar leaf per row.
+  for path, leaf in jax.tree_util.tree_flatten_with_path(data, is_leaf=_number_list)[0]:
+    if _number_list(leaf):
+      raise TypeError(f"data{jax.tree_util.keystr(path)} is a Python list of numbers: JAX "
+                      "reads a list as a pytree of separate leaves; give an array, e.g. "
+                      "np.asarray(column)")
   shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
   sizes = {int(shape[0]) if shape else None for shape in shapes}
   if None in sizes:
@@ -271,12 +284,18 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     return log_lik(unravel(z), jax.tree_util.tree_unflatten(treedef, [rows[k] for k in names]))
 
   z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
-  prior_shape = jax.eval_shape(prior_flat, z0).shape
-  if prior_shape != ():
-    raise ValueError(f"log_prior must return a scalar, got shape {prior_shape}")
+  prior_out = jax.eval_shape(prior_flat, z0)
+  if prior_out.shape != ():
+    raise ValueError(f"log_prior must return a scalar, got shape {prior_out.shape}")
   model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
-  lik_shape = jax.eval_shape(model.log_likelihood_at, z0, probe).shape
+  lik_out = jax.eval_shape(model.log_likelihood_at, z0, probe)
+  lik_shape = lik_out.shape
+  for what, out in (("log_prior", prior_out), ("log_lik", lik_out)):
+    # An integer log density has no gradient in z: training would not move.
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+      raise TypeError(f"{what} must return floating values (a log density of z), got "
+                      f"dtype {out.dtype}")
   if lik_shape != probe.shape:
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "

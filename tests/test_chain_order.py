@@ -36,6 +36,14 @@ def test_any_transformation_before_an_estimator_is_refused(problem, before, esti
     step(objective, params, state, jnp.arange(10), jax.random.key(1))
 
 
+def test_two_estimators_in_one_chain_are_refused_as_two_estimators(problem):
+  objective, params = problem
+  optimizer = optax.chain(dsgrad.cv(objective), dsgrad.joint_svrg(objective), optax.adam(1e-2))
+  with pytest.raises(ValueError, match="chains two dsgrad estimators"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
+               elbo_samples=0, progress=False)
+
+
 def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
   objective, params = problem
   for optimizer in [

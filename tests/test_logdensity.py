@@ -81,6 +81,14 @@ def test_bad_functions_and_data_are_refused(logreg):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, 4, family="flow")
   with pytest.raises(TypeError, match="floating"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, jnp.zeros(4, jnp.int32))
+  # An integer log likelihood has no gradient in z: training would never move.
+  labels = jnp.asarray(y, jnp.int32)
+  with pytest.raises(TypeError, match="log_lik must return floating values"):
+    dsgrad.objective_from_logdensity(_log_prior, lambda z, b: b["y"], {"x": x, "y": labels}, 4)
+  # A column given as a Python list is a pytree of one scalar per row to JAX.
+  for column in (np.asarray(x).tolist(), list(np.asarray(y).tolist())):
+    with pytest.raises(TypeError, match=r"data\['x'\] is a Python list of numbers"):
+      dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": column, "y": y}, 4)
 
 
 def test_data_are_arguments_of_compiled_programs():

@@ -89,6 +89,11 @@ def check_chain_order(opt_state, where: str) -> None:
     for position, member in enumerate(members):
       if not _holds_estimator(member, kinds):
         continue
+      if is_chain and position > 0 and _holds_estimator(members[0], kinds):
+        raise ValueError(
+            f"{where}: the optimizer chains two dsgrad estimators (positions 0 and "
+            f"{position}). Each corrects the raw mini-batch gradient, not another's "
+            "output: chain one, e.g. optax.chain(dsgrad.joint_svrg(...), optax.adam(...)).")
       if is_chain and position > 0:
         first = type(members[0]).__name__
         raise ValueError(
