@@ -274,6 +274,23 @@ def floating_dtype() -> Kind:
   return Kind("dtype", check, accepted)
 
 
+def approximation() -> Kind:
+  """``None`` (the estimator's default) or an approximation ``f~``
+  (:class:`dsgrad.Approximation`, e.g. ``dsgrad.approx.linearize()``): a name such as
+  ``"taylor"`` or the factory itself would fail only inside the first step."""
+  accepted = "None or a dsgrad.Approximation (e.g. dsgrad.approx.linearize())"
+
+  def check(value, label):
+    if value is None or all(callable(getattr(value, f, None))
+                            for f in ("grad_and_expected", "expected_grad")):
+      return value
+    hint = (": call the factory, e.g. dsgrad.approx.linearize()"
+            if callable(value) and not isinstance(value, type) else "")
+    raise ArgumentError(f"{label} must be {accepted}, got {_received(value)}{hint}")
+
+  return Kind("approximation", check, accepted, dict(optional=True))
+
+
 def _takes_a_learning_rate(value) -> bool:
   """Whether ``value`` is an optimizer's factory such as ``optax.adam`` (its first
   parameter is the learning rate), not a transformation or a ``num_steps`` function."""
@@ -424,64 +441,6 @@ def _called_as(target, owner: str) -> str:
   if getattr(getattr(top, owner.split(".")[0], None), "__wrapped__", None) is target:
     return f"dsgrad.{owner}"
   return f"{target.__module__.rsplit('.', 1)[0]}.{owner}"
-
-
-def check_numeric_dtype(dtype, label: str) -> None:
-  """Refuses data of a dtype no model computes with: object (mixed Python values),
-  complex (JAX would drop the imaginary part or fail inside a product), strings, dates."""
-  dtype = np.dtype(dtype)
-  # jnp.issubdtype also counts bfloat16 (not a NumPy floating type) as floating.
-  if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype,
-                                                                               jnp.floating):
-    return
-  raise ArgumentError(f"{label} has dtype {dtype}; data must be numbers (bool, integer or "
-                      "floating): convert it, e.g. np.asarray(x, np.float32)")
-
-
-def numeric_array(values, label: str) -> np.ndarray:
-  """``values`` as a NumPy array of a numeric dtype (see :func:`check_numeric_dtype`)."""
-  array = np.asarray(values)
-  check_numeric_dtype(array.dtype, label)
-  return array
-
-
-def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True) -> None:
-  """Refuses NaN or inf in a floating NumPy array (naming how many) and, where it will be
-  cast to float32 (``cast``), values beyond float32's range, which the cast turns into
-  inf. The one check of data before they become JAX arrays."""
-  if not np.issubdtype(array.dtype, np.inexact) or not array.size:
-    return
-  bad = ~np.isfinite(array)
-  if np.any(bad):
-    raise ArgumentError(f"{label} contains non-finite values ({int(bad.sum())} NaN or inf)")
-  largest = float(np.max(np.abs(array)))
-  if cast and largest > float(np.finfo(np.float32).max):
-    raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
-                        "(3.4e38): JAX computes in float32 and they would become inf. "
-                        "Rescale them")
-
-
-def float32_values(values, label: str) -> np.ndarray:
-  """``values`` as a float32 NumPy array, refusing what the cast would hide: a
-  non-numeric dtype, NaN or inf, and values beyond float32's range
-  (:func:`check_float32_range`)."""
-  array = numeric_array(values, label)
-  check_float32_range(array, label)
-  return array.astype(np.float32)
-
-
-def check_id_array(values, label: str) -> np.ndarray:
-  """Integer ids as an int64 array: floats are accepted only if every value is a finite
-  whole number (a NaN id would become a user of its own, 1.5 would be truncated)."""
-  array = numeric_array(values, label)
-  if np.issubdtype(array.dtype, np.floating):
-    if not np.all(np.isfinite(array)):
-      raise ArgumentError(f"{label} holds NaN or inf; ids must be whole numbers")
-    if not np.all(array == np.round(array)):
-      raise ArgumentError(f"{label} holds non-integer values; ids must be whole numbers")
-    if array.size and np.max(np.abs(array)) >= 2 ** 63:
-      raise ArgumentError(f"{label} holds values beyond the int64 range")
-  return array.astype(np.int64)
 
 
 def check_floating_params(params, who: str) -> None:

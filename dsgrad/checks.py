@@ -31,12 +31,12 @@ from jax.experimental import checkify
 
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
-    ArgumentError, Kind, arguments, byte_budget, check_count, check_floating_params,
-    check_float32_range, check_id_array, check_numeric_dtype, check_positive, count, finite_values,
-    float32_values,
-    numeric_array,
-    floating_dtype, optimizer, optimizer_factory, optional, or_word, parameters, positive, probability, prng_key,
-    real, sizes)
+    ArgumentError, Kind, approximation, arguments, byte_budget, check_count,
+    check_floating_params, check_positive, count, finite_values, floating_dtype, optimizer,
+    optimizer_factory, optional, or_word, parameters, positive, probability, prng_key, real,
+    sizes)
+from dsgrad.data_values import (  # noqa: F401
+    check_float32_range, check_id_array, check_numeric_dtype, float32_values, numeric_array)
 
 
 def is_concrete(x) -> bool:

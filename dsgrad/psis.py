@@ -93,6 +93,9 @@ def psis_log_weights(log_ratios: jax.Array):
     quantiles when ``k_hat >= 1/3``; and the shape estimate ``k_hat``: ``+inf`` when
     the tail spans more than 80 nats (a few draws carry all the weight).
 
+  Raises:
+    ValueError: fewer than 25 draws, or (outside ``jit``) a NaN or ``+inf`` ratio.
+
   Example:
     >>> import jax, dsgrad
     >>> ratios = jax.random.normal(jax.random.key(0), (1000,))  # a light tail
@@ -110,6 +113,14 @@ def psis_log_weights(log_ratios: jax.Array):
   s = log_ratios.shape[0]
   if s < 25:
     raise ValueError(f"PSIS needs at least 25 draws (a tail of 5 to fit), got {s}")
+  if checks.is_concrete(log_ratios):
+    # -inf is a draw of weight zero; NaN and +inf have no weight to smooth.
+    values = np.asarray(log_ratios, np.float64)
+    if np.isnan(values).any() or np.isposinf(values).any() or np.isneginf(values).all():
+      raise ValueError(f"log_ratios must be finite or -inf (a draw of weight zero), with one "
+                       f"finite: they hold {int(np.isnan(values).sum())} NaN, "
+                       f"{int(np.isposinf(values).sum())} +inf and "
+                       f"{int(np.isneginf(values).sum())} -inf of {s}")
   m = _tail_length(s)
   if isinstance(log_ratios, np.ndarray):
     # Shift in the caller's precision (float64 ratios near the evidence differ in

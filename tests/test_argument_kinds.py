@@ -182,6 +182,8 @@ def _bad_values(kind):
       bad.append(st.just(lambda steps: optax.adam(1e-2)))
   elif kind.kind == "dtype":
     bad = [st.sampled_from([jnp.int32, np.int8, "int64", bool, "not a dtype"])]
+  elif kind.kind == "approximation":
+    bad += [st.just(3), st.just(dsgrad.approx.linearize), st.just({"loc": np.zeros(2)})]
   elif kind.kind == "parameters":
     bad += [_NOT_FINITE, st.just({"loc": np.array([0.0, np.nan]), "log_scale": np.zeros(2)}),
             st.just({"loc": np.ones(2, np.int32)}), st.just({}), st.just([np.inf])]
@@ -213,7 +215,7 @@ def test_a_good_value_passes_the_check(name, argument, obj):
           "finite": np.zeros(3), "probability": 0.5, "key": jax.random.key(0),
           "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8),
           "parameters": {"loc": jnp.zeros(3), "log_scale": -np.ones(3)},
-          "optimizer": optax.adam(1e-2)}[kind.kind]
+          "optimizer": optax.adam(1e-2), "approximation": dsgrad.approx.linearize()}[kind.kind]
   assert kind.check(good, f"{name}: {argument}") is not None
 
 
@@ -314,3 +316,15 @@ def test_data_with_a_meaning_refuse_other_values_when_swapped_in(factory):
   for leaf, corrupt in KINDS[factory].items():
     with pytest.raises(ValueError, match=f"'{leaf}'"):
       objective.with_data(dict(data, **{leaf: corrupt(data[leaf])}))
+
+
+def test_an_approximation_given_by_name_or_as_its_factory_is_refused_at_the_factory(
+    logreg_model):
+  # Before, the name reached the first step as an AttributeError inside optax.
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  for estimator in (dsgrad.cv, dsgrad.joint_svrg, dsgrad.joint_saga):
+    with pytest.raises(TypeError, match="approx must be None or a dsgrad.Approximation"):
+      estimator(objective, approx="taylor")
+    with pytest.raises(TypeError, match="call the factory"):
+      estimator(objective, approx=dsgrad.approx.linearize)
+    estimator(objective, approx=dsgrad.approx.linearize())

@@ -178,7 +178,7 @@ def test_training_and_advice_are_subpackages_and_all_lists_no_internal_module():
       "train", "segments", "batching", "checkpoint", "resume", "evaluation_plan", "host_data",
       "parallel", "compile_cache", "progress", "advice", "race", "admission", "halving",
       "candidates", "race_elbo", "step_sizes"}]
-  internal = {"checks", "argument_kinds", "data_kinds", "objective", "tables",
+  internal = {"checks", "argument_kinds", "data_kinds", "data_values", "objective", "tables",
               "logdensity", "diagnostics", "elbo_trust", "integrators", "tempering"}
   modules = {n for n in dsgrad.__all__ if isinstance(getattr(dsgrad, n), types.ModuleType)}
   assert not modules & internal, modules & internal

@@ -49,6 +49,20 @@ def test_too_few_draws_is_refused():
     dsgrad.pareto_k(jnp.zeros(10))
 
 
+def test_nan_or_infinite_ratios_are_refused_and_minus_infinity_weighs_zero():
+  # Before, NaN and +inf ratios gave k-hat NaN and weights of NaN, silently.
+  ratios = jax.random.normal(jax.random.key(0), (400,))
+  for bad in (jnp.nan, jnp.inf):
+    with pytest.raises(ValueError, match="log_ratios must be finite or -inf"):
+      dsgrad.psis_log_weights(ratios.at[7].set(bad))
+  with pytest.raises(ValueError, match="with one finite"):
+    dsgrad.pareto_k(jnp.full(100, -jnp.inf))
+  # A draw of weight zero leaves the others' normalised weights as without it.
+  weights, k = dsgrad.psis_log_weights(ratios.at[7].set(-jnp.inf))
+  assert float(jnp.exp(weights[7])) == 0.0 and np.isfinite(float(k))
+  np.testing.assert_allclose(float(jax.nn.logsumexp(weights)), 0.0, atol=1e-5)
+
+
 def _conjugate_gaussian():
   """z ~ N(0, I_2), x_n ~ N(z, 0.5^2 I): the posterior is Gaussian with diagonal
   covariance, so a mean-field Gaussian can equal it exactly."""

@@ -127,6 +127,10 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   assert rows["cv"].gain is None and not rows["cv"].raced
   with pytest.raises(ValueError, match=r"'cv' did not race: Recommendation.fit continues"):
     advice.fit("cv")
+  # The race's run sets these; before, a bare TypeError or "num_steps is before start_step".
+  for fixed in ("num_steps", "max_seconds", "batch_size"):
+    with pytest.raises(TypeError, match=rf"Recommendation.fit sets \['{fixed}'\] itself"):
+      advice.fit(**{fixed: 10})
   result = advice.fit(progress=False, elbo_samples=10)
   assert time.perf_counter() - started <= 1.05 * budget
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
@@ -287,7 +291,7 @@ def test_candidates_that_cannot_apply_are_ruled_out_by_name_before_anything_runs
 @pytest.mark.parametrize("kwargs", [dict(candidates=("cv", "joint_svrg")),
                                     dict(candidates=("naive", "sgld")),
                                     dict(batch_size=0), dict(budget=-1.0), dict(share=1.5),
-                                    dict(race_at=1.0)])
+                                    dict(race_at=1.0), dict(candidates="naive")])
 def test_bad_settings_are_refused(kwargs):
   model = _model()
   settings = dict(batch_size=BATCH, budget=100.0, candidates=("naive", "cv"),
@@ -295,6 +299,16 @@ def test_bad_settings_are_refused(kwargs):
   with pytest.raises(ValueError):
     dsgrad.recommend(dsgrad.meanfield_gaussian(model), optax.adam(1e-2),
                      dsgrad.meanfield_init(model), jax.random.key(0), **settings)
+
+
+def test_an_optimizer_that_holds_an_estimator_is_refused_as_such():
+  # recommend chains each candidate's estimator before it: two estimators in one chain.
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  with pytest.raises(ValueError, match="optimizer holds a dsgrad estimator"):
+    dsgrad.recommend(objective, lambda n: optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
+                     dsgrad.meanfield_init(model), jax.random.key(0), batch_size=BATCH,
+                     budget=1.0, progress=False)
 
 
 @pytest.mark.parametrize("optimizer,match", [

@@ -53,11 +53,9 @@ class Candidate(NamedTuple):
 
   def describe(self) -> str:
     """Its name and settings, in words."""
-    settings = [f"batch {self.batch_size}"]
-    if self.samples_per_datum > 1:
-      settings.append(f"{self.samples_per_datum} samples per datum")
-    if self.approximation:
-      settings.append(f"approximation {self.approximation}")
+    settings = ([f"batch {self.batch_size}"]
+                + [f"{self.samples_per_datum} samples per datum"] * (self.samples_per_datum > 1)
+                + [f"approximation {self.approximation}"] * bool(self.approximation))
     return f"{self.name} ({', '.join(settings)})"
 
 

@@ -1,14 +1,11 @@
 """Which way to train this model? Decided by racing the candidates inside the user's budget.
 
-Naive trains at once; beside it, a thread compiles each candidate's program (over the steps
-it affords, guessed by :data:`COST_GUESS`) and the ELBO estimates. At ``race_at`` of the
-budget each compiled candidate continues naive's run (:mod:`dsgrad.advice.runs`); every
-run takes the same step time in :data:`PIECES` interleaved pieces, then its ELBO is
-estimated with common random numbers. The largest gain over naive beyond twice its
-standard error wins (or a :data:`SETTLING` control variate within twice their paired error
-of it), else naive. The losers' pieces and the estimates cost ``share`` of the budget;
-:meth:`Recommendation.fit` continues the winner. Below :data:`MIN_RACE_SECONDS` a
-candidate, the share is too small to race: naive.
+Naive trains at once while a thread compiles each candidate's program and the ELBO
+estimates. At ``race_at`` of the budget each compiled candidate continues naive's run
+(:mod:`dsgrad.advice.runs`) for the same seconds, in :data:`PIECES` interleaved pieces;
+their ELBOs are estimated with common random numbers. The largest gain over naive beyond
+twice its standard error wins (:func:`verdict`), else naive; :meth:`Recommendation.fit`
+continues the winner. The race costs ``share`` of the budget; too small a share: naive.
 
 Example::
 
@@ -35,6 +32,7 @@ import jax
 
 from dsgrad import checks
 from dsgrad import diagnostics
+from dsgrad.estimators import chain
 from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender
 from dsgrad.advice.runs import Run
@@ -77,11 +75,13 @@ class Recommendation(NamedTuple):
     return "\n".join([f"recommended: {self.best}"] + [f"  {r}" for r in self.reasons])
 
   def fit(self, name: str | None = None, **fit_kwargs):
-    """Continues the recommended run (or the raced run ``name``) to the end of the budget:
-    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) with
-    ``max_seconds`` what :func:`recommend` left, on a schedule over the steps the run
-    affords (compiled in a thread while the run goes on, where its own is more than 10%
-    off). Returns fit's :class:`~dsgrad.FitResult`, from where the run was."""
+    """Continues the recommended run (or the raced run ``name``) to the budget's end with
+    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...), on a schedule
+    over the steps the run affords (compiled as the run goes on where its own is more than
+    10% off). Returns fit's :class:`~dsgrad.FitResult`, from where the run was."""
+    if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
+                                   "start_step", "segment_steps"}:  # the run's, to the end
+      raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
     entered = time.perf_counter()
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
     run = self.runs.get(name or self.best)
@@ -257,7 +257,7 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
                   share=checks.probability(low_open=True),
                   race_at=checks.probability(high_open=True),
                   memory_share=checks.probability(low_open=True), elbo_samples=checks.count(2),
-                  max_table_bytes=checks.byte_budget())
+                  max_table_bytes=checks.byte_budget(), approx=checks.approximation())
 def recommend(objective, optimizer, params, key, *, batch_size: int, budget: float,
               candidates=DEFAULT_CANDIDATES, approx=None, share: float = 0.1,
               race_at: float = 0.2, elbo_samples: int = 4, memory_share: float = 0.5,
@@ -301,14 +301,17 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     Wang, Geffner, Domke (2024), Sec. 7 (the estimators compared at equal wall-clock).
   """
   started = time.perf_counter()
-  if set(candidates) - set(CANDIDATES) or "naive" not in candidates:
-    raise ValueError(f"candidates must include 'naive' and be among {CANDIDATES}, got "
-                     f"{tuple(candidates)}")
+  if isinstance(candidates, str) or set(candidates) - set(CANDIDATES) or "naive" not in candidates:
+    raise ValueError(f"candidates must be names among {CANDIDATES}, 'naive' one of them, got "
+                     f"{candidates!r}")
   checks.check_batch_size(batch_size, objective.num_data)
   checks.check_objective_evaluates(objective, params, "recommend")
   built = candidates_lib.build(candidates, objective, params, batch_size, approx,
                                max_table_bytes, memory_share)
   make = checks.optimizer_factory(optimizer, "dsgrad.recommend")
+  if chain.holds_estimator(jax.eval_shape(make(2).init, params)):  # shapes: nothing allocated
+    raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "
+                     "chained after each candidate's estimator (e.g. optax.adam): leave it out")
   runs = {c.candidate.name: Run(c, make, key, params) for c in built if isinstance(c, Contender)}
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")

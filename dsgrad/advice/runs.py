@@ -2,10 +2,9 @@
 public surface: compiled by :func:`dsgrad.compile_fit` (in a thread, beside another run),
 advanced in pieces with ``fit(..., start_step=, opt_state=)``, moved between programs.
 
-A run's schedule spans the budget: at a fraction ``f`` of the budget it is at step ``f x
-length``. So a candidate can continue another run (its params and the user optimizer's
-state, step counts moved; its estimator's state afresh), and a run can move to a program
-built for another length, where the two schedules agree: at the same fraction.
+A run's schedule spans the budget (at its fraction ``f``, step ``f x length``): a candidate
+continues another run (its params, the user optimizer's state with step counts moved, its
+own estimator state afresh), and a run moves to a program of another length at one ``f``.
 """
 
 from __future__ import annotations

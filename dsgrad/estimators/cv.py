@@ -11,7 +11,8 @@ from dsgrad.objective import Objective
 
 
 @checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
-                  control_weight_horizon=checks.positive())
+                  control_weight_horizon=checks.positive(),
+                  approx=checks.approximation())
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,
        control_weight: float | str = "adaptive", control_weight_horizon: float = 100) -> optax.GradientTransformationExtraArgs:
   """Control variate for the Monte Carlo noise of each datum (Eq. 9).

@@ -57,7 +57,8 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   return optax.tree.cast_like(out, updates), new_state
 
 
-@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+@checks.arguments(approx=checks.approximation(),
+                  control_weight=checks.or_word(checks.probability(), "adaptive"),
                   warmup_steps=checks.count(0), chunk_size=checks.count(1),
                   table_dtype=checks.optional(checks.floating_dtype()),
                   control_weight_horizon=checks.positive(),

@@ -33,7 +33,8 @@ class JointSvrgState(NamedTuple):
   control_weight: Any = ()
 
 
-@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+@checks.arguments(approx=checks.approximation(),
+                  control_weight=checks.or_word(checks.probability(), "adaptive"),
                   every=checks.optional(checks.count(1)), chunk_size=checks.count(1),
                   control_weight_horizon=checks.positive())
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
