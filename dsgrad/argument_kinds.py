@@ -291,6 +291,45 @@ def approximation() -> Kind:
   return Kind("approximation", check, accepted, dict(optional=True))
 
 
+def _is_objective(value) -> bool:
+  return all(hasattr(value, f) for f in ("loss_fn", "noise_fn", "num_data"))
+
+
+def _is_model(value) -> bool:
+  return all(hasattr(value, f) for f in ("log_prior", "latent_dim", "num_data"))
+
+
+def objective() -> Kind:
+  """A :class:`dsgrad.Objective` (what estimators, :func:`dsgrad.fit` and the diagnostics
+  take); a model in its place is named, with how to make its objective."""
+  accepted = "a dsgrad.Objective (e.g. dsgrad.meanfield_gaussian(model))"
+
+  def check(value, label):
+    if _is_objective(value):
+      return value
+    hint = (": a model; its objective is dsgrad.meanfield_gaussian(model) (or build both "
+            "with dsgrad.objective_from_logdensity)" if _is_model(value) else "")
+    raise ArgumentError(f"{label} must be {accepted}, got {_received(value)}{hint}")
+
+  return Kind("objective", check, accepted)
+
+
+def model() -> Kind:
+  """A :class:`dsgrad.models.Model` (what the families, samplers and proxies take); an
+  objective in its place is named, with where its model comes from."""
+  accepted = "a dsgrad.models.Model (e.g. dsgrad.model_from_logdensity(...))"
+
+  def check(value, label):
+    if _is_model(value):
+      return value
+    hint = (": an Objective; pass the model it was made from (dsgrad.model_from_logdensity "
+            "takes the same log prior, log likelihood and data)" if _is_objective(value)
+            else "")
+    raise ArgumentError(f"{label} must be {accepted}, got {_received(value)}{hint}")
+
+  return Kind("model", check, accepted)
+
+
 def _takes_a_learning_rate(value) -> bool:
   """Whether ``value`` is an optimizer's factory such as ``optax.adam`` (its first
   parameter is the learning rate), not a transformation or a ``num_steps`` function."""

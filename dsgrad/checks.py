@@ -32,9 +32,9 @@ from jax.experimental import checkify
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, approximation, arguments, byte_budget, check_count,
-    check_floating_params, check_positive, count, finite_values, floating_dtype, optimizer,
-    optimizer_factory, optional, or_word, parameters, positive, probability, prng_key, real,
-    sizes)
+    check_floating_params, check_positive, count, finite_values, floating_dtype, model,
+    objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
+    probability, prng_key, real, sizes)
 from dsgrad.data_values import (  # noqa: F401
     check_float32_range, check_id_array, check_numeric_dtype, float32_values, numeric_array)
 
@@ -334,29 +334,29 @@ def first_line(error: Exception) -> str:
   return text.splitlines()[0].rstrip(".") if text else type(error).__name__
 
 
-def check_objective_evaluates(objective, params, who: str) -> None:
-  """Refuses, by name, params at which ``objective`` cannot be evaluated (a leaf renamed,
-  dropped or of another shape), with one abstract trace instead of an internal error
-  inside the first compiled step."""
+def check_objective_evaluates(target, params, who: str) -> None:
+  """Refuses, by name, params at which the objective ``target`` cannot be evaluated (a
+  leaf renamed, dropped or of another shape), with one abstract trace instead of an
+  internal error inside the first compiled step."""
   indices = jnp.zeros((1,), jnp.int32)
-  noise = objective.zero_noise(1)
+  noise = target.zero_noise(1)
   try:
-    jax.eval_shape(lambda p, i: objective.loss_fn(p, objective.rows(i), noise), params, indices)
+    jax.eval_shape(lambda p, i: target.loss_fn(p, target.rows(i), noise), params, indices)
   except KeyError as error:
     keys = (sorted(map(str, params)) if isinstance(params, dict)
             else jax.tree_util.tree_structure(params))
-    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} reads params"
+    raise ValueError(f"dsgrad.{who}: objective {target.name!r} reads params"
                      f"[{error.args[0]!r}], which these params lack (they have {keys}). "
                      "Was a params leaf renamed or dropped, or were the params made for "
                      "another objective?") from error
   except jax.errors.JAXTypeError as error:
     # The params are not at fault: the model's functions need a value while traced.
-    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be traced by JAX: "
+    raise ValueError(f"dsgrad.{who}: objective {target.name!r} cannot be traced by JAX: "
                      f"{first_line(error)}. Its log density runs under jit with the batch's "
                      "indices traced: index data held as JAX arrays (jnp.asarray(x)), not "
                      "NumPy arrays, and use jnp.where instead of Python if/else on "
                      "values") from error
   except (TypeError, ValueError, IndexError, AttributeError) as error:
-    raise ValueError(f"dsgrad.{who}: objective {objective.name!r} cannot be evaluated "
+    raise ValueError(f"dsgrad.{who}: objective {target.name!r} cannot be evaluated "
                      f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "
                      "Were the params made for another model?") from error

@@ -111,7 +111,7 @@ def total_variance(samples) -> tuple[float, float]:
   return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))
 
 
-@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+@checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),
                   num_samples=checks.count(2), chunk_size=checks.count(1),
                   num_data_sampled=checks.optional(checks.count(1)))
 def elbo(objective: Objective, params, key, num_samples: int = 1000,
@@ -335,7 +335,7 @@ def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size
   return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
 
-@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+@checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),
                   batch_size=checks.count(1), num_draws=checks.count(2),
                   full_draws=checks.count(2),
                   noise_draws_per_datum=checks.count(2), chunk_size=checks.count(1),

@@ -96,7 +96,7 @@ def _gaussian_spec(objective: Objective):
   return spec
 
 
-@checks.arguments(num_samples=checks.count(1))
+@checks.arguments(objective=checks.objective(), num_samples=checks.count(1))
 def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
                  ) -> Objective:
   """``objective`` with ``K = num_samples`` noise draws per datum, their losses averaged.

@@ -169,7 +169,7 @@ def pareto_k(log_ratios: jax.Array) -> jax.Array:
   return psis_log_weights(log_ratios)[1]
 
 
-@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+@checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),
                   num_samples=checks.count(25), chunk_size=checks.count(1))
 def importance_log_ratios(objective, params, key, num_samples: int = 1000,
                           chunk_size: int = 4096):

@@ -138,6 +138,15 @@ _TEXT = st.sampled_from(["5", "1GB", "auto ", "", "nan", "0.5"])
 _NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
 
 
+def _a_model():
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 20, 2)
+  return dsgrad.models.logistic_regression(x, y)
+
+
+def _an_objective():
+  return dsgrad.meanfield_gaussian(_a_model())
+
+
 def _bad_values(kind):
   """A strategy of values the kind must refuse."""
   spec = kind.spec
@@ -182,6 +191,9 @@ def _bad_values(kind):
       bad.append(st.just(lambda steps: optax.adam(1e-2)))
   elif kind.kind == "dtype":
     bad = [st.sampled_from([jnp.int32, np.int8, "int64", bool, "not a dtype"])]
+  elif kind.kind in ("objective", "model"):
+    # A model where an objective belongs, and the reverse.
+    bad += [st.just(3), st.just(_a_model() if kind.kind == "objective" else _an_objective())]
   elif kind.kind == "approximation":
     bad += [st.just(3), st.just(dsgrad.approx.linearize), st.just({"loc": np.zeros(2)})]
   elif kind.kind == "parameters":
@@ -215,7 +227,10 @@ def test_a_good_value_passes_the_check(name, argument, obj):
           "finite": np.zeros(3), "probability": 0.5, "key": jax.random.key(0),
           "bytes": 2 ** 20, "dtype": jnp.bfloat16, "sizes": (4, 8),
           "parameters": {"loc": jnp.zeros(3), "log_scale": -np.ones(3)},
-          "optimizer": optax.adam(1e-2), "approximation": dsgrad.approx.linearize()}[kind.kind]
+          "optimizer": optax.adam(1e-2), "approximation": dsgrad.approx.linearize(),
+          "model": _a_model(), "objective": _an_objective()}.get(kind.kind)
+  if good is None:  # a kind the table does not know yet
+    raise AssertionError(f"no good value for kind {kind.kind!r}: add one here")
   assert kind.check(good, f"{name}: {argument}") is not None
 
 
@@ -328,3 +343,25 @@ def test_an_approximation_given_by_name_or_as_its_factory_is_refused_at_the_fact
     with pytest.raises(TypeError, match="call the factory"):
       estimator(objective, approx=dsgrad.approx.linearize)
     estimator(objective, approx=dsgrad.approx.linearize())
+
+
+def test_a_model_where_an_objective_belongs_and_the_reverse_are_named(logreg_model):
+  # Before, each ended in a bare AttributeError ('Model' object has no attribute
+  # 'zero_noise'; 'Objective' object has no attribute 'latent_dim'), or, for the
+  # estimators, was accepted and failed inside the first step.
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  for call in (lambda: dsgrad.fit(logreg_model, optax.adam(1e-2), dsgrad.meanfield_init(
+                   logreg_model), jax.random.key(0), num_steps=2, batch_size=2),
+               lambda: dsgrad.elbo(logreg_model, dsgrad.meanfield_init(logreg_model),
+                                   jax.random.key(0)),
+               lambda: dsgrad.joint_saga(logreg_model), lambda: dsgrad.cv(logreg_model)):
+    with pytest.raises(TypeError, match=r"objective must be a dsgrad.Objective .*\(Model\): "
+                                        r"a model; its objective is dsgrad.meanfield_gaussian"):
+      call()
+  for call in (lambda: dsgrad.meanfield_gaussian(objective),
+               lambda: dsgrad.mcmc.find_reference_point(objective, jax.random.key(0)),
+               lambda: dsgrad.mcmc.sample(jax.random.key(0), objective, num_samples=2,
+                                          subsample_size=10)):
+    with pytest.raises(TypeError, match=r"model must be a dsgrad.models.Model .*\(Objective\): "
+                                        r"an Objective; pass the model it was made from"):
+      call()

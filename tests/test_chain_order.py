@@ -44,6 +44,22 @@ def test_two_estimators_in_one_chain_are_refused_as_two_estimators(problem):
                elbo_samples=0, progress=False)
 
 
+@pytest.mark.parametrize("estimator", ["cv", "cv_fixed_weight", "joint_svrg", "chained_alone"])
+def test_an_estimator_without_an_update_rule_after_it_is_refused(problem, estimator):
+  # Its output, a gradient, applied as the step climbed the loss to a NaN update.
+  objective, params = problem
+  optimizer = {"cv": lambda: dsgrad.cv(objective),
+               "cv_fixed_weight": lambda: dsgrad.cv(objective, control_weight=1.0),
+               "joint_svrg": lambda: dsgrad.joint_svrg(objective),
+               "chained_alone": lambda: optax.chain(dsgrad.joint_saga(objective))}[estimator]()
+  with pytest.raises(ValueError, match="ends with a dsgrad estimator"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
+               elbo_samples=0, progress=False)
+  step = jax.jit(lambda o, p, s, i, k: dsgrad.train_step(o, optimizer, p, s, i, k))
+  with pytest.raises(ValueError, match="ends with a dsgrad estimator"):
+    step(objective, params, optimizer.init(params), jnp.arange(10), jax.random.key(1))
+
+
 def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
   objective, params = problem
   for optimizer in [

@@ -85,6 +85,23 @@ def test_64_bit_values_the_cast_would_change_are_refused_when_read(tmp_path, val
     host[np.arange(10)]
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_rows_of_a_file_are_refused_when_read_naming_the_row(tmp_path, value):
+  """Data in memory are refused where they enter; a file's NaN, read in training, ended
+  in an error that blamed the gradient or the update rule. The failed step's rows are
+  checked (every block's, as read, would cost as much as reading them)."""
+  column = np.zeros((10, 2), np.float32)
+  column[7, 1] = value
+  np.save(tmp_path / "c.npy", column)
+  host = dsgrad.data.open_memmap(tmp_path / "c.npy")
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b: -0.5 * jnp.sum((b - z) ** 2, -1),
+      host, latent=2)
+  with pytest.raises(ValueError, match=r"c\.npy: row 7 holds NaN or inf"):
+    dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective),
+               jax.random.key(0), num_steps=20, batch_size=5, elbo_samples=0, progress=False)
+
+
 def test_data_larger_than_the_free_memory_name_the_memory_map(monkeypatch):
   monkeypatch.setattr(dsgrad.training.host_data, "free_memory_bytes", lambda: 10_000)  # x: 18,000
   with pytest.raises(MemoryError, match=r"'x'.*dsgrad.data.open_memmap\(path\)"):

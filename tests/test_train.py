@@ -222,7 +222,7 @@ def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match)
 @pytest.mark.parametrize("change,match", [
     (dict(batch_size=BATCH // 2), f"with batch_size={BATCH}, but this call has "
                                   f"batch_size={BATCH // 2}"),
-    (dict(key=jax.random.key(4)), "with key=a different key"),
+    (dict(key=jax.random.key(4)), "with another key than this call's"),
 ])
 def test_resume_with_other_settings_is_refused(logreg_model, params0, tmp_path, change, match):
   """``fit(resume=True)`` with another batch size or key used to continue

@@ -252,10 +252,10 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
   return lines
 
 
-@checks.arguments(optimizer=checks.optimizer(factory=True), params=checks.parameters(),
+@checks.arguments(objective=checks.objective(),
+                  optimizer=checks.optimizer(factory=True), params=checks.parameters(),
                   key=checks.prng_key(), batch_size=checks.count(1), budget=checks.positive(),
-                  share=checks.probability(low_open=True),
-                  race_at=checks.probability(high_open=True),
+                  share=checks.probability(low_open=True), race_at=checks.probability(high_open=True),
                   memory_share=checks.probability(low_open=True), elbo_samples=checks.count(2),
                   max_table_bytes=checks.byte_budget(), approx=checks.approximation())
 def recommend(objective, optimizer, params, key, *, batch_size: int, budget: float,

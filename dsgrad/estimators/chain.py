@@ -66,7 +66,7 @@ def _holds_estimator(state, kinds) -> bool:
   return any(_holds_estimator(s, kinds) for s in _members(state))
 
 
-def check_chain_order(opt_state, where: str) -> None:
+def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
   """Refuses an optimizer state in which any transformation stands before a dsgrad
   estimator in an ``optax.chain`` (see the module docstring for the rule).
 
@@ -74,10 +74,14 @@ def check_chain_order(opt_state, where: str) -> None:
     opt_state: the optimizer's state, or its abstract shapes (only the structure is
       read).
     where: the caller's name, for the message.
+    steps: the optimizer's output is the step applied to the params (as in
+      :func:`dsgrad.fit`), so it may not end with an estimator, whose output is a
+      gradient: applied as a step it would climb the loss.
 
   Raises:
     ValueError: naming the position and state type of the first transformation before
-      the estimator.
+      the estimator; with ``steps``, an optimizer that ends with an estimator (other
+      than :func:`dsgrad.smiso`, which outputs steps).
   """
   kinds = _estimator_kinds()
 
@@ -106,6 +110,14 @@ def check_chain_order(opt_state, where: str) -> None:
       walk(member)
 
   walk(opt_state)
+  last = opt_state
+  while _is_chain(last) and last:
+    last = last[-1]
+  if steps and isinstance(last, kinds) and type(last).__name__ != "SmisoState":
+    raise ValueError(
+        f"{where}: the optimizer ends with a dsgrad estimator, whose output is a gradient "
+        "estimate, not a step: applied as one it would climb the loss. Chain an update rule "
+        "after it: optax.chain(dsgrad.joint_svrg(...), optax.adam(1e-2)).")
 
 
 def holds_estimator(opt_state) -> bool:

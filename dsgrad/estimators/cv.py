@@ -10,7 +10,8 @@ from dsgrad.estimators import _common, _weights, chain
 from dsgrad.objective import Objective
 
 
-@checks.arguments(control_weight=checks.or_word(checks.probability(), "adaptive"),
+@checks.arguments(objective=checks.objective(),
+                  control_weight=checks.or_word(checks.probability(), "adaptive"),
                   control_weight_horizon=checks.positive(),
                   approx=checks.approximation())
 def cv(objective: Objective, approx: approx_lib.Approximation | None = None, *,

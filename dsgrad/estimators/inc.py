@@ -24,7 +24,8 @@ class IncState(NamedTuple):
   table: Any
 
 
-@checks.arguments(chunk_size=checks.count(1), max_table_bytes=checks.byte_budget())
+@checks.arguments(objective=checks.objective(),
+                  chunk_size=checks.count(1), max_table_bytes=checks.byte_budget())
 def inc(objective: Objective, *, chunk_size: int = 1024,
         max_table_bytes: int | str | None = "auto"
         ) -> optax.GradientTransformationExtraArgs:

@@ -57,7 +57,7 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   return optax.tree.cast_like(out, updates), new_state
 
 
-@checks.arguments(approx=checks.approximation(),
+@checks.arguments(objective=checks.objective(), approx=checks.approximation(),
                   control_weight=checks.or_word(checks.probability(), "adaptive"),
                   warmup_steps=checks.count(0), chunk_size=checks.count(1),
                   table_dtype=checks.optional(checks.floating_dtype()),

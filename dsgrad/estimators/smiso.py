@@ -25,7 +25,8 @@ class SmisoState(NamedTuple):
   running_mean: Any
 
 
-@checks.arguments(step_size=checks.positive(), alpha=checks.probability(low_open=True),
+@checks.arguments(objective=checks.objective(),
+                  step_size=checks.positive(), alpha=checks.probability(low_open=True),
                   max_table_bytes=checks.byte_budget())
 def smiso(objective: Objective, step_size: float, alpha: float = 0.9, *,
           max_table_bytes: int | str | None = "auto") -> optax.GradientTransformationExtraArgs:

@@ -33,7 +33,7 @@ class JointSvrgState(NamedTuple):
   control_weight: Any = ()
 
 
-@checks.arguments(approx=checks.approximation(),
+@checks.arguments(objective=checks.objective(), approx=checks.approximation(),
                   control_weight=checks.or_word(checks.probability(), "adaptive"),
                   every=checks.optional(checks.count(1)), chunk_size=checks.count(1),
                   control_weight_horizon=checks.positive())

@@ -373,6 +373,7 @@ def meanfield_init(model: Model | Objective, loc: float | jax.Array = 0.0,
           "log_scale": initial_vector(log_scale, d, "log_scale")}
 
 
+@checks.arguments(model=checks.model())
 def meanfield_gaussian(model: Model, *, shared_noise: bool = True,
                        path_derivative: bool = False) -> Objective:
   """The mean-field Gaussian BBVI objective of a model (Eq. 3).

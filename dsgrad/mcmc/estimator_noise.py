@@ -37,7 +37,7 @@ from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
 
 
-@checks.arguments(key=checks.prng_key(), num_blocks=checks.count(1),
+@checks.arguments(model=checks.model(), key=checks.prng_key(), num_blocks=checks.count(1),
                   target_variance=checks.positive(), num_data_read=checks.count(2),
                   quantile=checks.probability())
 def choose_subsample_size(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key, *,

@@ -94,7 +94,7 @@ def _ravel_like_latent(model: Model, theta, name: str):
   return ravel_pytree(jax.tree.map(lambda leaf: jnp.asarray(leaf, jnp.float32), theta))[0]
 
 
-@checks.arguments(order=checks.count(1), chunk_size=checks.count(1))
+@checks.arguments(model=checks.model(), order=checks.count(1), chunk_size=checks.count(1))
 def taylor_proxy(model: Model, theta_star, *, order: int = 2,
                  chunk_size: int = 2048) -> TaylorProxy:
   """Computes the control variates' full-data sums around ``theta_star`` in one pass.

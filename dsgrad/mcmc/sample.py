@@ -41,7 +41,8 @@ def _default_subset_size(n: int) -> int:
   return min(n, 10 * math.isqrt(n) + 1000)
 
 
-@checks.arguments(key=checks.prng_key(), subset_size=checks.optional(checks.count(1)),
+@checks.arguments(model=checks.model(),
+                  key=checks.prng_key(), subset_size=checks.optional(checks.count(1)),
                   num_steps=checks.count(0))
 def find_reference_point(model: Model, key, *, subset_size: int | None = None,
                          num_steps: int = REFERENCE_STEPS, position=None) -> jax.Array:
@@ -220,7 +221,7 @@ class MCMCResult(NamedTuple):
             f"setup_evaluations={self.setup_evaluations})")
 
 
-@checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
+@checks.arguments(model=checks.model(), key=checks.prng_key(), num_samples=checks.count(1),
                   subsample_size=checks.or_word(checks.count(1), "auto"),
                   num_warmup=checks.count(0),
                   num_blocks=checks.count(1), proxy_order=checks.count(1),

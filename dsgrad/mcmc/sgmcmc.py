@@ -110,7 +110,7 @@ def sghmc_kernel(grad_estimator, parameters: HMCParameters, friction: float):
   return kernel
 
 
-@checks.arguments(step_size=checks.positive(), subsample_size=checks.count(1))
+@checks.arguments(model=checks.model(), step_size=checks.positive(), subsample_size=checks.count(1))
 def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample_size: int,
          control_variates: bool = True) -> SamplingAlgorithm:
   """SGLD with a fixed step: ``theta += (eps/2) grad_hat log p(theta | y) + N(0, eps I)``.
@@ -152,7 +152,7 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
       lambda position, key: SGState(proxy_lib.check_theta(model, position, "position")), step)
 
 
-@checks.arguments(subsample_size=checks.count(1), friction=checks.positive())
+@checks.arguments(model=checks.model(), subsample_size=checks.count(1), friction=checks.positive())
 def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
           subsample_size: int, friction: float = 1.0,
           control_variates: bool = True) -> SamplingAlgorithm:

@@ -211,6 +211,23 @@ class HostArray:
           "complete")
 
 
+def check_finite_rows(host_data: dict, indices) -> None:
+  """Raises ``ValueError`` naming the first of ``indices`` at which a floating leaf of
+  ``host_data`` (``{name: HostArray}``) holds NaN or inf. Data in memory are refused
+  where they enter; a file's rows, only where a step has failed (checking every block as
+  it is read cost as much as reading it, and a scan at opening reads every byte)."""
+  flat = np.unique(np.asarray(indices).reshape(-1))
+  for leaf in host_data.values():
+    if not np.issubdtype(leaf.dtype, np.inexact):
+      continue
+    for start in range(0, flat.size, 4096):
+      rows = flat[start:start + 4096]
+      bad = ~np.isfinite(leaf.rows(rows).reshape(rows.size, -1)).all(axis=1)
+      if bad.any():
+        raise ValueError(f"{leaf.name}: row {int(rows[np.argmax(bad)]):,} holds NaN or inf "
+                         "(read from the host while training; the step that used it failed)")
+
+
 def file_identity(path) -> tuple:
   """(size, modification time, inode) of a file: what changes if it is rewritten."""
   info = os.stat(path)

@@ -169,7 +169,8 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, fresh=False) ->
                      "continue that run, or another path (or delete the file) to start afresh")
 
 
-@checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
+@checks.arguments(objective=checks.objective(),
+                  optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
                   checkpoint_every=checks.count(1),
@@ -300,7 +301,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     # A NaN start would train silently to a NaN history with a plain optax optimizer.
     checks.value_checks(checks.finite_checks(params, "params passed to fit"))
     if num_steps < start_step:
-      raise ValueError(f"num_steps={num_steps} is before start_step={start_step}")
+      raise ValueError(f"num_steps={num_steps} (all steps) is before the run's step {start_step}")
     segment_steps_given = segment_steps
     evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
                                       elbo_samples, segment_steps)
@@ -353,7 +354,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                      step)
 
 
-@checks.arguments(optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
+@checks.arguments(objective=checks.objective(),
+                  optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
                   segment_steps=checks.optional(checks.count(1)))
@@ -459,7 +461,7 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   else:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
     opt_state = jax.tree.map(jnp.copy, opt_state)
-  check_chain_order(opt_state, "fit")
+  check_chain_order(opt_state, "fit", steps=True)
   return params, opt_state, placement
 
 

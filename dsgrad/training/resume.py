@@ -139,12 +139,12 @@ def check_resume_settings(path, raw: dict, settings: dict) -> None:
             "changed, dsgrad.restore_fit_checkpoint reads the state without this check, "
             "and fit(opt_state=..., start_step=...) continues from it)")
 
-      def shown(v):
-        return "a different key" if name == "key" else int(v)
+      # A key's fingerprint means nothing to the user: say only that it differs.
+      differs = ("another key than this call's" if name == "key" else
+                 f"{name}={int(saved[name])}, but this call has {name}={int(value)}")
       raise ValueError(
-          f"checkpoint_path {os.fspath(path)!r} was written by a run with "
-          f"{name}={shown(saved[name])}, but this call has {name}={shown(value)}: resuming "
-          "would not continue that run. Pass the original setting, or a new "
+          f"checkpoint_path {os.fspath(path)!r} was written by a run with {differs}: "
+          "resuming would not continue that run. Pass the original setting, or a new "
           "checkpoint_path to start a new run")
 
 

@@ -49,6 +49,7 @@ import optax
 from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.training import compile_cache
+from dsgrad.training import host_data as host_data_lib
 from dsgrad import data as data_lib
 from dsgrad.training import parallel
 from dsgrad import tables
@@ -92,7 +93,7 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   if mesh is not None:
     indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
   # Structure only: free, at trace time.
-  chain_lib.check_chain_order(opt_state, "dsgrad.train_step")
+  chain_lib.check_chain_order(opt_state, "dsgrad.train_step", steps=True)
   if fused is None:
     fused = chain_lib.computes_own_gradient(opt_state)
   if fused:
@@ -368,6 +369,10 @@ class SegmentRunner:
     Where the params became non-finite, the call runs again from ``carry`` with every
     step checked, which raises the failing check with its step."""
     message = error.message()
+    if message and self.host_data:  # a row of a file, not the maths, may be at fault
+      window = self.orders.window(at, steps)
+      host_data_lib.check_finite_rows(self.host_data, batching.slice_window(
+          window, at, steps, self.objective.num_data, self.batch_size))
     if message == PARAMS_NOT_FINITE:
       args = self._args(carry, at, steps, rows)
       found = self._executable(steps, args, checked=True)(*args)[0].message()
