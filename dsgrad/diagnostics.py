@@ -99,10 +99,24 @@ def total_variance(samples) -> tuple[float, float]:
   ``V = mean_m ||x_m - x_bar||^2 * M/(M-1)``; the standard error is that of the mean of
   the squared deviations, ``std(||x_m - x_bar||^2) / sqrt(M)``.
 
+  Args:
+    samples: ``(M, P)`` draws (a row each, as :func:`estimator_samples` gives them), ``(M,)``
+      scalar draws, or a dict (or NamedTuple) of arrays sharing the leading draw axis
+      ``M``, like params with a draw axis (each draw's leaves flattened into one row).
+
   Returns:
     ``(variance, standard_error)`` as floats.
   """
+  if isinstance(samples, dict) or hasattr(samples, "_fields"):  # params-like draws
+    leaves = jax.tree.leaves(samples)
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else 0 for leaf in leaves}
+    if len(sizes) != 1 or 0 in sizes:
+      raise ValueError(f"total_variance: the leaves of samples need one shared leading "
+                       f"draw axis (axis 0); their lengths are {sorted(sizes)} (0: a scalar)")
+    draws = sizes.pop()
+    samples = np.concatenate([np.reshape(leaf, (draws, -1)) for leaf in leaves], 1)
   x = np.asarray(samples, np.float64)
+  x = x[:, None] if x.ndim == 1 else x.reshape(x.shape[0], -1) if x.ndim > 2 else x
   m = x.shape[0] if x.ndim else 0
   if m < 2:
     raise ValueError(f"total_variance needs at least 2 draws (rows of samples) for a "

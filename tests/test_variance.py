@@ -224,3 +224,17 @@ def test_estimator_samples_take_the_data_as_an_argument(logreg_data, params0):
   assert compile_cache.size() == programs
   built = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x[::-1], y[::-1]))
   assert on_second == pytest.approx(decompose(built), rel=1e-5)
+
+
+def test_total_variance_of_params_like_draws_is_that_of_their_flattened_rows():
+  # Before, a dict of draws (params with a draw axis) ended in "float() argument must be
+  # a string or a real number, not 'dict'".
+  rng = np.random.default_rng(0)
+  draws = {"loc": rng.normal(size=(4000, 3)), "scale": 2.0 * rng.normal(size=(4000, 2, 2))}
+  rows = np.concatenate([draws["loc"], draws["scale"].reshape(4000, 4)], 1)
+  assert total_variance(draws) == total_variance(rows)
+  variance, se = total_variance(draws)
+  assert abs(variance - (3 + 4 * 4.0)) < 4 * se  # the trace of the covariance
+  assert total_variance(rows[:, 0]) == total_variance(rows[:, :1])  # (M,) scalar draws
+  with pytest.raises(ValueError, match="one shared leading draw axis"):
+    total_variance({"loc": draws["loc"], "scale": draws["scale"][:10]})
