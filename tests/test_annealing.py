@@ -309,6 +309,12 @@ def test_bad_input():
     coreset_surrogate(model, 5, jax.random.key(0), pilot_latents=jnp.zeros((2, D + 1)))
   with pytest.raises(ValueError, match="latent of shape"):
     NeuralSurrogate(D, rngs=nnx.Rngs(0))(jnp.zeros(D + 1))
+  # A mean-field start handed to the bound's own estimate: named, not KeyError('base').
+  vi = AnnealedVI(model, 2)
+  for call in (lambda p: vi.elbo(p, jax.random.key(0), num_samples=4),
+               lambda p: vi.sample_posterior(p, jax.random.key(0), 2)):
+    with pytest.raises(ValueError, match=r"reads params\['base'\], which these params lack"):
+      call(dsgrad.meanfield_init(model))
   # NS-DAIS's dynamics batch is discrete noise: linearize() refuses it loudly.
   ns = AnnealedVI(model, 2, dynamics_batch_size=5).objective()
   params = AnnealedVI(model, 2).init_params()

@@ -248,22 +248,27 @@ class AnnealedVI:
     everything = jnp.arange(self._template.num_data, dtype=jnp.int32)
     return shared + jnp.sum(self.model_at(params).log_likelihood_at(z_k, everything))
 
-  @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2), chunk_size=checks.count(1))
+  @checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                    num_samples=checks.count(2), chunk_size=checks.count(1))
   def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):
     """The full-data ELBO ``E[log w]`` by Monte Carlo: ``(estimate, standard error)``.
 
     One chain and one full likelihood per sample, ``chunk_size`` samples at a time
     (vectorized), so memory is ``O(chunk_size (N + K d))``.
     """
+    # Params of another objective (a mean-field start) are named, not a KeyError.
+    checks.check_objective_evaluates(self.objective(), params, "annealing.AnnealedVI.elbo")
     values = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
     return diagnostics.mean_and_standard_error(values)
 
-  @checks.arguments(key=checks.prng_key(), num=checks.count(1))
+  @checks.arguments(params=checks.parameters(), key=checks.prng_key(), num=checks.count(1))
   def sample_posterior(self, params, key, num: int) -> jax.Array:
     """``num`` draws of ``z_K`` from the approximate posterior, ``(num, d)``.
 
     For SL-DAIS the chain reads only the surrogate, so sampling needs no data.
     """
+    checks.check_objective_evaluates(self.objective(), params,
+                                     "annealing.AnnealedVI.sample_posterior")
     keys = jax.random.split(key, num)
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
 
