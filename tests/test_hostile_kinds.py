@@ -124,3 +124,12 @@ def test_an_improper_uniform_prior_through_the_bridge_has_the_flat_prior_elbo():
   # Common random numbers leave only the prior term's Monte Carlo error: its standard
   # error over 400 draws is 0.016 at these scales (by simulation), so 0.05 is three.
   assert elbo_normal - elbo_flat == pytest.approx(expected, abs=0.05)
+
+
+def test_ais_nll_names_params_of_another_model(model):
+  # Before: KeyError('encoder') from inside the AIS chain.
+  vae = _vae()
+  with pytest.raises(ValueError, match=r"ais_nll: objective 'mcvae:vae' reads "
+                                       r"params\['encoder'\], which these params lack"):
+    vae.ais_nll(dsgrad.meanfield_init(model), np.full((2, 16), 0.5, np.float32),
+                jax.random.key(0))

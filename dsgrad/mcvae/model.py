@@ -299,6 +299,8 @@ class MonteCarloVAE:
     if x.shape[0] < 2:
       raise ValueError(f"ais_nll needs at least 2 images for the standard error of the "
                        f"mean NLL, got {x.shape[0]}")
+    # Params of another model are named, not a KeyError inside the chain.
+    checks.check_objective_evaluates(self.objective(x[:2]), params, "mcvae.MonteCarloVAE.ais_nll")
     if self.binarize == "dynamic":
       binarize_key = jax.random.fold_in(key, 1) if binarize_key is None else binarize_key
       x = (jax.random.uniform(binarize_key, x.shape) < x).astype(x.dtype)
