@@ -118,8 +118,15 @@ def test_autonormal_params_round_trip(logreg_data):
   objective = dsgrad_numpyro.objective(logreg_model, x, y)
   with pytest.raises(ValueError, match="unknown variational family"):
     dsgrad_numpyro.objective(logreg_model, x, y, family="flow")
+  fullrank = dsgrad_numpyro.objective(logreg_model, x, y, family="fullrank")
   with pytest.raises(ValueError, match="AutoNormal is mean-field"):
-    dsgrad_numpyro.objective(logreg_model, x, y, family="fullrank").autonormal_params({})
+    fullrank.autonormal_params(fullrank.init_params())
+  # Params of another dimension are named (before: a broadcasting error from inside).
+  other = {"loc": jnp.zeros(D + 5), "log_scale": jnp.zeros(D + 5)}
+  for call in (lambda: objective.autonormal_params(other),
+               lambda: objective.sample_posterior(jax.random.key(0), other, 2)):
+    with pytest.raises(ValueError, match="cannot be evaluated at these params"):
+      call()
   params = _random_params(objective, jax.random.key(5))
   back = objective.params_from_autonormal(objective.autonormal_params(params))
   np.testing.assert_allclose(back["loc"], params["loc"], rtol=1e-6)

@@ -256,7 +256,8 @@ class NumpyroObjective(Objective):
     return families.by_name(self.family, self.numpyro_model.model.latent_dim, loc=loc,
                             log_scale=float(np.log(scale))).params()
 
-  @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1))
+  @checks.arguments(key=checks.prng_key(), params=checks.parameters(),
+                    num_samples=checks.count(1))
   def sample_posterior(self, key: jax.Array, params: dict, num_samples: int) -> dict:
     """Draws from the fitted ``q`` as NumPyro-style posterior samples.
 
@@ -269,18 +270,21 @@ class NumpyroObjective(Objective):
       ``{site: (S, *site_shape)}`` in constrained space, ready for
       ``numpyro.infer.Predictive(model, posterior_samples=...)``.
     """
+    checks.check_objective_evaluates(self, params, "contrib.numpyro.sample_posterior")
     transform = families.FAMILIES[self.family].transform
     d = self.numpyro_model.model.latent_dim
     eps = jax.random.normal(key, (num_samples, d))
     z = jax.vmap(lambda e: transform(params, e))(eps)
     return jax.vmap(self.numpyro_model.constrain)(z)
 
+  @checks.arguments(params=checks.parameters())
   def autonormal_params(self, params: dict) -> dict:
     """Mean-field params as NumPyro ``AutoNormal`` params (``{site}_auto_loc`` and
     ``{site}_auto_scale``), to compare with or hand over to NumPyro's ``SVI``."""
     if self.family != "meanfield":
       raise ValueError("AutoNormal is mean-field; this objective's family is "
                        f"{self.family!r}")
+    checks.check_objective_evaluates(self, params, "contrib.numpyro.autonormal_params")
     unravel = self.numpyro_model.unravel
     locs, scales = unravel(params["loc"]), unravel(jnp.exp(params["log_scale"]))
     out = {}
