@@ -91,6 +91,32 @@ def test_bad_functions_and_data_are_refused(logreg):
       dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": column, "y": y}, 4)
 
 
+@pytest.mark.parametrize("shift", [5, -3], ids=["past_the_end", "negative"])
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "memmap"])
+def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift, on_disk):
+  """JAX clamps a read past the end and wraps a negative index: before, such a model
+  trained on other groups' values without an error (reads= checked only declared
+  columns)."""
+  rng = np.random.default_rng(0)
+  groups, n = 20, 200
+  g = rng.integers(0, groups, n).astype(np.int32)
+  bad = g + shift * (g == (groups - 1 if shift > 0 else 0))  # one end moved out
+  if on_disk:
+    np.save(tmp_path / "g.npy", bad)
+    bad = dsgrad.data.open_memmap(tmp_path / "g.npy")
+  y = rng.normal(size=n).astype(np.float32)
+  # y is an integer-valued column too, negative, used as a value: not an index.
+  counts = rng.integers(-2, 3, n).astype(np.int32)
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[b["g"]] - 0.1 * b["c"]) ** 2
+  with pytest.raises(ValueError, match=r"data column 'g' at row \d+ holds \[(24|-3)\], which "
+                                       r"log_lik uses as an index out of range"):
+    dsgrad.objective_from_logdensity(_log_prior, log_lik, {"g": bad, "y": y, "c": counts},
+                                     groups)
+  objective = dsgrad.objective_from_logdensity(_log_prior, log_lik,
+                                               {"g": g, "y": y, "c": counts}, groups)
+  assert objective.num_data == n
+
+
 def test_data_are_arguments_of_compiled_programs():
   """The data reach compiled programs as arguments: ``with_data`` moves the objective to
   other rows with no rebuild (the ELBO equals that of an objective built on those rows),
