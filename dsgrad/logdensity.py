@@ -303,11 +303,10 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
+  if reads is not None:  # its columns' ranges checked first, by the leaf they index
+    model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
+    _check_declared_reads(model, reads)
   _check_index_columns(model)
-  if reads is None:
-    return model
-  model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
-  _check_declared_reads(model, reads)
   return model
 
 
