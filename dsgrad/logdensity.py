@@ -306,8 +306,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   if reads is not None:  # its columns' ranges checked first, by the leaf they index
     model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
     _check_declared_reads(model, reads)
-  _check_index_columns(model)
-  return model
+  return _index_columns_checked(model)
 
 
 def _index_checked_likelihood(model: Model):
@@ -319,42 +318,76 @@ def _index_checked_likelihood(model: Model):
   return lambda z, rows: checked(z, rows)[0].get()
 
 
-def _check_index_columns(model: Model) -> None:
-  """Refuses integer data that index the latent out of its bounds. JAX clamps a read past
-  an array's end and wraps a negative index to it, so ``z["b"][g]`` with ``g`` out of
-  range reads another group's value without an error. Run once on the rows holding each
-  integer column's smallest and largest value (a negative one is refused where the column
-  indexes: where a value far past the end makes the read fail)."""
+def _index_bound(failure, z, rows: dict, name: str, largest: int = 0) -> int | None:
+  """The least value of the 1-D integer column ``name`` at which ``log_lik`` (``failure``,
+  on one datum's ``rows``) reads out of bounds: the size of what the column indexes (the
+  smallest, where it indexes several), or ``None`` where it indexes nothing. ``largest``:
+  a value known in bounds (the column's largest, checked)."""
+  at = lambda value: failure(z, dict(rows, **{name: np.full_like(rows[name], value)}))
+  high = 2 ** 30
+  if at(high) is None:
+    return None
+  low = max(0, largest)  # in bounds at low, out at high: bisect
+  if at(low + 1) is not None:  # the usual case: the data use every index
+    return low + 1
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (low, mid) if at(mid) is not None else (mid, high)
+  return high
+
+
+def _index_columns_checked(model: Model) -> Model:
+  """``model`` with its index columns declared and checked. Refuses integer data that
+  index the latent out of its bounds: JAX clamps a read past an array's end and wraps a
+  negative index to it, so ``z["b"][g]`` with ``g`` out of range reads another group's
+  value without an error. Run once on the rows holding each integer column's smallest and
+  largest value (a negative one is refused where the column indexes). A 1-D column that
+  indexes is declared as such (:attr:`Model.kinds`, ``("index", size)``), so data handed
+  in later (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
              if jnp.issubdtype(leaf.dtype, jnp.integer) and leaf.shape[0]}
   if not columns:
-    return
+    return model
   failure, z = _index_checked_likelihood(model), jnp.zeros(model.latent_dim, jnp.float32)
-  probes = []  # (column, row, its values, rows with the column far past any end)
+  probes, largest = [], {}  # (column, row, its values); each column's largest value
   for name, leaf in columns.items():
     values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
+    largest[name] = int(values.max())
     for row in {int(np.argmin(values)) // values.shape[1],
                 int(np.argmax(values)) // values.shape[1]}:
       probes.append((name, row, values[row]))
-  every = model.rows(jnp.asarray([row for _, row, _ in probes], jnp.int32))
+  # The probes' rows in one compiled gather, then on the host: every call below has one
+  # row, so the checked program compiles once (each eager operation would compile too).
+  indices = np.asarray([row for _, row, _ in probes], np.int32)
+  if any(data_lib.is_host(leaf) for leaf in model.data.values()):
+    every = {k: np.asarray(v) for k, v in model.rows(indices).items()}
+  else:
+    gather = jax.jit(lambda data, i: jax.tree.map(lambda leaf: leaf[i], data))
+    every = jax.device_get(gather(model.data, indices))
+  one = lambda i: {k: v[i:i + 1] for k, v in every.items()}  # noqa: E731
   try:
-    clean = failure(z, every) is None
+    failure(z, one(0))
   except Exception:  # noqa: BLE001  a primitive checkify cannot check: nothing to say
-    return  # (log_lik itself traced already, in the shape checks before this one)
-  if clean and all(v.min() >= 0 for _, _, v in probes):
-    return  # the usual case: one call
-  for name, row, value in probes:
-    rows = model.rows(jnp.asarray([row], jnp.int32))
+    return model  # (log_lik itself traced already, in the shape checks before this one)
+  for i, (name, row, value) in enumerate(probes):
+    rows = one(i)
     message = failure(z, rows)
-    if message is None and value.min() < 0:  # does the column index at all?
-      far = dict(rows, **{name: jnp.full_like(rows[name], 2 ** 30)})
-      message = failure(z, far) and "a negative index, which JAX (as NumPy) wraps"
+    if message is None and value.min() < 0 and _index_bound(failure, z, rows, name):
+      message = "a negative index, which JAX (as NumPy) wraps"
     if message:
       raise ValueError(
           f"{model.name}: data column {name!r} at row {row:,} holds {value.tolist()}, which "
           f"log_lik uses as an index out of range: {message.strip().rstrip('.')}. JAX clamps "
           "an index past the end and wraps a negative one, so the model would read another "
           "row without an error: index data must lie in [0, the size of what they index)")
+  kinds = dict(model.kinds)
+  for name in columns:
+    if columns[name].ndim == 1 and name not in kinds:
+      first = next(i for i, probe in enumerate(probes) if probe[0] == name)
+      bound = _index_bound(failure, z, one(first), name, largest[name])
+      if bound is not None:
+        kinds[name] = ("index", bound)
+  return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
 
 
 def _check_declared_reads(model: Model, reads) -> None:

@@ -114,7 +114,12 @@ def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift,
                                      groups)
   objective = dsgrad.objective_from_logdensity(_log_prior, log_lik,
                                                {"g": g, "y": y, "c": counts}, groups)
-  assert objective.num_data == n
+  # g is found to index 20 rows (c, a value, indexes nothing): data handed in later are
+  # checked on every row.
+  assert objective.kinds == (("g", ("index", groups)),)
+  with pytest.raises(ValueError, match=r"with_data\['g'\] holds values outside the integers "
+                                       r"0 \.\. 19"):
+    objective.with_data({"g": g + shift, "y": y, "c": counts})
 
 
 def test_data_are_arguments_of_compiled_programs():
