@@ -39,8 +39,8 @@ def state_bytes(state: Any) -> int:
   return tree_bytes(state)
 
 
-@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
-                  num_draws=checks.count(2), batch_size=checks.count(1))
+@checks.arguments(params=checks.parameters(), objective=checks.objective(),
+                  key=checks.prng_key(), num_draws=checks.count(2), batch_size=checks.count(1))
 def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, params,
                       objective: Objective, key, num_draws: int, batch_size: int, *,
                       replace: bool = True):
@@ -69,6 +69,9 @@ def estimator_samples(transform: optax.GradientTransformationExtraArgs, state, p
         "estimator_samples draws the estimator's own output, so it needs the estimator "
         "and its state, not an optax.chain (whose output is the optimizer's step): for "
         "opt = optax.chain(est, optax.adam(...)) pass est and state[0]")
+  # Imported here: the estimators import this module.
+  from dsgrad.estimators.checked import check_state
+  check_state(transform, state, params, "dsgrad.estimator_samples")  # another's state named
   draws = _estimator_draws(transform, jax.tree.structure(objective), batch_size, replace)
   return draws(objective, state, params, jax.random.split(key, num_draws))
 

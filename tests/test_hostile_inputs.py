@@ -91,6 +91,11 @@ def test_estimator_samples_refuses_a_chain(objective, params0):
   with pytest.raises(ValueError, match="not an optax.chain"):
     dsgrad.estimator_samples(opt, opt.init(params0), params0, objective, jax.random.key(0),
                              4, BATCH)
+  # Another estimator's state: named (before, an AttributeError from inside its update).
+  with pytest.raises(ValueError, match="estimator_samples: the state passed to update is not "
+                                       "one this optimizer's init makes"):
+    dsgrad.estimator_samples(dsgrad.cv(objective), dsgrad.joint_svrg(objective).init(params0),
+                             params0, objective, jax.random.key(0), 4, BATCH)
 
 
 # ------------------------------------------------------------------ resume identity

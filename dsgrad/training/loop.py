@@ -146,7 +146,8 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
-def _check_fit_arguments(objective, batch_size, checkpoint_path, fresh=False) -> None:
+def _check_fit_arguments(objective, batch_size, checkpoint_path, resume=False,
+                         start_step=0) -> None:
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
   # The counts' kinds are checked by fit's argument declarations.
@@ -163,7 +164,7 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, fresh=False) ->
   # A fresh run's saves move what is there aside and then replace it: a user's file, or an
   # earlier run's checkpoint, would be lost by its second save. (A run continued from a
   # step, as an interrupted run's resume(), writes on its own checkpoint.)
-  if fresh and checkpoint_lib.latest(path) is not None:
+  if not resume and start_step == 0 and checkpoint_lib.latest(path) is not None:
     raise ValueError(f"checkpoint_path {path!r} already holds a file (a checkpoint of an "
                      "earlier run?) and resume=False would replace it: pass resume=True to "
                      "continue that run, or another path (or delete the file) to start afresh")
@@ -282,8 +283,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     True
   """
   entered = time.perf_counter()
-  _check_fit_arguments(objective, batch_size, checkpoint_path,
-                       fresh=not resume and start_step == 0)
+  _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
@@ -393,8 +393,7 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
   optimizer = optax.with_extra_args_support(optimizer)
   _check_fit_arguments(objective, batch_size, None)
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
-  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
-                                        None)
+  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size, None)
   runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0])
   first = _segment_length(start_step, every, num_steps)
   rest = num_steps - start_step - first
@@ -404,8 +403,7 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
 
 
 def _report(progress: bool, k_hat, diagnosis: str, trace_warnings: tuple) -> tuple:
-  """Prints, with ``progress``, the k-hat diagnosis and the trace's warnings; returns the
-  latter."""
+  """Prints, with ``progress``, the k-hat diagnosis and the trace's warnings (returned)."""
   if progress and k_hat is not None:
     print(("warning: " if k_hat >= psis.K_HAT_BAD else "") + diagnosis, flush=True)
   for message in trace_warnings if progress else ():
