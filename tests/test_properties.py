@@ -169,9 +169,10 @@ def test_update_names_the_damaged_argument_or_returns_finite_output(setups, para
 @st.composite
 def fit_arguments(draw):
   """``(target, kwargs)``: one of fit's counts replaced by a random value, good or bad."""
-  counts = {"num_steps": 0, "batch_size": 1, "eval_every": 1, "checkpoint_every": 1}
+  # (checkpoint_every needs a checkpoint_path; its kind is drawn in test_argument_kinds.)
+  counts = {"num_steps": 0, "batch_size": 1, "eval_every": 1}
   target = draw(st.sampled_from(sorted(counts) + ["params"]))
-  kwargs = dict(num_steps=4, batch_size=BATCH, eval_every=2, checkpoint_every=1)
+  kwargs = dict(num_steps=4, batch_size=BATCH, eval_every=2)
   if target == "params":
     value = draw(st.sampled_from([np.nan, np.inf, 0.5]))
     return ("params" if not np.isfinite(value) else None), {"params_value": value}
@@ -197,7 +198,7 @@ def test_fit_names_the_bad_argument_or_trains_to_finite_params(logreg_model, par
   params = params0
   if "params_value" in kwargs:
     params = _poison(params0, 2, kwargs.pop("params_value"))
-    kwargs.update(num_steps=4, batch_size=BATCH, eval_every=2, checkpoint_every=1)
+    kwargs.update(num_steps=4, batch_size=BATCH, eval_every=2)
   optimizer = optax.chain(dsgrad.cv(objective), optax.adam(1e-2))
   try:
     result = dsgrad.fit(objective, optimizer, params, jax.random.key(0), elbo_samples=4,

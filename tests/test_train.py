@@ -208,6 +208,8 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
     (dict(num_steps=-1), "num_steps must be an integer >= 0"),
     (dict(checkpoint_path="/nonexistent-folder/run.ckpt"), "checkpoint_path"),
+    # A run whose user thinks it is saved: before, nothing was, silently.
+    (dict(checkpoint_every=5), "checkpoint_every needs a checkpoint_path"),
 ])
 def test_fit_refuses_bad_arguments_by_name(logreg_model, params0, kwargs, match):
   """every bad count or path is refused before training, naming it

@@ -146,12 +146,13 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
-def _check_fit_arguments(objective, batch_size, checkpoint_path, resume=False,
-                         start_step=0) -> None:
+def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step, every):
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
   # The counts' kinds are checked by fit's argument declarations.
   checks.check_batch_size(batch_size, objective.num_data)
+  if checkpoint_path is None and every is not None:  # a run its user thinks is saved
+    raise ValueError("checkpoint_every needs a checkpoint_path: without one nothing is saved")
   if checkpoint_path is None:
     return
   path = os.fspath(checkpoint_path)
@@ -174,13 +175,13 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, resume=False,
                   optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
-                  checkpoint_every=checks.count(1),
+                  checkpoint_every=checks.optional(checks.count(1)),
                   max_seconds=checks.optional(checks.positive()),
                   segment_steps=checks.optional(checks.count(1)))
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
-        checkpoint_every: int = 1, history: History | None = None,
+        checkpoint_every: int | None = None, history: History | None = None,
         resume: bool = False, mesh=None, max_seconds: float | None = None,
         segment_steps: int | None = None) -> FitResult:
   """Optimizes ``objective`` with ``optimizer`` (an estimator chained with an optax rule).
@@ -216,7 +217,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     checkpoint_path: if given, ``(params, opt_state, step)`` and the history so far are
       saved there every ``checkpoint_every`` segments and at the end (atomic;
       :mod:`dsgrad.training.checkpoint`).
-    checkpoint_every: segments between checkpoints.
+    checkpoint_every: segments between checkpoints (default 1; only with a checkpoint_path).
     history: when resuming, the history up to ``start_step``
       (:func:`restore_fit_history`, or a :class:`Interrupted`'s, which can end before
       it); the returned history continues it, wall-clock too.
@@ -283,7 +284,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     True
   """
   entered = time.perf_counter()
-  _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step)
+  _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step, checkpoint_every)
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
@@ -333,7 +334,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
           step, periods = step + length, periods + ((step + length) % eval_every == 0)
         evaluate(length)
         if checkpoint_path is not None and ((step % eval_every == 0
-                                             and periods % checkpoint_every == 0) or step == end):
+                                             and periods % (checkpoint_every or 1) == 0)
+                                            or step == end):
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
     except KeyboardInterrupt:
@@ -391,7 +393,7 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
     (True, 0.0)
   """
   optimizer = optax.with_extra_args_support(optimizer)
-  _check_fit_arguments(objective, batch_size, None)
+  _check_fit_arguments(objective, batch_size, None, False, 0, None)
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
   params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size, None)
   runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0])
