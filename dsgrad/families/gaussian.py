@@ -362,8 +362,9 @@ def meanfield_init(model: Model | Objective, loc: float | jax.Array = 0.0,
   if isinstance(model, Objective):
     if not (model.source and model.source[0] == "meanfield_gaussian"):
       raise TypeError(f"dsgrad.meanfield_init: the objective {model.name!r} is not a mean-field "
-                      "one; its family's params() (dsgrad.families.by_name(name, d).params(), "
-                      "or families.structured_init(latent)) start it")
+                      "one; what made it makes its params: dsgrad.families.by_name(name, d)"
+                      ".params() or families.structured_init(latent) for another family, "
+                      "init_params() of an AnnealedVI, a MonteCarloVAE or a NumPyro objective")
     model = model.source[1]
   if not isinstance(model, Model):
     raise TypeError(f"dsgrad.meanfield_init takes the model or its mean-field objective, got "
