@@ -318,12 +318,18 @@ def _index_checked_likelihood(model: Model):
   return lambda z, rows: checked(z, rows)[0].get()
 
 
-def _index_bound(failure, z, rows: dict, name: str, largest: int = 0) -> int | None:
-  """The least value of the 1-D integer column ``name`` at which ``log_lik`` (``failure``,
-  on one datum's ``rows``) reads out of bounds: the size of what the column indexes (the
-  smallest, where it indexes several), or ``None`` where it indexes nothing. ``largest``:
-  a value known in bounds (the column's largest, checked)."""
-  at = lambda value: failure(z, dict(rows, **{name: np.full_like(rows[name], value)}))
+def _index_bound(failure, z, rows: dict, name: str, largest: int = 0,
+                 position=Ellipsis) -> int | None:
+  """The least value of the integer column ``name`` (at ``position`` of a row, else all
+  of it) at which ``log_lik`` (``failure``, on one datum's ``rows``) reads out of bounds:
+  the size of what it indexes (the smallest, where it indexes several), or ``None`` where
+  it indexes nothing. ``largest``: a value known in bounds there (the data's largest)."""
+
+  def at(value):
+    column = np.array(rows[name])
+    column.reshape(1, -1)[:, position] = value
+    return failure(z, dict(rows, **{name: column}))
+
   high = 2 ** 30
   if at(high) is None:
     return None
@@ -349,10 +355,10 @@ def _index_columns_checked(model: Model) -> Model:
   if not columns:
     return model
   failure, z = _index_checked_likelihood(model), jnp.zeros(model.latent_dim, jnp.float32)
-  probes, largest = [], {}  # (column, row, its values); each column's largest value
+  probes, largest = [], {}  # (column, row, its values); each position's largest value
   for name, leaf in columns.items():
     values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
-    largest[name] = int(values.max())
+    largest[name] = values.max(axis=0)  # per position of a row
     for row in {int(np.argmin(values)) // values.shape[1],
                 int(np.argmax(values)) // values.shape[1]}:
       probes.append((name, row, values[row]))
@@ -381,12 +387,15 @@ def _index_columns_checked(model: Model) -> Model:
           "an index past the end and wraps a negative one, so the model would read another "
           "row without an error: index data must lie in [0, the size of what they index)")
   kinds = dict(model.kinds)
-  for name in columns:
-    if columns[name].ndim == 1 and name not in kinds:
-      first = next(i for i, probe in enumerate(probes) if probe[0] == name)
-      bound = _index_bound(failure, z, one(first), name, largest[name])
-      if bound is not None:
-        kinds[name] = ("index", bound)
+  for name in (n for n in columns if n not in kinds):
+    first = next(i for i, probe in enumerate(probes) if probe[0] == name)
+    # Each position of a row (a pair's two players) on its own: one bound serves the
+    # column only where every position indexes the same size.
+    width = int(np.prod(columns[name].shape[1:], dtype=np.int64))
+    bounds = {_index_bound(failure, z, one(first), name, int(largest[name][j]), j)
+              for j in range(width)} if width <= 16 else {None}
+    if len(bounds) == 1 and None not in bounds:
+      kinds[name] = ("index", bounds.pop())
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
 
 

@@ -122,6 +122,27 @@ def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift,
     objective.with_data({"g": g + shift, "y": y, "c": counts})
 
 
+def test_a_column_of_pairs_is_declared_where_both_positions_index_one_size():
+  # A (N, 2) column whose positions index arrays of one size (a pair of players) gets that
+  # bound for with_data; one whose positions index two sizes gets none (one bound for both
+  # would refuse good data), and is still checked where the model is built.
+  rng = np.random.default_rng(1)
+  pairs = rng.integers(0, 10, (300, 2)).astype(np.int32)
+  objective = dsgrad.objective_from_logdensity(
+      _log_prior, lambda z, b: jax.nn.log_sigmoid(z[b["pair"][:, 0]] - z[b["pair"][:, 1]]),
+      {"pair": pairs}, 10)
+  assert objective.kinds == (("pair", ("index", 10)),)
+  with pytest.raises(ValueError, match=r"with_data\['pair'\] holds values outside"):
+    objective.with_data({"pair": pairs + np.array([0, 3], np.int32)})
+  both = np.stack([rng.integers(0, 5, 300), rng.integers(0, 7, 300)], 1).astype(np.int32)
+  log_lik = lambda z, b: z["u"][b["ui"][:, 0]] + z["v"][b["ui"][:, 1]]
+  latent = {"u": jnp.zeros(5), "v": jnp.zeros(7)}
+  prior = lambda z: -0.5 * jnp.sum(z["u"] ** 2) - 0.5 * jnp.sum(z["v"] ** 2)
+  assert dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both}, latent).kinds == ()
+  with pytest.raises(ValueError, match=r"data column 'ui' at row \d+ holds \[\d, 7\]"):
+    dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both + np.array([0, 1])}, latent)
+
+
 def test_data_are_arguments_of_compiled_programs():
   """The data reach compiled programs as arguments: ``with_data`` moves the objective to
   other rows with no rebuild (the ELBO equals that of an objective built on those rows),
