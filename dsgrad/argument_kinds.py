@@ -349,6 +349,11 @@ def optimizer(factory: bool = False) -> Kind:
       "optax.adam(optax.cosine_decay_schedule(1e-2, n)))" if factory else ""))
 
   def check(value, label):
+    if getattr(getattr(value, "update", None), "outputs_a_gradient", False):
+      raise ArgumentError(f"{label} must be {accepted}, got dsgrad.naive() alone, whose output "
+                          "is the gradient, not a step (applied as one it would climb the "
+                          "loss): chain an update rule, e.g. optax.chain(dsgrad.naive(), "
+                          "optax.adam(1e-2))")
     if _is_transformation(value):
       return value
     if callable(value) and _takes_a_learning_rate(value):

@@ -60,6 +60,19 @@ def test_an_estimator_without_an_update_rule_after_it_is_refused(problem, estima
     step(objective, params, optimizer.init(params), jnp.arange(10), jax.random.key(1))
 
 
+def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
+  # Its state is optax's EmptyState: only the mark on its update tells it apart.
+  objective, params = problem
+  with pytest.raises(TypeError, match=r"got dsgrad.naive\(\) alone, whose output is the "
+                                      r"gradient, not a step"):
+    dsgrad.fit(objective, dsgrad.naive(), params, jax.random.key(0), num_steps=4,
+               batch_size=10, elbo_samples=0, progress=False)
+  result = dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)), params,
+                      jax.random.key(0), num_steps=4, batch_size=10, elbo_samples=0,
+                      progress=False)
+  assert result.step == 4
+
+
 def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
   objective, params = problem
   for optimizer in [

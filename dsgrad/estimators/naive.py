@@ -46,4 +46,7 @@ def naive() -> optax.GradientTransformationExtraArgs:
     del params, extra_args
     return updates, state
 
+  # Its state is optax's empty one, so only this mark tells fit that the optimizer it was
+  # handed is naive alone: a gradient where a step belongs.
+  update_fn.outputs_a_gradient = True
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
