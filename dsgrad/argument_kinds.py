@@ -350,10 +350,8 @@ def optimizer(factory: bool = False) -> Kind:
 
   def check(value, label):
     if getattr(getattr(value, "update", None), "outputs_a_gradient", False):
-      raise ArgumentError(f"{label} must be {accepted}, got dsgrad.naive() alone, whose output "
-                          "is the gradient, not a step (applied as one it would climb the "
-                          "loss): chain an update rule, e.g. optax.chain(dsgrad.naive(), "
-                          "optax.adam(1e-2))")
+      raise ArgumentError(f"{label} must be {accepted}, got dsgrad.naive() alone: its output "
+                          "is a gradient, not a step; chain an update rule after it")
     if _is_transformation(value):
       return value
     if callable(value) and _takes_a_learning_rate(value):

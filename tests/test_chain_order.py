@@ -63,7 +63,7 @@ def test_an_estimator_without_an_update_rule_after_it_is_refused(problem, estima
 def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
   # Its state is optax's EmptyState: only the mark on its update tells it apart.
   objective, params = problem
-  with pytest.raises(TypeError, match=r"got dsgrad.naive\(\) alone, whose output is the "
+  with pytest.raises(TypeError, match=r"got dsgrad.naive\(\) alone: its output is a "
                                       r"gradient, not a step"):
     dsgrad.fit(objective, dsgrad.naive(), params, jax.random.key(0), num_steps=4,
                batch_size=10, elbo_samples=0, progress=False)
