@@ -330,15 +330,16 @@ def test_an_optimizer_that_is_not_one_is_refused_before_anything_compiles(optimi
                jax.random.key(0), num_steps=5, batch_size=BATCH, progress=False)
 
 
-def _again_if_late(run):
-  """``run()`` (``-> (..., FitResult)``), once more where its last evaluation gave up k-hat
-  because the steps ran late: on a busy machine (the other test worker compiling) a
-  segment can end a few tenths of a second after its price, and keeping the limit then
-  rightly drops k-hat. A second run that drops it too is a fault of the pricing."""
-  out = run()
-  if out[-1].pareto_k is None and "would have run past max_seconds" in out[-1].diagnosis:
-    out = run()
-  return out
+def _again_if_late(run, limit: float):
+  """``run()`` (``-> (seconds, FitResult)``), once more where it ran late: on a busy
+  machine (the other test worker compiling) a segment or the last evaluation can end a few
+  tenths of a second after its price, so the run ends past 1.05 limits, or keeping them
+  rightly drops k-hat. A second run late too is a fault of the pricing."""
+  seconds, result = run()
+  if seconds > 1.05 * limit or (result.pareto_k is None and "would have run past "
+                                "max_seconds" in result.diagnosis):
+    seconds, result = run()
+  return seconds, result
 
 
 def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
@@ -357,7 +358,7 @@ def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
                         max_seconds=4.0, **settings)
     return time.perf_counter() - started, result
 
-  seconds, result = _again_if_late(run)
+  seconds, result = _again_if_late(run, 4.0)
   assert seconds <= 1.05 * 4.0 and result.timing.steps >= 0.5
   assert result.compile_seconds == 0.0
   assert 0 < result.step < 10 ** 8 and result.step % 50 == 0
@@ -403,7 +404,7 @@ def test_fit_within_max_seconds_prices_the_last_evaluations_compile_not_every_dr
   must neither make every later draw look half a second dear, stopping the run after one
   segment, nor be left out of the last's price, running past the limit."""
   seconds, result = _again_if_late(
-      lambda: _fit_with_slow_evaluation_compiles(monkeypatch, 9.0, 0.5))
+      lambda: _fit_with_slow_evaluation_compiles(monkeypatch, 9.0, 0.5), 9.0)
   assert seconds <= 1.05 * 9.0, seconds
   # 9 s less the first compile (stand-in and real, c) and 2.5 c kept for the last
   # evaluation's: 5 s of steps, 1.5 s where the real compile takes 1.5 s on a busy machine.
