@@ -29,7 +29,7 @@ from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device
                                       open_memmap, read_rows)
 
 __all__ = ["HostArray", "open_memmap", "read_rows", "RowReader", "rows_of",
-           "is_host", "host_leaves", "with_batch_rows", "check_data", "check_finite_data", "placed",
+           "is_host", "host_leaves", "with_batch_rows", "check_data", "check_no_number_lists", "check_finite_data", "placed",
            "register_with_data"]
 
 
@@ -121,6 +121,22 @@ def leaf_name(path) -> str:
   return "/".join(parts) or "data"
 
 
+def _number_list(x) -> bool:
+  """A (nested) Python list of numbers: what a user means as an array."""
+  return isinstance(x, list) and bool(x) and all(
+      _number_list(v) or isinstance(v, (bool, int, float, np.number)) for v in x)
+
+
+def check_no_number_lists(values, who: str = "data") -> None:
+  """Refuses, by path, a data column given as a Python list of numbers: JAX reads a list
+  as a pytree node, so the column would arrive as one scalar leaf per row."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(values, is_leaf=_number_list)[0]:
+    if _number_list(leaf):
+      raise TypeError(f"{who}{jax.tree_util.keystr(path)} is a Python list of numbers: JAX "
+                      "reads a list as a pytree of separate leaves; give an array, e.g. "
+                      "np.asarray(column)")
+
+
 def check_data(values, num_data: int | None = None, who: str = "data") -> int:
   """Checks a data pytree: every leaf an array with the same leading size ``N``, and no
   NaN or inf in floating leaves.
@@ -132,6 +148,7 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
     ValueError: naming the leaves whose leading sizes disagree, or that disagree with
       ``num_data``.
   """
+  check_no_number_lists(values, who)
   sizes = {}
   for path, value in jax.tree.leaves_with_path(values, is_leaf=is_host):
     key = leaf_name(path)

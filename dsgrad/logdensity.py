@@ -42,23 +42,11 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
-def _number_list(x) -> bool:
-  """A (nested) Python list of numbers: what a user means as an array."""
-  return isinstance(x, list) and bool(x) and all(
-      _number_list(v) or isinstance(v, (bool, int, float, np.number)) for v in x)
-
-
 def _num_data(data) -> int:
   leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
   if not leaves:
     raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
-  # JAX reads a Python list as a pytree node, so a column given as a list would arrive
-  # as one scalar leaf per row.
-  for path, leaf in jax.tree_util.tree_flatten_with_path(data, is_leaf=_number_list)[0]:
-    if _number_list(leaf):
-      raise TypeError(f"data{jax.tree_util.keystr(path)} is a Python list of numbers: JAX "
-                      "reads a list as a pytree of separate leaves; give an array, e.g. "
-                      "np.asarray(column)")
+  data_lib.check_no_number_lists(data)  # before the sizes: its leaves are not columns
   shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
   sizes = {int(shape[0]) if shape else None for shape in shapes}
   if None in sizes:

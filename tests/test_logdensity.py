@@ -89,6 +89,10 @@ def test_bad_functions_and_data_are_refused(logreg):
   for column in (np.asarray(x).tolist(), list(np.asarray(y).tolist())):
     with pytest.raises(TypeError, match=r"data\['x'\] is a Python list of numbers"):
       dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": column, "y": y}, 4)
+  # with_data too (before: "expected the keys ['x', 'y'], got ['x/0/0', 'x/0/1', ...").
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, 4)
+  with pytest.raises(TypeError, match=r"with_data\['x'\] is a Python list of numbers"):
+    objective.with_data({"x": np.asarray(x).tolist(), "y": y})
 
 
 @pytest.mark.parametrize("shift", [5, -3], ids=["past_the_end", "negative"])

@@ -324,11 +324,14 @@ class SegmentRunner:
     self.compile_seconds = self.step_seconds = 0.0
     self.last_block = None  # set by run(): see reached()
 
+  def _indices(self, start: int, steps: int):
+    """The batch indices of the block of ``steps`` steps from ``start``."""
+    return batching.slice_window(self.orders.window(start, steps), start, steps,
+                                 self.objective.num_data, self.batch_size)
+
   def _read_ahead(self, start: int, steps: int) -> None:
     if self.host_data and self.pending != (start, steps):
-      window = self.orders.window(start, steps)
-      self.reader.submit(batching.slice_window(window, start, steps, self.objective.num_data,
-                                               self.batch_size))
+      self.reader.submit(self._indices(start, steps))
       self.pending = (start, steps)
 
   def blocks(self, start: int, length: int) -> list:
@@ -370,9 +373,7 @@ class SegmentRunner:
     step checked, which raises the failing check with its step."""
     message = error.message()
     if message and self.host_data:  # a row of a file, not the maths, may be at fault
-      window = self.orders.window(at, steps)
-      host_data_lib.check_finite_rows(self.host_data, batching.slice_window(
-          window, at, steps, self.objective.num_data, self.batch_size))
+      host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
     if message == PARAMS_NOT_FINITE:
       args = self._args(carry, at, steps, rows)
       found = self._executable(steps, args, checked=True)(*args)[0].message()
