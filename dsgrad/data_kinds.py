@@ -20,10 +20,10 @@ def check_kinds(kinds, values, who: str = "data") -> None:
 
 def check_kind(kind, value, label: str) -> None:
   """Refuses ``value`` (in memory, or on the host, read in chunks) when it does not mean
-  what ``kind`` says (``"signs"``: +1 or -1; ``("index", n)``: integers in ``[0, n)``):
-  0/1 labels where signs are meant would turn every 0 into a likelihood term that ignores
-  the parameters, an index past the end would read another row (JAX clamps gathers)
-  without any error."""
+  what ``kind`` says (``"signs"``: +1 or -1; ``("index", n)``: integers in ``[0, n)``;
+  :func:`_check_index`): 0/1 labels where signs are meant would turn every 0 into a
+  likelihood term that ignores the parameters, an index past the end would read another
+  row (JAX clamps gathers) without any error."""
   if kind is None or isinstance(value, jax.core.Tracer) or (
       isinstance(value, HostArray) and value.array is None):
     return
@@ -42,8 +42,24 @@ def check_kind(kind, value, label: str) -> None:
         raise ValueError(f"{label} holds {np.unique(block[bad])[:3].tolist()}; it holds signs, "
                          "+1 or -1 (0/1 labels become signs as 2 * y - 1)")
     else:
-      upper = kind[1]
-      whole = np.issubdtype(block.dtype, np.integer) or bool(np.all(block == np.round(block)))
-      if not whole or (block.size and (block.min() < 0 or block.max() >= upper)):
-        raise ValueError(f"{label} holds values outside the integers 0 .. {upper - 1} "
-                         f"(found {block.min()} .. {block.max()}); it indexes {upper} rows")
+      _check_index(kind, block, label)
+
+
+def _check_index(kind, block, label: str) -> None:
+  """``("index", upper)``: integers in ``[0, upper)``; ``("index", upper, lower)``: in
+  ``[lower, upper)`` (a column that ``log_lik`` shifts, ``z[g - 1]``). Either bound may be
+  a tuple, one per position of a row (a pair whose positions index two sizes)."""
+  upper = np.asarray(kind[1])
+  lower = np.asarray(kind[2] if len(kind) > 2 else 0)
+  rows = block.reshape(len(block), -1)
+  whole = np.issubdtype(block.dtype, np.integer) or bool(np.all(block == np.round(block)))
+  bad = (rows < lower) | (rows >= upper) | (not whole)
+  if np.any(bad):
+    position = int(np.nonzero(np.broadcast_to(bad, rows.shape))[1][0])
+    low = int(np.broadcast_to(lower, rows.shape[1:])[position])
+    high = int(np.broadcast_to(upper, rows.shape[1:])[position])
+    at, found = "", block
+    if upper.ndim or lower.ndim:  # bounds per position: name the one refused
+      at, found = f" at position {position} of a row", rows[:, position]
+    raise ValueError(f"{label} holds values outside the integers {low} .. {high - 1}{at} "
+                     f"(found {found.min()} .. {found.max()}); it indexes {high - low} rows")

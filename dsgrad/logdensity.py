@@ -297,52 +297,65 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   return _index_columns_checked(model)
 
 
-def _index_checked_likelihood(model: Model):
+def _index_checked_likelihood(model: Model, unsigned: bool = True):
   """``(z, rows) -> message or None``: the model's log likelihood on ``rows`` with JAX's
-  out-of-bounds index checks (:mod:`jax.experimental.checkify`)."""
+  out-of-bounds index checks (:mod:`jax.experimental.checkify`). ``unsigned``: integer
+  columns are read as unsigned, so an index that ``log_lik``'s arithmetic takes below
+  zero (``z[g - 1]`` at ``g = 0``), which JAX would wrap to the end without an error,
+  shows as one past it."""
   # One program (compiled op by op, the model's operations took 1.4 s on the scale suite's
   # hierarchical model; 0.1 s as one).
   checked = jax.jit(checkify.checkify(model.log_likelihood, errors=checkify.index_checks))
-  return lambda z, rows: checked(z, rows)[0].get()
+
+  def failure(z, rows, only=None):  # only: the one column read as unsigned
+    if unsigned:
+      rows = {k: v.astype(f"u{v.dtype.itemsize}") if np.issubdtype(v.dtype, np.signedinteger)
+              and only in (None, k) else v for k, v in rows.items()}
+    return checked(z, rows)[0].get()
+  return failure
 
 
 def _index_bound(failure, z, rows: dict, name: str, largest: int = 0,
-                 position=Ellipsis) -> int | None:
-  """The least value of the integer column ``name`` (at ``position`` of a row, else all
-  of it) at which ``log_lik`` (``failure``, on one datum's ``rows``) reads out of bounds:
-  the size of what it indexes (the smallest, where it indexes several), or ``None`` where
-  it indexes nothing. ``largest``: a value known in bounds there (the data's largest)."""
+                 position=Ellipsis) -> tuple[int, int] | None:
+  """``(lower, upper)``: the values of the integer column ``name`` (at ``position`` of a
+  row, else all of it) at which ``log_lik`` (``failure``, on one datum's ``rows``) reads
+  in bounds are ``[lower, upper)``: ``upper`` is the size of what it indexes (the
+  smallest, where it indexes several) and ``lower`` 0 unless ``log_lik`` shifts the
+  column (``z[g - 1]``: 1); ``None`` where it indexes nothing. ``largest``: a value known
+  in bounds there (the data's largest)."""
 
   def at(value):
     column = np.array(rows[name])
     column.reshape(1, -1)[:, position] = value
     return failure(z, dict(rows, **{name: column}))
 
-  high = 2 ** 30
-  if at(high) is None:
+  def first_in_bounds(out, inside):  # bisects between a value out of bounds and one in
+    while abs(inside - out) > 1:
+      mid = (out + inside) // 2
+      out, inside = (mid, inside) if at(mid) is not None else (out, mid)
+    return inside
+
+  if at(2 ** 30) is None:
     return None
-  low = max(0, largest)  # in bounds at low, out at high: bisect
-  if at(low + 1) is not None:  # the usual case: the data use every index
-    return low + 1
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (low, mid) if at(mid) is not None else (mid, high)
-  return high
-
-
+  low = max(0, largest)
+  # The usual case first: the data use every index and nothing is shifted.
+  upper = low + 1 if at(low + 1) is not None else first_in_bounds(2 ** 30, low) + 1
+  lower = 0 if at(0) is None else first_in_bounds(0, low)
+  return lower, upper
 def _index_columns_checked(model: Model) -> Model:
   """``model`` with its index columns declared and checked. Refuses integer data that
   index the latent out of its bounds: JAX clamps a read past an array's end and wraps a
   negative index to it, so ``z["b"][g]`` with ``g`` out of range reads another group's
   value without an error. Run once on the rows holding each integer column's smallest and
-  largest value (a negative one is refused where the column indexes). A 1-D column that
-  indexes is declared as such (:attr:`Model.kinds`, ``("index", size)``), so data handed
-  in later (``Objective.with_data``) are checked on every row."""
+  largest value, read as unsigned (a negative index, or one that ``log_lik`` shifts below
+  zero, is then one past the end). A column that indexes is declared as such
+  (:attr:`Model.kinds`, :func:`_index_kind`), so data handed in later
+  (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
              if jnp.issubdtype(leaf.dtype, jnp.integer) and leaf.shape[0]}
   if not columns:
     return model
-  failure, z = _index_checked_likelihood(model), jnp.zeros(model.latent_dim, jnp.float32)
+  z = jnp.zeros(model.latent_dim, jnp.float32)
   probes, largest = [], {}  # (column, row, its values); each position's largest value
   for name, leaf in columns.items():
     values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
@@ -359,32 +372,53 @@ def _index_columns_checked(model: Model) -> Model:
     gather = jax.jit(lambda data, i: jax.tree.map(lambda leaf: leaf[i], data))
     every = jax.device_get(gather(model.data, indices))
   one = lambda i: {k: v[i:i + 1] for k, v in every.items()}  # noqa: E731
-  try:
-    failure(z, one(0))
-  except Exception:  # noqa: BLE001  a primitive checkify cannot check: nothing to say
-    return model  # (log_lik itself traced already, in the shape checks before this one)
+  failure = None
+  for unsigned in (True, False):  # a log_lik that refuses unsigned columns: as given
+    candidate = _index_checked_likelihood(model, unsigned)
+    try:
+      candidate(z, one(0))
+    except Exception:  # noqa: BLE001  a primitive checkify cannot check: nothing to say
+      continue  # (log_lik itself traced already, in the shape checks before this one)
+    failure = candidate
+    break
+  if failure is None:
+    return model
   for i, (name, row, value) in enumerate(probes):
-    rows = one(i)
-    message = failure(z, rows)
-    if message is None and value.min() < 0 and _index_bound(failure, z, rows, name):
+    # Where the row fails, it is this column's doing if it fails with only it unsigned.
+    message = failure(z, one(i)) and failure(z, one(i), only=name)
+    if value.min() < 0 and (message or not unsigned and _index_bound(failure, z, one(i), name)):
       message = "a negative index, which JAX (as NumPy) wraps"
+    elif message and "index -" in message:
+      message = message.strip().rstrip(".") + " (log_lik's arithmetic takes it below zero, and JAX wraps it to the end)"
     if message:
       raise ValueError(
           f"{model.name}: data column {name!r} at row {row:,} holds {value.tolist()}, which "
           f"log_lik uses as an index out of range: {message.strip().rstrip('.')}. JAX clamps "
           "an index past the end and wraps a negative one, so the model would read another "
-          "row without an error: index data must lie in [0, the size of what they index)")
+          "row without an error: index data must lie in the range of what they index")
   kinds = dict(model.kinds)
   for name in (n for n in columns if n not in kinds):
-    first = next(i for i, probe in enumerate(probes) if probe[0] == name)
-    # Each position of a row (a pair's two players) on its own: one bound serves the
-    # column only where every position indexes the same size.
-    width = int(np.prod(columns[name].shape[1:], dtype=np.int64))
-    bounds = {_index_bound(failure, z, one(first), name, int(largest[name][j]), j)
-              for j in range(width)} if width <= 16 else {None}
-    if len(bounds) == 1 and None not in bounds:
-      kinds[name] = ("index", bounds.pop())
+    kind = _index_kind(failure, z, one(next(i for i, p in enumerate(probes) if p[0] == name)),
+                       name, largest[name])
+    if kind:
+      kinds[name] = kind
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
+
+
+def _index_kind(failure, z, rows, name: str, largest) -> tuple | None:
+  """The :mod:`dsgrad.data_kinds` kind of the integer column ``name``: ``("index", upper)``
+  or ``("index", upper, lower)``, bounds per position of a row where they differ (a
+  pair's two positions index two sizes); ``None`` where some position indexes nothing
+  (or a row has more than 16)."""
+  if len(largest) > 16:
+    return None
+  bounds = [_index_bound(failure, z, rows, name, int(top), j) for j, top in enumerate(largest)]
+  if None in bounds:
+    return None
+  lower, upper = zip(*bounds)
+  one_bound = lambda b: b[0] if len(set(b)) == 1 else b  # noqa: E731
+  lower, upper = one_bound(lower), one_bound(upper)
+  return ("index", upper) if lower == 0 else ("index", upper, lower)
 
 
 def _check_declared_reads(model: Model, reads) -> None:

@@ -126,10 +126,10 @@ def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift,
     objective.with_data({"g": g + shift, "y": y, "c": counts})
 
 
-def test_a_column_of_pairs_is_declared_where_both_positions_index_one_size():
+def test_a_column_of_pairs_is_declared_with_the_size_each_position_indexes():
   # A (N, 2) column whose positions index arrays of one size (a pair of players) gets that
-  # bound for with_data; one whose positions index two sizes gets none (one bound for both
-  # would refuse good data), and is still checked where the model is built.
+  # bound for with_data; one whose positions index two sizes gets one bound per position
+  # (one bound for both would refuse good data or pass bad).
   rng = np.random.default_rng(1)
   pairs = rng.integers(0, 10, (300, 2)).astype(np.int32)
   objective = dsgrad.objective_from_logdensity(
@@ -142,9 +142,35 @@ def test_a_column_of_pairs_is_declared_where_both_positions_index_one_size():
   log_lik = lambda z, b: z["u"][b["ui"][:, 0]] + z["v"][b["ui"][:, 1]]
   latent = {"u": jnp.zeros(5), "v": jnp.zeros(7)}
   prior = lambda z: -0.5 * jnp.sum(z["u"] ** 2) - 0.5 * jnp.sum(z["v"] ** 2)
-  assert dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both}, latent).kinds == ()
+  objective = dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both}, latent)
+  assert objective.kinds == (("ui", ("index", (5, 7))),)
+  objective.with_data({"ui": both[::-1]})  # in range at each position: accepted
+  with pytest.raises(ValueError, match=r"with_data\['ui'\] holds values outside the integers "
+                                       r"0 \.\. 4 at position 0 of a row \(found 0 \.\. 6\)"):
+    objective.with_data({"ui": both[:, ::-1]})  # the 7-sized position's values in the 5's
   with pytest.raises(ValueError, match=r"data column 'ui' at row \d+ holds \[\d, 7\]"):
     dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both + np.array([0, 1])}, latent)
+
+
+def test_a_column_that_log_lik_shifts_below_zero_is_refused():
+  """Groups numbered from 1 and read as ``z[g - 1]``: a 0 among them read ``z[-1]``, the
+  last group's value, without an error (JAX wraps the index; ``checkify`` does not see a
+  wrap), and ``with_data`` allowed 0 as in range."""
+  rng = np.random.default_rng(2)
+  groups, n = 10, 200
+  g = rng.integers(1, groups + 1, n).astype(np.int32)
+  g[:2] = 1, groups
+  y = rng.normal(size=n).astype(np.float32)
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[b["g"] - 1]) ** 2
+  objective = dsgrad.objective_from_logdensity(_log_prior, log_lik, {"g": g, "y": y}, groups)
+  assert objective.kinds == (("g", ("index", groups + 1, 1)),)
+  zero = np.where(np.arange(n) == 7, 0, g).astype(np.int32)
+  with pytest.raises(ValueError, match=r"column 'g' at row 7 holds \[0\], .* index -1 is out "
+                                       r"of bounds .* takes it below zero"):
+    dsgrad.objective_from_logdensity(_log_prior, log_lik, {"g": zero, "y": y}, groups)
+  with pytest.raises(ValueError, match=r"with_data\['g'\] holds values outside the integers "
+                                       r"1 \.\. 10 \(found 0 \.\. 10\)"):
+    objective.with_data({"g": zero, "y": y})
 
 
 def test_data_are_arguments_of_compiled_programs():
