@@ -36,10 +36,14 @@ def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True) -> 
   inf. The one check of data before they become JAX arrays."""
   if not np.issubdtype(array.dtype, np.inexact) or not array.size:
     return
-  bad = ~np.isfinite(array)
-  if np.any(bad):
-    raise ArgumentError(f"{label} contains non-finite values ({int(bad.sum())} NaN or inf)")
-  largest = float(np.max(np.abs(array)))
+  # Two reductions with no temporary (NaN propagates to both, inf to one): on 10^6 x
+  # 1,000 floats, isfinite and abs wrote 5 GB of temporaries and took 15 s.
+  low, high = float(np.min(array)), float(np.max(array))
+  if not (np.isfinite(low) and np.isfinite(high)):
+    count = sum(int(np.count_nonzero(~np.isfinite(chunk)))
+                for chunk in np.array_split(array.reshape(-1), max(1, array.size >> 24)))
+    raise ArgumentError(f"{label} contains non-finite values ({count} NaN or inf)")
+  largest = max(-low, high)
   if cast and largest > float(np.finfo(np.float32).max):
     raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
                         "(3.4e38): JAX computes in float32 and they would become inf. "

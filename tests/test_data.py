@@ -1,5 +1,6 @@
 """Data as arguments of compiled programs (dsgrad.data, Objective.with_data)."""
 
+import dataclasses
 import functools
 
 import chex
@@ -327,3 +328,37 @@ def test_a_fit_step_takes_the_data_and_the_batch_rows_as_inputs(tmp_path):
   closed = jax.make_jaxpr(segment)((params, state), jax.random.key(0), jnp.int32(0),
                                    on_host, orders, rows)
   assert (steps, b, d) in _input_shapes(closed) and (n, d) not in _input_shapes(closed)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["numpy", "device"])
+def test_non_finite_data_are_refused_in_memory_and_on_the_device(bad, where):
+  # The checks are reductions without temporaries (a sum of x * 0 on the device, min and
+  # max in NumPy): each of NaN, inf and -inf must still reach them.
+  x = np.random.default_rng(0).standard_normal((500, 7)).astype(np.float32)
+  x[[3, 250], [1, 6]] = bad
+  data = {"x": jnp.asarray(x) if where == "device" else x}
+  count = r"2 NaN or inf" if where == "numpy" else r"NaN or inf"
+  with pytest.raises(ValueError, match=rf"data\['x'\] contains non-finite values \({count}\)"):
+    data_lib.check_data(data)
+
+
+def test_a_device_array_is_scanned_for_non_finite_values_once(monkeypatch):
+  """A model, its objective and each copy (``_replace``, ``with_data`` of the same
+  arrays) check their data; on 10^6 x 1,000 floats each pass cost 0.7-4 s, six passes for
+  one ``objective_from_logdensity``. An immutable array checked once stays checked."""
+  scans = []
+  real = data_lib._all_finite
+  monkeypatch.setattr(data_lib, "_all_finite", lambda v: scans.append(v.shape) or real(v))
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((400, 3)), jnp.float32)
+  y = jnp.zeros(400, jnp.float32)
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b: -0.5 * (b["y"] - b["x"] @ z) ** 2,
+      {"x": x, "y": y}, 3)
+  dataclasses.replace(objective.with_data({"x": x, "y": y}), name="copy")
+  assert sorted(scans) == [(400,), (400, 3)]
+  fresh = x + 1.0  # a new array: scanned
+  objective.with_data({"x": fresh, "y": y})
+  assert sorted(scans) == [(400,), (400, 3), (400, 3)]
+  with pytest.raises(ValueError, match="non-finite"):
+    objective.with_data({"x": x.at[0, 0].set(jnp.nan), "y": y})
