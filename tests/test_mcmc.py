@@ -372,6 +372,41 @@ def test_a_position_laid_out_like_the_latent_is_flattened_as_the_model_does():
     mcmc.taylor_proxy(flat, position)
 
 
+def test_a_proxy_or_mass_matrix_of_another_model_is_refused_where_it_enters():
+  """A proxy built for a latent of another size broadcast into a bare "incompatible
+  shapes" error inside the first step (or, for the mass matrix, inside the kernel)."""
+  model, _, _ = _linear_gaussian(n=200, d=3)
+  other, _, _ = _linear_gaussian(n=200, d=4)
+  theirs = mcmc.taylor_proxy(other, jnp.zeros(4))
+  ours = mcmc.taylor_proxy(model, jnp.zeros(3))
+  wrong_size = r"proxy was built for a latent of another size: theta_star \(4,\)"
+  for call in (lambda: mcmc.sgld(model, theirs, step_size=1e-3, subsample_size=20),
+               lambda: mcmc.laplace_precision(model, theirs),
+               lambda: mcmc.hmcecs(model, theirs, mcmc.perturbed(model, 20, 1),
+                                   mcmc.hmc_parameters(0.1, 3, dim=3)),
+               lambda: mcmc.choose_subsample_size(model, theirs, jnp.zeros((2, 3)),
+                                                  jax.random.key(0))):
+    with pytest.raises(ValueError, match=wrong_size):
+      call()
+  with pytest.raises(TypeError, match=r"proxy must be a dsgrad.mcmc.TaylorProxy"):
+    mcmc.sgld(model, jnp.zeros(3), step_size=1e-3, subsample_size=20)
+  with pytest.raises(ValueError, match=r"mass matrix of shape \(4, 4\), where model "
+                                       r"'linear_gaussian' has d = 3"):
+    mcmc.sghmc(model, ours, mcmc.hmc_parameters(0.1, 3, dim=4), subsample_size=20)
+
+
+def test_a_chain_that_diverges_is_refused_naming_the_iteration():
+  """SGLD has no Metropolis correction: at too large a step its position overflows, and
+  every later draw was NaN without an error."""
+  model, mean, _ = _linear_gaussian(n=500, d=3)
+  proxy = mcmc.taylor_proxy(model, jnp.asarray(mean, jnp.float32))
+  algorithm = mcmc.sgld(model, proxy, step_size=10.0, subsample_size=20)
+  with pytest.raises(ValueError, match=r"the chain's position is not finite from iteration "
+                                       r"\d+: it diverged.*smaller one"):
+    mcmc.run_chain(jax.random.key(0), algorithm.step, algorithm.init(mean, None), 200,
+                   chunk_size=50, progress=False)
+
+
 def test_effective_sample_size_refuses_a_diverged_chain():
   samples = np.random.default_rng(0).normal(size=(100, 3))
   samples[40, 1] = np.nan

@@ -57,6 +57,7 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(np.asarray, out))
+      _check_finite(outputs[-1][0], done)
       state, done = after, done + size
       bar(size)
   except KeyboardInterrupt:
@@ -69,6 +70,20 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
                       num_samples) from None
   bar(0, close=True)
   return _chain_result(outputs, state, seconds)
+
+
+def _check_finite(positions, done: int) -> None:
+  """Refuses a chain whose position left the finite numbers (the chunk's first draw
+  is iteration ``done``): a kernel without a Metropolis correction (SGLD, SG-HMC) at too
+  large a step size diverges, and every later draw would be NaN without an error."""
+  leaves = [np.asarray(leaf).reshape(len(leaf), -1) for leaf in jax.tree.leaves(positions)]
+  if not leaves:
+    return
+  bad = np.flatnonzero(~np.isfinite(np.concatenate(leaves, axis=1)).all(axis=1))
+  if bad.size:
+    raise ValueError(f"the chain's position is not finite from iteration {done + bad[0]:,}: "
+                     "it diverged. A kernel without a Metropolis correction (SGLD, SG-HMC) "
+                     "does at too large a step size; take a smaller one")
 
 
 def _chain_result(outputs, state, seconds):

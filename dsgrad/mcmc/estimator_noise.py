@@ -78,6 +78,7 @@ def choose_subsample_size(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
     ``(m, sigma2 at m)``: the subsample size and the variance it is expected to give
     (above the target only when ``m`` reached ``n``).
   """
+  proxy = proxy_lib.check_proxy(model, proxy)
   n = model.num_data
   s2 = float(np.quantile(_spreads(model, proxy, thetas, key, num_data_read), quantile))
   wanted = max(1, math.ceil(n ** 2 * s2 / target_variance))
@@ -117,6 +118,7 @@ def variance_at_draws(model: Model, proxy: proxy_lib.TaylorProxy, draws, key,
   Cost: ``len(draws) * min(n, num_data_read)`` data evaluations with the control
   variates' two directional derivatives.
   """
+  proxy = proxy_lib.check_proxy(model, proxy)
   return model.num_data ** 2 * _spreads(model, proxy, draws, key, num_data_read) / (
       subsample_size)
 
@@ -195,6 +197,7 @@ def diagnose(model: Model, proxy: proxy_lib.TaylorProxy, samples, info, key,
   (``info.variance``) is used. With ``mode`` (``(full-data mode, Laplace precision)``),
   the reference point's drift from it is checked too.
   """
+  proxy = proxy_lib.check_proxy(model, proxy)
   estimator_variance = None
   if perturbed:
     picks = np.unique(np.linspace(0, samples.shape[0] - 1, 50).astype(int))

@@ -141,6 +141,7 @@ def init(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
       laid out like the model's latent (:func:`dsgrad.mcmc.proxy.check_theta`).
   """
   position = proxy_lib.check_theta(model, position, "position")
+  proxy = proxy_lib.check_proxy(model, proxy)
   return reset(model, scheme, proxy, position, scheme.init(key))
 
 
@@ -149,6 +150,21 @@ def reset(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, position,
   """The state at ``(position, subsample)`` recomputed (e.g. after the proxy changed)."""
   inner = hmc.init(position, _potential_fn(model, scheme, proxy, subsample))
   return HMCECSState(position, subsample, *inner.aux, inner.potential, inner.potential_grad)
+
+
+def check_parameters(model: Model, parameters) -> HMCParameters:
+  """Refuses ``parameters`` that are not :class:`HMCParameters` with a mass matrix of
+  ``model``'s latent dimension (made for another model, or with ``dim`` unset)."""
+  if not isinstance(parameters, HMCParameters):
+    raise TypeError(f"parameters must be dsgrad.mcmc.HMCParameters (dsgrad.mcmc.hmc_parameters)"
+                    f", got {type(parameters).__name__}")
+  d = model.latent_dim
+  if jnp.shape(parameters.inverse_mass_matrix) != (d, d):
+    raise ValueError(f"parameters hold a mass matrix of shape "
+                     f"{jnp.shape(parameters.inverse_mass_matrix)}, where model {model.name!r} "
+                     f"has d = {d}: build them with dsgrad.mcmc.hmc_parameters(step_size, "
+                     f"num_integration_steps, mass_matrix, dim={d})")
+  return parameters
 
 
 def build_kernel(model: Model, scheme: SubsampleScheme, move: Callable | None = None):
@@ -245,6 +261,8 @@ def hmcecs(model: Model, proxy: TaylorProxy, scheme: SubsampleScheme,
     >>> bool(accepted > 0.5), state.position.shape
     (True, (3,))
   """
+  proxy = proxy_lib.check_proxy(model, proxy)
+  check_parameters(model, parameters)
   kernel = build_kernel(model, scheme, move)
   return SamplingAlgorithm(
       lambda position, key: init(model, scheme, proxy, position, key),

@@ -72,6 +72,24 @@ def check_theta(model: Model, theta, name="theta_star"):
   return theta
 
 
+def check_proxy(model: Model, proxy, name: str = "proxy") -> TaylorProxy:
+  """Refuses a ``proxy`` that is not a :class:`TaylorProxy` of ``model``'s latent
+  dimension (one built for another model): its sums would broadcast against the latent
+  in a bare shape error, or not at all. Shapes only, so it runs under ``jit`` too."""
+  if not isinstance(proxy, TaylorProxy):
+    raise TypeError(f"{name} must be a dsgrad.mcmc.TaylorProxy (dsgrad.mcmc.taylor_proxy), "
+                    f"got {type(proxy).__name__}")
+  d = model.latent_dim
+  shapes = {"theta_star": (d,), "sum_grad": (d,), "sum_hessian": (d, d)}
+  wrong = [f"{field} {jnp.shape(getattr(proxy, field))}" for field, shape in shapes.items()
+           if jnp.shape(getattr(proxy, field)) != shape]
+  if wrong:
+    raise ValueError(f"{name} was built for a latent of another size: {', '.join(wrong)}, "
+                     f"where model {model.name!r} has d = {d}; build it with "
+                     "dsgrad.mcmc.taylor_proxy(model, theta_star) for this model")
+  return proxy
+
+
 def _is_flat_sequence(theta) -> bool:
   return isinstance(theta, (list, tuple)) and all(np.ndim(v) == 0 for v in theta)
 

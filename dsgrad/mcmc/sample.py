@@ -30,7 +30,7 @@ from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
 from dsgrad.mcmc import subsample as subsample_lib
-from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
+from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
 from dsgrad.models.base import Model
 
 
@@ -113,6 +113,7 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
   Returns:
     ``(proxy at the refined point, O(n) passes made)``.
   """
+  proxy = check_proxy(model, proxy)
   @jax.jit
   def log_posterior_of(model, theta):
     full = subsample_lib.full_data(model)
@@ -145,6 +146,7 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   """``-(B + Hess log p(theta*))``: the full-data posterior precision at ``theta*``, the
   mass matrix of Sec. 6.3. Symmetrized; eigenvalues floored at ``1e-6`` times the
   largest, so that it is positive definite."""
+  proxy = check_proxy(model, proxy)
   prior_hess = jax.hessian(model.log_prior)(proxy.theta_star)
   precision = -(proxy.sum_hessian + prior_hess)
   precision = 0.5 * (precision + precision.T)

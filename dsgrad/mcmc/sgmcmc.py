@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
-from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm
+from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm, check_parameters
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.models.base import Model
 
@@ -52,6 +52,8 @@ def log_posterior_gradient(model: Model, proxy: TaylorProxy | None,
   n = model.num_data
   if control_variates and proxy is None:
     raise ValueError("control variates need a TaylorProxy (dsgrad.mcmc.taylor_proxy)")
+  if control_variates:
+    proxy = proxy_lib.check_proxy(model, proxy)
 
   def grad(theta, indices):
     if control_variates:
@@ -193,6 +195,7 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
     ((500, 3), True)
   """
   _check(model, subsample_size)
+  check_parameters(model, parameters)
   kernel = sghmc_kernel(log_posterior_gradient(model, proxy, control_variates), parameters,
                         friction)
   n, m, steps = model.num_data, int(subsample_size), int(parameters.num_integration_steps)

@@ -246,6 +246,7 @@ def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
   Returns:
     ``(num_blocks, lower_bound)``.
   """
+  proxy = proxy_lib.check_proxy(model, proxy)
   n = model.num_data
 
   def d_hats(theta, k):
