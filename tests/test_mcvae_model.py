@@ -173,6 +173,11 @@ def test_bad_input():
     _vae("hmc")
   with pytest.raises(ValueError, match="num_steps"):
     _vae("lmcvae")
+  # One particle leaves none out: the control variate asked for would be silently off.
+  with pytest.raises(ValueError, match=r"leave-one-out control variate needs num_particles "
+                                       r">= 2, got 1"):
+    _vae("amcvae", num_steps=2)
+  assert _vae("amcvae", num_steps=2, control_variate=False).num_particles == 1
   abstract = lambda make: nnx.eval_shape(lambda: make(nnx.Rngs(0)))  # noqa: E731 no init cost
   encoder = abstract(lambda r: mcvae.ConvEncoder((8, 8, 3), 4, (8,), rngs=r))
   with pytest.raises(ValueError, match="binarize='none'"):

@@ -112,6 +112,12 @@ class MonteCarloVAE:
       raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
     if self.method in ("lmcvae", "amcvae") and self.num_steps < 1:
       raise ValueError(f"method {self.method!r} needs num_steps >= 1")
+    if self.method == "amcvae" and self.control_variate and self.num_particles < 2:
+      # With one particle there is no other to leave out: the baseline would be zero and
+      # the REINFORCE term's variance that of no control variate, without a word.
+      raise ValueError("amcvae's leave-one-out control variate needs num_particles >= 2, "
+                       f"got {self.num_particles}: pass num_particles=2 or more, or "
+                       "control_variate=False")
     if self.binarize not in ("dynamic", "none"):
       raise ValueError(f"binarize must be 'dynamic' or 'none', got {self.binarize!r}")
     if self.gaussian and self.binarize != "none":
