@@ -94,6 +94,12 @@ _known_finite: dict[int, weakref.ref] = {}
 _all_finite = jax.jit(lambda value: jnp.isfinite(jnp.sum(value * 0)))
 
 
+def _known_finite_array(value: jax.Array) -> jax.Array:
+  """Records the device array ``value`` as checked finite, for as long as it lives."""
+  _known_finite[id(value)] = weakref.ref(value, lambda _, i=id(value): _known_finite.pop(i, None))
+  return value
+
+
 def _check_finite_leaf(value, label: str) -> None:
   """Refuses NaN or inf in an in-memory floating data leaf, and float64 values beyond
   float32's range where JAX would cast them to inf (checked before that cast). Host and
@@ -114,7 +120,7 @@ def _check_finite_leaf(value, label: str) -> None:
     # A model, its objective and each copy of them (``_replace``, ``with_data``) check
     # their data: on 10^6 x 1,000 floats each pass took 0.7-4 s. JAX arrays are
     # immutable, so one pass serves every holder of this array while it lives.
-    _known_finite[id(value)] = weakref.ref(value, lambda _, i=id(value): _known_finite.pop(i, None))
+    _known_finite_array(value)
     return
   array = np.asarray(value)
   checks.check_float32_range(array, label, cast=array.dtype.itemsize > 4
@@ -193,7 +199,10 @@ def placed(values, who: str = "data"):
     name = leaf_name(path)
     if isinstance(leaf, np.memmap):
       return HostArray(leaf, name)
-    return leaf if is_host(leaf) else on_device(leaf, name)
+    if is_host(leaf) or isinstance(leaf, jax.Array):
+      return leaf
+    # Checked above in host memory (finite, within float32): so is its copy.
+    return _known_finite_array(on_device(leaf, name))
 
   return jax.tree_util.tree_map_with_path(place, values, is_leaf=is_host)
 
