@@ -335,13 +335,17 @@ def _index_bound(failure, z, rows: dict, name: str, largest: int = 0,
       out, inside = (mid, inside) if at(mid) is not None else (out, mid)
     return inside
 
-  if at(2 ** 30) is None:
-    return None
+  # Probes stay within the column's dtype (an int16 column cannot hold 2^30).
+  high = min(2 ** 30, int(np.iinfo(np.asarray(rows[name]).dtype).max))
   low = max(0, largest)
+  if low >= high or at(high) is None:
+    return None  # indexes nothing, or nothing this dtype can hold lies past its end
   # The usual case first: the data use every index and nothing is shifted.
-  upper = low + 1 if at(low + 1) is not None else first_in_bounds(2 ** 30, low) + 1
+  upper = low + 1 if at(low + 1) is not None else first_in_bounds(high, low) + 1
   lower = 0 if at(0) is None else first_in_bounds(0, low)
   return lower, upper
+
+
 def _index_columns_checked(model: Model) -> Model:
   """``model`` with its index columns declared and checked. Refuses integer data that
   index the latent out of its bounds: JAX clamps a read past an array's end and wraps a

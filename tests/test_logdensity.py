@@ -152,6 +152,22 @@ def test_a_column_of_pairs_is_declared_with_the_size_each_position_indexes():
     dsgrad.objective_from_logdensity(prior, log_lik, {"ui": both + np.array([0, 1])}, latent)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8, np.int64])
+def test_index_columns_of_small_integer_dtypes_are_checked(dtype):
+  # The search for the size a column indexes probed 2^30, which an int16 column cannot
+  # hold: building the model raised OverflowError.
+  rng = np.random.default_rng(3)
+  g = rng.integers(0, 12, 100).astype(dtype)
+  y = rng.normal(size=100).astype(np.float32)
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[b["g"]]) ** 2
+  objective = dsgrad.objective_from_logdensity(_log_prior, log_lik, {"g": g, "y": y}, 12)
+  assert objective.kinds == (("g", ("index", 12)),)
+  with pytest.raises(ValueError, match=r"column 'g' at row 9 holds \[12\]"):
+    dsgrad.objective_from_logdensity(_log_prior, log_lik,
+                                     {"g": np.where(np.arange(100) == 9, 12, g).astype(dtype),
+                                      "y": y}, 12)
+
+
 def test_a_column_that_log_lik_shifts_below_zero_is_refused():
   """Groups numbered from 1 and read as ``z[g - 1]``: a 0 among them read ``z[-1]``, the
   last group's value, without an error (JAX wraps the index; ``checkify`` does not see a
