@@ -525,6 +525,18 @@ def test_movielens_genres_in_another_format_are_refused_not_zeroed(genres):
     datasets.movielens_from_columns([1, 2], ["Drama", genres], [3.0, 4.0])
 
 
+def test_movielens_columns_without_rows_or_with_a_misspelt_count_are_refused():
+  # Empty columns gave a data set of no ratings and no users; expected={"rating": 2}
+  # (a typo) was reported as a count mismatch.
+  from dsgrad import datasets
+  with pytest.raises(ValueError, match="no ratings"):
+    datasets.movielens_from_columns(np.zeros(0, int), np.zeros(0, str), np.zeros(0))
+  with pytest.raises(ValueError, match=r"expected= takes the counts 'ratings' and 'users', "
+                                       r"got \['rating'\]"):
+    datasets.movielens_from_columns([1, 2], ["Drama", "Action"], [3.0, 4.0],
+                                    expected={"rating": 2})
+
+
 def test_movielens_genre_names_ignore_case_and_spaces():
   from dsgrad import datasets
   loose = datasets.movielens_from_columns([1, 2], [" action | COMEDY", "(no genres listed)"],

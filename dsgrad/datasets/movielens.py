@@ -216,6 +216,11 @@ def movielens_from_columns(user_ids, genre_strings, ratings, *, expected=None) -
                      ) from err
   if ids.ndim != 1 or r.shape != ids.shape or len(genre_strings) != ids.shape[0]:
     raise ValueError("movielens: user ids, genres and ratings must be 1-D of equal length")
+  if not ids.size:
+    raise ValueError("movielens: no ratings (the columns are empty)")
+  if expected is not None and set(expected) - {"ratings", "users"}:
+    raise ValueError(f"movielens: expected= takes the counts 'ratings' and 'users', got "
+                     f"{sorted(expected)}")
   if not np.all(np.isin(r, np.arange(1, 11) / 2)):
     raise ValueError("movielens: ratings must be half stars in [0.5, 5]")
   unique, users = np.unique(ids, return_inverse=True)
