@@ -32,6 +32,18 @@ def test_app_f_formula_equals_masked_linearize(logreg_model, params0, shared_noi
   assert float(jnp.abs(got_g["log_scale"]).max()) == 0.0
 
 
+@pytest.mark.parametrize("mask", [{"mean": True}, {"loc": True}], ids=["misnamed", "partial"])
+def test_a_mask_unlike_the_params_is_named_as_the_mask(logreg_model, params0, mask):
+  # It was reported as "pytree structure error" and "Was it built from another model
+  # than the objective?", pointing away from the mask.
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  estimator = dsgrad.cv(objective, dsgrad.approx.linearize(mask))
+  with pytest.raises(ValueError, match=r"the mask must have the structure of the params, one "
+                                       r"True or False for each of their leaves \(loc, "
+                                       r"log_scale\); got leaves \((mean|loc)\)$"):
+    estimator.init(params0)
+
+
 def test_linearize_expectation_is_gradient_at_zero_noise_and_mean_of_tilde(
     logreg_model, params0):
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=False)

@@ -146,12 +146,25 @@ class Approximation(NamedTuple):
     return self.fused if self.fused is not None and self.fused.applies(objective) else None
 
 
+class MaskMismatch(ValueError):
+  """A mask whose structure is not the params': the approximation, not the model, is
+  at fault."""
+
+
 def _resolve_mask(mask, params):
   if mask is None:
     return None
   if callable(mask):
     mask = mask(params)
-  return jax.tree.map(lambda m, p: jnp.asarray(m, bool), mask, params)
+  try:
+    return jax.tree.map(lambda m, p: jnp.asarray(m, bool), mask, params)
+  except (TypeError, ValueError):
+    def layout(tree):
+      return ", ".join(jax.tree_util.keystr(path, simple=True, separator="/")
+                       for path, _ in jax.tree.leaves_with_path(tree))
+    raise MaskMismatch(
+        f"the mask must have the structure of the params, one True or False for each of "
+        f"their leaves ({layout(params)}); got leaves ({layout(mask)})") from None
 
 
 def _apply_mask(mask, tree):

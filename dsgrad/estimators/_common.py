@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
+from dsgrad.approx.base import MaskMismatch
 from dsgrad.training import host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
@@ -82,9 +83,11 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
     grads = jax.eval_shape(lambda p: approx.grad_and_expected(objective, p, indices, noise),
                            params)
   except (TypeError, ValueError, IndexError) as error:
+    cause = "" if isinstance(error, MaskMismatch) else (
+        ". Was it built from another model than the objective?")
     raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} cannot be evaluated "
-                     f"at these params (shapes {checks.leaf_shapes(params)}): {checks.first_line(error)}. "
-                     "Was it built from another model than the objective?") from error
+                     f"at these params (shapes {checks.leaf_shapes(params)}): "
+                     f"{checks.first_line(error)}{cause}") from error
   for which, tree in zip(("gradient", "expected gradient"), grads):
     if checks.leaf_shapes(tree) != checks.leaf_shapes(params):
       raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} returns a {which} "
