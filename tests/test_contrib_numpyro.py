@@ -258,6 +258,25 @@ def test_plate_size_check_reads_keyword_arguments_and_ignores_lookup_tables():
     dsgrad_numpyro.objective(model, jnp.arange(36.0), group, scale=scale)
 
 
+@pytest.mark.parametrize("bad", [9, -1], ids=["past_the_end", "negative"])
+def test_an_index_argument_out_of_range_is_refused(bad):
+  """``b[g[idx]]`` with a group id past the end read the last group's value (JAX clamps)
+  and a negative one wrapped, without an error."""
+  groups = 6
+  g = np.random.default_rng(0).integers(0, groups, 40).astype(np.int32)
+  y = np.linspace(-1.0, 1.0, 40).astype(np.float32)
+
+  def model(y, g):
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([groups]).to_event(1))
+    with numpyro.plate("data", 40, subsample_size=8) as idx:
+      numpyro.sample("y", dist.Normal(b[g[idx]], 1.0), obs=y[idx])
+
+  assert dsgrad_numpyro.objective(model, y, g).num_data == 40
+  with pytest.raises(ValueError, match=rf"argument 'g' at row 17 holds \[{bad}\], which the "
+                                       r"model uses as an index out of range"):
+    dsgrad_numpyro.objective(model, y, np.where(np.arange(40) == 17, bad, g).astype(np.int32))
+
+
 def test_observation_not_indexed_by_a_subsampled_plate_is_explained():
   """``obs=y`` (all rows) in a subsampled plate used to surface as
   NumPyro's raw broadcasting error."""

@@ -243,3 +243,42 @@ def argument_label(path) -> str:
   head = (f"arg{first.idx}" if isinstance(first, jax.tree_util.SequenceKey)
           else str(getattr(first, "key", first)))
   return head + jax.tree_util.keystr(tuple(rest))
+
+
+def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs, z,
+                          num_data: int) -> None:
+  """Refuses an integer data argument (one row per datum) that the model uses as an index
+  out of the range of what it indexes: JAX clamps a read past the end and wraps a negative
+  index, so ``b[g[idx]]`` with ``g`` out of range reads another group's value without an
+  error. Run once, under :mod:`jax.experimental.checkify`'s index checks, on the rows
+  holding the argument's smallest and largest value, read as unsigned (a negative index,
+  or one the model shifts below zero, is then one past the end)."""
+  from jax.experimental import checkify  # noqa: PLC0415  (only here)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  for position, (path, leaf) in enumerate(leaves):
+    if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
+            and np.issubdtype(leaf.dtype, np.signedinteger)):
+      continue
+    values = np.asarray(leaf).reshape(num_data, -1)
+    unsigned = np.asarray(leaf).astype(f"u{values.dtype.itemsize}")
+
+    def one_argument(column, rows, position=position):
+      given = [v for _, v in leaves]
+      given[position] = column
+      args, kwargs = jax.tree_util.tree_unflatten(treedef, given)
+      return log_likelihood_given(args, kwargs, z, rows)
+
+    checked = jax.jit(checkify.checkify(one_argument, errors=checkify.index_checks))
+    for row in sorted({int(np.argmin(values)) // values.shape[1],
+                       int(np.argmax(values)) // values.shape[1]}):
+      try:
+        message = checked(unsigned, jnp.asarray([row], jnp.int32))[0].get()
+      except Exception:  # noqa: BLE001  a model checkify cannot run: nothing to say
+        return
+      if message:
+        raise ValueError(
+            f"{argument_name(model, path)} at row {row:,} holds {values[row].tolist()}, which "
+            f"the model uses as an index out of range: {message.strip().rstrip('.')}. JAX "
+            "clamps an index past the end and wraps a negative one, so the model would read "
+            "another row without an error: index data must lie in the range of what they "
+            "index")

@@ -173,6 +173,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
       return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
 
   trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
+  trace_lib.check_index_arguments(model, log_likelihood_given, model_args, model_kwargs, flat,
+                                  num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
