@@ -401,10 +401,15 @@ def test_a_chain_that_diverges_is_refused_naming_the_iteration():
   model, mean, _ = _linear_gaussian(n=500, d=3)
   proxy = mcmc.taylor_proxy(model, jnp.asarray(mean, jnp.float32))
   algorithm = mcmc.sgld(model, proxy, step_size=10.0, subsample_size=20)
-  with pytest.raises(ValueError, match=r"the chain's position is not finite from iteration "
-                                       r"\d+: it diverged.*smaller one"):
+  with pytest.raises(mcmc.Diverged, match=r"the chain's position is not finite from "
+                                          r"iteration \d+: it diverged.*smaller one") as info:
     mcmc.run_chain(jax.random.key(0), algorithm.step, algorithm.init(mean, None), 200,
                    chunk_size=50, progress=False)
+  # The draws before the divergence are kept, every one finite, and no more.
+  positions, signs, _, state, _ = info.value.result
+  assert positions.shape == (info.value.iteration, 3) and signs.shape == (positions.shape[0],)
+  assert np.all(np.isfinite(positions)) and np.all(np.isfinite(state.position))
+  assert isinstance(info.value, ValueError)
 
 
 def test_effective_sample_size_refuses_a_diverged_chain():

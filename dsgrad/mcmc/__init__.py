@@ -26,7 +26,7 @@ from dsgrad.mcmc.dual_averaging import (DualAveraging, dual_averaging_init,
                                         dual_averaging_update)
 from dsgrad.mcmc.sample import (MCMCResult, find_reference_point, laplace_draws,
                                 laplace_precision, refine_reference_point, sample)
-from dsgrad.mcmc.chain import run_chain
+from dsgrad.mcmc.chain import Diverged, run_chain
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.estimator_noise import choose_subsample_size
 from dsgrad.mcmc.proxy import EstimatorVariance
@@ -36,7 +36,7 @@ from dsgrad.mcmc.subsample import (PoissonSubsample, SubsampleScheme, block_pois
                                    perturbed, suggest_block_poisson)
 
 __all__ = [
-    "sample", "MCMCResult", "run_chain",
+    "sample", "MCMCResult", "run_chain", "Diverged",
     "estimator_noise", "choose_subsample_size", "EstimatorVariance",
     "hmc", "hmcecs", "build_kernel", "init", "reset", "hmc_parameters", "HMCParameters",
     "HMCECSState", "HMCECSInfo", "SamplingAlgorithm",

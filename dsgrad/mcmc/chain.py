@@ -57,7 +57,7 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(np.asarray, out))
-      _check_finite(outputs[-1][0], done)
+      _check_finite(outputs, state, seconds, done)
       state, done = after, done + size
       bar(size)
   except KeyboardInterrupt:
@@ -72,18 +72,38 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
   return _chain_result(outputs, state, seconds)
 
 
-def _check_finite(positions, done: int) -> None:
-  """Refuses a chain whose position left the finite numbers (the chunk's first draw
-  is iteration ``done``): a kernel without a Metropolis correction (SGLD, SG-HMC) at too
-  large a step size diverges, and every later draw would be NaN without an error."""
-  leaves = [np.asarray(leaf).reshape(len(leaf), -1) for leaf in jax.tree.leaves(positions)]
+class Diverged(ValueError):
+  """Raised by :func:`run_chain` when the chain's position left the finite numbers.
+
+  Attributes:
+    result: :func:`run_chain`'s tuple over the draws before the first non-finite one;
+      its state is the chain's at the start of the chunk in which it diverged.
+    iteration: the first iteration whose position is not finite.
+  """
+
+  def __init__(self, message: str, result, iteration: int):
+    super().__init__(message)
+    self.result, self.iteration = result, iteration
+
+
+def _check_finite(outputs, state, seconds, done: int) -> None:
+  """Refuses a chain whose position left the finite numbers in the last chunk (its first
+  draw is iteration ``done``): a kernel without a Metropolis correction (SGLD, SG-HMC) at
+  too large a step size diverges, and every later draw would be NaN without an error.
+  The draws before it are kept in the error."""
+  leaves = [np.asarray(leaf).reshape(len(leaf), -1) for leaf in jax.tree.leaves(outputs[-1][0])]
   if not leaves:
     return
   bad = np.flatnonzero(~np.isfinite(np.concatenate(leaves, axis=1)).all(axis=1))
   if bad.size:
-    raise ValueError(f"the chain's position is not finite from iteration {done + bad[0]:,}: "
-                     "it diverged. A kernel without a Metropolis correction (SGLD, SG-HMC) "
-                     "does at too large a step size; take a smaller one")
+    first = int(bad[0])
+    kept = outputs[:-1] + [jax.tree.map(lambda a: a[:first], outputs[-1])]
+    raise Diverged(
+        f"the chain's position is not finite from iteration {done + first:,}: it diverged. "
+        "A kernel without a Metropolis correction (SGLD, SG-HMC) does at too large a step "
+        f"size; take a smaller one. The {done + first:,} draws before it are kept: catch "
+        "dsgrad.mcmc.Diverged and take its .result", _chain_result(kept, state, seconds),
+        done + first)
 
 
 def _chain_result(outputs, state, seconds):
