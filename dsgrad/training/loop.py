@@ -35,7 +35,7 @@ from dsgrad import checks
 from dsgrad.training import checkpoint as checkpoint_lib
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
-from dsgrad.estimators.chain import check_chain_order
+from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
 from dsgrad.training import parallel
 from dsgrad.training import progress as progress_lib
@@ -395,7 +395,8 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
   optimizer = optax.with_extra_args_support(optimizer)
   _check_fit_arguments(objective, batch_size, None, False, 0, None)
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
-  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size, None)
+  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
+                                        None, descent=False)
   runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0])
   first = _segment_length(start_step, every, num_steps)
   rest = num_steps - start_step - first
@@ -427,16 +428,15 @@ def _restore(checkpoint_path, settings: dict, optimizer, params, opt_state):
   materialized whole on one device before it is sharded."""
   raw = checkpoint_lib.restore_raw(checkpoint_path)
   resume_lib.check_resume_settings(checkpoint_path, raw, settings)
-  params, opt_state, step = resume_lib.restore_fit_tree(
-      checkpoint_path, raw, params,
-      jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state)
+  template = jax.eval_shape(optimizer.init, params) if opt_state is None else opt_state
+  params, opt_state, step = resume_lib.restore_fit_tree(checkpoint_path, raw, params, template)
   checks.value_checks(checks.finite_checks(
       opt_state, f"the optimizer state restored from checkpoint_path "
       f"{os.fspath(checkpoint_path)!r}"))
   return params, opt_state, step, resume_lib.history_from_raw(raw)
 
 
-def _initial_state(objective: Objective, optimizer, params, opt_state, batch_size: int, mesh):
+def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mesh, descent=True):
   """Fresh copies of ``(params, opt_state)`` (``optimizer.init`` when no state is given),
   placed on ``mesh`` when given, and the segments' placement arguments."""
   placement = {}
@@ -457,7 +457,7 @@ def _initial_state(objective: Objective, optimizer, params, opt_state, batch_siz
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   checks.check_objective_evaluates(objective, params, "fit")
   if opt_state is None:
-    opt_state = optimizer.init(params)
+    opt_state = check_descends(optimizer, optimizer.init(params), params, "fit", descent)
   else:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
     opt_state = jax.tree.map(jnp.copy, opt_state)
