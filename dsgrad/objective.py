@@ -327,7 +327,7 @@ def standard_normal(key, shape, dtype=jnp.float32):
   return jax.random.normal(key, (n + 1,), dtype)[:n].reshape(shape)
 
 
-@checks.arguments(scale=checks.positive())
+@checks.arguments(scale=checks.positive(), dtype=checks.floating_dtype())
 def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
                    shared: bool = False) -> NoiseFn:
   """A noise sampler drawing ``scale * N(0, I)`` of the given per-datum ``shape``.
