@@ -44,7 +44,7 @@ EXEMPT = {
     # Reports a k-hat, including inf and NaN, in words.
     "dsgrad.psis.diagnose",
     # Exceptions raised by dsgrad that carry a run's results, not settings.
-    "dsgrad.Interrupted",
+    "dsgrad.Interrupted", "dsgrad.mcmc.Diverged",
     # A NamedTuple or dataclass of results or state, not a setting.
     "dsgrad.FitResult", "dsgrad.History", "dsgrad.mcmc.MCMCResult",
     "dsgrad.mcmc.HMCParameters", "dsgrad.mcmc.DualAveraging", "dsgrad.annealing.Surrogate",
