@@ -172,3 +172,18 @@ def test_a_state_of_the_earlier_adaptive_weight_layout_is_refused_saying_why(
   checkpoint.save(path, (state[0]._replace(control_weight=old),) + tuple(state[1:]))
   with pytest.raises(ValueError, match="written by an earlier dsgrad"):
     checkpoint.restore(path, state)
+
+
+@pytest.mark.parametrize("which", ["params", "opt_state"])
+def test_a_non_finite_state_is_not_saved_over_a_good_checkpoint(params0, tmp_path, which):
+  # Saved periodically to one path, a run whose params became NaN replaced its last good
+  # checkpoint with one no run can continue from.
+  optimizer = optax.adam(1e-2)
+  state = optimizer.init(params0)
+  path = tmp_path / "run.ckpt"
+  dsgrad.save_fit_checkpoint(path, params0, state, 10)
+  bad = {"params": (jax.tree.map(lambda v: v.at[0].set(jnp.nan), params0), state),
+         "opt_state": (params0, jax.tree.map(lambda v: v * jnp.inf, state))}[which]
+  with pytest.raises(ValueError, match=rf"the {which} to save at .* non-finite"):
+    dsgrad.save_fit_checkpoint(path, *bad, 20)
+  assert dsgrad.restore_fit_checkpoint(path, params0, state)[2] == 10

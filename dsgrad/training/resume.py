@@ -153,7 +153,15 @@ def save_fit_checkpoint(path, params, opt_state, step: int,
                         history: History | None = None, *, settings: dict | None = None
                         ) -> None:
   """Saves ``(params, opt_state, step)``, optionally the history and the run's settings
-  (:func:`run_settings`), atomically and with a checksum (what :func:`fit` writes)."""
+  (:func:`run_settings`), atomically and with a checksum (what :func:`fit` writes).
+
+  Raises:
+    ValueError: ``params`` or ``opt_state`` hold NaN or inf: saved over an earlier
+      checkpoint at ``path``, they would replace the last good state with one that no
+      run can continue from.
+  """
+  for name, tree in (("params", params), ("opt_state", opt_state)):
+    checks.value_checks(checks.finite_checks(tree, f"the {name} to save at {os.fspath(path)!r}"))
   tree = {"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int64)}
   if history is not None:
     tree["history"] = {k: np.asarray(v, np.float64) for k, v in history._asdict().items()}
