@@ -88,6 +88,10 @@ def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
   with pytest.raises(ValueError, match=r"fit: the optimizer's first step climbs the loss"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
                elbo_samples=0, progress=False)
+  if rule.endswith("negative"):  # recommend chains it after each estimator: refused first
+    with pytest.raises(ValueError, match=r"recommend: the optimizer's first step climbs"):
+      dsgrad.recommend(objective, optimizer, params, jax.random.key(0), batch_size=10,
+                       budget=1.0, progress=False)
   # A schedule that starts at zero, a clip, weight decay: first steps that do not climb.
   for fine in (optax.adam(optax.linear_schedule(0.0, 1e-2, 10)),
                optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(1e-2)),

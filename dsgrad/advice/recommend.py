@@ -261,8 +261,7 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
 def recommend(objective, optimizer, params, key, *, batch_size: int, budget: float,
               candidates=DEFAULT_CANDIDATES, approx=None, share: float = 0.1,
               race_at: float = 0.2, elbo_samples: int = 4, memory_share: float = 0.5,
-              max_table_bytes: int | str | None = "auto",
-              progress: bool = True) -> Recommendation:
+              max_table_bytes: int | str | None = "auto", progress: bool = True) -> Recommendation:
   """Races ways to train ``objective`` inside a wall-clock budget and recommends the best.
 
   Args:
@@ -312,6 +311,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   if chain.holds_estimator(jax.eval_shape(make(2).init, params)):  # shapes: nothing allocated
     raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "
                      "chained after each candidate's estimator (e.g. optax.adam): leave it out")
+  chain.check_descends(make(2), make(2).init(params), params, "dsgrad.recommend")
   runs = {c.candidate.name: Run(c, make, key, params) for c in built if isinstance(c, Contender)}
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")
