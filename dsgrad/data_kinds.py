@@ -63,3 +63,21 @@ def _check_index(kind, block, label: str) -> None:
       at, found = f" at position {position} of a row", rows[:, position]
     raise ValueError(f"{label} holds values outside the integers {low} .. {high - 1}{at} "
                      f"(found {found.min()} .. {found.max()}); it indexes {high - low} rows")
+
+
+def extreme_rows(values) -> list[int]:
+  """The rows of an integer column (``(N, ...)``) holding its smallest and largest value:
+  where an index out of range would be, so where an index check looks."""
+  flat = np.asarray(values).reshape(len(values), -1)
+  return sorted({int(np.argmin(flat)) // flat.shape[1], int(np.argmax(flat)) // flat.shape[1]})
+
+
+def index_out_of_range(where: str, row: int, value, reader: str, reason: str) -> ValueError:
+  """The error for index data out of range, found by reading them (``reason``: what JAX's
+  index check said): ``where`` (``"data column 'g'"``) at ``row`` holds ``value``, which
+  ``reader`` (``"log_lik"``, ``"the model"``) uses as an index."""
+  return ValueError(
+      f"{where} at row {row:,} holds {np.asarray(value).tolist()}, which {reader} uses as an "
+      f"index out of range: {reason.strip().rstrip('.')}. JAX clamps an index past the end "
+      "and wraps a negative one, so the model would read another row without an error: "
+      "index data must lie in the range of what they index")

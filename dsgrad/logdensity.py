@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from dsgrad import data as data_lib
+from dsgrad import data_kinds
 from dsgrad import families
 from dsgrad.models.base import Model, SparseLikelihood, model_data
 from dsgrad.objective import Objective
@@ -364,9 +365,7 @@ def _index_columns_checked(model: Model) -> Model:
   for name, leaf in columns.items():
     values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
     largest[name] = values.max(axis=0)  # per position of a row
-    for row in {int(np.argmin(values)) // values.shape[1],
-                int(np.argmax(values)) // values.shape[1]}:
-      probes.append((name, row, values[row]))
+    probes += [(name, row, values[row]) for row in data_kinds.extreme_rows(values)]
   # The probes' rows in one compiled gather, then on the host: every call below has one
   # row, so the checked program compiles once (each eager operation would compile too).
   indices = np.asarray([row for _, row, _ in probes], np.int32)
@@ -393,13 +392,11 @@ def _index_columns_checked(model: Model) -> Model:
     if value.min() < 0 and (message or not unsigned and _index_bound(failure, z, one(i), name)):
       message = "a negative index, which JAX (as NumPy) wraps"
     elif message and "index -" in message:
-      message = message.strip().rstrip(".") + " (log_lik's arithmetic takes it below zero, and JAX wraps it to the end)"
+      message = (message.strip().rstrip(".") + " (log_lik's arithmetic takes it below zero, "
+                 "and JAX wraps it to the end)")
     if message:
-      raise ValueError(
-          f"{model.name}: data column {name!r} at row {row:,} holds {value.tolist()}, which "
-          f"log_lik uses as an index out of range: {message.strip().rstrip('.')}. JAX clamps "
-          "an index past the end and wraps a negative one, so the model would read another "
-          "row without an error: index data must lie in the range of what they index")
+      raise data_kinds.index_out_of_range(f"{model.name}: data column {name!r}", row, value,
+                                          "log_lik", message)
   kinds = dict(model.kinds)
   for name in (n for n in columns if n not in kinds):
     kind = _index_kind(failure, z, one(next(i for i, p in enumerate(probes) if p[0] == name)),

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import data_kinds
+
 
 class PlateMismatch(ValueError):
   """An observed site whose batch shape does not follow the data plate's indices."""
@@ -269,16 +271,11 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
       return log_likelihood_given(args, kwargs, z, rows)
 
     checked = jax.jit(checkify.checkify(one_argument, errors=checkify.index_checks))
-    for row in sorted({int(np.argmin(values)) // values.shape[1],
-                       int(np.argmax(values)) // values.shape[1]}):
+    for row in data_kinds.extreme_rows(values):
       try:
         message = checked(unsigned, jnp.asarray([row], jnp.int32))[0].get()
       except Exception:  # noqa: BLE001  a model checkify cannot run: nothing to say
         return
       if message:
-        raise ValueError(
-            f"{argument_name(model, path)} at row {row:,} holds {values[row].tolist()}, which "
-            f"the model uses as an index out of range: {message.strip().rstrip('.')}. JAX "
-            "clamps an index past the end and wraps a negative one, so the model would read "
-            "another row without an error: index data must lie in the range of what they "
-            "index")
+        raise data_kinds.index_out_of_range(argument_name(model, path), row, values[row],
+                                            "the model", message)
