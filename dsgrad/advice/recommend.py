@@ -311,7 +311,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   if chain.holds_estimator(jax.eval_shape(make(2).init, params)):  # shapes: nothing allocated
     raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "
                      "chained after each candidate's estimator (e.g. optax.adam): leave it out")
-  chain.check_descends(make(2), make(2).init(params), params, "dsgrad.recommend")
+  chain.check_descends(make(2), None, params, "dsgrad.recommend")  # one rule, its own state
   runs = {c.candidate.name: Run(c, make, key, params) for c in built if isinstance(c, Contender)}
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")

@@ -124,7 +124,8 @@ def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
 
 
 def check_descends(optimizer, opt_state, params, where: str, enabled: bool = True):
-  """Refuses an update rule whose first step climbs the loss, and returns ``opt_state``.
+  """Refuses an update rule whose first step climbs the loss, and returns ``opt_state``
+  (``optimizer.init(params)`` made here when ``None``).
 
   dsgrad adds the optimizer's output to the params, as optax does, so the output must
   point downhill: ``optax.sgd(1e-2)`` and ``optax.adam(1e-2)`` negate the gradient
@@ -136,6 +137,7 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
   60,000 params, where its operations one by one took 0.44 s). Skipped where the state
   holds a dsgrad estimator, whose update needs a batch, and where not ``enabled``.
   """
+  opt_state = optimizer.init(params) if opt_state is None else opt_state
   leaves = jax.tree.leaves(params)
   if not enabled or holds_estimator(opt_state) or not leaves or not all(
       isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.floating)

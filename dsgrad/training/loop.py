@@ -457,7 +457,7 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   checks.check_objective_evaluates(objective, params, "fit")
   if opt_state is None:
-    opt_state = check_descends(optimizer, optimizer.init(params), params, "fit", descent)
+    opt_state = check_descends(optimizer, None, params, "fit", descent)
   else:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
     opt_state = jax.tree.map(jnp.copy, opt_state)
