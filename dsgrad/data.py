@@ -30,8 +30,8 @@ from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device
                                       open_memmap, read_rows)
 
 __all__ = ["HostArray", "open_memmap", "read_rows", "RowReader", "rows_of",
-           "is_host", "host_leaves", "with_batch_rows", "check_data", "check_no_number_lists", "check_finite_data", "placed",
-           "register_with_data"]
+           "is_host", "host_leaves", "with_batch_rows", "check_data", "check_no_number_lists",
+           "check_finite_data", "placed", "register_with_data"]
 
 
 def _flatten_host(array: HostArray):
@@ -96,7 +96,8 @@ _all_finite = jax.jit(lambda value: jnp.isfinite(jnp.sum(value * 0)))
 
 def _known_finite_array(value: jax.Array) -> jax.Array:
   """Records the device array ``value`` as checked finite, for as long as it lives."""
-  _known_finite[id(value)] = weakref.ref(value, lambda _, i=id(value): _known_finite.pop(i, None))
+  key = id(value)
+  _known_finite[key] = weakref.ref(value, lambda _: _known_finite.pop(key, None))
   return value
 
 
