@@ -109,6 +109,9 @@ def total_variance(samples) -> tuple[float, float]:
 
   Returns:
     ``(variance, standard_error)`` as floats.
+
+  Raises:
+    ValueError: fewer than 2 draws, or a draw that holds NaN or inf.
   """
   if isinstance(samples, dict) or hasattr(samples, "_fields"):  # params-like draws
     leaves = jax.tree.leaves(samples)
@@ -124,6 +127,10 @@ def total_variance(samples) -> tuple[float, float]:
   if m < 2:
     raise ValueError(f"total_variance needs at least 2 draws (rows of samples) for a "
                      f"variance, got {m}")
+  bad = ~np.isfinite(x).all(axis=1)
+  if bad.any():  # one NaN draw would make the variance NaN, as if it were measured
+    raise ValueError(f"total_variance: {int(bad.sum())} of {m} draws hold NaN or inf (the "
+                     f"first is row {int(np.argmax(bad))}); a variance of them is not defined")
   sq = np.sum((x - x.mean(0)) ** 2, axis=1) * m / (m - 1)
   return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))
 

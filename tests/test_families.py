@@ -235,3 +235,43 @@ def test_full_rank_converges_where_mean_field_does_on_a_correlated_50d_posterior
   assert np.all(np.diff(elbo[1:]) > -3 * se[2:]), elbo
   assert elbo[-1] > meanfield[-1] + 3 * (se[-1] + meanfield_se[-1]), (elbo, meanfield)
   assert elbo[-1] < log_z + 3 * se[-1], (elbo, log_z)
+
+
+def test_params_that_do_not_fit_the_family_are_refused_where_they_enter():
+  fam = _random_full_rank(3)
+  before = fam.params()
+  # set_params wrote any dict into the module: another dimension (every later draw a
+  # broadcasting error), a missing field (silently kept), a diverged run's NaN.
+  with pytest.raises(ValueError, match=r"set_params: params\['loc'\] has shape \(5,\)"):
+    fam.set_params(dict(before, loc=jnp.zeros(5)))
+  with pytest.raises(ValueError, match="set_params: params does not have the tree structure"):
+    fam.set_params({"loc": before["loc"], "log_diag": before["log_diag"]})
+  with pytest.raises(ValueError, match=r"set_params: params\['loc'\] holds NaN"):
+    fam.set_params(dict(before, loc=jnp.full(3, jnp.nan)))
+  chex.assert_trees_all_equal(fam.params(), before)
+  with pytest.raises(ValueError, match=r"z must have shape \(\.\.\., 3\)"):
+    fam.log_prob(jnp.zeros(4))
+  with pytest.raises(ValueError, match=r"noise must have shape \(\.\.\., 3\)"):
+    fam.sample(jnp.zeros((2, 4)))
+  with pytest.raises(ValueError, match="sample_from_key: num_samples"):
+    fam.sample_from_key(jax.random.key(0), -1)
+  # A Cholesky factor with a non-positive diagonal gave a NaN log_diag without an error.
+  with pytest.raises(ValueError, match="diagonal of cholesky must be positive"):
+    FullRankGaussian.params_from_cholesky(jnp.zeros(2), jnp.array([[-1.0, 0.0], [0.5, 1.0]]))
+  with pytest.raises(ValueError, match=r"cholesky \(d, d\)"):
+    FullRankGaussian.params_from_cholesky(jnp.zeros(2), jnp.ones((2, 3)))
+
+
+def test_structured_init_and_structured_refuse_another_models_latent():
+  flat, state = _network_regression()
+  d = sum(leaf.size for leaf in jax.tree.leaves(state))
+  other = {"w": jnp.zeros(d - 1)}
+  # A latent of another size was accepted and its params trained as the flat objective's;
+  # unflattening the result with that latent then mixed up its coordinates.
+  with pytest.raises(ValueError, match=f"latent has {d - 1} entries but .* draws {d} noise"):
+    dsgrad.families.structured(flat, other)
+  with pytest.raises(ValueError, match="loc does not have the tree structure of the latent"):
+    dsgrad.families.structured_init(state, loc=other)
+  bad = jax.tree.map(lambda v: jnp.full_like(v, jnp.nan), state)
+  with pytest.raises(ValueError, match="structured_init: loc.* holds NaN"):
+    dsgrad.families.structured_init(state, loc=bad)

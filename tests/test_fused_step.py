@@ -151,3 +151,21 @@ def test_train_step_fused_and_two_call_agree():
           for fused in (False, True)]
   for a, b in zip(*map(jax.tree.leaves, outs)):
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shift", [-3, 2])
+def test_train_step_refuses_indices_outside_the_data(shift):
+  # JAX clamps an index past the end and wraps a negative one: the step trained on rows
+  # the caller did not ask for, without an error.
+  model = _model(3)
+  objective = dsgrad.meanfield_gaussian(model)
+  optimizer = optax.chain(dsgrad.cv(objective), optax.adam(1e-2))
+  params = dsgrad.meanfield_init(model)
+  state = optimizer.init(params)
+  indices = jnp.arange(B) + (shift if shift < 0 else N - B + shift)
+  step = jax.jit(lambda o, p, s, i: dsgrad.train_step(o, optimizer, p, s, i, jax.random.key(0)))
+  with pytest.raises(Exception, match=f"indices out of range: every index must lie in \\[0, {N}\\)"):
+    jax.block_until_ready(step(objective, params, state, indices))
+  with pytest.raises(ValueError, match="1-D array of datum indices"):
+    dsgrad.train_step(objective, optimizer, params, state, indices.reshape(1, -1),
+                      jax.random.key(0))

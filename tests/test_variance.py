@@ -238,3 +238,12 @@ def test_total_variance_of_params_like_draws_is_that_of_their_flattened_rows():
   assert total_variance(rows[:, 0]) == total_variance(rows[:, :1])  # (M,) scalar draws
   with pytest.raises(ValueError, match="one shared leading draw axis"):
     total_variance({"loc": draws["loc"], "scale": draws["scale"][:10]})
+
+
+def test_total_variance_refuses_draws_that_are_not_finite():
+  draws = np.random.default_rng(0).normal(size=(50, 3))
+  variance, se = total_variance(draws)
+  assert variance == pytest.approx(np.var(draws, axis=0, ddof=1).sum()) and se > 0
+  draws[7, 1] = np.nan  # reported as a NaN variance before, as if it had been measured
+  with pytest.raises(ValueError, match="1 of 50 draws hold NaN or inf .*row 7"):
+    total_variance(draws)

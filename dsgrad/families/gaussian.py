@@ -140,24 +140,45 @@ class _Family(nnx.Module):
     return nnx.to_pure_dict(nnx.state(self, nnx.Param))
 
   def set_params(self, params: dict) -> None:
-    """Writes a dict from :meth:`params` (e.g. after optimization) into the module."""
+    """Writes a dict from :meth:`params` (e.g. after optimization) into the module.
+
+    Raises:
+      ValueError: ``params`` lacks a field, has another shape (another family or
+        dimension), or holds NaN or inf (a diverged run's params would make every later
+        draw and density NaN).
+    """
+    who = f"{type(self).__name__}.set_params"
+    checks.check_same_structure(params, self.params(), f"{who}: params",
+                                f"{type(self).__name__}(dim={self.dim}).params()")
+    checks.parameters().check(params, f"{who}: params")
     state = nnx.state(self, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(self, state)
 
+  def _points(self, x, what: str) -> jax.Array:
+    """``x`` as an array whose last axis is the family's dimension, or a named error."""
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[-1] != self.dim:
+      raise ValueError(f"{type(self).__name__}: {what} must have shape (..., {self.dim}) (the "
+                       f"family's dimension last), got {x.shape}")
+    return x
+
   def sample(self, noise: jax.Array) -> jax.Array:
     """``z = T_w(noise)`` for standard normal ``noise`` of shape ``(..., d)``."""
     return jnp.vectorize(lambda e: self.transform(self.params(), e),
-                         signature="(d)->(d)")(noise)
+                         signature="(d)->(d)")(self._points(noise, "noise"))
 
   def sample_from_key(self, key: jax.Array, num_samples: int) -> jax.Array:
     """``num_samples`` draws ``(num_samples, d)`` from ``q_w``."""
+    who = f"{type(self).__name__}.sample_from_key"
+    key = checks.prng_key().check(key, f"{who}: key")
+    num_samples = checks.count(0).check(num_samples, f"{who}: num_samples")
     return self.sample(jax.random.normal(key, (num_samples, self.dim)))
 
   def log_prob(self, z: jax.Array) -> jax.Array:
     """``log q_w(z)`` for ``z`` of shape ``(..., d)``."""
     return jnp.vectorize(lambda x: self.log_prob_at(self.params(), x),
-                         signature="(d)->()")(z)
+                         signature="(d)->()")(self._points(z, "z"))
 
   def entropy(self) -> jax.Array:
     """``H(q_w)`` in closed form."""
@@ -290,9 +311,23 @@ class FullRankGaussian(_Family):
   def params_from_cholesky(loc, cholesky) -> dict:
     """The params of ``N(loc, cholesky cholesky^T)`` for a lower-triangular ``cholesky``
     with positive diagonal (e.g. to continue from params saved with a plain Cholesky
-    factor: ``L = tril(off_diag, -1) + diag(exp(log_diag))``)."""
-    cholesky = jnp.tril(jnp.asarray(cholesky))
+    factor: ``L = tril(off_diag, -1) + diag(exp(log_diag))``).
+
+    Raises:
+      ValueError: ``cholesky`` is not a square ``(d, d)`` matrix for a ``(d,)`` ``loc``,
+        or its diagonal is not positive, or either holds NaN or inf.
+    """
+    who = "FullRankGaussian.params_from_cholesky"
+    loc = jnp.asarray(checks.finite_values().check(loc, f"{who}: loc"))
+    cholesky = jnp.asarray(checks.finite_values().check(cholesky, f"{who}: cholesky"))
+    if loc.ndim != 1 or cholesky.shape != loc.shape * 2:
+      raise ValueError(f"{who}: loc must have shape (d,) and cholesky (d, d); got "
+                       f"{loc.shape} and {cholesky.shape}")
+    cholesky = jnp.tril(cholesky)
     diag = jnp.diagonal(cholesky)
+    if checks.is_concrete(diag) and not bool(jnp.all(diag > 0)):
+      raise ValueError(f"{who}: the diagonal of cholesky must be positive (a covariance's "
+                       f"Cholesky factor), got {diag}")
     return {"loc": jnp.asarray(loc), "log_diag": jnp.log(diag),
             "unit_lower": jnp.tril(cholesky / diag[None, :], -1)}
 

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from dsgrad import checks
 from dsgrad.objective import Objective
 
 STRUCTURED_FIELDS = ("loc", "log_scale", "log_diag")
@@ -84,11 +85,20 @@ def structured_params(params, latent) -> dict:
   return out
 
 
+@checks.arguments(log_scale=checks.real())
 def structured_init(latent, loc=None, log_scale: float = 0.0) -> dict:
   """Mean-field parameters shaped like ``latent``: ``loc`` the latent itself (default;
-  e.g. a network's initialized weights) or ``loc``, ``log_scale`` a constant."""
+  e.g. a network's initialized weights) or ``loc``, ``log_scale`` a constant.
+
+  Raises:
+    ValueError: ``loc`` (or the latent taken as ``loc``) does not have the latent's
+      structure and shapes, or holds NaN or inf.
+  """
   latent_unravel(latent)
   loc = latent if loc is None else loc
+  who = "dsgrad.families.structured_init"
+  checks.check_same_structure(loc, latent, f"{who}: loc", "the latent")
+  checks.parameters().check(loc, f"{who}: loc")
   return {"loc": jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), loc),
           "log_scale": jax.tree.map(lambda v: jnp.full(jnp.shape(v), log_scale, jnp.float32),
                                     latent)}
@@ -109,9 +119,17 @@ def structured(objective: Objective, latent) -> Objective:
     objective's at the flattened params, and its gradients are theirs, rearranged.
 
   Raises:
-    ValueError/TypeError: an empty latent or one with non-float leaves.
+    ValueError/TypeError: an empty latent or one with non-float leaves, or a latent
+      whose size is not the objective's (its noise's last axis).
   """
-  latent_unravel(latent)
+  d, _ = latent_unravel(latent)
+  noise = objective.noise_spec(1)
+  # The Gaussian families draw one standard normal per latent coordinate: a latent of
+  # another size would be flattened into params the loss reads as another model's.
+  if isinstance(noise, jax.ShapeDtypeStruct) and noise.shape and noise.shape[-1] != d:
+    raise ValueError(f"dsgrad.families.structured: the latent has {d} entries but objective "
+                     f"{objective.name!r} draws {noise.shape[-1]} noise coordinates per "
+                     "sample: give an example latent of the objective's model")
   flat_loss = objective.loss_fn
 
   def loss_fn(params, rows, noise):

@@ -61,9 +61,10 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
                mesh=None, fused: bool | None = None):
   """One doubly-stochastic step: draw noise, the naive batch gradient, the optimizer.
 
-  Jittable. It checks that the update is finite (a NaN from the gradient, the
-  estimator's terms or the update rule is named at its step); the batch is drawn here and
-  needs no checks.
+  Jittable. It checks that the indices are a 1-D integer batch in ``[0, N)`` (JAX would
+  clamp or wrap one past the end onto another row) and that the update is finite (a NaN
+  from the gradient, the estimator's terms or the update rule is named at its step); the
+  noise is drawn here and needs no checks.
   The objective is a pytree whose leaves are its data: jit the step with the objective
   as an argument (``jax.jit(functools.partial(train_step, optimizer=opt))`` or a
   wrapper) and the data are arguments of the compiled program, handed to the estimator
@@ -89,7 +90,7 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   Returns:
     ``(new params, new optimizer state)``.
   """
-  noise = objective.sample_noise(noise_key, indices.shape[0])
+  noise = objective.sample_noise(noise_key, checks.check_indices_static(indices))
   if mesh is not None:
     indices, noise = parallel.constrain_batch(objective, mesh, indices, noise)
   # Structure only: free, at trace time.
@@ -108,10 +109,12 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     # it carries the data as arguments, as the gradient above does.
     updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
                                           noise=noise, objective=objective)
-  # The one value check of a step: its indices are in range and its noise finite by
-  # construction, so a NaN in the gradient, the estimator's terms or the update rule
-  # shows here, at the step it happens.
-  checks.value_checks(checks.finite_checks(updates, "the step's update", UPDATE_NOT_FINITE_WHERE))
+  # The value checks of a step: its noise is finite by construction, so a NaN in the
+  # gradient, the estimator's terms or the update rule shows here, at the step it
+  # happens. (fit's indices are in range by construction: it settles both checks once per
+  # segment, from the params, instead.)
+  checks.value_checks(checks.index_checks(indices, objective.num_data) + checks.finite_checks(
+      updates, "the step's update", UPDATE_NOT_FINITE_WHERE))
   return optax.apply_updates(params, updates), opt_state
 
 
