@@ -36,7 +36,8 @@ from dsgrad.argument_kinds import (  # noqa: F401
     objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
     probability, prng_key, real, sizes)
 from dsgrad.data_values import (  # noqa: F401
-    check_float32_range, check_id_array, check_numeric_dtype, float32_values, numeric_array)
+    check_float32_range, check_id_array, check_int32_range, check_numeric_dtype, float32_values,
+    numeric_array)
 
 
 def is_concrete(x) -> bool:

@@ -111,6 +111,8 @@ def _check_finite_leaf(value, label: str) -> None:
   dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
   checks.check_numeric_dtype(dtype, label)
   if not np.issubdtype(dtype, np.inexact):
+    if not isinstance(value, jax.Array) and not jax.config.jax_enable_x64:
+      checks.check_int32_range(np.asarray(value), label)
     return
   if isinstance(value, jax.Array):  # on the device already: its values, not a copy
     if id(value) in _known_finite:
@@ -190,10 +192,19 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
   return n
 
 
+def _as_array(leaf):
+  if is_host(leaf) or isinstance(leaf, (np.ndarray, jax.Array)) or not hasattr(leaf, "__array__"):
+    return leaf
+  return np.asarray(leaf)
+
+
 def placed(values, who: str = "data"):
   """``values`` (a data pytree) checked (:func:`check_data`) with each in-memory leaf on
   the device; host leaves stay where they are, ``np.memmap`` leaves become
   :class:`HostArray`."""
+  # A pandas DataFrame (or an xarray, or a CPU torch tensor) is an array to its user but
+  # a leaf without a dtype to JAX: it is read as the NumPy array it converts to.
+  values = jax.tree.map(_as_array, values, is_leaf=is_host)
   check_data(values, None, who)
 
   def place(path, leaf):

@@ -50,6 +50,22 @@ def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True) -> 
                         "Rescale them")
 
 
+def check_int32_range(array: np.ndarray, label: str) -> None:
+  """Refuses 64-bit integers beyond the 32-bit type JAX stores them in without
+  ``jax_enable_x64`` (int64 as int32, uint64 as uint32): the conversion wraps them onto
+  other values without an error (an id of 9e10 became -194,313,216)."""
+  if not np.issubdtype(array.dtype, np.integer) or array.dtype.itemsize <= 4 or not array.size:
+    return
+  target = np.iinfo(np.int32 if np.issubdtype(array.dtype, np.signedinteger) else np.uint32)
+  low, high = int(np.min(array)), int(np.max(array))
+  if low < target.min or high > target.max:
+    raise ArgumentError(f"{label} holds {array.dtype} values from {low} to {high}, beyond "
+                        f"{target.dtype}'s range: JAX stores integers in 32 bits (unless "
+                        "jax_enable_x64 is on) and would wrap them onto other values. Re-code "
+                        "ids as 0..K-1 (np.unique(x, return_inverse=True)[1]) or pass "
+                        "quantities as floats")
+
+
 def float32_values(values, label: str) -> np.ndarray:
   """``values`` as a float32 NumPy array, refusing what the cast would hide: a
   non-numeric dtype, NaN or inf, and values beyond float32's range

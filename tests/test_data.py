@@ -362,3 +362,40 @@ def test_a_device_array_is_scanned_for_non_finite_values_once(monkeypatch):
   assert sorted(scans) == [(400,), (400, 3), (400, 3)]
   with pytest.raises(ValueError, match="non-finite"):
     objective.with_data({"x": x.at[0, 0].set(jnp.nan), "y": y})
+
+
+def _regression_columns(n=64):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n, 3)).astype(np.float32)
+  return x, (x @ np.array([1.0, -1.0, 0.5]) + rng.normal(size=n)).astype(np.float32)
+
+
+def _regression(data):
+  return dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2),
+      lambda z, b: -0.5 * (b["y"] - b["x"] @ z + 0.0 * b.get("id", 0)) ** 2, data, 3)
+
+
+def test_64_bit_integers_that_32_bits_would_wrap_are_refused():
+  x, y = _regression_columns()
+  ids = np.arange(64, dtype=np.int64) * 10 ** 9  # past 2**31 from the third row
+  # Stored as int32, 9e10 became -194,313,216 without an error.
+  with pytest.raises(ValueError, match=r"data\['id'\] holds int64 values from 0 to "
+                                       r"63000000000, beyond int32's range"):
+    _regression({"x": x, "y": y, "id": ids})
+  with pytest.raises(ValueError, match="beyond uint32's range"):
+    _regression({"x": x, "y": y, "id": ids.astype(np.uint64)})
+  small = _regression({"x": x, "y": y, "id": ids // 10 ** 9})
+  np.testing.assert_array_equal(small.data["id"], np.arange(64))
+
+
+def test_a_pandas_data_frame_column_is_read_as_its_array():
+  pd = pytest.importorskip("pandas")
+  x, y = _regression_columns()
+  frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2]})
+  # A DataFrame has no dtype: it failed with "Cannot interpret ... as a data type".
+  objective = _regression({"x": frame, "y": pd.Series(y)})
+  np.testing.assert_array_equal(objective.data["x"], x)
+  frame.iloc[5, 1] = np.nan
+  with pytest.raises(ValueError, match=r"data\['x'\] contains non-finite values"):
+    _regression({"x": frame, "y": y})
