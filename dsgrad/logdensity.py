@@ -43,6 +43,23 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
+def _traced(what: str, fn, latent, *args, columns=None):
+  """``jax.eval_shape(fn, *args)``; an error raised in the user's function gets a note
+  with what it was given (a latent of the wrong size shows as a shape error deep inside
+  the model's own code)."""
+  try:
+    return jax.eval_shape(fn, *args)
+  except Exception as error:
+    given = (f"a flat z of shape ({latent},)" if isinstance(latent, int) else
+             f"z shaped like the latent given, {jax.tree.map(jnp.shape, latent)}")
+    b = args[-1].shape[0]
+    rows = "" if columns is None else f", and a batch of {b} rows of each data column: " + \
+        ", ".join(f"{k} {(b,) + tuple(v.shape[1:])}" for k, v in columns.items())
+    error.add_note(f"(raised in {what}, which dsgrad.model_from_logdensity evaluated with "
+                   f"{given}{rows})")
+    raise
+
+
 def _num_data(data) -> int:
   leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
   if not leaves:
@@ -276,12 +293,13 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     return log_lik(unravel(z), jax.tree_util.tree_unflatten(treedef, [rows[k] for k in names]))
 
   z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
-  prior_out = jax.eval_shape(prior_flat, z0)
+  prior_out = _traced("log_prior(z)", prior_flat, latent, z0)
   if prior_out.shape != ():
     raise ValueError(f"log_prior must return a scalar, got shape {prior_out.shape}")
   model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
-  lik_out = jax.eval_shape(model.log_likelihood_at, z0, probe)
+  lik_out = _traced("log_lik(z, batch)", model.log_likelihood_at, latent, z0, probe,
+                    columns=model.data)
   lik_shape = lik_out.shape
   for what, out in (("log_prior", prior_out), ("log_lik", lik_out)):
     # An integer log density has no gradient in z: training would not move.

@@ -220,3 +220,21 @@ def test_data_are_arguments_of_compiled_programs():
   assert "tensor<300x3xf32>" in text  # the design is an input of the program ...
   constants = [line for line in text.splitlines() if "constant" in line and "300x3" in line]
   assert not constants  # ... and not a constant folded into it
+
+
+def test_an_error_in_the_users_log_density_names_the_shapes_it_was_given():
+  x, y = np.ones((10, 3), np.float32), np.ones(10, np.float32)
+  # A latent of 4 for a model of 3 coefficients failed inside the user's product with
+  # nothing that said which latent or rows dsgrad had handed it.
+  with pytest.raises(TypeError, match="dot_general") as raised:
+    dsgrad.objective_from_logdensity(lambda z: -0.5 * jnp.sum(z ** 2),
+                                     lambda z, b: -0.5 * (b["y"] - b["x"] @ z) ** 2,
+                                     {"x": x, "y": y}, 4)
+  assert raised.value.__notes__[-1] == (
+      "(raised in log_lik(z, batch), which dsgrad.model_from_logdensity evaluated with a "
+      "flat z of shape (4,), and a batch of 2 rows of each data column: x (2, 3), y (2,))")
+  with pytest.raises(TypeError) as raised:
+    dsgrad.objective_from_logdensity(lambda z: z["v"] @ jnp.ones(3), lambda z, b: b["y"],
+                                     {"x": x, "y": y}, {"v": jnp.zeros(4)})
+  assert "raised in log_prior(z)" in raised.value.__notes__[-1]
+  assert "{'v': (4,)}" in raised.value.__notes__[-1]
