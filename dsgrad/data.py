@@ -101,10 +101,11 @@ def _known_finite_array(value: jax.Array) -> jax.Array:
   return value
 
 
-def _check_finite_leaf(value, label: str) -> None:
-  """Refuses NaN or inf in an in-memory floating data leaf, and float64 values beyond
-  float32's range where JAX would cast them to inf (checked before that cast). Host and
-  memory-mapped arrays are left to their loaders, which read them in chunks."""
+def _check_leaf_values(value, label: str) -> None:
+  """Refuses NaN or inf in an in-memory floating data leaf, and 64-bit values beyond the
+  32-bit type JAX would store them in (float64 to inf, int64 wrapped), checked before that
+  cast. Host and memory-mapped arrays are left to their loaders, which read them in
+  chunks (and to :meth:`HostArray.rows`, which narrows each read)."""
   if is_host(value) or isinstance(value, jax.core.Tracer) or \
       not hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
     return
@@ -134,7 +135,7 @@ def check_finite_data(tree, who: str = "data") -> None:
   """Refuses NaN or inf (or float64 values beyond float32's range) in any floating leaf
   of a data pytree, naming the leaf."""
   for path, leaf in jax.tree.leaves_with_path(tree, is_leaf=is_host):
-    _check_finite_leaf(leaf, f"{who}{jax.tree_util.keystr(path)}")
+    _check_leaf_values(leaf, f"{who}{jax.tree_util.keystr(path)}")
 
 
 def leaf_name(path) -> str:
@@ -180,7 +181,7 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
       raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
                        "axis")
     sizes[key] = shape[0]
-    _check_finite_leaf(value, f"{who}[{key!r}]")
+    _check_leaf_values(value, f"{who}[{key!r}]")
   distinct = set(sizes.values())
   if len(distinct) > 1:
     listing = ", ".join(f"{k}: {n}" for k, n in sizes.items())
