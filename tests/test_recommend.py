@@ -424,3 +424,16 @@ def test_fit_within_max_seconds_keeps_it_where_the_last_evaluation_would_not_fit
   assert result.timing.steps >= 0.5, result.timing
   assert result.pareto_k is None and "would have run past max_seconds" in result.diagnosis
   assert result.history.step[-1] == result.step and np.isfinite(result.history.elbo[-1])
+
+
+def test_recommend_and_fit_is_quiet_when_told_and_trains_the_pick(capfd):
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  advice, result = dsgrad.recommend_and_fit(objective, optax.adam(1e-2), params,
+                                            jax.random.key(0), batch_size=BATCH, budget=1.0,
+                                            progress=False, fit_kwargs={"elbo_samples": 8})
+  # progress=False reached recommend only: the fit after it drew a progress bar.
+  assert capfd.readouterr().err == ""
+  start, _ = dsgrad.elbo(objective, params, jax.random.key(1), 200)
+  assert advice.best == "naive" and result.history.step[-1] > 0
+  assert result.history.elbo[-1] > start + 3 * result.history.elbo_se[-1], start

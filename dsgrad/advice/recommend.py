@@ -30,8 +30,7 @@ from typing import NamedTuple
 
 import jax
 
-from dsgrad import checks
-from dsgrad import diagnostics
+from dsgrad import checks, diagnostics
 from dsgrad.estimators import chain
 from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender
@@ -345,8 +344,9 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
 @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1), budget=checks.positive())
 def recommend_and_fit(objective, optimizer, params, key, *, batch_size: int, budget: float,
                       fit_kwargs: dict | None = None, **recommend_kwargs):
-  """:func:`recommend`, then :meth:`Recommendation.fit` (``fit_kwargs``): the whole budget
-  in one call. Returns ``(recommendation, fit_result)``."""
+  """:func:`recommend`, then :meth:`Recommendation.fit` (``fit_kwargs``; ``progress`` as
+  given to recommend unless set there): the budget in one call. Returns ``(advice, fit)``."""
   advice = recommend(objective, optimizer, params, key, batch_size=batch_size, budget=budget,
                      **recommend_kwargs)
-  return advice, advice.fit(**(fit_kwargs or {}))
+  return advice, advice.fit(**{"progress": recommend_kwargs.get("progress", True),
+                               **(fit_kwargs or {})})
