@@ -132,3 +132,22 @@ def test_a_vmapped_ensemble_of_chains_passes_and_equals_its_members(problem):
     single, state = jax.jit(member_step)(single, state, indices[1], keys[1])
   for leaf, expected in zip(jax.tree.leaves(ensemble), jax.tree.leaves(single)):
     assert jnp.allclose(leaf[1], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["lbfgs", "plateau", "multisteps"])
+def test_an_update_that_needs_what_a_step_does_not_pass_is_named(case):
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 40, 3)
+  objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+  params = dsgrad.meanfield_init(objective.source[1])
+  optimizer, expected = {
+      "lbfgs": (optax.lbfgs(), "update needs 'value', 'grad', and 'value_fn'"),
+      "plateau": (optax.chain(optax.adam(1e-2), optax.contrib.reduce_on_plateau()),
+                  "update needs 'value', which"),
+      # MultiSteps calls what it wraps without the extra arguments: the estimator inside
+      # got none ("missing 2 required keyword-only arguments: 'indices' and 'noise'").
+      "multisteps": (optax.MultiSteps(optax.chain(dsgrad.cv(objective), optax.adam(1e-2)), 2),
+                     "estimator received no indices and noise.*optax.MultiSteps"),
+  }[case]
+  with pytest.raises(TypeError, match=expected):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=4, batch_size=5,
+               progress=False)

@@ -23,6 +23,7 @@ values: it costs nothing and runs at trace time); :func:`dsgrad.fit` and
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import jax
@@ -165,6 +166,27 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
         "(optax.adam(1e-2), optax.sgd(1e-2)); optax.identity(), optax.scale(c > 0) or a "
         "negative learning rate step uphill.")
   return opt_state
+
+
+def named_missing_arguments(error: TypeError, where: str) -> TypeError:
+  """``error``, or, where an update asked for keyword arguments that a dsgrad step does
+  not pass (optax's bare "missing 3 required keyword-only arguments"), an error that says
+  which, and what to use instead."""
+  missing = re.search(r"missing \d+ required keyword-only arguments?: (.+)$", str(error))
+  if missing is None:
+    return error
+  if "'indices'" in missing.group(1):
+    return TypeError(
+        f"{where}: a dsgrad estimator received no indices and noise: it sits inside a "
+        "wrapper that does not forward extra arguments to what it wraps (optax.MultiSteps). "
+        "Put the estimator before the wrapper: optax.chain(dsgrad.cv(objective), "
+        "optax.MultiSteps(optax.adam(1e-2), k))")
+  return TypeError(
+      f"{where}: the optimizer's update needs {missing.group(1)}, which a dsgrad step does "
+      "not pass: it calls update(grads, state, params, indices=..., noise=..., "
+      "objective=...). A rule that needs the loss's value (optax.lbfgs, a line search, "
+      "optax.contrib.reduce_on_plateau) does not apply to a doubly-stochastic objective, "
+      "whose values are noisy estimates: use a first-order rule (optax.adam)")
 
 
 def holds_estimator(opt_state) -> bool:

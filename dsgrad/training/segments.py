@@ -97,18 +97,21 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
   chain_lib.check_chain_order(opt_state, "dsgrad.train_step", steps=True)
   if fused is None:
     fused = chain_lib.computes_own_gradient(opt_state)
-  if fused:
-    # The estimator computes the naive gradient in the same program as its control
-    # variate, from one read of the batch (the same numbers as the two-call form).
-    updates, opt_state = chain_lib.fused_update(optimizer, opt_state, params,
-                                                indices=indices, noise=noise,
-                                                objective=objective)
-  else:
-    grads = objective.grad(params, indices, noise, validate=False)
-    # The estimators compute with the objective handed to them: under the caller's jit
-    # it carries the data as arguments, as the gradient above does.
-    updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
-                                          noise=noise, objective=objective)
+  try:
+    if fused:
+      # The estimator computes the naive gradient in the same program as its control
+      # variate, from one read of the batch (the same numbers as the two-call form).
+      updates, opt_state = chain_lib.fused_update(optimizer, opt_state, params,
+                                                  indices=indices, noise=noise,
+                                                  objective=objective)
+    else:
+      grads = objective.grad(params, indices, noise, validate=False)
+      # The estimators compute with the objective handed to them: under the caller's jit
+      # it carries the data as arguments, as the gradient above does.
+      updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
+                                            noise=noise, objective=objective)
+  except TypeError as error:  # at trace time: an update that needs what a step lacks
+    raise chain_lib.named_missing_arguments(error, "dsgrad.train_step") from error
   # The value checks of a step: its noise is finite by construction, so a NaN in the
   # gradient, the estimator's terms or the update rule shows here, at the step it
   # happens. (fit's indices are in range by construction: it settles both checks once per
