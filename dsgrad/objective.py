@@ -109,6 +109,10 @@ class Objective:
   def __post_init__(self):
     if not isinstance(self.num_data, int) or self.num_data < 1:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
+    for name in ("loss_fn", "noise_fn", "log_q_offset"):
+      if not callable(getattr(self, name)) and (name != "log_q_offset" or self.log_q_offset):
+        raise TypeError(f"dsgrad.Objective: {name} must be a function, got "
+                        f"{type(getattr(self, name)).__name__} {getattr(self, name)!r:.60}")
     if self.data is not None:
       object.__setattr__(self, "data", data_lib.placed(self.data, f"{self.name}.data"))
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
@@ -333,7 +337,8 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
   """A noise sampler drawing ``scale * N(0, I)`` of the given per-datum ``shape``.
 
   Args:
-    shape: shape of one datum's noise (or of the shared draw).
+    shape: shape of one datum's noise (or of the shared draw): a tuple of sizes, or one
+      size for a vector.
     dtype: floating dtype.
     scale: standard deviation.
     shared: if true, one draw for the whole batch (no batch axis).
@@ -349,7 +354,9 @@ def gaussian_noise(shape, dtype=jnp.float32, scale: float = 1.0,
     ...     jax.random.key(0), 5).shape
     ((5, 3), (3,))
   """
-  shape = tuple(shape)
+  # A number is the shape of a vector, as in NumPy (gaussian_noise(3) is (3,)).
+  shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
+  shape = checks.sizes(1).check(shape, "dsgrad.gaussian_noise: shape")
 
   def noise_fn(key, batch_size):
     full = shape if shared else (batch_size,) + shape

@@ -4,6 +4,7 @@ as arguments, and the estimators compute with the objective handed to ``update``
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -143,3 +144,19 @@ def test_a_likelihood_behind_a_wrapper_computes_with_the_data_it_is_handed(wrap)
                              direct.value(params, indices, noise), rtol=1e-6)
   assert not np.allclose(objective.value(params, indices, noise),
                          moved.value(params, indices, noise))
+
+
+def test_the_objectives_functions_and_the_noise_shape_are_refused_where_they_enter():
+  def loss(params, rows, noise):
+    return rows["y"] * jnp.sum(params["m"] + noise, -1)
+  data = {"y": jnp.ones(8)}
+  # A string or None in place of a function was kept and failed at the first step.
+  with pytest.raises(TypeError, match="noise_fn must be a function, got str 'gauss'"):
+    dsgrad.Objective(loss, "gauss", 8, data=data)
+  with pytest.raises(TypeError, match="loss_fn must be a function, got NoneType"):
+    dsgrad.Objective(None, dsgrad.gaussian_noise((3,)), 8, data=data)
+  # A negative size was accepted (and failed at the first draw); a number is a vector's
+  # size, as in NumPy (it failed with "'int' object is not iterable").
+  with pytest.raises(ValueError, match=r"gaussian_noise: shape\[0\] must be an integer >= 1"):
+    dsgrad.gaussian_noise((-3,))
+  assert dsgrad.gaussian_noise(3)(jax.random.key(0), 2).shape == (2, 3)
