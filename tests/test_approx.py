@@ -148,3 +148,37 @@ def test_custom_approximation_plugs_into_estimators(logreg_model, params0):
   tx = dsgrad.cv(objective, custom)
   out, _ = tx.update(g, tx.init(params0), params0, indices=idx, noise=noise)
   chex.assert_trees_all_close(out, g)
+
+
+def test_an_approximation_whose_expectation_is_not_exact_is_refused_at_init():
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 400, 4)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+
+  def at_mean_noise(objective, params, indices):
+    return objective.grad(params, indices, objective.zero_noise(indices.shape[0]),
+                          validate=False)
+
+  # The gradient at the drawn noise with, as its "expectation", the gradient at the mean
+  # noise: wrong for a nonlinear model, so every control variate on it was biased.
+  def noisy(objective, params, indices, noise):
+    return objective.grad(params, indices, noise, validate=False), at_mean_noise(
+        objective, params, indices)
+
+  def exact(objective, params, indices, noise):  # the how-to's: no noise term at all
+    g = at_mean_noise(objective, params, indices)
+    return g, g
+
+  def two_expectations(objective, params, indices, noise):
+    g = at_mean_noise(objective, params, indices)
+    return g, jax.tree.map(lambda v: 2.0 * v + 1.0, g)
+
+  biased = dsgrad.Approximation(noisy, at_mean_noise, name="noisy")
+  for make in (dsgrad.cv, dsgrad.joint_saga,
+               lambda o, a: dsgrad.joint_svrg(o, a, every=40)):
+    with pytest.raises(ValueError, match="approximation 'noisy' is not unbiased: over 256 "
+                                         "noise draws"):
+      make(objective, biased).init(params)
+    make(objective, dsgrad.Approximation(exact, at_mean_noise, name="ok")).init(params)
+  with pytest.raises(ValueError, match="grad_and_expected returns differs from expected_grad"):
+    dsgrad.cv(objective, dsgrad.Approximation(two_expectations, at_mean_noise)).init(params)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad.approx.base import MaskMismatch
+from dsgrad.approx.base import MaskMismatch, check_expectation
 from dsgrad.training import host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
@@ -93,6 +93,7 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
       raise ValueError(f"dsgrad.{estimator}: approximation {approx.name!r} returns a {which} "
                        f"of shapes {checks.leaf_shapes(tree)} for params of shapes {checks.leaf_shapes(params)}; "
                        "was it built from another model than the objective?")
+  check_expectation(approx, objective, params, f"dsgrad.{estimator}")
 
 
 def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
