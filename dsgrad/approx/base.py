@@ -297,7 +297,9 @@ def check_expectation(approx: Approximation, objective: Objective, params, who: 
     ValueError: naming the approximation, the coordinate that differs most and by how
       many standard errors.
   """
-  functions = (approx.grad_and_expected, approx.expected_grad)
+  # Those of with_statistics are dsgrad's, around the user's DatumStatistics.
+  functions = [approx.grad_and_expected, approx.expected_grad] + [
+      f for f in (approx.statistics or ()) if callable(f)]
   if all(getattr(f, "__module__", "").startswith("dsgrad.") for f in functions) or any(
       isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(params)):
     return
