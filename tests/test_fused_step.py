@@ -169,3 +169,14 @@ def test_train_step_refuses_indices_outside_the_data(shift):
   with pytest.raises(ValueError, match="1-D array of datum indices"):
     dsgrad.train_step(objective, optimizer, params, state, indices.reshape(1, -1),
                       jax.random.key(0))
+
+
+def test_train_step_names_a_state_made_by_another_optimizer():
+  model = _model(3)
+  objective = dsgrad.meanfield_gaussian(model)
+  params = dsgrad.meanfield_init(model)
+  # optax failed inside Adam's update: "'EmptyState' object has no attribute 'mu'".
+  with pytest.raises(ValueError, match="train_step: the state passed to update is not one "
+                                       "this optimizer's init makes .*EmptyState"):
+    dsgrad.train_step(objective, optax.adam(1e-2), params, optax.sgd(1e-2).init(params),
+                      jnp.arange(B), jax.random.key(0))

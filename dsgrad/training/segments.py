@@ -55,6 +55,7 @@ from dsgrad.training import parallel
 from dsgrad import tables
 from dsgrad.objective import Objective
 from dsgrad.estimators import chain as chain_lib
+from dsgrad.estimators import checked as checked_lib
 
 
 def train_step(objective: Objective, optimizer, params, opt_state, indices, noise_key, *,
@@ -110,8 +111,15 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
       # it carries the data as arguments, as the gradient above does.
       updates, opt_state = optimizer.update(grads, opt_state, params, indices=indices,
                                             noise=noise, objective=objective)
-  except TypeError as error:  # at trace time: an update that needs what a step lacks
-    raise chain_lib.named_missing_arguments(error, "dsgrad.train_step") from error
+  except Exception as error:  # at trace time, so the passing path pays nothing
+    named = chain_lib.named_missing_arguments(error, "dsgrad.train_step") if isinstance(
+        error, TypeError) else error
+    if named is not error:  # an update that needs what a step does not pass
+      raise named from error
+    # Another optimizer's state fails inside optax ("'EmptyState' object has no attribute
+    # 'mu'"): named, with the first array that differs, where it is the cause.
+    checked_lib.check_state(optimizer, opt_state, params, "dsgrad.train_step")
+    raise
   # The value checks of a step: its noise is finite by construction, so a NaN in the
   # gradient, the estimator's terms or the update rule shows here, at the step it
   # happens. (fit's indices are in range by construction: it settles both checks once per
