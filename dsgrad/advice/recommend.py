@@ -32,8 +32,7 @@ import jax
 
 from dsgrad import checks, diagnostics
 from dsgrad.estimators import chain
-from dsgrad.advice import candidates as candidates_lib
-from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender
+from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run
 from dsgrad.training import progress as progress_lib
 
@@ -75,21 +74,25 @@ class Recommendation(NamedTuple):
 
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
-    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...), on a schedule
-    over the steps the run affords (compiled as the run goes on where its own is more than
-    10% off). Returns fit's :class:`~dsgrad.FitResult`, from where the run was."""
+    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
+    over the steps it affords (compiled as it goes on where its own is over 10% off).
+    Returns fit's :class:`~dsgrad.FitResult` from where the run was, timed for this call."""
     if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
                                    "start_step", "segment_steps"}:  # the run's, to the end
       raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
-    entered = time.perf_counter()
-    spent = lambda: self.seconds_spent + time.perf_counter() - entered
     run = self.runs.get(name or self.best)
     if run is None:
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
+    entered, stepped = time.perf_counter(), run.seconds
+    spent = lambda: self.seconds_spent + time.perf_counter() - entered
     if run.program is None:  # naive, not started: it starts, and is timed, now
       _start_naive(run, self.budget_seconds)
     run.settle(self.budget_seconds, spent)
-    return run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
+    before, stepped = time.perf_counter() - entered, run.seconds - stepped
+    result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
+    t = result.timing  # the other time before fit (compiles beside steps) counts as setup
+    return result._replace(timing=t._replace(total=t.total + before, steps=t.steps + stepped,
+                                             setup=t.setup + before - stepped))
 
 
 def _start_naive(run: Run, budget: float, segment: int = 64) -> None:
@@ -221,9 +224,8 @@ def verdict(rows: list, draws: dict | None = None) -> Candidate:
   """The raced candidate with the largest gain over naive beyond twice its error, or naive;
   with the race's ``draws``, a :data:`SETTLING` winner within twice the paired error of
   that one in its place."""
-  naive = next(r for r in rows if r.name == "naive")
   winners = [r for r in rows if r.raced and r.name != "naive" and r.gain > 2 * r.gain_se]
-  leader = max(winners, key=lambda r: r.gain, default=naive)
+  leader = max(winners, key=lambda r: r.gain, default=next(r for r in rows if r.name == "naive"))
   if not draws or leader.name in SETTLING:
     return leader
   gaps = {r.name: diagnostics.paired_gain(draws[r.name], draws[leader.name])
@@ -304,8 +306,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                      f"{candidates!r}")
   checks.check_batch_size(batch_size, objective.num_data)
   checks.check_objective_evaluates(objective, params, "recommend")
-  built = candidates_lib.build(candidates, objective, params, batch_size, approx,
-                               max_table_bytes, memory_share)
+  built = build(candidates, objective, params, batch_size, approx, max_table_bytes, memory_share)
   make = checks.optimizer_factory(optimizer, "dsgrad.recommend")
   if chain.holds_estimator(jax.eval_shape(make(2).init, params)):  # shapes: nothing allocated
     raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "

@@ -122,8 +122,7 @@ class Run:
       self.advance(round(seconds / self.seconds_per_step))
 
   def fit(self, **fit_kwargs):
-    """:func:`dsgrad.fit` of this run from where it is, on its program (its schedule's
-    length the default ``num_steps``)."""
+    """:func:`dsgrad.fit` of this run from where it is, on its program (of its length)."""
     settings = {"num_steps": self.program.length, "segment_steps": self.program.segment,
                 **fit_kwargs}
     return fit(self.contender.objective, self.program.optimizer, self.params, self.key,
