@@ -41,12 +41,13 @@ def main(argv=None):
   import argparse
   import importlib
   from benchmarks import _report
+  from dsgrad import command_line
   # Folders every benchmark shares, accepted anywhere after the benchmark's name.
   common = argparse.ArgumentParser(add_help=False)
   common.add_argument("--out", default=None)
   common.add_argument("--data-dir", default=None)
   common.add_argument("--quiet", action="store_true")
-  common.add_argument("--xla-cores", type=int, default=None)
+  common.add_argument("--xla-cores", type=command_line.count(1), default=None)
   folders, rest = common.parse_known_args(argv[1:])
   if folders.xla_cores is not None:
     import dsgrad

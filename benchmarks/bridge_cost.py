@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report, _timing, peers_models
 from dsgrad.models.base import Model
 
@@ -100,10 +101,10 @@ def format_table(seconds: dict, config: dict) -> str:
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks bridge-cost",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num-data", type=int, default=20_000)
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--steps", type=int, default=400)
-  parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument("--num-data", type=command_line.count(1), default=20_000)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
+  parser.add_argument("--steps", type=command_line.count(1), default=400)
+  parser.add_argument("--rounds", type=command_line.count(1), default=7)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   config = dict(num_data=args.num_data, batch_size=args.batch_size, steps=args.steps,

@@ -30,6 +30,7 @@ import optax
 from flax import serialization
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 from benchmarks._timing import DeferredChecks, time_per_step
 from dsgrad.models import logistic_regression, synthetic_logistic_data
@@ -197,9 +198,10 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--sizes", nargs="+", default=["1000x10", "10000x100"],
                       help="problem sizes NxD")
-  parser.add_argument("--batch-size", type=int, default=100, help="B")
-  parser.add_argument("--steps", type=int, default=200, help="steps per timed run")
-  parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100, help="B")
+  parser.add_argument("--steps", type=command_line.count(1),
+                      default=200, help="steps per timed run")
+  parser.add_argument("--rounds", type=command_line.count(1), default=5, help="timed rounds")
   parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS),
                       choices=ESTIMATORS)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")

@@ -54,6 +54,7 @@ import optax
 from flax import nnx
 
 import dsgrad
+from dsgrad import command_line
 from dsgrad.annealing import AnnealedVI, NeuralSurrogate, coreset_surrogate, rand_surrogate
 from benchmarks import _report
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
@@ -408,10 +409,11 @@ def main(argv=None) -> int:
   parser.add_argument("--datasets", default="synthetic,australian",
                       help="comma-separated: synthetic, synthetic-corr, synthetic-sharp, "
                            "australian")
-  parser.add_argument("--steps", type=int, default=3000)
-  parser.add_argument("--batch-size", type=int, default=256)
-  parser.add_argument("--k", type=int, default=8, help="annealing steps of DAIS/NS-/SL-DAIS")
-  parser.add_argument("--surrogate-points", type=int, default=256)
+  parser.add_argument("--steps", type=command_line.count(1), default=3000)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=256)
+  parser.add_argument("--k", type=command_line.count(1),
+                      default=8, help="annealing steps of DAIS/NS-/SL-DAIS")
+  parser.add_argument("--surrogate-points", type=command_line.count(1), default=256)
   parser.add_argument("--surrogates", default="rand",
                       help="comma-separated SL-DAIS surrogates (the ablation of the paper's "
                            f"Table 1): {', '.join(SURROGATES)}")
@@ -421,16 +423,17 @@ def main(argv=None) -> int:
   parser.add_argument("--numpyro-momenta", action="store_true",
                       help="also run DAIS (K) and SL-DAIS with AnnealedVI(momentum_scale="
                            "'mass'): NumPyro AutoDAIS's chain")
-  parser.add_argument("--svrg-refreshes-per-epoch", type=int, default=1,
+  parser.add_argument("--svrg-refreshes-per-epoch", type=command_line.count(1), default=1,
                       help="joint SVRG's full-data snapshots per epoch (every = N / (B r))")
-  parser.add_argument("--lr", type=float, default=1e-2)
-  parser.add_argument("--eta-max", type=float, default=0.25)
-  parser.add_argument("--eta-init", type=float, default=0.01)
-  parser.add_argument("--eval-samples", type=int, default=2000, help="for the final ELBO")
-  parser.add_argument("--curve-samples", type=int, default=200)
-  parser.add_argument("--curve-points", type=int, default=6)
-  parser.add_argument("--predictive-samples", type=int, default=1000)
-  parser.add_argument("--seeds", type=int, default=3,
+  parser.add_argument("--lr", type=command_line.positive(), default=1e-2)
+  parser.add_argument("--eta-max", type=command_line.positive(), default=0.25)
+  parser.add_argument("--eta-init", type=command_line.positive(), default=0.01)
+  parser.add_argument("--eval-samples", type=command_line.count(1),
+                      default=2000, help="for the final ELBO")
+  parser.add_argument("--curve-samples", type=command_line.count(1), default=200)
+  parser.add_argument("--curve-points", type=command_line.count(1), default=6)
+  parser.add_argument("--predictive-samples", type=command_line.count(1), default=1000)
+  parser.add_argument("--seeds", type=command_line.count(0), default=3,
                       help="optimization seeds per method (also the RAND surrogate points)")
   parser.add_argument("--quick", action="store_true", help="5,000 synthetic rows (smoke run)")
   parser.add_argument("--no-numpyro", dest="numpyro", action="store_false")

@@ -24,6 +24,7 @@ import optax
 from benchmarks import _report
 from benchmarks import scale_models
 from benchmarks import scale_suite
+from dsgrad import command_line
 
 ESTIMATORS = ("naive", "cv", "joint_svrg", "joint_saga")
 
@@ -88,10 +89,10 @@ def main(argv=None):
                       default=["hierarchical", "two_index", "mlp"])
   parser.add_argument("--estimators", nargs="*", choices=ESTIMATORS,
                       default=["naive", "cv", "joint_svrg"])
-  parser.add_argument("--num-data", type=int, default=1_000_000)
-  parser.add_argument("--steps", type=int, default=3000)
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--num-data", type=command_line.count(1), default=1_000_000)
+  parser.add_argument("--steps", type=command_line.count(1), default=3000)
+  parser.add_argument("--rounds", type=command_line.count(1), default=5)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
   parser.add_argument("--directory", default=os.path.join(tempfile.gettempdir(),
                                                            "dsgrad-disk-step"),
                       help="where the .npy files are written (kept between runs)")

@@ -47,6 +47,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 
 
@@ -330,8 +331,8 @@ def render(record):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks fit-overhead",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--steps", type=int, default=20_000)
-  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--steps", type=command_line.count(1), default=20_000)
+  parser.add_argument("--rounds", type=command_line.count(1), default=3)
   parser.add_argument("--models", nargs="*", default=[m for m in MODELS if m != "student_t"],
                       choices=list(MODELS))
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import command_line
 from dsgrad import mcmc
 from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
@@ -187,13 +188,14 @@ def format_table(rows, config):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks hmcecs",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num-data", type=int, default=100_000)
-  parser.add_argument("--dim", type=int, default=11, help="D, the intercept included")
-  parser.add_argument("--subsample-size", type=int, default=1000)
-  parser.add_argument("--num-blocks", type=int, default=100)
-  parser.add_argument("--num-samples", type=int, default=2000)
-  parser.add_argument("--num-warmup", type=int, default=1000)
-  parser.add_argument("--reference-samples", type=int, default=4000)
+  parser.add_argument("--num-data", type=command_line.count(1), default=100_000)
+  parser.add_argument("--dim", type=command_line.count(1),
+                      default=11, help="D, the intercept included")
+  parser.add_argument("--subsample-size", type=command_line.count(1), default=1000)
+  parser.add_argument("--num-blocks", type=command_line.count(1), default=100)
+  parser.add_argument("--num-samples", type=command_line.count(1), default=2000)
+  parser.add_argument("--num-warmup", type=command_line.count(0), default=1000)
+  parser.add_argument("--reference-samples", type=command_line.count(1), default=4000)
   parser.add_argument("--no-numpyro", action="store_true",
                       help="skip NumPyro's HMCECS (the reference chain still needs numpyro)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")

@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from benchmarks import _report
+from dsgrad import command_line
 from dsgrad.mcvae import bounds
 
 D_LATENT, SIGMA, BATCH = 16, 0.3, 100
@@ -121,11 +122,12 @@ def estimator(kind: str, num_steps: int, step_size: float, control_variate: bool
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks mcvae-ppca",
                                    description=__doc__.split("\n")[0])
-  parser.add_argument("--repetitions", type=int, default=200,
+  parser.add_argument("--repetitions", type=command_line.count(1), default=200,
                       help="independent draws of each estimator")
-  parser.add_argument("--encoder-steps", type=int, default=2000,
+  parser.add_argument("--encoder-steps", type=command_line.count(1), default=2000,
                       help="Adam steps fitting the encoder by IWAE-100")
-  parser.add_argument("--seed", type=int, default=0, help="seed of theta and all draws")
+  parser.add_argument("--seed", type=command_line.count(0),
+                      default=0, help="seed of theta and all draws")
   parser.add_argument("--no-write", dest="write", action="store_false",
                       help="print only; do not touch docs/")
   args = parser.parse_args(argv)

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _grid, _report, paper_large
 from dsgrad.diagnostics import estimator_samples, total_variance
 
@@ -280,9 +281,9 @@ def main(argv=None):
       "large (all four): see `python -m benchmarks paper mnist --help`.")
   parser.add_argument("task", choices=["uci"], help="which experiment")
   parser.add_argument("--datasets", default="sonar,australian")
-  parser.add_argument("--steps", type=int, default=10_000)
-  parser.add_argument("--evals", type=int, default=40)
-  parser.add_argument("--seeds", type=int, default=5)
+  parser.add_argument("--steps", type=command_line.count(1), default=10_000)
+  parser.add_argument("--evals", type=command_line.count(1), default=40)
+  parser.add_argument("--seeds", type=command_line.count(0), default=5)
   parser.add_argument("--estimators", default=",".join(ESTIMATORS))
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)

@@ -43,6 +43,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _grid, _report, _timing
 from dsgrad.diagnostics import estimator_samples, total_variance
 
@@ -384,20 +385,21 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("task", choices=LARGE_TASKS,
                       help="one task, or 'large' for all four")
-  parser.add_argument("--steps", type=int, default=3000)
-  parser.add_argument("--evals", type=int, default=20)
-  parser.add_argument("--seeds", type=int, default=3)
-  parser.add_argument("--trace-samples", type=int, default=100,
+  parser.add_argument("--steps", type=command_line.count(1), default=3000)
+  parser.add_argument("--evals", type=command_line.count(1), default=20)
+  parser.add_argument("--seeds", type=command_line.count(0), default=3)
+  parser.add_argument("--trace-samples", type=command_line.count(1), default=100,
                       help="MC samples per ELBO along the traces")
-  parser.add_argument("--final-samples", type=int, default=1000,
+  parser.add_argument("--final-samples", type=command_line.count(1), default=1000,
                       help="MC samples for the final ELBO (the paper: 5,000)")
   parser.add_argument("--mnist-dir", default=None, help="MNIST IDX files (else digits)")
-  parser.add_argument("--mnist-n", type=int, default=10_000)
+  parser.add_argument("--mnist-n", type=command_line.count(1), default=10_000)
   parser.add_argument("--tennis-data", default=None, help="ATP CSV file or directory")
-  parser.add_argument("--tennis-players", type=int, default=500)
-  parser.add_argument("--tennis-matches", type=int, default=20_000)
+  parser.add_argument("--tennis-players", type=command_line.count(1), default=500)
+  parser.add_argument("--tennis-matches", type=command_line.count(1), default=20_000)
   parser.add_argument("--movielens-dir", default=None, help="MovieLens 100K (dir or zip)")
-  parser.add_argument("--movielens-users", type=int, default=100, help="0: all users")
+  parser.add_argument("--movielens-users", type=command_line.count(1),
+                      default=100, help="0: all users")
   parser.add_argument("--estimators", default=",".join(ESTIMATORS),
                       help="comma-separated subset of " + ",".join(ESTIMATORS))
   parser.add_argument("--no-write", action="store_true")

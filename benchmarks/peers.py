@@ -53,6 +53,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report, peers_models, peers_vae
 from benchmarks._contenders import Runner, train_step_runner  # noqa: F401
 from dsgrad.training.batching import epoch_batches
@@ -956,10 +957,13 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true",
                       help="every contender on Australian (or the tasks named, small), 600 steps, 2 reported seeds, "
                            "1 tuning seed, two learning rates (a smoke run)")
-  parser.add_argument("--steps", type=int, default=None, help="override the task's steps")
-  parser.add_argument("--evals", type=int, default=20, help="evaluation points per run")
-  parser.add_argument("--seeds", type=int, default=5, help="reported seeds")
-  parser.add_argument("--tuning-seeds", type=int, default=2, help="seeds for the lr choice")
+  parser.add_argument("--steps", type=command_line.count(1),
+                      default=None, help="override the task's steps")
+  parser.add_argument("--evals", type=command_line.count(1),
+                      default=20, help="evaluation points per run")
+  parser.add_argument("--seeds", type=command_line.count(0), default=5, help="reported seeds")
+  parser.add_argument("--tuning-seeds", type=command_line.count(0),
+                      default=2, help="seeds for the lr choice")
   parser.add_argument("--lrs", default="0.1,0.03,0.01,0.003", help="Adam learning rates")
   parser.add_argument("--only", default=None, help="';'-separated substrings of contenders")
   parser.add_argument("--section", default=None, help="docs/benchmarks.md section "

@@ -59,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import command_line
 from dsgrad import mcmc
 from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
@@ -521,15 +522,16 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true",
                       help="N = 20,000, D = 6, 2 chains x 1 seed, 300 + 300 iterations")
-  parser.add_argument("--num-data", type=int, default=100_000)
-  parser.add_argument("--dim", type=int, default=11, help="D, the intercept included")
-  parser.add_argument("--subsample-size", type=int, default=1000)
-  parser.add_argument("--num-blocks", type=int, default=100)
-  parser.add_argument("--chains", type=int, default=4)
-  parser.add_argument("--seeds", type=int, default=3)
-  parser.add_argument("--num-warmup", type=int, default=1000)
-  parser.add_argument("--num-samples", type=int, default=1000)
-  parser.add_argument("--reference-samples", type=int, default=5000)
+  parser.add_argument("--num-data", type=command_line.count(1), default=100_000)
+  parser.add_argument("--dim", type=command_line.count(1),
+                      default=11, help="D, the intercept included")
+  parser.add_argument("--subsample-size", type=command_line.count(1), default=1000)
+  parser.add_argument("--num-blocks", type=command_line.count(1), default=100)
+  parser.add_argument("--chains", type=command_line.count(1), default=4)
+  parser.add_argument("--seeds", type=command_line.count(0), default=3)
+  parser.add_argument("--num-warmup", type=command_line.count(0), default=1000)
+  parser.add_argument("--num-samples", type=command_line.count(1), default=1000)
+  parser.add_argument("--reference-samples", type=command_line.count(1), default=5000)
   parser.add_argument("--only", default=None, help="';'-separated substrings of samplers")
   parser.add_argument("--no-write", action="store_true", help="print only")
   args = parser.parse_args(argv)

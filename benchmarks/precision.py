@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 from dsgrad.models import logistic_regression, synthetic_logistic_data
 
@@ -83,13 +84,15 @@ def format_table(rows, config):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks precision",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num-data", type=int, default=10_000, help="N")
-  parser.add_argument("--num-features", type=int, default=100, help="D, intercept included")
-  parser.add_argument("--batch-size", type=int, default=100, help="B")
-  parser.add_argument("--steps", type=int, default=1000, help="training steps per run")
-  parser.add_argument("--draws", type=int, default=2000,
+  parser.add_argument("--num-data", type=command_line.count(1), default=10_000, help="N")
+  parser.add_argument("--num-features", type=command_line.count(1),
+                      default=100, help="D, intercept included")
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100, help="B")
+  parser.add_argument("--steps", type=command_line.count(1),
+                      default=1000, help="training steps per run")
+  parser.add_argument("--draws", type=command_line.count(1), default=2000,
                       help="estimator draws per variance estimate")
-  parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
+  parser.add_argument("--lr", type=command_line.positive(), default=1e-2, help="Adam step size")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   config = dict(num_data=args.num_data, num_features=args.num_features,

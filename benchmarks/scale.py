@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from dsgrad import data as data_lib
 from dsgrad.training import segments
 from benchmarks import _report, _timing
@@ -520,16 +521,18 @@ def main_steps(argv=None):
   parser.add_argument("--memmap-folder", default=os.path.join(
       os.environ.get("TMPDIR", "/tmp"), "dsgrad-scale"),
                       help="where the memory-mapped files are written (and reused)")
-  parser.add_argument("--train-steps", type=int, default=20000,
+  parser.add_argument("--train-steps", type=command_line.count(1), default=20000,
                       help="fit steps on the largest memory-mapped N (0: skip)")
-  parser.add_argument("--num-features", type=int, default=100,
+  parser.add_argument("--num-features", type=command_line.count(1), default=100,
                       help="D, the intercept included")
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--steps", type=int, default=2000, help="steps per timed run")
-  parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median)")
-  parser.add_argument("--control-steps", type=int, default=4000,
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
+  parser.add_argument("--steps", type=command_line.count(1),
+                      default=2000, help="steps per timed run")
+  parser.add_argument("--rounds", type=command_line.count(1),
+                      default=5, help="timed rounds (median)")
+  parser.add_argument("--control-steps", type=command_line.count(1), default=4000,
                       help="steps per run of the residual controls (0: skip them)")
-  parser.add_argument("--control-rounds", type=int, default=7)
+  parser.add_argument("--control-rounds", type=command_line.count(1), default=7)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   parse = lambda text: [int(float(v)) for v in text.split(",") if v.strip()]  # noqa: E731

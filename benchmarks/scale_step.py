@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 from benchmarks import scale_models
 from benchmarks import scale_suite
@@ -209,10 +210,10 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--models", nargs="*", choices=list(scale_models.BUILDERS),
                       default=list(scale_models.BUILDERS))
-  parser.add_argument("--num-data", type=int, default=1_000_000)
-  parser.add_argument("--steps", type=int, default=3000)
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--batch-size", type=int, default=100)
+  parser.add_argument("--num-data", type=command_line.count(1), default=1_000_000)
+  parser.add_argument("--steps", type=command_line.count(1), default=3000)
+  parser.add_argument("--rounds", type=command_line.count(1), default=5)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
   parser.add_argument("--section", default=None, help="default: scale-step-<backend>")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)

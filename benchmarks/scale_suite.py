@@ -49,6 +49,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report
 from benchmarks import scale_models
 
@@ -666,13 +667,14 @@ def main(argv=None):
   parser.add_argument("--models", nargs="*", choices=list(scale_models.BUILDERS),
                       default=list(scale_models.BUILDERS))
   parser.add_argument("--contenders", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
-  parser.add_argument("--num-data", type=int, default=1_000_000)
-  parser.add_argument("--budget", type=float, default=60.0, help="seconds per contender")
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
-  parser.add_argument("--tune-seed", type=int, default=100)
-  parser.add_argument("--peaks", type=float, nargs="*", default=list(PEAKS))
-  parser.add_argument("--peak", type=float, default=None,
+  parser.add_argument("--num-data", type=command_line.count(1), default=1_000_000)
+  parser.add_argument("--budget", type=command_line.positive(),
+                      default=60.0, help="seconds per contender")
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
+  parser.add_argument("--seeds", type=command_line.count(0), nargs="*", default=[0, 1])
+  parser.add_argument("--tune-seed", type=command_line.count(0), default=100)
+  parser.add_argument("--peaks", type=command_line.positive(), nargs="*", default=list(PEAKS))
+  parser.add_argument("--peak", type=command_line.positive(), default=None,
                       help="use this peak instead of tuning (e.g. one tuned at a shorter "
                            "budget on the tuning seed); recorded as given")
   parser.add_argument("--data-on-disk", default=None, metavar="DIR",

@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from benchmarks import _report, _timing
 from dsgrad.models import logistic_regression, softmax_regression
 
@@ -298,13 +299,13 @@ def render(record):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks step-cost",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--num-data", type=int, default=60_000)
-  parser.add_argument("--batch-size", type=int, default=100)
-  parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--steps", type=int, default=None,
+  parser.add_argument("--num-data", type=command_line.count(1), default=60_000)
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100)
+  parser.add_argument("--rounds", type=command_line.count(1), default=3)
+  parser.add_argument("--steps", type=command_line.count(1), default=None,
                       help="steps per round (default N/B + 1: one SVRG refresh period)")
   parser.add_argument("--skip-slow", action="store_true", help="leave out inc and smiso")
-  parser.add_argument("--classes", type=int, default=10,
+  parser.add_argument("--classes", type=command_line.count(1), default=10,
                       help="K; 1 = binary logistic regression (adds the probit rows)")
   parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
   parser.add_argument("--section", default=None,

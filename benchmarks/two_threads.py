@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 from benchmarks import _report
+from dsgrad import command_line
 
 CHILD = r'''
 import json, os, sys, time
@@ -125,12 +126,12 @@ def render(record) -> str:
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks two-threads",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--processes", type=int, default=5)
-  parser.add_argument("--num-data", type=int, default=200_000)
-  parser.add_argument("--groups", type=int, default=20_000)
-  parser.add_argument("--batch", type=int, default=1000)
-  parser.add_argument("--calls", type=int, default=20)
-  parser.add_argument("--repeats", type=int, default=4)
+  parser.add_argument("--processes", type=command_line.count(1), default=5)
+  parser.add_argument("--num-data", type=command_line.count(1), default=200_000)
+  parser.add_argument("--groups", type=command_line.count(1), default=20_000)
+  parser.add_argument("--batch", type=command_line.count(1), default=1000)
+  parser.add_argument("--calls", type=command_line.count(1), default=20)
+  parser.add_argument("--repeats", type=command_line.count(1), default=4)
   parser.add_argument("--section", default="two-threads-cpu")
   parser.add_argument("--no-write", action="store_true")
   args = parser.parse_args(argv)

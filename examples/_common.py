@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from dsgrad import command_line
+
 
 def first_paragraph(doc: str) -> str:
   """The first paragraph of a module docstring on one line (a command's description)."""
@@ -35,12 +37,13 @@ def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
 def add_run_flags(parser, *, steps: int, eval_every: int, batch_size: int, out: str):
   """The flags every training example shares: steps, evaluation interval, batch size,
   seed, output folder."""
-  parser.add_argument("--steps", type=int, default=steps,
+  parser.add_argument("--steps", type=command_line.count(1), default=steps,
                       help="optimization steps per run")
-  parser.add_argument("--eval-every", type=int, default=eval_every,
+  parser.add_argument("--eval-every", type=command_line.count(1), default=eval_every,
                       help="steps between full-data evaluations (--steps must be a multiple)")
-  parser.add_argument("--batch-size", type=int, default=batch_size, help="data per step")
-  parser.add_argument("--seed", type=int, default=0,
+  parser.add_argument("--batch-size", type=command_line.count(1),
+                      default=batch_size, help="data per step")
+  parser.add_argument("--seed", type=command_line.count(0), default=0,
                       help="seed of every batch and noise draw (runs are deterministic given it)")
   parser.add_argument("--out", default=os.path.join("results", out),
                       help="folder for results.json and the figures")

@@ -28,6 +28,7 @@ import optax
 from flax import nnx
 
 import dsgrad
+from dsgrad import command_line
 from _common import add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph
 from dsgrad.training import checkpoint
 
@@ -256,19 +257,20 @@ def main(argv=None):
                       help="never download the CIFAR-10 archive")
   parser.add_argument("--no-verify", action="store_true",
                       help="accept CIFAR-format batches smaller than the official 10,000")
-  parser.add_argument("--lenet-epochs", type=int, default=None,
+  parser.add_argument("--lenet-epochs", type=command_line.count(1), default=None,
                       help="LeNet training epochs (default: 5 on CIFAR-10, 30 on digits)")
-  parser.add_argument("--lenet-batch", type=int, default=128,
+  parser.add_argument("--lenet-batch", type=command_line.count(1), default=128,
                       help="LeNet training batch size")
-  parser.add_argument("--lenet-lr", type=float, default=1e-3, help="Adam step size")
+  parser.add_argument("--lenet-lr", type=command_line.positive(),
+                      default=1e-3, help="Adam step size")
   add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="cifar_dropout")
-  parser.add_argument("--eval-samples", type=int, default=8,
+  parser.add_argument("--eval-samples", type=command_line.count(1), default=8,
                       help="dropout draws per datum in each full-data objective estimate")
-  parser.add_argument("--dropout-std", type=float, default=0.5,
+  parser.add_argument("--dropout-std", type=command_line.positive(), default=0.5,
                       help="standard deviation s of the multiplicative noise N(1, s^2)")
   parser.add_argument("--lrs", default="1,0.5,0.2,0.1,0.05,0.02,0.01",
                       help="comma-separated SGD learning rates")
-  parser.add_argument("--trace-lr", type=float, default=0.05,
+  parser.add_argument("--trace-lr", type=command_line.positive(), default=0.05,
                       help="the learning rate of the first panel (must be in --lrs)")
   parser.add_argument("--estimators", default="naive,cv,joint_saga,joint_svrg",
                       help="comma-separated estimators to compare (also cv_adaptive, "

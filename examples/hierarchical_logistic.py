@@ -52,6 +52,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from _common import first_paragraph
 
 PIECES = 8
@@ -200,15 +201,16 @@ def reached(rows, target: float) -> float:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
-  parser.add_argument("--rows", type=int, default=1_000_000, help="data rows")
-  parser.add_argument("--groups", type=int, default=20_000, help="groups")
-  parser.add_argument("--seconds", type=float, default=12.0,
+  parser.add_argument("--rows", type=command_line.count(1), default=1_000_000, help="data rows")
+  parser.add_argument("--groups", type=command_line.count(1), default=20_000, help="groups")
+  parser.add_argument("--seconds", type=command_line.positive(), default=12.0,
                       help="training seconds per contender")
-  parser.add_argument("--batch-size", type=int, default=100, help="data per step")
-  parser.add_argument("--peak", type=float, default=3e-3,
+  parser.add_argument("--batch-size", type=command_line.count(1), default=100, help="data per step")
+  parser.add_argument("--peak", type=command_line.positive(), default=3e-3,
                       help="peak Adam step size of every contender (the scale suite's, tuned "
                            "for the hand loop on a seed it does not report)")
-  parser.add_argument("--seed", type=int, default=0, help="seed of the batches and noise")
+  parser.add_argument("--seed", type=command_line.count(0),
+                      default=0, help="seed of the batches and noise")
   parser.add_argument("--all-cores", action="store_true",
                       help="let XLA's threads use every core (default: one; see the module's "
                            "docstring)")
@@ -218,11 +220,6 @@ def main(argv=None):
   if not args.all_cores and hasattr(os, "sched_setaffinity"):
     # Before JAX starts its CPU client, which sizes its thread pool when it starts.
     xla_cores = len(dsgrad.pin_xla_threads(1))
-  for name in ("rows", "groups", "batch_size"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name.replace('_', '-')} must be positive")
-  if not args.seconds > 0 or not args.peak > 0:
-    parser.error("--seconds and --peak must be positive")
   os.makedirs(args.out, exist_ok=True)
   started = time.perf_counter()
 

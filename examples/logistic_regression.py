@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from _common import check_checkpoint_config, first_paragraph
 from dsgrad.diagnostics import elbo, estimator_samples, total_variance
 from dsgrad.datasets import load_australian, load_sonar, standardize
@@ -79,8 +80,8 @@ def main(argv=None):
                       help="data set (breast_cancer ships with scikit-learn)")
   parser.add_argument("--data-dir", default=os.path.join("..", "shared", "data"),
                       help="folder with sonar.all-data / australian.dat")
-  parser.add_argument("--steps", type=int, default=3000, help="SGD steps per run")
-  parser.add_argument("--batch-size", type=int, default=5, help="data per step")
+  parser.add_argument("--steps", type=command_line.count(1), default=3000, help="SGD steps per run")
+  parser.add_argument("--batch-size", type=command_line.count(1), default=5, help="data per step")
   parser.add_argument("--lrs", default="1e-3,5e-4,2.5e-4,1e-4",
                       help="SGD step sizes to choose from, per estimator, on the tuning seed")
   parser.add_argument("--approx", default="probit",
@@ -90,11 +91,11 @@ def main(argv=None):
                            "parameter with a table of logits (glm_taylor), the paper's "
                            "mean-only one (App. F), or the generic first-order expansion in "
                            "the noise")
-  parser.add_argument("--seeds", type=int, default=3, help="reported seeds")
-  parser.add_argument("--seed", type=int, default=0,
+  parser.add_argument("--seeds", type=command_line.count(0), default=3, help="reported seeds")
+  parser.add_argument("--seed", type=command_line.count(0), default=0,
                       help="first reported seed (seeds seed .. seed + seeds - 1); runs are "
                            "deterministic given it")
-  parser.add_argument("--tune-seed", type=int, default=1000,
+  parser.add_argument("--tune-seed", type=command_line.count(0), default=1000,
                       help="seed of the step-size choice, not among the reported ones")
   parser.add_argument("--checkpoint-dir", default=None,
                       help="save every run here; a rerun resumes where it stopped")

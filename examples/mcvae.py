@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 
 import dsgrad
+from dsgrad import command_line
 from _common import check_checkpoint_config, first_paragraph
 from dsgrad import mcvae
 
@@ -202,7 +203,7 @@ def main(argv=None):
   parser.add_argument("--dataset", default="digits", choices=["digits", "mnist"],
                       help="digits runs offline; mnist reads IDX files from --data-dir")
   parser.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files")
-  parser.add_argument("--held-out", type=int, default=300,
+  parser.add_argument("--held-out", type=command_line.count(1), default=300,
                       help="held-out images (digits: taken out of the 1,797; mnist: the "
                            "first of the test split, the rest of which is the training set "
                            "when the training split is absent)")
@@ -213,25 +214,27 @@ def main(argv=None):
   parser.add_argument("--epochs", default="10,30,100",
                       help="comma-separated epochs at which to evaluate (the last is the "
                            "training length)")
-  parser.add_argument("--batch-size", type=int, default=50, help="images per step")
-  parser.add_argument("--lr", type=float, default=1e-3, help="Adam step size")
-  parser.add_argument("--latent-dim", type=int, default=None,
+  parser.add_argument("--batch-size", type=command_line.count(1),
+                      default=50, help="images per step")
+  parser.add_argument("--lr", type=command_line.positive(), default=1e-3, help="Adam step size")
+  parser.add_argument("--latent-dim", type=command_line.count(1), default=None,
                       help="latent size d (default: 8 on digits, 64 on mnist)")
-  parser.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
+  parser.add_argument("--hidden", type=command_line.count(1), default=256, help="MLP hidden width")
   parser.add_argument("--conv", action="store_true",
                       help="use the convolutional encoder/decoder instead of MLPs")
-  parser.add_argument("--step-size", type=float, default=0.02,
+  parser.add_argument("--step-size", type=command_line.positive(), default=0.02,
                       help="initial Langevin/MALA step size (learned during training)")
-  parser.add_argument("--elbo-samples", type=int, default=5,
+  parser.add_argument("--elbo-samples", type=command_line.count(1), default=5,
                       help="Monte Carlo passes over the held-out images per -ELBO estimate")
-  parser.add_argument("--ais-steps", type=int, default=100,
+  parser.add_argument("--ais-steps", type=command_line.count(1), default=100,
                       help="AIS (HMC) transitions (the paper: 5)")
-  parser.add_argument("--ais-leapfrog", type=int, default=3,
+  parser.add_argument("--ais-leapfrog", type=command_line.count(1), default=3,
                       help="leapfrog steps per HMC transition")
-  parser.add_argument("--ais-particles", type=int, default=4, help="AIS particles per image")
-  parser.add_argument("--ais-step-size", type=float, default=0.2,
+  parser.add_argument("--ais-particles", type=command_line.count(1),
+                      default=4, help="AIS particles per image")
+  parser.add_argument("--ais-step-size", type=command_line.positive(), default=0.2,
                       help="leapfrog step in the encoder-whitened coordinates")
-  parser.add_argument("--seed", type=int, default=0,
+  parser.add_argument("--seed", type=command_line.count(0), default=0,
                       help="seed of the networks, batches and noise (runs are deterministic)")
   parser.add_argument("--out", default=os.path.join("results", "mcvae"),
                       help="folder for results.json and images.png")

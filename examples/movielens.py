@@ -26,13 +26,15 @@ import numpy as np
 import optax
 
 import dsgrad
+from dsgrad import command_line
 from _common import add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo, first_paragraph
 from dsgrad.models.movielens import movielens_latent
 
 
 def add_data_flags(parser, users: int):
   """``--users``, ``--data-dir`` and ``--synthetic``: which ratings :func:`load_ratings` reads."""
-  parser.add_argument("--users", type=int, default=users, help="keep the first U users")
+  parser.add_argument("--users", type=command_line.count(1),
+                      default=users, help="keep the first U users")
   parser.add_argument("--data-dir", default=None,
                       help="folder (or zip) with the official MovieLens 100K u.data/u.item")
   parser.add_argument("--synthetic", action="store_true",
@@ -93,12 +95,12 @@ def main(argv=None):
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_data_flags(parser, users=100)
   add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="movielens")
-  parser.add_argument("--holdout", type=float, default=0.1,
+  parser.add_argument("--holdout", type=command_line.fraction(), default=0.1,
                       help="fraction of ratings held out for prediction")
-  parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
-  parser.add_argument("--elbo-samples", type=int, default=100,
+  parser.add_argument("--lr", type=command_line.positive(), default=1e-2, help="Adam step size")
+  parser.add_argument("--elbo-samples", type=command_line.count(1), default=100,
                       help="Monte Carlo samples per full-data ELBO estimate")
-  parser.add_argument("--predict-samples", type=int, default=200,
+  parser.add_argument("--predict-samples", type=command_line.count(1), default=200,
                       help="posterior draws for the held-out predictive")
   parser.add_argument("--estimators", default="naive,cv,joint_svrg,joint_saga",
                       help="comma-separated estimators to compare")
@@ -108,8 +110,6 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
-  if not 0 < args.holdout < 1:
-    parser.error("--holdout must be in (0, 1)")
   check_checkpoint_config(args.checkpoint_dir, {
       k: v for k, v in vars(args).items()
       if k not in ("steps", "out", "checkpoint_dir", "estimators", "no_progress")})

@@ -30,6 +30,7 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro.optim import optax_to_numpyro
 
 import dsgrad
+from dsgrad import command_line
 from dsgrad.contrib import numpyro as dsgrad_numpyro
 from _common import add_run_flags, chosen_estimators, plot_elbo, first_paragraph
 from movielens import add_data_flags, load_ratings
@@ -87,10 +88,10 @@ def main(argv=None):
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   add_data_flags(parser, users=50)
   add_run_flags(parser, steps=2000, eval_every=100, batch_size=100, out="numpyro_model")
-  parser.add_argument("--lr", type=float, default=1e-2, help="Adam step size")
+  parser.add_argument("--lr", type=command_line.positive(), default=1e-2, help="Adam step size")
   parser.add_argument("--estimators", default="naive,joint_svrg,joint_saga",
                       help="dsgrad estimators to run beside NumPyro's SVI (naive included)")
-  parser.add_argument("--elbo-samples", type=int, default=200,
+  parser.add_argument("--elbo-samples", type=command_line.count(1), default=200,
                       help="Monte Carlo samples per full-data ELBO estimate")
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:

@@ -366,3 +366,25 @@ def test_a_model_where_an_objective_belongs_and_the_reverse_are_named(logreg_mod
     with pytest.raises(TypeError, match=r"model must be a dsgrad.models.Model .*\(Objective\): "
                                         r"an Objective; pass the model it was made from"):
       call()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "argument --steps: it must be an integer >= 1"),
+    (["--steps", "2.5"], "a count is not truncated from a float"),
+    (["--seed", "-1"], "argument --seed: it must be an integer >= 0"),
+    (["--budget", "-5"], "argument --budget: it must be positive and finite, got -5.0"),
+    (["--budget", "nan"], "it must be positive and finite, got nan"),
+    (["--holdout", "1"], "argument --holdout: it must be a probability in (0, 1)")])
+def test_command_line_settings_are_refused_by_kind(argv, message, capsys):
+  # The scale suite ran with --budget -5, and an example trained 0 steps to an IndexError.
+  import argparse
+  from dsgrad import command_line
+  parser = argparse.ArgumentParser(prog="job")
+  parser.add_argument("--steps", type=command_line.count(1), default=3)
+  parser.add_argument("--seed", type=command_line.count(0), default=0)
+  parser.add_argument("--budget", type=command_line.positive(), default=1.0)
+  parser.add_argument("--holdout", type=command_line.fraction(), default=0.1)
+  with pytest.raises(SystemExit):
+    parser.parse_args(argv)
+  assert message in capsys.readouterr().err
+  assert parser.parse_args(["--steps", "7", "--budget", "0.5"]).steps == 7
