@@ -118,7 +118,12 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
       raise named from error
     # Another optimizer's state fails inside optax ("'EmptyState' object has no attribute
     # 'mu'"): named, with the first array that differs, where it is the cause.
-    checked_lib.check_state(optimizer, opt_state, params, "dsgrad.train_step")
+    try:
+      checked_lib.check_state(optimizer, opt_state, params, "dsgrad.train_step")
+    except ValueError as mismatch:
+      raise mismatch from error
+    except Exception:  # noqa: BLE001  not even comparable: the update's own error says more
+      pass
     raise
   # The value checks of a step: its noise is finite by construction, so a NaN in the
   # gradient, the estimator's terms or the update rule shows here, at the step it
