@@ -84,8 +84,8 @@ def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
 
   Raises:
     ValueError: naming the position and state type of the first transformation before
-      the estimator; with ``steps``, an optimizer that ends with an estimator (other
-      than :func:`dsgrad.smiso`, which outputs steps).
+      the estimator; :func:`dsgrad.smiso` chained with anything (it outputs steps); with
+      ``steps``, an optimizer that ends with an estimator (other than smiso).
   """
   kinds = _estimator_kinds()
 
@@ -111,6 +111,12 @@ def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
             "it, stateful (Adam, a schedule) or not (clipping, scaling). Write "
             "optax.chain(dsgrad.joint_saga(...), optax.clip_by_global_norm(...), "
             "optax.adam(...)).")
+      if is_chain and len(members) > 1 and type(member).__name__ == "SmisoState":
+        raise ValueError(
+            f"{where}: dsgrad.smiso is chained with {len(members) - 1} other "
+            "transformation(s). SMISO is an optimizer in its own right (App. A): its output "
+            "is already the parameter step, which a transform after it would change. Use it "
+            "alone: dsgrad.fit(objective, dsgrad.smiso(objective, step_size), ...).")
       walk(member)
 
   walk(opt_state)
