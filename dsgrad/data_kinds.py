@@ -72,6 +72,18 @@ def extreme_rows(values) -> list[int]:
   return sorted({int(np.argmin(flat)) // flat.shape[1], int(np.argmax(flat)) // flat.shape[1]})
 
 
+def negatives_are_markers(log_lik_with, column) -> bool:
+  """Whether the negative values of an integer ``column`` are markers the model masks
+  (``-1``: no group, ``jnp.where(g >= 0, z[g], 0.0)``) rather than indices JAX would wrap
+  to the end: the log likelihood, ``log_lik_with(column)`` at a random latent, does not
+  change when they move one further below zero (a read they index would move to another
+  entry). Read as unsigned for the index check, such a marker looked out of range."""
+  column = np.asarray(column)
+  shifted = np.where(column < 0, column - 1, column).astype(column.dtype)
+  return bool(np.allclose(np.asarray(log_lik_with(column)), np.asarray(log_lik_with(shifted)),
+                          rtol=1e-6, atol=1e-6))
+
+
 def index_out_of_range(where: str, row: int, value, reader: str, reason: str) -> ValueError:
   """The error for index data out of range, found by reading them (``reason``: what JAX's
   index check said): ``where`` (``"data column 'g'"``) at ``row`` holds ``value``, which

@@ -85,10 +85,10 @@ def declared_and_checked(model: Model) -> Model:
   if not columns:
     return model
   z = jnp.zeros(model.latent_dim, jnp.float32)
-  probes, largest = [], {}  # (column, row, its values); each position's largest value
+  probes, extremes = [], {}  # (column, row, its values); each position's least and largest
   for name, leaf in columns.items():
     values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
-    largest[name] = values.max(axis=0)  # per position of a row
+    extremes[name] = values.min(axis=0), values.max(axis=0)  # per position of a row
     probes += [(name, row, values[row]) for row in data_kinds.extreme_rows(values)]
   # The probes' rows in one compiled gather, then on the host: every call below has one
   # row, so the checked program compiles once (each eager operation would compile too).
@@ -114,7 +114,8 @@ def declared_and_checked(model: Model) -> Model:
     # Where the row fails, it is this column's doing if it fails with only it unsigned.
     message = failure(z, one(i)) and failure(z, one(i), only=name)
     if value.min() < 0 and (message or not unsigned and _index_bound(failure, z, one(i), name)):
-      message = "a negative index, which JAX (as NumPy) wraps"
+      message = None if _marks_missing(model, one(i), name) else (
+          "a negative index, which JAX (as NumPy) wraps")
     elif message and "index -" in message:
       message = (message.strip().rstrip(".") + " (log_lik's arithmetic takes it below zero, "
                  "and JAX wraps it to the end)")
@@ -123,24 +124,38 @@ def declared_and_checked(model: Model) -> Model:
                                           "log_lik", message)
   kinds = dict(model.kinds)
   for name in (n for n in columns if n not in kinds):
-    kind = _index_kind(failure, z, one(next(i for i, p in enumerate(probes) if p[0] == name)),
-                       name, largest[name])
+    smallest, largest = extremes[name]
+    lowest = next(i for i, p in enumerate(probes) if p[0] == name and p[2].min() == smallest.min())
+    if smallest.min() < 0 and not _marks_missing(model, one(lowest), name):
+      smallest = np.zeros_like(smallest)  # read, not masked: the range check refuses them
+    kind = _index_kind(failure, z, one(lowest), name, smallest, largest)
     if kind:
       kinds[name] = kind
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
 
 
-def _index_kind(failure, z, rows, name: str, largest) -> tuple | None:
+def _marks_missing(model: Model, rows: dict, name: str) -> bool:
+  """Whether ``log_lik`` masks the negative values of column ``name`` in ``rows``
+  (:func:`dsgrad.data_kinds.negatives_are_markers`), at a random latent."""
+  z = 0.5 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
+  likelihood = jax.jit(model.log_likelihood)
+  return data_kinds.negatives_are_markers(
+      lambda column: likelihood(z, dict(rows, **{name: column})), rows[name])
+
+
+def _index_kind(failure, z, rows, name: str, smallest, largest) -> tuple | None:
   """The :mod:`dsgrad.data_kinds` kind of the integer column ``name``: ``("index", upper)``
   or ``("index", upper, lower)``, bounds per position of a row where they differ (a
   pair's two positions index two sizes); ``None`` where some position indexes nothing
-  (or a row has more than 16)."""
+  (or a row has more than 16). ``lower`` is at most ``smallest`` (the data's least
+  values, where ``log_lik`` masks them: a -1 "no group", ``jnp.where(g >= 0, z[g], 0)``)."""
   if len(largest) > 16:
     return None
   bounds = [_index_bound(failure, z, rows, name, int(top), j) for j, top in enumerate(largest)]
   if None in bounds:
     return None
   lower, upper = zip(*bounds)
+  lower = tuple(min(low, int(least)) for low, least in zip(lower, smallest))
   one_bound = lambda b: b[0] if len(set(b)) == 1 else b  # noqa: E731
   lower, upper = one_bound(lower), one_bound(upper)
   return ("index", upper) if lower == 0 else ("index", upper, lower)

@@ -277,6 +277,22 @@ def test_an_index_argument_out_of_range_is_refused(bad):
     dsgrad_numpyro.objective(model, y, np.where(np.arange(40) == 17, bad, g).astype(np.int32))
 
 
+def test_a_minus_one_that_the_model_masks_is_not_an_index_out_of_range():
+  groups = 6
+  g = np.random.default_rng(0).integers(0, groups, 40).astype(np.int32)
+  g[::5] = -1  # "no group"
+  y = np.linspace(-1.0, 1.0, 40).astype(np.float32)
+
+  def model(y, g):
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([groups]).to_event(1))
+    with numpyro.plate("data", 40, subsample_size=8) as idx:
+      effect = jnp.where(g[idx] >= 0, b[jnp.maximum(g[idx], 0)], 0.0)
+      numpyro.sample("y", dist.Normal(effect, 1.0), obs=y[idx])
+
+  # Read as unsigned by the index check, the masked -1 looked like an index past the end.
+  assert dsgrad_numpyro.objective(model, y, g).num_data == 40
+
+
 def test_observation_not_indexed_by_a_subsampled_plate_is_explained():
   """``obs=y`` (all rows) in a subsampled plate used to surface as
   NumPyro's raw broadcasting error."""

@@ -238,3 +238,24 @@ def test_an_error_in_the_users_log_density_names_the_shapes_it_was_given():
                                      {"x": x, "y": y}, {"v": jnp.zeros(4)})
   assert "raised in log_prior(z)" in raised.value.__notes__[-1]
   assert "{'v': (4,)}" in raised.value.__notes__[-1]
+
+
+@pytest.mark.parametrize("masked", ["where", "maximum"])
+def test_a_minus_one_that_log_lik_masks_is_the_datas_own_not_an_error(masked):
+  rng = np.random.default_rng(0)
+  g = rng.integers(0, 20, 200)
+  g[::7] = -1  # "no group", a common marker
+  y = rng.normal(size=200).astype(np.float32)
+
+  def log_lik(z, b):
+    index = 1 + b["g"] if masked == "where" else 1 + jnp.maximum(b["g"], 0)
+    return -0.5 * (b["y"] - z[0] - jnp.where(b["g"] >= 0, z[index], 0.0)) ** 2
+
+  # Both read in bounds at -1 and mask it; the range declared from the values >= 0
+  # refused the data's own -1 ("holds values outside the integers 0 .. 19").
+  objective = dsgrad.objective_from_logdensity(lambda z: -0.5 * jnp.sum(z ** 2), log_lik,
+                                               {"y": y, "g": g}, 21)
+  assert dict(objective.kinds)["g"] == ("index", 20, -1)
+  objective.with_data({"y": y, "g": np.where(g == 3, -1, g)})  # the same convention
+  with pytest.raises(ValueError, match="outside the integers -1 .. 19"):
+    objective.with_data({"y": y, "g": np.where(g == 3, -2, g)})

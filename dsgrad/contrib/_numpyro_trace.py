@@ -261,15 +261,21 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
     if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
             and np.issubdtype(leaf.dtype, np.signedinteger)):
       continue
-    values = np.asarray(leaf).reshape(num_data, -1)
-    unsigned = np.asarray(leaf).astype(f"u{values.dtype.itemsize}")
+    column = np.asarray(leaf)
+    values = column.reshape(num_data, -1)
 
-    def one_argument(column, rows, position=position):
+    def one_argument(column, rows, at=z, position=position):
       given = [v for _, v in leaves]
       given[position] = column
       args, kwargs = jax.tree_util.tree_unflatten(treedef, given)
-      return log_likelihood_given(args, kwargs, z, rows)
+      return log_likelihood_given(args, kwargs, at, rows)
 
+    negative = np.flatnonzero((values < 0).any(axis=1))[:1]
+    at = z + 0.5 * jax.random.normal(jax.random.key(0), jnp.shape(z), jnp.result_type(z))
+    if negative.size and data_kinds.negatives_are_markers(
+        lambda c: one_argument(c, jnp.asarray(negative, jnp.int32), at), column):
+      column = np.where(column < 0, 0, column)  # "no group" markers the model masks
+    unsigned = column.astype(f"u{values.dtype.itemsize}")
     checked = jax.jit(checkify.checkify(one_argument, errors=checkify.index_checks))
     for row in data_kinds.extreme_rows(values):
       try:
