@@ -435,3 +435,16 @@ def test_the_time_split_adds_up_to_the_call(logreg_model, params0):
     assert t.steps == pytest.approx(float(result.history.wall_time[-1]), rel=1e-6)
     assert t.compile == result.compile_seconds
     assert t.evaluations > 0 if samples else t.evaluations < 0.05
+
+
+def test_a_history_that_is_not_one_is_refused(logreg_model):
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  fit = lambda history: dsgrad.fit(  # noqa: E731
+      objective, optax.adam(1e-2), dsgrad.meanfield_init(logreg_model), jax.random.key(0),
+      num_steps=4, batch_size=5, progress=False, start_step=2, history=history)
+  # A list failed with "'list' object has no attribute 'step'"; fields of unequal lengths
+  # were taken as they were.
+  with pytest.raises(TypeError, match=r"history must be a dsgrad.History .*got list"):
+    fit([1, 2])
+  with pytest.raises(ValueError, match="history's fields have different lengths"):
+    fit(dsgrad.History(np.arange(2.0), np.arange(1.0), np.zeros(2), np.zeros(2)))

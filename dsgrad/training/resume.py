@@ -211,6 +211,13 @@ class Recorder:
     self.columns = {name: [] for name in History._fields}
     self.continued = history is not None
     if history is not None:
+      if not isinstance(history, History):
+        raise TypeError(f"history must be a dsgrad.History (a FitResult's .history, or "
+                        f"restore_fit_history's), got {type(history).__name__}")
+      lengths = {name: np.size(getattr(history, name)) for name in History._fields}
+      if len(set(lengths.values())) > 1:  # one entry per evaluation in every field
+        raise ValueError(f"history's fields have different lengths {lengths}: one entry "
+                         "per evaluation in each")
       # An interrupted run's history ends at its last evaluation, which can be before
       # the step it stopped at (Interrupted); one past it belongs to another state.
       if len(history.step) and int(history.step[-1]) > start_step:
