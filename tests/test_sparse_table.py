@@ -234,3 +234,17 @@ def test_bad_input():
     approx.expected_grad(objective, {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}, idx)
   with pytest.raises(ValueError, match="mean-field"):
     approx.expected_grad(objective, {"mean": jnp.zeros(3)}, idx)
+
+
+def test_with_coordinates_refuses_a_declaration_that_misses_a_coordinate():
+  rng = np.random.default_rng(0)
+  g = rng.integers(0, 5, 40)
+  y = rng.normal(size=40).astype(np.float32)
+  model = dsgrad.model_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2),
+      lambda z, b: -0.5 * (b["y"] - z[0] - z[1 + b["g"]]) ** 2, {"y": y, "g": g}, 6)
+  # The intercept z[0] left out: joint_saga trained on the local likelihood without it,
+  # without an error (its control variate then removes less variance).
+  with pytest.raises(ValueError, match="with_coordinates: .*local likelihood .* differs"):
+    with_coordinates(model, 1, lambda rows: (1 + rows["g"])[:, None])
+  with_coordinates(model, 2, lambda rows: jnp.stack([0 * rows["g"], 1 + rows["g"]], -1))

@@ -158,8 +158,9 @@ def with_coordinates(model: Model, num_coordinates: int,
   likelihood: ``log_likelihood_local`` writes each datum's ``k`` values into a zero
   latent of size ``d`` and calls ``model.log_likelihood``. Correct for any model whose
   term ``n`` reads only ``coordinates(n)``, at ``O(d)`` work per datum (a hand-written
-  local likelihood is ``O(k)``). Use :func:`check_sparse_likelihood` to test a
-  declaration.
+  local likelihood is ``O(k)``). The declaration is checked on the first 8 data at a
+  random latent (:func:`check_sparse_likelihood`): a term that reads a coordinate not
+  listed is refused.
 
   Args:
     model: the model.
@@ -179,8 +180,15 @@ def with_coordinates(model: Model, num_coordinates: int,
 
     return jax.vmap(one)(z_local, rows)
 
-  return model._replace(sparse=SparseLikelihood(int(num_coordinates), coordinates,
-                                                log_likelihood_local))
+  out = model._replace(sparse=SparseLikelihood(int(num_coordinates), coordinates,
+                                               log_likelihood_local))
+  z = 0.5 * jax.random.normal(jax.random.key(0), (d,), jnp.float32)
+  try:
+    check_sparse_likelihood(out, z, jnp.arange(min(8, model.num_data), dtype=jnp.int32), 1e-4)
+  except ValueError as error:
+    raise ValueError(f"dsgrad.models.with_coordinates: {error}; each datum's coordinates() "
+                     "must list every latent coordinate its likelihood term reads") from None
+  return out
 
 
 @checks.arguments(rtol=checks.positive())
