@@ -293,6 +293,29 @@ def test_a_minus_one_that_the_model_masks_is_not_an_index_out_of_range():
   assert dsgrad_numpyro.objective(model, y, g).num_data == 40
 
 
+def test_a_pandas_column_is_read_as_its_array_and_64_bit_ids_beyond_32_bits_are_refused():
+  pd = pytest.importorskip("pandas")
+  rng = np.random.default_rng(0)
+  frame = pd.DataFrame({"x": rng.normal(size=40), "y": rng.normal(size=40)})
+
+  def model(x, y, ids):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", 40, subsample_size=8) as idx:
+      numpyro.sample("y", dist.Normal(w * x[idx] + 0.0 * ids[idx], 1.0), obs=y[idx])
+
+  ids = np.arange(40, dtype=np.int64)
+  # A Series failed when the model indexed it with a traced batch.
+  from_frame = dsgrad_numpyro.objective(model, frame["x"], frame["y"], ids)
+  from_arrays = dsgrad_numpyro.objective(model, frame["x"].to_numpy(), frame["y"].to_numpy(), ids)
+  z = jnp.array([0.7])
+  np.testing.assert_allclose(from_frame.numpyro_model.model.log_likelihood(z, jnp.arange(5)),
+                             from_arrays.numpyro_model.model.log_likelihood(z, jnp.arange(5)))
+  # JAX stored them in 32 bits: an id of 3e11 wrapped onto another value without an error.
+  with pytest.raises(ValueError, match="argument 'ids' holds int64 values from 0 to "
+                                       "390000000000, beyond int32's range"):
+    dsgrad_numpyro.objective(model, frame["x"], frame["y"], ids * 10 ** 10)
+
+
 def test_observation_not_indexed_by_a_subsampled_plate_is_explained():
   """``obs=y`` (all rows) in a subsampled plate used to surface as
   NumPyro's raw broadcasting error."""

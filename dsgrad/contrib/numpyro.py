@@ -106,9 +106,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
       message); a discrete latent site; a model that does not index its data with the
       plate's indices.
   """
-  # numpy data indexed by a traced batch inside jit would fail; put them on device.
-  as_jax = lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a
-  model_args, model_kwargs = jax.tree.map(as_jax, (model_args, model_kwargs))
+  model_args, model_kwargs = jax.tree_util.tree_map_with_path(
+      lambda path, a: _on_device(model, path, a), (model_args, model_kwargs))
   try:
     trace = trace_lib.trace(model, model_args, model_kwargs)
   except ValueError as error:
@@ -310,6 +309,21 @@ class NumpyroObjective(Objective):
     scale = ravel_pytree({s: jnp.asarray(autonormal_params[f"{s}_auto_scale"], jnp.float32)
                           for s in sites})[0]
     return {"loc": loc, "log_scale": jnp.log(scale)}
+
+
+def _on_device(model, path, value):
+  """A model argument as the model will index it: a NumPy array (or a pandas column, read
+  as one) on the device, where a traced batch can index it; 64-bit integers beyond 32
+  bits, which JAX would wrap without ``jax_enable_x64``, refused by name."""
+  if not isinstance(value, (np.ndarray, jax.Array)) and hasattr(value, "__array__") and \
+      np.ndim(value) > 0:
+    value = np.asarray(value)  # a pandas Series failed when indexed by a traced batch
+  if not isinstance(value, np.ndarray):
+    return value
+  if not jax.config.jax_enable_x64:
+    checks.check_int32_range(value, f"dsgrad.contrib.numpyro: "
+                                    f"{trace_lib.argument_name(model, path)}")
+  return jnp.asarray(value)
 
 
 def objective(model, *model_args, family: str = "meanfield", shared_noise: bool = True,
