@@ -194,8 +194,9 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
 
 
 def _as_array(leaf):
-  if is_host(leaf) or isinstance(leaf, (np.ndarray, jax.Array)) or not hasattr(leaf, "__array__"):
-    return leaf
+  if is_host(leaf) or isinstance(leaf, (np.ndarray, np.generic, jax.Array)) or not hasattr(
+      leaf, "__array__"):
+    return leaf  # NumPy scalars too: a list of them is refused by name as a list of numbers
   return np.asarray(leaf)
 
 
