@@ -151,3 +151,14 @@ def test_an_update_that_needs_what_a_step_does_not_pass_is_named(case):
   with pytest.raises(TypeError, match=expected):
     dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=4, batch_size=5,
                progress=False)
+
+
+def test_a_missing_keyword_in_the_users_own_code_is_not_blamed_on_the_optimizer():
+  from dsgrad.estimators import chain as chain_lib
+
+  def my_term(*, scale):
+    return scale
+  try:
+    my_term()
+  except TypeError as error:
+    assert chain_lib.named_missing_arguments(error, "fit") is error

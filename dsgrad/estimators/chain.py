@@ -178,7 +178,9 @@ def named_missing_arguments(error: TypeError, where: str) -> TypeError:
   """``error``, or, where an update asked for keyword arguments that a dsgrad step does
   not pass (optax's bare "missing 3 required keyword-only arguments"), an error that says
   which, and what to use instead."""
-  missing = re.search(r"missing \d+ required keyword-only arguments?: (.+)$", str(error))
+  # Python names the function: an optax or dsgrad ``update_fn``, not the user's model.
+  missing = re.search(r"update\w*\(\) missing \d+ required keyword-only arguments?: (.+)$",
+                      str(error))
   if missing is None:
     return error
   if "'indices'" in missing.group(1):
