@@ -31,7 +31,7 @@ from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device
 
 __all__ = ["HostArray", "open_memmap", "read_rows", "RowReader", "rows_of",
            "is_host", "host_leaves", "with_batch_rows", "check_data", "check_no_number_lists",
-           "check_finite_data", "placed", "register_with_data"]
+           "check_finite_data", "as_array", "placed", "register_with_data"]
 
 
 def _flatten_host(array: HostArray):
@@ -193,7 +193,10 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
   return n
 
 
-def _as_array(leaf):
+def as_array(leaf):
+  """``leaf`` as the NumPy array it converts to, where it is an array to its user but a
+  leaf without a dtype to JAX (a pandas ``DataFrame`` or ``Series``, an xarray, a CPU torch
+  tensor); anything else (arrays, host arrays, NumPy scalars, numbers) as it is."""
   if is_host(leaf) or isinstance(leaf, (np.ndarray, np.generic, jax.Array)) or not hasattr(
       leaf, "__array__"):
     return leaf  # NumPy scalars too: a list of them is refused by name as a list of numbers
@@ -204,9 +207,7 @@ def placed(values, who: str = "data"):
   """``values`` (a data pytree) checked (:func:`check_data`) with each in-memory leaf on
   the device; host leaves stay where they are, ``np.memmap`` leaves become
   :class:`HostArray`."""
-  # A pandas DataFrame (or an xarray, or a CPU torch tensor) is an array to its user but
-  # a leaf without a dtype to JAX: it is read as the NumPy array it converts to.
-  values = jax.tree.map(_as_array, values, is_leaf=is_host)
+  values = jax.tree.map(as_array, values, is_leaf=is_host)
   check_data(values, None, who)
 
   def place(path, leaf):

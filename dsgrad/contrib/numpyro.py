@@ -52,6 +52,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dsgrad import checks
+from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad.contrib import _numpyro_trace as trace_lib
 from dsgrad.models.base import Model
@@ -315,9 +316,7 @@ def _on_device(model, path, value):
   """A model argument as the model will index it: a NumPy array (or a pandas column, read
   as one) on the device, where a traced batch can index it; 64-bit integers beyond 32
   bits, which JAX would wrap without ``jax_enable_x64``, refused by name."""
-  if not isinstance(value, (np.ndarray, jax.Array)) and hasattr(value, "__array__") and \
-      np.ndim(value) > 0:
-    value = np.asarray(value)  # a pandas Series failed when indexed by a traced batch
+  value = data_lib.as_array(value)  # a pandas Series failed when indexed by a traced batch
   if not isinstance(value, np.ndarray):
     return value
   if not jax.config.jax_enable_x64:
