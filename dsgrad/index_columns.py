@@ -99,6 +99,18 @@ def declared_and_checked(model: Model) -> Model:
     gather = jax.jit(lambda data, i: jax.tree.map(lambda leaf: leaf[i], data))
     every = jax.device_get(gather(model.data, indices))
   one = lambda i: {k: v[i:i + 1] for k, v in every.items()}  # noqa: E731
+
+  def lowest(name):  # the probe holding the column's least value
+    least = extremes[name][0].min()
+    return next(i for i, p in enumerate(probes) if p[0] == name and p[2].min() == least)
+
+  masked = {}  # whether log_lik masks a column's negative values: tested once, used twice
+
+  def masks(name):
+    if name not in masked:
+      masked[name] = _marks_missing(model, one(lowest(name)), name)
+    return masked[name]
+
   failure = None
   for unsigned in (True, False):  # a log_lik that refuses unsigned columns: as given
     candidate = _index_checked_likelihood(model, unsigned)
@@ -114,8 +126,7 @@ def declared_and_checked(model: Model) -> Model:
     # Where the row fails, it is this column's doing if it fails with only it unsigned.
     message = failure(z, one(i)) and failure(z, one(i), only=name)
     if value.min() < 0 and (message or not unsigned and _index_bound(failure, z, one(i), name)):
-      message = None if _marks_missing(model, one(i), name) else (
-          "a negative index, which JAX (as NumPy) wraps")
+      message = None if masks(name) else "a negative index, which JAX (as NumPy) wraps"
     elif message and "index -" in message:
       message = (message.strip().rstrip(".") + " (log_lik's arithmetic takes it below zero, "
                  "and JAX wraps it to the end)")
@@ -125,10 +136,9 @@ def declared_and_checked(model: Model) -> Model:
   kinds = dict(model.kinds)
   for name in (n for n in columns if n not in kinds):
     smallest, largest = extremes[name]
-    lowest = next(i for i, p in enumerate(probes) if p[0] == name and p[2].min() == smallest.min())
-    if smallest.min() < 0 and not _marks_missing(model, one(lowest), name):
+    if smallest.min() < 0 and not masks(name):
       smallest = np.zeros_like(smallest)  # read, not masked: the range check refuses them
-    kind = _index_kind(failure, z, one(lowest), name, smallest, largest)
+    kind = _index_kind(failure, z, one(lowest(name)), name, smallest, largest)
     if kind:
       kinds[name] = kind
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model

@@ -110,9 +110,10 @@ class Objective:
     if not isinstance(self.num_data, int) or self.num_data < 1:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
     for name in ("loss_fn", "noise_fn", "log_q_offset"):
-      if not callable(getattr(self, name)) and (name != "log_q_offset" or self.log_q_offset):
+      value = getattr(self, name)
+      if not callable(value) and not (name == "log_q_offset" and value is None):
         raise TypeError(f"dsgrad.Objective: {name} must be a function, got "
-                        f"{type(getattr(self, name)).__name__} {getattr(self, name)!r:.60}")
+                        f"{type(value).__name__} {value!r:.60}")
     if self.data is not None:
       object.__setattr__(self, "data", data_lib.placed(self.data, f"{self.name}.data"))
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
