@@ -448,7 +448,8 @@ def test_a_noisy_estimator_warns_and_auto_subsample_size_lands_on_the_posterior(
   errors = {m: (r.samples.mean(0) - mean) / (sd / np.sqrt(r.ess)) for m, r in results.items()}
   small, auto = results[10], results["auto"]
   assert np.max(np.abs(errors[10])) > 3, errors
-  assert len(small.warnings) == 1 and "subsample_size from 10 to about" in small.warnings[0]
+  assert len(small.warnings) == 1 and "raise subsample_size from 10" in small.warnings[0]
+  assert "theta*" not in small.warnings[0]  # found as the full-data mode, not suspected
   assert np.mean(small.estimator_variance) > 3
   # The chain's own estimate is conditioned on the subsamples it kept: far lower.
   assert np.mean(small.info.variance.with_control_variate) < np.mean(small.estimator_variance)
@@ -459,6 +460,26 @@ def test_a_noisy_estimator_warns_and_auto_subsample_size_lands_on_the_posterior(
   assert np.median(auto.info.variance.without_control_variate) > 100 * np.median(
       auto.info.variance.with_control_variate)
   assert auto.setup_evaluations > small.setup_evaluations  # choosing m is counted
+
+
+def test_a_given_reference_point_far_from_the_posterior_is_named_and_no_m_past_n():
+  """A given theta* three posterior standard deviations away with a first-order proxy,
+  and a warm-up too short to move it: the control variates fit poorly where the chain
+  samples, the variance is far above 1 and the draws are off. The warning names the
+  reference point, and no subsample size larger than the data (it named m = 35,072 for
+  500 data)."""
+  model, mean, sd = _heterogeneous_linear_gaussian(n=500)
+  result = mcmc.sample(jax.random.key(2), model, num_samples=100, num_warmup=50,
+                       subsample_size=50, num_blocks=10, reference_point=mean + 3 * sd,
+                       proxy_order=1, progress=False)
+  assert np.mean(result.estimator_variance) > 500 / 50 * 3
+  [message] = result.warnings
+  assert "reference point theta*, and the one given may be far" in message, message
+  assert "to about" not in message and "subsample_size='auto'" in message
+  noise = mcmc.estimator_noise
+  # Where some m below n would do, the sentence names it; a found theta* is not suspected.
+  [fixable] = noise.variance_warnings(np.full(4, 8.0), 50, num_data=500)
+  assert "raise subsample_size from 50 to about 400" in fixable and "theta*" not in fixable
 
 
 def test_estimator_variance_is_the_subsample_estimators_spread():

@@ -123,9 +123,12 @@ def variance_at_draws(model: Model, proxy: proxy_lib.TaylorProxy, draws, key,
       subsample_size)
 
 
-@checks.arguments(subsample_size=checks.optional(checks.count(1)), threshold=checks.positive())
+@checks.arguments(subsample_size=checks.optional(checks.count(1)), threshold=checks.positive(),
+                  num_data=checks.optional(checks.count(1)))
 def variance_warnings(variance, subsample_size: int | None,
-                      threshold: float = proxy_lib.VARIANCE_WARNING) -> tuple[str, ...]:
+                      threshold: float = proxy_lib.VARIANCE_WARNING,
+                      num_data: int | None = None,
+                      reference_given: bool = False) -> tuple[str, ...]:
   """A sentence when the estimator's variance, averaged over a chain's iterations, is
   above ``threshold``, naming the subsample size that would bring it to about 1.
 
@@ -138,6 +141,10 @@ def variance_warnings(variance, subsample_size: int | None,
     variance: the estimator's variance at the chain's draws (:func:`variance_at_draws`).
     subsample_size: the ``m`` the chain used (``None``: not a subsampling chain).
     threshold: default :data:`dsgrad.mcmc.proxy.VARIANCE_WARNING`.
+    num_data: ``n``; where the subsample size that would bring the mean variance to
+      about 1 is larger, the sentence names no size.
+    reference_given: whether the user chose ``theta*`` (not found as the full-data
+      mode): the sentence then names it as the first suspect.
   """
   values = np.asarray(variance, np.float64)
   if subsample_size is None or values.size == 0:
@@ -146,14 +153,26 @@ def variance_warnings(variance, subsample_size: int | None,
   if not mean > threshold:
     return ()
   better = math.ceil(subsample_size * mean / proxy_lib.RECOMMENDED_VARIANCE)
+  if num_data is None or better <= num_data:
+    remedy = (f"raise subsample_size from {subsample_size} to about {better} (the variance "
+              "falls as 1/m), or pass subsample_size='auto'")
+  else:
+    # The mean is set by the chain's excursions, which a larger m shrinks: "about
+    # {better}" would name more data than there are.
+    remedy = (f"raise subsample_size from {subsample_size}: pass subsample_size='auto' "
+              "(it measures the variance at draws of the Laplace approximation), or use "
+              "estimator='full'")
+  if reference_given:
+    remedy = ("the control variates fit only near the reference point theta*, and the one "
+              "given may be far from the posterior: omit reference_point (sample then finds "
+              "the full-data mode) or let the warm-up move it (num_warmup several times "
+              "reference_updates_every); or " + remedy)
   return (f"the log-likelihood estimator's variance at the draws is {mean:.3g} on average "
           f"(median {float(np.median(values)):.3g}, 90% of iterations below "
           f"{float(np.quantile(values, 0.9)):.3g}), above the "
           f"{threshold:g} beyond which subsampling chains stick and the perturbed one "
           f"targets a distorted posterior (the papers keep it near 1: Dang et al. 2019, "
-          f"Sec. 3; Doucet et al. 2015). Its draws can be confidently wrong: raise "
-          f"subsample_size from {subsample_size} to about {better} (the variance falls as "
-          f"1/m), or pass subsample_size='auto'",)
+          f"Sec. 3; Doucet et al. 2015). Its draws can be confidently wrong: {remedy}",)
 
 
 @checks.arguments(threshold=checks.positive())
@@ -195,7 +214,8 @@ def diagnose(model: Model, proxy: proxy_lib.TaylorProxy, samples, info, key,
   For the perturbed scheme the variance is read afresh at up to 50 draws spread over
   the chain (:func:`variance_at_draws`); for the signed scheme the chain's own estimate
   (``info.variance``) is used. With ``mode`` (``(full-data mode, Laplace precision)``),
-  the reference point's drift from it is checked too.
+  the reference point's drift from it is checked too; without it, ``theta*`` counts as
+  the user's choice, and the variance warning names it as a suspect.
   """
   proxy = proxy_lib.check_proxy(model, proxy)
   estimator_variance = None
@@ -204,7 +224,8 @@ def diagnose(model: Model, proxy: proxy_lib.TaylorProxy, samples, info, key,
     estimator_variance = variance_at_draws(model, proxy, jnp.asarray(samples[picks]), key,
                                            subsample_size)
   warnings = variance_warnings(info.variance.with_control_variate if estimator_variance is None
-                               else estimator_variance, subsample_size)
+                               else estimator_variance, subsample_size,
+                               num_data=model.num_data, reference_given=mode is None)
   if mode is not None and subsample_size is not None:
     warnings += reference_drift_warnings(mode[0], proxy.theta_star, mode[1])
   return estimator_variance, warnings
