@@ -395,6 +395,30 @@ def test_a_proxy_or_mass_matrix_of_another_model_is_refused_where_it_enters():
     mcmc.sghmc(model, ours, mcmc.hmc_parameters(0.1, 3, dim=4), subsample_size=20)
 
 
+def test_a_precision_or_chain_state_that_is_not_one_is_refused_by_name():
+  """laplace_draws with a precision that is not positive definite drew NaN without an
+  error; run_chain given the position where the algorithm's state belongs failed inside
+  the trace with "DynamicJaxprTracer has no attribute position"."""
+  model, mean, _ = _linear_gaussian(n=200, d=3)
+  proxy = mcmc.taylor_proxy(model, jnp.asarray(mean, jnp.float32))
+  key = jax.random.key(0)
+  for precision, why in ((-np.eye(3), "is not positive definite"),
+                         (np.eye(2), r"must be of shape \(3, 3\), got shape \(2, 2\)"),
+                         (np.full((3, 3), np.nan), "holds NaN or inf"),
+                         (np.triu(np.ones((3, 3))), "is not symmetric")):
+    with pytest.raises(ValueError, match="precision " + why):
+      mcmc.laplace_draws(proxy, precision, key, 5)
+  draws = mcmc.laplace_draws(proxy, 4 * np.eye(3), key, 4000)
+  np.testing.assert_allclose(np.std(np.asarray(draws), 0), 0.5, rtol=0.05)  # se 1.1%
+  algorithm = mcmc.sgld(model, proxy, step_size=1e-4, subsample_size=20)
+  with pytest.raises(TypeError, match=r"state is a ArrayImpl, not a chain state.*"
+                                      r"algorithm.init\(position, key\)"):
+    mcmc.run_chain(key, algorithm.step, jnp.asarray(mean), 10, progress=False)
+  draws, *_ = mcmc.run_chain(key, algorithm.step, algorithm.init(mean, None), 10,
+                             progress=False)
+  assert draws.shape == (10, 3)
+
+
 def test_a_chain_that_diverges_is_refused_naming_the_iteration():
   """SGLD has no Metropolis correction: at too large a step its position overflows, and
   every later draw was NaN without an error."""

@@ -17,19 +17,33 @@ from dsgrad.training.progress import Interrupted
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(1),
                   chunk_size=checks.count(1))
 def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, model=None,
-              progress: bool = True, position=lambda s: s.position, sign=None):
+              progress: bool = True, position=None, sign=None):
   """Runs ``step(key, state) -> (state, info)`` for ``num_samples`` iterations.
 
   Chunks of ``chunk_size`` iterations run as one jitted ``lax.scan``; a progress bar
   (tqdm when installed, else nothing) advances between chunks. With ``model``, ``step`` is
   ``step(model, key, state)`` and the model is an argument of the compiled chunks, so its
-  data are their inputs rather than constants.
+  data are their inputs rather than constants. ``position(state)`` reads each draw
+  (default ``state.position``) and ``sign(state)`` its sign (default ``state.sign``, else 1).
+
+  Raises:
+    TypeError: ``state`` has no ``.position`` and no ``position`` is given (a bare array
+      where the algorithm's ``init(position, key)`` result belongs).
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
     seconds)``; compilation (once per chunk length, at most two) is excluded from
     ``seconds``.
   """
+  if position is None:
+    if not hasattr(state, "position"):
+      raise TypeError(
+          f"dsgrad.mcmc.run_chain: state is a {type(state).__name__}, not a chain state "
+          "with a .position: pass what the algorithm's init returns "
+          "(algorithm.init(position, key)), or say where the draw is with position=")
+
+    def position(s):
+      return s.position
   if sign is None:
     def sign(s):
       return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)

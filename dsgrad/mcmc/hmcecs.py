@@ -108,20 +108,33 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
       raise ValueError("pass mass_matrix or dim")
     mass_matrix = jnp.eye(dim)
   mass_matrix = jnp.asarray(mass_matrix, jnp.float32)
-  if mass_matrix.ndim != 2 or mass_matrix.shape[0] != mass_matrix.shape[1]:
-    raise ValueError(f"mass_matrix must be square, got shape {mass_matrix.shape}")
-  asymmetry = float(jnp.max(jnp.abs(mass_matrix - mass_matrix.T)))
-  if asymmetry > 1e-5 * max(float(jnp.max(jnp.abs(mass_matrix))), 1e-30):
-    # Symmetrizing it would sample with another matrix than the one given.
-    raise ValueError(f"mass_matrix is not symmetric (largest |M - M^T| = {asymmetry:.3g}): "
-                     "a mass matrix is a symmetric positive definite matrix; pass "
-                     "(M + M.T) / 2 if that is what you meant")
-  chol = jnp.linalg.cholesky(mass_matrix)
-  if not bool(jnp.all(jnp.isfinite(chol))):
-    raise ValueError("mass_matrix is not positive definite")
+  chol = checked_cholesky(mass_matrix, "mass_matrix")
   inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(mass_matrix.shape[0]))
   return HMCParameters(jnp.asarray(step_size, jnp.float32),
                        jnp.asarray(num_integration_steps, jnp.int32), inverse, chol)
+
+
+def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
+  """The lower Cholesky factor of ``matrix``, refusing one that is not square (of side
+  ``dim`` when given), symmetric and positive definite: a factor of anything else is
+  NaN, or belongs to another matrix than the one given."""
+  matrix = jnp.asarray(matrix, jnp.float32)
+  if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or (
+      dim is not None and matrix.shape[0] != dim):
+    side = "square" if dim is None else f"of shape ({dim}, {dim})"
+    raise ValueError(f"{name} must be {side}, got shape {matrix.shape}")
+  if not bool(jnp.all(jnp.isfinite(matrix))):
+    raise ValueError(f"{name} holds NaN or inf values")
+  asymmetry = float(jnp.max(jnp.abs(matrix - matrix.T)))
+  if asymmetry > 1e-5 * max(float(jnp.max(jnp.abs(matrix))), 1e-30):
+    # Symmetrizing it would use another matrix than the one given.
+    raise ValueError(f"{name} is not symmetric (largest |M - M^T| = {asymmetry:.3g}): it "
+                     "must be a symmetric positive definite matrix; pass (M + M.T) / 2 if "
+                     "that is what you meant")
+  chol = jnp.linalg.cholesky(matrix)
+  if not bool(jnp.all(jnp.isfinite(chol))):
+    raise ValueError(f"{name} is not positive definite")
+  return chol
 
 
 def _potential_fn(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, subsample):

@@ -28,7 +28,8 @@ from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_upda
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
-from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, init, reset
+from dsgrad.mcmc.hmcecs import (HMCParameters, build_kernel, checked_cholesky, hmc_parameters,
+                                init, reset)
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
 from dsgrad.models.base import Model
@@ -157,8 +158,13 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
 
 @checks.arguments(key=checks.prng_key(), num=checks.count(1))
 def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
-  """``num`` draws from ``N(theta*, precision^{-1})``."""
-  chol = jnp.linalg.cholesky(precision)
+  """``num`` draws from ``N(theta*, precision^{-1})``.
+
+  Raises:
+    ValueError: ``precision`` is not a symmetric positive definite ``(d, d)`` matrix
+      (its draws would be NaN).
+  """
+  chol = checked_cholesky(precision, "precision", proxy.theta_star.shape[0])
   z = jax.random.normal(key, (num, proxy.theta_star.shape[0]))
   offsets = jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T
   return proxy.theta_star + offsets
