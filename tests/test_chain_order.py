@@ -74,21 +74,29 @@ def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
 
 
 @pytest.mark.parametrize("rule", ["identity", "naive_chained_alone", "sgd_negative",
-                                  "adam_negative", "scale_positive"])
+                                  "adam_negative", "scale_positive", "cv_then_adam_negative",
+                                  "saga_then_sgd_negative_wrapped"])
 def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
   """The update is added to the params: a rule along the gradient climbs the loss. SGD
   with a negative rate climbed to a NaN update blamed on "the gradient, the estimator's
   terms or the update rule"; Adam with one (bounded steps) trained to a far worse ELBO
-  without an error."""
+  without an error, or, after a control variate, to a warning of a diverging run that
+  advised a smaller step size."""
   objective, params = problem
   optimizer = {"identity": optax.identity, "naive_chained_alone": lambda: optax.chain(
       dsgrad.naive()), "sgd_negative": lambda: optax.sgd(-1e-2),
                "adam_negative": lambda: optax.adam(-1e-2),
-               "scale_positive": lambda: optax.chain(dsgrad.naive(), optax.scale(1e-3))}[rule]()
+               "scale_positive": lambda: optax.chain(dsgrad.naive(), optax.scale(1e-3)),
+               "cv_then_adam_negative": lambda: optax.chain(dsgrad.cv(objective),
+                                                            optax.adam(-1e-2)),
+               "saga_then_sgd_negative_wrapped": lambda: optax.inject_hyperparams(
+                   lambda learning_rate: optax.chain(dsgrad.joint_saga(objective),
+                                                     optax.sgd(learning_rate)))(
+                       learning_rate=-1e-2)}[rule]()
   with pytest.raises(ValueError, match=r"fit: the optimizer's first step climbs the loss"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
                elbo_samples=0, progress=False)
-  if rule.endswith("negative"):  # recommend chains it after each estimator: refused first
+  if rule in ("sgd_negative", "adam_negative"):  # recommend chains it after each estimator
     with pytest.raises(ValueError, match=r"recommend: the optimizer's first step climbs"):
       dsgrad.recommend(objective, optimizer, params, jax.random.key(0), batch_size=10,
                        budget=1.0, progress=False)

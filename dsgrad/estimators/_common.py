@@ -12,6 +12,7 @@ import optax
 
 from dsgrad import checks
 from dsgrad.approx.base import MaskMismatch, check_expectation
+from dsgrad.estimators import chain
 from dsgrad.training import host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
@@ -164,6 +165,8 @@ def transformation(objective: Objective, init_fn, update_fn, name: str
   :func:`dsgrad.fit` checks what enters it."""
 
   def update(updates, state, params=None, **extra_args):
+    if extra_args.get("indices") is chain.DESCENT_PROBE:  # the rule after it is probed
+      return updates, state
     if "indices" in extra_args:  # the dtype the tables are written with (a conversion)
       extra_args["indices"] = checks.as_index_array(extra_args["indices"])
     given = extra_args["objective"] = extra_args.get("objective") or objective

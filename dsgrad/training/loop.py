@@ -456,12 +456,12 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   # (which return strong types) compile twice.
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   checks.check_objective_evaluates(objective, params, "fit")
-  if opt_state is None:
-    opt_state = check_descends(optimizer, None, params, "fit", descent)
-  else:  # a state passed in or restored: the one this optimizer's init makes
+  fresh = opt_state is None
+  if not fresh:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
-    opt_state = jax.tree.map(jnp.copy, opt_state)
-  check_chain_order(opt_state, "fit", steps=True)
+  opt_state = optimizer.init(params) if fresh else jax.tree.map(jnp.copy, opt_state)
+  check_chain_order(opt_state, "fit", steps=True)  # first: it names a missing update rule
+  check_descends(optimizer, opt_state, params, "fit", descent and fresh)
   return params, opt_state, placement
 
 
