@@ -81,7 +81,7 @@ def test_64_bit_values_the_cast_would_change_are_refused_when_read(tmp_path, val
   np.save(tmp_path / "c.npy", column)
   host = dsgrad.data.open_memmap(tmp_path / "c.npy")
   assert float(host[np.arange(5)].sum()) == 0.0  # rows within range read as usual
-  with pytest.raises(ValueError, match=r"c\.npy: holds (float|int)64 values beyond"):
+  with pytest.raises(ValueError, match=r"c\.npy holds (float|int)64 values"):
     host[np.arange(10)]
 
 

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad.training import compile_cache
+
 
 class _DescentProbe:
   """The ``indices`` of :func:`check_descends`'s probe update: an estimator handed it
@@ -169,15 +171,8 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
   rng = np.random.default_rng(0)
   probe = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
 
-  @jax.jit
-  def along_gradient(probe, opt_state, params):
-    updates = optimizer.update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
-                               objective=None)[0]
-    return sum(jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
-               for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
-
   try:
-    inner = float(along_gradient(probe, opt_state, params))
+    inner = float(_along_gradient(optimizer)(probe, opt_state, params))
   except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
     return opt_state
   uphill = 0 < inner < np.inf  # an infinite update: the step's finiteness check names it
@@ -189,6 +184,19 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
         "(optax.adam(1e-2), optax.sgd(1e-2)); optax.identity(), optax.scale(c > 0) or a "
         "negative learning rate step uphill.")
   return opt_state
+
+
+@compile_cache.cached
+def _along_gradient(optimizer):
+  """``(probe, state, params) -> <update, probe>``, compiled once per optimizer and
+  shapes: a second fit with the same optimizer compiles nothing."""
+  @jax.jit
+  def along_gradient(probe, opt_state, params):
+    updates = optimizer.update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
+                               objective=None)[0]
+    return sum(jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
+               for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
+  return along_gradient
 
 
 def named_missing_arguments(error: TypeError, where: str) -> TypeError:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks
+from dsgrad import checks, data_values
 
 
 def free_memory_bytes() -> int | None:
@@ -178,19 +178,15 @@ class HostArray:
 
   def _narrow(self, rows: np.ndarray, out: np.ndarray) -> None:
     """``rows`` (the file's 64-bit dtype) cast into ``out``, refusing values the cast
-    would change: beyond float32's range (they would become inf) or int32's (they would
-    wrap to other rows' indices)."""
+    would change: beyond int32's range (they would wrap to other rows' indices) or
+    float32's (they would become inf)."""
     out[...] = rows
     if np.issubdtype(out.dtype, np.integer):
-      info = np.iinfo(out.dtype)
-      changed = rows.size and (rows.min() < info.min or rows.max() > info.max)
-    else:
-      changed = np.isfinite(rows[np.isinf(out)]).any()
-    if changed:
-      raise ValueError(f"{self.name}: holds {rows.dtype} values beyond {out.dtype}'s range, "
+      data_values.check_int32_range(rows, self.name)
+    elif np.isfinite(rows[np.isinf(out)]).any():
+      raise ValueError(f"{self.name} holds {rows.dtype} values beyond {out.dtype}'s range, "
                        f"in which JAX computes (jax_enable_x64 is off); rescale them or "
                        f"save the file as {out.dtype}")
-
 
   def check_unchanged(self) -> None:
     """Raises ``ValueError`` if the memory-mapped file was truncated or rewritten since
