@@ -24,7 +24,8 @@ import numpy as np
 from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
-from dsgrad.models.base import Model, SparseLikelihood, model_data
+from dsgrad.models.base import (Model, SparseLikelihood, check_per_datum_terms, model_data,
+                                spread_indices)
 from dsgrad.objective import Objective
 
 
@@ -242,7 +243,9 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   Raises:
     ValueError/TypeError: on empty or ragged data, a bad ``latent``, or functions that do
       not return a scalar prior and ``(B,)`` log likelihoods (checked once, abstractly,
-      on a batch of two); a ``reads`` that names unknown leaves or columns, a column
+      on a batch of two); a ``log_lik`` whose term for a datum depends on the batch's
+      other rows, order or size (compared with the rows one at a time, at a few rows and
+      a random latent); a ``reads`` that names unknown leaves or columns, a column
       that is not integer or out of its leaf's range, or a ``log_lik`` that reads more
       than it declares; an integer data column that ``log_lik`` uses as an index out of
       the range of what it indexes, negative or past the end (JAX would clamp or wrap
@@ -309,6 +312,11 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
+  check_per_datum_terms(
+      model.log_likelihood, 0.3 * jax.random.normal(jax.random.key(0), (d,)),
+      model.rows(spread_indices(n)), f"{name}: log_lik(z, batch)", "Compute each datum's "
+      "log p(x_n | z) from its own row of batch alone: no mean, sum, softmax or "
+      "normalisation over the batch's axis 0")
   if reads is not None:  # its columns' ranges checked first, by the leaf they index
     model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
     _check_declared_reads(model, reads)

@@ -95,6 +95,24 @@ def test_bad_functions_and_data_are_refused(logreg):
     objective.with_data({"x": np.asarray(x).tolist(), "y": y})
 
 
+@pytest.mark.parametrize("reads", ["batch_mean", "batch_size", "softmax", "first_row"])
+def test_a_log_lik_whose_terms_read_other_rows_is_refused(logreg, reads):
+  """A datum's term that depends on the batch (centred by its mean, divided by its size,
+  a softmax over it, the first row's features) trained to a wrong answer without an
+  error: the estimators subsample and reweight per-datum terms."""
+  x, y = logreg
+  per_datum = {
+      "batch_mean": lambda z, b: _log_lik(z, {"x": b["x"] - jnp.mean(b["x"], 0), "y": b["y"]}),
+      "batch_size": lambda z, b: _log_lik(z, b) / b["y"].shape[0],
+      "softmax": lambda z, b: jax.nn.log_softmax(b["x"] @ z),
+      "first_row": lambda z, b: _log_lik(z, {"x": b["x"][:1] + 0 * b["x"], "y": b["y"]}),
+  }[reads]
+  with pytest.raises(ValueError, match=r"log_lik\(z, batch\) changes when 5 data are given "
+                                       r"one at a time.*own row of batch alone"):
+    dsgrad.objective_from_logdensity(_log_prior, per_datum, {"x": x, "y": y}, 4)
+  dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": x, "y": y}, 4)  # per datum
+
+
 @pytest.mark.parametrize("shift", [5, -3], ids=["past_the_end", "negative"])
 @pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "memmap"])
 def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift, on_disk):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import data_kinds
+from dsgrad.models import base as model_base
 
 
 class PlateMismatch(ValueError):
@@ -190,12 +191,6 @@ def check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, p
         f"`numpyro.plate({plate!r}, {rows}, subsample_size=...)`")
 
 
-def probe_indices(num_data: int) -> jax.Array:
-  """A few distinct indices spread over the data (first, last, middle, ...)."""
-  picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
-  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
-
-
 def check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: str,
                      num_data: int) -> None:
   """Refuses a model whose plate term is not a per-datum function of the plate's indices,
@@ -209,21 +204,13 @@ def check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: s
   indices, and ``log p(z) + N/|S| sum_S log p(x_n | z)`` must equal NumPyro's log density of
   the model subsampled at ``S``.
   """
-  probe = probe_indices(num_data)
-  batch = log_likelihood(z, probe)
+  probe = model_base.spread_indices(num_data)
+  batch = model_base.check_per_datum_terms(
+      log_likelihood, z, probe, f"the model's terms for plate {plate!r}",
+      "dsgrad substitutes random indices for the plate's, so read the data as `x[idx]` "
+      "with the plate's indices (not with lax.dynamic_slice from the first index)")
   if not bool(jnp.all(jnp.isfinite(batch))):
     return  # the latent draw is off the model's support; nothing to compare
-  flipped = log_likelihood(z, probe[::-1])[::-1]
-  singles = jnp.concatenate([log_likelihood(z, probe[k:k + 1]) for k in range(probe.shape[0])])
-  scale = 1e-3 * (1.0 + jnp.abs(batch))
-  for other, how in ((flipped, "in reversed order"), (singles, "one at a time")):
-    if not bool(jnp.all(jnp.abs(other - batch) <= scale)):
-      raise ValueError(
-          f"the model's terms for plate {plate!r} change when its indices "
-          f"{np.asarray(probe).tolist()} are given {how}: they do not depend on each datum's "
-          "own index alone (e.g. rows read with lax.dynamic_slice from the first index). "
-          "dsgrad substitutes random indices for the plate's, so read the data as "
-          "`x[idx]` with the plate's indices")
   theirs = log_joint_subsampled(z, probe)
   ours = log_prior(z) + num_data / probe.shape[0] * jnp.sum(batch)
   if bool(jnp.isfinite(theirs)) and not bool(jnp.abs(theirs - ours)

@@ -226,3 +226,52 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
   if np.any(grads[outside] != 0):
     raise ValueError(f"{model.name}: the likelihood depends on coordinates that "
                      f"coordinates() does not list")
+
+
+def spread_indices(num_data: int) -> jax.Array:
+  """A few distinct indices spread over the data (first, last, middle, thirds)."""
+  picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
+  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
+
+
+def check_per_datum_terms(log_likelihood: Callable, z: jax.Array, rows, what: str,
+                          fix: str) -> jax.Array:
+  """Refuses a likelihood whose term for a datum depends on anything but that datum: the
+  batch's other rows (a mean or a softmax over the batch, its first row), their order, or
+  the batch's size. The estimators subsample and reweight per-datum terms, so such a
+  model would train to a wrong answer without an error.
+
+  Compared once at ``z``, on a few rows (:func:`spread_indices`'s): their terms in one
+  batch and one at a time must agree (to 1e-3 relative; skipped where ``z`` is off the
+  model's support). One compiled program.
+
+  Args:
+    log_likelihood: ``(z, rows) -> (B,)`` per-datum log likelihoods.
+    z: a latent value.
+    rows: a pytree of ``B`` data rows on its leading axis (for a model that reads its own
+      arrays by index, the indices).
+    what: what the message names (``"log_lik(z, batch)"``).
+    fix: the sentence that ends the message (how to write it per datum).
+
+  Returns:
+    The rows' terms in one batch, for further checks at the same point.
+  """
+  # One at a time is enough: a term that reads another row, the batch's order or its
+  # size (a mean, a softmax, a slice from the first index) gives another value alone.
+  @jax.jit
+  def together_and_alone(z, rows):
+    def alone(row):
+      return log_likelihood(z, jax.tree.map(lambda leaf: leaf[None], row))[0]
+    return log_likelihood(z, rows), jax.vmap(alone)(rows)
+
+  batch, singles = together_and_alone(z, rows)
+  if not bool(jnp.all(jnp.isfinite(batch))):
+    return batch  # nothing to compare
+  if not bool(jnp.all(jnp.abs(singles - batch) <= 1e-3 * (1.0 + jnp.abs(batch)))):
+    raise ValueError(
+        f"{what} changes when {batch.shape[0]} data are given one at a time "
+        f"({np.asarray(batch)[:3]} in one batch, {np.asarray(singles)[:3]} alone): a "
+        "datum's term depends on the batch's other rows, their order or their number. "
+        "dsgrad's estimators subsample and reweight per-datum terms, which would then "
+        f"train to a wrong answer. {fix}")
+  return batch
