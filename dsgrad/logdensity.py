@@ -339,7 +339,23 @@ def _check_declared_reads(model: Model, reads) -> None:
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "
         f"where the full latent gives {full[:3]}: log_lik reads latent values that reads "
         f"does not declare (another row of a declared leaf, or a declared leaf indexed by "
-        f"another column), or uses an index column as a value besides indexing with it")
+        f"another column), or uses an index column as a value besides indexing with it"
+        + _undeclared_rows_hint(model, reads))
+
+
+def _undeclared_rows_hint(model: Model, reads: dict) -> str:
+  """A sentence naming the leaves read whole that a declared column could index (their
+  leading axis has its leaf's length): indexed with it, they must be declared too, since
+  the local likelihood replaces the column by a position in a few rows."""
+  leaves = jax.tree_util.tree_flatten_with_path(model.unravel(jnp.zeros(model.latent_dim)))[0]
+  shapes = {data_lib.leaf_name(path): leaf.shape for path, leaf in leaves}
+  column_of_length = {shapes[leaf][0]: column for leaf, column in reads.items()}
+  more = {name: column_of_length[shape[0]] for name, shape in shapes.items()
+          if name not in reads and shape and shape[0] in column_of_length}
+  if not more:
+    return ""
+  return (f". A leaf read whole may not be indexed by a declared column: if log_lik "
+          f"indexes {sorted(more)} with it, declare them too: reads={dict(reads, **more)}")
 
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,

@@ -159,6 +159,25 @@ def test_out_of_range_column_and_undeclared_rows_are_refused():
                                  4, reads={"raw": "g"})
 
 
+def test_a_leaf_read_whole_but_indexed_by_a_declared_column_is_named_with_the_fix():
+  """Two user leaves indexed by one column, one of them declared: the local likelihood
+  replaces the column by a position, so the other leaf's read goes wrong and the
+  declaration is refused. The message names that leaf and the reads that work."""
+  latent = dict(TWO_INDEX, slope=jnp.zeros((USERS, 2)))
+
+  def lik(z, rows):
+    return _two_index_lik(z, rows) + 0.1 * z["slope"][rows["u"], 0]
+
+  with pytest.raises(ValueError, match=r"if log_lik indexes \['slope'\] with it, declare "
+                                       r"them too: reads=\{'user': 'u', 'item': 'i', "
+                                       r"'slope': 'u'\}"):
+    dsgrad.model_from_logdensity(_gaussian_prior, lik, _data(), latent,
+                                 reads={"user": "u", "item": "i"})
+  model = dsgrad.model_from_logdensity(_gaussian_prior, lik, _data(), latent,
+                                       reads={"user": "u", "item": "i", "slope": "u"})
+  assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
+
+
 def test_sparse_linearize_takes_the_objective_or_refuses_it():
   log_lik, latent, reads, _ = CASES["two_index"]
   data = _data()
