@@ -75,7 +75,8 @@ def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
 
 @pytest.mark.parametrize("rule", ["identity", "naive_chained_alone", "sgd_negative",
                                   "adam_negative", "scale_positive", "cv_then_adam_negative",
-                                  "saga_then_sgd_negative_wrapped"])
+                                  "saga_then_sgd_negative_wrapped", "checked_cv_then_sgd_negative",
+                                  "plain_transformation_positive"])
 def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
   """The update is added to the params: a rule along the gradient climbs the loss. SGD
   with a negative rate climbed to a NaN update blamed on "the gradient, the estimator's
@@ -92,7 +93,12 @@ def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
                "saga_then_sgd_negative_wrapped": lambda: optax.inject_hyperparams(
                    lambda learning_rate: optax.chain(dsgrad.joint_saga(objective),
                                                      optax.sgd(learning_rate)))(
-                       learning_rate=-1e-2)}[rule]()
+                       learning_rate=-1e-2),
+               "checked_cv_then_sgd_negative": lambda: dsgrad.checked(
+                   optax.chain(dsgrad.cv(objective), optax.sgd(-1e-2)), objective),
+               # optax's base class: an update without extra arguments.
+               "plain_transformation_positive": lambda: optax.GradientTransformation(
+                   lambda p: optax.EmptyState(), lambda g, s, p=None: (g, s))}[rule]()
   with pytest.raises(ValueError, match=r"fit: the optimizer's first step climbs the loss"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
                elbo_samples=0, progress=False)

@@ -192,8 +192,10 @@ def _along_gradient(optimizer):
   shapes: a second fit with the same optimizer compiles nothing."""
   @jax.jit
   def along_gradient(probe, opt_state, params):
-    updates = optimizer.update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
-                               objective=None)[0]
+    # A plain GradientTransformation's update takes no extra arguments: optax drops them.
+    update = optax.with_extra_args_support(optimizer).update
+    updates = update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
+                     objective=None)[0]
     return sum(jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
                for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
   return along_gradient

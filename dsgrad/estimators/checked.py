@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import checks
-from dsgrad.estimators.chain import _members, check_chain_order, holds_estimator
+from dsgrad.estimators.chain import DESCENT_PROBE, _members, check_chain_order, holds_estimator
 from dsgrad.objective import Objective
 
 WHO = "dsgrad.checked"
@@ -102,6 +102,8 @@ def checked(optimizer, objective: Objective | None = None, *, tolerance: float =
     return state
 
   def update(updates, state, params=None, **extra_args):
+    if extra_args.get("indices") is DESCENT_PROBE:  # fit's probe of the rule chained after
+      return optimizer.update(updates, state, params, **extra_args)
     check_chain_order(state, WHO)
     corrects = holds_estimator(state)
     if corrects and params is None:
