@@ -35,6 +35,7 @@ from dsgrad.argument_kinds import (  # noqa: F401
     check_floating_params, check_positive, count, finite_values, floating_dtype, model,
     objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
     probability, prng_key, real, sizes)
+from dsgrad import data_values
 from dsgrad.data_values import (  # noqa: F401
     check_float32_range, check_id_array, check_int32_range, check_numeric_dtype, float32_values,
     numeric_array)
@@ -358,6 +359,10 @@ def check_objective_evaluates(target, params, who: str) -> None:
                      "NumPy arrays, and use jnp.where instead of Python if/else on "
                      "values") from error
   except (TypeError, ValueError, IndexError, AttributeError) as error:
+    lists = data_values.number_list_paths(params)
+    cause = (f"params{lists[0]} is a Python list of numbers, which JAX reads as separate "
+             "leaves: give an array (jnp.asarray(value, jnp.float32))" if lists else
+             "Were the params made for another model?")
     raise ValueError(f"dsgrad.{who}: objective {target.name!r} cannot be evaluated "
                      f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "
-                     "Were the params made for another model?") from error
+                     + cause) from error

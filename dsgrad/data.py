@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad.data_values import check_no_number_lists  # noqa: F401  (re-exported)
 from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device,  # noqa: F401
                                       open_memmap, read_rows)
 
@@ -143,22 +144,6 @@ def leaf_name(path) -> str:
   ``"a/0"`` for ``data["a"][0]``, ``"data"`` for a single array."""
   parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
   return "/".join(parts) or "data"
-
-
-def _number_list(x) -> bool:
-  """A (nested) Python list of numbers: what a user means as an array."""
-  return isinstance(x, list) and bool(x) and all(
-      _number_list(v) or isinstance(v, (bool, int, float, np.number)) for v in x)
-
-
-def check_no_number_lists(values, who: str = "data") -> None:
-  """Refuses, by path, a data column given as a Python list of numbers: JAX reads a list
-  as a pytree node, so the column would arrive as one scalar leaf per row."""
-  for path, leaf in jax.tree_util.tree_flatten_with_path(values, is_leaf=_number_list)[0]:
-    if _number_list(leaf):
-      raise TypeError(f"{who}{jax.tree_util.keystr(path)} is a Python list of numbers: JAX "
-                      "reads a list as a pytree of separate leaves; give an array, e.g. "
-                      "np.asarray(column)")
 
 
 def check_data(values, num_data: int | None = None, who: str = "data") -> int:

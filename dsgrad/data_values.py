@@ -5,6 +5,7 @@ range where JAX will compute in float32, and ids that are whole numbers. What a 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -87,3 +88,26 @@ def check_id_array(values, label: str) -> np.ndarray:
     if array.size and np.max(np.abs(array)) >= 2 ** 63:
       raise ArgumentError(f"{label} holds values beyond the int64 range")
   return array.astype(np.int64)
+
+
+def _number_list(x) -> bool:
+  """A (nested) Python list of numbers (or 0-d arrays, as ``jax.tree.map`` of
+  ``jnp.asarray`` leaves it): what a user means as an array."""
+  return isinstance(x, list) and bool(x) and all(
+      _number_list(v) or isinstance(v, (bool, int, float, np.number))
+      or (isinstance(v, (np.ndarray, jax.Array)) and v.ndim == 0) for v in x)
+
+
+def number_list_paths(values) -> list[str]:
+  """The paths (``['x']``) of the Python lists of numbers in a pytree."""
+  return [jax.tree_util.keystr(path) for path, leaf in
+          jax.tree_util.tree_flatten_with_path(values, is_leaf=_number_list)[0]
+          if _number_list(leaf)]
+
+
+def check_no_number_lists(values, who: str = "data") -> None:
+  """Refuses, by path, a data column given as a Python list of numbers: JAX reads a list
+  as a pytree node, so the column would arrive as one scalar leaf per row."""
+  for path in number_list_paths(values)[:1]:
+    raise TypeError(f"{who}{path} is a Python list of numbers: JAX reads a list as a "
+                    "pytree of separate leaves; give an array, e.g. np.asarray(column)")
