@@ -286,6 +286,10 @@ def test_network_bad_input():
     mcvae.check_images(np.full((2, 4), 3.0))
   with pytest.raises(ValueError, match="pixels"):
     mcvae.check_images(np.zeros((2, 5)), 4)
+  # The params where the images belong (ais_nll(images, params, key)): named, where it
+  # was "float() argument must be a string or a real number, not 'dict'".
+  with pytest.raises(TypeError, match="images has dtype object; data must be numbers"):
+    mcvae.check_images({"encoder": np.zeros(3)})
   encoder = mcvae.MLPEncoder(16, 3, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="last axis 16"):
     encoder(jnp.zeros((2, 15)))

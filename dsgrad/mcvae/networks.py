@@ -208,7 +208,8 @@ def check_images(x, data_dim: int | None = None, name: str = "images") -> np.nda
   Raises:
     ValueError: values outside ``[0, 1]`` or non-finite, or rows of the wrong size.
   """
-  arr = np.asarray(x, np.float32)
+  # A dict or strings (the params, swapped in) are named, not "float() argument must be".
+  arr = checks.numeric_array(x, name).astype(np.float32)
   if arr.ndim < 2:
     raise ValueError(f"{name} must have shape (N, ...), got {arr.shape}")
   if arr.shape[0] == 0 or arr.size == 0:
