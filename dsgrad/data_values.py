@@ -108,6 +108,7 @@ def number_list_paths(values) -> list[str]:
 def check_no_number_lists(values, who: str = "data") -> None:
   """Refuses, by path, a data column given as a Python list of numbers: JAX reads a list
   as a pytree node, so the column would arrive as one scalar leaf per row."""
-  for path in number_list_paths(values)[:1]:
-    raise TypeError(f"{who}{path} is a Python list of numbers: JAX reads a list as a "
+  paths = number_list_paths(values)
+  if paths:
+    raise TypeError(f"{who}{paths[0]} is a Python list of numbers: JAX reads a list as a "
                     "pytree of separate leaves; give an array, e.g. np.asarray(column)")
