@@ -360,9 +360,17 @@ def check_objective_evaluates(target, params, who: str) -> None:
                      "values") from error
   except (TypeError, ValueError, IndexError, AttributeError) as error:
     lists = data_values.number_list_paths(params)
-    cause = (f"params{lists[0]} is a Python list of numbers, which JAX reads as separate "
-             "leaves: give an array (jnp.asarray(value, jnp.float32))" if lists else
-             "Were the params made for another model?")
+    nested = [name for name, value in params.items() if isinstance(value, (dict, list, tuple))
+              ] if isinstance(params, dict) else []
+    if lists:
+      cause = (f"params{lists[0]} is a Python list of numbers, which JAX reads as separate "
+               "leaves: give an array (jnp.asarray(value, jnp.float32))")
+    elif nested:
+      cause = (f"params[{nested[0]!r}] is itself a pytree: a Gaussian family's params are "
+               "flat (d,) arrays over the latent's ravel order; dsgrad.meanfield_init("
+               "objective) builds them, and jax.flatten_util.ravel_pytree flattens yours")
+    else:
+      cause = "Were the params made for another model?"
     raise ValueError(f"dsgrad.{who}: objective {target.name!r} cannot be evaluated "
                      f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "
                      + cause) from error

@@ -648,7 +648,7 @@ def test_meanfield_init_takes_a_logdensity_objective_and_refuses_another_family(
     dsgrad.meanfield_init(2)
 
 
-def test_params_given_as_python_lists_are_named(objective, params0):
+def test_params_given_as_python_lists_or_latent_pytrees_are_named(objective, params0):
   """A list of numbers is a pytree of separate scalars to JAX: the objective failed with
   "exp requires ndarray or scalar arguments" and asked whether the params were made for
   another model."""
@@ -656,6 +656,12 @@ def test_params_given_as_python_lists_are_named(objective, params0):
   with pytest.raises(ValueError, match=r"params\['loc'\] is a Python list of numbers.*"
                                        r"jnp.asarray"):
     dsgrad.fit(objective, optax.adam(1e-2), as_lists, jax.random.key(0), num_steps=2,
+               batch_size=BATCH, progress=False)
+  # Shaped like a pytree latent: the families hold flat (d,) arrays.
+  as_latent = {name: {"w": leaf[:1], "b": leaf[1:]} for name, leaf in params0.items()}
+  with pytest.raises(ValueError, match=r"params\['loc'\] is itself a pytree.*"
+                                       r"ravel_pytree"):
+    dsgrad.fit(objective, optax.adam(1e-2), as_latent, jax.random.key(0), num_steps=2,
                batch_size=BATCH, progress=False)
   with pytest.raises(ValueError, match="made for another model"):  # arrays of another shape
     dsgrad.fit(objective, optax.adam(1e-2), {"loc": params0["loc"][:2], "log_scale":
