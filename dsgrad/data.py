@@ -164,14 +164,16 @@ def check_data(values, num_data: int | None = None, who: str = "data") -> int:
     shape = tuple(value.shape) if is_host(value) else np.shape(value)
     if len(shape) < 1:
       raise ValueError(f"{who}[{key!r}] is a scalar; every data leaf needs a leading datum "
-                       "axis")
+                       "axis (close over constants in the function that reads them)")
     sizes[key] = shape[0]
     _check_leaf_values(value, f"{who}[{key!r}]")
   distinct = set(sizes.values())
   if len(distinct) > 1:
     listing = ", ".join(f"{k}: {n}" for k, n in sizes.items())
     raise ValueError(f"{who}: the leaves disagree on the number of data N ({listing}); "
-                     "every leaf's leading axis must be the datum axis")
+                     "every leaf's leading axis must be the datum axis (close over arrays "
+                     "that are not per datum, such as a (K, K) matrix, in the function that "
+                     "reads them)")
   n = distinct.pop() if distinct else num_data
   if num_data is not None and n != num_data:
     raise ValueError(f"{who} has {n} rows per leaf but num_data is {num_data}")

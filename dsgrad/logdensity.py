@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
@@ -49,6 +50,12 @@ def _traced(what: str, fn, latent, *args, columns=None):
   the model's own code)."""
   try:
     return jax.eval_shape(fn, *args)
+  except jax.errors.JAXTypeError as error:  # a Python value of a traced one
+    raise TypeError(
+        f"{what} cannot be traced by JAX ({checks.first_line(error)}): dsgrad evaluates it "
+        "under jit, with the latent and the batch's rows traced, so it may not make Python "
+        "numbers or branches of their values (float(), int(), if/else on them): use "
+        "jnp.where or jax.lax.cond") from error
   except Exception as error:
     given = (f"a flat z of shape ({latent},)" if isinstance(latent, int) else
              f"z shaped like the latent given, {jax.tree.map(jnp.shape, latent)}")
@@ -58,25 +65,6 @@ def _traced(what: str, fn, latent, *args, columns=None):
     error.add_note(f"(raised in {what}, which dsgrad.model_from_logdensity evaluated with "
                    f"{given}{rows})")
     raise
-
-
-def _num_data(data) -> int:
-  leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
-  if not leaves:
-    raise ValueError("data is empty; give a pytree of arrays with the data on axis 0")
-  data_lib.check_no_number_lists(data)  # before the sizes: its leaves are not columns
-  shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
-  sizes = {int(shape[0]) if shape else None for shape in shapes}
-  if None in sizes:
-    raise ValueError("every leaf of data needs a leading data axis; a scalar leaf has none "
-                     "(close over constants in log_lik instead)")
-  if len(sizes) != 1:
-    raise ValueError(f"the leaves of data disagree on the number of data (axis 0): "
-                     f"{sorted(sizes)}")
-  n = sizes.pop()
-  if n < 1:
-    raise ValueError("data have zero rows")
-  return n
 
 
 def _index_columns(reads, data_names) -> list[str]:
@@ -278,8 +266,10 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
-  n = _num_data(data)
-  data_lib.check_finite_data(data, "data")  # before the cast to float32
+  n = data_lib.check_data(data)  # sizes and values, before the cast to float32
+  if not n:
+    raise ValueError("data is empty or has zero rows; give a pytree of arrays with the data "
+                     "on axis 0")
   # The model's data, by name: the leaves of its pytree (so compiled programs take them
   # as arguments instead of folding them in as constants: at 10^6 rows and more,
   # gigabytes of constants and minutes of compiling), and the keys with_data takes. A

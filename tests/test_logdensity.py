@@ -77,6 +77,14 @@ def test_bad_functions_and_data_are_refused(logreg):
     dsgrad.objective_from_logdensity(lambda z: z, _log_lik, data, 4)
   with pytest.raises(ValueError, match="disagree on the number of data"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": x, "y": y[:-1]}, 4)
+  # A constant that is not per datum belongs in the function that reads it.
+  with pytest.raises(ValueError, match=r"K: 3.*close over arrays that are not per datum"):
+    dsgrad.objective_from_logdensity(_log_prior, _log_lik, dict(data, K=np.eye(3)), 4)
+  # A Python branch on a traced value (it was JAX's bare ConcretizationTypeError).
+  with pytest.raises(TypeError, match=r"log_lik\(z, batch\) cannot be traced by JAX.*"
+                                      r"jnp.where"):
+    dsgrad.objective_from_logdensity(
+        _log_prior, lambda z, b: _log_lik(z, b) if float(b["y"][0]) > 0 else b["y"], data, 4)
   with pytest.raises(ValueError, match="unknown variational family"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, 4, family="flow")
   with pytest.raises(TypeError, match="floating"):
