@@ -3,6 +3,8 @@ each data row reads, and joint SAGA keeps a table of those coordinates only: the
 likelihood equals the user's, the updates equal the dense table's, and a declaration the
 likelihood does not keep is refused."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +178,27 @@ def test_a_leaf_read_whole_but_indexed_by_a_declared_column_is_named_with_the_fi
   model = dsgrad.model_from_logdensity(_gaussian_prior, lik, _data(), latent,
                                        reads={"user": "u", "item": "i", "slope": "u"})
   assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
+
+
+def test_a_dense_table_for_a_model_that_declares_its_reads_is_warned_of(monkeypatch):
+  """joint_saga's default table keeps every parameter: for a declared model it is the
+  same updates at N x 2d numbers where N x 2k do (on 200,000 rows and 5,806 latents:
+  8.65 GiB, 18 s to allocate and 12x naive's step, where the compact table takes 12 MiB).
+  Where it is large, init says so; the compact table and an undeclared model are quiet."""
+  from dsgrad.estimators import _common
+  monkeypatch.setattr(_common, "DENSE_TABLE_WARNING_BYTES", 1000)  # these tables are small
+  log_lik, latent, reads, _ = CASES["two_index"]
+  declared = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent,
+                                              reads=reads)
+  params = dsgrad.meanfield_init(declared)
+  with pytest.warns(UserWarning, match=r"3 of 17 coordinates each datum reads.*"
+                                       r"sparse_linearize\(objective\)"):
+    dsgrad.joint_saga(declared).init(params)
+  plain = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    dsgrad.joint_saga(declared, dsgrad.approx.sparse_linearize(declared)).init(params)
+    dsgrad.joint_saga(plain).init(params)
 
 
 def test_sparse_linearize_takes_the_objective_or_refuses_it():

@@ -4,6 +4,7 @@ passes are :mod:`dsgrad.tables`)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -135,6 +136,31 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
         f"objective): a table of those coordinates only; for a GLM, dsgrad.approx.glm_mean_taylor keeps "
         f"its logits. Else: dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, "
         f"several devices (dsgrad.training.parallel), or max_table_bytes=None to skip this check.")
+
+
+DENSE_TABLE_WARNING_BYTES = 64 * 2**20
+"""A table of every parameter beyond this size, where a compact one applies, is warned of."""
+
+
+def warn_of_declared_coordinates(objective: Objective, params, num_data: int, dtype) -> None:
+  """Warns where a table of every parameter (over :data:`DENSE_TABLE_WARNING_BYTES`) is built for a mean-field
+  objective whose model declares which coordinates each datum reads (``reads=``, or
+  ``model.sparse``): :func:`dsgrad.approx.sparse_linearize` keeps those only, with the
+  same updates, and each step then moves ``k`` of them per row instead of ``d``."""
+  model = (objective.source or (None, None))[1]
+  sparse = getattr(model, "sparse", None)
+  if sparse is None or any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
+    return
+  dense = parameter_table_bytes(params, num_data, dtype)
+  if dense <= DENSE_TABLE_WARNING_BYTES:
+    return
+  compact = dense * sparse.num_coordinates // max(model.latent_dim, 1)
+  warnings.warn(
+      f"dsgrad.joint_saga: a table of every parameter, {dense / 2**30:.2f} GiB, for a model "
+      f"that declares the {sparse.num_coordinates} of {model.latent_dim} coordinates each "
+      f"datum reads. dsgrad.joint_saga(objective, dsgrad.approx.sparse_linearize("
+      f"objective)) keeps those only (about {compact / 2**20:.0f} MiB), with the same "
+      "updates at a fraction of the work per step", stacklevel=4)
 
 
 def reweighted(objective: Objective, weights) -> Objective:
