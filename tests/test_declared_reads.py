@@ -180,21 +180,29 @@ def test_a_leaf_read_whole_but_indexed_by_a_declared_column_is_named_with_the_fi
   assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
 
 
-def test_a_dense_table_for_a_model_that_declares_its_reads_is_warned_of(monkeypatch):
+def test_a_dense_table_for_a_model_that_declares_its_reads_is_warned_of():
   """joint_saga's default table keeps every parameter: for a declared model it is the
   same updates at N x 2d numbers where N x 2k do (on 200,000 rows and 5,806 latents:
   8.65 GiB, 18 s to allocate and 12x naive's step, where the compact table takes 12 MiB).
-  Where it is large, init says so; the compact table and an undeclared model are quiet."""
-  from dsgrad.estimators import _common
-  monkeypatch.setattr(_common, "DENSE_TABLE_WARNING_BYTES", 1000)  # these tables are small
-  log_lik, latent, reads, _ = CASES["two_index"]
-  declared = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent,
-                                              reads=reads)
+  Where it is large (here 3,000 x 2 x 3,001 floats, 69 MiB), init says so; the compact
+  table and an undeclared model are quiet."""
+  users = 3000
+  rng = np.random.default_rng(0)
+  data = {"u": rng.integers(0, users, users).astype(np.int32),
+          "y": rng.poisson(1.0, users).astype(np.float32)}
+  latent = {"bias": jnp.zeros(()), "user": jnp.zeros(users)}
+
+  def lik(z, rows):
+    eta = z["bias"] + z["user"][rows["u"]]
+    return rows["y"] * eta - jnp.exp(eta)
+
+  declared = dsgrad.objective_from_logdensity(_gaussian_prior, lik, data, latent,
+                                              reads={"user": "u"})
   params = dsgrad.meanfield_init(declared)
-  with pytest.warns(UserWarning, match=r"3 of 17 coordinates each datum reads.*"
+  with pytest.warns(UserWarning, match=r"0.07 GiB.*2 of 3001 coordinates each datum reads.*"
                                        r"sparse_linearize\(objective\)"):
     dsgrad.joint_saga(declared).init(params)
-  plain = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent)
+  plain = dsgrad.objective_from_logdensity(_gaussian_prior, lik, data, latent)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     dsgrad.joint_saga(declared, dsgrad.approx.sparse_linearize(declared)).init(params)
