@@ -200,9 +200,9 @@ def check_per_datum(log_likelihood, log_joint_subsampled, log_prior, z, plate: s
   ``indices[k]``. A model that reads its batch another way (``lax.dynamic_slice`` from the
   first index, a running offset) or nests the data plate so that the per-datum split
   differs from NumPyro's scaling would give a wrong ELBO silently. Both are checked once,
-  at a few spread indices: the terms must not depend on the order or company of the
-  indices, and ``log p(z) + N/|S| sum_S log p(x_n | z)`` must equal NumPyro's log density of
-  the model subsampled at ``S``.
+  at a few spread indices: each term must be the same in one batch and alone
+  (:func:`dsgrad.models.base.check_per_datum_terms`), and ``log p(z) + N/|S| sum_S
+  log p(x_n | z)`` must equal NumPyro's log density of the model subsampled at ``S``.
   """
   probe = model_base.spread_indices(num_data)
   batch = model_base.check_per_datum_terms(
