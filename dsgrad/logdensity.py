@@ -266,7 +266,11 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
-  n = data_lib.check_data(data)  # sizes and values, before the cast to float32
+  # Checked once where they enter (sizes, values before the cast to float32) and put on
+  # the device: model_data below finds them checked instead of reading them again.
+  data = data_lib.placed(data, "data")
+  leaves = jax.tree.leaves(data, is_leaf=data_lib.is_host)
+  n = int(leaves[0].shape[0]) if leaves else 0
   if not n:
     raise ValueError("data is empty or has zero rows; give a pytree of arrays with the data "
                      "on axis 0")
