@@ -32,7 +32,7 @@ from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device
 
 __all__ = ["HostArray", "open_memmap", "read_rows", "RowReader", "rows_of",
            "is_host", "host_leaves", "with_batch_rows", "check_data", "check_no_number_lists",
-           "check_finite_data", "as_array", "placed", "register_with_data"]
+           "check_finite_data", "as_array", "columns_of", "placed", "register_with_data"]
 
 
 def _flatten_host(array: HostArray):
@@ -190,11 +190,29 @@ def as_array(leaf):
   return np.asarray(leaf)
 
 
+def columns_of(values):
+  """``values`` as the data pytree it stands for: a table given where the whole data go
+  (a pandas ``DataFrame``: anything with ``columns`` and ``to_numpy``) is the dict of its
+  columns, ``{"y": frame["y"], ...}``, each with its own dtype, so that a function reads
+  ``batch["y"]`` as it would read the frame; anything else as it is. (One table as *a
+  leaf* of the data, ``{"x": features_frame}``, is its matrix: :func:`as_array`.)"""
+  if isinstance(values, (np.ndarray, jax.Array)) or not (
+      hasattr(values, "columns") and hasattr(values, "to_numpy")):
+    return values
+  names = [str(name) for name in values.columns]
+  if len(set(names)) != len(names):
+    raise ValueError(f"data: a table with repeated column names {names}: give each column "
+                     "its own name, or pass a dict of arrays")
+  # An integer column (a group index) stays an integer: the table's single matrix would
+  # turn it into floats, which cannot index a latent.
+  return {name: np.asarray(values[column]) for name, column in zip(names, values.columns)}
+
+
 def placed(values, who: str = "data"):
-  """``values`` (a data pytree) checked (:func:`check_data`) with each in-memory leaf on
-  the device; host leaves stay where they are, ``np.memmap`` leaves become
-  :class:`HostArray`."""
-  values = jax.tree.map(as_array, values, is_leaf=is_host)
+  """``values`` (a data pytree, or a table: :func:`columns_of`) checked
+  (:func:`check_data`) with each in-memory leaf on the device; host leaves stay where they
+  are, ``np.memmap`` leaves become :class:`HostArray`."""
+  values = jax.tree.map(as_array, columns_of(values), is_leaf=is_host)
   check_data(values, None, who)
 
   def place(path, leaf):

@@ -206,7 +206,8 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     log_lik: ``log_lik(z, batch) -> (B,)``: ``log p(x_n | z)`` for each datum of
       ``batch``, where ``batch`` is ``data`` indexed by ``B`` datum indices on axis 0.
       One value per datum, not their sum: the estimators need per-datum terms.
-    data: an array or pytree of arrays sharing the leading data axis ``N``. It is put on
+    data: an array or pytree of arrays sharing the leading data axis ``N`` (a pandas
+      ``DataFrame`` is the dict of its columns: ``batch["y"]``). It is put on
       device once and indexed inside ``jit``; compiled programs receive it as an
       argument, not as constants. A leaf may be a memory-mapped array
       (:func:`dsgrad.data.open_memmap`): it stays on the host and :func:`dsgrad.fit`

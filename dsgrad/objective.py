@@ -175,6 +175,7 @@ class Objective:
       raise ValueError(f"{self.name} declares no data (objective.data); build it from a "
                        "dsgrad model to swap its data")
     who = f"{self.name}.with_data"
+    values = data_lib.columns_of(values)
     data_lib.check_no_number_lists(values, who)  # before the keys: a list has one per row
     ours = jax.tree.structure(self.data, is_leaf=data_lib.is_host)
     theirs = jax.tree.structure(values, is_leaf=lambda v: data_lib.is_host(v) or

@@ -389,6 +389,33 @@ def test_64_bit_integers_that_32_bits_would_wrap_are_refused():
   np.testing.assert_array_equal(small.data["id"], np.arange(64))
 
 
+def test_a_pandas_data_frame_given_as_the_data_is_read_by_its_column_names():
+  pd = pytest.importorskip("pandas")
+  rng = np.random.default_rng(1)
+  x, y = _regression_columns()
+  groups = rng.integers(0, 4, x.shape[0])
+  frame = pd.DataFrame({"x": x[:, 0], "y": y, "g": groups})
+  # It was read as one (N, 3) float matrix: batch["y"] failed with "JAX does not support
+  # string indexing", and the group index would have become a float.
+  model = dsgrad.model_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z["w"] ** 2) - 0.5 * jnp.sum(z["b"] ** 2),
+      lambda z, b: -0.5 * (b["y"] - z["w"] * b["x"] - z["b"][b["g"]]) ** 2,
+      frame, latent={"w": jnp.zeros(()), "b": jnp.zeros(4)})
+  assert sorted(model.data) == ["g", "x", "y"]
+  assert np.issubdtype(model.data["g"].dtype, np.integer)
+  np.testing.assert_array_equal(model.data["g"], groups)
+  z = {"w": jnp.asarray(0.5), "b": jnp.arange(4.0)}
+  flat = jax.flatten_util.ravel_pytree(z)[0]
+  want = -0.5 * (y - 0.5 * x[:, 0] - np.arange(4.0)[groups]) ** 2
+  np.testing.assert_allclose(model.log_likelihood_at(flat, jnp.arange(x.shape[0])), want,
+                             rtol=1e-5)
+  objective = dsgrad.meanfield_gaussian(model)
+  swapped = objective.with_data(frame.assign(y=-frame["y"]))
+  np.testing.assert_allclose(swapped.data["y"], -y)
+  with pytest.raises(ValueError, match="repeated column names"):
+    _regression(pd.DataFrame(np.ones((4, 2)), columns=["x", "x"]))
+
+
 def test_a_pandas_data_frame_column_is_read_as_its_array():
   pd = pytest.importorskip("pandas")
   x, y = _regression_columns()
