@@ -97,3 +97,28 @@ def warn_above_bound(value: float, se: float, bound: float | None, where: str) -
   message = _above_bound(value, se, bound, where)
   if message is not None:
     warnings.warn(message, ELBOWarning, stacklevel=3)
+
+
+def note_divergence(error: Exception, objective, start_params, key, steps_run: int) -> None:
+  """Adds a note to ``error`` (a non-finite step or ELBO that :func:`dsgrad.fit` met after
+  ``steps_run`` steps) saying that the run diverged, where it did: where the ELBO at the
+  run's ``start_params`` is finite. Its own message names the usual causes of a model
+  that is non-finite from the start (a datum the likelihood deems impossible, an
+  overflow), which mislead here: a run that was finite and turns non-finite part-way has
+  most often diverged."""
+  from dsgrad import diagnostics  # it imports this module
+
+  if steps_run <= 0:
+    return
+  try:
+    start, _ = diagnostics.elbo_unchecked(objective, start_params, key, num_samples=16)
+  except diagnostics.NonFiniteELBO:
+    return  # not finite at the start either: the message's causes are the ones to check
+  error.add_note(
+      f"dsgrad.fit ran {steps_run:,} steps before this, from params whose ELBO is finite "
+      f"({start:.6g}): a run that turns non-finite part-way has most likely diverged. The "
+      "first suspect is the update rule's step size, too large for this model (the ELBO's "
+      f"gradient sums over the N = {objective.num_data:,} data, so its scale, and the rate "
+      "that suits it, changes with N and the data's units): retry with one 3 to 10 times "
+      "smaller or a decaying schedule (optax.cosine_decay_schedule); checkpoint_path keeps "
+      "a long run's last good state.")

@@ -97,3 +97,27 @@ def test_discrete_data_models_bound_the_elbo_by_zero():
                 dsgrad.models.bradley_terry(*players[:2], 5)):
     assert model.log_evidence_bound == 0.0
     assert dsgrad.meanfield_gaussian(model).log_evidence_bound == 0.0
+
+
+def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from_the_start_not():
+  model, precision = _conjugate_regression()
+  objective = dsgrad.meanfield_gaussian(model)
+  largest = float(np.linalg.eigvalsh(precision).max())
+  # Its message alone names a datum the likelihood deems impossible or an overflow in the
+  # model: causes of a model that is non-finite from the start, not of a step too large.
+  with pytest.raises(ValueError, match="non-finite|not finite") as caught:
+    dsgrad.fit(objective, optax.sgd(4.0 / largest), dsgrad.meanfield_init(model, 0.0, -2.0),
+               jax.random.key(0), num_steps=2000, batch_size=200, eval_every=500,
+               progress=False)
+  (note,) = caught.value.__notes__
+  assert "most likely diverged" in note and "step size" in note and "N = 200 data" in note
+  ran = int(note.split("dsgrad.fit ran ")[1].split(" steps")[0].replace(",", ""))
+  assert 0 < ran < 2000
+
+  impossible = Model(model.log_prior, lambda z, i: jnp.where(i["y"] > 4.0, -jnp.inf, 0.0),
+                     model.num_data, model.latent_dim, data=model.data)
+  with pytest.raises(ValueError, match="non-finite|not finite") as caught:
+    dsgrad.fit(dsgrad.meanfield_gaussian(impossible), optax.sgd(1e-3),
+               dsgrad.meanfield_init(model), jax.random.key(0), num_steps=20, batch_size=200,
+               progress=False)
+  assert not getattr(caught.value, "__notes__", [])

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import checks
+from dsgrad import checks, diagnostics
 from dsgrad.training import checkpoint as checkpoint_lib
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
@@ -146,29 +146,21 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   return Interrupted(message, result, step, call["num_steps"], functools.partial(_resume, call))
 
 
+def _check_start(params, num_steps: int, start_step: int) -> None:
+  """Refuses params (given or restored) and a step that no run can start from."""
+  checks.check_floating_params(params, "dsgrad.fit")
+  # A NaN start would train silently to a NaN history with a plain optax optimizer.
+  checks.value_checks(checks.finite_checks(params, "params passed to fit"))
+  if num_steps < start_step:
+    raise ValueError(f"num_steps={num_steps} (all steps) is before the run's step {start_step}")
+
+
 def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step, every):
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
   # The counts' kinds are checked by fit's argument declarations.
   checks.check_batch_size(batch_size, objective.num_data)
-  if checkpoint_path is None and every is not None:  # a run its user thinks is saved
-    raise ValueError("checkpoint_every needs a checkpoint_path: without one nothing is saved")
-  if checkpoint_path is None:
-    return
-  path = os.fspath(checkpoint_path)
-  folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-    raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist or is "
-                     "not writable")
-  if os.path.exists(path):  # a folder, a FIFO or a device would be moved aside by a save
-    checks.check_regular_file(path, "checkpoint_path")
-  # A fresh run's saves move what is there aside and then replace it: a user's file, or an
-  # earlier run's checkpoint, would be lost by its second save. (A run continued from a
-  # step, as an interrupted run's resume(), writes on its own checkpoint.)
-  if not resume and start_step == 0 and checkpoint_lib.latest(path) is not None:
-    raise ValueError(f"checkpoint_path {path!r} already holds a file (a checkpoint of an "
-                     "earlier run?) and resume=False would replace it: pass resume=True to "
-                     "continue that run, or another path (or delete the file) to start afresh")
+  resume_lib.check_checkpoint_path(checkpoint_path, resume, start_step, every)
 
 
 @checks.arguments(objective=checks.objective(),
@@ -298,15 +290,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     if resume and found is not None:
       params, opt_state, start_step, history = _restore(found, settings, optimizer,
                                                         params, opt_state)
-    checks.check_floating_params(params, "dsgrad.fit")
-    # A NaN start would train silently to a NaN history with a plain optax optimizer.
-    checks.value_checks(checks.finite_checks(params, "params passed to fit"))
-    if num_steps < start_step:
-      raise ValueError(f"num_steps={num_steps} (all steps) is before the run's step {start_step}")
+    _check_start(params, num_steps, start_step)
     segment_steps_given = segment_steps
     evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
                                       elbo_samples, segment_steps)
     eval_every_given, eval_every = eval_every, evaluation.eval_every
+    start_params = params  # for a divergence's note: _initial_state copies them
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
     run_key, eval_key = jax.random.split(key)
@@ -338,6 +327,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                             or step == end):
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
+    except (segments.NonFiniteStep, diagnostics.NonFiniteELBO) as error:
+      elbo_trust.note_divergence(error, objective, start_params, eval_key,
+                                 getattr(error, "step", step) - start_step)
+      raise
     except KeyboardInterrupt:
       evaluations.bar(0, step, None, None, close=True)
       raise _interrupted(runner, record.history(), settings, dict(

@@ -148,6 +148,30 @@ def check_resume_settings(path, raw: dict, settings: dict) -> None:
           "checkpoint_path to start a new run")
 
 
+def check_checkpoint_path(checkpoint_path, resume: bool, start_step: int, every) -> None:
+  """Refuses, by name and before anything is trained, a :func:`dsgrad.fit`
+  ``checkpoint_path`` it cannot write or would overwrite, and a ``checkpoint_every``
+  without one."""
+  if checkpoint_path is None and every is not None:  # a run its user thinks is saved
+    raise ValueError("checkpoint_every needs a checkpoint_path: without one nothing is saved")
+  if checkpoint_path is None:
+    return
+  path = os.fspath(checkpoint_path)
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist or is "
+                     "not writable")
+  if os.path.exists(path):  # a folder, a FIFO or a device would be moved aside by a save
+    checks.check_regular_file(path, "checkpoint_path")
+  # A fresh run's saves move what is there aside and then replace it: a user's file, or an
+  # earlier run's checkpoint, would be lost by its second save. (A run continued from a
+  # step, as an interrupted run's resume(), writes on its own checkpoint.)
+  if not resume and start_step == 0 and checkpoint_lib.latest(path) is not None:
+    raise ValueError(f"checkpoint_path {path!r} already holds a file (a checkpoint of an "
+                     "earlier run?) and resume=False would replace it: pass resume=True to "
+                     "continue that run, or another path (or delete the file) to start afresh")
+
+
 @checks.arguments(step=checks.count(0))
 def save_fit_checkpoint(path, params, opt_state, step: int,
                         history: History | None = None, *, settings: dict | None = None

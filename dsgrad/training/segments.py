@@ -239,6 +239,11 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   return program, messages
 
 
+class NonFiniteStep(ValueError):
+  """A training step whose gradient, update or params are not finite (NaN or inf): the
+  message names what and at which step."""
+
+
 class Failure(NamedTuple):
   """A segment's first failed check: ``codes`` (``[code, step]``, as the program returned
   it, maybe not yet computed) and the messages its codes number."""
@@ -255,6 +260,12 @@ class Failure(NamedTuple):
     if code == -1:
       return PARAMS_NOT_FINITE
     return f"{self.messages[code - 1]} (at step {step})"
+
+  def non_finite(self) -> bool:
+    """Whether the failed check is one of values that are not finite (waits for the
+    program)."""
+    code = int(np.asarray(self.codes)[0])
+    return code == -1 or (code > 0 and checks.NON_FINITE in self.messages[code - 1])
 
 
 class _Compiled(NamedTuple):
@@ -395,12 +406,17 @@ class SegmentRunner:
       host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
     if message == PARAMS_NOT_FINITE:
       args = self._args(carry, at, steps, rows)
-      found = self._executable(steps, args, checked=True)(*args)[0].message()
-      message = found or (
+      error = self._executable(steps, args, checked=True)(*args)[0]
+      message = error.message() or (
           f"{PARAMS_NOT_FINITE} (steps {at} to {at + steps - 1}) while every step's update "
           "was finite: adding an update to the params overflowed (a step size too large?)")
-    if message:
+    if not message:
+      return
+    if not (error.non_finite() or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
+    failed = NonFiniteStep(message)
+    failed.step = int(np.asarray(error.codes)[1]) if error.non_finite() else at
+    raise failed
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
