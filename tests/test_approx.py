@@ -63,6 +63,15 @@ def test_linearize_expectation_is_gradient_at_zero_noise_and_mean_of_tilde(
                               rtol=1e-3, atol=1e-3)
 
 
+def test_a_dropout_glm_of_one_class_under_the_softmax_loss_is_refused():
+  x = np.random.default_rng(0).normal(size=(10, 2)).astype(np.float32)
+  # A softmax over one class is 1 whatever the logits: it trained to nothing.
+  with pytest.raises(ValueError, match="at least 2 classes"):
+    dropout_glm(x, np.zeros(10, np.int32), num_outputs=1)
+  squared = lambda logits, label: 0.5 * jnp.sum((logits - label) ** 2)  # noqa: E731
+  assert dropout_glm(x, np.ones((10, 1), np.float32), num_outputs=1, loss=squared).num_data == 10
+
+
 @pytest.fixture(scope="module")
 def glm_setup():
   k1, k2, k3, k4 = jax.random.split(jax.random.key(3), 4)

@@ -106,6 +106,10 @@ def dropout_glm(features, labels, num_outputs: int, dropout_std: float = 0.5,
     raise ValueError(f"features must be a 2-D (N, D) array, got shape {x.shape}")
   if y.shape[:1] != (x.shape[0],):
     raise ValueError(f"labels must have leading dimension {x.shape[0]}, got shape {y.shape}")
+  if loss is softmax_cross_entropy and num_outputs < 2:
+    # A softmax over one class is 1 whatever the logits: nothing would be learned.
+    raise ValueError(f"num_outputs={num_outputs}: the default loss, a softmax "
+                     "cross-entropy, needs at least 2 classes (pass loss= for a regression)")
   if loss is softmax_cross_entropy and (
       not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= num_outputs):
     raise ValueError(f"labels must be integers in [0, {num_outputs}) for cross-entropy")
