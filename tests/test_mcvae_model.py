@@ -229,3 +229,40 @@ def test_ais_nll_matches_quadrature_on_a_two_dimensional_latent():
   se = diff.std(ddof=1) / np.sqrt(diff.size)
   # AIS's NLL is an upper bound in expectation that 100 transitions make tight.
   assert abs(diff.mean()) < Z * se + 0.05, (diff, exact)
+
+
+class _Encoder(nnx.Module):
+  """A user's encoder of 16 pixels into a latent of 2, with an optional BatchNorm or
+  Dropout, returning ``(mean, log_scale)`` or (``pair=False``) one array."""
+
+  def __init__(self, extra=None, pair=True):
+    rngs = nnx.Rngs(0)
+    self.data_dim, self.pair = 16, pair
+    self.linear = nnx.Linear(16, 4, rngs=rngs)
+    self.extra = {"batchnorm": lambda: nnx.BatchNorm(4, rngs=rngs),
+                  "dropout": lambda: nnx.Dropout(0.5, rngs=rngs)}.get(extra, lambda: None)()
+
+  def __call__(self, x):
+    h = self.linear(x)
+    h = h if self.extra is None else self.extra(h)
+    return (h[..., :2], h[..., 2:]) if self.pair else h
+
+
+def test_a_users_modules_that_the_bound_cannot_train_are_named():
+  decoder = nnx.Linear(2, 16, rngs=nnx.Rngs(1))
+  assert mcvae.MonteCarloVAE(_Encoder(), decoder).latent_dim == 2
+  # Each failed with Flax's or JAX's bare words: "Cannot mutate BatchStat from a different
+  # trace level", "... RngCount ...", "cannot unpack non-iterable ShapeDtypeStruct".
+  with pytest.raises(ValueError, match=r"encoder holds state besides its parameters "
+                                       r"\(BatchStat\).*LayerNorm"):
+    mcvae.MonteCarloVAE(_Encoder("batchnorm"), decoder)
+  with pytest.raises(ValueError, match=r"encoder holds state besides its parameters \(Rng"):
+    mcvae.MonteCarloVAE(_Encoder("dropout"), decoder)
+  with pytest.raises(ValueError, match=r"must return \(mean, log_scale\), got an array of "
+                                       r"shape \(1, 4\)"):
+    mcvae.MonteCarloVAE(_Encoder(pair=False), decoder)
+  with pytest.raises(TypeError) as caught:
+    mcvae.MonteCarloVAE(_Encoder(), nnx.Linear(3, 16, rngs=nnx.Rngs(1)))
+  assert any("given a latent of size 2" in note for note in caught.value.__notes__)
+  with pytest.raises(ValueError, match=r"set self.data_dim = D"):
+    mcvae.MonteCarloVAE(nnx.Linear(16, 4, rngs=nnx.Rngs(0)), decoder)

@@ -122,10 +122,17 @@ class MonteCarloVAE:
       raise ValueError(f"binarize must be 'dynamic' or 'none', got {self.binarize!r}")
     if self.gaussian and self.binarize != "none":
       raise ValueError("a Gaussian decoder models grey/colour values: use binarize='none'")
+    for role in ("encoder", "decoder"):
+      _check_only_parameters(getattr(self, role), role)
     object.__setattr__(self, "_split", (nnx.split(self.encoder), nnx.split(self.decoder)))
     # Shapes from one abstract call: the image size D and the latent size d.
-    mean, _ = jax.eval_shape(lambda: self.encoder(jnp.zeros((1, self.data_dim))))
-    logits = jax.eval_shape(lambda: self.decoder(jnp.zeros((1, mean.shape[-1]))))
+    mean, _ = _encoder_output(jax.eval_shape(lambda: self.encoder(jnp.zeros((1, self.data_dim)))))
+    try:
+      logits = jax.eval_shape(lambda: self.decoder(jnp.zeros((1, mean.shape[-1]))))
+    except (TypeError, ValueError) as error:
+      error.add_note(f"(raised in the decoder given a latent of size {mean.shape[-1]}, the "
+                     "encoder's mean's: the two must agree on the latent size)")
+      raise
     if logits.shape[-1] != self.data_dim:
       raise ValueError(f"the decoder outputs {logits.shape[-1]} pixels but the encoder reads "
                        f"{self.data_dim}; encoder and decoder must agree on the image size")
@@ -135,7 +142,8 @@ class MonteCarloVAE:
   def data_dim(self) -> int:
     """``D``, the number of pixels of a flattened image (read from the encoder)."""
     if not hasattr(self.encoder, "data_dim"):
-      raise ValueError("the encoder must expose `data_dim` (the flattened image size)")
+      raise ValueError("the encoder must expose `data_dim` (the flattened image size): "
+                       "set self.data_dim = D in its __init__")
     return int(self.encoder.data_dim)
 
   @property
@@ -319,6 +327,30 @@ class MonteCarloVAE:
 
 
 @compile_cache.cached
+def _check_only_parameters(module: nnx.Module, role: str) -> None:
+  """Refuses a module that holds state besides its parameters (``nnx.Param``): batch
+  statistics (``BatchNorm``) make a datum's term depend on its batch, which the
+  estimators' reweighting of each datum assumes it does not, and random state
+  (``Dropout``'s) is not part of the objective's noise; both failed inside ``jit`` with
+  Flax's "Cannot mutate ... from a different trace level"."""
+  others = nnx.to_flat_state(nnx.state(module, nnx.Not(nnx.Param)))
+  found = sorted({getattr(value, "type", type(value)).__name__ for _, value in others})
+  if found:
+    raise ValueError(f"the {role} holds state besides its parameters ({', '.join(found)}): "
+                     "MonteCarloVAE trains nnx.Param only. Batch statistics (BatchNorm) "
+                     "make each image's term depend on its batch, and Dropout's random state "
+                     "is not part of the bound's noise: use LayerNorm, and no dropout")
+
+
+def _encoder_output(output):
+  """The encoder's ``(mean, log_scale)``, refusing another output by name."""
+  if not (isinstance(output, (tuple, list)) and len(output) == 2):
+    shape = getattr(output, "shape", None)
+    raise ValueError(f"the encoder must return (mean, log_scale), got "
+                     f"{'an array of shape ' + str(shape) if shape is not None else type(output).__name__}")
+  return output
+
+
 def _ais_chunk_fn(vae: MonteCarloVAE, num_steps, num_leapfrog, num_particles, step_size):
   """The jitted AIS evaluation of a chunk of images, compiled once per model and setting."""
 
