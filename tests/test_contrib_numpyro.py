@@ -43,6 +43,28 @@ def logreg_model(x, y):
                    obs=None if y is None else y[idx])
 
 
+def factor_model(x, y):
+  """logreg_model with its likelihood written as a numpyro.factor in the data plate."""
+  w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+  temperature = numpyro.sample("temperature", dist.LogNormal(0.0, 0.5))
+  with numpyro.plate("data", N, subsample_size=BATCH) as idx:
+    logits = (x[idx] @ w) / temperature
+    numpyro.factor("y", y[idx] * logits - jnp.logaddexp(0.0, logits))
+
+
+def test_a_factor_in_the_data_plate_is_a_per_datum_likelihood_term(logreg_data):
+  # It was refused: "no observed site sits inside the data plate 'data'".
+  x, y = logreg_data
+  observed = dsgrad_numpyro.objective(logreg_model, x, y)
+  factored = dsgrad_numpyro.objective(factor_model, x, y)
+  assert factored.numpyro_model.observed_sites == ("y",)
+  params = _random_params(observed, jax.random.key(1))
+  everything = jnp.arange(N, dtype=jnp.int32)
+  eps = observed.sample_noise(jax.random.key(2), N)
+  np.testing.assert_allclose(factored.loss(params, everything, eps),
+                             observed.loss(params, everything, eps), rtol=1e-5, atol=1e-4)
+
+
 def _with_draws(guide, autonormal_params, eps_by_site):
   """AutoNormal with its parameters and its standard-normal draws fixed."""
 

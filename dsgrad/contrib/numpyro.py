@@ -21,7 +21,8 @@ log-Jacobian) and returns a :class:`dsgrad.Objective` that every dsgrad estimato
     numpyro.infer.Predictive(model, samples)(key, x, y)
 
 The model must index its data with the plate's indices (``x[idx]``), as NumPyro's own
-subsampling SVI requires: dsgrad substitutes the indices of its mini-batch for them.
+subsampling SVI requires: dsgrad substitutes the indices of its mini-batch for them. A
+``numpyro.factor`` in the data plate is a per-datum likelihood term like an observation.
 The per-datum loss is ``-N log p(x_n | z) - log p(z) - H(q)`` in unconstrained space
 (Eq. 3 of the joint control variate paper), with ``N`` the plate's ``size``; the plate's
 ``subsample_size`` only sets the batch of the initial trace.
@@ -186,7 +187,10 @@ def _global_latents_and_observations(trace, plate: str):
   or missing latent sites and a plate without observations."""
   latent, observed = {}, []
   for name, site in trace.items():
-    if site["type"] != "sample" or site["infer"].get("is_auxiliary"):
+    # An auxiliary site is skipped unless observed: numpyro.factor is one, and in the data
+    # plate it is a per-datum log-likelihood term like any observation.
+    if site["type"] != "sample" or (site["infer"].get("is_auxiliary")
+                                    and not site["is_observed"]):
       continue
     in_plate = any(frame.name == plate for frame in site["cond_indep_stack"])
     if site["is_observed"]:
