@@ -41,22 +41,29 @@ def _above_bound(value: float, se: float, bound: float | None, where: str) -> st
           "overflow), not progress")
 
 
-@checks.arguments(bound=checks.optional(checks.real()))
-def elbo_trace_warnings(history, bound: float | None = None) -> tuple[str, ...]:
+@checks.arguments(bound=checks.optional(checks.real()),
+                  num_data=checks.optional(checks.count(1)))
+def elbo_trace_warnings(history, bound: float | None = None,
+                        num_data: int | None = None) -> tuple[str, ...]:
   """What makes an ELBO trace untrustworthy, one sentence each (empty when nothing does).
 
-  Three checks on a :class:`dsgrad.History`:
+  Four checks on a :class:`dsgrad.History`:
 
   * an estimate more than three standard errors above ``bound``, an upper bound on the
     log evidence (``objective.log_evidence_bound``);
   * two successive finite estimates whose magnitudes differ by :data:`JUMP_FACTOR` or
     more, upward (|ELBO| growing): the run diverges, whether the values fall or rise;
+  * where that finds nothing and ``num_data`` is given, an estimate whose magnitude is
+    :data:`JUMP_FACTOR` times an earlier one's and ``num_data``'s (one nat per datum):
+    a run diverging over many evaluations, or an ELBO without bound (a log density whose
+    sign is flipped climbs through 10^19 by steps of 2-10x);
   * a last estimate below the run's best by more than ten combined standard errors and
     10% of the best's magnitude: the run moved away from its best point.
 
   Args:
     history: the trace (``step``, ``elbo``, ``elbo_se``).
     bound: upper bound on the log evidence, or ``None``.
+    num_data: the model's number of data, or ``None``.
 
   Returns:
     A tuple of messages, naming steps and values.
@@ -80,6 +87,10 @@ def elbo_trace_warnings(history, bound: float | None = None) -> tuple[str, ...]:
                  "orders of magnitude: the run is diverging, not improving; lower the step "
                  "size (or check the family's scale for overflow)")
       break
+  else:
+    grown = _grown_without_bound(steps, values, num_data)
+    if grown is not None:
+      out.append(grown)
   if len(values) >= 2:
     best = int(np.argmax(values))
     drop = values[best] - values[-1]
@@ -89,6 +100,27 @@ def elbo_trace_warnings(history, bound: float | None = None) -> tuple[str, ...]:
                  "best point; lower the step size or let it decay (e.g. "
                  "optax.cosine_decay_schedule)")
   return tuple(out)
+
+
+def _grown_without_bound(steps, values, num_data: int | None) -> str | None:
+  """A sentence where a finite ELBO estimate's magnitude is :data:`JUMP_FACTOR` times
+  both an earlier estimate's and ``num_data``: a proper model's ELBO is bounded by its
+  log evidence and a run from a poor start shrinks ``|ELBO|``, while the floor of one
+  nat per datum spares a trace that passes near zero on its way to a large ELBO."""
+  if num_data is None or len(values) < 2:
+    return None
+  smallest = np.minimum.accumulate(np.abs(values))[:-1]
+  ratio = np.abs(values[1:]) / np.maximum(smallest, float(num_data))
+  if not np.any(ratio >= JUMP_FACTOR):
+    return None
+  k = int(np.argmax(ratio >= JUMP_FACTOR)) + 1
+  j = int(np.argmin(np.abs(values[:k])))
+  return (f"the ELBO went from {values[j]:.6g} (step {int(steps[j])}) to {values[k]:.6g} "
+          f"(step {int(steps[k])}), {np.log10(ratio[k - 1]):.0f} orders of magnitude beyond "
+          f"it and one nat per datum (N = {num_data:,}): a proper model's ELBO is bounded by "
+          "its log evidence, so the run diverges or the log density has no upper bound (a "
+          "log_lik or log_prior whose sign is flipped, +0.5 (y - mu)^2 for -0.5 (y - mu)^2); "
+          "check the signs, then lower the step size")
 
 
 def warn_above_bound(value: float, se: float, bound: float | None, where: str) -> None:

@@ -37,6 +37,33 @@ def test_trace_warnings_name_each_kind_and_spare_a_healthy_trace():
   assert elbo_trace_warnings(_history([-10.0, 0.2], [0.1, 0.1]), bound=0.0) == ()
 
 
+def test_an_elbo_that_grows_without_bound_by_small_factors_is_flagged():
+  # Successive ratios of 2-10x: no jump between two evaluations reaches 10^3.
+  climbing = _history([1686.0, 2853.0, 7195.0, 2.9e4, 2.6e5, 2.6e6, 7.0e7, 1.7e9, 4.9e10])
+  assert elbo_trace_warnings(climbing) == ()
+  (grown,) = elbo_trace_warnings(climbing, num_data=300)
+  assert "from 1686 (step 100) to 2.6e+06 (step 600)" in grown and "sign" in grown
+  falling = _history([-900.0, -5000.0, -3.0e4, -2.0e5, -1.5e6])
+  assert "orders of magnitude" in elbo_trace_warnings(falling, num_data=300)[0]
+  # Through zero to a large positive ELBO (precise continuous data): below 10^3 nats a
+  # datum, where a proper model's log density stays.
+  healthy = _history([-5.0e5, -2.0e4, -40.0, 0.5, 900.0, 2100.0, 2300.0, 2310.0])
+  assert elbo_trace_warnings(healthy, num_data=1000) == ()
+
+
+def test_a_log_likelihood_with_its_sign_flipped_is_flagged_by_fit():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(300, 3)).astype(np.float32)
+  y = (x @ np.ones(3) + rng.normal(size=300)).astype(np.float32)
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b: 0.5 * (b["y"] - b["x"] @ z) ** 2,
+      {"x": x, "y": y}, 3)
+  # It ended at an ELBO of 3e19 with q's scales near e^19 and no warning.
+  result = dsgrad.fit(objective, optax.adam(0.05), dsgrad.meanfield_init(objective),
+                      jax.random.key(0), num_steps=300, batch_size=30, progress=False)
+  assert any("no upper bound" in w for w in result.warnings), result.warnings
+
+
 def _conjugate_regression(bound_shift=None):
   """y_n ~ N(x_n . z, 1), z ~ N(0, I): the log evidence in closed form."""
   rng = np.random.default_rng(0)

@@ -343,7 +343,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     history = record.history()
     k_hat, diagnosis = evaluations.k_hat, evaluations.diagnosis
     trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.elbo_trace_warnings(
-        history, objective.log_evidence_bound))
+        history, objective.log_evidence_bound, objective.num_data))
     return FitResult(params, opt_state, history, runner.compile_seconds, k_hat,
                      diagnosis, _timing(entered, runner, evaluations.seconds), trace_warnings,
                      step)
