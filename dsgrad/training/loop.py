@@ -89,8 +89,8 @@ class FitResult(NamedTuple):
       evaluations and setup (``None`` in an interrupted run's result).
     warnings: sentences on what makes the ELBO trace untrustworthy
       (:func:`dsgrad.elbo_trust.elbo_trace_warnings`: an estimate above the model's
-      log evidence bound, a jump of orders of magnitude, a run that ended far below its
-      best); empty when none. Printed with ``progress``.
+      log evidence bound, a jump of orders of magnitude or an ELBO without bound, a run
+      that ended far below its best); empty when none. Printed with ``progress``.
     step: the step the run ended at: ``num_steps``, or earlier where ``max_seconds``
       stopped it.
   """
