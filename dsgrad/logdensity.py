@@ -372,10 +372,9 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
     path_derivative: the "sticking the landing" gradient
       (:func:`dsgrad.families.bbvi_objective`); off by default.
     reads: as in :func:`model_from_logdensity`: which latent rows each data row reads.
-      With the mean-field family, ``dsgrad.joint_saga(objective,
-      dsgrad.approx.sparse_linearize(objective))`` keeps a table of those coordinates
-      (its default, :func:`dsgrad.approx.linearize`, keeps every parameter, and warns
-      where that table is large).
+      With the mean-field family, ``dsgrad.joint_saga(objective)`` then keeps a table of
+      those coordinates (:func:`dsgrad.approx.sparse_linearize`, the objective's
+      ``table_approximation``) instead of every parameter.
 
   Returns:
     An :class:`dsgrad.Objective`; initial params from

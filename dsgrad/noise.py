@@ -167,5 +167,6 @@ def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
   label = f"{objective.name}[{k} {'RQMC' if sampler == 'rqmc' else 'MC'} samples]"
   return dataclasses.replace(
       objective, loss_fn=loss_fn, noise_fn=noise_fn, name=label, source=None,
+      table_approximation=None,
       # An average of K draws is not one draw's log importance ratio (PSIS needs that).
       log_q_offset=None)

@@ -64,6 +64,11 @@ class Objective:
       (:func:`dsgrad.meanfield_gaussian` sets ``("meanfield_gaussian", model)``). Fused
       kernels (:class:`dsgrad.approx.FusedTerms`) compute the naive gradient of exactly
       that objective from it; an objective whose loss was changed afterwards clears it.
+    table_approximation: optional ``objective -> Approximation`` that a per-datum table
+      (:func:`dsgrad.joint_saga`) uses where none is given: :func:`dsgrad.meanfield_gaussian`
+      sets :func:`dsgrad.approx.sparse_linearize` for a model that declares which
+      coordinates each datum reads (``reads=``), whose table then holds those only. Cleared
+      with ``source``.
     log_evidence_bound: optional upper bound on the log evidence that the ELBO
       (``-`` the mean loss) cannot exceed (:attr:`dsgrad.models.Model.log_evidence_bound`,
       which the BBVI objectives copy): an estimate above it is flagged.
@@ -99,6 +104,7 @@ class Objective:
   data: Any = None
   log_q_offset: Callable[[Any, Noise], jax.Array] | None = None
   source: tuple | None = None
+  table_approximation: Callable | None = None
   log_evidence_bound: float | None = None
   kinds: tuple = ()
 
@@ -109,9 +115,10 @@ class Objective:
   def __post_init__(self):
     if not isinstance(self.num_data, int) or self.num_data < 1:
       raise ValueError(f"num_data must be a positive int, got {self.num_data!r}")
-    for name in ("loss_fn", "noise_fn", "log_q_offset"):
+    for name in ("loss_fn", "noise_fn", "log_q_offset", "table_approximation"):
       value = getattr(self, name)
-      if not callable(value) and not (name == "log_q_offset" and value is None):
+      if not callable(value) and not (name in ("log_q_offset", "table_approximation")
+                                      and value is None):
         raise TypeError(f"dsgrad.Objective: {name} must be a function, got "
                         f"{type(value).__name__} {value!r:.60}")
     if self.data is not None:

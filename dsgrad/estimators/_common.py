@@ -158,7 +158,8 @@ def warn_of_declared_coordinates(objective: Objective, params, num_data: int, dt
   warnings.warn(
       f"dsgrad.joint_saga: a table of every parameter, {dense / 2**30:.2f} GiB, for a model "
       f"that declares the {sparse.num_coordinates} of {model.latent_dim} coordinates each "
-      f"datum reads. dsgrad.joint_saga(objective, dsgrad.approx.sparse_linearize("
+      f"datum reads. dsgrad.joint_saga(objective) (its default for dsgrad.meanfield_gaussian"
+      f"'s objective) or dsgrad.joint_saga(objective, dsgrad.approx.sparse_linearize("
       f"objective)) keeps those only (about {compact / 2**20:.0f} MiB), with the same "
       "updates at a fraction of the work per step", stacklevel=4)
 
@@ -168,7 +169,7 @@ def reweighted(objective: Objective, weights) -> Objective:
   def loss_fn(params, rows, noise):
     return weights * objective.loss_fn(params, rows, noise)
   return dataclasses.replace(objective, loss_fn=loss_fn, name=objective.name + "*weights",
-                             source=None)
+                             source=None, table_approximation=None)
 
 
 def masked_sum(tree, mask):

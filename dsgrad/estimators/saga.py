@@ -119,10 +119,11 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
 
   Args:
     objective: the objective whose gradient is passed as ``updates``.
-    approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize` (a table
-      of parameters). For a model that declares which coordinates each datum reads
-      (:func:`dsgrad.objective_from_logdensity`'s ``reads``), pass
-      ``dsgrad.approx.sparse_linearize(objective)`` for a table of those only.
+    approx: the approximation ``f~``; default: the objective's own
+      (``objective.table_approximation``: for the mean-field objective of a model that
+      declares which coordinates each datum reads, :func:`dsgrad.objective_from_logdensity`'s
+      ``reads``, :func:`dsgrad.approx.sparse_linearize`, a table of those only), else
+      :func:`dsgrad.approx.linearize` (a table of parameters).
     warmup_steps: number of initial updates that output the naive gradient.
     chunk_size: data per chunk in the initial full pass.
     table_dtype: dtype of the stored table (default: the params' dtypes). Rows are
@@ -164,7 +165,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     Wang, Geffner, Domke (2024), Eq. 5-6, Alg. 1, App. E (Alg. 3).
     Defazio, Bach, Lacoste-Julien (2014). SAGA. NeurIPS.
   """
-  approx = approx or approx_lib.linearize()
+  approx = approx or (objective.table_approximation(objective)
+                      if objective.table_approximation is not None else approx_lib.linearize())
   _weights.check_horizon(control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)
   kind = (_statistics_table(objective, approx, chunk_size, table_dtype)

@@ -126,9 +126,13 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
 
   label = f"{name}({model.name})" + ("[path derivative]" if path_derivative else "")
   # A fused kernel computes the closed-form-entropy gradient: not this objective's.
+  source = None if path_derivative else source
+  # The mean-field gradient of a model that declares its reads: a table of those.
+  compact = (_declared_coordinates_table if source is not None and source[0] ==
+             "meanfield_gaussian" and model.sparse is not None else None)
   return Objective(loss_fn, gaussian_noise((d,), shared=shared_noise), n,
                    shared_noise=shared_noise, name=label, data=model.data,
-                   log_q_offset=log_q_offset, source=None if path_derivative else source,
+                   log_q_offset=log_q_offset, source=source, table_approximation=compact,
                    log_evidence_bound=model.log_evidence_bound, kinds=model.kinds)
 
 
@@ -443,3 +447,10 @@ def meanfield_gaussian(model: Model, *, shared_noise: bool = True,
                         source=("meanfield_gaussian", model),
                         path_derivative=path_derivative, log_prob=MeanFieldGaussian.log_prob_at,
                         inverse=MeanFieldGaussian.inverse_transform)
+
+
+def _declared_coordinates_table(objective: Objective):
+  """:func:`dsgrad.approx.sparse_linearize` of ``objective``: a per-datum table of the
+  coordinates its model declares each datum reads."""
+  from dsgrad.approx.sparse import sparse_linearize  # it imports this module
+  return sparse_linearize(objective)

@@ -136,7 +136,7 @@ def structured(objective: Objective, latent) -> Objective:
     return flat_loss(flat_params(params), rows, noise)
 
   return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]",
-                             source=None)
+                             source=None, table_approximation=None)
 
 
 def sample_structured(params, key, num_samples: int):
