@@ -136,7 +136,7 @@ def run(model, *, batch_size=100, learning_rate=1e-2, budget_seconds=60.0, chunk
                      steps_at_budget=r["steps_at_budget"],
                      ms_per_step=1e3 * train_s / max(r["steps"], 1), init_s=r["init_s"],
                      table=r["table"], state=r["state"])
-  dense = jax.eval_shape(dsgrad.joint_saga(objective).init,
+  dense = jax.eval_shape(dsgrad.joint_saga(objective, dsgrad.approx.linearize()).init,
                          jax.eval_shape(lambda: params0))
   return out, dsgrad.table_bytes(dense)
 

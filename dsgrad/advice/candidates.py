@@ -115,9 +115,8 @@ def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Cont
     return Contender(candidate, meanfield_gaussian(
         source[1]._replace(data=objective.data), shared_noise=objective.shared_noise,
         path_derivative=True), naive)
-  if (name == "joint_saga" and approx is None and source[:1] == ("meanfield_gaussian",)
-      and source[1].sparse is not None):  # a table of the coordinates each row reads
-    approx = approx_lib.sparse_linearize(objective)
+  if name == "joint_saga" and approx is None and objective.table_approximation is not None:
+    approx = objective.table_approximation(objective)  # e.g. of the coordinates a row reads
     candidate = candidate._replace(approximation=approx.name)
   extra = ({"every": max(1, objective.num_data // candidate.batch_size)}
            if name == "joint_svrg" else
