@@ -155,11 +155,12 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
   bounded) ends far below where it started without an error. Any descent rule's first
   step from a fresh state has a negative inner product with the gradient, whatever the
   gradient: this one is fed a fixed pseudo-random one (:func:`_probe_gradient`), in one
-  compiled program (0.1 s on 60,000 params, where its operations one by one took 0.44 s). A dsgrad estimator in the
-  chain passes the probe through unchanged (it is handed :data:`DESCENT_PROBE` as its
-  indices), so the rule after it is what is probed: ``optax.chain(dsgrad.cv(...),
-  optax.adam(-1e-2))`` climbs as ``optax.adam(-1e-2)`` does. Skipped where the state holds
-  SMISO (whose output is itself the step) and where not ``enabled``.
+  compiled program (0.1 s on 60,000 params, where its operations one by one took 0.44 s).
+  A dsgrad estimator in the chain passes the probe through unchanged (it is handed
+  :data:`DESCENT_PROBE` as its indices), so the rule after it is what is probed:
+  ``optax.chain(dsgrad.cv(...), optax.adam(-1e-2))`` climbs as ``optax.adam(-1e-2)``
+  does. Skipped where the state holds SMISO (whose output is itself the step) and where
+  not ``enabled``.
   """
   opt_state = optimizer.init(params) if opt_state is None else opt_state
   leaves = jax.tree.leaves(params)

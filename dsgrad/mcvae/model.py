@@ -346,8 +346,8 @@ def _encoder_output(output):
   """The encoder's ``(mean, log_scale)``, refusing another output by name."""
   if not (isinstance(output, (tuple, list)) and len(output) == 2):
     shape = getattr(output, "shape", None)
-    raise ValueError(f"the encoder must return (mean, log_scale), got "
-                     f"{'an array of shape ' + str(shape) if shape is not None else type(output).__name__}")
+    got = type(output).__name__ if shape is None else f"an array of shape {shape}"
+    raise ValueError(f"the encoder must return (mean, log_scale), got {got}")
   return output
 
 
