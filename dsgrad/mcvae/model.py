@@ -326,7 +326,6 @@ class MonteCarloVAE:
     return (*diagnostics.mean_and_standard_error(nll), nll)
 
 
-@compile_cache.cached
 def _check_only_parameters(module: nnx.Module, role: str) -> None:
   """Refuses a module that holds state besides its parameters (``nnx.Param``): batch
   statistics (``BatchNorm``) make a datum's term depend on its batch, which the
@@ -351,6 +350,7 @@ def _encoder_output(output):
   return output
 
 
+@compile_cache.cached
 def _ais_chunk_fn(vae: MonteCarloVAE, num_steps, num_leapfrog, num_particles, step_size):
   """The jitted AIS evaluation of a chunk of images, compiled once per model and setting."""
 
