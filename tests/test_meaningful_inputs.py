@@ -163,7 +163,7 @@ def test_a_compact_saga_state_given_to_the_dense_estimator_is_named():
   objective = dsgrad.meanfield_gaussian(model)
   params = dsgrad.meanfield_init(model)
   compact = dsgrad.joint_saga(objective, dsgrad.approx.sparse_linearize(objective))
-  dense = dsgrad.joint_saga(objective)
+  dense = dsgrad.joint_saga(objective, dsgrad.approx.linearize())
   indices = jnp.arange(2)
   noise = objective.sample_noise(jax.random.key(0), 2)
   with pytest.raises(ValueError, match=r"not one this optimizer's init makes.*table\['loc'\]"
