@@ -349,15 +349,18 @@ def test_an_optimizer_that_is_not_one_is_refused_before_anything_compiles(optimi
                jax.random.key(0), num_steps=5, batch_size=BATCH, progress=False)
 
 
-def _again_if_late(run, limit: float):
-  """``run()`` (``-> (seconds, FitResult)``), once more where it ran late: on a busy
-  machine (the other test worker compiling) a segment or the last evaluation can end a few
-  tenths of a second after its price, so the run ends past 1.05 limits, or keeping them
-  rightly drops k-hat. A second run late too is a fault of the pricing."""
-  seconds, result = run()
-  if seconds > 1.05 * limit or (result.pareto_k is None and "would have run past "
-                                "max_seconds" in result.diagnosis):
+def _again_if_late(run, limit: float, tries: int = 3):
+  """``run()`` (``-> (seconds, FitResult)``), again where it ran late, up to ``tries``
+  runs: on a busy machine (the other test worker compiling for seconds) a segment or the
+  last evaluation can end a few tenths of a second after its price, so the run ends past
+  1.05 limits, or keeping them rightly drops k-hat. Two runs in a row were once late
+  (in one of six runs of this file: 4.3 s of a 4 s limit); every run late is a fault of
+  the pricing."""
+  for _ in range(tries):
     seconds, result = run()
+    if seconds <= 1.05 * limit and not (result.pareto_k is None and "would have run past "
+                                        "max_seconds" in result.diagnosis):
+      break
   return seconds, result
 
 
