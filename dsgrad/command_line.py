@@ -16,10 +16,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 
 from dsgrad import argument_kinds
 
-__all__ = ["count", "positive", "fraction"]
+__all__ = ["count", "positive", "fraction", "folder"]
 
 
 def _parse(kind: argument_kinds.Kind, convert):
@@ -52,3 +53,24 @@ def positive():
 def fraction():
   """A number in ``(0, 1)`` (a held-out share)."""
   return _parse(argument_kinds.probability(low_open=True, high_open=True), float)
+
+
+def folder():
+  """A folder to write into: one that exists and is writable, or one that can be made
+  (its nearest existing parent is a writable folder). Refused where it is read, so that
+  ``--out results.json`` (a file) stops before the work, not with ``os.makedirs``'s
+  bare ``FileExistsError`` after it."""
+  def parse(text: str):
+    path = os.path.abspath(text)
+    parent = path
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+      raise argparse.ArgumentTypeError(
+          f"{text!r}: {parent!r} is a file, not a folder" if parent == path else
+          f"{text!r} cannot be made: {parent!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+      raise argparse.ArgumentTypeError(f"{text!r}: the folder {parent!r} is not writable")
+    return text
+  parse.__name__ = "folder"
+  return parse

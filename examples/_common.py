@@ -45,7 +45,8 @@ def add_run_flags(parser, *, steps: int, eval_every: int, batch_size: int, out: 
                       default=batch_size, help="data per step")
   parser.add_argument("--seed", type=command_line.count(0), default=0,
                       help="seed of every batch and noise draw (runs are deterministic given it)")
-  parser.add_argument("--out", default=os.path.join("results", out),
+  parser.add_argument("--out", type=command_line.folder(),
+                      default=os.path.join("results", out),
                       help="folder for results.json and the figures")
 
 

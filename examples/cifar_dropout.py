@@ -275,7 +275,7 @@ def main(argv=None):
   parser.add_argument("--estimators", default="naive,cv,joint_saga,joint_svrg",
                       help="comma-separated estimators to compare (also cv_adaptive, "
                            "joint_saga_adaptive, joint_svrg_adaptive)")
-  parser.add_argument("--checkpoint-dir", default=None,
+  parser.add_argument("--checkpoint-dir", type=command_line.folder(), default=None,
                       help="save the LeNet and every run here; a rerun resumes where it "
                            "stopped")
   args = parser.parse_args(argv)

@@ -214,7 +214,8 @@ def main(argv=None):
   parser.add_argument("--all-cores", action="store_true",
                       help="let XLA's threads use every core (default: one; see the module's "
                            "docstring)")
-  parser.add_argument("--out", default=os.path.join("results", "hierarchical_logistic"))
+  parser.add_argument("--out", type=command_line.folder(),
+                      default=os.path.join("results", "hierarchical_logistic"))
   args = parser.parse_args(argv)
   xla_cores = None
   if not args.all_cores and hasattr(os, "sched_setaffinity"):

@@ -97,10 +97,11 @@ def main(argv=None):
                            "deterministic given it")
   parser.add_argument("--tune-seed", type=command_line.count(0), default=1000,
                       help="seed of the step-size choice, not among the reported ones")
-  parser.add_argument("--checkpoint-dir", default=None,
+  parser.add_argument("--checkpoint-dir", type=command_line.folder(), default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-  parser.add_argument("--out", default=os.path.join("results", "logistic_regression"),
+  parser.add_argument("--out", type=command_line.folder(),
+                      default=os.path.join("results", "logistic_regression"),
                       help="folder for results.json and the figures")
   args = parser.parse_args(argv)
   seeds = list(range(args.seed, args.seed + args.seeds))

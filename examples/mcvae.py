@@ -236,9 +236,10 @@ def main(argv=None):
                       help="leapfrog step in the encoder-whitened coordinates")
   parser.add_argument("--seed", type=command_line.count(0), default=0,
                       help="seed of the networks, batches and noise (runs are deterministic)")
-  parser.add_argument("--out", default=os.path.join("results", "mcvae"),
+  parser.add_argument("--out", type=command_line.folder(),
+                      default=os.path.join("results", "mcvae"),
                       help="folder for results.json and images.png")
-  parser.add_argument("--checkpoint-dir", default=None,
+  parser.add_argument("--checkpoint-dir", type=command_line.folder(), default=None,
                       help="save every training stage here; a rerun resumes where it stopped")
   parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                       help="progress bars")

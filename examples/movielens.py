@@ -104,7 +104,7 @@ def main(argv=None):
                       help="posterior draws for the held-out predictive")
   parser.add_argument("--estimators", default="naive,cv,joint_svrg,joint_saga",
                       help="comma-separated estimators to compare")
-  parser.add_argument("--checkpoint-dir", default=None,
+  parser.add_argument("--checkpoint-dir", type=command_line.folder(), default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   args = parser.parse_args(argv)

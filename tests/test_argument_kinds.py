@@ -388,3 +388,22 @@ def test_command_line_settings_are_refused_by_kind(argv, message, capsys):
     parser.parse_args(argv)
   assert message in capsys.readouterr().err
   assert parser.parse_args(["--steps", "7", "--budget", "0.5"]).steps == 7
+
+
+def test_an_output_folder_that_is_a_file_is_refused_where_it_is_read(tmp_path, capsys):
+  # It failed with os.makedirs's bare FileExistsError (an example checks it at its start;
+  # had it written at its end, the run would have been lost).
+  import argparse
+  from dsgrad import command_line
+  parser = argparse.ArgumentParser(prog="job")
+  parser.add_argument("--out", type=command_line.folder(), default="results")
+  afile = tmp_path / "results.json"
+  afile.write_text("{}")
+  for argv, message in ((["--out", str(afile)], "is a file, not a folder"),
+                        (["--out", str(afile / "figures")], "cannot be made: ")):
+    with pytest.raises(SystemExit):
+      parser.parse_args(argv)
+    assert message in capsys.readouterr().err
+  fresh = tmp_path / "new" / "deeper"
+  assert parser.parse_args(["--out", str(fresh)]).out == str(fresh)
+  assert parser.parse_args(["--out", str(tmp_path)]).out == str(tmp_path)
