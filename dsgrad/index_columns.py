@@ -60,8 +60,11 @@ def _index_bound(failure, z, rows: dict, name: str, largest: int = 0,
       out, inside = (mid, inside) if at(mid) is not None else (out, mid)
     return inside
 
-  # Probes stay within the column's dtype (an int16 column cannot hold 2^30).
-  high = min(2 ** 30, int(np.iinfo(np.asarray(rows[name]).dtype).max))
+  # Probes stay within the column's dtype (an int16 column cannot hold 2^30, a float32 one
+  # holds whole numbers exactly up to 2^24).
+  dtype = np.asarray(rows[name]).dtype
+  high = min(2 ** 30, int(np.iinfo(dtype).max) if np.issubdtype(dtype, np.integer) else
+             2 ** (np.finfo(dtype).nmant + 1))
   low = max(0, largest)
   if low >= high or at(high) is None:
     return None  # indexes nothing, or nothing this dtype can hold lies past its end
@@ -81,7 +84,7 @@ def declared_and_checked(model: Model) -> Model:
   (:attr:`Model.kinds`, :func:`_index_kind`), so data handed in later
   (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
-             if jnp.issubdtype(leaf.dtype, jnp.integer) and leaf.shape[0]}
+             if leaf.shape[0] and _may_index(leaf)}
   if not columns:
     return model
   z = jnp.zeros(model.latent_dim, jnp.float32)
@@ -141,7 +144,25 @@ def declared_and_checked(model: Model) -> Model:
     kind = _index_kind(failure, z, one(lowest(name)), name, smallest, largest)
     if kind:
       kinds[name] = kind
+  for name in columns:
+    if name in kinds and not jnp.issubdtype(columns[name].dtype, jnp.integer):
+      # A float column cast to an index in log_lik: its negative values, which JAX wraps
+      # and the probes above cannot read as unsigned, are refused by its kind's bounds.
+      data_kinds.check_kind(kinds[name], columns[name], f"{model.name}: data column {name!r}")
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
+
+
+def _may_index(leaf) -> bool:
+  """Whether a data column may index the latent: an integer one, or one in memory of at
+  most 16 floats a row that are all whole numbers (ids read from a table where a missing
+  value made the column float, cast to integers in ``log_lik``)."""
+  if jnp.issubdtype(leaf.dtype, jnp.integer):
+    return True
+  if (not jnp.issubdtype(leaf.dtype, jnp.floating) or data_lib.is_host(leaf)
+      or int(np.prod(leaf.shape[1:])) > 16):
+    return False
+  values = np.asarray(leaf)
+  return bool(np.all(values == np.round(values)) and np.all(np.abs(values) < 2 ** 24))
 
 
 def _marks_missing(model: Model, rows: dict, name: str) -> bool:

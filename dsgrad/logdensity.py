@@ -61,9 +61,16 @@ def _traced(what: str, fn, latent, *args, columns=None):
              f"z shaped like the latent given, {jax.tree.map(jnp.shape, latent)}")
     b = args[-1].shape[0]
     rows = "" if columns is None else f", and a batch of {b} rows of each data column: " + \
-        ", ".join(f"{k} {(b,) + tuple(v.shape[1:])}" for k, v in columns.items())
+        ", ".join(f"{k} {(b,) + tuple(v.shape[1:])} {v.dtype}" for k, v in columns.items())
     error.add_note(f"(raised in {what}, which dsgrad.model_from_logdensity evaluated with "
                    f"{given}{rows})")
+    if "Indexer must have integer" in str(error):
+      # Ids read from a table where a missing value made the column float.
+      whole = [k for k, v in (columns or {}).items() if jnp.issubdtype(v.dtype, jnp.floating)
+               and not data_lib.is_host(v) and bool(jnp.all(v == jnp.round(v)))]
+      if whole:
+        error.add_note(f"(an index read from a float column? {whole} hold whole numbers "
+                       "as floats: give ids as integers, np.asarray(column, np.int32))")
     raise
 
 

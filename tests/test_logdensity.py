@@ -152,6 +152,33 @@ def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift,
     objective.with_data({"g": g + shift, "y": y, "c": counts})
 
 
+def test_group_ids_stored_as_floats_and_cast_in_log_lik_are_checked_as_an_index():
+  """Ids read from a table where a missing value made the column float, cast in log_lik:
+  only integer columns were checked, so 20.0 (one past 20 groups) read group 19's value
+  and -1.0 group 19's too, without an error."""
+  rng = np.random.default_rng(4)
+  groups, n = 20, 200
+  g = rng.integers(0, groups, n).astype(np.float32)
+  y = rng.normal(size=n).astype(np.float32)
+  scores = rng.integers(-3, 4, n).astype(np.float32)  # whole numbers, used as a value
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[b["g"].astype(jnp.int32)] - 0.1 * b["s"]) ** 2
+  data = {"g": g, "y": y, "s": scores}
+  objective = dsgrad.objective_from_logdensity(_log_prior, log_lik, data, groups)
+  assert objective.kinds == (("g", ("index", groups)),)
+  for bad, found in ((groups, r"at row 7 holds \[20.0\], which log_lik uses as an index"),
+                     (-1, r"outside the integers 0 .. 19 \(found -1.0")):
+    with pytest.raises(ValueError, match=found):
+      dsgrad.objective_from_logdensity(_log_prior, log_lik,
+                                       dict(data, g=np.where(np.arange(n) == 7, bad, g)), groups)
+  with pytest.raises(ValueError, match=r"with_data\['g'\] holds values outside"):
+    objective.with_data(dict(data, g=g + 1))
+  # Without the cast, JAX's "Indexer must have integer or boolean type" gets a note.
+  with pytest.raises(TypeError) as raised:
+    dsgrad.objective_from_logdensity(_log_prior, lambda z, b: -0.5 * (b["y"] - z[b["g"]]) ** 2,
+                                     data, groups)
+  assert "['g', 's'] hold whole numbers as floats" in raised.value.__notes__[-1]
+
+
 def test_a_column_of_pairs_is_declared_with_the_size_each_position_indexes():
   # A (N, 2) column whose positions index arrays of one size (a pair of players) gets that
   # bound for with_data; one whose positions index two sizes gets one bound per position
@@ -258,7 +285,7 @@ def test_an_error_in_the_users_log_density_names_the_shapes_it_was_given():
                                      {"x": x, "y": y}, 4)
   assert raised.value.__notes__[-1] == (
       "(raised in log_lik(z, batch), which dsgrad.model_from_logdensity evaluated with a "
-      "flat z of shape (4,), and a batch of 2 rows of each data column: x (2, 3), y (2,))")
+      "flat z of shape (4,), and a batch of 2 rows of each data column: x (2, 3) float32, y (2,) float32)")
   with pytest.raises(TypeError) as raised:
     dsgrad.objective_from_logdensity(lambda z: z["v"] @ jnp.ones(3), lambda z, b: b["y"],
                                      {"x": x, "y": y}, {"v": jnp.zeros(4)})
