@@ -85,6 +85,9 @@ def declared_and_checked(model: Model) -> Model:
   (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
              if leaf.shape[0] and _may_index(leaf)}
+  if any(not jnp.issubdtype(leaf.dtype, jnp.integer) for leaf in columns.values()) and \
+      not _casts_floats_to_integers(model):  # then no float column can index
+    columns = {k: v for k, v in columns.items() if jnp.issubdtype(v.dtype, jnp.integer)}
   if not columns:
     return model
   z = jnp.zeros(model.latent_dim, jnp.float32)
@@ -161,8 +164,36 @@ def _may_index(leaf) -> bool:
   if (not jnp.issubdtype(leaf.dtype, jnp.floating) or data_lib.is_host(leaf)
       or int(np.prod(leaf.shape[1:])) > 16):
     return False
+  # On the host: JAX's eager operations would each compile (0.4 s in all).
   values = np.asarray(leaf)
-  return bool(np.all(values == np.round(values)) and np.all(np.abs(values) < 2 ** 24))
+  whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < 2 ** 24)))  # noqa: E731
+  return whole(values[:1024]) and whole(values)  # real-valued columns fail on their first rows
+
+
+def _casts_floats_to_integers(model: Model) -> bool:
+  """Whether ``log_lik`` converts a float to an integer anywhere (one trace, nothing
+  compiled): JAX refuses a float index, so a float column indexes only through such a
+  cast, and probing float columns compiles a checked program (0.5 s) that most models,
+  whose whole-number floats are labels or counts, need not pay."""
+  rows = {k: jax.ShapeDtypeStruct((1,) + tuple(v.shape[1:]), v.dtype)
+          for k, v in model.data.items()}
+  z = jax.ShapeDtypeStruct((model.latent_dim,), jnp.float32)
+
+  def found(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+      if (eqn.primitive.name == "convert_element_type"
+          and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.floating)
+          and jnp.issubdtype(eqn.params["new_dtype"], jnp.integer)):
+        return True
+      inner = [getattr(v, "jaxpr", v) for v in eqn.params.values()
+               if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
+      inner += [getattr(b, "jaxpr", b) for v in eqn.params.values() if isinstance(v, tuple)
+                for b in v if hasattr(getattr(b, "jaxpr", b), "eqns")]  # cond's branches
+      if any(found(j) for j in inner):
+        return True
+    return False
+
+  return found(jax.make_jaxpr(model.log_likelihood)(z, rows).jaxpr)
 
 
 def _marks_missing(model: Model, rows: dict, name: str) -> bool:
