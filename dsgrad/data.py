@@ -205,7 +205,14 @@ def columns_of(values):
                      "its own name, or pass a dict of arrays")
   # An integer column (a group index) stays an integer: the table's single matrix would
   # turn it into floats, which cannot index a latent.
-  return {name: np.asarray(values[column]) for name, column in zip(names, values.columns)}
+  columns = {name: np.asarray(values[column]) for name, column in zip(names, values.columns)}
+  text = [name for name, column in columns.items()
+          if not (np.issubdtype(column.dtype, np.number) or column.dtype == bool)]
+  if text:  # names, labels, dates: a table's usual company, which a model reads as codes
+    raise ValueError(f"data: the table's columns {text} are not numbers; select the columns "
+                     f"the model reads (frame[{[n for n in names if n not in text]}]) or "
+                     "encode them (frame[name].astype('category').cat.codes)")
+  return columns
 
 
 def placed(values, who: str = "data"):

@@ -414,6 +414,10 @@ def test_a_pandas_data_frame_given_as_the_data_is_read_by_its_column_names():
   np.testing.assert_allclose(swapped.data["y"], -y)
   with pytest.raises(ValueError, match="repeated column names"):
     _regression(pd.DataFrame(np.ones((4, 2)), columns=["x", "x"]))
+  # A column of names beside them: "data['name'] has dtype object" said to convert it.
+  with pytest.raises(ValueError, match=r"columns \['name'\] are not numbers; select the "
+                                       r"columns the model reads \(frame\[\['x', 'y', 'g'\]\]\)"):
+    objective.with_data(frame.assign(name=[f"p{i}" for i in range(len(frame))]))
 
 
 def test_a_pandas_data_frame_column_is_read_as_its_array():
