@@ -19,7 +19,7 @@ from dsgrad import data as data_lib
 from dsgrad import data_kinds
 from dsgrad.models.base import Model
 
-__all__ = ["declared_and_checked"]
+__all__ = ["declared_and_checked", "whole_number_floats"]
 
 
 def _index_checked_likelihood(model: Model, unsigned: bool = True):
@@ -156,11 +156,15 @@ def declared_and_checked(model: Model) -> Model:
 
 
 def _may_index(leaf) -> bool:
-  """Whether a data column may index the latent: an integer one, or one in memory of at
-  most 16 floats a row that are all whole numbers (ids read from a table where a missing
-  value made the column float, cast to integers in ``log_lik``)."""
-  if jnp.issubdtype(leaf.dtype, jnp.integer):
-    return True
+  """Whether a data column may index the latent: an integer one, or one of
+  :func:`whole_number_floats`."""
+  return jnp.issubdtype(leaf.dtype, jnp.integer) or whole_number_floats(leaf)
+
+
+def whole_number_floats(leaf) -> bool:
+  """Whether a data column is one in memory of at most 16 floats a row that are all whole
+  numbers: ids read from a table where a missing value made the column float (which
+  ``log_lik`` casts to integers)."""
   if (not jnp.issubdtype(leaf.dtype, jnp.floating) or data_lib.is_host(leaf)
       or int(np.prod(leaf.shape[1:])) > 16):
     return False

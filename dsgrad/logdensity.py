@@ -66,8 +66,7 @@ def _traced(what: str, fn, latent, *args, columns=None):
                    f"{given}{rows})")
     if "Indexer must have integer" in str(error):
       # Ids read from a table where a missing value made the column float.
-      whole = [k for k, v in (columns or {}).items() if jnp.issubdtype(v.dtype, jnp.floating)
-               and not data_lib.is_host(v) and bool(jnp.all(v == jnp.round(v)))]
+      whole = [k for k, v in (columns or {}).items() if index_columns.whole_number_floats(v)]
       if whole:
         error.add_note(f"(an index read from a float column? {whole} hold whole numbers "
                        "as floats: give ids as integers, np.asarray(column, np.int32))")
