@@ -328,8 +328,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
     except (segments.NonFiniteStep, diagnostics.NonFiniteELBO) as error:
+      failed_at = error.step if isinstance(error, segments.NonFiniteStep) else step
       elbo_trust.note_divergence(error, objective, start_params, eval_key,
-                                 getattr(error, "step", step) - start_step)
+                                 failed_at - start_step)
       raise
     except KeyboardInterrupt:
       evaluations.bar(0, step, None, None, close=True)

@@ -241,7 +241,11 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 
 class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
-  message names what and at which step."""
+  message names what, ``step`` the first step known to fail."""
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
 
 
 class Failure(NamedTuple):
@@ -414,9 +418,7 @@ class SegmentRunner:
       return
     if not (error.non_finite() or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
-    failed = NonFiniteStep(message)
-    failed.step = int(np.asarray(error.codes)[1]) if error.non_finite() else at
-    raise failed
+    raise NonFiniteStep(message, int(np.asarray(error.codes)[1]) if error.non_finite() else at)
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
