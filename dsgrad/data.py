@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks
+from dsgrad import checks, data_values
 from dsgrad.data_values import check_no_number_lists  # noqa: F401  (re-exported)
 from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device,  # noqa: F401
                                       open_memmap, read_rows)
@@ -207,7 +207,7 @@ def columns_of(values):
   # turn it into floats, which cannot index a latent.
   columns = {name: np.asarray(values[column]) for name, column in zip(names, values.columns)}
   text = [name for name, column in columns.items()
-          if not (np.issubdtype(column.dtype, np.number) or column.dtype == bool)]
+          if not data_values.is_numeric_dtype(column.dtype)]
   if text:  # names, labels, dates: a table's usual company, which a model reads as codes
     raise ValueError(f"data: the table's columns {text} are not numbers; select the columns "
                      f"the model reads (frame[{[n for n in names if n not in text]}]) or "

@@ -12,13 +12,20 @@ import numpy as np
 from dsgrad.argument_kinds import ArgumentError
 
 
-def check_numeric_dtype(dtype, label: str) -> None:
-  """Refuses data of a dtype no model computes with: object (mixed Python values),
-  complex (JAX would drop the imaginary part or fail inside a product), strings, dates."""
+def is_numeric_dtype(dtype) -> bool:
+  """Whether a model computes with data of ``dtype``: bool, integer or floating; not
+  object (mixed Python values), complex (JAX would drop the imaginary part or fail inside
+  a product), strings or dates."""
   dtype = np.dtype(dtype)
   # jnp.issubdtype also counts bfloat16 (not a NumPy floating type) as floating.
-  if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype,
-                                                                               jnp.floating):
+  return dtype == np.bool_ or bool(jnp.issubdtype(dtype, jnp.integer)
+                                   or jnp.issubdtype(dtype, jnp.floating))
+
+
+def check_numeric_dtype(dtype, label: str) -> None:
+  """Refuses data of a dtype no model computes with (:func:`is_numeric_dtype`)."""
+  dtype = np.dtype(dtype)
+  if is_numeric_dtype(dtype):
     return
   raise ArgumentError(f"{label} has dtype {dtype}; data must be numbers (bool, integer or "
                       "floating): convert it, e.g. np.asarray(x, np.float32)")
