@@ -85,9 +85,10 @@ def declared_and_checked(model: Model) -> Model:
   (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
              if leaf.shape[0] and _may_index(leaf)}
-  if any(not jnp.issubdtype(leaf.dtype, jnp.integer) for leaf in columns.values()) and \
-      not _casts_floats_to_integers(model):  # then no float column can index
-    columns = {k: v for k, v in columns.items() if jnp.issubdtype(v.dtype, jnp.integer)}
+  floats = {name for name, leaf in columns.items() if not jnp.issubdtype(leaf.dtype, jnp.integer)}
+  if floats and not _casts_floats_to_integers(model):  # then no float column can index
+    columns = {k: v for k, v in columns.items() if k not in floats}
+    floats = set()
   if not columns:
     return model
   z = jnp.zeros(model.latent_dim, jnp.float32)
@@ -147,11 +148,10 @@ def declared_and_checked(model: Model) -> Model:
     kind = _index_kind(failure, z, one(lowest(name)), name, smallest, largest)
     if kind:
       kinds[name] = kind
-  for name in columns:
-    if name in kinds and not jnp.issubdtype(columns[name].dtype, jnp.integer):
-      # A float column cast to an index in log_lik: its negative values, which JAX wraps
-      # and the probes above cannot read as unsigned, are refused by its kind's bounds.
-      data_kinds.check_kind(kinds[name], columns[name], f"{model.name}: data column {name!r}")
+  for name in floats & set(kinds):
+    # A float column cast to an index in log_lik: its negative values, which JAX wraps and
+    # the probes above cannot read as unsigned, are refused by its kind's bounds.
+    data_kinds.check_kind(kinds[name], columns[name], f"{model.name}: data column {name!r}")
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
 
 

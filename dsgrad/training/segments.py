@@ -416,9 +416,10 @@ class SegmentRunner:
           "was finite: adding an update to the params overflowed (a step size too large?)")
     if not message:
       return
-    if not (error.non_finite() or message.startswith(PARAMS_NOT_FINITE)):
+    at_step = error.non_finite()  # else the params overflowed while every update was finite
+    if not (at_step or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
-    raise NonFiniteStep(message, int(np.asarray(error.codes)[1]) if error.non_finite() else at)
+    raise NonFiniteStep(message, int(np.asarray(error.codes)[1]) if at_step else at)
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
