@@ -12,8 +12,9 @@ generalized Pareto distribution to the largest ratios; its shape ``k`` (k-hat) r
   variances or tails (Yao et al. 2018).
 
 Sign convention: the functions here take the *log ratios* ``log p - log q`` (large =
-where ``q`` puts too little mass), as BlackJAX's ``psis_weights`` does; ArviZ's
-``psislw`` takes their negation.
+where ``q`` puts too little mass), as BlackJAX's ``psis_weights`` does; arviz-stats'
+``psislw``, which does the smoothing here, takes their negation (log likelihoods).
+Install it with ``pip install 'dsgrad[diagnostics]'``.
 
 References:
   Vehtari, Simpson, Gelman, Yao, Gabry (2024). Pareto smoothed importance sampling.
@@ -25,9 +26,6 @@ References:
 """
 
 from __future__ import annotations
-
-import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -43,44 +41,24 @@ K_HAT_GOOD = 0.5
 K_HAT_BAD = 0.7
 
 
-def _tail_length(num_draws: int) -> int:
-  # Vehtari et al. (2024), Sec. 3: M = min(3 sqrt(S), S / 5) for independent draws.
-  return min(max(int(3.0 * math.sqrt(num_draws)), 5), num_draws // 5)
-
-
-def _gpd_fit(exceedances: jax.Array):
-  """``(k, sigma)`` of a generalized Pareto distribution fitted to ``exceedances``
-  (ascending, non-negative) by Zhang and Stephens' (2009) profile-likelihood average
-  over a grid of ``b = -k / sigma``, with the weakly informative prior of Vehtari et al.
-  (2024, App. C) that shrinks ``k`` toward 0.5 (10 pseudo-observations)."""
-  n = exceedances.shape[0]
-  grid = 30 + int(math.sqrt(n))
-  tiny = jnp.finfo(exceedances.dtype).tiny
-  flat = exceedances[-1] < tiny  # every ratio in the tail equal: no tail at all
-  x = jnp.where(flat, jnp.ones_like(exceedances), exceedances)
-  # The grid's scale is the tail's lower quartile; ties at the threshold (ratios equal
-  # to float precision) would make it 0 and the grid infinite.
-  quartile = x[int(n / 4 + 0.5) - 1]
-  quartile = jnp.where(quartile < tiny, x[-1] * jnp.finfo(x.dtype).eps, quartile)
-  b = 1.0 - jnp.sqrt(grid / (jnp.arange(1, grid + 1, dtype=x.dtype) - 0.5))
-  b = b / (3.0 * quartile) + 1.0 / x[-1]
-  k_of_b = jnp.mean(jnp.log1p(-b[:, None] * x[None, :]), axis=1)
-  profile = n * (jnp.log(-b / k_of_b) - k_of_b - 1.0)
-  weights = jax.nn.softmax(profile)
-  b_mean = jnp.sum(b * weights)
-  k = jnp.mean(jnp.log1p(-b_mean * x))
-  sigma = -k / b_mean
-  k = (n * k + 10 * 0.5) / (n + 10)
-  return jnp.where(flat, 0.0, k), jnp.where(flat, 0.0, sigma)
-
-
-# Beyond this many nats between the largest ratio and the tail's threshold the smaller
-# ratios underflow in float32: the weights are dominated by a few draws, k-hat is +inf.
-_MAX_SPREAD = 80.0
+def arviz_array_stats(purpose: str):
+  """arviz-stats' NumPy functions (``arviz_stats.base.array_stats``), which dsgrad's
+  PSIS and effective sample sizes use; an ImportError naming ``purpose`` and the extra
+  to install where arviz-stats is missing."""
+  try:
+    from arviz_stats.base import array_stats
+  except ImportError as error:
+    raise ImportError(f"{purpose} uses arviz-stats' implementation: pip install "
+                      "'dsgrad[diagnostics]' (or pip install arviz-stats)") from error
+  return array_stats
 
 
 def psis_log_weights(log_ratios: jax.Array):
   """Pareto-smoothed, normalised log importance weights and k-hat; runs under ``jit``.
+
+  The smoothing is arviz-stats' ``psislw`` (Vehtari et al. 2024, Algorithm 1), run in
+  float64 (under ``jit`` as a host callback); this function adds the sign convention
+  of the module docstring, the checks, and a constant tail's answer.
 
   Args:
     log_ratios: ``(S,)`` log importance ratios ``log p(x, z_s) - log q(z_s)`` of
@@ -90,11 +68,13 @@ def psis_log_weights(log_ratios: jax.Array):
   Returns:
     ``(log_weights, k_hat)``: ``(S,)`` log weights summing (in ``exp``) to 1, whose
     ``M = min(3 sqrt(S), S / 5)`` largest are replaced by the fitted distribution's
-    quantiles when ``k_hat >= 1/3``; and the shape estimate ``k_hat``: ``+inf`` when
-    the tail spans more than 80 nats (a few draws carry all the weight).
+    quantiles; and the shape estimate ``k_hat``: 0 where the tail's ratios are all
+    equal (there is no tail), ``+inf`` where the tail spans more than float64's 708
+    nats (a few draws carry all the weight).
 
   Raises:
     ValueError: fewer than 25 draws, or (outside ``jit``) a NaN or ``+inf`` ratio.
+    ImportError: arviz-stats is not installed (``pip install 'dsgrad[diagnostics]'``).
 
   Example:
     >>> import jax, dsgrad
@@ -113,51 +93,46 @@ def psis_log_weights(log_ratios: jax.Array):
   s = log_ratios.shape[0]
   if s < 25:
     raise ValueError(f"PSIS needs at least 25 draws (a tail of 5 to fit), got {s}")
-  if checks.is_concrete(log_ratios):
-    # -inf is a draw of weight zero; NaN and +inf have no weight to smooth.
-    values = np.asarray(log_ratios, np.float64)
-    if np.isnan(values).any() or np.isposinf(values).any() or np.isneginf(values).all():
-      raise ValueError(f"log_ratios must be finite or -inf (a draw of weight zero), with one "
-                       f"finite: they hold {int(np.isnan(values).sum())} NaN, "
-                       f"{int(np.isposinf(values).sum())} +inf and "
-                       f"{int(np.isneginf(values).sum())} -inf of {s}")
-  m = _tail_length(s)
-  if isinstance(log_ratios, np.ndarray):
-    # Shift in the caller's precision (float64 ratios near the evidence differ in
-    # digits float32 does not keep).
-    log_ratios = log_ratios - np.max(log_ratios)
-  log_ratios = jnp.asarray(log_ratios)
-  if not jnp.issubdtype(log_ratios.dtype, jnp.floating):
-    log_ratios = log_ratios.astype(jnp.float32)
-  return _smoothed(log_ratios, m)
+  array_stats = arviz_array_stats("PSIS")
+  if not checks.is_concrete(log_ratios):
+    dtype = (log_ratios.dtype if jnp.issubdtype(log_ratios.dtype, jnp.floating)
+             else jnp.float32)
+    shapes = (jax.ShapeDtypeStruct((s,), dtype), jax.ShapeDtypeStruct((), dtype))
+    return jax.pure_callback(
+        lambda r: tuple(np.asarray(x, dtype) for x in _smoothed(array_stats, r)), shapes,
+        log_ratios)
+  # -inf is a draw of weight zero; NaN and +inf have no weight to smooth.
+  values = np.asarray(log_ratios, np.float64)
+  if np.isnan(values).any() or np.isposinf(values).any() or np.isneginf(values).all():
+    raise ValueError(f"log_ratios must be finite or -inf (a draw of weight zero), with one "
+                     f"finite: they hold {int(np.isnan(values).sum())} NaN, "
+                     f"{int(np.isposinf(values).sum())} +inf and "
+                     f"{int(np.isneginf(values).sum())} -inf of {s}")
+  log_weights, k = _smoothed(array_stats, values)
+  if isinstance(log_ratios, jax.Array):
+    dtype = log_ratios.dtype if jnp.issubdtype(log_ratios.dtype, jnp.floating) else jnp.float32
+    return jnp.asarray(log_weights, dtype), jnp.asarray(k, dtype)
+  return log_weights, k
 
 
-# Compiled once per shape: run op by op, its sixty-odd small operations took 2 s to
-# compile in every new process (the end of each fit).
-@functools.partial(jax.jit, static_argnums=1)
-def _smoothed(log_ratios, m: int):
-  """:func:`psis_log_weights` of float ratios, the tail's length ``m`` given."""
-  s = log_ratios.shape[0]
-  shifted = log_ratios - jnp.max(log_ratios)
-  order = jnp.argsort(shifted)
-  ascending = shifted[order]
-  threshold_log = ascending[s - m - 1]
-  tail_log = ascending[s - m:]
-  too_wide = threshold_log < -_MAX_SPREAD
-  threshold = jnp.exp(threshold_log)
-  # exp(a) - exp(t) = exp(t) expm1(a - t) keeps the small differences exp(a) - exp(t) drops.
-  k, sigma = _gpd_fit(threshold * jnp.expm1(tail_log - threshold_log))
-  k = jnp.where(too_wide, jnp.inf, k)
-  quantiles = (jnp.arange(m, dtype=ascending.dtype) + 0.5) / m
-  small_k = jnp.abs(k) < 1e-10
-  safe_k = jnp.where(small_k | ~jnp.isfinite(k), 1.0, k)
-  inverse_cdf = jnp.where(small_k, -sigma * jnp.log1p(-quantiles),
-                          sigma * jnp.expm1(-safe_k * jnp.log1p(-quantiles)) / safe_k)
-  smoothed = jnp.minimum(threshold + inverse_cdf, jnp.exp(tail_log[-1]))
-  smooth = (k >= 1.0 / 3.0) & jnp.isfinite(k)
-  ascending = jnp.where(smooth, ascending.at[s - m:].set(jnp.log(smoothed)), ascending)
-  log_weights = jnp.zeros_like(ascending).at[order].set(ascending)
-  return log_weights - jax.nn.logsumexp(log_weights), k
+def _smoothed(array_stats, log_ratios):
+  """arviz-stats' PSIS of float64 ``log_ratios``, with the two tails it cannot fit
+  answered here: a tail of equal ratios (which it refuses) has nothing to smooth, k-hat
+  0; a tail whose threshold underflows ``exp`` in float64 (over 708 nats below the
+  largest ratio; it returns NaN weights and a small k there) is all in a few draws,
+  k-hat ``+inf``. Both keep the plain normalised ratios as weights."""
+  values = np.asarray(log_ratios, np.float64)
+  values = values - np.max(values)
+  plain = values - np.logaddexp.reduce(values)
+  # The tail's length, as in arviz-stats: M = min(3 sqrt(S), S / 5) (Vehtari et al. 2024).
+  tail = np.sort(values)[-min(int(3.0 * np.sqrt(values.size)), values.size // 5) - 1:]
+  if tail[-1] - tail[1] < np.finfo(np.float64).tiny:
+    return plain, 0.0
+  if tail[0] < np.log(np.finfo(np.float64).tiny):
+    return plain, float("inf")
+  # arviz-stats takes log likelihoods, whose negation is the importance ratio.
+  log_weights, k = array_stats.psislw(-values)
+  return np.asarray(log_weights), float(k)
 
 
 def pareto_k(log_ratios: jax.Array) -> jax.Array:
@@ -226,9 +201,8 @@ def diagnose(k_hat: float) -> str:
   if np.isnan(k_hat):
     return "k-hat is NaN: the importance ratios are not finite (a NaN or inf log density)"
   if np.isinf(k_hat):
-    return (f"k-hat = inf: a few draws carry all the importance weight (the ratios' tail "
-            f"spans over {_MAX_SPREAD:.0f} nats); the approximation is far from the "
-            "posterior, do not trust it (PSIS)")
+    return ("k-hat = inf: a few draws carry all the importance weight; the approximation "
+            "is far from the posterior, do not trust it (PSIS)")
   if k_hat < K_HAT_GOOD:
     return (f"k-hat = {k_hat:.2f} < {K_HAT_GOOD}: the approximation is close to the "
             "posterior (PSIS)")

@@ -3,6 +3,7 @@ block-Poisson estimators, HMC-ECS (perturbed and signed) against an exact Gaussi
 posterior, the SG-MCMC baselines, diagnostics and bad input."""
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -308,6 +309,23 @@ def test_effective_sample_size_of_an_ar1_process():
   assert abs(got / want - 1) < 0.1, (got, want)
   iid = mcmc.effective_sample_size(rng.normal(size=(5000, 1)))[0]
   assert 4000 < iid < 6500
+  # A parameter the chain never moved taught nothing (arviz-stats alone would say R).
+  stuck = np.column_stack([rng.normal(size=500), np.full(500, 2.0)])
+  assert mcmc.effective_sample_size(stuck)[1] == 0.0
+
+
+def test_a_chain_without_arviz_stats_keeps_its_draws_and_says_why_ess_is_missing(
+    monkeypatch):
+  monkeypatch.setitem(sys.modules, "arviz_stats", None)
+  monkeypatch.setitem(sys.modules, "arviz_stats.base", None)
+  with pytest.raises(ImportError, match=r"dsgrad\[diagnostics\]"):
+    mcmc.effective_sample_size(np.zeros((10, 2)))
+  model, _, _ = _linear_gaussian(seed=3)
+  result = mcmc.sample(jax.random.key(16), model, num_samples=10, num_warmup=0,
+                       subsample_size=100, num_blocks=10, progress=False)
+  assert result.samples.shape == (10, 3) and np.all(np.isfinite(result.samples))
+  assert np.all(np.isnan(result.ess))
+  assert any("ess not computed" in w and "arviz-stats" in w for w in result.warnings)
 
 
 def test_bad_input(logreg):

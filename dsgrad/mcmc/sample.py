@@ -189,7 +189,8 @@ class MCMCResult(NamedTuple):
     subsample_size: the ``m`` sampled with (chosen with ``"auto"``); ``None`` for
       ``estimator="full"``.
     ess: ``(d,)`` effective sample size of each coordinate of ``samples``
-      (:func:`dsgrad.mcmc.effective_sample_size`; NaN for a chain that diverged).
+      (:func:`dsgrad.mcmc.effective_sample_size`; NaN for a chain that diverged, and
+      without arviz-stats, which ``warnings`` then names).
     warnings: sentences on what makes the draws untrustworthy (an estimator variance
       well above 1: :func:`dsgrad.mcmc.estimator_noise.variance_warnings`; a reference
       point that drifted from the full-data mode in warm-up:
@@ -227,6 +228,17 @@ class MCMCResult(NamedTuple):
             f"warmup_seconds={self.warmup_seconds:.3g}, "
             f"sampling_seconds={self.sampling_seconds:.3g}, "
             f"setup_evaluations={self.setup_evaluations})")
+
+
+def _effective_sample_size(samples) -> tuple[np.ndarray, tuple]:
+  """``(ess, warnings)`` of a finished chain: NaN for a chain that diverged, and without
+  arviz-stats, with a warning that names it (the draws are kept either way)."""
+  try:
+    return effective_sample_size(samples), ()
+  except ValueError:  # a chain that diverged
+    return np.full(samples.shape[1], np.nan), ()
+  except ImportError as error:
+    return np.full(samples.shape[1], np.nan), (f"ess not computed: {error}",)
 
 
 @checks.arguments(model=checks.model(), key=checks.prng_key(), num_samples=checks.count(1),
@@ -372,13 +384,11 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   warmup_seconds = time.perf_counter() - start_time
 
   def result(samples, signs, info, state, seconds):
-    try:
-      ess = effective_sample_size(samples)
-    except ValueError:  # a chain that diverged
-      ess = np.full(samples.shape[1], np.nan)
+    ess, missing = _effective_sample_size(samples)
     estimator_variance, warnings = estimator_noise.diagnose(
         model, proxy, samples, info, jax.random.fold_in(key, 8), subsample_size,
         estimator == "perturbed", mode)
+    warnings = tuple(warnings) + missing
     for message in warnings if progress else ():
       print("warning: " + message, flush=True)
     return MCMCResult(samples, signs, info, state, proxy, params, scheme, warmup_seconds,

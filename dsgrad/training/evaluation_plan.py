@@ -250,4 +250,8 @@ def _can_check_trust(objective, elbo_samples: int) -> tuple[bool, str]:
     return False, "k-hat not computed: the objective draws one noise per datum"
   if elbo_samples < 25:
     return False, f"k-hat not computed: it needs elbo_samples >= 25, got {elbo_samples}"
+  try:
+    psis.arviz_array_stats("k-hat")
+  except ImportError as error:
+    return False, f"k-hat not computed: {error}"
   return True, ""

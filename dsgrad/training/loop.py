@@ -81,8 +81,9 @@ class FitResult(NamedTuple):
     pareto_k: how far to trust the approximation at the end: PSIS k-hat of the final
       ELBO evaluation's draws (:mod:`dsgrad.psis`; below 0.5 good, from 0.7 the
       approximation misses part of the posterior). ``None`` when it was not computed:
-      ``elbo_samples < 25``, or an objective that does not expose ``log q``
-      (``Objective.log_q_offset``) or draws one noise per datum.
+      ``elbo_samples < 25``, an objective that does not expose ``log q``
+      (``Objective.log_q_offset``) or draws one noise per datum, or arviz-stats (the
+      ``diagnostics`` extra) not installed.
     diagnosis: one sentence on ``pareto_k`` (:func:`dsgrad.psis.diagnose`), or why it
       was not computed.
     timing: a :class:`FitTiming`: the call's seconds split into steps, compiling,
