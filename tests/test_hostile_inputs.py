@@ -89,6 +89,16 @@ def test_fit_refuses_an_estimator_after_a_stateful_transform(objective, params0)
                elbo_samples=0, progress=False)
 
 
+def test_fit_refuses_params_that_are_not_parameters(objective, logreg_model):
+  # Before, fit said "cannot be evaluated at these params (shapes [])... Were the params
+  # made for another model?" for None, and a model passed as params failed inside it.
+  for bad in (None, {}, logreg_model, objective):
+    with pytest.raises(TypeError, match=r"params must be the variational parameters.*"
+                                        + type(bad).__name__):
+      dsgrad.fit(objective, optax.adam(1e-2), bad, jax.random.key(0), num_steps=2,
+                 batch_size=BATCH, elbo_samples=0, progress=False)
+
+
 def test_estimator_samples_refuses_a_chain(objective, params0):
   opt = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
   with pytest.raises(ValueError, match="not an optax.chain"):

@@ -149,6 +149,9 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
 
 def _check_start(params, num_steps: int, start_step: int) -> None:
   """Refuses params (given or restored) and a step that no run can start from."""
+  if not jax.tree.leaves(params) or hasattr(params, "num_data"):  # None, a model: a slip
+    raise TypeError("dsgrad.fit: params must be the variational parameters (a pytree of "
+                    f"float arrays, e.g. dsgrad.meanfield_init(model)), got {type(params)}")
   checks.check_floating_params(params, "dsgrad.fit")
   # A NaN start would train silently to a NaN history with a plain optax optimizer.
   checks.value_checks(checks.finite_checks(params, "params passed to fit"))
