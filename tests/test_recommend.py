@@ -123,6 +123,8 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   rows = _by_name(advice)
   assert advice.best == "naive" and set(rows) == set(candidates_lib.DEFAULT_CANDIDATES)
   assert all("too small to race" in rows[n].why_not for n in rows if n != "naive")
+  # Before, "no candidate beat naive by more than twice its standard error", as if raced.
+  assert advice.reasons[-1].startswith("no candidate raced: stay with naive")
   assert rows["naive_batch"].batch_size == 2 * BATCH  # settings are fields
   assert rows["cv"].gain is None and not rows["cv"].raced
   with pytest.raises(ValueError, match=r"'cv' did not race: Recommendation.fit continues"):

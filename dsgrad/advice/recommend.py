@@ -244,8 +244,9 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
         f"{r.gain:+.4g} +- {r.gain_se:.2g} nats over naive at equal time." if r.raced
         else f"{r.why_not}."))
   tied = best.gain is not None and best.gain < max(r.gain or 0.0 for r in rows)
-  lines.append("no candidate beat naive by more than twice its standard error: stay with "
-               "naive and your decaying step size." if best.name == "naive" else
+  lines.append(("no candidate beat naive by more than twice its standard error" if any(
+      r.raced for r in rows) else "no candidate raced") + ": stay with naive and your "
+               "decaying step size." if best.name == "naive" else
                f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, more "
                "than twice its standard error, " + ("tied with the most (a control variate "
                "at a recent snapshot: the better bet)" if tied else "the most of any") +
