@@ -95,15 +95,19 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
   reads every other leaf whole.
 
   Row ``n``'s coordinates: for a declared leaf of shape ``(R, *rest)`` and each of its
-  columns ``c``, the ``prod(rest)`` coordinates of ``leaf[c[n]]``; for every other leaf,
-  all of its coordinates. The local likelihood calls the user's ``log_lik`` on one row
-  at a time with a latent rebuilt from those coordinates: a declared leaf becomes a
-  small array with one row per index column, and the row's index columns are replaced by
-  their positions in it. Work per row is proportional to ``k``, not to ``d``.
+  columns ``c``, the ``prod(rest)`` coordinates of ``leaf[c[n]]`` (of ``leaf[c[n, j]]``
+  for each ``j`` of a column ``(N, m)``); for every other leaf, all of its coordinates.
+  The local likelihood calls the user's ``log_lik`` on one row at a time with a latent
+  rebuilt from those coordinates: a declared leaf becomes a small array with one row
+  per index read, and the row's index columns are replaced by their positions in it.
+  Work per row is proportional to ``k``, not to ``d``.
   """
   layout, columns = _reads_layout(reads, latent, d, handles)
-  position = {col: p for p, col in enumerate(columns)}
-  k = sum(width * (len(cols) if cols else 1) for _, _, cols, width in layout)
+  # Rows of a declared leaf one data row reads from a column: 1, or its width (N, m).
+  per_row = {col: handles[col].shape[1] if handles[col].ndim == 2 else 1 for col in columns}
+  position = dict(zip(columns, np.cumsum([0] + [per_row[c] for c in columns]).tolist()))
+  k = sum(width * (sum(per_row[c] for c in cols) if cols else 1)
+          for _, _, cols, width in layout)
   data_names = list(handles)
 
   def coordinates(rows):
@@ -115,9 +119,9 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
                                        (b, width)))
         continue
       for col in cols:
-        row = rows[col].astype(jnp.int32)
-        pieces.append(start + row[:, None] * width
-                      + jnp.arange(width, dtype=jnp.int32)[None, :])
+        row = rows[col].astype(jnp.int32).reshape(b, per_row[col])
+        pieces.append((start + row[:, :, None] * width
+                       + jnp.arange(width, dtype=jnp.int32)).reshape(b, -1))
     return jnp.concatenate(pieces, axis=1)
 
   def local_latent(z_local):
@@ -127,10 +131,11 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
         parts.append(z_local[at:at + width].reshape(shape))
         at += width
         continue
-      small = jnp.zeros((len(columns),) + shape[1:], z_local.dtype)
+      small = jnp.zeros((sum(per_row.values()),) + shape[1:], z_local.dtype)
       for col in cols:
-        small = small.at[position[col]].set(z_local[at:at + width].reshape(shape[1:]))
-        at += width
+        for j in range(per_row[col]):
+          small = small.at[position[col] + j].set(z_local[at:at + width].reshape(shape[1:]))
+          at += width
       parts.append(small)
     return jax.tree_util.tree_unflatten(jax.tree.structure(latent), parts)
 
@@ -138,7 +143,9 @@ def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikeli
     rows = [rows[name] for name in data_names]
 
     def one(zl, row):
-      row = [jnp.full((1,), position[col], leaf.dtype) if col in position else leaf[None]
+      # The row's index columns point into the small leaves local_latent builds.
+      row = [(position[col] + jnp.arange(per_row[col], dtype=leaf.dtype)).reshape(
+          (1,) + leaf.shape) if col in position else leaf[None]
              for col, leaf in zip(data_names, row)]
       return log_lik(local_latent(zl), jax.tree_util.tree_unflatten(treedef, row))[0]
 
@@ -165,10 +172,10 @@ def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
     raise ValueError(f"reads names latent leaves {unknown} that the latent does not have; "
                      f"it has {leaf_names}")
   for col in columns:
-    if handles[col].ndim != 1 or not jnp.issubdtype(handles[col].dtype, jnp.integer):
-      raise TypeError(f"data column {col!r} indexes latent rows (reads), so it must be a 1-D "
-                      f"integer array; got shape {handles[col].shape}, dtype "
-                      f"{handles[col].dtype}")
+    if handles[col].ndim not in (1, 2) or not jnp.issubdtype(handles[col].dtype, jnp.integer):
+      raise TypeError(f"data column {col!r} indexes latent rows (reads), so it must be an "
+                      "integer array of one index per data row, (N,), or several, (N, m); "
+                      f"got shape {handles[col].shape}, dtype {handles[col].dtype}")
   layout, offset = [], 0
   for leaf_name, (_, leaf) in zip(leaf_names, leaves):
     shape = tuple(np.shape(leaf))
@@ -224,7 +231,9 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     name: label for messages and tables.
     reads: optional ``{latent leaf: data column}``: row ``n`` reads, of that latent leaf,
       only the row ``leaf[column[n]]`` (a tuple of columns for several rows, e.g.
-      ``{"skill": ("winner", "loser")}``), and every leaf not named here whole. Names are
+      ``{"skill": ("winner", "loser")}``, or a column of shape ``(N, m)`` for the
+      ``m`` rows ``leaf[column[n, j]]``, e.g. ``{"skill": "pair"}``), and every leaf not
+      named here whole. Names are
       the leaves' and columns' paths (``"raw"`` for ``latent["raw"]``, ``"a/b"`` for
       ``latent["a"]["b"]``). The model then declares, per row, those ``k`` latent
       coordinates (``model.sparse``, :class:`dsgrad.models.SparseLikelihood`), so

@@ -27,6 +27,11 @@ def _data(seed=0):
           "y": rng.poisson(1.0, N).astype(np.float32)}
 
 
+def _with_pairs(data):
+  """``data`` with ``u`` and ``i`` as one ``(N, 2)`` column, as a pairwise model keeps them."""
+  return dict(data, pair=np.stack([data["u"], data["i"] % USERS], 1))
+
+
 def _gaussian_prior(z):
   return -0.5 * sum(jnp.sum(v ** 2) for v in jax.tree.leaves(z))
 
@@ -119,6 +124,48 @@ def test_joint_saga_updates_equal_the_dense_tables(case):
     p = optax.apply_updates(p, out["dense"])
 
 
+def test_a_column_of_several_indices_per_row_is_its_columns_side_by_side():
+  """``{"skill": "pair"}`` with ``pair`` of shape ``(N, 2)`` declares what
+  ``{"skill": ("u", "i")}`` does for its two columns: the same coordinates, local
+  likelihood and joint SAGA updates. Before, an ``(N, 2)`` column was refused."""
+  data = _with_pairs(_data(1))
+  split = dict(data, i=data["pair"][:, 1])
+
+  def pair_lik(z, rows):
+    diff = z["skill"][rows["pair"][:, 0]] - z["skill"][rows["pair"][:, 1]]
+    return jax.nn.log_sigmoid(jnp.where(rows["y"] > 1, diff, -diff))
+
+  latent = {"skill": jnp.zeros(USERS)}
+  together = dsgrad.objective_from_logdensity(_flat_prior, pair_lik, data, latent,
+                                              reads={"skill": "pair"})
+  apart = dsgrad.objective_from_logdensity(_flat_prior, _pair_lik, split, latent,
+                                           reads={"skill": ("u", "i")})
+  indices = jnp.arange(N, dtype=jnp.int32)
+  models = [o.source[1] for o in (together, apart)]
+  coords = [np.asarray(m.sparse.coordinates(m.rows(indices))) for m in models]
+  np.testing.assert_array_equal(coords[0], coords[1])
+  z = jax.random.normal(jax.random.key(1), (USERS,))
+  local = models[0].sparse.log_likelihood_local(z[coords[0]], models[0].rows(indices))
+  np.testing.assert_allclose(local, models[1].log_likelihood_at(z, indices), rtol=1e-5,
+                             atol=1e-6)
+  params = {"loc": 0.2 * jax.random.normal(jax.random.key(2), (USERS,)),
+            "log_scale": jnp.full((USERS,), -1.0)}
+  updates = []
+  for objective in (together, apart):
+    opt = optax.chain(dsgrad.joint_saga(objective, control_weight=1.0), optax.sgd(1e-3))
+    noise = objective.sample_noise(jax.random.key(3), 8)
+    state = opt.init(params)
+    for _ in range(2):  # the second step reads the table the first wrote
+      out, state = opt.update(objective.grad(params, indices[:8], noise), state, params,
+                              indices=indices[:8], noise=noise)
+    updates.append(out)
+  chex.assert_trees_all_close(updates[0], updates[1], rtol=1e-5, atol=1e-7)
+  with pytest.raises(TypeError, match=r"one index per data row.*shape \(300, 2, 1\)"):
+    dsgrad.model_from_logdensity(
+        _flat_prior, lambda z, rows: pair_lik(z, dict(rows, pair=rows["pair"][..., 0])),
+        dict(data, pair=data["pair"][..., None]), latent, reads={"skill": "pair"})
+
+
 def test_too_large_table_names_the_declaration_first():
   log_lik, latent, _, _ = CASES["hierarchical"]
   objective = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent)
@@ -133,8 +180,8 @@ def test_too_large_table_names_the_declaration_first():
 @pytest.mark.parametrize("reads, error, match", [
     ({"nope": "g"}, ValueError, "does not have"),
     ({"raw": "nope"}, ValueError, "names the data column"),
-    ({"raw": "x"}, TypeError, "1-D integer"),
-    ({"raw": "y"}, TypeError, "1-D integer"),
+    ({"raw": "x"}, TypeError, "integer array of one index per data row"),
+    ({"raw": "y"}, TypeError, "integer array of one index per data row"),
     ({"raw": "u"}, ValueError, "differs|does not declare"),  # reads raw by g, declared u
     ({"raw": ("g", 3)}, TypeError, "must name data columns"),
     ([("raw", "g")], TypeError, "non-empty dict"),
