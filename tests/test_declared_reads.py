@@ -168,7 +168,8 @@ def test_a_column_of_several_indices_per_row_is_its_columns_side_by_side():
 
 def test_too_large_table_names_the_declaration_first():
   log_lik, latent, _, _ = CASES["hierarchical"]
-  objective = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent)
+  objective = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, _data(), latent,
+                                               reads=None)
   d = jax.flatten_util.ravel_pytree(latent)[0].size
   params = {"loc": jnp.zeros(d), "log_scale": jnp.zeros(d)}
   with pytest.raises(MemoryError) as error:
@@ -228,6 +229,49 @@ def test_a_leaf_read_whole_but_indexed_by_a_declared_column_is_named_with_the_fi
   assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reads_are_found_where_not_declared(case):
+  """``reads="auto"`` (the default) finds the declaration a user would write: the same
+  coordinates per row (the pair's two columns in the order its kinds list them), so
+  joint SAGA's default table is the declared one's. ``reads=None`` finds none."""
+  log_lik, latent, reads, k = CASES[case]
+  data = _data()
+  found = dsgrad.model_from_logdensity(_gaussian_prior, log_lik, data, latent)
+  declared = dsgrad.model_from_logdensity(_gaussian_prior, log_lik, data, latent, reads=reads)
+  assert found.sparse.num_coordinates == k
+  rows = found.rows(jnp.arange(N, dtype=jnp.int32))
+  np.testing.assert_array_equal(np.sort(found.sparse.coordinates(rows), axis=1),
+                                np.sort(declared.sparse.coordinates(rows), axis=1))
+  assert dsgrad.model_from_logdensity(_gaussian_prior, log_lik, data, latent,
+                                      reads=None).sparse is None
+  with pytest.raises(TypeError, match="reads must be a non-empty dict .*'auto' or None"):
+    dsgrad.model_from_logdensity(_gaussian_prior, log_lik, data, latent, reads="yes")
+
+
+def test_found_reads_leave_out_a_leaf_read_otherwise_and_keep_leaves_sharing_a_column():
+  data = _data()
+  # user is indexed by u and also summed whole: only item's reads are found.
+  def summed_lik(z, rows):
+    return _two_index_lik(z, rows) + 0.01 * jnp.sum(z["user"])
+
+  model = dsgrad.model_from_logdensity(_gaussian_prior, summed_lik, data, TWO_INDEX)
+  assert model.sparse.num_coordinates == 1 + USERS + 1  # bias, user whole, item[i]
+  # slope and user indexed by one column: found together (alone, each would fail).
+  latent = dict(TWO_INDEX, slope=jnp.zeros((USERS, 2)))
+
+  def slope_lik(z, rows):
+    return _two_index_lik(z, rows) + 0.1 * z["slope"][rows["u"], 0]
+
+  model = dsgrad.model_from_logdensity(_gaussian_prior, slope_lik, data, latent)
+  assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
+  # A row that reads its group's neighbour too has no reads to find.
+  def neighbour_lik(z, rows):
+    return _hierarchical_lik(z, rows) + z["raw"][(rows["g"] + 1) % GROUPS, 0]
+
+  assert dsgrad.model_from_logdensity(_gaussian_prior, neighbour_lik, data,
+                                      HIERARCHICAL).sparse is None
+
+
 def test_a_model_that_declares_its_reads_keeps_the_compact_table_by_default():
   """joint_saga's default table kept every parameter, also for a declared model: the same
   updates at N x 2d numbers where N x 2k do (on 200,000 rows and 5,806 latents: 8.65 GiB,
@@ -253,7 +297,7 @@ def test_a_model_that_declares_its_reads_keeps_the_compact_table_by_default():
     warnings.simplefilter("error")
     default = dsgrad.joint_saga(declared)
     assert dsgrad.table_bytes(default.init(params)) == dsgrad.table_bytes(explicit.init(params))
-    plain = dsgrad.objective_from_logdensity(_gaussian_prior, lik, data, latent)
+    plain = dsgrad.objective_from_logdensity(_gaussian_prior, lik, data, latent, reads=None)
     assert dsgrad.table_bytes(dsgrad.joint_saga(plain).init(params)) > 60 * 2**20
   runs = [dsgrad.fit(declared, optax.chain(estimator, optax.adam(1e-2)), params,
                      jax.random.key(1), num_steps=30, batch_size=50, elbo_samples=0,
@@ -275,7 +319,8 @@ def test_sparse_linearize_takes_the_objective_or_refuses_it():
     dsgrad.approx.sparse_linearize(sticking)
   with pytest.raises(TypeError, match="takes a dsgrad.models.Model"):
     dsgrad.approx.sparse_linearize(data)
-  undeclared = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, data, latent)
+  undeclared = dsgrad.objective_from_logdensity(_gaussian_prior, log_lik, data, latent,
+                                                reads=None)
   with pytest.raises(ValueError, match="declares which coordinates"):
     dsgrad.approx.sparse_linearize(undeclared)
 
