@@ -94,13 +94,12 @@ def psis_log_weights(log_ratios: jax.Array):
   if s < 25:
     raise ValueError(f"PSIS needs at least 25 draws (a tail of 5 to fit), got {s}")
   array_stats = arviz_array_stats("PSIS")
+  dtype = log_ratios.dtype if jnp.issubdtype(log_ratios.dtype, jnp.floating) else jnp.float32
   if not checks.is_concrete(log_ratios):
-    dtype = (log_ratios.dtype if jnp.issubdtype(log_ratios.dtype, jnp.floating)
-             else jnp.float32)
     shapes = (jax.ShapeDtypeStruct((s,), dtype), jax.ShapeDtypeStruct((), dtype))
     return jax.pure_callback(
         lambda r: tuple(np.asarray(x, dtype) for x in _smoothed(array_stats, r)), shapes,
-        log_ratios)
+        log_ratios, vmap_method="sequential")
   # -inf is a draw of weight zero; NaN and +inf have no weight to smooth.
   values = np.asarray(log_ratios, np.float64)
   if np.isnan(values).any() or np.isposinf(values).any() or np.isneginf(values).all():
@@ -110,7 +109,6 @@ def psis_log_weights(log_ratios: jax.Array):
                      f"{int(np.isneginf(values).sum())} -inf of {s}")
   log_weights, k = _smoothed(array_stats, values)
   if isinstance(log_ratios, jax.Array):
-    dtype = log_ratios.dtype if jnp.issubdtype(log_ratios.dtype, jnp.floating) else jnp.float32
     return jnp.asarray(log_weights, dtype), jnp.asarray(k, dtype)
   return log_weights, k
 

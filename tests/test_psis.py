@@ -29,6 +29,8 @@ def test_matches_blackjax_psis_weights(tail):
                              atol=1e-6)
   assert float(jnp.sum(jnp.exp(log_weights))) == pytest.approx(1.0, abs=1e-5)
   assert float(jax.jit(dsgrad.pareto_k)(draws)) == pytest.approx(float(k), rel=1e-4)
+  batched = jax.vmap(dsgrad.pareto_k)(jnp.stack([draws, -draws]))  # a host callback
+  assert float(batched[0]) == pytest.approx(float(k), rel=1e-4)
 
 
 def test_log_ratio_sign_convention():
