@@ -380,10 +380,11 @@ def _found_reads(model: Model, latent, declare) -> SparseLikelihood | None:
 
   found = dict(guesses) if keeps(guesses) else {}
   for leaf, columns in guesses.items():
-    one = next((c for c in columns if len(columns) > 1 or leaf not in found
-                if keeps(dict(found, **{leaf: (c,)}))), None)
-    if one is not None:
-      found[leaf] = (one,)
+    if leaf in found and len(columns) == 1:
+      continue
+    one = next(((c,) for c in columns if keeps(dict(found, **{leaf: (c,)}))), None)
+    if one is not None:  # one column suffices
+      found[leaf] = one
     elif leaf not in found and len(columns) > 1 and keeps(dict(found, **{leaf: columns})):
       found[leaf] = columns
   return tried[tuple(sorted(found.items()))] if found else None
