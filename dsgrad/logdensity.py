@@ -240,9 +240,10 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
       :func:`dsgrad.joint_saga` keeps a table of ``N x 2k`` numbers instead of
       ``N x 2d`` and works ``O(k)`` per row. Checked on a few rows at a random latent:
       a ``log_lik`` that reads more than declared is refused. ``"auto"`` (default):
-      found where it can be, for a pytree latent: a leaf of ``R`` rows and the integer
-      columns found to index ``R`` rows are declared where the likelihood from those
-      coordinates equals the full one on 64 rows spread over the data (a wrong guess
+      found where it can be, for a pytree latent: a leaf of ``R`` rows is declared with
+      the integer columns that point, on 16 rows spread over the data, to the rows of it
+      that each row's likelihood term moves (its gradient), where the likelihood from
+      those coordinates equals the full one on 64 spread rows (a wrong guess
       would cost joint SAGA efficiency, not correctness: its control variate stays
       unbiased); ``model.sparse`` is ``None`` where nothing is found. ``None``: none.
 
@@ -347,47 +348,52 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
 
 
 def _found_reads(model: Model, latent, declare) -> SparseLikelihood | None:
-  """The reads the model's index columns make, found: a latent leaf of ``R`` rows and
-  the columns found to index ``R`` rows from 0 (:attr:`Model.kinds`) are declared
-  (``declare(reads)``) where the local likelihood they give equals the full one on 64
-  rows spread over the data at a random latent: every such leaf with all its columns,
-  then each leaf with one column where one suffices (a leaf read otherwise too is left
-  out). ``None`` where no leaf's reads are found."""
+  """The reads the model's index columns make, found. Each data row's term is
+  differentiated at a random latent on up to 16 rows spread over the data: a latent leaf
+  of ``R`` rows whose moved rows are, on every such data row, among those that columns
+  found to index ``R`` rows from 0 (:attr:`Model.kinds`) point to, is declared with the
+  columns that point to a moved row on every data row (``declare(reads)``). Kept where
+  the local likelihood the declaration gives equals the full one on 64 spread rows (a
+  column also used as a value, a gradient zero by chance); ``None`` where nothing is
+  found or kept."""
   sizes = {name: kind[1] for name, kind in model.kinds
            if kind[0] == "index" and isinstance(kind[1], int) and len(kind) == 2}
   leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
-  guesses = {data_lib.leaf_name(path): tuple(c for c, size in sizes.items()
-                                             if size == np.shape(leaf)[0])
-             for path, leaf in leaves if np.ndim(leaf)}
-  guesses = {leaf: columns for leaf, columns in guesses.items() if columns}
-  if not guesses:
+  if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
     return None
-  n = model.num_data
-  rows = model.rows(jnp.asarray(np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.int32))))
-  z = 0.3 * jax.random.normal(jax.random.key(1), (model.latent_dim,), jnp.float32)
-  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
-  tried = {}
-
-  def keeps(reads):
-    key = tuple(sorted(reads.items()))
-    if key not in tried:
-      sparse = declare(reads)
-      local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
-          zz[sparse.coordinates(r)], r))(z, rows))
-      same = np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
-      tried[key] = sparse if same else None
-    return tried[key] is not None
-
-  found = dict(guesses) if keeps(guesses) else {}
-  for leaf, columns in guesses.items():
-    if leaf in found and len(columns) == 1:
+  n, d = model.num_data, model.latent_dim
+  spread = lambda m: jnp.asarray(np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32)))
+  z = 0.3 * jax.random.normal(jax.random.key(1), (d,), jnp.float32)
+  # One gradient per data row: at most 2^26 numbers (256 MiB).
+  rows = model.rows(spread(max(1, min(16, 2 ** 26 // d))))
+  term = lambda zz, row: model.log_likelihood(zz, jax.tree.map(lambda v: v[None], row))[0]
+  moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(z, rows)) != 0
+  found, offset = {}, 0
+  for path, leaf in leaves:
+    shape, size = np.shape(leaf), int(np.size(leaf))
+    read = moved[:, offset:offset + size].reshape(len(moved), shape[0] if shape else 1, -1)
+    offset += size
+    columns = [c for c, rows_of in sizes.items() if shape and rows_of == shape[0]]
+    if not columns:
       continue
-    one = next(((c,) for c in columns if keeps(dict(found, **{leaf: (c,)}))), None)
-    if one is not None:  # one column suffices
-      found[leaf] = one
-    elif leaf not in found and len(columns) > 1 and keeps(dict(found, **{leaf: columns})):
-      found[leaf] = columns
-  return tried[tuple(sorted(found.items()))] if found else None
+    read = read.any(-1)  # (data rows, leaf rows): the leaf rows each data row moves
+    touched = read.any(1)
+    points = {c: np.asarray(rows[c]).reshape(len(read), -1) for c in columns}
+    used = [c for c in columns if touched.any()
+            and np.take_along_axis(read, points[c], axis=1)[touched].all()]
+    covered = np.zeros_like(read)
+    for c in used:
+      np.put_along_axis(covered, points[c], True, axis=1)
+    if used and not (read & ~covered).any():
+      found[data_lib.leaf_name(path)] = tuple(used)
+  if not found:
+    return None
+  sparse, rows = declare(found), model.rows(spread(64))
+  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
+  local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
+      zz[sparse.coordinates(r)], r))(z, rows))
+  same = np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
+  return sparse if same else None
 
 
 def _check_declared_reads(model: Model, reads) -> None:
