@@ -388,12 +388,17 @@ def _found_reads(model: Model, latent, declare) -> SparseLikelihood | None:
       found[data_lib.leaf_name(path)] = tuple(used)
   if not found:
     return None
-  sparse, rows = declare(found), model.rows(spread(64))
+  sparse = declare(found)
+  return sparse if _local_and_full(model, sparse, z, model.rows(spread(64)))[2] else None
+
+
+def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:
+  """``(local, full, same)``: the log likelihood of ``rows`` at ``z`` from ``sparse``'s
+  coordinates and from the whole latent, and whether they agree (to 1e-4)."""
   full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
   local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
       zz[sparse.coordinates(r)], r))(z, rows))
-  same = np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
-  return sparse if same else None
+  return local, full, np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
 
 
 def _check_declared_reads(model: Model, reads) -> None:
@@ -402,12 +407,8 @@ def _check_declared_reads(model: Model, reads) -> None:
   declare."""
   indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
   z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
-  sparse = model.sparse
-  rows = model.rows(indices)
-  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
-  local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
-      zz[sparse.coordinates(r)], r))(z, rows))
-  if not np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max())):
+  local, full, same = _local_and_full(model, model.sparse, z, model.rows(indices))
+  if not same:
     raise ValueError(
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "
         f"where the full latent gives {full[:3]}: log_lik reads latent values that reads "
