@@ -210,14 +210,15 @@ class Evaluations:
 
   def last_seconds(self, in_full: bool = True) -> float:
     """The last evaluation's price: 1.5 times its draws warm, plus, ``in_full``, its
-    first call's compile: none where it is the program timed, 2.5 times the timed
-    program's for PSIS's ratios and k-hat (1.7-2.4 times and 0.5 s more on three held-out
-    models), else once. Not ``in_full``: the timed program's draws."""
+    first call's compile: none where it is the program timed, 1.5 times the timed
+    program's for the importance ratios' programs (0.9-1.3 times on three held-out
+    models; k-hat itself compiles nothing), else once. Not ``in_full``: the timed
+    program's draws."""
     per_draw = 1.5 * self.warm_seconds / max(1, self.draws)
     if not in_full:
       return per_draw * self.plan.draws
     compile = (0.0 if self.plan.draws == self.plan.last_draws and not self.trust_check
-               else (2.5 if self.trust_check else 1.0) * self.compile_seconds)
+               else (1.5 if self.trust_check else 1.0) * self.compile_seconds)
     return compile + per_draw * self.plan.last_draws
 
 

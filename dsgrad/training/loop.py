@@ -297,7 +297,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     _check_start(params, num_steps, start_step)
     segment_steps_given = segment_steps
     evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
-                                      elbo_samples, segment_steps)
+                                      elbo_samples, segment_steps, max_seconds)
     eval_every_given, eval_every = eval_every, evaluation.eval_every
     start_params = params  # for a divergence's note: _initial_state copies them
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
@@ -464,12 +464,14 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
 
 
 def _plan(objective: Objective, batch_size: int, num_steps: int, eval_every, elbo_samples: int,
-          segment_steps) -> tuple:
-  """``(evaluation plan, steps per segment)``: segments of ``eval_every`` steps, or of
-  ``segment_steps`` with the evaluations every multiple of them planned."""
+          segment_steps, max_seconds=None) -> tuple:
+  """``(evaluation plan, steps per segment)``: of ``eval_every`` steps, or ``segment_steps``
+  (at most 1,024 with only ``max_seconds``: the first segment runs before a step is timed)."""
   plan = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
                               elbo_samples)
-  if segment_steps is None:
+  if segment_steps is None and eval_every is None and max_seconds is not None:
+    segment_steps = min(plan.eval_every, 1024)
+  elif segment_steps is None:
     return plan, plan.eval_every
   if eval_every is not None and eval_every % segment_steps:
     raise ValueError(f"eval_every={eval_every} must be a multiple of segment_steps="
