@@ -453,7 +453,8 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
     reads: as in :func:`model_from_logdensity`: which latent rows each data row reads.
       With the mean-field family, ``dsgrad.joint_saga(objective)`` then keeps a table of
       those coordinates (:func:`dsgrad.approx.sparse_linearize`, the objective's
-      ``table_approximation``) instead of every parameter.
+      ``table_approximation``) instead of every parameter; ``"auto"`` searches only for
+      that family without ``path_derivative``, where they serve.
 
   Returns:
     An :class:`dsgrad.Objective`; initial params from
@@ -476,6 +477,8 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
     >>> bool(np.allclose(result.params["loc"], exact, atol=0.05))
     True
   """
+  if reads == "auto" and (family != "meanfield" or path_derivative):
+    reads = None  # found reads serve the mean-field table only: no search
   model = model_from_logdensity(log_prior, log_lik, data, latent, name=name, reads=reads)
   return families.by_name(family, model.latent_dim).objective(
       model, shared_noise=shared_noise, path_derivative=path_derivative)
