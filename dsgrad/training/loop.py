@@ -466,11 +466,11 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
 def _plan(objective: Objective, batch_size: int, num_steps: int, eval_every, elbo_samples: int,
           segment_steps, max_seconds=None) -> tuple:
   """``(evaluation plan, steps per segment)``: of ``eval_every`` steps, or ``segment_steps``
-  (at most 1,024 with only ``max_seconds``: the first segment runs before a step is timed)."""
+  (at most 4,096 with only ``max_seconds``: the first segment runs before a step is timed)."""
   plan = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
                               elbo_samples)
   if segment_steps is None and eval_every is None and max_seconds is not None:
-    segment_steps = min(plan.eval_every, 1024)
+    segment_steps = min(plan.eval_every, 4096)
   elif segment_steps is None:
     return plan, plan.eval_every
   if eval_every is not None and eval_every % segment_steps:
