@@ -371,12 +371,12 @@ def _found_reads(model: Model, latent, declare) -> SparseLikelihood | None:
   found, offset = {}, 0
   for path, leaf in leaves:
     shape, size = np.shape(leaf), int(np.size(leaf))
-    read = moved[:, offset:offset + size].reshape(len(moved), shape[0] if shape else 1, -1)
     offset += size
     columns = [c for c, rows_of in sizes.items() if shape and rows_of == shape[0]]
     if not columns:
       continue
-    read = read.any(-1)  # (data rows, leaf rows): the leaf rows each data row moves
+    # (data rows, leaf rows): the leaf rows each data row's term moves.
+    read = moved[:, offset - size:offset].reshape(len(moved), shape[0], -1).any(-1)
     touched = read.any(1)
     points = {c: np.asarray(rows[c]).reshape(len(read), -1) for c in columns}
     used = [c for c in columns if touched.any()
