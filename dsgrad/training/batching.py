@@ -150,13 +150,24 @@ def slice_window(perms, start, num_steps: int, num_data: int, batch_size: int):
   """Batches ``start ...`` from the stacked permutations of the window's epochs."""
   per_epoch = num_data // batch_size
   first_epoch = start // per_epoch
+  if isinstance(perms, np.ndarray):  # NumPy's slice compiles nothing
+    offset = int(start) - int(first_epoch) * per_epoch
+    return perms.reshape(-1, batch_size)[offset:offset + num_steps]
   # int32 offsets whatever jax_enable_x64 says: dynamic_slice wants one index dtype.
   offset = jnp.asarray(start - first_epoch * per_epoch, jnp.int32)
   return jax.lax.dynamic_slice(perms.reshape(-1, batch_size),
                                (offset, jnp.zeros((), jnp.int32)), (num_steps, batch_size))
 
 
-@compile_cache.cached
+def _compiled(name: tuple, build, args) -> tuple:
+  """``build()``, a jitted function, compiled for the types of ``args`` and kept in the
+  shared cache; with the seconds compiling took (0.0 where it was kept), which
+  :func:`dsgrad.fit` counts as compiling, not as its steps' time."""
+  return compile_cache.get_or_build(
+      ("epoch orders",) + name + tuple(jax.typeof(a) for a in args),
+      lambda: build().lower(*args).compile())
+
+
 def _epoch_permutation_program(num_data: int, batch_size: int, count: int = 1):
   """``(key, first) -> (count, N // B * B)``: epochs ``first .. first + count - 1``."""
   return jax.jit(lambda k, first: jax.vmap(
@@ -164,32 +175,37 @@ def _epoch_permutation_program(num_data: int, batch_size: int, count: int = 1):
           first + jnp.arange(count, dtype=jnp.int32)))
 
 
-@compile_cache.cached
 def _epoch_keys_program(num_data: int, count: int):
   return jax.jit(lambda key, first: jax.vmap(
       lambda e: _sort_keys(jax.random.fold_in(key, e), num_data))(
           first + jnp.arange(count, dtype=jnp.int32)))
 
 
-@compile_cache.cached
 def _epoch_unmix_program(num_data: int, batch_size: int):
   return jax.jit(lambda words, keys: jax.vmap(_from_sorted_keys)(words, keys)[
       :, :_epoch_length(num_data, batch_size)])
 
 
-def _epoch_permutation_host_sort(num_data: int, batch_size: int, count: int = 1):
-  """:func:`_epoch_permutation_program` with the sort done by NumPy: the same numbers
-  (the keys are distinct, so any sort gives one order). XLA's CPU sort is a comparison
-  sort through a callback, several times slower than NumPy's; on a CPU an epoch's order
-  of ``N = 10^5`` then costs about as much as tens of cheap steps."""
-  keys_program = _epoch_keys_program(num_data, count)
-  unmix_program = _epoch_unmix_program(num_data, batch_size)
-
-  def orders(key, first):
-    words, keys = keys_program(key, first)
-    return unmix_program(words, np.sort(np.asarray(keys), axis=-1))
-
-  return orders
+def _epoch_orders(key, first, num_data: int, batch_size: int, count: int, on_host: bool):
+  """``((count, N // B * B) orders of epochs first ..., compile seconds)``, by
+  :func:`_epoch_permutation_program`, or ``on_host`` with the sort done by NumPy: the same
+  numbers (the keys are distinct, so any sort gives one order). XLA's CPU sort is a
+  comparison sort through a callback, several times slower than NumPy's; on a CPU an
+  epoch's order of ``N = 10^5`` then costs about as much as tens of cheap steps."""
+  first = jnp.int32(first)
+  if not on_host:
+    program, seconds = _compiled(("device", num_data, batch_size, count),
+                                 lambda: _epoch_permutation_program(num_data, batch_size, count),
+                                 (key, first))
+    return program(key, first), seconds
+  keys_program, keys_seconds = _compiled(
+      ("keys", num_data, count), lambda: _epoch_keys_program(num_data, count), (key, first))
+  words, keys = keys_program(key, first)
+  keys = np.sort(np.asarray(keys), axis=-1)
+  unmix_program, unmix_seconds = _compiled(
+      ("unmix", num_data, batch_size), lambda: _epoch_unmix_program(num_data, batch_size),
+      (words, keys))
+  return unmix_program(words, keys), keys_seconds + unmix_seconds
 
 
 BULK_EPOCHS = 16
@@ -235,12 +251,13 @@ class EpochOrders:
     words = (jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
              else key)
     self.shared_id = (np.asarray(words).tobytes(), num_data, batch_size, on_cpu)
-    self.factory = _epoch_permutation_host_sort if on_cpu else _epoch_permutation_program
+    self.compile_seconds = 0.0  # compiling the programs that compute the orders
     # Short epochs are computed in bulk even where a window lacks one (BULK_ELEMENTS).
     self.short_epochs = num_data * BULK_EPOCHS <= BULK_ELEMENTS
 
   def _compute(self, first: int, count: int) -> None:
-    perms = self.factory(self.n, self.b, count)(self.key, jnp.int32(first))
+    perms, seconds = _epoch_orders(self.key, first, self.n, self.b, count, self.on_host)
+    self.compile_seconds += seconds
     rows = list(np.asarray(perms)) if self.on_host else jnp.unstack(perms)
     self.cache.update(zip(range(first, first + count), rows))
     with _shared_lock:  # the latest epochs, up to the bytes (and a few thousand short ones)

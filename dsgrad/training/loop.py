@@ -58,7 +58,7 @@ class FitTiming(NamedTuple):
     steps: running the training steps (their batches' epoch orders and host reads
       included), as ``history.wall_time`` counts them.
     compile: compiling the training segments.
-    evaluations: the ELBO evaluations (and the last one's k-hat).
+    evaluations: the ELBO evaluations and the last one's k-hat, compiles included.
     setup: the rest: argument and value checks, the estimator's initial state (a SAGA
       table's or an SVRG snapshot's full pass), copies, checkpoints.
   """

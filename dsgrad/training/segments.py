@@ -334,7 +334,8 @@ class SegmentRunner:
     objective_arg: the objective to pass (default: ``objective``, placed as it is).
 
   Attributes:
-    compile_seconds: total time spent compiling so far.
+    compile_seconds: total time spent compiling so far: the segments, and the programs of
+      their epoch orders.
     step_seconds: total time spent running steps so far (compilation excluded).
   """
 
@@ -355,13 +356,18 @@ class SegmentRunner:
     # Whether the range and finiteness checks are settled at each block's end, decided on
     # the first carry (a block read from the host is kept until its checks are settled).
     self.finite_at_end = None
-    self.compile_seconds = self.step_seconds = 0.0
+    self.segment_compile_seconds = self.step_seconds = 0.0
     self.last_block = None  # set by run(): see reached()
+
+  @property
+  def compile_seconds(self) -> float:
+    return self.segment_compile_seconds + self.orders.compile_seconds
 
   def _indices(self, start: int, steps: int):
     """The batch indices of the block of ``steps`` steps from ``start``."""
-    return batching.slice_window(self.orders.window(start, steps), start, steps,
-                                 self.objective.num_data, self.batch_size)
+    window = self.orders.window(start, steps)
+    return batching.slice_window(np.asarray(window) if self.orders.on_host else window, start,
+                                 steps, self.objective.num_data, self.batch_size)
 
   def _read_ahead(self, start: int, steps: int) -> None:
     if self.host_data and self.pending != (start, steps):
@@ -397,7 +403,7 @@ class SegmentRunner:
       cache[steps], seconds = compiled_segment(
           self.objective, self.optimizer, self.batch_size, steps, args, self.mesh,
           self.carry_shardings, finite_at_end=at_end)
-      self.compile_seconds += seconds
+      self.segment_compile_seconds += seconds
     return cache[steps]
 
   def _settle(self, error, carry, at: int, steps: int, rows) -> None:
@@ -454,7 +460,6 @@ class SegmentRunner:
       carry = (params, opt_state)
       args = self._args(carry, at, steps, rows)
       program = self._executable(steps, args)
-      t0 += self.compile_seconds - compiling
       upcoming = parts[k + 1:] or parts_next
       if upcoming:
         # The next block's rows, read while this one runs. Its batch indices are computed
@@ -464,7 +469,7 @@ class SegmentRunner:
       # What an interrupt keeps (:meth:`reached`): this block's result, its checks unsettled.
       self.last_block = (params, opt_state, error, carry, at, steps, rows)
       jax.block_until_ready((params, opt_state))
-      self.step_seconds += time.perf_counter() - t0
+      self.step_seconds += time.perf_counter() - t0 - (self.compile_seconds - compiling)
       self._settle(error, carry, at, steps, rows)
       self.last_block = (params, opt_state, None, None, at, steps, None)  # settled
     return params, opt_state
