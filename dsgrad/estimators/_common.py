@@ -55,13 +55,7 @@ def require_full_precision(params, estimator: str) -> None:
   and storing a compact table in bfloat16 (``joint_saga(table_dtype=jnp.bfloat16)``)
   keeps the memory saving.
   """
-  checks.check_floating_params(params, f"dsgrad.{estimator}")
-  for leaf in jax.tree.leaves(params):
-    dtype = jnp.result_type(leaf)
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4:
-      raise ValueError(f"dsgrad.{estimator}: params of dtype {jnp.dtype(dtype).name} are not "
-                       "supported; pass float32 params (a compact low-precision table: "
-                       "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
+  checks.check_floating_params(params, f"dsgrad.{estimator}", full_precision=True)
 
 
 def check_params_fit(objective: Objective, params, estimator: str, approx=None) -> None:

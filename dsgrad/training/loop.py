@@ -152,7 +152,7 @@ def _check_start(params, num_steps: int, start_step: int) -> None:
   if not jax.tree.leaves(params) or hasattr(params, "num_data"):  # None, a model: a slip
     raise TypeError("dsgrad.fit: params must be the variational parameters (a pytree of "
                     f"float arrays, e.g. dsgrad.meanfield_init(model)), got {type(params)}")
-  checks.check_floating_params(params, "dsgrad.fit")
+  checks.check_floating_params(params, "dsgrad.fit", full_precision=True)
   # A NaN start would train silently to a NaN history with a plain optax optimizer.
   checks.value_checks(checks.finite_checks(params, "params passed to fit"))
   if num_steps < start_step:
