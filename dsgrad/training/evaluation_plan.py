@@ -232,7 +232,7 @@ def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step
       # draws as diagnostics.elbo), so k-hat costs no extra full pass.
       ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
       k_hat = float(psis.pareto_k(ratios))
-      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat)))
+      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat, elbo_samples)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
     return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
