@@ -200,6 +200,7 @@ def _tail_length(num_draws: int) -> int:
   return min(int(3.0 * np.sqrt(num_draws)), num_draws // 5)
 
 
+@checks.arguments(k_hat=checks.real(), num_draws=checks.count(25))
 def k_hat_scatter(k_hat: float, num_draws: int) -> float:
   """About how far k-hat estimates from ``num_draws`` draws scatter around the shape they
   estimate: ``(1 + k) / sqrt(M)``, the maximum-likelihood generalized Pareto shape's
