@@ -24,8 +24,9 @@ from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training
 from dsgrad.approx import Approximation
 from dsgrad.advice.recommend import Recommendation, recommend, recommend_and_fit
 from dsgrad.families.gaussian import meanfield_entropy, meanfield_gaussian, meanfield_init
-from dsgrad.diagnostics import (elbo, estimator_samples, state_bytes, table_bytes,
-                                 total_variance, variance_decomposition)
+from dsgrad.diagnostics import (estimator_samples, state_bytes, table_bytes, total_variance,
+                                 variance_decomposition)
+from dsgrad.elbo_estimates import elbo
 from dsgrad.logdensity import model_from_logdensity, objective_from_logdensity
 from dsgrad.estimators import (AdaptiveWeightState, IncState, JointSagaState, JointSvrgState,
                                SmisoState, cv, inc, joint_saga, joint_svrg, naive, smiso)

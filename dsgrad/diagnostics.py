@@ -1,4 +1,5 @@
-"""Diagnostics: memory of estimator state, and Monte Carlo variance of an estimator.
+"""Diagnostics: memory of estimator state, and Monte Carlo variance of an estimator
+(the ELBO's estimates are :mod:`dsgrad.elbo_estimates`', re-exported here).
 
 References:
   Wang, Geffner, Domke (2024), Sec. 3 (variance decomposition), Fig. 2, Table 1.
@@ -16,10 +17,12 @@ import optax
 
 from dsgrad.training import compile_cache
 from dsgrad import checks
-from dsgrad import elbo_trust
+from dsgrad.elbo_estimates import (  # noqa: F401  (dsgrad.diagnostics.elbo, ...)
+    ELBO_DRAWS_AT_ONCE, NonFiniteELBO, elbo, elbo_draws, elbo_unchecked, finite_elbo_draws,
+    mean_and_standard_error, paired_gain, sampled_elbo_draws)
 from dsgrad.training.batching import sample_batch
 from dsgrad.objective import Objective, per_datum
-from dsgrad.tables import full_pass_mean, tree_bytes
+from dsgrad.tables import tree_bytes
 
 
 def table_bytes(state: Any) -> int:
@@ -133,234 +136,6 @@ def total_variance(samples) -> tuple[float, float]:
                      f"first is row {int(np.argmax(bad))}); a variance of them is not defined")
   sq = np.sum((x - x.mean(0)) ** 2, axis=1) * m / (m - 1)
   return float(sq.mean()), float(sq.std(ddof=1) / np.sqrt(m))
-
-
-@checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),
-                  num_samples=checks.count(2), chunk_size=checks.count(1),
-                  num_data_sampled=checks.optional(checks.count(1)))
-def elbo(objective: Objective, params, key, num_samples: int = 1000,
-         chunk_size: int = 4096, num_data_sampled: int | None = None):
-  """Full-data ELBO ``-E_eps mean_n f(w; n, eps)`` by Monte Carlo, in bounded memory.
-
-  For a BBVI objective (Eq. 3) this is the evidence lower bound; for other objectives
-  it is minus the expected full-data loss. Each Monte Carlo sample draws fresh noise
-  and sweeps all data in chunks of ``chunk_size`` (a shared-noise objective uses one
-  draw for all data). Compiled once per (objective structure, num_samples,
-  chunk_size): objectives made by :meth:`~dsgrad.Objective.with_data` share it.
-
-  With ``num_data_sampled`` below ``N``, each sample instead reads that many data (rounded
-  up to whole chunks) drawn uniformly with replacement: still unbiased, its standard
-  error holding the subsampling's spread too, at that fraction of a full pass's cost
-  (:func:`sampled_elbo_draws`). On large data this buys more precision per second than
-  fewer full passes only when the data's terms vary less than the noise's; on a
-  hierarchical model with 10^6 data the two were even.
-
-  Returns:
-    ``(estimate, standard_error)`` as floats.
-
-  Example::
-
-    >>> import jax, jax.numpy as jnp, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
-    >>> model = dsgrad.models.logistic_regression(x, y)
-    >>> objective = dsgrad.meanfield_gaussian(model)
-    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
-    >>> value, standard_error = dsgrad.elbo(objective, params, jax.random.key(1), num_samples=50)
-    >>> bool(standard_error > 0), bool(value < 0)
-    (True, True)
-  """
-  checks.check_objective_evaluates(objective, params, "elbo")
-  value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size, num_data_sampled)
-  elbo_trust.warn_above_bound(value, se, objective.log_evidence_bound, "from dsgrad.elbo")
-  return value, se
-
-
-@checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
-                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)))
-def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
-                   chunk_size: int = 4096, num_data_sampled: int | None = None):
-  """:func:`elbo` without its checks of ``params`` (finite values, the objective's
-  shapes): for a caller that has checked them (:func:`dsgrad.fit` evaluates the ELBO of
-  params it checks itself, many times a run)."""
-  if num_data_sampled is not None and num_data_sampled < objective.num_data:
-    values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
-                                                                    num_data_sampled)
-  else:
-    values = elbo_draws(objective, num_samples, chunk_size)(params, key)
-  return mean_and_standard_error(finite_elbo_draws(values, "dsgrad.elbo"))
-
-
-class NonFiniteELBO(ValueError):
-  """An ELBO estimate whose Monte Carlo draws are not all finite
-  (:func:`finite_elbo_draws`): ``who`` estimated it, ``detail`` says what was found."""
-
-  def __init__(self, who: str, detail: str):
-    super().__init__(f"{who}: {detail}")
-    self.who, self.detail = who, detail
-
-
-def finite_elbo_draws(draws, who: str) -> np.ndarray:
-  """``draws`` (Monte Carlo draws of an ELBO) as float64, refusing them where any is not
-  finite: their mean would be reported as -inf or NaN with a NaN standard error.
-
-  Raises:
-    NonFiniteELBO: a ``ValueError`` naming ``who``, how many draws are -inf, +inf or
-      NaN, and the usual causes.
-  """
-  values = np.asarray(draws, np.float64)
-  if np.all(np.isfinite(values)):
-    return values
-  counts = {"-inf": int(np.sum(values == -np.inf)), "+inf": int(np.sum(values == np.inf)),
-            "NaN": int(np.sum(np.isnan(values)))}
-  found = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
-  raise NonFiniteELBO(
-      who, f"the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
-      "draws): the log density is -inf or NaN where q puts mass, e.g. a datum the "
-      "likelihood deems impossible (log 0), a latent outside the prior's support, or an "
-      "overflow (exp of a large value). Per-datum terms (objective.loss_fn on a few "
-      "indices at a time) find the datum.")
-
-
-def mean_and_standard_error(draws) -> tuple[float, float]:
-  """``(mean, standard error of the mean)`` of independent draws, in float64."""
-  values = np.asarray(draws, np.float64)
-  return float(values.mean()), float(values.std(ddof=1) / np.sqrt(values.size))
-
-
-def paired_gain(draws: list, reference: list) -> tuple[float, float]:
-  """``(gain, its standard error)`` of one run's ELBO over a ``reference`` run, from both
-  runs' draws at several checkpoints, each with common random numbers: the mean over
-  checkpoints of the paired differences, as :func:`dsgrad.recommend` compares runs at
-  equal time.
-
-  The checkpoints' means scatter by the draws' noise and by a run's jitter from step to
-  step; their spread estimates both (a one-way random-effects model), but from a few
-  checkpoints only, so the draws' share, estimated from every draw, is its floor. (Their
-  sum counted the draws' noise twice: 1.35-1.4x the true error where it dominates.)"""
-  differences = [np.asarray(a, np.float64) - np.asarray(b, np.float64)
-                 for a, b in zip(draws, reference)]
-  means = np.array([d.mean() for d in differences])
-  draw_variance = np.mean([d.var(ddof=1) / d.size for d in differences]) / means.size
-  checkpoint_variance = means.var(ddof=1) / means.size if means.size > 1 else 0.0
-  return float(means.mean()), float(np.sqrt(max(draw_variance, checkpoint_variance)))
-
-
-@checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
-def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
-  """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws
-  of the full-data ELBO, whose mean :func:`elbo` reports. Use it to evaluate many
-  parameter sets in one program (``jax.vmap`` over params) with the same noise.
-
-  Shared by objectives of one structure: the objective (its data) is an argument of the
-  compiled program, so :meth:`~dsgrad.Objective.with_data` copies reuse it.
-  Chunks run in :func:`dsgrad.tables.full_pass_mean` (a program of constant size in
-  ``N``).
-
-  Args:
-    objective: the objective.
-    num_samples: Monte Carlo draws per call.
-    chunk_size: data per chunk of the full pass.
-
-  Returns:
-    A function ``(params, key) -> (num_samples,)`` array, computing with ``objective``'s
-    data.
-
-  Example::
-
-    >>> import jax, jax.numpy as jnp, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
-    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
-    >>> params = {"loc": jnp.zeros(3), "log_scale": jnp.zeros(3)}
-    >>> draws = dsgrad.diagnostics.elbo_draws(objective, 8)(params, jax.random.key(1))
-    >>> draws.shape
-    (8,)
-  """
-  program = compile_cache.get_or_build(
-      ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size),
-      lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
-                                        chunk_size=chunk_size)))[0]
-  return functools.partial(program, objective)
-
-
-@checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
-def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: int = 4096):
-  """``(params, key, rows) -> (num_samples,)`` ELBO draws, each on ``rows`` data: with
-  ``rows >= N`` a full pass (as :func:`elbo_draws`), else ``rows`` (rounded up to whole
-  chunks) drawn uniformly with replacement, scaled to the full data (unbiased). ``rows``
-  is an argument of one compiled program, so a caller can time a chunk and then choose
-  how many to read without compiling again (:func:`dsgrad.recommend` does).
-
-  The same ``key`` draws the same rows and noise at any ``params``: differences between
-  parameter sets keep common random numbers for the subsampling too.
-
-  Args:
-    objective: the objective.
-    num_samples: Monte Carlo draws per call.
-    chunk_size: data per chunk (at most ``N``).
-
-  Returns:
-    A function ``(params, key, rows) -> (num_samples,)`` array.
-
-  Example::
-
-    >>> import jax, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 1000, 3)
-    >>> model = dsgrad.models.logistic_regression(x, y)
-    >>> objective = dsgrad.meanfield_gaussian(model)
-    >>> params = dsgrad.meanfield_init(model, 0.0, -1.0)
-    >>> draws = dsgrad.diagnostics.sampled_elbo_draws(objective, 8, 100)(
-    ...     params, jax.random.key(1), 200)  # two chunks of 100 data per draw
-    >>> draws.shape
-    (8,)
-  """
-  chunk = max(1, min(int(chunk_size), objective.num_data))
-  program = compile_cache.get_or_build(
-      ("sampled_elbo_draws", jax.tree.structure(objective), num_samples, chunk),
-      lambda: jax.jit(functools.partial(_sampled_elbo_run, num_samples=num_samples,
-                                        chunk_size=chunk)))[0]
-  return functools.partial(program, objective)
-
-
-def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: int,
-                      chunk_size: int):
-  n = objective.num_data
-  full = rows >= n
-  num_chunks = jnp.where(full, -(-n // chunk_size), jnp.maximum(1, -(-rows // chunk_size)))
-  positions = jnp.arange(chunk_size)
-  dtype = jnp.result_type(float)
-
-  def one(k):
-    k_rows, k_noise = jax.random.split(k)
-
-    def body(j, total):
-      # A full pass reads the data in order (its last chunk padded and masked); a
-      # sampled one draws each chunk's rows.
-      idx, weights = jax.lax.cond(
-          full,
-          lambda: (jnp.minimum(j * chunk_size + positions, n - 1),
-                   (j * chunk_size + positions < n).astype(dtype)),
-          lambda: (jax.random.randint(jax.random.fold_in(k_rows, j), (chunk_size,), 0, n),
-                   jnp.ones(chunk_size, dtype)))
-      k_chunk = k_noise if objective.shared_noise else jax.random.fold_in(k_noise, j)
-      noise = objective.sample_noise(k_chunk, chunk_size)
-      loss = objective.loss(params, idx, noise, validate=False).astype(dtype)
-      return total + jnp.sum(weights * loss)
-
-    total = jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((), dtype))
-    return -total / jnp.where(full, n, num_chunks * chunk_size).astype(dtype)
-
-  return jax.lax.map(one, jax.random.split(key, num_samples))
-
-
-def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):
-  def one(params, k):
-    def chunk_mean(idx):
-      k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
-      noise = objective.sample_noise(k_chunk, idx.shape[0])
-      return jnp.mean(objective.loss(params, idx, noise, validate=False))
-    return -full_pass_mean(chunk_mean, objective.num_data, chunk_size)
-
-  return jax.lax.map(lambda k: one(params, k), jax.random.split(key, num_samples))
 
 
 @checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),

@@ -138,13 +138,13 @@ def note_divergence(error: Exception, objective, start_params, key, steps_run: i
   that is non-finite from the start (a datum the likelihood deems impossible, an
   overflow), which mislead here: a run that was finite and turns non-finite part-way has
   most often diverged."""
-  from dsgrad import diagnostics  # it imports this module
+  from dsgrad import elbo_estimates  # it imports this module
 
   if steps_run <= 0:
     return
   try:
-    start, _ = diagnostics.elbo_unchecked(objective, start_params, key, num_samples=16)
-  except diagnostics.NonFiniteELBO:
+    start, _ = elbo_estimates.elbo_unchecked(objective, start_params, key, num_samples=16)
+  except elbo_estimates.NonFiniteELBO:
     return  # not finite at the start either: the message's causes are the ones to check
   error.add_note(
       f"dsgrad.fit ran {steps_run:,} steps before this, from params whose ELBO is finite "

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks, diagnostics
+from dsgrad import checks, elbo_estimates
 from dsgrad.training import compile_cache
 
 __all__ = ["pareto_k", "psis_log_weights", "importance_log_ratios", "diagnose",
@@ -175,9 +175,9 @@ def importance_log_ratios(objective, params, key, num_samples: int = 1000,
     raise ValueError(f"importance ratios of objective {objective.name!r}: it {why}. PSIS "
                      "is available for the Gaussian families with shared_noise=True")
   checks.check_objective_evaluates(objective, params, "importance_log_ratios")
-  draws = diagnostics.elbo_draws(objective, num_samples, chunk_size)(params, key)
+  draws = elbo_estimates.elbo_draws(objective, num_samples, chunk_size)(params, key)
   offsets = _offsets(objective, num_samples)(params, key)
-  draws = diagnostics.finite_elbo_draws(draws, "dsgrad.importance_log_ratios")
+  draws = elbo_estimates.finite_elbo_draws(draws, "dsgrad.importance_log_ratios")
   return draws - np.asarray(offsets, np.float64), draws
 
 
@@ -185,7 +185,7 @@ def _offsets(objective, num_samples: int):
   def build():
     @jax.jit
     def offsets(params, key):
-      # The keys elbo_draws gives each draw's noise (diagnostics._elbo_program).
+      # The keys elbo_draws gives each draw's noise (elbo_estimates._elbo_run).
       keys = jax.random.split(key, num_samples)
       return jax.vmap(lambda k: objective.log_q_offset(params, objective.sample_noise(k, 1))
                       )(keys)

@@ -72,6 +72,30 @@ def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_an_elbo_on_memory_mapped_data_reads_each_row_once_for_all_its_draws(tmp_path,
+                                                                             monkeypatch):
+  """Each chunk of a full pass is read from the file once and evaluated for every draw;
+  one draw at a time, 100 draws of 200,000 rows read the file 100 times (3.3 s against
+  0.2 s in memory). The estimate is the one from the same data in memory."""
+  data = _data()
+  reads = []
+  real_rows = dsgrad.data.HostArray.rows
+
+  def counted(self, indices):
+    reads.append(np.size(indices))
+    return real_rows(self, indices)
+
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, LATENT)
+  on_disk = dsgrad.objective_from_logdensity(_log_prior, _log_lik, _saved(data, tmp_path),
+                                             LATENT)
+  params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+  monkeypatch.setattr(dsgrad.data.HostArray, "rows", counted)
+  disk = dsgrad.elbo(on_disk, params, jax.random.key(2), num_samples=50, chunk_size=500)
+  assert sum(reads) == 3 * N  # three files, each row once
+  memory = dsgrad.elbo(objective, params, jax.random.key(2), num_samples=50, chunk_size=500)
+  np.testing.assert_allclose(disk, memory, rtol=1e-6)
+
+
 @pytest.mark.parametrize("value", [np.float64(1e39), np.int64(2**31)])
 def test_64_bit_values_the_cast_would_change_are_refused_when_read(tmp_path, value):
   """A float64 beyond float32's range would become inf, an int64 index beyond int32's

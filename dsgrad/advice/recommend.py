@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import jax
 
-from dsgrad import checks, diagnostics
+from dsgrad import checks, elbo_estimates
 from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run
@@ -123,7 +123,7 @@ class _Race:
     self.say(f"naive: {step:.3g} s a step; compiling the candidates beside its training")
     segment = lambda seconds: max(1, round(self.piece / (SEGMENTS_PER_PIECE * seconds)))
     self.jobs["naive"] = self.thread.submit(self.naive.compile, self.budget / step, segment(step))
-    program = diagnostics.sampled_elbo_draws(self.objective, elbo_samples, 4096)  # chunks
+    program = elbo_estimates.sampled_elbo_draws(self.objective, elbo_samples, 4096)  # chunks
     self.estimates = self.thread.submit(  # compiled here, timed in _evaluator
         lambda: (jax.block_until_ready(program(self.naive.start_params, self.key, 1)), program)[1])
     for run in self.others:
@@ -136,7 +136,7 @@ class _Race:
     program, n = self.estimates.result(), self.objective.num_data
     timed = min(n, 16 * 4096)
     # A model whose ELBO is not finite stops here, before the race.
-    diagnostics.finite_elbo_draws(program(self.naive.params, self.key, timed), "dsgrad.recommend")
+    elbo_estimates.finite_elbo_draws(program(self.naive.params, self.key, timed), "dsgrad.recommend")
     started = time.perf_counter()
     jax.block_until_ready(program(self.naive.params, self.key, timed))
     per_row = (time.perf_counter() - started) / timed
@@ -146,7 +146,7 @@ class _Race:
 
     def evaluate(params):
       draws = [program(params, key, self.rows) for key in keys]
-      return diagnostics.finite_elbo_draws(jax.numpy.concatenate(draws), "dsgrad.recommend")
+      return elbo_estimates.finite_elbo_draws(jax.numpy.concatenate(draws), "dsgrad.recommend")
 
     return evaluate
 
@@ -206,7 +206,7 @@ def _rows(runs: dict, draws: dict, skipped: dict, ruled_out: list) -> list:
   for name, run in runs.items():
     row = run.contender.candidate
     if name in draws and len(draws) > 1:
-      gain, se = diagnostics.paired_gain(draws[name], draws["naive"])
+      gain, se = elbo_estimates.paired_gain(draws[name], draws["naive"])
       row = row._replace(steps_per_second=1 / run.seconds_per_step, gain=gain, gain_se=se,
                          raced=True)
     elif name in skipped:
@@ -228,7 +228,7 @@ def verdict(rows: list, draws: dict | None = None) -> Candidate:
   leader = max(winners, key=lambda r: r.gain, default=next(r for r in rows if r.name == "naive"))
   if not draws or leader.name in SETTLING:
     return leader
-  gaps = {r.name: diagnostics.paired_gain(draws[r.name], draws[leader.name])
+  gaps = {r.name: elbo_estimates.paired_gain(draws[r.name], draws[leader.name])
           for r in winners if r.name in SETTLING}
   close = [r for r in winners if r.name in gaps and gaps[r.name][0] > -2 * gaps[r.name][1]]
   return max(close, key=lambda r: r.gain, default=leader)

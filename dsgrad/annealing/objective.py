@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from dsgrad import checks
 from dsgrad.training import batching
 from dsgrad.training import compile_cache
-from dsgrad import diagnostics
+from dsgrad import elbo_estimates
 from dsgrad.annealing import dais
 from dsgrad.annealing.surrogates import Surrogate, SurrogateLikelihood, as_surrogate
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
@@ -259,7 +259,7 @@ class AnnealedVI:
     # Params of another objective (a mean-field start) are named, not a KeyError.
     checks.check_objective_evaluates(self.objective(), params, "annealing.AnnealedVI.elbo")
     values = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
-    return diagnostics.mean_and_standard_error(values)
+    return elbo_estimates.mean_and_standard_error(values)
 
   @checks.arguments(params=checks.parameters(), key=checks.prng_key(), num=checks.count(1))
   def sample_posterior(self, params, key, num: int) -> jax.Array:

@@ -38,7 +38,7 @@ from flax import nnx
 
 from dsgrad import checks
 from dsgrad.training import compile_cache
-from dsgrad import diagnostics
+from dsgrad import elbo_estimates
 from dsgrad.mcvae import bounds
 from dsgrad.mcvae.networks import (bernoulli_log_likelihood, check_images,
                                    gaussian_log_likelihood)
@@ -323,7 +323,7 @@ class MonteCarloVAE:
     pieces = [chunk(params, x[i:i + chunk_size], keys[i:i + chunk_size])
               for i in range(0, x.shape[0], chunk_size)]
     nll = -np.concatenate([np.asarray(p, np.float64) for p in pieces])
-    return (*diagnostics.mean_and_standard_error(nll), nll)
+    return (*elbo_estimates.mean_and_standard_error(nll), nll)
 
 
 def _check_only_parameters(module: nnx.Module, role: str) -> None:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import jax
 
-from dsgrad import diagnostics, psis
+from dsgrad import elbo_estimates, psis
 
 DEFAULT_EVALUATIONS = 100
 """At most this many ELBO evaluations in a :func:`dsgrad.fit` run without ``eval_every``.
@@ -229,16 +229,17 @@ def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step
   try:
     if trust_check:
       # The last evaluation's draws also give the importance ratios (same key, same
-      # draws as diagnostics.elbo), so k-hat costs no extra full pass.
+      # draws as dsgrad.elbo), so k-hat costs no extra full pass.
       ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
       k_hat = float(psis.pareto_k(ratios))
-      return (*diagnostics.mean_and_standard_error(draws), (k_hat, psis.diagnose(k_hat, elbo_samples)))
+      return (*elbo_estimates.mean_and_standard_error(draws),
+              (k_hat, psis.diagnose(k_hat, elbo_samples)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
-    return (*diagnostics.elbo_unchecked(objective, params, key, elbo_samples), None)
-  except diagnostics.NonFiniteELBO as error:
+    return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples), None)
+  except elbo_estimates.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
-    raise diagnostics.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
+    raise elbo_estimates.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
                                     error.detail) from None
 
 

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsgrad import checks, diagnostics
+from dsgrad import checks, elbo_estimates
 from dsgrad.training import checkpoint as checkpoint_lib
 from dsgrad import elbo_trust
 from dsgrad.training import evaluation_plan
@@ -331,7 +331,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                             or step == end):
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
-    except (segments.NonFiniteStep, diagnostics.NonFiniteELBO) as error:
+    except (segments.NonFiniteStep, elbo_estimates.NonFiniteELBO) as error:
       failed_at = error.step if isinstance(error, segments.NonFiniteStep) else step
       elbo_trust.note_divergence(error, objective, start_params, eval_key,
                                  failed_at - start_step)
