@@ -245,19 +245,31 @@ def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: i
 
 ELBO_DRAWS_AT_ONCE = 2 ** 20
 """Numbers the ELBO's draws computed at once may hold: their latents (about the params'
-size each), and a quarter for a chunk's per-datum terms of each draw."""
+size each), and, four times over, a chunk's rows and per-datum noise for each draw (at
+most 2^16 of those row-draws, whatever their width: the terms' own intermediates, a
+network's activations, are as many times wider)."""
+
+
+def _draws_at_once(objective: Objective, params, num_samples: int, chunk_size: int):
+  """``(draws, rows)`` that :func:`_elbo_run` evaluates at once (:data:`ELBO_DRAWS_AT_ONCE`)."""
+  latents = sum(leaf.size for leaf in jax.tree.leaves(params))
+  one_row = jax.eval_shape(objective.rows, jnp.zeros((1,), jnp.int32))
+  width = 1 + sum(leaf.size for leaf in jax.tree.leaves(one_row)) + (
+      0 if objective.shared_noise else sum(
+          leaf.size for leaf in jax.tree.leaves(objective.noise_spec(1))))
+  row_draws = min(2 ** 16, 4 * ELBO_DRAWS_AT_ONCE // width)
+  draws = max(1, min(num_samples, ELBO_DRAWS_AT_ONCE // (256 + latents), row_draws // 64))
+  return draws, max(1, min(chunk_size, objective.num_data, row_draws // draws))
 
 
 def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):
   # A chunk's rows are read once for a group of draws (one draw at a time, 100 draws of
-  # 200,000 rows read from disk took 3.3 s, 0.2 s in memory; as one group 0.12 s and
-  # 0.09 s). Draws past num_samples that make the groups equal are dropped.
-  size = max(1, min(num_samples, ELBO_DRAWS_AT_ONCE // (256 + sum(
-      leaf.size for leaf in jax.tree.leaves(params)))))
+  # 200,000 rows read from disk took 3.3 s, 0.2 s in memory; now 0.36 s and 0.11 s).
+  # Draws past num_samples that make the groups equal are dropped.
+  size, chunk = _draws_at_once(objective, params, num_samples, chunk_size)
   groups = -(-num_samples // size)
   keys = jnp.concatenate([jax.random.split(key, num_samples), jax.random.split(
       jax.random.fold_in(key, 1), groups * size - num_samples)]).reshape(groups, size)
-  chunk = max(1, min(chunk_size, ELBO_DRAWS_AT_ONCE // 4 // size))
 
   def chunk_means(idx):
     rows = objective.rows(idx)
