@@ -98,3 +98,36 @@ def test_an_elbo_that_is_not_finite_is_refused_wherever_it_is_estimated():
   # A finite ELBO passes the same check.
   draws = dsgrad.diagnostics.finite_elbo_draws(np.array([-1.0, -2.0]), "f")
   assert draws.dtype == np.float64
+
+
+@pytest.mark.parametrize("at_once", [2 ** 20, 2 ** 10])
+def test_draws_in_groups_and_chunks_are_each_draw_on_all_the_data(logreg_model, params0,
+                                                                  monkeypatch, at_once):
+  """The full pass evaluates a chunk's rows for a group of draws at once; with a small
+  bound (``2 ** 10``: groups of 3 draws, the last padded, chunks of 3 rows) each draw is
+  still minus the mean loss over all data at its own noise, as one draw at a time gives."""
+  from dsgrad import elbo_estimates
+  monkeypatch.setattr(elbo_estimates, "ELBO_DRAWS_AT_ONCE", at_once)
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  chunk = 3 if at_once < 2 ** 20 else 4096
+  assert elbo_estimates._draws_at_once(objective, params0, 7, chunk) == (
+      (3, 3) if at_once < 2 ** 20 else (7, logreg_model.num_data))
+  key = jax.random.key(4)
+  draws = elbo_estimates.elbo_draws(objective, 7, chunk)(params0, key)
+  everything = jnp.arange(objective.num_data)
+  alone = [-objective.value(params0, everything, objective.sample_noise(k, everything.size))
+           for k in jax.random.split(key, 7)]
+  np.testing.assert_allclose(draws, alone, rtol=1e-5)
+
+
+def test_wide_rows_shrink_the_draws_and_rows_evaluated_at_once():
+  """100 draws of 3,072-feature rows (CIFAR's width) at once would hold 3,072 numbers per
+  row-draw: the group and its chunks shrink to keep within the bound."""
+  from dsgrad import elbo_estimates
+  x = np.zeros((500, 3072), np.float32)
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b: -0.5 * (b["x"] @ z) ** 2, {"x": x}, 3072)
+  params = dsgrad.families.by_name("meanfield", 3072).params()
+  draws, rows = elbo_estimates._draws_at_once(objective, params, 100, 4096)
+  assert 1 <= draws < 100 and rows >= 16
+  assert draws * rows * 3073 <= 4 * elbo_estimates.ELBO_DRAWS_AT_ONCE
