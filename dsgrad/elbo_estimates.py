@@ -176,7 +176,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: int = 4096):
   """``(params, key, rows) -> (num_samples,)`` ELBO draws, each on ``rows`` data: with
-  ``rows >= N`` a full pass (as :func:`elbo_draws`), else ``rows`` (rounded up to whole
+  ``rows >= N`` the full passes :func:`elbo_draws` makes for ``key``, else ``rows`` (rounded up to whole
   chunks) drawn uniformly with replacement, scaled to the full data (unbiased). ``rows``
   is an argument of one compiled program, so a caller can time a chunk and then choose
   how many to read without compiling again (:func:`dsgrad.recommend` does).
@@ -215,32 +215,27 @@ def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: 
 def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: int,
                       chunk_size: int):
   n = objective.num_data
-  full = rows >= n
-  num_chunks = jnp.where(full, -(-n // chunk_size), jnp.maximum(1, -(-rows // chunk_size)))
-  positions = jnp.arange(chunk_size)
+  num_chunks = jnp.maximum(1, -(-rows // chunk_size))
   dtype = jnp.result_type(float)
 
   def one(k):
     k_rows, k_noise = jax.random.split(k)
 
     def body(j, total):
-      # A full pass reads the data in order (its last chunk padded and masked); a
-      # sampled one draws each chunk's rows.
-      idx, weights = jax.lax.cond(
-          full,
-          lambda: (jnp.minimum(j * chunk_size + positions, n - 1),
-                   (j * chunk_size + positions < n).astype(dtype)),
-          lambda: (jax.random.randint(jax.random.fold_in(k_rows, j), (chunk_size,), 0, n),
-                   jnp.ones(chunk_size, dtype)))
+      idx = jax.random.randint(jax.random.fold_in(k_rows, j), (chunk_size,), 0, n)
       k_chunk = k_noise if objective.shared_noise else jax.random.fold_in(k_noise, j)
       noise = objective.sample_noise(k_chunk, chunk_size)
-      loss = objective.loss(params, idx, noise, validate=False).astype(dtype)
-      return total + jnp.sum(weights * loss)
+      return total + jnp.sum(objective.loss(params, idx, noise, validate=False).astype(dtype))
 
     total = jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((), dtype))
-    return -total / jnp.where(full, n, num_chunks * chunk_size).astype(dtype)
+    return -total / (num_chunks * chunk_size).astype(dtype)
 
-  return jax.lax.map(one, jax.random.split(key, num_samples))
+  # All the data: elbo_draws' pass, each chunk read once for a group of draws.
+  return jax.lax.cond(
+      rows >= n,
+      lambda: _elbo_run(objective, params, key, num_samples=num_samples,
+                        chunk_size=chunk_size).astype(dtype),
+      lambda: jax.lax.map(one, jax.random.split(key, num_samples)))
 
 
 ELBO_DRAWS_AT_ONCE = 2 ** 20

@@ -67,6 +67,9 @@ def test_sampled_elbo_program_reads_the_whole_data_in_a_full_pass(logreg_model, 
   again = dsgrad.diagnostics.sampled_elbo_draws(objective, 400, 7)(
       params0, jax.random.key(3), objective.num_data + 5)
   np.testing.assert_allclose(draws, again, rtol=1e-6)
+  # They are elbo_draws' draws for the key: each chunk read once for a group of draws.
+  np.testing.assert_allclose(draws, dsgrad.diagnostics.elbo_draws(objective, 400, 7)(
+      params0, jax.random.key(3)), rtol=1e-6)
 
 
 def test_an_elbo_that_is_not_finite_is_refused_wherever_it_is_estimated():
