@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad import data as data_lib
 from dsgrad import elbo_trust
 from dsgrad.objective import Objective
 from dsgrad.tables import full_pass_mean
@@ -33,11 +34,11 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
 
   For a BBVI objective (Eq. 3) this is the evidence lower bound; for other objectives
   it is minus the expected full-data loss. Each Monte Carlo sample draws fresh noise
-  for all data (a shared-noise objective one draw for all data). The data are swept
-  once, in chunks of at most ``chunk_size``, each chunk's rows evaluated for a group of
-  draws at once (fewer rows a chunk where the group's terms would pass
-  :data:`ELBO_DRAWS_AT_ONCE` / 4). Compiled once per (objective structure, num_samples,
-  chunk_size): objectives made by :meth:`~dsgrad.Objective.with_data` share it.
+  and sweeps all data in chunks of ``chunk_size`` (a shared-noise objective uses one
+  draw for all data); data read from the host (memory-mapped files) are swept once, each
+  chunk's rows evaluated for a group of draws at once (:data:`ELBO_DRAWS_AT_ONCE`).
+  Compiled once per (objective structure, num_samples, chunk_size): objectives made by
+  :meth:`~dsgrad.Objective.with_data` share it.
 
   With ``num_data_sampled`` below ``N``, each sample instead reads that many data (rounded
   up to whole chunks) drawn uniformly with replacement: still unbiased, its standard
@@ -150,7 +151,8 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
   Args:
     objective: the objective.
     num_samples: Monte Carlo draws per call.
-    chunk_size: most data per chunk of the full pass (see :func:`elbo`).
+    chunk_size: data per chunk of the full pass (at most, for data on the host: see
+      :func:`elbo`).
 
   Returns:
     A function ``(params, key) -> (num_samples,)`` array, computing with ``objective``'s
@@ -239,7 +241,7 @@ def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: i
 
 
 ELBO_DRAWS_AT_ONCE = 2 ** 20
-"""Numbers the ELBO's draws computed at once may hold: their latents (about the params'
+"""Numbers the ELBO's draws computed at once on data read from the host may hold: their latents (about the params'
 size each), and, four times over, a chunk's rows and per-datum noise for each draw (at
 most 2^16 of those row-draws, whatever their width: the terms' own intermediates, a
 network's activations, are as many times wider)."""
@@ -258,23 +260,29 @@ def _draws_at_once(objective: Objective, params, num_samples: int, chunk_size: i
 
 
 def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):
-  # A chunk's rows are read once for a group of draws (one draw at a time, 100 draws of
-  # 200,000 rows read from disk took 3.3 s, 0.2 s in memory; now 0.36 s and 0.11 s).
-  # Draws past num_samples that make the groups equal are dropped.
+  keys = jax.random.split(key, num_samples)
+
+  def draw_on(rows, idx, k):
+    k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
+    return jnp.mean(objective.loss_fn(params, rows, objective.sample_noise(k_chunk,
+                                                                           idx.shape[0])))
+
+  if not data_lib.host_leaves(objective):
+    # In memory, one draw's pass at a time: passes of groups of draws in smaller chunks
+    # cost as much again where the latents are many (each chunk draws every latent anew).
+    return jax.lax.map(lambda k: -full_pass_mean(
+        lambda idx: draw_on(objective.rows(idx), idx, k), objective.num_data, chunk_size), keys)
+  # From the host, each chunk's rows are read once for a group of draws: one draw at a
+  # time, 100 draws of 200,000 rows read from disk took 3.3 s (now 0.36 s). Draws past
+  # num_samples that make the groups equal are dropped.
   size, chunk = _draws_at_once(objective, params, num_samples, chunk_size)
   groups = -(-num_samples // size)
-  keys = jnp.concatenate([jax.random.split(key, num_samples), jax.random.split(
-      jax.random.fold_in(key, 1), groups * size - num_samples)]).reshape(groups, size)
+  keys = jnp.concatenate([keys, jax.random.split(jax.random.fold_in(key, 1),
+                                                 groups * size - num_samples)])
 
   def chunk_means(idx):
     rows = objective.rows(idx)
-
-    def one(k):
-      k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
-      noise = objective.sample_noise(k_chunk, idx.shape[0])
-      return jnp.mean(objective.loss_fn(params, rows, noise))
-
-    means = jax.vmap(one)(keys[0]) if groups == 1 else jax.lax.map(jax.vmap(one), keys)
+    means = jax.lax.map(jax.vmap(lambda k: draw_on(rows, idx, k)), keys.reshape(groups, size))
     return means.reshape(-1)[:num_samples]
 
   return -full_pass_mean(chunk_means, objective.num_data, chunk)
