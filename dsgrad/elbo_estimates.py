@@ -232,7 +232,7 @@ def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: i
     total = jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((), dtype))
     return -total / (num_chunks * chunk_size).astype(dtype)
 
-  # All the data: elbo_draws' pass, each chunk read once for a group of draws.
+  # All the data: the passes elbo_draws makes for the key.
   return jax.lax.cond(
       rows >= n,
       lambda: _elbo_run(objective, params, key, num_samples=num_samples,
@@ -241,10 +241,10 @@ def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: i
 
 
 ELBO_DRAWS_AT_ONCE = 2 ** 20
-"""Numbers the ELBO's draws computed at once on data read from the host may hold: their latents (about the params'
-size each), and, four times over, a chunk's rows and per-datum noise for each draw (at
-most 2^16 of those row-draws, whatever their width: the terms' own intermediates, a
-network's activations, are as many times wider)."""
+"""Numbers the ELBO's draws computed at once on data read from the host may hold: their
+latents (about the params' size each), and, four times over, a chunk's rows and
+per-datum noise for each draw (at most 2^16 of those row-draws, whatever their width:
+the terms' own intermediates, a network's activations, are as many times wider)."""
 
 
 def _draws_at_once(objective: Objective, params, num_samples: int, chunk_size: int):
