@@ -178,10 +178,11 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: int = 4096):
   """``(params, key, rows) -> (num_samples,)`` ELBO draws, each on ``rows`` data: with
-  ``rows >= N`` the full passes :func:`elbo_draws` makes for ``key``, else ``rows`` (rounded up to whole
-  chunks) drawn uniformly with replacement, scaled to the full data (unbiased). ``rows``
-  is an argument of one compiled program, so a caller can time a chunk and then choose
-  how many to read without compiling again (:func:`dsgrad.recommend` does).
+  ``rows >= N`` the full passes :func:`elbo_draws` makes for ``key``, else ``rows``
+  (rounded up to whole chunks) drawn uniformly with replacement, scaled to the full data
+  (unbiased). ``rows`` is an argument of one compiled program, so a caller can time a
+  chunk and then choose how many to read without compiling again (:func:`dsgrad.recommend`
+  does).
 
   The same ``key`` draws the same rows and noise at any ``params``: differences between
   parameter sets keep common random numbers for the subsampling too.

@@ -240,7 +240,7 @@ def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step
   except elbo_estimates.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
     raise elbo_estimates.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
-                                    error.detail) from None
+                                       error.detail) from None
 
 
 def _can_check_trust(objective, elbo_samples: int) -> tuple[bool, str]:
