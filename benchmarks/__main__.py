@@ -9,6 +9,7 @@ BENCHMARKS = {
     "scale-suite": "benchmarks.scale_suite",
     "disk-step": "benchmarks.disk_step",
     "scale-step": "benchmarks.scale_step",
+    "scale-batch": "benchmarks.scale_batch",
     "two-threads": "benchmarks.two_threads",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
