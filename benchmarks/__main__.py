@@ -10,6 +10,7 @@ BENCHMARKS = {
     "disk-step": "benchmarks.disk_step",
     "scale-step": "benchmarks.scale_step",
     "scale-batch": "benchmarks.scale_batch",
+    "leaves-apart": "benchmarks.leaves_apart",
     "two-threads": "benchmarks.two_threads",
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
