@@ -123,6 +123,8 @@ def test_naive_gradient_equals_numpyro_gradient(logreg_data):
   eps = objective.sample_noise(jax.random.key(4), BATCH)
   indices = jnp.array([5, 17, 0, 39, 22, 8, 31, 2, 11, 26], jnp.int32)
   ours = objective.grad(params, indices, eps)
+  # Each site's gradient is summed whole before the sites are concatenated (a GPU fusion).
+  assert "optimization_barrier" in str(jax.make_jaxpr(objective.grad)(params, indices, eps))
   theirs = jax.grad(lambda p: _numpyro_loss(objective, x, y, indices, p, eps))(
       objective.autonormal_params(params))
   unravel = objective.numpyro_model.unravel

@@ -220,7 +220,11 @@ def _per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
   with the model's arguments explicit."""
 
   def log_likelihood_given(args, kwargs, z, indices):
-    constrained = numpyro_util.constrain_fn(fixed, args, kwargs, unravel(z))
+    # Each site's gradient summed whole before they are concatenated into z's, as in
+    # dsgrad.objective_from_logdensity (XLA on a GPU otherwise fused a site's batch sum
+    # into that concatenation, a few threads summing the batch serially).
+    sites = jax.lax.optimization_barrier(unravel(z))
+    constrained = numpyro_util.constrain_fn(fixed, args, kwargs, sites)
     batch_trace = trace_lib.trace(handlers.substitute(trace_lib.with_indices(model, plate, indices),
                                              data=constrained), args, kwargs)
     total = 0.0
