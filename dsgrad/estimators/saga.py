@@ -59,12 +59,12 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
 
 @checks.arguments(objective=checks.objective(), approx=checks.approximation(),
                   control_weight=checks.or_word(checks.probability(), "adaptive"),
-                  warmup_steps=checks.count(0), chunk_size=checks.count(1),
+                  warmup_steps=checks.count(0), chunk_size=checks.optional(checks.count(1)),
                   table_dtype=checks.optional(checks.floating_dtype()),
                   control_weight_horizon=checks.positive(),
                   max_table_bytes=checks.byte_budget())
 def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-               warmup_steps: int = 0, chunk_size: int = 1024, table_dtype: Any = None,
+               warmup_steps: int = 0, chunk_size: int | None = None, table_dtype: Any = None,
                control_weight: float | str = "adaptive", control_weight_horizon: float = 100,
                max_table_bytes: int | str | None = "auto"
                ) -> optax.GradientTransformationExtraArgs:
@@ -125,7 +125,8 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
       ``reads``, :func:`dsgrad.approx.sparse_linearize`, a table of those only), else
       :func:`dsgrad.approx.linearize` (a table of parameters).
     warmup_steps: number of initial updates that output the naive gradient.
-    chunk_size: data per chunk in the initial full pass.
+    chunk_size: data per chunk in the initial full pass; default (``None``):
+      :func:`dsgrad.tables.full_pass_chunk` (64 MiB of rows, 1,024 to 16,384 of them).
     table_dtype: dtype of the stored table (default: the params' dtypes). Rows are
       read back in the params' dtype; ``G`` is kept consistent with the stored
       (rounded) rows, so the estimator stays unbiased.
@@ -169,6 +170,7 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
                       if objective.table_approximation is not None else approx_lib.linearize())
   _weights.check_horizon(control_weight_horizon, "joint_saga")
   weight = (control_weight, control_weight_horizon)
+  chunk_size = tables.full_pass_chunk(objective.data, chunk_size)
   kind = (_statistics_table(objective, approx, chunk_size, table_dtype)
           if approx.statistics is not None else
           _parameter_table(objective, approx, chunk_size, table_dtype, max_table_bytes))

@@ -35,10 +35,11 @@ class JointSvrgState(NamedTuple):
 
 @checks.arguments(objective=checks.objective(), approx=checks.approximation(),
                   control_weight=checks.or_word(checks.probability(), "adaptive"),
-                  every=checks.optional(checks.count(1)), chunk_size=checks.count(1),
+                  every=checks.optional(checks.count(1)),
+                  chunk_size=checks.optional(checks.count(1)),
                   control_weight_horizon=checks.positive())
 def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = None, *,
-               every: int | None = None, chunk_size: int = 1024,
+               every: int | None = None, chunk_size: int | None = None,
                control_weight: float | str = "adaptive",
                control_weight_horizon: float = 100
                ) -> optax.GradientTransformationExtraArgs:
@@ -62,7 +63,8 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     approx: the approximation ``f~``; default :func:`dsgrad.approx.linearize`.
     every: refresh period ``K`` in updates (positive); default (``None``): once an
       epoch, ``K = N // B`` for the batch size ``B`` of the updates (the paper's choice).
-    chunk_size: data per chunk in the full pass.
+    chunk_size: data per chunk in the full pass; default (``None``):
+      :func:`dsgrad.tables.full_pass_chunk` (64 MiB of rows, 1,024 to 16,384 of them).
     control_weight: ``c`` in ``g + c (g_bar - grad f~(w~))``: ``"adaptive"`` (the
       default; per coordinate, from earlier steps, see :func:`dsgrad.cv`), or a fixed number in
       ``[0, 1]`` (``1``: the paper's estimator).
@@ -95,6 +97,7 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
   approx = approx or approx_lib.linearize()
   _weights.check_horizon(control_weight_horizon, "joint_svrg")
   n = objective.num_data
+  chunk_size = tables.full_pass_chunk(objective.data, chunk_size)
 
   def full_mean(objective, params):
     return tables.full_pass_mean(
