@@ -1,8 +1,9 @@
 """Launch-bound or not: on each scale-suite model (10^6 rows), the warm step at batch sizes
 from 10^2 to 10^5 rows, and the full passes at chunk sizes from 10^3 to 10^5 rows.
 
-A step is *launch-bound* where its time hardly grows with the batch: the fixed cost of
-its kernels (on a GPU) or of its loop (on a CPU) sets it, not the rows. For each batch
+A step is *fixed-cost-bound* where its time hardly grows with the batch: what does not
+grow with the rows sets it, on a GPU its kernels' launches (launch-bound), on a CPU also
+the work on every latent (its noise, Adam's update). For each batch
 size ``B``, in one process, over interleaved rounds of one epoch's steps (at least 100):
 
 * ``hand naive``: a hand-written optax loop (``lax.scan``, fit's own batches given as an
@@ -12,7 +13,7 @@ size ``B``, in one process, over interleaved rounds of one epoch's steps (at lea
 
 Reported: ms per step, rows per microsecond, and the growth of the step's time when the
 batch grows tenfold; a step whose time less than doubles for ten times the rows is
-launch-bound at that batch size.
+fixed-cost-bound at that batch size.
 
 The full passes, for each chunk size ``C`` (the rows one iteration of the pass reads):
 joint SVRG's refresh (its first update's extra seconds: the snapshot's full gradient,
@@ -42,7 +43,7 @@ from benchmarks import scale_suite
 BATCH_SIZES = (100, 1_000, 10_000, 100_000)
 CHUNK_SIZES = (1_024, 16_384, 262_144)
 LAUNCH_BOUND_GROWTH = 2.0
-"""A step whose time grows less than this for ten times the rows is launch-bound."""
+"""A step whose time grows less than this for ten times the rows is fixed-cost-bound."""
 LEARNING_RATE = 1e-3
 
 
@@ -128,7 +129,7 @@ def _step_table(by_batch: dict) -> list[str]:
             for b, r in by_batch.items()}
   sizes = sorted(median, key=int)
   lines = ["| batch | " + " | ".join(f"{label} ms / step" for label in labels)
-           + " | fit naive rows / us | fit naive: time for 10x rows | launch-bound? |",
+           + " | fit naive rows / us | fit naive: time for 10x rows | fixed-cost-bound? |",
            "| ---: | " + " | ".join("---:" for _ in labels) + " | ---: | ---: | --- |"]
   for i, b in enumerate(sizes):
     naive = median[b]["fit naive"]
@@ -146,8 +147,10 @@ def _step_table(by_batch: dict) -> list[str]:
 def render(record) -> str:
   data, config = record["results"]["results"], record["results"]["config"]
   lines = [f"Command: `{record['command']}`; one epoch's steps per timed call (100 to "
-           f"1,000), median of {config['rounds']} interleaved rounds. Launch-bound: ten "
-           f"times the batch costs less than {LAUNCH_BOUND_GROWTH:g}x the time. Measured: "
+           f"1,000), median of {config['rounds']} interleaved rounds. Fixed-cost-bound: ten "
+           f"times the batch costs less than {LAUNCH_BOUND_GROWTH:g}x the time (what does not "
+           "grow with the rows sets the step: on a GPU its kernels' launches, on a CPU also "
+           "the work on every latent, its noise and Adam's update). Measured: "
            f"{record['environment']}.", ""]
   for name, r in data.items():
     lines += [f"#### {name}: {r['summary']} ({r['dim']:,} latents)", "",
