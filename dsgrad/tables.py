@@ -114,11 +114,12 @@ def full_pass_chunk(data, chunk_size: int | None = None) -> int:
   hold :data:`FULL_PASS_CHUNK_BYTES`, at least 1,024 and at most 16,384 (1,024 where
   ``data`` has no array leaves to size a row by).
 
-  Each iteration of a pass costs its kernel launches whatever its rows: on an H200 joint
-  SVRG's refresh of 10^6 rows took 0.020-0.045 s in chunks of 1,024 rows against
-  0.001-0.015 s in chunks of 16,384; on two CPU cores 0.058-0.380 s against 0.015-0.400 s
-  (``python -m benchmarks scale-batch``). The bound in bytes keeps a chunk of wide rows
-  (images, thousands of features) in the memory a chunk of 1,024 narrow ones took.
+  On a GPU each iteration of a pass costs its kernel launches whatever its rows: on an
+  H200 joint SVRG's refresh of 10^6 rows took 0.020-0.045 s in chunks of 1,024 rows
+  against 0.001-0.015 s in chunks of 16,384; on two CPU cores 0.058-0.380 s against
+  0.015-0.400 s (``python -m benchmarks scale-batch``). The bound in bytes keeps a chunk
+  of wide rows (images, thousands of features) to 64 MiB of data, where 16,384 of them
+  could take gigabytes.
 
   Args:
     data: the data pytree (``objective.data``); leaves with a leading datum axis.
