@@ -22,55 +22,26 @@ barrier) and ``... apart`` (with it, dsgrad's default).
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
-import optax
 
 import dsgrad
 from dsgrad import command_line
 from dsgrad import logdensity
 from benchmarks import _report
+from benchmarks import scale_batch
 from benchmarks import scale_models
-from benchmarks import scale_step
-from benchmarks import scale_suite
 
 SIZES = {"hierarchical": (1000, 1024, 2000, 4000, 100, 10000), "two_index": (100, 1000, 10000),
          "mlp": (100, 1000)}
 
 
 def _hand_call(model, batch_size: int, steps: int, barrier: bool):
-  params = scale_suite._initial_params(model.dim)
-  batches = dsgrad.training.batching.epoch_batches(
-      jax.random.split(jax.random.key(3))[0], model.num_data, batch_size, steps)
-  keys = jax.random.split(jax.random.key(2), steps)
   if barrier:
     model = model._replace(
         unravel=lambda z, unravel=model.unravel: jax.lax.optimization_barrier(unravel(z)))
-  segment, adam = scale_step._hand(model, batches, 1e-3, "naive")
-  args = (model.data, params, adam.init(params), keys)
-  compiled = segment.lower(*args).compile()
-
-  def call():
-    started = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    return time.perf_counter() - started
-
-  call()
-  return call
-
-
-def _fit_call(model, batch_size: int, steps: int, estimator):
-  params = scale_suite._initial_params(model.dim)
-  optimizer = optax.chain(estimator, optax.adam(1e-3))
-  key = jax.random.key(3)
-  state = scale_suite.first_update(model.objective, optimizer, params, key, batch_size)[0]
-
-  def call():
-    return scale_suite._timed_fit(model.objective, optimizer, params, key, steps,
-                                  batch_size, state)[1]
-
-  call()
+  call = scale_batch.hand_call(model, batch_size, steps)
+  call()  # the first call of a compiled program
   return call
 
 
@@ -84,11 +55,11 @@ def compare(build, sizes, steps: int, cv: bool) -> list[str]:
   for batch_size in sizes:
     calls = {"hand": _hand_call(plain, batch_size, steps, False),
              "hand+barrier": _hand_call(plain, batch_size, steps, True),
-             "fit naive": _fit_call(plain, batch_size, steps, dsgrad.naive()),
-             "fit naive apart": _fit_call(apart, batch_size, steps, dsgrad.naive())}
+             "fit naive": scale_batch.fit_call(plain, batch_size, steps, dsgrad.naive()),
+             "fit naive apart": scale_batch.fit_call(apart, batch_size, steps, dsgrad.naive())}
     if cv:
-      calls["fit cv"] = _fit_call(plain, batch_size, steps, dsgrad.cv(plain.objective))
-      calls["fit cv apart"] = _fit_call(apart, batch_size, steps, dsgrad.cv(apart.objective))
+      calls["fit cv"] = scale_batch.fit_call(plain, batch_size, steps, dsgrad.cv(plain.objective))
+      calls["fit cv apart"] = scale_batch.fit_call(apart, batch_size, steps, dsgrad.cv(apart.objective))
     times = {label: [] for label in calls}
     for _ in range(3):
       for label, call in calls.items():

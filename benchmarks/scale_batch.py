@@ -53,34 +53,48 @@ def steps_per_call(num_data: int, batch_size: int) -> int:
   return max(100, min(1_000, num_data // batch_size))
 
 
-def _step_calls(model, params, batch_size: int, steps: int) -> dict:
-  """``{label: call}``, each call running ``steps`` warm steps and returning seconds;
-  compiled here."""
-  key = jax.random.key(3)
-  batches = dsgrad.training.batching.epoch_batches(jax.random.split(key)[0],
-                                                   model.num_data, batch_size, steps)
+def hand_call(model, batch_size: int, steps: int):
+  """A call running ``steps`` warm steps of the hand-written loop (compiled here, fit's own
+  batches given as an index array) and returning its seconds."""
+  params = scale_suite._initial_params(model.dim)
+  batches = dsgrad.training.batching.epoch_batches(
+      jax.random.split(jax.random.key(3))[0], model.num_data, batch_size, steps)
   keys = jax.random.split(jax.random.key(2), steps)
   segment, adam = scale_step._hand(model, batches, LEARNING_RATE, "naive")
   args = (model.data, params, adam.init(params), keys)
   compiled = segment.lower(*args).compile()
 
-  def hand():
+  def call():
     started = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     return time.perf_counter() - started
 
-  calls = {"hand naive": hand}
-  for label, estimator in (("fit naive", dsgrad.naive()),
-                           ("fit joint SVRG", dsgrad.joint_svrg(model.objective,
-                                                                every=10**9))):
-    optimizer = optax.chain(estimator, optax.adam(LEARNING_RATE))
-    state = (optimizer.init(params) if label == "fit naive" else
-             scale_suite.first_update(model.objective, optimizer, params, key, batch_size)[0])
-    call = (lambda optimizer=optimizer, state=state: scale_suite._timed_fit(
-        model.objective, optimizer, params, key, steps, batch_size, state)[1])
-    call()  # compiles
-    calls[label] = call
-  return calls
+  return call
+
+
+def fit_call(model, batch_size: int, steps: int, estimator):
+  """A call running ``steps`` warm steps of :func:`dsgrad.fit` with ``estimator`` before
+  Adam, from the state after its first update (joint SVRG's snapshot taken), and returning
+  the seconds of the steps; compiled here."""
+  params = scale_suite._initial_params(model.dim)
+  optimizer = optax.chain(estimator, optax.adam(LEARNING_RATE))
+  key = jax.random.key(3)
+  state = scale_suite.first_update(model.objective, optimizer, params, key, batch_size)[0]
+
+  def call():
+    return scale_suite._timed_fit(model.objective, optimizer, params, key, steps,
+                                  batch_size, state)[1]
+
+  call()  # compiles
+  return call
+
+
+def _step_calls(model, batch_size: int, steps: int) -> dict:
+  """``{label: call}``, each call running ``steps`` warm steps and returning seconds."""
+  return {"hand naive": hand_call(model, batch_size, steps),
+          "fit naive": fit_call(model, batch_size, steps, dsgrad.naive()),
+          "fit joint SVRG": fit_call(model, batch_size, steps,
+                                     dsgrad.joint_svrg(model.objective, every=10**9))}
 
 
 def _full_passes(model, params, chunk_size: int) -> dict:
@@ -108,7 +122,7 @@ def run(models, batch_sizes, chunk_sizes, rounds: int, num_data: int) -> dict:
     by_batch = {}
     for batch_size in _report.progress(batch_sizes, f"{name}: batch sizes"):
       steps = steps_per_call(model.num_data, batch_size)
-      calls = _step_calls(model, params, batch_size, steps)
+      calls = _step_calls(model, batch_size, steps)
       times = {label: [] for label in calls}
       for _ in range(rounds):
         for label, call in calls.items():
