@@ -40,9 +40,7 @@ def _hand_call(model, batch_size: int, steps: int, barrier: bool):
   if barrier:
     model = model._replace(
         unravel=lambda z, unravel=model.unravel: jax.lax.optimization_barrier(unravel(z)))
-  call = scale_batch.hand_call(model, batch_size, steps)
-  call()  # the first call of a compiled program
-  return call
+  return scale_batch.hand_call(model, batch_size, steps)
 
 
 def compare(build, sizes, steps: int, cv: bool) -> list[str]:
