@@ -136,7 +136,51 @@ def structured(objective: Objective, latent) -> Objective:
     return flat_loss(flat_params(params), rows, noise)
 
   return dataclasses.replace(objective, loss_fn=loss_fn, name=f"{objective.name}[structured]",
-                             source=None, table_approximation=None)
+                             source=None, table_approximation=_structured_table(objective, latent))
+
+
+def _structured_table(flat: Objective, latent):
+  """``flat``'s table approximation (e.g. the coordinates each row reads, for joint SAGA)
+  over structured params: its functions see the flat params and a flat view of the
+  objective they are called with (its data, its noise), and their gradients come back
+  shaped like the params. ``None`` where ``flat`` has none."""
+  if flat.table_approximation is None:
+    return None
+  _, unravel = latent_unravel(latent)
+
+  def shaped(tree):  # a gradient over flat params, rearranged like the params
+    return {k: unravel(v) if k in STRUCTURED_FIELDS else v for k, v in tree.items()}
+
+  def view(objective):  # the flat objective on the data and noise it is called with
+    return dataclasses.replace(objective, loss_fn=flat.loss_fn, name=flat.name,
+                               source=flat.source, table_approximation=flat.table_approximation)
+
+  def table_approximation(objective):
+    from dsgrad.approx.base import Approximation, DatumStatistics  # it imports the families
+    approx = flat.table_approximation(view(objective))
+
+    def over_flat(fn, outputs=1):  # fn(objective, params, *rest) on flat params
+      def call(obj, params, *rest):
+        out = fn(view(obj), flat_params(params), *rest)
+        return shaped(out) if outputs == 1 else tuple(map(shaped, out))
+      return call
+
+    inner, stats = approx.statistics, None
+    if inner is not None:
+      stats = DatumStatistics(
+          lambda params, rows: inner.statistics(flat_params(params), rows),
+          over_flat(inner.datum_terms, 2), over_flat(inner.datum_expected),
+          over_flat(inner.global_terms, 2),
+          inner.expected_of_mean and (lambda params, mean: shaped(
+              inner.expected_of_mean(flat_params(params), flat_params(mean)))),
+          inner.expected_change and over_flat(inner.expected_change))
+    # Not through_objective: an estimator that reweights the objective's loss would not
+    # reach the flat loss the view calls.
+    return Approximation(over_flat(approx.grad_and_expected, 2),
+                         over_flat(approx.expected_grad), f"{approx.name}[structured]",
+                         statistics=stats)
+
+  return table_approximation
 
 
 def sample_structured(params, key, num_samples: int):
