@@ -364,7 +364,7 @@ def test_fit_segments_hold_no_host_callback(objective, params0):
   segment, _ = dsgrad.training.segments.segment_program(objective, optimizer, BATCH, 3)
   orders = dsgrad.training.batching.EpochOrders(jax.random.key(1), objective.num_data, BATCH).window(0, 3)
   text = segment.lower((params0, optimizer.init(params0)), jax.random.key(0), jnp.int32(0),
-                       objective, orders, {}).as_text()
+                       jnp.int32(3), objective, orders, {}).as_text()
   assert "callback" not in text
 
 

@@ -173,7 +173,7 @@ def test_the_next_blocks_rows_are_requested_before_this_blocks_steps_are_queued(
 
   monkeypatch.setattr(dsgrad.training.segments, "HOST_BLOCK_STEPS", 10)
   monkeypatch.setattr(dsgrad.data.RowReader, "submit",
-                      lambda reader, idx: events.append("rows") or real_submit(reader, idx))
+                      lambda reader, *a: events.append("rows") or real_submit(reader, *a))
   monkeypatch.setattr(dsgrad.training.segments.SegmentRunner, "_executable", executable)
   objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
   params = dsgrad.families.by_name("meanfield", D + GROUPS).params()

@@ -242,7 +242,7 @@ class EpochOrders:
   def __init__(self, key, num_data: int, batch_size: int, sharding=None):
     self.key, self.n, self.b, self.sharding = key, num_data, batch_size, sharding
     self.cache: dict = {}
-    self.stacked = (None, None)  # (epochs, their stacked permutations)
+    self.stacked = (None, None)  # ((epochs, rows), their stacked permutations)
     on_cpu = (jax.default_backend() == "cpu" if sharding is None
               else all(d.platform == "cpu" for d in sharding.device_set))
     # On a CPU the orders are kept as NumPy rows: slicing and stacking hundreds of
@@ -273,11 +273,14 @@ class EpochOrders:
         if row is not None:
           self.cache[epoch] = row
 
-  def window(self, start: int, length: int):
-    """``(epochs, N // B * B)``: the permutations a segment at ``start`` slices."""
+  def window(self, start: int, length: int, program_length: int | None = None):
+    """``(epochs, N // B * B)``: the permutations a segment of ``length`` steps at
+    ``start`` slices; with ``program_length``, as many rows as a program of that many
+    steps slices, the rows past the segment's epochs repeating its last (never read)."""
     first = start // (self.n // self.b)
     wanted = range(first, first + window_epochs(length, self.n, self.b))
-    if self.stacked[0] == wanted:
+    rows = window_epochs(program_length or length, self.n, self.b)
+    if self.stacked[0] == (wanted, rows):
       return self.stacked[1]
     for epoch in [e for e in self.cache if e < first]:
       del self.cache[epoch]
@@ -290,11 +293,11 @@ class EpochOrders:
       # and epochs past the run's end are wasted.
       self._compute(missing[0], BULK_EPOCHS if self.short_epochs else 1)
       missing = [e for e in missing if e not in self.cache]
-    rows = [self.cache[e] for e in wanted]
-    stacked = jnp.asarray(np.stack(rows)) if self.on_host else jnp.stack(rows)
+    epochs = [self.cache[e] for e in wanted] + [self.cache[wanted[-1]]] * (rows - len(wanted))
+    stacked = jnp.asarray(np.stack(epochs)) if self.on_host else jnp.stack(epochs)
     if self.sharding is not None:
       stacked = jax.device_put(np.asarray(stacked), self.sharding)
-    self.stacked = (wanted, stacked)
+    self.stacked = ((wanted, rows), stacked)
     return stacked
 
 

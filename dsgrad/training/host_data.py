@@ -332,16 +332,22 @@ class RowReader:
     self._result = None
     self._error = None
 
-  def submit(self, indices) -> None:
+  def submit(self, indices, steps: int | None = None) -> None:
     """Starts reading the rows of the ``(S, B)`` batch ``indices`` (waits for the block
-    in flight first)."""
+    in flight first), followed by zero rows up to ``steps`` batches where given (a
+    program of ``steps`` steps that runs ``S`` of them)."""
     self.take_pending()
     idx = np.asarray(indices)
+    pad = 0 if steps is None else steps - len(idx)
+
+    def padded(rows):
+      return {k: np.concatenate([v, np.zeros((pad,) + v.shape[1:], v.dtype)]) if pad else v
+              for k, v in rows.items()}
 
     def read():
       try:
         self._result = jax.block_until_ready(
-            jax.device_put(read_rows(self.arrays, idx), self.placement))
+            jax.device_put(padded(read_rows(self.arrays, idx)), self.placement))
       except BaseException as error:  # re-raised by take()
         self._error = error
 

@@ -304,6 +304,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                                   batch_size, mesh)
     run_key, eval_key = jax.random.split(key)
     runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
+                                    program_steps=min(segment_steps, num_steps - start_step),
                                     **placement)
     record = resume_lib.Recorder(history, start_step)
     evaluations = evaluation_plan.Evaluations(objective, evaluation, eval_key, record,
@@ -395,11 +396,10 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
   params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
                                         None, descent=False)
-  runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0])
-  first = _segment_length(start_step, every, num_steps)
-  rest = num_steps - start_step - first
-  for length in {first, min(every, rest), rest % every} - {0}:
-    runner.prepare(params, opt_state, start_step, length)
+  runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0],
+                                  program_steps=min(every, num_steps - start_step))
+  # Every segment, the first and the last included, runs on the one program this compiles.
+  runner.prepare(params, opt_state, start_step, _segment_length(start_step, every, num_steps))
   return runner.compile_seconds
 
 

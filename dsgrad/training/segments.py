@@ -1,9 +1,10 @@
 """Training segments: many steps in one compiled ``lax.scan``, fed with reshuffled epochs.
 
-A segment of ``length`` steps is one program ``(carry, key, start, objective, orders,
-rows) -> carry``: it slices its batches from the epoch orders
+A segment is one program ``(carry, key, start, count, objective, orders, rows) -> carry``
+of ``length`` steps: it slices its batches from the epoch orders
 (:mod:`dsgrad.training.batching`), folds the step number into the noise key and runs
-:func:`train_step` ``length`` times, with the ``(params, opt_state)`` carry donated. The
+:func:`train_step` ``count <= length`` times, with the ``(params, opt_state)`` carry
+donated; a run's shorter segments (its last) run on its full segments' program. The
 objective is an argument, so its data are (:mod:`dsgrad.data`) and one executable serves
 every objective of the same structure (:meth:`~dsgrad.Objective.with_data` copies,
 resumed and staged runs); it lives in :mod:`dsgrad.training.compile_cache`.
@@ -173,15 +174,19 @@ PARAMS_NOT_FINITE = "the params became non-finite (NaN or inf) during a segment"
 def segment_program(objective: Objective, optimizer, batch_size: int, length: int,
                     mesh=None, carry_shardings=None, *, finite_at_end: bool = False):
   """``(program, messages)``: the jitted (not yet compiled) segment ``(carry, key, start,
-  objective, orders, rows) -> (failure, carry)`` of ``length`` steps from step ``start``, and
-  the list its tracing fills with its checks' messages. ``failure`` is ``[code, step]``
-  of the first value check that failed (:class:`Failure` names it): code ``i + 1`` is
-  ``messages[i]``, ``-1`` :data:`PARAMS_NOT_FINITE`, ``0`` none.
+  count, objective, orders, rows) -> (failure, carry)`` of the ``count`` (at most
+  ``length``) steps from step ``start``, and the list its tracing fills with its checks'
+  messages. ``failure`` is ``[code, step]`` of the first value check that failed
+  (:class:`Failure` names it): code ``i + 1`` is ``messages[i]``, ``-1``
+  :data:`PARAMS_NOT_FINITE`, ``0`` none. ``count`` is an argument so that one program
+  serves a run's full segments and its shorter ones (the last, a resumed run's first):
+  a segment program compiles once per run, not twice.
 
   ``orders`` is the window :meth:`dsgrad.training.batching.EpochOrders.window` gives for
   ``(start, length)``; ``objective`` one of ``objective``'s structure (its data are the
   program's arguments); ``rows`` the host arrays' rows of every step
-  (``{path: (length, B, ...)}``, :func:`dsgrad.data.host_leaves`), ``{}`` without host data.
+  (``{path: (length, B, ...)}``, :func:`dsgrad.data.host_leaves`; past ``count``, any),
+  ``{}`` without host data.
 
   With ``finite_at_end``, the steps' range and finiteness checks
   (:func:`dsgrad.checks.is_range_or_finite_check`) are replaced by one check that the
@@ -193,7 +198,7 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   # the checks settled at the segment's end instead.
   messages, settled = [], []
 
-  def run(carry, key, start, objective_arg, orders, rows):
+  def run(carry, key, start, count, objective_arg, orders, rows):
     _, noise_key = jax.random.split(key)
     indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
@@ -219,14 +224,20 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
       messages[:] = [message for _, message in found]
       return carry, checks.failure_code(found)
 
-    carry, codes = jax.lax.scan(step, carry, (indices, steps, keys, rows))
+    # lax.scan's loop, with a bound known only when it runs: `count` iterations.
+    xs = (indices, steps, keys, rows)
+
+    def body(t, state):
+      carry, codes = state
+      carry, code = step(carry, jax.tree.map(lambda a: a[t], xs))
+      return carry, codes if code is None else codes.at[t].set(code)
+
+    carry, codes = jax.lax.fori_loop(0, count, body, (carry, jnp.zeros((length,), jnp.int32)))
     # [code, step] of the first failure: an ordinary output (a checkify error would make
     # the program's cache key differ at every compile, so that JAX's persistent
-    # compilation cache never served it).
-    failure = jnp.zeros((2,), jnp.int32)
-    if codes is not None:
-      first = jnp.argmax(codes != 0)
-      failure = jnp.stack([codes[first], steps[first]])
+    # compilation cache never served it). All zero without checks.
+    first = jnp.argmax(codes != 0)
+    failure = jnp.stack([codes[first], steps[first]])
     if settled:  # checked first: the per-step checks that remain come after
       failure = jnp.where(checks.all_finite(carry[0]), failure,
                           jnp.array([-1, 0], jnp.int32))
@@ -320,8 +331,8 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
 
 class SegmentRunner:
   """Runs the segments of one training run: the epoch orders of ``key``, one executable
-  per segment length, and, with host data, the rows of the next block read while the
-  device runs the current one.
+  for segments of up to ``program_steps`` steps, and, with host data, the rows of the
+  next block read while the device runs the current one.
 
   Args:
     objective: the objective, with its data.
@@ -332,6 +343,8 @@ class SegmentRunner:
     mesh: optional :func:`dsgrad.training.parallel.data_mesh`.
     carry_shardings: with ``mesh``, the shardings of ``(params, opt_state)``.
     objective_arg: the objective to pass (default: ``objective``, placed as it is).
+    program_steps: the length of the program that runs every segment (or host block) of
+      at most that many steps; default: one program per length.
 
   Attributes:
     compile_seconds: total time spent compiling so far: the segments, and the programs of
@@ -340,8 +353,9 @@ class SegmentRunner:
   """
 
   def __init__(self, objective: Objective, optimizer, batch_size: int, key, *, mesh=None,
-               carry_shardings=None, objective_arg=None):
+               carry_shardings=None, objective_arg=None, program_steps: int | None = None):
     self.objective, self.optimizer, self.batch_size = objective, optimizer, batch_size
+    self.program_steps = program_steps
     self.key, self.mesh, self.carry_shardings = key, mesh, carry_shardings
     self.host_data = data_lib.host_leaves(objective)
     self.objective_arg = objective if objective_arg is None else objective_arg
@@ -351,8 +365,8 @@ class SegmentRunner:
     self.reader = data_lib.RowReader(self.host_data, replicated)
     self.block = (host_block_steps(self.host_data, batch_size) if self.host_data else None)
     self.pending = None  # the block whose rows the reader is reading
-    self.executables: dict = {}  # by number of steps (at most two per run)
-    self.checked: dict = {}  # by number of steps: every step checked, to run one again
+    self.executables: dict = {}  # by program length (one per run with program_steps)
+    self.checked: dict = {}  # by program length: every step checked, to run one again
     # Whether the range and finiteness checks are settled at each block's end, decided on
     # the first carry (a block read from the host is kept until its checks are settled).
     self.finite_at_end = None
@@ -369,9 +383,15 @@ class SegmentRunner:
     return batching.slice_window(np.asarray(window) if self.orders.on_host else window, start,
                                  steps, self.objective.num_data, self.batch_size)
 
+  def _length(self, steps: int) -> int:
+    """The length of the program that runs a block of ``steps`` steps: ``program_steps``
+    (at most a host block) where that is longer."""
+    longest = self.program_steps or steps
+    return max(steps, min(longest, self.block) if self.block else longest)
+
   def _read_ahead(self, start: int, steps: int) -> None:
     if self.host_data and self.pending != (start, steps):
-      self.reader.submit(self._indices(start, steps))
+      self.reader.submit(self._indices(start, steps), self._length(steps))
       self.pending = (start, steps)
 
   def blocks(self, start: int, length: int) -> list:
@@ -386,14 +406,14 @@ class SegmentRunner:
     if self.host_data:
       return
     for at, steps in self.blocks(start, length):
-      self._executable(steps, self._args((params, opt_state), at, steps, {}))
+      self._executable(self._length(steps), self._args((params, opt_state), at, steps, {}))
 
   def _args(self, carry, at: int, steps: int, rows) -> tuple:
-    return (carry, self.key, jnp.int32(at), self.objective_arg, self.orders.window(at, steps),
-            rows)
+    window = self.orders.window(at, steps, self._length(steps))
+    return (carry, self.key, jnp.int32(at), jnp.int32(steps), self.objective_arg, window, rows)
 
   def _executable(self, steps: int, args, checked: bool = False):
-    """The compiled segment of ``steps`` steps (``checked``: every step checked)."""
+    """The compiled segment program of ``steps`` steps (``checked``: every step checked)."""
     if self.finite_at_end is None:
       self.finite_at_end = tables.tree_bytes(args[0]) <= CHECK_AT_END_BYTES
     at_end = self.finite_at_end and not checked
@@ -416,7 +436,7 @@ class SegmentRunner:
       host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
     if message == PARAMS_NOT_FINITE:
       args = self._args(carry, at, steps, rows)
-      error = self._executable(steps, args, checked=True)(*args)[0]
+      error = self._executable(self._length(steps), args, checked=True)(*args)[0]
       message = error.message() or (
           f"{PARAMS_NOT_FINITE} (steps {at} to {at + steps - 1}) while every step's update "
           "was finite: adding an update to the params overflowed (a step size too large?)")
@@ -459,7 +479,7 @@ class SegmentRunner:
       self.pending = None
       carry = (params, opt_state)
       args = self._args(carry, at, steps, rows)
-      program = self._executable(steps, args)
+      program = self._executable(self._length(steps), args)
       upcoming = parts[k + 1:] or parts_next
       if upcoming:
         # The next block's rows, read while this one runs. Its batch indices are computed
