@@ -68,15 +68,23 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
 
 
 @checks.arguments(key=checks.prng_key(), num_samples=checks.count(2),
-                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)))
+                  chunk_size=checks.count(1), num_data_sampled=checks.optional(checks.count(1)),
+                  program_samples=checks.optional(checks.count(1)))
 def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
-                   chunk_size: int = 4096, num_data_sampled: int | None = None):
+                   chunk_size: int = 4096, num_data_sampled: int | None = None,
+                   program_samples: int | None = None):
   """:func:`elbo` without its checks of ``params`` (finite values, the objective's
   shapes): for a caller that has checked them (:func:`dsgrad.fit` evaluates the ELBO of
-  params it checks itself, many times a run)."""
+  params it checks itself, many times a run). With ``program_samples`` (at least
+  ``num_samples``; data in memory), on :func:`elbo_draws`' program of that many draws,
+  running the first ``num_samples``: a run's smaller evaluations share its last one's
+  program (their draws are not :func:`elbo`'s for the key)."""
   if num_data_sampled is not None and num_data_sampled < objective.num_data:
     values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
                                                                     num_data_sampled)
+  elif program_samples and not data_lib.host_leaves(objective):
+    program = _elbo_draws_program(objective, max(program_samples, num_samples), chunk_size)
+    values = np.asarray(program(objective, params, key, count=num_samples))[:num_samples]
   else:
     values = elbo_draws(objective, num_samples, chunk_size)(params, key)
   return mean_and_standard_error(finite_elbo_draws(values, "dsgrad.elbo"))
@@ -168,11 +176,18 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     >>> draws.shape
     (8,)
   """
-  program = compile_cache.get_or_build(
+  program = _elbo_draws_program(objective, num_samples, chunk_size)
+  return functools.partial(program, objective, count=num_samples)
+
+
+def _elbo_draws_program(objective: Objective, num_samples: int, chunk_size: int):
+  """``(objective, params, key, count=) -> (num_samples,)``: the first ``count`` draws of
+  :func:`elbo_draws`' for ``key`` (the rest zero; all of them from the host). Callers pass
+  ``count`` by keyword, so that they share one compiled program."""
+  return compile_cache.get_or_build(
       ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size),
       lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
                                         chunk_size=chunk_size)))[0]
-  return functools.partial(program, objective)
 
 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
@@ -260,7 +275,8 @@ def _draws_at_once(objective: Objective, params, num_samples: int, chunk_size: i
   return draws, max(1, min(chunk_size, objective.num_data, row_draws // draws))
 
 
-def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size: int):
+def _elbo_run(objective: Objective, params, key, count=None, *, num_samples: int,
+              chunk_size: int):
   keys = jax.random.split(key, num_samples)
 
   def draw_on(rows, idx, k):
@@ -271,8 +287,13 @@ def _elbo_run(objective: Objective, params, key, *, num_samples: int, chunk_size
   if not data_lib.host_leaves(objective):
     # In memory, one draw's pass at a time: passes of groups of draws in smaller chunks
     # cost as much again where the latents are many (each chunk draws every latent anew).
-    return jax.lax.map(lambda k: -full_pass_mean(
-        lambda idx: draw_on(objective.rows(idx), idx, k), objective.num_data, chunk_size), keys)
+    # The first `count` of them, so that one program serves evaluations of fewer draws.
+    def pass_of(k):
+      return -full_pass_mean(lambda idx: draw_on(objective.rows(idx), idx, k),
+                             objective.num_data, chunk_size)
+    out = jnp.zeros((num_samples,), jax.eval_shape(pass_of, keys[0]).dtype)
+    return jax.lax.fori_loop(0, num_samples if count is None else count,
+                             lambda i, out: out.at[i].set(pass_of(keys[i])), out)
   # From the host, each chunk's rows are read once for a group of draws: one draw at a
   # time, 100 draws of 200,000 rows read from disk took 3.3 s (now 0.36 s). Draws past
   # num_samples that make the groups equal are dropped.

@@ -269,7 +269,7 @@ def test_data_are_arguments_of_compiled_programs():
   np.testing.assert_allclose(moved, fresh, rtol=1e-5)
   assert abs(moved - original) > 1.0  # other rows, another ELBO
   program = dsgrad.diagnostics.elbo_draws(objective, 4)
-  text = program.func.lower(*program.args, params, key).as_text()
+  text = program.func.lower(*program.args, params, key, **program.keywords).as_text()
   assert "tensor<300x3xf32>" in text  # the design is an input of the program ...
   constants = [line for line in text.splitlines() if "constant" in line and "300x3" in line]
   assert not constants  # ... and not a constant folded into it

@@ -228,8 +228,9 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   data in an epoch of steps: the default rhythm (100 draws an epoch) cost 9 times the
   steps on 200,000 data. The evaluations before the last now take 2 draws after the first
   and every third epoch (2 x 250,000 data-draws against 200,000 allowed, the floor), the
-  last all ``elbo_samples`` (the ELBO fit reports); and a run interrupted at an evaluated
-  segment's end, before its evaluation, continues to the same evaluations."""
+  last all ``elbo_samples`` (the ELBO fit reports), all on one compiled program; and a run
+  interrupted at an evaluated segment's end, before its evaluation, continues to the same
+  evaluations."""
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 250_000, 2)
   objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
   params = {"loc": jnp.zeros(2), "log_scale": jnp.full((2,), -1.0)}
@@ -237,11 +238,16 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   evaluated, evaluate = [], evaluation_plan._evaluate
   monkeypatch.setattr(evaluation_plan, "_evaluate",
                       lambda *a: evaluated.append(a[3:5]) or evaluate(*a))
+  traced, elbo_run = [], dsgrad.elbo_estimates._elbo_run
+  monkeypatch.setattr(dsgrad.elbo_estimates, "_elbo_run",
+                      lambda *a, **kw: traced.append(kw["num_samples"]) or elbo_run(*a, **kw))
   kw = dict(num_steps=15_000, batch_size=100, elbo_samples=30, progress=False)
   key = jax.random.key(1)
   whole = dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   assert whole.history.step.tolist() == [2_500, 7_500, 15_000]
-  assert evaluated == [(2, False), (2, False), (30, True)]  # draws; the k-hat of the last
+  # Draws (and the program's: the last evaluation's); the k-hat of the last.
+  assert evaluated == [((2, 30), False), ((2, 30), False), ((30, 30), True)]
+  assert traced == [30]  # one ELBO program: the evaluations of 2 draws run on the last's
   value, se = dsgrad.elbo(objective, whole.params,
                           jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],

@@ -172,13 +172,14 @@ class Evaluations:
       self.diagnosis = (f"k-hat not computed: the last evaluation's {self.plan.last_draws} "
                         f"draws would have run past max_seconds; it took {draws}")
     started = time.perf_counter()
-    value, se, trust = _evaluate(self.objective, params, key, draws, trust_check, step)
+    value, se, trust = _evaluate(self.objective, params, key, (draws, self.plan.last_draws),
+                                 trust_check, step)
     took = warm = time.perf_counter() - started
     if self.timed and self.draws == 0 and step < end:
       # The first call compiled its program: a second, warm, prices a draw, and the
       # difference prices compiling the last evaluation's (its draws, PSIS's ratios).
       again = time.perf_counter()
-      _evaluate(self.objective, params, key, draws, False, step)
+      _evaluate(self.objective, params, key, (draws, self.plan.last_draws), False, step)
       warm = time.perf_counter() - again
       self.compile_seconds, took = max(0.0, took - warm), took + warm
     self.seconds, self.draws = self.seconds + took, self.draws + draws
@@ -223,9 +224,11 @@ class Evaluations:
 
 
 
-def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step: int):
-  """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step``; NaNs
-  where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
+def _evaluate(objective, params, key, draws: tuple, trust_check: bool, step: int):
+  """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step`` from
+  ``draws = (elbo_samples, the last evaluation's)``, on the last evaluation's program;
+  NaNs where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
+  elbo_samples, program_samples = draws
   try:
     if trust_check:
       # The last evaluation's draws also give the importance ratios (same key, same
@@ -236,7 +239,8 @@ def _evaluate(objective, params, key, elbo_samples: int, trust_check: bool, step
               (k_hat, psis.diagnose(k_hat, elbo_samples)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
-    return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples), None)
+    return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples,
+                                           program_samples=program_samples), None)
   except elbo_estimates.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
     raise elbo_estimates.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
