@@ -145,6 +145,8 @@ def test_params_shaped_like_the_latent_keep_the_compact_table(case):
     runs[label] = [jax.jit(opt.update), state, p]
   assert dsgrad.table_bytes(runs["shaped"][1]) == dsgrad.table_bytes(runs["flat"][1]) == (
       N * 2 * k * 4)
+  explicit = dsgrad.joint_saga(shaped, dsgrad.approx.sparse_linearize(shaped))
+  assert dsgrad.table_bytes(explicit.init(as_latent(params))) == N * 2 * k * 4
   for step in range(4):
     indices = jax.random.randint(jax.random.key(10 + step), (8,), 0, N // 10)  # repeats
     noise = flat.sample_noise(jax.random.key(20 + step), 8)

@@ -75,11 +75,12 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
       :func:`dsgrad.model_from_logdensity`'s ``reads``, or any model via
       :func:`dsgrad.models.with_coordinates`), used with
       :func:`dsgrad.meanfield_gaussian` (shared or per-datum noise); or that mean-field
-      objective itself (e.g. :func:`dsgrad.objective_from_logdensity` with ``reads``).
+      objective itself (e.g. :func:`dsgrad.objective_from_logdensity` with ``reads``),
+      also over params shaped like the latent (:func:`dsgrad.families.structured`).
 
   Returns:
     An :class:`Approximation` with :class:`DatumStatistics` for params
-    ``{"loc", "log_scale"}``.
+    ``{"loc", "log_scale"}`` (flat, or shaped like the latent for a structured objective).
 
   Raises:
     ValueError: if the model declares no sparse likelihood, or (when called) the params
@@ -101,6 +102,11 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     >>> dsgrad.table_bytes(estimator.init(dsgrad.meanfield_init(model, 0.0, -1.0)))
     16000
   """
+  if (isinstance(model, Objective) and model.source is None
+      and model.table_approximation is not None):  # params shaped like the latent
+    table = model.table_approximation(model)
+    if table.name.startswith("sparse_linearize"):
+      return table
   model = _model_of(model)
   sparse = model.sparse
   if sparse is None:
