@@ -18,18 +18,35 @@ from dsgrad.objective import Objective
 
 
 def _model_of(model_or_objective) -> Model:
-  """The model of a mean-field objective (``source``), or the model itself."""
+  """The model of a mean-field objective (``source``), or the model itself; refused where
+  it declares no sparse likelihood."""
+  model = model_or_objective
   if isinstance(model_or_objective, Objective):
     source = model_or_objective.source or ()
     if source[:1] != ("meanfield_gaussian",):
       raise ValueError(f"sparse_linearize needs a mean-field Gaussian objective built from a "
                        f"model (dsgrad.objective_from_logdensity, dsgrad.meanfield_gaussian, "
                        f"without path_derivative); {model_or_objective.name!r} is not one")
-    return source[1]
-  if not isinstance(model_or_objective, Model):
+    model = source[1]
+  elif not isinstance(model_or_objective, Model):
     raise TypeError(f"sparse_linearize takes a dsgrad.models.Model or the dsgrad.Objective "
                     f"built from it, got {type(model_or_objective).__name__}")
-  return model_or_objective
+  if model.sparse is None:
+    raise ValueError(f"sparse_linearize needs a model that declares which coordinates "
+                     f"each likelihood term reads (model.sparse); {model.name!r} has none. "
+                     f"Declare it with dsgrad.models.with_coordinates(model, k, fn), or "
+                     f"use linearize().")
+  return model
+
+
+def _structured_table(objective):
+  """The compact table an objective over params shaped like the latent
+  (:func:`dsgrad.families.structured`) carries; ``None`` for any other argument."""
+  if (isinstance(objective, Objective) and objective.source is None
+      and objective.table_approximation is not None):
+    table = objective.table_approximation(objective)
+    return table if table.name.startswith("sparse_linearize") else None
+  return None
 
 
 def _check_params(params, name: str, d: int) -> None:
@@ -102,18 +119,10 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     >>> dsgrad.table_bytes(estimator.init(dsgrad.meanfield_init(model, 0.0, -1.0)))
     16000
   """
-  if (isinstance(model, Objective) and model.source is None
-      and model.table_approximation is not None):  # params shaped like the latent
-    table = model.table_approximation(model)
-    if table.name.startswith("sparse_linearize"):
-      return table
+  if (table := _structured_table(model)) is not None:
+    return table
   model = _model_of(model)
   sparse = model.sparse
-  if sparse is None:
-    raise ValueError(f"sparse_linearize needs a model that declares which coordinates "
-                     f"each likelihood term reads (model.sparse); {model.name!r} has none. "
-                     f"Declare it with dsgrad.models.with_coordinates(model, k, fn), or "
-                     f"use linearize().")
   n, d, k = model.num_data, model.latent_dim, sparse.num_coordinates
 
   def check(params):

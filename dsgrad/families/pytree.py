@@ -146,10 +146,7 @@ def _structured_table(flat: Objective, latent):
   shaped like the params. ``None`` where ``flat`` has none."""
   if flat.table_approximation is None:
     return None
-  _, unravel = latent_unravel(latent)
-
-  def shaped(tree):  # a gradient over flat params, rearranged like the params
-    return {k: unravel(v) if k in STRUCTURED_FIELDS else v for k, v in tree.items()}
+  shaped = lambda tree: structured_params(tree, latent)  # noqa: E731  (a gradient's too)
 
   def view(objective):  # the flat objective on the data and noise it is called with
     return dataclasses.replace(objective, loss_fn=flat.loss_fn, name=flat.name,

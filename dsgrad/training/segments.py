@@ -1,4 +1,4 @@
-"""Training segments: many steps in one compiled ``lax.scan``, fed with reshuffled epochs.
+"""Training segments: many steps in one compiled loop, fed with reshuffled epochs.
 
 A segment is one program ``(carry, key, start, count, objective, orders, rows) -> carry``
 of ``length`` steps: it slices its batches from the epoch orders
