@@ -262,6 +262,23 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   np.testing.assert_array_equal(continued.history.elbo, whole.history.elbo)
 
 
+def test_a_run_limited_in_time_prices_no_compile_for_a_last_evaluation_it_shares(
+    logreg_model, monkeypatch):
+  """In memory the evaluations before the last run on the last one's ELBO program: a run
+  limited in time keeps no room for compiling it again (it kept one compile's time), but
+  still does for data on the host, whose evaluations compile a program per draw count."""
+  from dsgrad.training import evaluation_plan
+  plan = evaluation_plan.EvaluationPlan(10, 1, 2, 30)
+  per_datum = dsgrad.meanfield_gaussian(logreg_model, shared_noise=False)  # no k-hat
+  evaluations = evaluation_plan.Evaluations(per_datum, plan, jax.random.key(0), None, None,
+                                            timed=True)
+  assert not evaluations.trust_check
+  evaluations.compile_seconds, evaluations.warm_seconds, evaluations.draws = 1.0, 0.1, 2
+  assert evaluations.last_seconds() == pytest.approx(1.5 * 0.1 / 2 * 30)
+  monkeypatch.setattr(dsgrad.data, "host_leaves", lambda objective: {"x": None})  # on disk
+  assert evaluations.last_seconds() == pytest.approx(1.0 + 1.5 * 0.1 / 2 * 30)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size must be an integer >= 1"),
     (dict(batch_size=-3), "batch_size must be an integer >= 1"),
