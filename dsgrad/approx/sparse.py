@@ -39,7 +39,7 @@ def _model_of(model_or_objective) -> Model:
   return model
 
 
-def _structured_table(objective):
+def _table_carried_by(objective):
   """The compact table an objective over params shaped like the latent
   (:func:`dsgrad.families.structured`) carries; ``None`` for any other argument."""
   if (isinstance(objective, Objective) and objective.source is None
@@ -119,7 +119,7 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     >>> dsgrad.table_bytes(estimator.init(dsgrad.meanfield_init(model, 0.0, -1.0)))
     16000
   """
-  if (table := _structured_table(model)) is not None:
+  if (table := _table_carried_by(model)) is not None:
     return table
   model = _model_of(model)
   sparse = model.sparse
