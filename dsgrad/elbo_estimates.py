@@ -82,7 +82,7 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
   if num_data_sampled is not None and num_data_sampled < objective.num_data:
     values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
                                                                     num_data_sampled)
-  elif program_samples and not data_lib.host_leaves(objective):
+  elif program_samples and shares_programs(objective):
     program = _elbo_draws_program(objective, max(program_samples, num_samples), chunk_size)
     values = np.asarray(program(objective, params, key, count=num_samples))[:num_samples]
   else:
@@ -178,6 +178,13 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
   """
   program = _elbo_draws_program(objective, num_samples, chunk_size)
   return functools.partial(program, objective, count=num_samples)
+
+
+def shares_programs(objective: Objective) -> bool:
+  """Whether ELBO estimates of fewer draws can run on a program of more
+  (``elbo_unchecked``'s ``program_samples``): for data in memory, whose draws run one
+  after another; from the host they run in groups, a program per draw count."""
+  return not data_lib.host_leaves(objective)
 
 
 def _elbo_draws_program(objective: Objective, num_samples: int, chunk_size: int):

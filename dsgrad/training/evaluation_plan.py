@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import jax
 
-from dsgrad import data as data_lib
 from dsgrad import elbo_estimates, psis
 
 DEFAULT_EVALUATIONS = 100
@@ -212,15 +211,16 @@ class Evaluations:
 
   def last_seconds(self, in_full: bool = True) -> float:
     """The last evaluation's price: 1.5 times its draws warm, plus, ``in_full``, its
-    first call's compile: none where it is the program timed (always, for data in
-    memory), 1.5 times the timed program's for the importance ratios' programs (0.9-1.3 times on three held-out
+    first call's compile: none where it is the program timed (always, where the
+    evaluations share one: :func:`dsgrad.elbo_estimates.shares_programs`), 1.5 times the
+    timed program's for the importance ratios' programs (0.9-1.3 times on three held-out
     models; k-hat itself compiles nothing), else once. Not ``in_full``: the timed
     program's draws."""
     per_draw = 1.5 * self.warm_seconds / max(1, self.draws)
     if not in_full:
       return per_draw * self.plan.draws
-    # In memory every evaluation runs on the last one's ELBO program (elbo_unchecked).
-    same = self.plan.draws == self.plan.last_draws or not data_lib.host_leaves(self.objective)
+    same = (self.plan.draws == self.plan.last_draws
+            or elbo_estimates.shares_programs(self.objective))
     compile = (0.0 if same and not self.trust_check
                else (1.5 if self.trust_check else 1.0) * self.compile_seconds)
     return compile + per_draw * self.plan.last_draws
