@@ -429,7 +429,9 @@ def _check_declared_reads(model: Model, reads) -> None:
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "
         f"where the full latent gives {full[:3]}: log_lik reads latent values that reads "
         f"does not declare (another row of a declared leaf, or a declared leaf indexed by "
-        f"another column), or uses an index column as a value besides indexing with it"
+        f"another column), or uses an index column as a value besides indexing with it, "
+        f"for example to look up another array (a school per student): give what it looks "
+        f"up as a data column of its own and declare that column"
         + _undeclared_rows_hint(model, reads))
 
 

@@ -264,6 +264,33 @@ def test_a_leaf_read_whole_but_indexed_by_a_declared_column_is_named_with_the_fi
   assert model.sparse.num_coordinates == 1 + 1 + 1 + 2
 
 
+def test_a_column_that_looks_up_another_array_is_refused_with_the_fix():
+  """Users within groups, the group looked up from the user through an array of the
+  closure: the local likelihood gives ``u`` as a position among a few rows, so the
+  lookup reads another user's group. Declared, it is refused with the fix (the looked-up
+  groups as a column of their own); found automatically, nothing is kept (the dense
+  table, right if large); with that column, both reads are found."""
+  group_of_user = jnp.arange(USERS) % GROUPS
+  latent = {"user": jnp.zeros(USERS), "group": jnp.zeros(GROUPS)}
+
+  def lik(z, rows):
+    eta = z["user"][rows["u"]] + z["group"][group_of_user[rows["u"]]]
+    return rows["y"] * eta - jnp.exp(eta)
+
+  data = _data()
+  with pytest.raises(ValueError, match="look up another array .* as a data column"):
+    dsgrad.model_from_logdensity(_gaussian_prior, lik, data, latent, reads={"user": "u"})
+  assert dsgrad.model_from_logdensity(_gaussian_prior, lik, data, latent).sparse is None
+  data["g"] = np.asarray(group_of_user)[data["u"]]
+
+  def with_column(z, rows):
+    eta = z["user"][rows["u"]] + z["group"][rows["g"]]
+    return rows["y"] * eta - jnp.exp(eta)
+
+  found = dsgrad.model_from_logdensity(_gaussian_prior, with_column, data, latent)
+  assert found.sparse.num_coordinates == 2
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_reads_are_found_where_not_declared(case):
   """``reads="auto"`` (the default) finds the declaration a user would write: the same
