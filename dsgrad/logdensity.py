@@ -419,19 +419,17 @@ def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:
 
 def _check_declared_reads(model: Model, reads) -> None:
   """Refuses a ``reads`` under which the local likelihood differs from the full one on
-  the first rows at a random latent: ``log_lik`` reads rows or leaves it did not
-  declare."""
+  the first rows at a random latent: ``log_lik`` reads what it did not declare."""
   indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
   z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
   local, full, same = _local_and_full(model, model.sparse, z, model.rows(indices))
   if not same:
     raise ValueError(
-        f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} "
-        f"where the full latent gives {full[:3]}: log_lik reads latent values that reads "
-        f"does not declare (another row of a declared leaf, or a declared leaf indexed by "
-        f"another column), or uses an index column as a value besides indexing with it, "
-        f"for example to look up another array (a school per student): give what it looks "
-        f"up as a data column of its own and declare that column"
+        f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} where "
+        f"the full latent gives {full[:3]}: log_lik reads latent values reads does not declare "
+        f"(another row of a declared leaf, or one indexed by another column), or uses an index "
+        f"column besides indexing, e.g. to look up another array (a school per student): give "
+        f"what it looks up as a data column of its own and declare that column"
         + _undeclared_rows_hint(model, reads))
 
 

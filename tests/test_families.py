@@ -262,6 +262,15 @@ def test_params_that_do_not_fit_the_family_are_refused_where_they_enter():
     FullRankGaussian.params_from_cholesky(jnp.zeros(2), jnp.ones((2, 3)))
 
 
+def test_structured_init_starts_at_the_latent_with_autonormal_s_scale():
+  # NumPyro's and Pyro's AutoNormal start at standard deviation 0.1, not the prior's 1.
+  _, state = _network_regression()
+  params = dsgrad.families.structured_init(state)
+  chex.assert_trees_all_close(params["loc"], state)
+  for scale in jax.tree.leaves(jax.tree.map(jnp.exp, params["log_scale"])):
+    np.testing.assert_allclose(scale, 0.1, rtol=1e-6)
+
+
 def test_structured_init_and_structured_refuse_another_models_latent():
   flat, state = _network_regression()
   d = sum(leaf.size for leaf in jax.tree.leaves(state))
