@@ -15,6 +15,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -25,8 +26,8 @@ from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
-from dsgrad.models.base import (Model, SparseLikelihood, check_per_datum_terms, model_data,
-                                spread_indices)
+from dsgrad import latent_reads
+from dsgrad.models.base import Model, check_per_datum_terms, model_data, spread_indices
 from dsgrad.objective import Objective
 
 
@@ -77,141 +78,6 @@ def _traced(what: str, fn, latent, *args, columns=None):
         error.add_note(f"(an index read from a float column? {whole} hold whole numbers "
                        "as floats: give ids as integers, np.asarray(column, np.int32))")
     raise
-
-
-def _index_columns(reads, data_names) -> list[str]:
-  """The data columns named in ``reads``, in first-seen order."""
-  columns = []
-  for leaf, cols in reads.items():
-    for col in (cols,) if isinstance(cols, str) else tuple(cols):
-      if not isinstance(col, str):
-        raise TypeError(f"reads[{leaf!r}] must name data columns (a string or a tuple of "
-                        f"strings), got {col!r}")
-      if col not in data_names:
-        raise ValueError(f"reads[{leaf!r}] names the data column {col!r}; data has "
-                         f"{sorted(data_names)}")
-      if col not in columns:
-        columns.append(col)
-  return columns
-
-
-def _declared_reads(reads, latent, d, handles, treedef, log_lik) -> SparseLikelihood:
-  """The :class:`SparseLikelihood` of a ``log_lik`` whose row ``n`` reads, of each latent
-  leaf named in ``reads``, only the rows given by the named data columns at ``n``, and
-  reads every other leaf whole.
-
-  Row ``n``'s coordinates: for a declared leaf of shape ``(R, *rest)`` and each of its
-  columns ``c``, the ``prod(rest)`` coordinates of ``leaf[c[n]]`` (of ``leaf[c[n, j]]``
-  for each ``j`` of a column ``(N, m)``); for every other leaf, all of its coordinates.
-  The local likelihood calls the user's ``log_lik`` on one row at a time with a latent
-  rebuilt from those coordinates: a declared leaf becomes a small array with one row
-  per index read, and the row's index columns are replaced by their positions in it.
-  Work per row is proportional to ``k``, not to ``d``.
-  """
-  layout, columns = _reads_layout(reads, latent, d, handles)
-  # Rows of a declared leaf one data row reads from a column: 1, or its width (N, m).
-  per_row = {col: handles[col].shape[1] if handles[col].ndim == 2 else 1 for col in columns}
-  position = dict(zip(columns, np.cumsum([0] + [per_row[c] for c in columns]).tolist()))
-  k = sum(width * (sum(per_row[c] for c in cols) if cols else 1)
-          for _, _, cols, width in layout)
-  data_names = list(handles)
-
-  def coordinates(rows):
-    pieces = []
-    b = rows[data_names[0]].shape[0]
-    for start, _, cols, width in layout:
-      if cols is None:
-        pieces.append(jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32),
-                                       (b, width)))
-        continue
-      for col in cols:
-        row = rows[col].astype(jnp.int32).reshape(b, per_row[col])
-        pieces.append((start + row[:, :, None] * width
-                       + jnp.arange(width, dtype=jnp.int32)).reshape(b, -1))
-    return jnp.concatenate(pieces, axis=1)
-
-  def local_latent(z_local):
-    parts, at = [], 0
-    for _, shape, cols, width in layout:
-      if cols is None:
-        parts.append(z_local[at:at + width].reshape(shape))
-        at += width
-        continue
-      small = jnp.zeros((sum(per_row.values()),) + shape[1:], z_local.dtype)
-      for col in cols:
-        for j in range(per_row[col]):
-          small = small.at[position[col] + j].set(z_local[at:at + width].reshape(shape[1:]))
-          at += width
-      parts.append(small)
-    return jax.tree_util.tree_unflatten(jax.tree.structure(latent), parts)
-
-  def log_likelihood_local(z_local, rows):
-    rows = [rows[name] for name in data_names]
-
-    def one(zl, row):
-      # The row's index columns point into the small leaves local_latent builds.
-      row = [(position[col] + jnp.arange(per_row[col], dtype=leaf.dtype)).reshape(
-          (1,) + leaf.shape) if col in position else leaf[None]
-             for col, leaf in zip(data_names, row)]
-      return log_lik(local_latent(zl), jax.tree_util.tree_unflatten(treedef, row))[0]
-
-    return jax.vmap(one)(z_local, rows)
-
-  return SparseLikelihood(k, coordinates, log_likelihood_local)
-
-
-def _reads_layout(reads, latent, d, handles) -> tuple[list, list]:
-  """``reads`` checked against the latent and the data: ``[(offset, leaf shape, index
-  columns or None for a leaf read whole, coordinates per read: one row's for a declared
-  leaf, all of them for a leaf read whole)]`` in ravel order, and the index columns."""
-  if not isinstance(reads, dict) or not reads:
-    raise TypeError(f"reads must be a non-empty dict {{latent leaf: data column(s)}}, got "
-                    f"{type(reads).__name__}")
-  if isinstance(latent, (int, np.integer)):
-    raise ValueError("reads needs a pytree latent whose leaves it can name (e.g. "
-                     "latent={'beta': jnp.zeros(D), 'u': jnp.zeros(U)}), not a dimension")
-  columns = _index_columns(reads, handles)
-  leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
-  leaf_names = [data_lib.leaf_name(path) for path, _ in leaves]
-  unknown = sorted(set(reads) - set(leaf_names))
-  if unknown:
-    raise ValueError(f"reads names latent leaves {unknown} that the latent does not have; "
-                     f"it has {leaf_names}")
-  for col in columns:
-    if handles[col].ndim not in (1, 2) or not jnp.issubdtype(handles[col].dtype, jnp.integer):
-      raise TypeError(f"data column {col!r} indexes latent rows (reads), so it must be an "
-                      "integer array of one index per data row, (N,), or several, (N, m); "
-                      f"got shape {handles[col].shape}, dtype {handles[col].dtype}")
-  layout, offset = [], 0
-  for leaf_name, (_, leaf) in zip(leaf_names, leaves):
-    shape = tuple(np.shape(leaf))
-    cols = reads.get(leaf_name)
-    if cols is not None:
-      cols = (cols,) if isinstance(cols, str) else tuple(cols)
-      if not shape:
-        raise ValueError(f"reads[{leaf_name!r}]: a scalar latent leaf has no rows to index")
-      for col in cols:
-        lo, hi = _column_range(handles[col])
-        if lo < 0 or hi >= shape[0]:
-          raise ValueError(f"data column {col!r} holds values in [{lo}, {hi}], but it "
-                           f"indexes latent {leaf_name!r} with {shape[0]} rows "
-                           f"(reads[{leaf_name!r}])")
-    size = int(np.prod(shape, dtype=np.int64))
-    layout.append((offset, shape, cols, size // shape[0] if cols else size))
-    offset += size
-  assert offset == d
-  return layout, columns
-
-
-def _column_range(column) -> tuple[int, int]:
-  """``(min, max)`` of an index column, read in chunks (it may be memory-mapped)."""
-  value = np.asarray(column)  # a memory map stays one: rows are read chunk by chunk
-  lo, hi = None, None
-  for start in range(0, int(value.shape[0]), 1 << 22):
-    chunk = value[start:start + (1 << 22)]
-    lo = chunk.min() if lo is None else min(lo, chunk.min())
-    hi = chunk.max() if hi is None else max(hi, chunk.max())
-  return int(lo), int(hi)
 
 
 def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
@@ -349,103 +215,21 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
       model.rows(spread_indices(n)), f"{name}: log_lik(z, batch)", "Compute each datum's "
       "log p(x_n | z) from its own row of batch alone: no mean, sum, softmax or "
       "normalisation over the batch's axis 0")
-  if isinstance(reads, dict):  # its columns' ranges checked first, by the leaf they index
-    model = model._replace(sparse=_declared_reads(reads, latent, d, handles, treedef, log_lik))
-    _check_declared_reads(model, reads)
-  elif reads not in (None, "auto"):
+  if not (reads is None or reads == "auto" or isinstance(reads, dict)):
     raise TypeError(f"reads must be a non-empty dict {{latent leaf: data column(s)}}, 'auto' "
                     f"or None, got {reads!r}")
+  # The index columns' kinds first: a column numbered from 1 (z["b"][g - 1]) reads rows
+  # from its base, which the declared or found reads then use.
   model = index_columns.declared_and_checked(model)
-  if reads == "auto" and not isinstance(latent, (int, np.integer)):
-    found = _found_reads(model, latent, lambda r: _declared_reads(
-        r, latent, d, handles, treedef, log_lik))
+  declare = functools.partial(latent_reads.declared, model=model, latent=latent,
+                              treedef=treedef, log_lik=log_lik)
+  if isinstance(reads, dict):
+    model = model._replace(sparse=declare(reads))
+    latent_reads.check_declared(model, reads)
+  elif reads == "auto" and not isinstance(latent, (int, np.integer)):
+    found = latent_reads.found(model, latent, declare)
     model = model._replace(sparse=found) if found is not None else model
   return model
-
-
-def _found_reads(model: Model, latent, declare) -> SparseLikelihood | None:
-  """The reads the model's index columns make, found. Each data row's term is
-  differentiated at a random latent on up to 16 rows spread over the data: a latent leaf
-  of ``R`` rows whose moved rows are, on every such data row, among those that columns
-  found to index ``R`` rows from 0 (:attr:`Model.kinds`) point to, is declared with the
-  columns that point to a moved row on every data row (``declare(reads)``). Kept where
-  the local likelihood the declaration gives equals the full one on 64 spread rows (a
-  column also used as a value, a gradient zero by chance); ``None`` where nothing is
-  found or kept."""
-  sizes = {name: kind[1] for name, kind in model.kinds
-           if kind[0] == "index" and isinstance(kind[1], int) and len(kind) == 2}
-  leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
-  if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
-    return None
-  n, d = model.num_data, model.latent_dim
-  spread = lambda m: jnp.asarray(np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32)))
-  z = 0.3 * jax.random.normal(jax.random.key(1), (d,), jnp.float32)
-  # One gradient per data row: at most 2^26 numbers (256 MiB).
-  rows = model.rows(spread(max(1, min(16, 2 ** 26 // d))))
-  term = lambda zz, row: model.log_likelihood(zz, jax.tree.map(lambda v: v[None], row))[0]
-  moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(z, rows)) != 0
-  found, offset = {}, 0
-  for path, leaf in leaves:
-    shape, size = np.shape(leaf), int(np.size(leaf))
-    offset += size
-    columns = [c for c, rows_of in sizes.items() if shape and rows_of == shape[0]]
-    if not columns:
-      continue
-    # (data rows, leaf rows): the leaf rows each data row's term moves.
-    read = moved[:, offset - size:offset].reshape(len(moved), shape[0], -1).any(-1)
-    touched = read.any(1)
-    points = {c: np.asarray(rows[c]).reshape(len(read), -1) for c in columns}
-    used = [c for c in columns if touched.any()
-            and np.take_along_axis(read, points[c], axis=1)[touched].all()]
-    covered = np.zeros_like(read)
-    for c in used:
-      np.put_along_axis(covered, points[c], True, axis=1)
-    if used and not (read & ~covered).any():
-      found[data_lib.leaf_name(path)] = tuple(used)
-  if not found:
-    return None
-  sparse = declare(found)
-  return sparse if _local_and_full(model, sparse, z, model.rows(spread(64)))[2] else None
-
-
-def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:
-  """``(local, full, same)``: the log likelihood of ``rows`` at ``z`` from ``sparse``'s
-  coordinates and from the whole latent, and whether they agree (to 1e-4)."""
-  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
-  local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
-      zz[sparse.coordinates(r)], r))(z, rows))
-  return local, full, np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
-
-
-def _check_declared_reads(model: Model, reads) -> None:
-  """Refuses a ``reads`` under which the local likelihood differs from the full one on
-  the first rows at a random latent: ``log_lik`` reads what it did not declare."""
-  indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
-  z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
-  local, full, same = _local_and_full(model, model.sparse, z, model.rows(indices))
-  if not same:
-    raise ValueError(
-        f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} where "
-        f"the full latent gives {full[:3]}: log_lik reads latent values reads does not declare "
-        f"(another row of a declared leaf, or one indexed by another column), or uses an index "
-        f"column besides indexing, e.g. to look up another array (a school per student): give "
-        f"what it looks up as a data column of its own and declare that column"
-        + _undeclared_rows_hint(model, reads))
-
-
-def _undeclared_rows_hint(model: Model, reads: dict) -> str:
-  """A sentence naming the leaves read whole that a declared column could index (their
-  leading axis has its leaf's length): indexed with it, they must be declared too, since
-  the local likelihood replaces the column by a position in a few rows."""
-  leaves = jax.tree_util.tree_flatten_with_path(model.unravel(jnp.zeros(model.latent_dim)))[0]
-  shapes = {data_lib.leaf_name(path): leaf.shape for path, leaf in leaves}
-  column_of_length = {shapes[leaf][0]: column for leaf, column in reads.items()}
-  more = {name: column_of_length[shape[0]] for name, shape in shapes.items()
-          if name not in reads and shape and shape[0] in column_of_length}
-  if not more:
-    return ""
-  return (f". A leaf read whole may not be indexed by a declared column: if log_lik "
-          f"indexes {sorted(more)} with it, declare them too: reads={dict(reads, **more)}")
 
 
 def objective_from_logdensity(log_prior, log_lik, data, latent, *,

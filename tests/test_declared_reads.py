@@ -24,6 +24,7 @@ def _data(seed=0):
           "g": rng.integers(0, GROUPS, N).astype(np.int32),
           "u": rng.integers(0, USERS, N).astype(np.int32),
           "i": rng.integers(0, ITEMS, N).astype(np.int32),
+          "v": rng.integers(1, USERS + 1, N).astype(np.int32),  # users numbered from 1
           "y": rng.poisson(1.0, N).astype(np.float32)}
 
 
@@ -65,10 +66,17 @@ def _pair_lik(z, rows):
   return jax.nn.log_sigmoid(jnp.where(rows["y"] > 1, diff, -diff))
 
 
+def _ids_from_one_lik(z, rows):
+  # Ids as a table numbers them, from 1: the column less its base is the leaf's row.
+  eta = z["bias"] + z["user"][rows["v"] - 1] + z["item"][rows["i"]]
+  return rows["y"] * eta - jnp.exp(eta)
+
+
 CASES = {
     "hierarchical": (_hierarchical_lik, HIERARCHICAL, {"raw": "g"}, 2 + D + 2 + 2),
     "two_index": (_two_index_lik, TWO_INDEX, {"user": "u", "item": "i"}, 3),
     "pair": (_pair_lik, {"skill": jnp.zeros(USERS)}, {"skill": ("u", "i")}, 2),
+    "ids_from_one": (_ids_from_one_lik, TWO_INDEX, {"user": "v", "item": "i"}, 3),
 }
 
 
@@ -88,7 +96,7 @@ def test_local_likelihood_is_the_users(case):
     check_sparse_likelihood(model, z, indices)
 
 
-@pytest.mark.parametrize("case", ["hierarchical", "two_index"])
+@pytest.mark.parametrize("case", ["hierarchical", "two_index", "ids_from_one"])
 def test_joint_saga_updates_equal_the_dense_tables(case):
   """With a flat prior, the declared table's joint SAGA is the dense table's estimator:
   equal updates at every step of a run with repeated indices, at ``k / d`` the memory."""
@@ -230,9 +238,16 @@ def test_bad_declarations_are_refused(reads, error, match):
 
 def test_out_of_range_column_and_undeclared_rows_are_refused():
   data = _data()
+  small = dict(HIERARCHICAL, raw=jnp.zeros((5, 2)))
+  # Read out of range, the index check of every integer column refuses it, by row...
+  with pytest.raises(ValueError, match=r"column 'g' at row \d+ holds \[11\], which log_lik "
+                                       r"uses as an index out of range"):
+    dsgrad.model_from_logdensity(_gaussian_prior, _hierarchical_lik, data, small,
+                                 reads={"raw": "g"})
+  # ... and declared for a leaf it cannot index, the declaration is.
+  wrapped = lambda z, rows: _hierarchical_lik(z, dict(rows, g=rows["g"] % 5))  # noqa: E731
   with pytest.raises(ValueError, match="indexes latent 'raw' with 5 rows"):
-    dsgrad.model_from_logdensity(_gaussian_prior, _hierarchical_lik, data,
-                                 dict(HIERARCHICAL, raw=jnp.zeros((5, 2))), reads={"raw": "g"})
+    dsgrad.model_from_logdensity(_gaussian_prior, wrapped, data, small, reads={"raw": "g"})
 
   def neighbour_lik(z, rows):  # reads the next group's row too
     return _hierarchical_lik(z, rows) + z["raw"][(rows["g"] + 1) % GROUPS, 0]
@@ -314,8 +329,8 @@ def test_reads_are_searched_only_for_the_family_they_serve(monkeypatch):
   # The compact table is the mean-field gradient's: a full-rank or path-derivative
   # objective would pay the search (a compile, 0.3-0.6 s at 200,000 rows) for nothing.
   searched = []
-  real = dsgrad.logdensity._found_reads
-  monkeypatch.setattr(dsgrad.logdensity, "_found_reads",
+  real = dsgrad.latent_reads.found
+  monkeypatch.setattr(dsgrad.latent_reads, "found",
                       lambda *args: searched.append(1) or real(*args))
   log_lik, latent, _, _ = CASES["two_index"]
   for options in ({"family": "fullrank"}, {"path_derivative": True}, {}):
