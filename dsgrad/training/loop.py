@@ -227,12 +227,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       everything else replicated (:mod:`dsgrad.training.parallel`). ``batch_size`` and the
       number of data must be multiples of the number of devices.
     max_seconds: optional wall-clock limit of the call, compiles and evaluations
-      included: the run stops at the end of the last segment whose steps, and the last
-      evaluation after them, fit in it (timed by the segments before, and by an
-      evaluation after the first segment, which always runs, called twice: cold, then
-      warm). Where the last evaluation's draws would not fit, it takes the draws of the
-      program already timed, without k-hat (``FitResult.diagnosis`` says so; a limit
-      that leaves no time to train cannot be kept whole: the first segment and its
+      included: the run stops at the step where its steps, and the last evaluation after
+      them, fill it (timed by the steps before: a first 64, and an evaluation after them,
+      always run, the evaluation twice: cold, then warm; the segments' program runs any
+      count of steps). Where the last evaluation's draws would not fit, it takes the draws
+      of the program already timed, without k-hat (``FitResult.diagnosis`` says so; a
+      limit that leaves no time to train cannot be kept whole: the first 64 steps and their
       evaluation always run). ``FitResult.step`` says where it stopped; the
       schedule is the optimizer's, so size ``num_steps`` to the time (as
       :func:`dsgrad.recommend` does) for a schedule that ends with the run.
@@ -317,10 +317,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
       evaluate(0)  # an interrupt came at a segment's end, before its evaluation
     try:
       while step < end:
-        length = _segment_length(step, segment_steps, end)
-        end = evaluations.end_within(max_seconds, time.perf_counter() - entered, step, length,
-                                     end, runner.step_seconds / max(1, step - start_step))
-        length = length if step < end else 0  # 0: stopped by max_seconds, evaluated in full
+        end, length = evaluations.end_within(  # 0 steps: stopped by max_seconds
+            max_seconds, time.perf_counter() - entered, step,
+            _segment_length(step, segment_steps, num_steps), num_steps,
+            runner.step_seconds / max(1, step - start_step))
         if length:
           following = ((step + length, _segment_length(step + length, segment_steps, end))
                        if step + length < end else None)
