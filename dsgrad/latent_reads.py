@@ -176,8 +176,9 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   """The reads the model's index columns make, found. Each data row's term is
   differentiated at a random latent on up to 16 rows spread over the data: a latent leaf
   of ``R`` rows whose moved rows are, on every such data row, among those that columns
-  found to index ``R`` rows (:attr:`Model.kinds`, from 0 or their base) point to, is declared with the
-  columns that point to a moved row on every data row (``declare(reads)``). Kept where
+  found to index ``R`` rows (:attr:`Model.kinds`, from 0 or their base) point to, is
+  declared with the columns that point to a moved row on every data row
+  (``declare(reads)``). Kept where
   the local likelihood the declaration gives equals the full one on 64 spread rows (a
   column also used as a value, a gradient zero by chance); ``None`` where nothing is
   found or kept."""

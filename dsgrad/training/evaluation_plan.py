@@ -200,9 +200,10 @@ class Evaluations:
     seconds into it, before the segment of ``length`` steps from ``step`` (``end``: the
     run's last step): the segment whole while another fits after it, else half the steps
     the time left affords, timed again after them, and at last the end it affords
-    (``step``: none) and what of it this segment runs; room kept for the last evaluation. Timed by ``step_seconds`` per step, 0 before any ran: then a first
-    piece of at most :data:`FIRST_PIECE` steps times them (the segment's program runs
-    any count up to its length, so neither piece compiles anything)."""
+    (``step``: none) and what of it this segment runs; room is kept for the last
+    evaluation. Timed by ``step_seconds`` per step, 0 before any ran: then a first piece of
+    at most :data:`FIRST_PIECE` steps times them (the segment's program runs any count up
+    to its length, so no piece compiles anything)."""
     if max_seconds is None:
       return end, length
     # The last evaluation's full draws are given up only past 5% more: its price is a bound.
@@ -224,7 +225,6 @@ class Evaluations:
       # the last piece is sized.
       return end, min(length, half)
     return step + fits, min(length, fits)
-
 
   def last_seconds(self, in_full: bool = True) -> float:
     """The last evaluation's price: 1.5 times its draws warm, plus, ``in_full``, its
