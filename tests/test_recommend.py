@@ -369,6 +369,19 @@ def _again_if_late(run, limit: float, tries: int = 3):
   return seconds, result
 
 
+def _fit_within(objective, optimizer, params, limit: float, **settings):
+  """``(seconds, FitResult)`` of ``fit`` limited to ``limit`` seconds, timed end to end,
+  run again where it ran late (:func:`_again_if_late`)."""
+
+  def run():
+    started = time.perf_counter()
+    result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
+                        max_seconds=limit, **settings)
+    return time.perf_counter() - started, result
+
+  return _again_if_late(run, limit)
+
+
 def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
   """A run sized for far more steps than the time allows stops within the limit, with its
   last evaluation made with every draw (k-hat too); the segments compiled by compile_fit
@@ -379,13 +392,7 @@ def test_fit_stops_within_max_seconds_and_evaluates_in_full_where_it_stopped():
   settings = dict(num_steps=10 ** 8, batch_size=BATCH, segment_steps=50, elbo_samples=30)
   assert dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings) > 0
 
-  def run():
-    started = time.perf_counter()
-    result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
-                        max_seconds=4.0, **settings)
-    return time.perf_counter() - started, result
-
-  seconds, result = _again_if_late(run, 4.0)
+  seconds, result = _fit_within(objective, optimizer, params, 4.0, **settings)
   assert seconds <= 1.05 * 4.0 and result.timing.steps >= 0.5
   assert result.compile_seconds == 0.0
   assert 0 < result.step < 10 ** 8
@@ -433,13 +440,8 @@ def test_fit_limited_in_time_alone_keeps_the_limit_with_segments_it_chooses():
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
 
-  def run():
-    started = time.perf_counter()
-    result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=10 ** 8,
-                        batch_size=BATCH, elbo_samples=30, progress=False, max_seconds=4.0)
-    return time.perf_counter() - started, result
-
-  seconds, result = _again_if_late(run, 4.0)
+  seconds, result = _fit_within(objective, optimizer, params, 4.0, num_steps=10 ** 8,
+                                batch_size=BATCH, elbo_samples=30)
   assert seconds <= 1.05 * 4.0, (seconds, result.timing)
   assert 0 < result.step < 10 ** 6
 
@@ -455,13 +457,7 @@ def test_fit_limited_in_time_times_its_first_steps_and_fills_the_limit():
   settings = dict(num_steps=10 ** 7, batch_size=2, segment_steps=160_000, elbo_samples=0)
   dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings)
 
-  def run():
-    started = time.perf_counter()
-    result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
-                        max_seconds=1.0, **settings)
-    return time.perf_counter() - started, result
-
-  seconds, result = _again_if_late(run, 1.0)
+  seconds, result = _fit_within(objective, optimizer, params, 1.0, **settings)
   assert seconds <= 1.05 * 1.0, (seconds, result.timing)
   assert result.compile_seconds == 0.0 and 64 < result.step < 160_000
   assert result.timing.steps >= 0.5, result.timing
