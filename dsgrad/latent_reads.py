@@ -33,6 +33,14 @@ def shifted_bases(kinds) -> dict:
           if kind[0] == "index" and len(kind) == 3 and isinstance(kind[2], int) and kind[2] > 0}
 
 
+def masked_columns(kinds) -> set:
+  """The index columns whose negative values are markers ``log_lik`` masks (``-1``: no
+  group, ``jnp.where(g >= 0, z[g], 0)``): their kind's ``lower`` is below 0. A marker
+  reads nothing; its row keeps the marker in the local likelihood."""
+  return {name for name, kind in kinds
+          if kind[0] == "index" and len(kind) == 3 and isinstance(kind[2], int) and kind[2] < 0}
+
+
 def _index_columns(reads, data_names) -> list[str]:
   """The data columns named in ``reads``, in first-seen order."""
   columns = []
@@ -60,11 +68,13 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
   The local likelihood calls the user's ``log_lik`` on one row at a time with a latent
   rebuilt from those coordinates: a declared leaf becomes a small array with one row
   per index read, and the row's index columns are replaced by their positions in it
-  (plus the column's base, :func:`shifted_bases`). Work per row is proportional to
+  (plus the column's base, :func:`shifted_bases`; a marker below it stays, and its
+  coordinates are row 0's, where its gradient is zero). Work per row is proportional to
   ``k``, not to ``d``.
   """
   handles, bases = model.data, shifted_bases(model.kinds)
-  layout, columns = _reads_layout(reads, latent, model.latent_dim, handles, bases)
+  layout, columns = _reads_layout(reads, latent, model.latent_dim, handles, bases,
+                                  masked_columns(model.kinds))
   base = {col: bases.get(col, 0) for col in columns}
   # Rows of a declared leaf one data row reads from a column: 1, or its width (N, m).
   per_row = {col: handles[col].shape[1] if handles[col].ndim == 2 else 1 for col in columns}
@@ -82,7 +92,7 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
                                        (b, width)))
         continue
       for col in cols:
-        row = (rows[col].astype(jnp.int32) - base[col]).reshape(b, per_row[col])
+        row = jnp.maximum(rows[col].astype(jnp.int32) - base[col], 0).reshape(b, per_row[col])
         pieces.append((start + row[:, :, None] * width
                        + jnp.arange(width, dtype=jnp.int32)).reshape(b, -1))
     return jnp.concatenate(pieces, axis=1)
@@ -107,9 +117,9 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
 
     def one(zl, row):
       # The row's index columns point into the small leaves local_latent builds.
-      row = [(position[col] + base[col] + jnp.arange(per_row[col], dtype=leaf.dtype)).reshape(
-          (1,) + leaf.shape) if col in position else leaf[None]
-             for col, leaf in zip(data_names, row)]
+      row = [jnp.where(leaf < base[col], leaf, (position[col] + base[col] + jnp.arange(
+          per_row[col], dtype=leaf.dtype)).reshape(leaf.shape))[None] if col in position
+             else leaf[None] for col, leaf in zip(data_names, row)]
       return log_lik(local_latent(zl), jax.tree_util.tree_unflatten(treedef, row))[0]
 
     return jax.vmap(one)(z_local, rows)
@@ -117,7 +127,7 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
   return SparseLikelihood(k, coordinates, log_likelihood_local)
 
 
-def _reads_layout(reads, latent, d, handles, bases) -> tuple[list, list]:
+def _reads_layout(reads, latent, d, handles, bases, masked) -> tuple[list, list]:
   """``reads`` checked against the latent and the data: ``[(offset, leaf shape, index
   columns or None for a leaf read whole, coordinates per read: one row's for a declared
   leaf, all of them for a leaf read whole)]`` in ravel order, and the index columns."""
@@ -150,7 +160,7 @@ def _reads_layout(reads, latent, d, handles, bases) -> tuple[list, list]:
       for col in cols:
         lo, hi = _column_range(handles[col])
         base = bases.get(col, 0)
-        if lo < base or hi - base >= shape[0]:
+        if (lo < base and col not in masked) or hi - base >= shape[0]:
           raise ValueError(f"data column {col!r} holds values in [{lo}, {hi}], but it "
                            f"indexes latent {leaf_name!r} with {shape[0]} rows "
                            f"(reads[{leaf_name!r}]" + (f", from {base})" if base else ")"))
@@ -182,9 +192,10 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   the local likelihood the declaration gives equals the full one on 64 spread rows (a
   column also used as a value, a gradient zero by chance); ``None`` where nothing is
   found or kept."""
-  bases = shifted_bases(model.kinds)
+  bases, masked = shifted_bases(model.kinds), masked_columns(model.kinds)
   sizes = {name: kind[1] - bases.get(name, 0) for name, kind in model.kinds
-           if kind[0] == "index" and isinstance(kind[1], int) and (len(kind) == 2 or name in bases)}
+           if kind[0] == "index" and isinstance(kind[1], int)
+           and (len(kind) == 2 or name in bases or name in masked)}
   leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
   if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
     return None
@@ -205,7 +216,8 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
     # (data rows, leaf rows): the leaf rows each data row's term moves.
     read = moved[:, offset - size:offset].reshape(len(moved), shape[0], -1).any(-1)
     touched = read.any(1)
-    points = {c: np.asarray(rows[c]).reshape(len(read), -1) - bases.get(c, 0) for c in columns}
+    points = {c: np.maximum(np.asarray(rows[c]).reshape(len(read), -1) - bases.get(c, 0), 0)
+              for c in columns}
     used = [c for c in columns if touched.any()
             and np.take_along_axis(read, points[c], axis=1)[touched].all()]
     covered = np.zeros_like(read)

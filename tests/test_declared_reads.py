@@ -25,6 +25,7 @@ def _data(seed=0):
           "u": rng.integers(0, USERS, N).astype(np.int32),
           "i": rng.integers(0, ITEMS, N).astype(np.int32),
           "v": rng.integers(1, USERS + 1, N).astype(np.int32),  # users numbered from 1
+          "m": np.where(rng.random(N) < 0.2, -1, rng.integers(0, USERS, N)).astype(np.int32),
           "y": rng.poisson(1.0, N).astype(np.float32)}
 
 
@@ -72,11 +73,19 @@ def _ids_from_one_lik(z, rows):
   return rows["y"] * eta - jnp.exp(eta)
 
 
+def _masked_lik(z, rows):
+  # A fifth of the rows have no user (-1), masked: they read only the bias and the item.
+  eta = (z["bias"] + jnp.where(rows["m"] >= 0, z["user"][rows["m"]], 0.0)
+         + z["item"][rows["i"]])
+  return rows["y"] * eta - jnp.exp(eta)
+
+
 CASES = {
     "hierarchical": (_hierarchical_lik, HIERARCHICAL, {"raw": "g"}, 2 + D + 2 + 2),
     "two_index": (_two_index_lik, TWO_INDEX, {"user": "u", "item": "i"}, 3),
     "pair": (_pair_lik, {"skill": jnp.zeros(USERS)}, {"skill": ("u", "i")}, 2),
     "ids_from_one": (_ids_from_one_lik, TWO_INDEX, {"user": "v", "item": "i"}, 3),
+    "masked": (_masked_lik, TWO_INDEX, {"user": "m", "item": "i"}, 3),
 }
 
 
@@ -96,7 +105,7 @@ def test_local_likelihood_is_the_users(case):
     check_sparse_likelihood(model, z, indices)
 
 
-@pytest.mark.parametrize("case", ["hierarchical", "two_index", "ids_from_one"])
+@pytest.mark.parametrize("case", ["hierarchical", "two_index", "ids_from_one", "masked"])
 def test_joint_saga_updates_equal_the_dense_tables(case):
   """With a flat prior, the declared table's joint SAGA is the dense table's estimator:
   equal updates at every step of a run with repeated indices, at ``k / d`` the memory."""
