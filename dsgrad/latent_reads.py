@@ -8,7 +8,7 @@ SAGA keeps a table of ``N x 2k`` numbers and works ``O(k)`` per datum.
 
 Ids numbered from 1 (or any base), ``z["b"][g - 1]``, are read with the base the model's
 index check found (:attr:`dsgrad.models.Model.kinds`): the column's value less its base is
-the leaf's row.
+the leaf's row. A value below 0 that ``log_lik`` masks (``-1``: no group) reads nothing.
 
 References:
   Wang, Geffner, Domke (2024), Sec. 4 (the joint control variate's table, one entry per
