@@ -25,20 +25,14 @@ from dsgrad import data as data_lib
 from dsgrad.models.base import Model, SparseLikelihood
 
 
-def shifted_bases(kinds) -> dict:
-  """``{column: base}`` for the index columns that ``log_lik`` shifts before indexing
-  (``z["b"][g - 1]``: base 1): their kind is ``("index", upper, lower)`` with a whole
-  ``lower`` above 0. Negative lowers are values ``log_lik`` masks, not shifts."""
-  return {name: kind[2] for name, kind in kinds
-          if kind[0] == "index" and len(kind) == 3 and isinstance(kind[2], int) and kind[2] > 0}
-
-
-def masked_columns(kinds) -> set:
-  """The index columns whose negative values are markers ``log_lik`` masks (``-1``: no
-  group, ``jnp.where(g >= 0, z[g], 0)``): their kind's ``lower`` is below 0. A marker
-  reads nothing; its row keeps the marker in the local likelihood."""
-  return {name for name, kind in kinds
-          if kind[0] == "index" and len(kind) == 3 and isinstance(kind[2], int) and kind[2] < 0}
+def lowest_values(kinds) -> dict:
+  """``{column: the least value its kind allows}`` for the index columns with one bound:
+  0, or above 0 where ``log_lik`` shifts the column before indexing (``z["b"][g - 1]``: 1,
+  the column's base: its value less the base is the leaf's row), or below 0 where it
+  masks markers (``-1``: no group, ``jnp.where(g >= 0, z[g], 0)``; the base is 0, a marker
+  reads nothing and keeps its value in the local likelihood)."""
+  return {name: kind[2] if len(kind) == 3 else 0 for name, kind in kinds
+          if kind[0] == "index" and all(isinstance(b, int) for b in kind[1:])}
 
 
 def _index_columns(reads, data_names) -> list[str]:
@@ -68,14 +62,13 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
   The local likelihood calls the user's ``log_lik`` on one row at a time with a latent
   rebuilt from those coordinates: a declared leaf becomes a small array with one row
   per index read, and the row's index columns are replaced by their positions in it
-  (plus the column's base, :func:`shifted_bases`; a marker below it stays, and its
+  (plus the column's base, :func:`lowest_values`; a marker below it stays, and its
   coordinates are row 0's, where its gradient is zero). Work per row is proportional to
   ``k``, not to ``d``.
   """
-  handles, bases = model.data, shifted_bases(model.kinds)
-  layout, columns = _reads_layout(reads, latent, model.latent_dim, handles, bases,
-                                  masked_columns(model.kinds))
-  base = {col: bases.get(col, 0) for col in columns}
+  handles, lowest = model.data, lowest_values(model.kinds)
+  layout, columns = _reads_layout(reads, latent, model.latent_dim, handles, lowest)
+  base = {col: max(lowest.get(col, 0), 0) for col in columns}
   # Rows of a declared leaf one data row reads from a column: 1, or its width (N, m).
   per_row = {col: handles[col].shape[1] if handles[col].ndim == 2 else 1 for col in columns}
   position = dict(zip(columns, np.cumsum([0] + [per_row[c] for c in columns]).tolist()))
@@ -127,7 +120,7 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
   return SparseLikelihood(k, coordinates, log_likelihood_local)
 
 
-def _reads_layout(reads, latent, d, handles, bases, masked) -> tuple[list, list]:
+def _reads_layout(reads, latent, d, handles, lowest) -> tuple[list, list]:
   """``reads`` checked against the latent and the data: ``[(offset, leaf shape, index
   columns or None for a leaf read whole, coordinates per read: one row's for a declared
   leaf, all of them for a leaf read whole)]`` in ravel order, and the index columns."""
@@ -159,8 +152,9 @@ def _reads_layout(reads, latent, d, handles, bases, masked) -> tuple[list, list]
         raise ValueError(f"reads[{leaf_name!r}]: a scalar latent leaf has no rows to index")
       for col in cols:
         lo, hi = _column_range(handles[col])
-        base = bases.get(col, 0)
-        if (lo < base and col not in masked) or hi - base >= shape[0]:
+        least = lowest.get(col, 0)
+        base = max(least, 0)
+        if lo < least or hi - base >= shape[0]:
           raise ValueError(f"data column {col!r} holds values in [{lo}, {hi}], but it "
                            f"indexes latent {leaf_name!r} with {shape[0]} rows "
                            f"(reads[{leaf_name!r}]" + (f", from {base})" if base else ")"))
@@ -192,10 +186,9 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   the local likelihood the declaration gives equals the full one on 64 spread rows (a
   column also used as a value, a gradient zero by chance); ``None`` where nothing is
   found or kept."""
-  bases, masked = shifted_bases(model.kinds), masked_columns(model.kinds)
-  sizes = {name: kind[1] - bases.get(name, 0) for name, kind in model.kinds
-           if kind[0] == "index" and isinstance(kind[1], int)
-           and (len(kind) == 2 or name in bases or name in masked)}
+  kinds = dict(model.kinds)
+  bases = {name: max(least, 0) for name, least in lowest_values(model.kinds).items()}
+  sizes = {name: kinds[name][1] - base for name, base in bases.items()}  # the leaf's rows
   leaves = jax.tree_util.tree_flatten_with_path(latent)[0]
   if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
     return None
