@@ -121,7 +121,7 @@ def _check_leaf_values(value, label: str) -> None:
       return
     with jax.ensure_compile_time_eval():  # eager even while a caller is being traced
       if not bool(_all_finite(value)):
-        raise ValueError(f"{label} contains non-finite values (NaN or inf)")
+        raise ValueError(data_values.non_finite_message(np.asarray(value), label))
     # A model, its objective and each copy of them (``_replace``, ``with_data``) check
     # their data: on 10^6 x 1,000 floats each pass took 0.7-4 s. JAX arrays are
     # immutable, so one pass serves every holder of this array while it lives.

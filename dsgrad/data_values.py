@@ -38,24 +38,42 @@ def numeric_array(values, label: str) -> np.ndarray:
   return array
 
 
-def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True) -> None:
-  """Refuses NaN or inf in a floating NumPy array (naming how many) and, where it will be
-  cast to float32 (``cast``), values beyond float32's range, which the cast turns into
-  inf. The one check of data before they become JAX arrays."""
+def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True,
+                        first_row: int = 0) -> None:
+  """Refuses NaN or inf in a floating NumPy array (naming how many, and where: rows are
+  counted from ``first_row``, for a block of a larger array) and, where it will be cast
+  to float32 (``cast``), values beyond float32's range, which the cast turns into inf.
+  The one check of data before they become JAX arrays."""
   if not np.issubdtype(array.dtype, np.inexact) or not array.size:
     return
   # Two reductions with no temporary (NaN propagates to both, inf to one): on 10^6 x
   # 1,000 floats, isfinite and abs wrote 5 GB of temporaries and took 15 s.
   low, high = float(np.min(array)), float(np.max(array))
   if not (np.isfinite(low) and np.isfinite(high)):
-    count = sum(int(np.count_nonzero(~np.isfinite(chunk)))
-                for chunk in np.array_split(array.reshape(-1), max(1, array.size >> 24)))
-    raise ArgumentError(f"{label} contains non-finite values ({count} NaN or inf)")
+    raise ArgumentError(non_finite_message(array, label, first_row))
   largest = max(-low, high)
   if cast and largest > float(np.finfo(np.float32).max):
     raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
                         "(3.4e38): JAX computes in float32 and they would become inf. "
                         "Rescale them")
+
+
+def non_finite_message(array: np.ndarray, label: str, first_row: int = 0) -> str:
+  """What :func:`check_float32_range` says of data holding NaN or inf: how many, the
+  first row that holds one, and how a missing value is coded instead (a stand-in and a
+  mask the likelihood reads), since NaN is how a table marks one. Read in chunks of
+  rows, on the error path only."""
+  rows = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
+  count, first, step = 0, None, max(1, (1 << 24) // max(1, rows.shape[1]))
+  for start in range(0, len(rows), step):
+    bad = ~np.isfinite(rows[start:start + step])
+    count += int(np.count_nonzero(bad))
+    if first is None and bad.any():
+      first = first_row + start + int(np.argmax(bad.any(axis=1)))
+  return (f"{label} contains non-finite values ({count} NaN or inf, the first in row "
+          f"{first:,}). Where they mark missing values, give a finite stand-in and a 0/1 "
+          "column of which values are observed, and mask the term with it in log_lik "
+          "(jnp.where(batch['observed'] == 1, term, 0.0))")
 
 
 def check_int32_range(array: np.ndarray, label: str) -> None:

@@ -73,6 +73,27 @@ def test_naive_alone_is_refused_by_its_mark_and_chained_it_trains(problem):
   assert result.step == 4
 
 
+def test_every_estimator_takes_the_objective_first_so_one_word_swaps_them(problem):
+  # naive needs no objective, but takes one, so that a loop over the factories (or a swap of
+  # one word) calls each the same way; what it is given must still be an objective.
+  objective, params = problem
+  step = {}
+  for name in ("naive", "cv", "inc", "joint_saga", "joint_svrg"):
+    optimizer = optax.chain(getattr(dsgrad, name)(objective), optax.sgd(1e-2))
+    result = dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=1,
+                        batch_size=10, elbo_samples=0, progress=False)
+    step[name] = result.params
+  plain = dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.sgd(1e-2)), params,
+                     jax.random.key(0), num_steps=1, batch_size=10, elbo_samples=0,
+                     progress=False).params
+  assert all(bool(jnp.all(a == b)) for a, b in zip(jax.tree.leaves(step["naive"]),
+                                                    jax.tree.leaves(plain)))
+  with pytest.raises(ValueError, match=r"dsgrad\.naive: objective must be a "
+                                       r"dsgrad\.Objective.*a model"):
+    dsgrad.naive(dsgrad.models.logistic_regression(*dsgrad.models.synthetic_logistic_data(
+        jax.random.key(0), 20, 3)[:2]))
+
+
 @pytest.mark.parametrize("rule", ["identity", "naive_chained_alone", "sgd_negative",
                                   "adam_negative", "scale_positive", "cv_then_adam_negative",
                                   "saga_then_sgd_negative_wrapped", "checked_cv_then_sgd_negative",

@@ -331,6 +331,16 @@ def test_a_fit_step_takes_the_data_and_the_batch_rows_as_inputs(tmp_path):
   assert (steps, b, d) in _input_shapes(closed) and (n, d) not in _input_shapes(closed)
 
 
+def test_a_non_finite_value_is_named_by_its_row_where_the_data_are_checked_in_blocks():
+  # logistic_regression checks its features in blocks of 2^18 rows: the row is the
+  # array's, not the block's.
+  x = np.ones((300_000, 2), np.float32)
+  x[270_001, 1] = np.nan
+  with pytest.raises(ValueError, match=r"features contains non-finite values \(1 NaN or inf, "
+                                      r"the first in row 270,001\)"):
+    dsgrad.models.logistic_regression(x, np.zeros(300_000, np.int32))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("where", ["numpy", "device"])
 def test_non_finite_data_are_refused_in_memory_and_on_the_device(bad, where):
@@ -339,8 +349,9 @@ def test_non_finite_data_are_refused_in_memory_and_on_the_device(bad, where):
   x = np.random.default_rng(0).standard_normal((500, 7)).astype(np.float32)
   x[[3, 250], [1, 6]] = bad
   data = {"x": jnp.asarray(x) if where == "device" else x}
-  count = r"2 NaN or inf" if where == "numpy" else r"NaN or inf"
-  with pytest.raises(ValueError, match=rf"data\['x'\] contains non-finite values \({count}\)"):
+  with pytest.raises(ValueError, match=r"data\['x'\] contains non-finite values \(2 NaN or "
+                                      r"inf, the first in row 3\)\. Where they mark missing "
+                                      r"values, .* a 0/1 column of which values are observed"):
     data_lib.check_data(data)
 
 

@@ -7,12 +7,17 @@ import optax
 from dsgrad import checks
 
 
-@checks.arguments()  # a wrong keyword is named with the signature
-def naive() -> optax.GradientTransformationExtraArgs:
+@checks.arguments(objective=checks.optional(checks.objective()))
+def naive(objective=None) -> optax.GradientTransformationExtraArgs:
   """The naive estimator ``g = mean_b grad f(w; n_b, eps_b)``: passes gradients through.
 
   It controls no variance; it exists so that estimators can be swapped in one line and
   compared on equal terms. Cost: none beyond the gradient. Memory: none.
+
+  Args:
+    objective: optional and unused: ``naive(objective)`` is accepted, like
+      ``cv(objective)`` and the other estimators, so that a loop over estimator
+      factories, or a one-word swap, calls every one the same way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; extra arguments (``indices``,
@@ -37,6 +42,8 @@ def naive() -> optax.GradientTransformationExtraArgs:
   References:
     Wang, Geffner, Domke (2024), Eq. 4.
   """
+
+  del objective
 
   def init_fn(params):
     del params

@@ -27,8 +27,7 @@ def _check_features_labels(features, labels):
   for start in range(0, x.shape[0], chunk):
     block = x.array[start:start + chunk] if isinstance(x, HostArray) else x[start:start + chunk]
     # Checked before the float32 cast, where values beyond its range would become inf.
-    checks.check_float32_range(np.asarray(block), f"features (rows {start} to "
-                               f"{min(start + chunk, x.shape[0]) - 1})")
+    checks.check_float32_range(np.asarray(block), "features", first_row=start)
   return x, y
 
 
