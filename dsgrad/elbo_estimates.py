@@ -62,7 +62,11 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     (True, True)
   """
   checks.check_objective_evaluates(objective, params, "elbo")
-  value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size, num_data_sampled)
+  try:
+    value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size,
+                               num_data_sampled)
+  except NonFiniteELBO as error:
+    raise located(error, objective, params, key) from None
   elbo_trust.warn_above_bound(value, se, objective.log_evidence_bound, "from dsgrad.elbo")
   return value, se
 
@@ -117,8 +121,31 @@ def finite_elbo_draws(draws, who: str) -> np.ndarray:
       who, f"the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
       "draws): the log density is -inf or NaN where q puts mass, e.g. a datum the "
       "likelihood deems impossible (log 0), a latent outside the prior's support, or an "
-      "overflow (exp of a large value). Per-datum terms (objective.loss_fn on a few "
-      "indices at a time) find the datum.")
+      "overflow (exp of a large value).")
+
+
+def located(error: NonFiniteELBO, objective: Objective, params, key,
+            chunk_size: int = 4096) -> NonFiniteELBO:
+  """``error`` with the data whose terms are not finite at one draw of q: how many, and
+  the first by row, so that a user finds the datum their likelihood deems impossible
+  without a search of their own. One pass over the data, on the error path only; where
+  every term is finite at that draw (the prior, or other draws, are at fault), ``error``
+  says so."""
+  n, chunk = objective.num_data, min(chunk_size, objective.num_data)
+  terms = jax.jit(lambda o, p, i, e: o.loss(p, i, e, validate=False))
+  noise = objective.sample_noise(key, chunk)
+  count, first = 0, None
+  for start in range(0, n, chunk):
+    indices = jnp.minimum(jnp.arange(start, start + chunk, dtype=jnp.int32), n - 1)
+    bad = ~np.isfinite(np.asarray(terms(objective, params, indices, noise)))[:n - start]
+    count += int(bad.sum())
+    if first is None and bad.any():
+      first = start + int(np.argmax(bad))
+  where = (f" At one draw of q, {count:,} of the {n:,} data have a term that is not finite; "
+           f"the first is row {first:,}: check its values and what log_lik does with them."
+           if count else " At one draw of q every datum's term is finite: look at the "
+           "log prior, or at draws further from q's mean.")
+  return NonFiniteELBO(error.who, error.detail + where)
 
 
 def mean_and_standard_error(draws) -> tuple[float, float]:

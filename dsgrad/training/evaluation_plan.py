@@ -263,6 +263,7 @@ def _evaluate(objective, params, key, draws: tuple, trust_check: bool, step: int
                                            program_samples=program_samples), None)
   except elbo_estimates.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
+    error = elbo_estimates.located(error, objective, params, key)
     raise elbo_estimates.NonFiniteELBO(f"dsgrad.fit, evaluating after step {step}",
                                        error.detail) from None
 
