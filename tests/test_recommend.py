@@ -158,26 +158,6 @@ def test_a_race_that_begins_before_the_estimates_compile_waits_for_them(monkeypa
   assert "still compiling when the race began" in _by_name(advice)["cv"].why_not
 
 
-def test_joint_saga_is_a_default_candidate_where_its_table_is_the_rows_a_datum_reads():
-  # Its table of the latent rows each datum reads (N x 2k numbers) is raced by default; the
-  # dense N x 2d table of a model without reads is not.
-  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), N, D)
-  groups = jnp.arange(N) % 10
-  latent = {"w": jnp.zeros(D), "b": jnp.zeros(10)}
-
-  def log_lik(z, rows):
-    return -jnp.logaddexp(0.0, -(2 * rows["y"] - 1) * (rows["x"] @ z["w"] + z["b"][rows["g"]]))
-
-  for reads, raced_by_default in [({"b": "g"}, True), (None, False)]:
-    flat = dsgrad.objective_from_logdensity(lambda z: -0.5 * jnp.sum(z["w"] ** 2), log_lik,
-                                            {"x": x, "y": y, "g": groups}, latent,
-                                            reads=reads)
-    advice = dsgrad.recommend(flat, _schedule, dsgrad.families.by_name("meanfield", D + 10)
-                              .params(), jax.random.key(1), batch_size=BATCH, budget=1.0,
-                              progress=False)
-    assert ("joint_saga" in _by_name(advice)) == raced_by_default, advice.reasons
-
-
 def test_a_candidate_whose_update_is_not_finite_leaves_the_race_with_why(monkeypatch):
   """A log density whose gradient is finite but whose second derivative is not (log of a
   normal cdf at +inf: 0, slope 0, curvature NaN) trains with naive while cv's linearized

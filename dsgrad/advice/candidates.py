@@ -19,8 +19,8 @@ the equal-cost uses of naive's time (a batch, Monte Carlo samples or randomized 
 :data:`EQUAL_COST_FACTOR` times more); naive with the path-derivative gradient."""
 
 DEFAULT_CANDIDATES = ("naive", "joint_svrg", "cv", "naive_batch")
-"""Raced unless told otherwise (and joint_saga with a compact table, ``reads=``): few, since
-each shortens the others' race; the larger batch won most often on held-out models."""
+"""Raced unless told otherwise: few, since each shortens the others' race; the larger
+batch is the equal-cost baseline that won most often on held-out models."""
 
 EQUAL_COST_FACTOR = 2  # a control variate's step: 1.3-2.0 naive steps, two CPU cores
 

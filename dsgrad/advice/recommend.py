@@ -96,8 +96,8 @@ class Recommendation(NamedTuple):
 
 
 def _start_naive(run: Run, budget: float, segment: int = 64) -> None:
-  """Naive started on a schedule longer than any run (its step sizes barely move until it
-  has its own) and timed: a first call (it runs cold), then a tenth of a second."""
+  """Naive on a schedule longer than any run (its step sizes barely move until it has its
+  own), started and timed: a first call (it runs cold), then a tenth of a second."""
   run.start(run.compile(int(budget / 1e-6), segment))
   run.advance(2 * segment)
   run.advance(round(0.1 / run.seconds_per_step))
@@ -261,7 +261,7 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
                   memory_share=checks.probability(low_open=True), elbo_samples=checks.count(2),
                   max_table_bytes=checks.byte_budget(), approx=checks.approximation())
 def recommend(objective, optimizer, params, key, *, batch_size: int, budget: float,
-              candidates=None, approx=None, share: float = 0.1,
+              candidates=DEFAULT_CANDIDATES, approx=None, share: float = 0.1,
               race_at: float = 0.2, elbo_samples: int = 4, memory_share: float = 0.5,
               max_table_bytes: int | str | None = "auto", progress: bool = True) -> Recommendation:
   """Races ways to train ``objective`` inside a wall-clock budget and recommends the best.
@@ -277,7 +277,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     batch_size: the batch size training will use.
     budget: seconds for :func:`recommend` and :meth:`Recommendation.fit` together.
     candidates: names from :data:`~dsgrad.advice.candidates.CANDIDATES`, ``"naive"``
-      among them; compiled in this order (default: ``DEFAULT_CANDIDATES`` there).
+      among them (the reference); compiled in this order.
     approx: the control variates' approximation (default: each estimator's).
     share: the fraction of the budget the advice may cost: the candidates' race pieces
       that do not win, and the ELBO estimates.
@@ -301,8 +301,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   References:
     Wang, Geffner, Domke (2024), Sec. 7 (the estimators compared at equal wall-clock).
   """
-  started, saga = time.perf_counter(), ("joint_saga",) * bool(objective.table_approximation)
-  candidates = DEFAULT_CANDIDATES + saga if candidates is None else candidates
+  started = time.perf_counter()
   if isinstance(candidates, str) or set(candidates) - set(CANDIDATES) or "naive" not in candidates:
     raise ValueError(f"dsgrad.recommend: candidates must be names among {CANDIDATES}, "
                      f"'naive' one of them, got {candidates!r}")

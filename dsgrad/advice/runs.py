@@ -4,7 +4,8 @@ advanced in pieces with ``fit(..., start_step=, opt_state=)``, moved between pro
 
 A run's schedule spans the budget (at its fraction ``f``, step ``f x length``): a candidate
 continues another run (its params, the user optimizer's state with step counts moved, its
-own estimator state afresh), and a run moves to a program of another length at one ``f``."""
+own estimator state afresh), and a run moves to a program of another length at one ``f``.
+"""
 
 from __future__ import annotations
 
