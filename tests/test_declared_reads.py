@@ -128,10 +128,11 @@ def test_joint_saga_updates_equal_the_dense_tables(case):
     runs[label] = (jax.jit(opt.update), state, dsgrad.table_bytes(state))
   assert runs["declared"][2] * d == runs["dense"][2] * k
   p, states = params, {label: run[1] for label, run in runs.items()}
+  grad = jax.jit(lambda o, *args: o.grad(*args))  # one program, where eager ran op by op
   for step in range(6):
     indices = jax.random.randint(jax.random.key(10 + step), (8,), 0, N // 10)  # repeats
     noise = declared.sample_noise(jax.random.key(20 + step), 8)
-    grads = declared.grad(p, indices, noise)
+    grads = grad(declared, p, indices, noise)
     out = {}
     for label, (update, _, _) in runs.items():
       out[label], states[label] = update(grads, states[label], p, indices=indices,
@@ -164,13 +165,14 @@ def test_params_shaped_like_the_latent_keep_the_compact_table(case):
       N * 2 * k * 4)
   explicit = dsgrad.joint_saga(shaped, dsgrad.approx.sparse_linearize(shaped))
   assert dsgrad.table_bytes(explicit.init(as_latent(params))) == N * 2 * k * 4
+  grad = jax.jit(lambda o, *args: o.grad(*args))  # one program, where eager ran op by op
   for step in range(4):
     indices = jax.random.randint(jax.random.key(10 + step), (8,), 0, N // 10)  # repeats
     noise = flat.sample_noise(jax.random.key(20 + step), 8)
     out = {}
     for label, objective in [("flat", flat), ("shaped", shaped)]:
       update, state, p = runs[label]
-      out[label], runs[label][1] = update(objective.grad(p, indices, noise), state, p,
+      out[label], runs[label][1] = update(grad(objective, p, indices, noise), state, p,
                                           indices=indices, noise=noise)
       runs[label][2] = optax.apply_updates(p, out[label])
     chex.assert_trees_all_close(out["shaped"], as_latent(out["flat"]), rtol=1e-5, atol=1e-6)
