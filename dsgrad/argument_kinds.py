@@ -444,19 +444,25 @@ def arguments(**kinds: Kind):
       raise TypeError(f"{target.__qualname__} has no argument {sorted(unknown)}")
     owner = target.__qualname__.removesuffix(".__init__")
 
-    @functools.wraps(target)
-    def call(*args, **kwargs):
+    def bind(method, args, kwargs):  # named, with the signature, not a bare "got an ..."
       try:
-        bound = signature.bind_partial(*args, **kwargs)
-      except TypeError as error:  # named, with the signature, not a bare "got an ..."
+        return method(*args, **kwargs)
+      except TypeError as error:
         hints = [_REMOVED[k] for k in kwargs if k in _REMOVED and k not in signature.parameters]
         shown = signature.replace(return_annotation=inspect.Signature.empty)
         raise TypeError(f"{_called_as(target, owner)}{shown}: {error}"
                         + "".join(f". {h}" for h in hints)) from None
+
+    @functools.wraps(target)
+    def call(*args, **kwargs):
+      bound = bind(signature.bind_partial, args, kwargs)
       for name, kind in kinds.items():
         if name in bound.arguments:
           bound.arguments[name] = kind.check(bound.arguments[name],
                                              f"{_called_as(target, owner)}: {name}")
+      # Then a missing argument: Python's "fit() missing ..." named neither dsgrad nor the
+      # others (a bad value given is named first, by its kind).
+      bind(signature.bind, bound.args, bound.kwargs)
       return target(*bound.args, **bound.kwargs)
 
     call.__dsgrad_arguments__ = kinds
