@@ -486,20 +486,3 @@ def _called_as(target, owner: str) -> str:
   if getattr(getattr(top, owner.split(".")[0], None), "__wrapped__", None) is target:
     return f"dsgrad.{owner}"
   return f"{target.__module__.rsplit('.', 1)[0]}.{owner}"
-
-
-def check_floating_params(params, who: str, full_precision: bool = False) -> None:
-  """Refuses, by path, a parameter leaf that is not a floating array (an integer leaf
-  would get integer gradients, truncated steps, or a dtype error deep inside the
-  optimizer), and with ``full_precision`` one below 32 bits: a float16 fit of a logistic
-  regression ended at an ELBO of -5,670 where float32 reached -1,847."""
-  for path, leaf in jax.tree.leaves_with_path(params):
-    dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
-    where = f"params{jax.tree_util.keystr(path)}"
-    if not jnp.issubdtype(dtype, jnp.floating):
-      raise TypeError(f"{who}: {where} has dtype {dtype.name}; parameters must be floating "
-                      "arrays (jnp.asarray(x, jnp.float32))")
-    if full_precision and dtype.itemsize < 4:
-      raise ValueError(f"{who}: params of dtype {dtype.name} are not supported ({where}); "
-                       "pass float32 params (a compact low-precision table: "
-                       "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")

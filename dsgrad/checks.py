@@ -32,7 +32,7 @@ from jax.experimental import checkify
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, approximation, arguments, byte_budget, check_count,
-    check_floating_params, check_positive, count, finite_values, floating_dtype, model,
+    check_positive, count, finite_values, floating_dtype, model,
     objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
     probability, prng_key, real, sizes)
 from dsgrad import data_values
@@ -374,3 +374,20 @@ def check_objective_evaluates(target, params, who: str) -> None:
     raise ValueError(f"dsgrad.{who}: objective {target.name!r} cannot be evaluated "
                      f"at these params (shapes {leaf_shapes(params)}): {first_line(error)}. "
                      + cause) from error
+
+
+def check_floating_params(params, who: str, full_precision: bool = False) -> None:
+  """Refuses, by path, a parameter leaf that is not a floating array (an integer leaf
+  would get integer gradients, truncated steps, or a dtype error deep inside the
+  optimizer), and with ``full_precision`` one below 32 bits: a float16 fit of a logistic
+  regression ended at an ELBO of -5,670 where float32 reached -1,847."""
+  for path, leaf in jax.tree.leaves_with_path(params):
+    dtype = np.dtype(leaf.dtype) if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    where = f"params{jax.tree_util.keystr(path)}"
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(f"{who}: {where} has dtype {dtype.name}; parameters must be floating "
+                      "arrays (jnp.asarray(x, jnp.float32))")
+    if full_precision and dtype.itemsize < 4:
+      raise ValueError(f"{who}: params of dtype {dtype.name} are not supported ({where}); "
+                       "pass float32 params (a compact low-precision table: "
+                       "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")

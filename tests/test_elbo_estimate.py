@@ -101,6 +101,14 @@ def test_an_elbo_that_is_not_finite_is_refused_wherever_it_is_estimated():
     dsgrad.recommend(objective, optax.adam(1e-2), params, jax.random.key(1), batch_size=6,
                      budget=20.0, share=0.5, race_at=0.05, candidates=("naive", "cv"),
                      progress=False)
+  # A log prior outside its support reaches every datum's term (its share of the prior):
+  # the message points at the prior, not at row 0.
+  outside = dsgrad.families.structured(dsgrad.objective_from_logdensity(
+      lambda z: jnp.sum(jnp.log(z["w"])), lambda z, batch: batch["x"] @ z["w"], data, latent),
+      latent)
+  with pytest.raises(ValueError, match=r"every datum's term is not finite: the log prior"):
+    dsgrad.elbo(outside, dsgrad.families.structured_init(latent, {"w": -jnp.ones(3)}),
+                jax.random.key(1), 20)
   # A finite ELBO passes the same check.
   draws = dsgrad.diagnostics.finite_elbo_draws(np.array([-1.0, -2.0]), "f")
   assert draws.dtype == np.float64
