@@ -66,7 +66,7 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
     value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size,
                                num_data_sampled)
   except NonFiniteELBO as error:
-    raise located(error, objective, params, key) from None
+    raise located(error, objective, params, key, chunk_size) from None
   elbo_trust.warn_above_bound(value, se, objective.log_evidence_bound, "from dsgrad.elbo")
   return value, se
 
