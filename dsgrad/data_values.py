@@ -53,9 +53,11 @@ def check_float32_range(array: np.ndarray, label: str, *, cast: bool = True,
     raise ArgumentError(non_finite_message(array, label, first_row))
   largest = max(-low, high)
   if cast and largest > float(np.finfo(np.float32).max):
-    raise ArgumentError(f"{label} holds values up to {largest:.3g}, beyond float32's range "
-                        "(3.4e38): JAX computes in float32 and they would become inf. "
-                        "Rescale them")
+    row = first_row + (int(np.argmax(np.abs(array).reshape(len(array), -1).max(axis=1)))
+                       if array.ndim else 0)  # the error path only: a temporary is fine
+    raise ArgumentError(f"{label} holds values up to {largest:.3g} (row {row:,}), beyond "
+                        "float32's range (3.4e38): JAX computes in float32 and they would "
+                        "become inf. Rescale them")
 
 
 def non_finite_message(array: np.ndarray, label: str, first_row: int = 0) -> str:

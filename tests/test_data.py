@@ -339,6 +339,11 @@ def test_a_non_finite_value_is_named_by_its_row_where_the_data_are_checked_in_bl
   with pytest.raises(ValueError, match=r"features contains non-finite values \(1 NaN or inf, "
                                       r"the first in row 270,001\)"):
     dsgrad.models.logistic_regression(x, np.zeros(300_000, np.int32))
+  x = np.ones((300_000, 2), np.float64)
+  x[270_001, 0] = -1e39  # finite in float64, inf once cast
+  with pytest.raises(ValueError, match=r"features holds values up to 1e\+39 \(row 270,001\), "
+                                      r"beyond float32's range"):
+    dsgrad.models.logistic_regression(x, np.zeros(300_000, np.int32))
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
