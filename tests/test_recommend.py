@@ -15,6 +15,7 @@ import dsgrad
 from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice import recommend as advice_lib
 from dsgrad.advice import runs as runs_lib
+from dsgrad.training import evaluation_plan
 
 N, D, BATCH = 200, 4, 10
 
@@ -406,7 +407,6 @@ def _fit_with_slow_evaluation_compiles(monkeypatch, limit, first_compile):
   """fit limited to ``limit`` seconds on 20,000 rows, with a stand-in evaluation compiler:
   ``first_compile`` seconds the first time each program runs, a second for PSIS's (ratios,
   k-hat). Returns ``(seconds, FitResult)``."""
-  from dsgrad.training import evaluation_plan
   monkeypatch.undo()  # a second call stands in for the real evaluation, not the first's
   n = 20_000
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), n, 3)
@@ -444,6 +444,26 @@ def test_fit_limited_in_time_alone_keeps_the_limit_with_segments_it_chooses():
                                 batch_size=BATCH, elbo_samples=30)
   assert seconds <= 1.05 * 4.0, (seconds, result.timing)
   assert 0 < result.step < 10 ** 6
+
+
+def test_fit_given_only_max_seconds_trains_until_then_and_evaluates_along_the_run():
+  """No num_steps: the run trains until the limit, with an evaluation after the first 64
+  steps, others at segment ends at least a hundredth of the limit of steps apart (before,
+  ``num_steps=10**7`` had to be passed, and a run so sized had no evaluation between its
+  first and its last), and its last at the step it stopped; neither given is refused."""
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
+  limit = 2.0
+  seconds, result = _fit_within(objective, optimizer, params, limit, batch_size=BATCH,
+                                elbo_samples=30)
+  assert seconds <= 1.05 * limit and result.timing.steps >= 0.5, (seconds, result.timing)
+  steps, wall = result.history.step, result.history.wall_time
+  assert steps[0] == 64 and steps[-1] == result.step > 64 and len(steps) >= 4, steps
+  assert np.all(np.diff(wall[:-1]) >= limit / evaluation_plan.DEFAULT_EVALUATIONS), wall
+  assert np.all(np.isfinite(result.history.elbo)) and result.pareto_k is not None
+  with pytest.raises(TypeError, match=r"dsgrad.fit needs num_steps, or max_seconds"):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(1), batch_size=BATCH)
 
 
 def test_fit_limited_in_time_times_its_first_steps_and_fills_the_limit():

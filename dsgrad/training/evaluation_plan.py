@@ -151,11 +151,18 @@ class Evaluations:
     bar: ``(n_steps, step, elbo, se, close=False)``, the progress display.
     timed: whether the run is limited in time: then the first segment is always
       followed by an evaluation, which times the evaluations for :meth:`end_within`.
+    until_stopped: the ``max_seconds`` of a run of no set length (a step count cannot
+      say when to evaluate): an evaluation after the first segment that ends
+      ``until_stopped / DEFAULT_EVALUATIONS`` seconds of steps after the last one, or ten
+      times the evaluation's own time where that is longer.
   """
 
-  def __init__(self, objective, plan: EvaluationPlan, key, record, bar, timed: bool = False):
+  def __init__(self, objective, plan: EvaluationPlan, key, record, bar, timed: bool = False,
+               until_stopped: float | None = None):
     self.objective, self.plan, self.key, self.record, self.bar = objective, plan, key, record, bar
     self.timed = timed and plan.last_draws > 0
+    self.every_seconds = None if until_stopped is None else until_stopped / DEFAULT_EVALUATIONS
+    self.steps_seconds_then = 0.0
     self.trust_check, self.diagnosis = _can_check_trust(objective, plan.last_draws)
     self.k_hat, self.seconds, self.draws = None, 0.0, 0
     # For end_within: the evaluations' seconds without compiles (warm calls), and the
@@ -166,8 +173,12 @@ class Evaluations:
   def after(self, step: int, end: int, length: int, params, step_seconds: float) -> None:
     """The evaluation after the segment of ``length`` steps that ended at ``step``, where
     the plan has one (``end``: the run's last step)."""
-    if not self.plan.evaluates(step, end) and not (self.timed and self.draws == 0):
+    due = self.every_seconds is not None and self.draws and (
+        step_seconds - self.steps_seconds_then
+        >= max(self.every_seconds, self.last_seconds(in_full=False) / EVALUATION_SHARE))
+    if not (due or self.plan.evaluates(step, end) or (self.timed and self.draws == 0)):
       return self.bar(length, step, None, None)
+    self.steps_seconds_then = step_seconds
     draws, key = self.plan.draws_at(step, end), jax.random.fold_in(self.key, step)
     trust_check = self.trust_check and step == end
     if (step == end and self.draws and self.deadline is not None

@@ -28,22 +28,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from dsgrad import checks, elbo_estimates
-from dsgrad.training import checkpoint as checkpoint_lib
-from dsgrad import elbo_trust
-from dsgrad.training import evaluation_plan
+from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
-from dsgrad.training import parallel
-from dsgrad.training import progress as progress_lib
-from dsgrad.training.progress import Interrupted
-from dsgrad import psis
-from dsgrad.training import resume as resume_lib
-from dsgrad.training import segments
 from dsgrad.objective import Objective
+from dsgrad.training import checkpoint as checkpoint_lib, evaluation_plan, parallel, segments
+from dsgrad.training import progress as progress_lib, resume as resume_lib
+from dsgrad.training.progress import Interrupted
 # Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
                            run_settings, save_fit_checkpoint, state_fingerprints)
@@ -137,7 +130,8 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
     save_fit_checkpoint(call["checkpoint_path"], params, opt_state, step, history,
                         settings=settings)
   saved = call["checkpoint_path"]
-  message = (f"fit interrupted at step {step} of {call['num_steps']}; the run so far is kept: "
+  of = f" of {call['num_steps']}" if call["num_steps"] is not None else ""
+  message = (f"fit interrupted at step {step}{of}; the run so far is kept: "
              "catch dsgrad.Interrupted and take its .result (in a notebook, "
              "sys.last_value.result), or call its .resume() to continue to the end"
              + (f"; saved to {os.fspath(saved)!r}, where the same call with resume=True "
@@ -168,13 +162,15 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_s
 
 
 @checks.arguments(objective=checks.objective(),
-                  optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
+                  optimizer=checks.optimizer(), key=checks.prng_key(),
+                  num_steps=checks.optional(checks.count(0)),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
                   elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
                   checkpoint_every=checks.optional(checks.count(1)),
                   max_seconds=checks.optional(checks.positive()),
                   segment_steps=checks.optional(checks.count(1)))
-def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_size: int,
+def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None = None,
+        batch_size: int,
         eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
         checkpoint_every: int | None = None, history: History | None = None,
@@ -197,6 +193,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     num_steps: total steps, counted from 0 (including ``start_step`` already taken).
       ``num_steps == start_step`` takes no step and evaluates nothing (the history is
       the one passed in); :func:`dsgrad.elbo` estimates the ELBO at given params.
+      ``None`` (with ``max_seconds`` only): train until the time is up, with an ELBO
+      evaluation every ``1 / DEFAULT_EVALUATIONS`` of it (or, where that is longer, ten
+      times the evaluation's own time); checkpoints then come at the end only.
     batch_size: data per step.
     eval_every: steps per segment, each followed by an ELBO evaluation with
       ``elbo_samples`` draws. By default segments are one epoch, ``N // batch_size``, or
@@ -285,15 +284,13 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
     optimizer = optax.with_extra_args_support(optimizer)
-    settings = run_settings(objective, key, batch_size)
-    if checkpoint_path is not None:
-      # What determines the state besides the batches: the data themselves (not only N)
-      # and the optimizer's program (estimator, its settings, its approximation).
-      settings.update(state_fingerprints(objective, optimizer, params, batch_size))
+    settings = run_settings(objective, key, batch_size,
+                            None if checkpoint_path is None else (optimizer, params))
     found = checkpoint_lib.latest(checkpoint_path) if checkpoint_path is not None else None
     if resume and found is not None:
       params, opt_state, start_step, history = _restore(found, settings, optimizer,
                                                         params, opt_state)
+    num_steps_given, num_steps = num_steps, _steps(num_steps, max_seconds)
     _check_start(params, num_steps, start_step)
     segment_steps_given = segment_steps
     evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
@@ -307,9 +304,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
                                     program_steps=min(segment_steps, num_steps - start_step),
                                     **placement)
     record = resume_lib.Recorder(history, start_step)
-    evaluations = evaluation_plan.Evaluations(objective, evaluation, eval_key, record,
-                                              _progress(progress, num_steps - start_step),
-                                              timed=max_seconds is not None)
+    total = None if num_steps_given is None else num_steps - start_step  # None: until stopped
+    evaluations = evaluation_plan.Evaluations(
+        objective, evaluation, eval_key, record, progress_lib.elbo_bar(progress, total),
+        timed=max_seconds is not None, until_stopped=max_seconds if total is None else None)
     step, periods, end = start_step, 0, num_steps  # end: earlier where max_seconds stops it
     evaluate = lambda length: evaluations.after(step, end, length, params, runner.step_seconds)
 
@@ -340,7 +338,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int, batch_s
     except KeyboardInterrupt:
       evaluations.bar(0, step, None, None, close=True)
       raise _interrupted(runner, record.history(), settings, dict(
-          objective=objective, optimizer=optimizer, key=key, num_steps=num_steps,
+          objective=objective, optimizer=optimizer, key=key, num_steps=num_steps_given,
           batch_size=batch_size, eval_every=eval_every_given, elbo_samples=elbo_samples,
           progress=progress, checkpoint_path=checkpoint_path,
           checkpoint_every=checkpoint_every, mesh=mesh, max_seconds=max_seconds,
@@ -480,21 +478,19 @@ def _plan(objective: Objective, batch_size: int, num_steps: int, eval_every, elb
       segment_steps
 
 
+def _steps(num_steps: int | None, max_seconds) -> int:
+  """fit's ``num_steps``, or where none is given (with ``max_seconds``: a run until then) as
+  many as a step counter holds."""
+  if num_steps is not None:
+    return num_steps
+  if max_seconds is None:
+    raise TypeError("dsgrad.fit needs num_steps, or max_seconds to train until that many "
+                    "seconds have passed")
+  return 2 ** 31 - 1
+
+
 def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
   """Steps from ``step`` to the next multiple of ``eval_every`` (or the run's end): a
   run resumed where an interrupt stopped it, between evaluations, evaluates where the
   uninterrupted run does."""
   return min(eval_every - step % eval_every, num_steps - step)
-
-
-def _progress(enabled: bool, total: int):
-  """``update(n_steps, step, elbo, se, close=False)`` on :func:`dsgrad.training.progress.bar`: the
-  ELBO beside the bar, or a printed line per evaluation without tqdm."""
-  shown = progress_lib.bar(enabled, total, "step")
-
-  def update(n, step, value, se, close=False):
-    known = value is not None and np.isfinite(value)
-    shown(n, status={"elbo": f"{value:.4g}", "se": f"{se:.2g}"} if known else None,
-          line=f"step {step}: elbo {value:.6g} (se {se:.2g})" if n and value is not None
-          else None, close=close)
-  return update

@@ -57,6 +57,20 @@ def bar(enabled: bool, total: int | None, unit: str, desc: str | None = None) ->
   return update
 
 
+def elbo_bar(enabled: bool, total: int | None) -> Callable[..., None]:
+  """``update(n_steps, step, elbo, se, close=False)`` on :func:`bar` for :func:`dsgrad.fit`:
+  the ELBO beside the bar, or a printed line per evaluation without tqdm. ``total``:
+  ``None`` for a run that trains until its time is up."""
+  shown = bar(enabled, total, "step")
+
+  def update(n, step, value, se, close=False):
+    known = value is not None and math.isfinite(value)
+    shown(n, status={"elbo": f"{value:.4g}", "se": f"{se:.2g}"} if known else None,
+          line=f"step {step}: elbo {value:.6g} (se {se:.2g})" if n and value is not None
+          else None, close=close)
+  return update
+
+
 class Interrupted(KeyboardInterrupt):
   """Raised by a long call stopped by an interrupt (Ctrl-C): the work done is kept.
 

@@ -50,15 +50,21 @@ class History(NamedTuple):
 
 
 
-def run_settings(objective: Objective, key, batch_size: int) -> dict:
+def run_settings(objective: Objective, key, batch_size: int, state_of=None) -> dict:
   """The settings that, with the step, determine every batch and noise draw of a
   :func:`fit` run; saved with its checkpoints so that a resume with other settings is
-  refused rather than silently continuing a different run."""
+  refused rather than silently continuing a different run. ``state_of``: ``(optimizer,
+  params)`` of a run that saves checkpoints: then also what determines its state besides
+  the batches, the data themselves (not only N) and the optimizer's program (estimator,
+  its settings, its approximation): :func:`state_fingerprints`."""
   key_data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) \
       else key
-  return {"num_data": np.asarray(objective.num_data, np.int64),
-          "batch_size": np.asarray(batch_size, np.int64),
-          "key": np.asarray(jax.device_get(key_data))}
+  settings = {"num_data": np.asarray(objective.num_data, np.int64),
+              "batch_size": np.asarray(batch_size, np.int64),
+              "key": np.asarray(jax.device_get(key_data))}
+  if state_of is not None:
+    settings.update(state_fingerprints(objective, *state_of, batch_size))
+  return settings
 
 
 def _digest(chunks) -> np.ndarray:
