@@ -87,7 +87,7 @@ class EvaluationPlan(NamedTuple):
     return self.last_draws if step == num_steps else self.draws
 
 
-def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
+def plan(num_data: int, batch_size: int, num_steps: int | None, eval_every: int | None,
          elbo_samples: int) -> EvaluationPlan:
   """The plan of a :func:`dsgrad.fit` call: ``eval_every`` as given (every segment
   evaluated with ``elbo_samples`` draws), or else the default segments with the
@@ -96,7 +96,9 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
   Args:
     num_data: ``N``.
     batch_size: ``B``.
-    num_steps: the run's steps, counted from 0.
+    num_steps: the run's steps, counted from 0; ``None`` for a run until a time limit,
+      evaluated by time (:class:`Evaluations`' ``until_stopped``) with the draws of a
+      run of ``DEFAULT_EVALUATIONS`` epochs.
     eval_every: fit's argument (``None``: planned here).
     elbo_samples: fit's argument: the last evaluation's draws (0: no evaluation).
 
@@ -115,6 +117,10 @@ def plan(num_data: int, batch_size: int, num_steps: int, eval_every: int | None,
     >>> plan(50, 5, 30, None, 100)  # cheap evaluations: in full
     EvaluationPlan(eval_every=10, every_segments=1, draws=100, last_draws=100)
   """
+  if num_steps is None:
+    epochs = plan(num_data, batch_size, DEFAULT_EVALUATIONS * max(1, num_data // batch_size),
+                  eval_every, elbo_samples)
+    return epochs._replace(eval_every=eval_every or 2 ** 31 - 1, every_segments=1)
   if eval_every is not None or elbo_samples == 0:
     every = eval_every or default_eval_every(num_data, batch_size, num_steps)
     return EvaluationPlan(every, 1, elbo_samples, elbo_samples)

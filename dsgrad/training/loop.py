@@ -293,7 +293,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     num_steps_given, num_steps = num_steps, _steps(num_steps, max_seconds)
     _check_start(params, num_steps, start_step)
     segment_steps_given = segment_steps
-    evaluation, segment_steps = _plan(objective, batch_size, num_steps, eval_every,
+    evaluation, segment_steps = _plan(objective, batch_size, num_steps_given, eval_every,
                                       elbo_samples, segment_steps, max_seconds)
     eval_every_given, eval_every = eval_every, evaluation.eval_every
     start_params = params  # for a divergence's note: _initial_state copies them
@@ -461,7 +461,7 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   return params, opt_state, placement
 
 
-def _plan(objective: Objective, batch_size: int, num_steps: int, eval_every, elbo_samples: int,
+def _plan(objective: Objective, batch_size: int, num_steps, eval_every, elbo_samples: int,
           segment_steps, max_seconds=None) -> tuple:
   """``(evaluation plan, steps per segment)``: of ``eval_every`` steps, or ``segment_steps``
   (at most 4,096 with only ``max_seconds``: the first segment runs before a step is timed)."""
