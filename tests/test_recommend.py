@@ -446,21 +446,28 @@ def test_fit_limited_in_time_alone_keeps_the_limit_with_segments_it_chooses():
   assert 0 < result.step < 10 ** 6
 
 
-def test_fit_given_only_max_seconds_trains_until_then_and_evaluates_along_the_run():
+def test_fit_given_only_max_seconds_trains_until_then_and_evaluates_along_the_run(
+    monkeypatch, tmp_path):
   """No num_steps: the run trains until the limit, with an evaluation after the first 64
   steps, others at segment ends at least a hundredth of the limit of steps apart (before,
   ``num_steps=10**7`` had to be passed, and a run so sized had no evaluation between its
-  first and its last), and its last at the step it stopped; neither given is refused."""
+  first and its last), each followed by a checkpoint, and its last at the step it
+  stopped; neither given is refused."""
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
-  limit = 2.0
+  saved, real_save = [], dsgrad.training.loop.save_fit_checkpoint
+  monkeypatch.setattr(dsgrad.training.loop, "save_fit_checkpoint", lambda path, params_, state,
+                      step, *args, **kwargs: saved.append(step) or real_save(
+                          path, params_, state, step, *args, **kwargs))
+  limit, path = 2.0, tmp_path / "run.ckpt"
   seconds, result = _fit_within(objective, optimizer, params, limit, batch_size=BATCH,
-                                elbo_samples=30)
+                                elbo_samples=30, checkpoint_path=path, resume=True)
   assert seconds <= 1.05 * limit and result.timing.steps >= 0.5, (seconds, result.timing)
   steps, wall = result.history.step, result.history.wall_time
   assert steps[0] == 64 and steps[-1] == result.step > 64 and len(steps) >= 4, steps
   assert np.all(np.diff(wall[:-1]) >= limit / evaluation_plan.DEFAULT_EVALUATIONS), wall
+  assert saved[-len(steps):] == steps.tolist(), (saved, steps)  # nothing trained is lost
   assert np.all(np.isfinite(result.history.elbo)) and result.pareto_k is not None
   with pytest.raises(TypeError, match=r"dsgrad.fit needs num_steps, or max_seconds"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(1), batch_size=BATCH)

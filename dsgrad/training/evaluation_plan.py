@@ -176,14 +176,15 @@ class Evaluations:
     self.warm_seconds, self.compile_seconds = 0.0, 0.0
     self.deadline = None  # of a run limited in time's last evaluation (time.perf_counter)
 
-  def after(self, step: int, end: int, length: int, params, step_seconds: float) -> None:
+  def after(self, step: int, end: int, length: int, params, step_seconds: float) -> bool:
     """The evaluation after the segment of ``length`` steps that ended at ``step``, where
-    the plan has one (``end``: the run's last step)."""
+    the plan has one (``end``: the run's last step); whether there was one."""
     due = self.every_seconds is not None and self.draws and (
         step_seconds - self.steps_seconds_then
         >= max(self.every_seconds, self.last_seconds(in_full=False) / EVALUATION_SHARE))
     if not (due or self.plan.evaluates(step, end) or (self.timed and self.draws == 0)):
-      return self.bar(length, step, None, None)
+      self.bar(length, step, None, None)
+      return False
     self.steps_seconds_then = step_seconds
     draws, key = self.plan.draws_at(step, end), jax.random.fold_in(self.key, step)
     trust_check = self.trust_check and step == end
@@ -210,6 +211,7 @@ class Evaluations:
       self.k_hat, self.diagnosis = trust
     self.record.append(step, step_seconds, value, se)
     self.bar(length, step, value, se)
+    return True
 
   def end_within(self, max_seconds, elapsed: float, step: int, length: int, end: int,
                  step_seconds: float) -> tuple[int, int]:

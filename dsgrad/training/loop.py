@@ -195,7 +195,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
       the one passed in); :func:`dsgrad.elbo` estimates the ELBO at given params.
       ``None`` (with ``max_seconds`` only): train until the time is up, with an ELBO
       evaluation every ``1 / DEFAULT_EVALUATIONS`` of it (or, where that is longer, ten
-      times the evaluation's own time); checkpoints then come at the end only.
+      times the evaluation's own time), each ending a period for ``checkpoint_every``.
     batch_size: data per step.
     eval_every: steps per segment, each followed by an ELBO evaluation with
       ``elbo_samples`` draws. By default segments are one epoch, ``N // batch_size``, or
@@ -286,8 +286,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     optimizer = optax.with_extra_args_support(optimizer)
     settings = run_settings(objective, key, batch_size,
                             None if checkpoint_path is None else (optimizer, params))
-    found = checkpoint_lib.latest(checkpoint_path) if checkpoint_path is not None else None
-    if resume and found is not None:
+    if resume and checkpoint_path is not None and (found := checkpoint_lib.latest(checkpoint_path)):
       params, opt_state, start_step, history = _restore(found, settings, optimizer,
                                                         params, opt_state)
     num_steps_given, num_steps = num_steps, _steps(num_steps, max_seconds)
@@ -323,11 +322,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
           following = ((step + length, _segment_length(step + length, segment_steps, end))
                        if step + length < end else None)
           params, opt_state = runner.run(params, opt_state, step, length, following)
-          step, periods = step + length, periods + ((step + length) % eval_every == 0)
-        evaluate(length)
-        if checkpoint_path is not None and ((step % eval_every == 0
-                                             and periods % (checkpoint_every or 1) == 0)
-                                            or step == end):
+          step += length
+        evaluated = evaluate(length)
+        ended = length and (evaluated if total is None else step % eval_every == 0)  # a period
+        periods += bool(ended)
+        if checkpoint_path is not None and (step == end or (
+            ended and periods % (checkpoint_every or 1) == 0)):
           save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                               settings=settings)
     except (segments.NonFiniteStep, elbo_estimates.NonFiniteELBO) as error:
