@@ -103,9 +103,11 @@ class NonFiniteELBO(ValueError):
     self.who, self.detail = who, detail
 
 
-def finite_elbo_draws(draws, who: str) -> np.ndarray:
+def finite_elbo_draws(draws, who: str, locate: tuple | None = None) -> np.ndarray:
   """``draws`` (Monte Carlo draws of an ELBO) as float64, refusing them where any is not
   finite: their mean would be reported as -inf or NaN with a NaN standard error.
+  ``locate``: ``(objective, params, key)`` of the draws: the error then also names the
+  data whose terms are not finite (:func:`located`).
 
   Raises:
     NonFiniteELBO: a ``ValueError`` naming ``who``, how many draws are -inf, +inf or
@@ -117,11 +119,12 @@ def finite_elbo_draws(draws, who: str) -> np.ndarray:
   counts = {"-inf": int(np.sum(values == -np.inf)), "+inf": int(np.sum(values == np.inf)),
             "NaN": int(np.sum(np.isnan(values)))}
   found = ", ".join(f"{count} {name}" for name, count in counts.items() if count)
-  raise NonFiniteELBO(
+  error = NonFiniteELBO(
       who, f"the ELBO is not finite at these params ({found} of {values.size} Monte Carlo "
       "draws): the log density is -inf or NaN where q puts mass, e.g. a datum the "
       "likelihood deems impossible (log 0), a latent outside the prior's support, or an "
       "overflow (exp of a large value).")
+  raise error if locate is None else located(error, *locate)
 
 
 def located(error: NonFiniteELBO, objective: Objective, params, key,

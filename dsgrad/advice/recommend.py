@@ -136,7 +136,9 @@ class _Race:
     program, n = self.estimates.result(), self.objective.num_data
     timed = min(n, 16 * 4096)
     # A model whose ELBO is not finite stops here, before the race.
-    elbo_estimates.finite_elbo_draws(program(self.naive.params, self.key, timed), "dsgrad.recommend")
+    elbo_estimates.finite_elbo_draws(program(self.naive.params, self.key, timed),
+                                     "dsgrad.recommend",
+                                     locate=(self.objective, self.naive.params, self.key))
     started = time.perf_counter()
     jax.block_until_ready(program(self.naive.params, self.key, timed))
     per_row = (time.perf_counter() - started) / timed
@@ -144,11 +146,9 @@ class _Race:
     self.rows = n if calls >= 1 else max(timed, int(self.estimates_seconds / per_row))
     keys = [jax.random.fold_in(self.key, i) for i in range(max(1, calls))]
 
-    def evaluate(params):
-      draws = [program(params, key, self.rows) for key in keys]
-      return elbo_estimates.finite_elbo_draws(jax.numpy.concatenate(draws), "dsgrad.recommend")
-
-    return evaluate
+    return lambda params: elbo_estimates.finite_elbo_draws(jax.numpy.concatenate(
+        [program(params, key, self.rows) for key in keys]), "dsgrad.recommend",
+        locate=(self.objective, params, self.key))
 
   def train_naive(self, race_at: float) -> None:
     """Naive trains (on its own program once compiled) until the race: at ``race_at`` of
