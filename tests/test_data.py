@@ -207,6 +207,15 @@ def test_open_memmap_refuses_truncated_wrong_dtype_and_other_files(tmp_path):
     data_lib.open_memmap(raw)
   with pytest.raises(FileNotFoundError, match="no such file"):
     data_lib.open_memmap(tmp_path / "missing.npy")
+  # A table's columns saved as they come (pandas' to_numpy() of float columns is column-
+  # major): refused with the line that saves it in row order, which is then read.
+  table = np.asfortranarray(np.stack([np.arange(50.0), np.ones(50), np.zeros(50)], axis=1))
+  columns = tmp_path / "columns.npy"
+  np.save(columns, table)
+  with pytest.raises(ValueError, match=r"Fortran \(column-major\) order.*np.ascontiguousarray"):
+    data_lib.open_memmap(columns)
+  np.save(columns, np.ascontiguousarray(table))
+  assert data_lib.open_memmap(columns).rows(np.array([7]))[0].tolist() == [7.0, 1.0, 0.0]
   with pytest.raises(TypeError, match="not numeric"):
     data_lib.HostArray(np.array(["a", "b"]))
 

@@ -295,8 +295,10 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
         s is not None and s != t for s, t in zip(shape, file_shape)):
       raise ValueError(f"{name}: {path!r} has shape {file_shape}, expected {tuple(shape)}")
   if fortran and len(file_shape) > 1:
-    raise ValueError(f"{name}: {path!r} is in Fortran order; rows would not be contiguous. "
-                     "Save it in C order")
+    raise ValueError(f"{name}: {path!r} is in Fortran (column-major) order, as pandas' "
+                     "DataFrame.to_numpy() gives: a row's values lie a column apart on disk, "
+                     "so each batch would read from all over the file. Save it in row order: "
+                     "np.save(path, np.ascontiguousarray(array))")
   array = np.load(path, mmap_mode="r")
   return HostArray(array, name)
 
