@@ -214,8 +214,13 @@ def test_open_memmap_refuses_truncated_wrong_dtype_and_other_files(tmp_path):
   np.save(columns, table)
   with pytest.raises(ValueError, match=r"Fortran \(column-major\) order.*np.ascontiguousarray"):
     data_lib.open_memmap(columns)
+  with pytest.raises(ValueError, match=r"Fortran \(column-major\) order"):  # as np.load opens it
+    data_lib.placed({"x": np.load(columns, mmap_mode="r")})
   np.save(columns, np.ascontiguousarray(table))
   assert data_lib.open_memmap(columns).rows(np.array([7]))[0].tolist() == [7.0, 1.0, 0.0]
+  # Columns sliced from a row-order file keep each row's values together: accepted.
+  sliced = data_lib.placed({"x": np.load(columns, mmap_mode="r")[:, 1:]})["x"]
+  assert sliced.rows(np.array([7]))[0].tolist() == [1.0, 0.0]
   with pytest.raises(TypeError, match="not numeric"):
     data_lib.HostArray(np.array(["a", "b"]))
 

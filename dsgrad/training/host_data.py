@@ -92,6 +92,14 @@ class HostArray:
       raise ValueError(f"{name}: a per-datum array needs a leading datum axis, got a scalar")
     if array.dtype.kind not in "biuf":
       raise TypeError(f"{name}: dtype {array.dtype} is not numeric")
+    # A row whose values lie apart on disk (Fortran order, as np.save of pandas'
+    # DataFrame.to_numpy() writes it) makes each batch read from all over the file.
+    if (isinstance(array, np.memmap) and array.ndim > 1 and len(array)
+        and not array[0].flags.c_contiguous):
+      raise ValueError(f"{name}: {getattr(array, 'filename', None)!r} is in Fortran "
+                       "(column-major) order, as np.save of pandas' DataFrame.to_numpy() "
+                       "writes it: a row's values lie a column apart on disk. Save it in "
+                       "row order: np.save(path, np.ascontiguousarray(array))")
     self.array = array
     self.name = name
     # Rows reach programs in JAX's dtype for the array's (float32 and int32 for 64-bit
@@ -276,7 +284,7 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
     except ValueError as error:
       raise ValueError(f"{name}: {path!r} is not a .npy file ({error})") from error
     offset = f.tell()
-  file_shape, fortran, file_dtype = header
+  file_shape, _, file_dtype = header  # Fortran order: refused by HostArray, as from np.load
   if file_dtype.hasobject or not (np.issubdtype(file_dtype, np.number)
                                   or np.issubdtype(file_dtype, np.bool_)):
     raise ValueError(f"{name}: {path!r} holds {file_dtype} values; data on disk must be a "
@@ -294,11 +302,6 @@ def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> Hos
     if len(shape) != len(file_shape) or any(
         s is not None and s != t for s, t in zip(shape, file_shape)):
       raise ValueError(f"{name}: {path!r} has shape {file_shape}, expected {tuple(shape)}")
-  if fortran and len(file_shape) > 1:
-    raise ValueError(f"{name}: {path!r} is in Fortran (column-major) order, as pandas' "
-                     "DataFrame.to_numpy() gives: a row's values lie a column apart on disk, "
-                     "so each batch would read from all over the file. Save it in row order: "
-                     "np.save(path, np.ascontiguousarray(array))")
   array = np.load(path, mmap_mode="r")
   return HostArray(array, name)
 
