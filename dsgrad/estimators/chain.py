@@ -170,17 +170,23 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
       for leaf in leaves):
     return opt_state
   try:
-    inner = float(_along_gradient(optimizer)(opt_state, params))
+    per_leaf = np.asarray(_along_gradient(optimizer)(opt_state, params), np.float64)
   except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
     return opt_state
-  uphill = 0 < inner < np.inf  # an infinite update: the step's finiteness check names it
+  uphill = 0 < per_leaf.sum() < np.inf  # an infinite update: the step's finiteness check
   if uphill:
+    climbing = [jax.tree_util.keystr(path) for (path, _), inner in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], per_leaf) if inner > 0]
+    some = (f" Here params{', params'.join(climbing)} climb while the rest descend: a rule "
+            "leaves their gradient as it is (optax.masked(rule, mask) does so outside the "
+            "mask); to hold them fixed, optax.multi_transform({'train': rule, 'fixed': "
+            "optax.set_to_zero()}, labels)." if len(climbing) < len(per_leaf) else "")
     raise ValueError(
         f"{where}: the optimizer's first step climbs the loss (its update points along the "
         "gradient). The update is added to the params, so it must point downhill: optax's "
         "rules take a positive learning rate and negate the gradient themselves "
         "(optax.adam(1e-2), optax.sgd(1e-2)); optax.identity(), optax.scale(c > 0) or a "
-        "negative learning rate step uphill.")
+        "negative learning rate step uphill." + some)
   return opt_state
 
 
@@ -200,7 +206,7 @@ def _probe_gradient(params):
 
 @compile_cache.cached
 def _along_gradient(optimizer):
-  """``(state, params) -> <update, probe>``, compiled once per optimizer and
+  """``(state, params) -> <update, probe>`` of each leaf, compiled once per optimizer and
   shapes: a second fit with the same optimizer compiles nothing."""
   @jax.jit
   def along_gradient(opt_state, params):
@@ -209,8 +215,8 @@ def _along_gradient(optimizer):
     update = optax.with_extra_args_support(optimizer).update
     updates = update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
                      objective=None)[0]
-    return sum(jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
-               for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
+    return jnp.stack([jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
+                      for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe))])
   return along_gradient
 
 
