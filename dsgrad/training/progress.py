@@ -103,7 +103,8 @@ class Interrupted(KeyboardInterrupt):
   def resume(self, **changes):
     """Continues the call from :attr:`result` to ``num_steps``: for :func:`dsgrad.fit`, the
     same arguments but for ``changes`` among ``dsgrad.training.loop.RESUME_CHANGES``
-    (``num_steps``, ``progress``, ...). A chain continues with
+    (``num_steps``, ``progress``, ...); a fit given ``max_seconds`` and no ``num_steps``
+    trains ``max_seconds`` more. A chain continues with
     ``dsgrad.mcmc.run_chain`` from ``result``'s state instead."""
     if self._resume is None:
       raise TypeError("this interrupted call cannot be resumed by resume(): continue a chain "
