@@ -54,6 +54,12 @@ measured on two CPU cores: 6-12 for logistic regression (a step of batch 100 cos
 of its ELBO)."""
 
 
+UNTIL_STOPPED = 2 ** 31 - 1
+"""The ``num_steps`` of a :func:`dsgrad.fit` given ``max_seconds`` and no ``num_steps``: as
+many as a step counter holds, and its steps between evaluations when it has no
+``eval_every`` (it is evaluated by time: :class:`Evaluations`' ``until_stopped``)."""
+
+
 def default_eval_every(num_data: int, batch_size: int, num_steps: int) -> int:
   """:func:`dsgrad.fit`'s steps per segment when ``eval_every`` is not given: one epoch,
   or ``num_steps / DEFAULT_EVALUATIONS`` (rounded up) where that is longer."""
@@ -120,7 +126,7 @@ def plan(num_data: int, batch_size: int, num_steps: int | None, eval_every: int 
   if num_steps is None:
     epochs = plan(num_data, batch_size, DEFAULT_EVALUATIONS * max(1, num_data // batch_size),
                   eval_every, elbo_samples)
-    return epochs._replace(eval_every=eval_every or 2 ** 31 - 1, every_segments=1)
+    return epochs._replace(eval_every=eval_every or UNTIL_STOPPED, every_segments=1)
   if eval_every is not None or elbo_samples == 0:
     every = eval_every or default_eval_every(num_data, batch_size, num_steps)
     return EvaluationPlan(every, 1, elbo_samples, elbo_samples)

@@ -286,7 +286,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     optimizer = optax.with_extra_args_support(optimizer)
     settings = run_settings(objective, key, batch_size,
                             None if checkpoint_path is None else (optimizer, params))
-    if resume and checkpoint_path is not None and (found := checkpoint_lib.latest(checkpoint_path)):
+    if resume and checkpoint_path and (found := checkpoint_lib.latest(checkpoint_path)):
       params, opt_state, start_step, history = _restore(found, settings, optimizer,
                                                         params, opt_state)
     num_steps_given, num_steps = num_steps, _steps(num_steps, max_seconds)
@@ -486,7 +486,7 @@ def _steps(num_steps: int | None, max_seconds) -> int:
   if max_seconds is None:
     raise TypeError("dsgrad.fit needs num_steps, or max_seconds to train until that many "
                     "seconds have passed")
-  return 2 ** 31 - 1
+  return evaluation_plan.UNTIL_STOPPED
 
 
 def _segment_length(step: int, eval_every: int, num_steps: int) -> int:
