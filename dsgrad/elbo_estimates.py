@@ -153,6 +153,40 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
   return NonFiniteELBO(error.who, error.detail + where)
 
 
+def rows_not_finite(objective: Objective, params, indices, key, shown: int = 5) -> str:
+  """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
+  gradient, is not finite at ``params``, each row alone at one noise draw of ``key``; ""
+  where every row's are. The step's own error cannot say which datum: its update sums
+  the batch, so one row's NaN or inf reaches every coordinate. One pass of per-row
+  gradients over the batch (16 rows at a time), on the error path only."""
+  noise = objective.sample_noise(key, 1)
+
+  def row(o, p, index):
+    value, grad = jax.value_and_grad(
+        lambda q: o.loss(q, index[None], noise, validate=False)[0])(p)
+    return jnp.isfinite(value), checks.all_finite(grad)
+
+  rows = np.asarray(indices).reshape(-1)
+  finite_value, finite_grad = map(np.asarray, jax.jit(
+      lambda o, p, i: jax.lax.map(lambda n: row(o, p, n), i, batch_size=16))(
+          objective, params, jnp.asarray(rows, jnp.int32)))
+  bad_value, bad_grad = rows[~finite_value], rows[finite_value & ~finite_grad]
+  name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
+      f"{n:,}" for n in found[:shown]) + (
+      f" and {found.size - shown:,} more" if found.size > shown else "")
+  said = []
+  if bad_value.size:
+    said.append(f"{name(bad_value)}: a term that is not finite there: check the values "
+                "and what the likelihood does with them (log of 0 or of a negative number, "
+                "a value outside its support)")
+  if bad_grad.size:
+    said.append(f"{name(bad_grad)}: a finite term whose gradient is not: the likelihood "
+                "is at an edge of its domain there (the derivative of log or sqrt at 0, "
+                "of x ** k at x = 0)")
+  return ("Of the failing step's batch, at the run's starting params, " + "; ".join(said)
+          + ".") if said else ""
+
+
 def mean_and_standard_error(draws) -> tuple[float, float]:
   """``(mean, standard error of the mean)`` of independent draws, in float64."""
   values = np.asarray(draws, np.float64)

@@ -137,9 +137,17 @@ def note_divergence(error: Exception, objective, start_params, key, steps_run: i
   run's ``start_params`` is finite. Its own message names the usual causes of a model
   that is non-finite from the start (a datum the likelihood deems impossible, an
   overflow), which mislead here: a run that was finite and turns non-finite part-way has
-  most often diverged."""
+  most often diverged. Where ``error`` holds the failing step's batch (``indices``), its
+  rows whose term or gradient is not finite at ``start_params`` are named instead
+  (:func:`dsgrad.elbo_estimates.rows_not_finite`)."""
   from dsgrad import elbo_estimates  # it imports this module
 
+  batch = getattr(error, "indices", None)
+  rows = "" if batch is None else elbo_estimates.rows_not_finite(
+      objective, start_params, batch, key)
+  if rows:  # rows the model deems impossible at any params: the run need not have diverged
+    error.add_note(rows)
+    return
   if steps_run <= 0:
     return
   try:

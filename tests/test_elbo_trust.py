@@ -1,6 +1,8 @@
 """An ELBO that cannot be wrong silently: estimates above a bound on the log evidence, and
 traces that diverge, are flagged in fit's result and by dsgrad.elbo."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,3 +150,28 @@ def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from
                dsgrad.meanfield_init(model), jax.random.key(0), num_steps=20, batch_size=200,
                progress=False)
   assert not getattr(caught.value, "__notes__", [])
+
+
+def test_a_step_that_fails_on_some_rows_names_them_and_what_is_not_finite():
+  """A datum whose term (log of 0) or only its gradient (sqrt at 0) is not finite makes
+  the first step's update non-finite; the error names those rows of its batch, each with
+  which of the two it is, and no divergence."""
+  t = np.ones(64, np.float32)
+  t[[17, 41]] = 0.0
+  ok = np.ones(64, np.float32)
+  ok[41] = 0.0  # row 41's log term reads a 1, its sqrt term a 0
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2),
+      lambda z, b: (-0.5 * (1.0 - z[0] * jnp.log(jnp.where(b["ok"] > 0, b["t"], 1.0))) ** 2
+                    - jnp.sqrt(b["t"] * z[1] ** 2 + 0.0)),
+      {"t": t, "ok": ok}, latent=2)
+  params = dsgrad.families.by_name("meanfield", 2).params()
+  with pytest.raises(ValueError, match="non-finite|not finite") as caught:
+    dsgrad.fit(objective, optax.sgd(1e-3), params, jax.random.key(0), num_steps=5,
+               batch_size=64, progress=False)
+  (note,) = caught.value.__notes__
+  assert "data row 17: a term that is not finite" in note, note
+  assert "data row 41: a finite term whose gradient is not" in note, note
+  assert "diverged" not in note
+  named = re.findall(r"data rows? ([\d, ]+):", note)
+  assert named == ["17", "41"], named  # the batch's 62 other rows are finite

@@ -252,11 +252,12 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 
 class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
-  message names what, ``step`` the first step known to fail."""
+  message names what, ``step`` the first step known to fail, ``indices`` its batch (or
+  ``None``: the block's params overflowed while each update was finite)."""
 
-  def __init__(self, message: str, step: int):
+  def __init__(self, message: str, step: int, indices=None):
     super().__init__(message)
-    self.step = step
+    self.step, self.indices = step, indices
 
 
 class Failure(NamedTuple):
@@ -445,7 +446,10 @@ class SegmentRunner:
     at_step = error.non_finite()  # else the params overflowed while every update was finite
     if not (at_step or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
-    raise NonFiniteStep(message, int(np.asarray(error.codes)[1]) if at_step else at)
+    if not at_step:
+      raise NonFiniteStep(message, at)
+    step = int(np.asarray(error.codes)[1])
+    raise NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0])
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
