@@ -146,7 +146,7 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
       first = start + int(np.argmax(bad))
   where = (f" At one draw of q, {count:,} of the {n:,} data have a term that is not finite; "
            f"the first is row {first:,}: check its values and what log_lik does with them."
-           if 0 < count < n else f" At one draw of q, every datum's term is not finite: the "
+           if 0 < count < n else " At one draw of q, every datum's term is not finite: the "
            "log prior, or a part of the likelihood all data share, is the likelier cause."
            if count else " At one draw of q every datum's term is finite: look at the "
            "log prior, or at draws further from q's mean.")
