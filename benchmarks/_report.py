@@ -44,9 +44,14 @@ def environment() -> str:
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
-      names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
-    if names:
-      cpu = names[0]
+      fields = dict(l.split(":", 1) for l in f.read().split("\n\n")[0].splitlines()
+                    if ":" in l)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    # The model name of these cloud machines is "AMD EPYC" for two generations whose
+    # ratios differ by up to 1.3x: the family, model and vector width tell them apart.
+    cpu = (f"{fields.get('model name', cpu)} (family {fields.get('cpu family', '?')} "
+           f"model {fields.get('model', '?')}, "
+           f"{'AVX-512' if 'avx512f' in fields.get('flags', '').split() else 'no AVX-512'})")
   except OSError:
     pass
   devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
