@@ -164,7 +164,7 @@ def run_dsgrad(objective, estimator, params, peak, seconds, batch_size, key, tra
                       elbo_samples=0, progress=False, eval_every=segment or steps)
 
   # A probe for the step's seconds: the estimator alone with a constant step size.
-  probe_steps = 500
+  probe_steps = 200
   probe = optax.chain(estimator, optax.adam(peak))
   state = probe.init(params)  # reads no data: the first update takes SVRG's snapshot
   fit(probe, params, state, 0, probe_steps)  # warms up; its timing is not used
@@ -203,7 +203,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=first_paragraph(__doc__))
   parser.add_argument("--rows", type=command_line.count(1), default=1_000_000, help="data rows")
   parser.add_argument("--groups", type=command_line.count(1), default=20_000, help="groups")
-  parser.add_argument("--seconds", type=command_line.positive(), default=12.0,
+  parser.add_argument("--seconds", type=command_line.positive(), default=10.0,
                       help="training seconds per contender")
   parser.add_argument("--batch-size", type=command_line.count(1), default=100, help="data per step")
   parser.add_argument("--peak", type=command_line.positive(), default=3e-3,
