@@ -215,6 +215,14 @@ def columns_of(values):
   return columns
 
 
+def index_names(values) -> list[str]:
+  """The named index levels of a table (``frame.set_index("user")`` moves the column
+  ``"user"`` there), which :func:`columns_of` leaves out; ``[]`` for anything else."""
+  if not (hasattr(values, "columns") and hasattr(values, "index")):
+    return []
+  return [str(name) for name in getattr(values.index, "names", ()) if name is not None]
+
+
 def placed(values, who: str = "data"):
   """``values`` (a data pytree, or a table: :func:`columns_of`) checked
   (:func:`check_data`) with each in-memory leaf on the device; host leaves stay where they

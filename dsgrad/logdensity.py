@@ -51,7 +51,7 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
-def _traced(what: str, fn, latent, *args, columns=None):
+def _traced(what: str, fn, latent, *args, columns=None, index=()):
   """``jax.eval_shape(fn, *args)``; an error raised in the user's function gets a note
   with what it was given (a latent of the wrong size shows as a shape error deep inside
   the model's own code)."""
@@ -71,6 +71,9 @@ def _traced(what: str, fn, latent, *args, columns=None):
         ", ".join(f"{k} {(b,) + tuple(v.shape[1:])} {v.dtype}" for k, v in columns.items())
     error.add_note(f"(raised in {what}, which dsgrad.model_from_logdensity evaluated with "
                    f"{given}{rows})")
+    if isinstance(error, KeyError) and error.args and str(error.args[0]) in index:
+      error.add_note(f"('{error.args[0]}' is the table's index, not one of its columns: "
+                     "pass frame.reset_index())")
     if "Indexer must have integer" in str(error):
       # Ids read from a table where a missing value made the column float.
       whole = [k for k, v in (columns or {}).items() if index_columns.whole_number_floats(v)]
@@ -160,6 +163,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
+  index = data_lib.index_names(data)  # left out of the columns: named if log_lik reads one
   # Checked once where they enter (sizes, values before the cast to float32) and put on
   # the device: model_data below finds them checked instead of reading them again.
   data = data_lib.placed(data, "data")
@@ -199,7 +203,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
   lik_out = _traced("log_lik(z, batch)", model.log_likelihood_at, latent, z0, probe,
-                    columns=model.data)
+                    columns=model.data, index=index)
   lik_shape = lik_out.shape
   for what, out in (("log_prior", prior_out), ("log_lik", lik_out)):
     # An integer log density has no gradient in z: training would not move.

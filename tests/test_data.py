@@ -449,6 +449,14 @@ def test_a_pandas_data_frame_given_as_the_data_is_read_by_its_column_names():
   with pytest.raises(ValueError, match=r"columns \['name'\] are not numbers; select the "
                                        r"columns the model reads \(frame\[\['x', 'y', 'g'\]\]\)"):
     objective.with_data(frame.assign(name=[f"p{i}" for i in range(len(frame))]))
+  # The group column moved to the index (set_index before a join) left only a KeyError.
+  with pytest.raises(KeyError) as caught:
+    dsgrad.model_from_logdensity(
+        lambda z: -0.5 * jnp.sum(z["w"] ** 2) - 0.5 * jnp.sum(z["b"] ** 2),
+        lambda z, b: -0.5 * (b["y"] - z["w"] * b["x"] - z["b"][b["g"]]) ** 2,
+        frame.set_index("g"), latent={"w": jnp.zeros(()), "b": jnp.zeros(4)})
+  assert "'g' is the table's index, not one of its columns: pass frame.reset_index()" in \
+      caught.value.__notes__[-1]
 
 
 def test_a_pandas_data_frame_column_is_read_as_its_array():
