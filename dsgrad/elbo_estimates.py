@@ -258,7 +258,8 @@ def _elbo_draws_program(objective: Objective, num_samples: int, chunk_size: int)
   :func:`elbo_draws`' for ``key`` (the rest zero; all of them from the host). Callers pass
   ``count`` by keyword, so that they share one compiled program."""
   return compile_cache.get_or_build(
-      ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size),
+      ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size,
+       SHARED_NOISE_AT_ONCE),
       lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
                                         chunk_size=chunk_size)))[0]
 
@@ -311,11 +312,13 @@ def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: i
 
   def one(k):
     k_rows, k_noise = jax.random.split(k)
+    # Shared noise, one z for every chunk, is drawn once (as _elbo_run draws it).
+    shared = objective.sample_noise(k_noise, 1) if objective.shared_noise else None
 
     def body(j, total):
       idx = jax.random.randint(jax.random.fold_in(k_rows, j), (chunk_size,), 0, n)
-      k_chunk = k_noise if objective.shared_noise else jax.random.fold_in(k_noise, j)
-      noise = objective.sample_noise(k_chunk, chunk_size)
+      noise = (shared if objective.shared_noise else
+               objective.sample_noise(jax.random.fold_in(k_noise, j), chunk_size))
       return total + jnp.sum(objective.loss(params, idx, noise, validate=False).astype(dtype))
 
     total = jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((), dtype))
@@ -348,21 +351,36 @@ def _draws_at_once(objective: Objective, params, num_samples: int, chunk_size: i
   return draws, max(1, min(chunk_size, objective.num_data, row_draws // draws))
 
 
+SHARED_NOISE_AT_ONCE = 2 ** 25
+"""Numbers of shared noise (one ``z`` per draw, for every datum) that a full pass from the
+host draws before it starts, for all its draws (128 MiB); more, and each chunk draws its
+draws' noise anew."""
+
+
 def _elbo_run(objective: Objective, params, key, count=None, *, num_samples: int,
               chunk_size: int):
   keys = jax.random.split(key, num_samples)
+  shared = objective.shared_noise
 
-  def draw_on(rows, idx, k):
-    k_chunk = k if objective.shared_noise else jax.random.fold_in(k, idx[0])
-    return jnp.mean(objective.loss_fn(params, rows, objective.sample_noise(k_chunk,
-                                                                           idx.shape[0])))
+  def noise_of(k):
+    # A shared-noise draw is one z for every chunk: its noise is drawn once per pass.
+    # Drawn in every chunk, 100 draws of 20,000 latents over 2,000,000 rows drew 3 * 10^9
+    # normals, most of the evaluation's time (PSIS's offsets draw it with a batch of 1).
+    return objective.sample_noise(k, 1)
+
+  def draw_on(rows, idx, draw):
+    """The chunk's mean loss at one draw: its shared noise, or a key for per-datum noise."""
+    noise = draw if shared else objective.sample_noise(jax.random.fold_in(draw, idx[0]),
+                                                       idx.shape[0])
+    return jnp.mean(objective.loss_fn(params, rows, noise))
 
   if not data_lib.host_leaves(objective):
     # In memory, one draw's pass at a time: passes of groups of draws in smaller chunks
-    # cost as much again where the latents are many (each chunk draws every latent anew).
+    # cost as much again where the latents are many (each chunk reads every latent).
     # The first `count` of them, so that one program serves evaluations of fewer draws.
     def pass_of(k):
-      return -full_pass_mean(lambda idx: draw_on(objective.rows(idx), idx, k),
+      draw = noise_of(k) if shared else k
+      return -full_pass_mean(lambda idx: draw_on(objective.rows(idx), idx, draw),
                              objective.num_data, chunk_size)
     out = jnp.zeros((num_samples,), jax.eval_shape(pass_of, keys[0]).dtype)
     return jax.lax.fori_loop(0, num_samples if count is None else count,
@@ -374,10 +392,18 @@ def _elbo_run(objective: Objective, params, key, count=None, *, num_samples: int
   groups = -(-num_samples // size)
   keys = jnp.concatenate([keys, jax.random.split(jax.random.fold_in(key, 1),
                                                  groups * size - num_samples)])
+  noise_size = sum(leaf.size for leaf in jax.tree.leaves(objective.noise_spec(1)))
+  drawn_first = shared and groups * size * noise_size <= SHARED_NOISE_AT_ONCE
+  draws = jax.vmap(noise_of)(keys) if drawn_first else keys
+  draws = jax.tree.map(lambda x: x.reshape((groups, size) + x.shape[1:]), draws)
 
   def chunk_means(idx):
     rows = objective.rows(idx)
-    means = jax.lax.map(jax.vmap(lambda k: draw_on(rows, idx, k)), keys.reshape(groups, size))
+    if drawn_first or not shared:
+      one = lambda draw: draw_on(rows, idx, draw)
+    else:  # too many draws' noise to keep: each chunk draws it anew
+      one = lambda k: draw_on(rows, idx, noise_of(k))
+    means = jax.lax.map(jax.vmap(one), draws)
     return means.reshape(-1)[:num_samples]
 
   return -full_pass_mean(chunk_means, objective.num_data, chunk)
