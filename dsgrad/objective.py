@@ -141,6 +141,14 @@ class Objective:
         raise TypeError(f"{self.name}: noise_fn draws complex noise ({leaf.dtype}); the "
                         "gradients of a real objective need real noise")
     if self.shared_noise:
+      # One draw for any batch: the full-data ELBO draws it once for all its chunks.
+      shapes = [[leaf.shape for leaf in found] for found in leaves]
+      if shapes[0] != shapes[1]:
+        raise ValueError(
+            f"{self.name}: shared_noise=True but noise_fn(key, batch_size) draws leaves of "
+            f"shapes {shapes[0]} and {shapes[1]} for batches of 2 and 3: shared noise is one "
+            "draw for the whole batch, with no batch axis. Pass shared_noise=False for one "
+            "draw per datum")
       return
     for two, three in zip(*leaves):
       if two.shape[:1] != (2,) or three.shape[:1] != (3,):

@@ -157,6 +157,18 @@ def test_constructor_arguments(objective, logreg_data):
     dsgrad.Objective(lambda p, i, e: i, lambda k, b: None, 0)
 
 
+def test_noise_fn_whose_draw_does_not_match_shared_noise_is_refused():
+  """Per-datum noise declared shared (or shared declared per datum) would be one draw
+  for every chunk of a full pass, or the batch's first row's for all."""
+  loss = lambda p, rows, e: jnp.zeros(jnp.shape(rows)[:1])
+  with pytest.raises(ValueError, match=r"shared_noise=True but noise_fn.*\(2, 5\).*"
+                                       r"\(3, 5\).*no batch axis"):
+    dsgrad.Objective(loss, dsgrad.gaussian_noise((5,)), 10, shared_noise=True)
+  with pytest.raises(ValueError, match="shared_noise=False but noise_fn"):
+    dsgrad.Objective(loss, dsgrad.gaussian_noise((5,), shared=True), 10)
+  dsgrad.Objective(loss, dsgrad.gaussian_noise((5,), shared=True), 10, shared_noise=True)
+
+
 def test_loss_fn_returning_wrong_shape(params0):
   bad = dsgrad.Objective(lambda p, i, e: jnp.sum(p["loc"]), dsgrad.gaussian_noise((5,)), 10)
   idx = jnp.arange(3, dtype=jnp.int32)
