@@ -156,10 +156,12 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
 def rows_not_finite(objective: Objective, params, indices, key, shown: int = 5) -> str:
   """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
   gradient, is not finite at ``params``, each row alone at one noise draw of ``key``; ""
-  where every row's are. The step's own error cannot say which datum: its update sums
-  the batch, so one row's NaN or inf reaches every coordinate. One pass of per-row
-  gradients over the batch (16 rows at a time), on the error path only."""
+  where every row's are, or where they cannot be taken one at a time. The step's own error
+  cannot say which datum: its update sums the batch, so one row's NaN or inf reaches every
+  coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
+  most 2^26 gradient numbers), on the error path only."""
   noise = objective.sample_noise(key, 1)
+  at_once = max(1, min(16, 2 ** 26 // max(1, sum(np.size(x) for x in jax.tree.leaves(params)))))
 
   def row(o, p, index):
     value, grad = jax.value_and_grad(
@@ -167,9 +169,12 @@ def rows_not_finite(objective: Objective, params, indices, key, shown: int = 5) 
     return jnp.isfinite(value), checks.all_finite(grad)
 
   rows = np.asarray(indices).reshape(-1)
-  finite_value, finite_grad = map(np.asarray, jax.jit(
-      lambda o, p, i: jax.lax.map(lambda n: row(o, p, n), i, batch_size=16))(
-          objective, params, jnp.asarray(rows, jnp.int32)))
+  try:
+    finite_value, finite_grad = map(np.asarray, jax.jit(
+        lambda o, p, i: jax.lax.map(lambda n: row(o, p, n), i, batch_size=at_once))(
+            objective, params, jnp.asarray(rows, jnp.int32)))
+  except Exception:  # noqa: BLE001  (a diagnosis that fails must not hide the step's error)
+    return ""
   bad_value, bad_grad = rows[~finite_value], rows[finite_value & ~finite_grad]
   name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
       f"{n:,}" for n in found[:shown]) + (
