@@ -94,7 +94,7 @@ def declared_and_checked(model: Model) -> Model:
   z = jnp.zeros(model.latent_dim, jnp.float32)
   probes, extremes = [], {}  # (column, row, its values); each position's least and largest
   for name, leaf in columns.items():
-    values = np.asarray(leaf.array if data_lib.is_host(leaf) else leaf).reshape(len(leaf), -1)
+    values = np.asarray(leaf).reshape(len(leaf), -1)  # a host array: its memory map
     extremes[name] = values.min(axis=0), values.max(axis=0)  # per position of a row
     probes += [(name, row, values[row]) for row in data_kinds.extreme_rows(values)]
   # The probes' rows in one compiled gather, then on the host: every call below has one
