@@ -402,13 +402,12 @@ def _elbo_run(objective: Objective, params, key, count=None, *, num_samples: int
   draws = jax.vmap(noise_of)(keys) if drawn_first else keys
   draws = jax.tree.map(lambda x: x.reshape((groups, size) + x.shape[1:]), draws)
 
+  redraw = shared and not drawn_first  # too many draws' noise to keep: each chunk's own
+
   def chunk_means(idx):
     rows = objective.rows(idx)
-    if drawn_first or not shared:
-      one = lambda draw: draw_on(rows, idx, draw)
-    else:  # too many draws' noise to keep: each chunk draws it anew
-      one = lambda k: draw_on(rows, idx, noise_of(k))
-    means = jax.lax.map(jax.vmap(one), draws)
+    means = jax.lax.map(jax.vmap(
+        lambda draw: draw_on(rows, idx, noise_of(draw) if redraw else draw)), draws)
     return means.reshape(-1)[:num_samples]
 
   return -full_pass_mean(chunk_means, objective.num_data, chunk)
