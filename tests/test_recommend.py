@@ -511,7 +511,12 @@ def test_fit_within_max_seconds_keeps_it_where_the_last_evaluation_would_not_fit
   the diagnosis says why there is no k-hat."""
   # 2.4 s less a first compile c >= 1 s leaves less than the 1.5 c kept for the last
   # evaluation's whatever the real compile takes, and 1.4 s less c of steps.
-  seconds, result = _fit_with_slow_evaluation_compiles(monkeypatch, 2.4, 1.0)
+  # Run again only where it ran late (up to three runs, as _again_if_late): the missing
+  # k-hat is this test's expected outcome, not a sign of lateness.
+  for _ in range(3):
+    seconds, result = _fit_with_slow_evaluation_compiles(monkeypatch, 2.4, 1.0)
+    if seconds <= 1.05 * 2.4:
+      break
   assert seconds <= 1.05 * 2.4, seconds
   assert result.timing.steps >= 0.5, result.timing
   assert result.pareto_k is None and "would have run past max_seconds" in result.diagnosis
