@@ -146,6 +146,36 @@ def test_an_update_rule_that_steps_uphill_is_refused(problem, rule):
                       elbo_samples=0, progress=False).step == 4
 
 
+@pytest.mark.parametrize("rule", ["adam_nan", "sgd_inf", "cv_then_schedule_from_nan",
+                                  "masked_sgd_nan"])
+def test_an_update_rule_built_from_a_nan_or_inf_rate_is_refused_before_any_step(problem, rule):
+  """A learning rate or schedule that is NaN or inf: its first step was refused as "the
+  step's update contains non-finite values ... from the gradient, the estimator's terms or
+  the update rule" (at step 0), naming three suspects where the rule alone is at fault."""
+  objective, params = problem
+  optimizer = {
+      "adam_nan": lambda: optax.adam(float("nan")),
+      "sgd_inf": lambda: optax.sgd(float("inf")),
+      "cv_then_schedule_from_nan": lambda: optax.chain(
+          dsgrad.cv(objective), optax.adam(optax.linear_schedule(1e-2, float("nan"), 5))),
+      # Only the means' rule is broken: the message names them and not the scales.
+      "masked_sgd_nan": lambda: optax.multi_transform(
+          {"bad": optax.sgd(float("nan")), "good": optax.sgd(1e-2)},
+          {"loc": "bad", "log_scale": "good"})}[rule]()
+  where = r"\['loc'\]: the update" if rule == "masked_sgd_nan" else r"\['loc'\], params\['log_scale'\]"
+  with pytest.raises(ValueError, match=r"fit: the optimizer's first update of a finite gradient "
+                     r".* is not finite \(NaN or inf\) in params" + where):
+    dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
+               elbo_samples=0, progress=False)
+  if rule == "adam_nan":  # recommend probes the rule it chains after each estimator
+    with pytest.raises(ValueError, match=r"recommend: the optimizer's first update of a finite"):
+      dsgrad.recommend(objective, optimizer, params, jax.random.key(0), batch_size=10,
+                       budget=1.0, progress=False)
+  # A huge but finite rate passes the probe (its run's own checks judge its steps).
+  assert dsgrad.fit(objective, optax.sgd(1e20), params, jax.random.key(0), num_steps=1,
+                    batch_size=10, elbo_samples=0, progress=False).step == 1
+
+
 def test_transformations_after_the_estimator_and_wrappers_around_the_chain_pass(problem):
   objective, params = problem
   for optimizer in [

@@ -145,7 +145,8 @@ def check_chain_order(opt_state, where: str, *, steps: bool = False) -> None:
 
 
 def check_descends(optimizer, opt_state, params, where: str, enabled: bool = True):
-  """Refuses an update rule whose first step climbs the loss, and returns ``opt_state``
+  """Refuses an update rule whose first step climbs the loss, or is not finite from a
+  finite gradient (a NaN or inf learning rate), and returns ``opt_state``
   (``optimizer.init(params)`` made here when ``None``).
 
   dsgrad adds the optimizer's output to the params, as optax does, so the output must
@@ -170,13 +171,22 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
       for leaf in leaves):
     return opt_state
   try:
-    per_leaf = np.asarray(_along_gradient(optimizer)(opt_state, params), np.float64)
+    per_leaf, finite = (np.asarray(a) for a in _along_gradient(optimizer)(opt_state, params))
   except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
     return opt_state
-  uphill = 0 < per_leaf.sum() < np.inf  # an infinite update: the step's finiteness check
+  paths = [jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(params)[0]]
+  if not finite.all():  # from a gradient of +-1s: the rule's own numbers are not finite
+    raise ValueError(
+        f"{where}: the optimizer's first update of a finite gradient (+-1 in every entry) "
+        f"is not finite (NaN or inf) in params{', params'.join(np.array(paths)[~finite])}: "
+        "the update rule itself makes it so, before any data are read. A learning rate or "
+        "schedule value that is NaN or inf does this (optax.adam(float('nan')), a schedule "
+        "computed from a NaN); check the numbers the rule was built from.")
+  per_leaf = per_leaf.astype(np.float64)
+  uphill = 0 < per_leaf.sum() < np.inf  # inner products that overflow: no verdict
   if uphill:
-    climbing = [jax.tree_util.keystr(path) for (path, _), inner in zip(
-        jax.tree_util.tree_flatten_with_path(params)[0], per_leaf) if inner > 0]
+    climbing = [path for path, inner in zip(paths, per_leaf) if inner > 0]
     some = (f" Here params{', params'.join(climbing)} climb while the rest descend: a rule "
             "leaves their gradient as it is (optax.masked(rule, mask) does so outside the "
             "mask); to hold them fixed, optax.multi_transform({'train': rule, 'fixed': "
@@ -206,8 +216,8 @@ def _probe_gradient(params):
 
 @compile_cache.cached
 def _along_gradient(optimizer):
-  """``(state, params) -> <update, probe>`` of each leaf, compiled once per optimizer and
-  shapes: a second fit with the same optimizer compiles nothing."""
+  """``(state, params) -> (<update, probe>, update is finite)`` of each leaf, compiled once
+  per optimizer and shapes: a second fit with the same optimizer compiles nothing."""
   @jax.jit
   def along_gradient(opt_state, params):
     probe = _probe_gradient(params)
@@ -215,8 +225,10 @@ def _along_gradient(optimizer):
     update = optax.with_extra_args_support(optimizer).update
     updates = update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
                      objective=None)[0]
-    return jnp.stack([jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
-                      for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(probe))])
+    pairs = list(zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
+    return (jnp.stack([jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
+                       for u, g in pairs]),
+            jnp.stack([jnp.all(jnp.isfinite(u)) for u, _ in pairs]))
   return along_gradient
 
 
