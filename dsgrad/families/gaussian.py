@@ -21,6 +21,9 @@ References:
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 from typing import Callable
 
 import jax
@@ -259,6 +262,25 @@ class MeanFieldGaussian(_Family):
     return jnp.exp(2.0 * params["log_scale"])
 
 
+FULL_RANK_WARN_BYTES = 2 ** 28
+"""A full-rank family whose ``d x d`` factor holds more bytes than this warns where it is
+made (``d`` above 8,192 in float32): a user who asked for ``"fullrank"`` on a model with a
+latent per group may not have counted ``d^2``."""
+
+
+def _caller_outside_dsgrad() -> int:
+  """The ``stacklevel`` of the first caller outside dsgrad (and Flax, whose modules' class
+  calls ``__init__``), for a warning raised by the function that calls this: the argument
+  checks and factories between it and the user's line would otherwise be what the warning
+  points at."""
+  packages = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (sys.modules["dsgrad"],
+                                                                          sys.modules["flax"]))
+  frame, level = sys._getframe(1), 1
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
+    frame, level = frame.f_back, level + 1
+  return level
+
+
 @checks.arguments(dim=checks.count(1), loc=checks.finite_values(),
                   log_scale=checks.finite_values())
 class FullRankGaussian(_Family):
@@ -268,7 +290,8 @@ class FullRankGaussian(_Family):
   ``U = I + tril(unit_lower, -1)`` (the diagonal and upper triangle of ``unit_lower`` are
   ignored and get zero gradient), ``D = diag(exp(log_diag))``, so
   ``cov = U D^2 U^T`` (the LDL^T factorization). ``T_w(eps) = loc + U (D eps)``; entropy
-  ``sum(log_diag) + d/2 (1 + log 2 pi)``. Memory ``d^2``; a transform costs ``O(d^2)``.
+  ``sum(log_diag) + d/2 (1 + log 2 pi)``. Memory ``d^2``; a transform costs ``O(d^2)``
+  (made with a factor past :data:`FULL_RANK_WARN_BYTES`, it warns).
 
   Why ``U D`` and not a plain Cholesky factor with free entries below the diagonal: the
   entries of ``U`` are ratios, free of the latent's units, so an optimizer's step of
@@ -295,6 +318,16 @@ class FullRankGaussian(_Family):
 
   def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
     self.dim = int(dim)
+    factor_bytes = 4 * self.dim ** 2
+    if factor_bytes > FULL_RANK_WARN_BYTES:
+      warnings.warn(
+          f"FullRankGaussian({self.dim:,}): its factor is a {self.dim:,} x {self.dim:,} "
+          f"matrix, {factor_bytes / 1e9:.2g} GB of params; an optimizer's state and the "
+          "gradient hold two to four times that again, and every Monte Carlo draw's "
+          f"transform costs {self.dim ** 2:.2g} multiply-adds, far more than the likelihood "
+          "of a batch where the latent has a coordinate per group or user. The mean-field "
+          "family (family='meanfield', dsgrad.families.by_name('meanfield', d)) costs O(d).",
+          stacklevel=_caller_outside_dsgrad())
     self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_diag = nnx.Param(
         initial_vector(log_scale, self.dim, "log_scale"))
