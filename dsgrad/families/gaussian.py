@@ -324,9 +324,8 @@ class FullRankGaussian(_Family):
           f"FullRankGaussian({self.dim:,}): its factor is a {self.dim:,} x {self.dim:,} "
           f"matrix, {factor_bytes / 1e9:.2g} GB of params; an optimizer's state and the "
           "gradient hold two to four times that again, and every Monte Carlo draw's "
-          f"transform costs {self.dim ** 2:.2g} multiply-adds, far more than the likelihood "
-          "of a batch where the latent has a coordinate per group or user. The mean-field "
-          "family (family='meanfield', dsgrad.families.by_name('meanfield', d)) costs O(d).",
+          f"transform costs d^2 = {self.dim ** 2:.2g} multiply-adds. The mean-field family "
+          "(family='meanfield', dsgrad.families.by_name('meanfield', d)) costs O(d).",
           stacklevel=_caller_outside_dsgrad())
     self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_diag = nnx.Param(
