@@ -162,7 +162,8 @@ def test_an_update_rule_built_from_a_nan_or_inf_rate_is_refused_before_any_step(
       "masked_sgd_nan": lambda: optax.multi_transform(
           {"bad": optax.sgd(float("nan")), "good": optax.sgd(1e-2)},
           {"loc": "bad", "log_scale": "good"})}[rule]()
-  where = r"\['loc'\]: the update" if rule == "masked_sgd_nan" else r"\['loc'\], params\['log_scale'\]"
+  where = (r"\['loc'\]: the update" if rule == "masked_sgd_nan"
+           else r"\['loc'\], params\['log_scale'\]")
   with pytest.raises(ValueError, match=r"fit: the optimizer's first update of a finite gradient "
                      r".* is not finite \(NaN or inf\) in params" + where):
     dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=4, batch_size=10,
