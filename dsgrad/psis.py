@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks, elbo_estimates
-from dsgrad.training import compile_cache
 
 __all__ = ["pareto_k", "psis_log_weights", "importance_log_ratios", "diagnose",
            "k_hat_scatter", "K_HAT_GOOD", "K_HAT_BAD"]
@@ -175,23 +174,17 @@ def importance_log_ratios(objective, params, key, num_samples: int = 1000,
     raise ValueError(f"importance ratios of objective {objective.name!r}: it {why}. PSIS "
                      "is available for the Gaussian families with shared_noise=True")
   checks.check_objective_evaluates(objective, params, "importance_log_ratios")
-  draws = elbo_estimates.elbo_draws(objective, num_samples, chunk_size)(params, key)
-  offsets = _offsets(objective, num_samples)(params, key)
+  return log_ratios_unchecked(objective, params, key, num_samples, chunk_size)
+
+
+def log_ratios_unchecked(objective, params, key, num_samples: int, chunk_size: int = 4096):
+  """:func:`importance_log_ratios` without its checks of the objective and ``params``, for
+  a caller that made them (:func:`dsgrad.fit`'s last evaluation), on the program of
+  :func:`dsgrad.elbo_estimates.elbo_draws_and_log_q` that its ELBO evaluations share."""
+  draws, offsets = elbo_estimates.elbo_draws_and_log_q(objective, num_samples, chunk_size)(
+      params, key)
   draws = elbo_estimates.finite_elbo_draws(draws, "dsgrad.importance_log_ratios")
   return draws - np.asarray(offsets, np.float64), draws
-
-
-def _offsets(objective, num_samples: int):
-  def build():
-    @jax.jit
-    def offsets(params, key):
-      # The keys elbo_draws gives each draw's noise (elbo_estimates._elbo_run).
-      keys = jax.random.split(key, num_samples)
-      return jax.vmap(lambda k: objective.log_q_offset(params, objective.sample_noise(k, 1))
-                      )(keys)
-    return offsets
-  return compile_cache.get_or_build(("psis_offsets", jax.tree.structure(objective), num_samples),
-                                    build)[0]
 
 
 def _tail_length(num_draws: int) -> int:

@@ -245,9 +245,13 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   key = jax.random.key(1)
   whole = dsgrad.fit(objective, optax.adam(1e-2), params, key, **kw)
   assert whole.history.step.tolist() == [2_500, 7_500, 15_000]
-  # Draws (and the program's: the last evaluation's); the k-hat of the last.
-  assert evaluated == [((2, 30), False), ((2, 30), False), ((30, 30), True)]
-  assert traced == [30]  # one ELBO program: the evaluations of 2 draws run on the last's
+  # Draws (and the program's: the last evaluation's); (the program gives log q for the
+  # ratios, the k-hat of this evaluation): the last's.
+  assert evaluated == [((2, 30), (True, False)), ((2, 30), (True, False)),
+                       ((30, 30), (True, True))]
+  # One program: the evaluations of 2 draws run on the last's, which also gives PSIS's
+  # log ratios (a program of their own compiled as long again).
+  assert traced == [30]
   value, se = dsgrad.elbo(objective, whole.params,
                           jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],

@@ -202,13 +202,14 @@ class Evaluations:
                         f"draws would have run past max_seconds; it took {draws}")
     started = time.perf_counter()
     value, se, trust = _evaluate(self.objective, params, key, (draws, self.plan.last_draws),
-                                 trust_check, step)
+                                 (self.trust_check, trust_check), step)
     took = warm = time.perf_counter() - started
     if self.timed and self.draws == 0 and step < end:
       # The first call compiled its program: a second, warm, prices a draw, and the
       # difference prices compiling the last evaluation's (its draws, PSIS's ratios).
       again = time.perf_counter()
-      _evaluate(self.objective, params, key, (draws, self.plan.last_draws), False, step)
+      _evaluate(self.objective, params, key, (draws, self.plan.last_draws),
+                (self.trust_check, False), step)
       warm = time.perf_counter() - again
       self.compile_seconds, took = max(0.0, took - warm), took + warm
     self.seconds, self.draws = self.seconds + took, self.draws + draws
@@ -254,38 +255,39 @@ class Evaluations:
   def last_seconds(self, in_full: bool = True) -> float:
     """The last evaluation's price: 1.5 times its draws warm, plus, ``in_full``, its
     first call's compile: none where it is the program timed (always, where the
-    evaluations share one: :func:`dsgrad.elbo_estimates.shares_programs`), 1.5 times the
-    timed program's for the importance ratios' programs (0.9-1.3 times on three held-out
-    models; k-hat itself compiles nothing), else once. Not ``in_full``: the timed
-    program's draws."""
+    evaluations share one: :func:`dsgrad.elbo_estimates.shares_programs`; the importance
+    ratios come from it too, and k-hat compiles nothing), else once. Not ``in_full``:
+    the timed program's draws."""
     per_draw = 1.5 * self.warm_seconds / max(1, self.draws)
     if not in_full:
       return per_draw * self.plan.draws
     same = (self.plan.draws == self.plan.last_draws
             or elbo_estimates.shares_programs(self.objective))
-    compile = (0.0 if same and not self.trust_check
-               else (1.5 if self.trust_check else 1.0) * self.compile_seconds)
-    return compile + per_draw * self.plan.last_draws
+    return (0.0 if same else self.compile_seconds) + per_draw * self.plan.last_draws
 
 
 
-def _evaluate(objective, params, key, draws: tuple, trust_check: bool, step: int):
+def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
   """``(ELBO, its standard error, (k-hat, diagnosis) or None)`` after ``step`` from
-  ``draws = (elbo_samples, the last evaluation's)``, on the last evaluation's program;
-  NaNs where ``elbo_samples`` is 0. An ELBO that is not finite is refused with the step."""
+  ``draws = (elbo_samples, the last evaluation's)``, on the last evaluation's program
+  (with ``trust = (the run's last evaluation gives k-hat, this one does)``: the program
+  that also gives the ratios' log q); NaNs where ``elbo_samples`` is 0. An ELBO that is
+  not finite is refused with the step."""
   elbo_samples, program_samples = draws
+  with_log_q, trust_check = trust
   try:
     if trust_check:
       # The last evaluation's draws also give the importance ratios (same key, same
       # draws as dsgrad.elbo), so k-hat costs no extra full pass.
-      ratios, draws = psis.importance_log_ratios(objective, params, key, elbo_samples)
+      ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples)
       k_hat = float(psis.pareto_k(ratios))
       return (*elbo_estimates.mean_and_standard_error(draws),
               (k_hat, psis.diagnose(k_hat, elbo_samples)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
     return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples,
-                                           program_samples=program_samples), None)
+                                           program_samples=program_samples,
+                                           with_log_q=with_log_q), None)
   except elbo_estimates.NonFiniteELBO as error:
     # Training cannot mend a model that gives no finite ELBO: stop at the first sign.
     error = elbo_estimates.located(error, objective, params, key)
