@@ -61,12 +61,22 @@ def is_host(value) -> bool:
   return isinstance(value, HostArray)
 
 
-def rows_of(data, indices):
+def rows_of(data, indices, contiguous: bool = False):
   """The rows ``leaf[indices]`` of every leaf of ``data``; ``indices`` themselves when
-  ``data`` is ``None`` (a model or objective whose functions close over their data)."""
+  ``data`` is ``None`` (a model or objective whose functions close over their data).
+  ``contiguous``: the caller's promise that ``indices`` are ``indices[0] + arange(size)``
+  (a chunk of a pass over all data), read as a slice of the device leaves: XLA on CPU
+  gathers them row by row, which doubled an ELBO evaluation's pass over 2,000,000 rows of
+  a survival model (40 ns a row against 20)."""
   if data is None:
     return indices
-  return jax.tree.map(lambda leaf: leaf[indices], data, is_leaf=is_host)
+
+  def read(leaf):
+    if contiguous and not is_host(leaf):
+      return jax.lax.dynamic_slice_in_dim(leaf, indices[0], indices.shape[0])
+    return leaf[indices]
+
+  return jax.tree.map(read, data, is_leaf=is_host)
 
 
 def host_leaves(tree) -> dict:

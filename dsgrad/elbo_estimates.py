@@ -421,8 +421,9 @@ def _elbo_passes(objective: Objective, params, key, count, num_samples: int,
     # The first `count` of them, so that one program serves evaluations of fewer draws.
     def pass_of(k):
       draw = noise_of(k) if shared else k
-      return -full_pass_mean(lambda idx: draw_on(objective.rows(idx), idx, draw),
-                             objective.num_data, chunk_size)
+      # A pass's chunks are ranges of rows: read as slices, not gathered row by row.
+      chunk = lambda idx: draw_on(objective.rows(idx, contiguous=True), idx, draw)
+      return -full_pass_mean(chunk, objective.num_data, chunk_size)
     out = jnp.zeros((num_samples,), jax.eval_shape(pass_of, keys[0]).dtype)
     return jax.lax.fori_loop(0, num_samples if count is None else count,
                              lambda i, out: out.at[i].set(pass_of(keys[i])), out)
@@ -441,7 +442,7 @@ def _elbo_passes(objective: Objective, params, key, count, num_samples: int,
   redraw = shared and not drawn_first  # too many draws' noise to keep: each chunk's own
 
   def chunk_means(idx):
-    rows = objective.rows(idx)
+    rows = objective.rows(idx, contiguous=True)  # a full pass's chunk
     means = jax.lax.map(jax.vmap(
         lambda draw: draw_on(rows, idx, noise_of(draw) if redraw else draw)), draws)
     return means.reshape(-1)[:num_samples]

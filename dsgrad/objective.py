@@ -164,10 +164,11 @@ class Objective:
     """The data this objective computes with (``{}`` if none)."""
     return {} if self.data is None else self.data
 
-  def rows(self, indices):
+  def rows(self, indices, contiguous: bool = False):
     """The rows of :attr:`data` at ``indices``: what ``loss_fn`` receives (``indices``
-    themselves for an objective without data)."""
-    return data_lib.rows_of(self.data, indices)
+    themselves for an objective without data). ``contiguous``: ``indices`` are a range,
+    read as a slice (:func:`dsgrad.data.rows_of`)."""
+    return data_lib.rows_of(self.data, indices, contiguous)
 
   def with_data(self, values) -> "Objective":
     """This objective on other data of the same shapes and dtypes.

@@ -143,7 +143,9 @@ def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
   """Mean over all data of a batch-mean function, in chunks inside ``jit``.
 
   Args:
-    batch_mean_fn: ``indices -> tree``, the mean over a batch of data.
+    batch_mean_fn: ``indices -> tree``, the mean over a batch of data; ``indices`` are
+      always a range ``start + arange(size)`` (rows may be read as a slice:
+      :func:`dsgrad.data.rows_of`'s ``contiguous``).
     num_data: ``N``.
     chunk_size: data per chunk; memory is that of one chunk.
 
