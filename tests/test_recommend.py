@@ -2,6 +2,7 @@
 candidates compile beside it and continue its run, the verdict follows the measured gains,
 and recommend with Recommendation.fit keeps to the budget."""
 
+import re
 import threading
 import time
 
@@ -538,6 +539,46 @@ def test_fit_within_max_seconds_keeps_it_where_the_last_evaluation_would_not_fit
   assert result.timing.steps >= 0.5, result.timing
   assert result.pareto_k is None and "would have run past max_seconds" in result.diagnosis
   assert result.history.step[-1] == result.step and np.isfinite(result.history.elbo[-1])
+
+
+def test_fit_within_max_seconds_fits_its_last_evaluations_draws_to_a_tenth_of_it(
+    monkeypatch):
+  """Left to fit, the last evaluation of a run limited in time takes the draws a tenth of
+  the limit affords (100 draws of a softmax regression on 10^6 rows took 25 s of a 28 s
+  run); given, ``elbo_samples`` is kept. A stand-in makes every draw cost 10 ms."""
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 20_000, 3)
+  objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+  params, optimizer = dsgrad.meanfield_init(objective), optax.adam(1e-2)
+  calls, real_evaluate = [], evaluation_plan._evaluate
+
+  def evaluate(objective_, params_, key, draws, trust, step):
+    calls.append(draws[0])
+    time.sleep(0.01 * draws[0])
+    return real_evaluate(objective_, params_, key, draws, trust, step)
+
+  monkeypatch.setattr(evaluation_plan, "_evaluate", evaluate)
+  settings = dict(num_steps=10 ** 6, batch_size=BATCH, segment_steps=1000)
+  dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings)
+  limit, fits = 2.0, {}
+  for given in (100, None):  # the first pays the evaluation's compile
+    def run():
+      calls.clear()
+      started = time.perf_counter()
+      result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
+                          max_seconds=limit, elbo_samples=given, **settings)
+      return time.perf_counter() - started, result
+
+    seconds, result = _again_if_late(run, limit, k_hat_expected=given is not None)
+    assert seconds <= 1.05 * limit, (given, seconds, result.timing)
+    fits[given] = calls[-1], result
+  (draws, fitted), (all_draws, given) = fits[None], fits[100]
+  # 1.5 times 10 ms and more a draw, priced from the first evaluation's two.
+  assert 2 <= draws <= 0.1 * limit / 0.015 and fitted.pareto_k is None, draws
+  # (Where the run ends late, the timed program's two draws: "would have run past".)
+  assert re.search("the last evaluation took the|would have run past", fitted.diagnosis)
+  assert np.isfinite(fitted.history.elbo_se[-1])
+  assert all_draws == 100 and given.pareto_k is not None
+  assert fitted.timing.steps > given.timing.steps + 0.5, (fitted.timing, given.timing)
 
 
 def test_recommend_and_fit_is_quiet_when_told_and_trains_the_pick(capfd):

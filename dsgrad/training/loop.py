@@ -161,17 +161,19 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_s
   resume_lib.check_checkpoint_path(checkpoint_path, resume, start_step, every)
 
 
-@checks.arguments(objective=checks.objective(),
-                  optimizer=checks.optimizer(), key=checks.prng_key(),
-                  num_steps=checks.optional(checks.count(0)),
+_ELBO_SAMPLES = checks.optional(checks.count(2, also=(0,)))
+
+
+@checks.arguments(objective=checks.objective(), optimizer=checks.optimizer(),
+                  key=checks.prng_key(), num_steps=checks.optional(checks.count(0)),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
-                  elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
+                  elbo_samples=_ELBO_SAMPLES, start_step=checks.count(0),
                   checkpoint_every=checks.optional(checks.count(1)),
                   max_seconds=checks.optional(checks.positive()),
                   segment_steps=checks.optional(checks.count(1)))
 def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None = None,
-        batch_size: int,
-        eval_every: int | None = None, elbo_samples: int = 100, progress: bool = True,
+        batch_size: int, eval_every: int | None = None, elbo_samples: int | None = None,
+        progress: bool = True,
         opt_state=None, start_step: int = 0, checkpoint_path: str | os.PathLike | None = None,
         checkpoint_every: int | None = None, history: History | None = None,
         resume: bool = False, mesh=None, max_seconds: float | None = None,
@@ -205,7 +207,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
       (:mod:`dsgrad.training.evaluation_plan`; with 200,000 data, 100 draws an epoch cost 9 times
       the steps).
     elbo_samples: Monte Carlo samples of the last ELBO estimate (the run's ELBO and
-      k-hat), and of the others up to the plan above; 0 to skip evaluation.
+      k-hat), and of the others up to the plan above; 0 to skip evaluation. Default: 100,
+      or with ``max_seconds`` as many as a tenth of it affords (k-hat needs 25).
     progress: show progress.
     opt_state: state to continue from (default ``optimizer.init(params)``).
     start_step: the step ``params``/``opt_state`` were taken at, when resuming.
@@ -356,10 +359,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
 @checks.arguments(objective=checks.objective(),
                   optimizer=checks.optimizer(), key=checks.prng_key(), num_steps=checks.count(0),
                   batch_size=checks.count(1), eval_every=checks.optional(checks.count(1)),
-                  elbo_samples=checks.count(2, also=(0,)), start_step=checks.count(0),
+                  elbo_samples=_ELBO_SAMPLES, start_step=checks.count(0),
                   segment_steps=checks.optional(checks.count(1)))
 def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
-                batch_size: int, eval_every: int | None = None, elbo_samples: int = 100,
+                batch_size: int, eval_every: int | None = None, elbo_samples: int | None = None,
                 opt_state=None, start_step: int = 0, segment_steps: int | None = None) -> float:
   """Compiles the training segments that :func:`fit` with the same arguments and the same
   optimizer object will run, and runs none of them: that fit then starts at once. Safe to
@@ -461,7 +464,7 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   return params, opt_state, placement
 
 
-def _plan(objective: Objective, batch_size: int, num_steps, eval_every, elbo_samples: int,
+def _plan(objective: Objective, batch_size: int, num_steps, eval_every, elbo_samples,
           segment_steps, max_seconds=None) -> tuple:
   """``(evaluation plan, steps per segment)``: of ``eval_every`` steps, or ``segment_steps``
   (at most 4,096 with only ``max_seconds``: the first segment runs before a step is timed)."""
