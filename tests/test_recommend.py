@@ -180,8 +180,8 @@ def test_a_candidate_whose_update_is_not_finite_leaves_the_race_with_why(monkeyp
   objective = dsgrad.objective_from_logdensity(
       lambda z: -0.5 * jnp.sum(z ** 2), log_lik, {"x": x, "y": y}, D)
   advice = dsgrad.recommend(objective, _schedule, dsgrad.families.by_name("meanfield", D).params(),
-                            jax.random.key(1), batch_size=BATCH, budget=16.0, share=0.25,
-                            race_at=0.1, candidates=("cv", "naive"), progress=False)
+                            jax.random.key(1), batch_size=BATCH, budget=30.0, share=0.1,
+                            race_at=0.05, candidates=("cv", "naive"), progress=False)
   cv = _by_name(advice)["cv"]
   assert advice.best == "naive" and not cv.raced
   assert "from naive's state" in cv.why_not and "non-finite" in cv.why_not, cv.why_not
@@ -487,7 +487,10 @@ def test_fit_given_only_max_seconds_trains_until_then_and_evaluates_along_the_ru
   steps, wall = result.history.step, result.history.wall_time
   assert steps[0] == 64 and steps[-1] == result.step > 64 and len(steps) >= 4, steps
   assert np.all(np.diff(wall[:-1]) >= limit / evaluation_plan.DEFAULT_EVALUATIONS), wall
-  assert saved[-len(steps):] == steps.tolist(), (saved, steps)  # nothing trained is lost
+  # Nothing trained is lost. A segment's end where the time ran out is saved twice: after
+  # its evaluation, then with the last evaluation (more draws, k-hat) at the same step.
+  once = [s for i, s in enumerate(saved) if i == 0 or s != saved[i - 1]]
+  assert once[-len(steps):] == steps.tolist(), (saved, steps)
   assert np.all(np.isfinite(result.history.elbo)) and result.pareto_k is not None
   with pytest.raises(TypeError, match=r"dsgrad.fit needs num_steps, or max_seconds"):
     dsgrad.fit(objective, optimizer, params, jax.random.key(1), batch_size=BATCH)
