@@ -1,5 +1,7 @@
 """The six estimators, built on one objective, for the shared battery."""
 
+import pytest
+
 import dsgrad
 
 # name -> (factory(objective, **settings) -> transform, is_optimizer)
@@ -17,3 +19,13 @@ CASES = {
     "joint_svrg_adaptive": (lambda obj, **kw: dsgrad.joint_svrg(
         obj, every=7, control_weight="adaptive", **kw), False),
 }
+
+# The adaptive weight's moving averages are one state whatever the estimator: joint SAGA
+# carries them through every check of the default run, cv and joint SVRG through the
+# slow run's (python -m pytest -m slow).
+SLOW = ("cv_adaptive", "joint_svrg_adaptive")
+
+
+def parametrized(names) -> list:
+  """``names`` for ``pytest.mark.parametrize``, those in :data:`SLOW` marked slow."""
+  return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]

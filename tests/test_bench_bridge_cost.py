@@ -4,10 +4,14 @@ row must be that density, or its ratios compare different work."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from benchmarks import bridge_cost
 
 
+# Slow (9 s): each bridge's objective is checked against dsgrad's own in
+# test_contrib_numpyro and test_bench_peers; this one checks the benchmark's rows.
+@pytest.mark.slow
 def test_every_row_is_the_same_log_density_and_the_table_states_each_ratio():
   objectives, dim = bridge_cost.objectives(400, 16)
   params = {"loc": 0.3 * jax.random.normal(jax.random.key(0), (dim,)),

@@ -68,6 +68,9 @@ def test_bradley_terry_task_is_winner_minus_loser():
   assert np.all(task.x.sum(1) == 0)
 
 
+# Slow (11 s): the same NumPyro model against dsgrad's is checked on small data in
+# test_contrib_numpyro; this one checks the benchmark's own copy at its task's size.
+@pytest.mark.slow
 def test_movielens_numpyro_model_with_fed_indices_is_the_dsgrad_model():
   """The hierarchical model in NumPyro ([mu, sigma, Z] sites) has dsgrad's density at the
   same flat latent, and the guide's parameters flatten into dsgrad's layout."""

@@ -11,7 +11,7 @@ from flax import serialization
 import dsgrad
 from dsgrad.training.batching import sample_batch
 from conftest import BATCH, N_DATA, exact_negative_elbo
-from estimator_cases import CASES
+from estimator_cases import CASES, parametrized
 
 NAMES = list(CASES)
 
@@ -37,7 +37,7 @@ def objective(logreg_model):
   return dsgrad.meanfield_gaussian(logreg_model, shared_noise=True)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", parametrized(NAMES))
 def test_extra_args_no_recompile_scan_dtype(name, objective, params0):
   opt = _make(name, objective)
   step = jax.jit(_step_fn(opt, objective))
@@ -58,7 +58,7 @@ def test_extra_args_no_recompile_scan_dtype(name, objective, params0):
   chex.assert_trees_all_equal_shapes(params, params0)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", parametrized(NAMES))
 def test_map_params_leaves_tables_alone(name, objective, params0):
   opt = _make(name, objective)
   state = opt.init(params0)
@@ -71,7 +71,7 @@ def test_map_params_leaves_tables_alone(name, objective, params0):
   assert any(np.all(np.asarray(l) == 7.0) for l in jax.tree.leaves(mapped))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "smiso"])
+@pytest.mark.parametrize("name", parametrized(n for n in NAMES if n != "smiso"))
 def test_inject_hyperparams_matches_plain(name, objective, params0):
   factory, _ = CASES[name]
   plain = optax.chain(factory(objective), optax.adam(1e-2))
@@ -87,7 +87,7 @@ def test_inject_hyperparams_matches_plain(name, objective, params0):
   chex.assert_trees_all_close(results[0], results[1], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "smiso"])
+@pytest.mark.parametrize("name", parametrized(n for n in NAMES if n != "smiso"))
 def test_apply_if_finite_skips_nan_steps_without_corrupting_state(name, objective, params0):
   factory, _ = CASES[name]
   opt = optax.apply_if_finite(optax.chain(factory(objective),
@@ -107,7 +107,7 @@ def test_apply_if_finite_skips_nan_steps_without_corrupting_state(name, objectiv
   assert all(np.all(np.isfinite(l)) for l in jax.tree.leaves((updates, newer)))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", parametrized(NAMES))
 def test_optimization_improves_elbo_and_state_serializes(name, objective, logreg_data, params0):
   opt = _make(name, objective, lr=2e-2)
   step = jax.jit(_step_fn(opt, objective))
@@ -150,7 +150,7 @@ def test_chain_with_sgd_and_nnx_optimizer(objective, params0):
                               rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", parametrized(NAMES))
 def test_params_and_state_can_both_be_donated(name, objective, params0):
   """No state field aliases the params buffers (donating both would fail)."""
   opt = _make(name, objective)

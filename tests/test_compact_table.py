@@ -28,8 +28,11 @@ def _tree_close(a, b, **kw):
   chex.assert_trees_all_close(a, b, **kw)
 
 
-@pytest.mark.parametrize("shared_noise", [True, False])
-@pytest.mark.parametrize("which", ["binary", "softmax"])
+# Each kind of noise and each model in the default run; the other two pairs slow (6 s).
+@pytest.mark.parametrize("which, shared_noise", [
+    ("binary", True), ("softmax", False),
+    *(pytest.param(*pair, marks=pytest.mark.slow) for pair in (("binary", False),
+                                                               ("softmax", True)))])
 def test_glm_mean_taylor_equals_app_f_at_current_params(logreg_model, shared_noise, which):
   model = logreg_model if which == "binary" else _softmax_model()
   objective = dsgrad.meanfield_gaussian(model, shared_noise=shared_noise)
@@ -76,8 +79,11 @@ def test_model_without_linear_structure_is_refused(logreg_model):
         objective, wrong, jnp.arange(3, dtype=jnp.int32))
 
 
-@pytest.mark.parametrize("shared_noise", [True, False])
-@pytest.mark.parametrize("table_dtype", [None, jnp.bfloat16])
+# Each kind of noise and each table dtype in the default run; the other two pairs slow.
+@pytest.mark.parametrize("table_dtype, shared_noise", [
+    (None, True), (jnp.bfloat16, False),
+    *(pytest.param(*pair, marks=pytest.mark.slow) for pair in ((None, False),
+                                                               (jnp.bfloat16, True)))])
 def test_unbiased_with_stale_table(logreg_model, logreg_data, params0, shared_noise,
                                    table_dtype):
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=shared_noise)

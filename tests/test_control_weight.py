@@ -62,7 +62,9 @@ def test_weight_comes_from_earlier_steps_only(logreg_model, params0, name):
     assert np.any(np.asarray(new_moments.cross["loc"]) != np.asarray(moments.cross["loc"]))
 
 
-@pytest.mark.parametrize("name", ["cv", "joint_saga", "joint_svrg"])
+# joint SVRG is slow (2 s): its weight is the same moving-average state as joint SAGA's.
+@pytest.mark.parametrize("name", ["cv", "joint_saga",
+                                  pytest.param("joint_svrg", marks=pytest.mark.slow)])
 def test_useless_control_is_switched_off(logreg_model, params0, name):
   """With a control term of pure noise, weight 1 multiplies naive's variance, the
   adaptive weight falls near 0 and the variance stays within 10% of naive's."""

@@ -105,7 +105,10 @@ def test_local_likelihood_is_the_users(case):
     check_sparse_likelihood(model, z, indices)
 
 
-@pytest.mark.parametrize("case", ["hierarchical", "two_index", "ids_from_one", "masked"])
+# The ids-from-one and masked cases are slow (10 s together): their local likelihoods are
+# the users' in the default run, and the table's updates are checked on the other two.
+@pytest.mark.parametrize("case", ["hierarchical", "two_index"] + [
+    pytest.param(case, marks=pytest.mark.slow) for case in ("ids_from_one", "masked")])
 def test_joint_saga_updates_equal_the_dense_tables(case):
   """With a flat prior, the declared table's joint SAGA is the dense table's estimator:
   equal updates at every step of a run with repeated indices, at ``k / d`` the memory."""
@@ -142,7 +145,8 @@ def test_joint_saga_updates_equal_the_dense_tables(case):
     p = optax.apply_updates(p, out["dense"])
 
 
-@pytest.mark.parametrize("case", ["hierarchical", "pair"])
+# The pair is slow (5 s): the hierarchical case runs the same structured path.
+@pytest.mark.parametrize("case", ["hierarchical", pytest.param("pair", marks=pytest.mark.slow)])
 def test_params_shaped_like_the_latent_keep_the_compact_table(case):
   """``families.structured`` dropped the model's compact table: joint SAGA on params shaped
   like the latent kept every coordinate per row (an ordinal model of 200,000 rows and

@@ -38,7 +38,11 @@ ESTIMATORS = {
 }
 # Every approximation with a fused kernel under each estimator that uses it, the
 # adaptive weight and a rounded table once each; linearize (no kernel) for the fallback.
-CASES = ([(3, e, a) for a in ("linearize", "glm_mean_taylor", "glm_taylor")
+# Of the grid of three estimators and three approximations, one of each pairs with one of
+# each in the default run; the other six pairs are slow (5 s together).
+_PAIRED = {("cv", "linearize"), ("joint_svrg", "glm_mean_taylor"), ("joint_saga", "glm_taylor")}
+CASES = ([(3, e, a) if (e, a) in _PAIRED else pytest.param(3, e, a, marks=pytest.mark.slow)
+          for a in ("linearize", "glm_mean_taylor", "glm_taylor")
           for e in ("cv", "joint_svrg", "joint_saga")]
          + [(1, e, "logistic_probit") for e in ("cv", "joint_svrg", "joint_saga",
                                                 "joint_saga_bfloat16_table")]

@@ -562,7 +562,9 @@ def test_fit_within_max_seconds_fits_its_last_evaluations_draws_to_a_tenth_of_it
   monkeypatch.setattr(evaluation_plan, "_evaluate", evaluate)
   settings = dict(num_steps=10 ** 6, batch_size=BATCH, segment_steps=1000)
   dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings)
-  limit, fits = 2.0, {}
+  # 3 s: the given run's 100 draws (1 s) fit after its evaluation's compile on a busy
+  # machine, where at 2 s they were left out in three runs in a row.
+  limit, fits = 3.0, {}
   for given in (100, None):  # the first pays the evaluation's compile
     def run():
       calls.clear()

@@ -12,7 +12,7 @@ import pytest
 import dsgrad
 from dsgrad.training.batching import batch_indices
 from conftest import BATCH, N_DATA, ctrl_c_at
-from estimator_cases import CASES
+from estimator_cases import CASES, parametrized
 
 
 def test_batch_indices_are_reshuffled_epochs_and_windows_agree():
@@ -28,7 +28,7 @@ def test_batch_indices_are_reshuffled_epochs_and_windows_agree():
     np.testing.assert_array_equal(window, full[start:start + length])
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", parametrized(CASES))
 def test_fit_improves_elbo_with_every_estimator(name, logreg_model, params0):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   factory, is_optimizer = CASES[name]
