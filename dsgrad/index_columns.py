@@ -17,7 +17,7 @@ from jax.experimental import checkify
 
 from dsgrad import data as data_lib
 from dsgrad import data_kinds
-from dsgrad.models.base import Model
+from dsgrad.models.base import Model, probe_latent
 
 __all__ = ["declared_and_checked", "whole_number_floats"]
 
@@ -100,11 +100,7 @@ def declared_and_checked(model: Model) -> Model:
   # The probes' rows in one compiled gather, then on the host: every call below has one
   # row, so the checked program compiles once (each eager operation would compile too).
   indices = np.asarray([row for _, row, _ in probes], np.int32)
-  if any(data_lib.is_host(leaf) for leaf in model.data.values()):
-    every = {k: np.asarray(v) for k, v in model.rows(indices).items()}
-  else:
-    gather = jax.jit(lambda data, i: jax.tree.map(lambda leaf: leaf[i], data))
-    every = jax.device_get(gather(model.data, indices))
+  every = {k: np.asarray(v) for k, v in data_lib.few_rows(model.data, indices).items()}
   one = lambda i: {k: v[i:i + 1] for k, v in every.items()}  # noqa: E731
 
   def lowest(name):  # the probe holding the column's least value
@@ -206,7 +202,7 @@ def _casts_floats_to_integers(model: Model) -> bool:
 def _marks_missing(model: Model, rows: dict, name: str) -> bool:
   """Whether ``log_lik`` masks the negative values of column ``name`` in ``rows``
   (:func:`dsgrad.data_kinds.negatives_are_markers`), at a random latent."""
-  z = 0.5 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
+  z = probe_latent(model.latent_dim, 0.5)
   likelihood = jax.jit(model.log_likelihood)
   return data_kinds.negatives_are_markers(
       lambda column: likelihood(z, dict(rows, **{name: column})), rows[name])

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import data as data_lib
-from dsgrad.models.base import Model, SparseLikelihood
+from dsgrad.models.base import Model, SparseLikelihood, probe_latent
 
 
 def lowest_values(kinds) -> dict:
@@ -193,10 +193,11 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
     return None
   n, d = model.num_data, model.latent_dim
-  spread = lambda m: jnp.asarray(np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32)))
-  z = 0.3 * jax.random.normal(jax.random.key(1), (d,), jnp.float32)
+  spread = lambda m: data_lib.few_rows(  # noqa: E731
+      model.data, np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32)))
+  z = probe_latent(d, 0.3, seed=1)
   # One gradient per data row: at most 2^26 numbers (256 MiB).
-  rows = model.rows(spread(max(1, min(16, 2 ** 26 // d))))
+  rows = spread(max(1, min(16, 2 ** 26 // d)))
   term = lambda zz, row: model.log_likelihood(zz, jax.tree.map(lambda v: v[None], row))[0]
   moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(z, rows)) != 0
   found, offset = {}, 0
@@ -221,24 +222,25 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   if not found:
     return None
   sparse = declare(found)
-  return sparse if _local_and_full(model, sparse, z, model.rows(spread(64)))[2] else None
+  return sparse if _local_and_full(model, sparse, z, spread(64))[2] else None
 
 
 def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:
   """``(local, full, same)``: the log likelihood of ``rows`` at ``z`` from ``sparse``'s
   coordinates and from the whole latent, and whether they agree (to 1e-4)."""
-  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
-  local = np.asarray(jax.jit(lambda zz, r: sparse.log_likelihood_local(
-      zz[sparse.coordinates(r)], r))(z, rows))
+  full, local = map(np.asarray, jax.jit(lambda zz, r: (  # one program, not two
+      model.log_likelihood(zz, r),
+      sparse.log_likelihood_local(zz[sparse.coordinates(r)], r)))(z, rows))
   return local, full, np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
 
 
 def check_declared(model: Model, reads) -> None:
   """Refuses a ``reads`` under which the local likelihood differs from the full one on
   the first rows at a random latent: ``log_lik`` reads what it did not declare."""
-  indices = jnp.arange(min(8, model.num_data), dtype=jnp.int32)
-  z = 0.3 * jax.random.normal(jax.random.key(0), (model.latent_dim,), jnp.float32)
-  local, full, same = _local_and_full(model, model.sparse, z, model.rows(indices))
+  indices = np.arange(min(8, model.num_data), dtype=np.int32)
+  z = probe_latent(model.latent_dim, 0.3)
+  local, full, same = _local_and_full(model, model.sparse, z,
+                                      data_lib.few_rows(model.data, indices))
   if not same:
     raise ValueError(
         f"{model.name}: with reads={reads}, log_lik on the first rows gives {local[:3]} where "

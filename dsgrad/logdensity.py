@@ -27,7 +27,8 @@ from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
 from dsgrad import latent_reads
-from dsgrad.models.base import Model, check_per_datum_terms, model_data, spread_indices
+from dsgrad.models.base import (Model, check_per_datum_terms, model_data, probe_latent,
+                                spread_indices)
 from dsgrad.objective import Objective
 
 
@@ -215,8 +216,8 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
                      "(return the per-datum terms, not their sum)")
   check_per_datum_terms(
-      model.log_likelihood, 0.3 * jax.random.normal(jax.random.key(0), (d,)),
-      model.rows(spread_indices(n)), f"{name}: log_lik(z, batch)", "Compute each datum's "
+      model.log_likelihood, probe_latent(d, 0.3),
+      data_lib.few_rows(model.data, spread_indices(n)), f"{name}: log_lik(z, batch)", "Compute each datum's "
       "log p(x_n | z) from its own row of batch alone: no mean, sum, softmax or "
       "normalisation over the batch's axis 0")
   if not (reads is None or reads == "auto" or isinstance(reads, dict)):

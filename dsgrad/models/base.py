@@ -182,9 +182,9 @@ def with_coordinates(model: Model, num_coordinates: int,
 
   out = model._replace(sparse=SparseLikelihood(int(num_coordinates), coordinates,
                                                log_likelihood_local))
-  z = 0.5 * jax.random.normal(jax.random.key(0), (d,), jnp.float32)
+  z = probe_latent(d, 0.5)
   try:
-    check_sparse_likelihood(out, z, jnp.arange(min(8, model.num_data), dtype=jnp.int32), 1e-4)
+    check_sparse_likelihood(out, z, np.arange(min(8, model.num_data), dtype=np.int32), 1e-4)
   except ValueError as error:
     raise ValueError(f"dsgrad.models.with_coordinates: {error}; each datum's coordinates() "
                      "must list every latent coordinate its likelihood term reads") from None
@@ -203,7 +203,7 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
   sparse = model.sparse
   if sparse is None:
     raise ValueError(f"model {model.name!r} declares no sparse likelihood (model.sparse)")
-  rows = model.rows(indices)
+  rows = data_lib.few_rows(model.data, indices)
   coords = np.asarray(sparse.coordinates(rows))
   b, k = indices.shape[0], sparse.num_coordinates
   if coords.shape != (b, k):
@@ -213,8 +213,8 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
     raise ValueError(f"{model.name}: coordinates outside [0, {model.latent_dim})")
   if any(len(set(row.tolist())) != k for row in coords):
     raise ValueError(f"{model.name}: coordinates repeat within a datum's row")
-  full = np.asarray(jax.jit(model.log_likelihood)(z, rows))
-  local = np.asarray(jax.jit(sparse.log_likelihood_local)(z[coords], rows))
+  full, local = map(np.asarray, jax.jit(lambda zz, r, c: (  # one program, not two
+      model.log_likelihood(zz, r), sparse.log_likelihood_local(zz[c], r)))(z, rows, coords))
   if not np.allclose(full, local, rtol=rtol, atol=rtol * (1 + np.abs(full).max())):
     raise ValueError(f"{model.name}: local likelihood {local[:3]} differs from the full "
                      f"one {full[:3]}")
@@ -231,7 +231,16 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
 def spread_indices(num_data: int) -> jax.Array:
   """A few distinct indices spread over the data (first, last, middle, thirds)."""
   picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
-  return jnp.asarray(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)), jnp.int32)
+  return jnp.asarray(np.array(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)),
+                              np.int32))
+
+
+def probe_latent(dim: int, scale: float, seed: int = 0) -> jax.Array:
+  """A random latent ``scale * N(0, I_dim)`` (float32) at which a model is checked as it
+  is made. Drawn on the host: ``jax.random.normal`` compiles for every ``dim`` (0.25 s the
+  first time in a process)."""
+  draw = np.random.default_rng(seed).standard_normal(dim) * scale
+  return jnp.asarray(draw.astype(np.float32))
 
 
 def check_per_datum_terms(log_likelihood: Callable, z: jax.Array, rows, what: str,
@@ -264,10 +273,11 @@ def check_per_datum_terms(log_likelihood: Callable, z: jax.Array, rows, what: st
       return log_likelihood(z, jax.tree.map(lambda leaf: leaf[None], row))[0]
     return log_likelihood(z, rows), jax.vmap(alone)(rows)
 
-  batch, singles = together_and_alone(z, rows)
-  if not bool(jnp.all(jnp.isfinite(batch))):
+  # Compared on the host: each eager comparison would compile a program of its own.
+  batch, singles = map(np.asarray, together_and_alone(z, rows))
+  if not np.all(np.isfinite(batch)):
     return batch  # nothing to compare
-  if not bool(jnp.all(jnp.abs(singles - batch) <= 1e-3 * (1.0 + jnp.abs(batch)))):
+  if not np.all(np.abs(singles - batch) <= 1e-3 * (1.0 + np.abs(batch))):
     raise ValueError(
         f"{what} changes when {batch.shape[0]} data are given one at a time "
         f"({np.asarray(batch)[:3]} in one batch, {np.asarray(singles)[:3]} alone): a "
