@@ -469,3 +469,20 @@ def test_a_pandas_data_frame_column_is_read_as_its_array():
   frame.iloc[5, 1] = np.nan
   with pytest.raises(ValueError, match=r"data\['x'\] contains non-finite values"):
     _regression({"x": frame, "y": y})
+
+
+def test_few_rows_read_outside_a_program_are_the_rows_read_inside_one(tmp_path):
+  """``few_rows`` (one compiled gather, host leaves read on the host) gives the rows that
+  ``rows_of`` gives inside a program, for device data, memory-mapped data and none."""
+  x, y = _problem(3, n=50, d=4)
+  indices = np.array([49, 0, 7, 7], np.int32)  # unordered, with a repeat
+  device = {"x": jnp.asarray(x, jnp.float32), "y": jnp.asarray(y)}
+  want = jax.jit(data_lib.rows_of)(device, jnp.asarray(indices))
+  chex.assert_trees_all_equal(data_lib.few_rows(device, indices), want)
+  np.save(tmp_path / "x.npy", x.astype(np.float32))
+  host = dict(device, x=data_lib.open_memmap(tmp_path / "x.npy", dtype=np.float32,
+                                             shape=(None, 4)))
+  got = data_lib.few_rows(host, indices)
+  np.testing.assert_array_equal(np.asarray(got["x"]), np.asarray(want["x"]))
+  np.testing.assert_array_equal(np.asarray(got["y"]), np.asarray(want["y"]))
+  assert data_lib.few_rows(None, indices) is indices
