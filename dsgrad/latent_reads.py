@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import data as data_lib
-from dsgrad.models.base import Model, SparseLikelihood, probe_latent
+from dsgrad.models.base import Model, SparseLikelihood, local_and_full, probe_latent
 
 
 def lowest_values(kinds) -> dict:
@@ -228,9 +228,7 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
 def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:
   """``(local, full, same)``: the log likelihood of ``rows`` at ``z`` from ``sparse``'s
   coordinates and from the whole latent, and whether they agree (to 1e-4)."""
-  full, local = map(np.asarray, jax.jit(lambda zz, r: (  # one program, not two
-      model.log_likelihood(zz, r),
-      sparse.log_likelihood_local(zz[sparse.coordinates(r)], r)))(z, rows))
+  local, full = local_and_full(model, sparse, z, rows)
   return local, full, np.allclose(full, local, rtol=1e-4, atol=1e-4 * (1 + np.abs(full).max()))
 
 

@@ -217,9 +217,9 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
                      "(return the per-datum terms, not their sum)")
   check_per_datum_terms(
       model.log_likelihood, probe_latent(d, 0.3),
-      data_lib.few_rows(model.data, spread_indices(n)), f"{name}: log_lik(z, batch)", "Compute each datum's "
-      "log p(x_n | z) from its own row of batch alone: no mean, sum, softmax or "
-      "normalisation over the batch's axis 0")
+      data_lib.few_rows(model.data, spread_indices(n)), f"{name}: log_lik(z, batch)",
+      "Compute each datum's log p(x_n | z) from its own row of batch alone: no mean, sum, "
+      "softmax or normalisation over the batch's axis 0")
   if not (reads is None or reads == "auto" or isinstance(reads, dict)):
     raise TypeError(f"reads must be a non-empty dict {{latent leaf: data column(s)}}, 'auto' "
                     f"or None, got {reads!r}")

@@ -191,6 +191,15 @@ def with_coordinates(model: Model, num_coordinates: int,
   return out
 
 
+def local_and_full(model: Model, sparse: SparseLikelihood, z: jax.Array,
+                   rows) -> tuple[np.ndarray, np.ndarray]:
+  """``(local, full)``: the log likelihoods of ``rows`` at ``z`` from ``sparse``'s
+  coordinates and from the whole latent, computed in one program."""
+  return tuple(map(np.asarray, jax.jit(lambda zz, r: (
+      sparse.log_likelihood_local(zz[sparse.coordinates(r)], r),
+      model.log_likelihood(zz, r)))(z, rows)))
+
+
 @checks.arguments(rtol=checks.positive())
 def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
                             rtol: float = 1e-5) -> None:
@@ -213,8 +222,7 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
     raise ValueError(f"{model.name}: coordinates outside [0, {model.latent_dim})")
   if any(len(set(row.tolist())) != k for row in coords):
     raise ValueError(f"{model.name}: coordinates repeat within a datum's row")
-  full, local = map(np.asarray, jax.jit(lambda zz, r, c: (  # one program, not two
-      model.log_likelihood(zz, r), sparse.log_likelihood_local(zz[c], r)))(z, rows, coords))
+  local, full = local_and_full(model, sparse, z, rows)
   if not np.allclose(full, local, rtol=rtol, atol=rtol * (1 + np.abs(full).max())):
     raise ValueError(f"{model.name}: local likelihood {local[:3]} differs from the full "
                      f"one {full[:3]}")
