@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks, data_values
+from dsgrad import checks, data_kinds, data_values
 from dsgrad.data_values import check_no_number_lists  # noqa: F401  (re-exported)
 from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device,  # noqa: F401
                                       open_memmap, read_rows)
@@ -292,3 +292,39 @@ def register_with_data(cls):
 def batch_of_one(row):
   """One datum's row (as ``jax.vmap`` over a batch's rows hands it) as a batch of one."""
   return jax.tree.map(lambda r: r[None], row)
+
+
+def replacement(old, values, kinds, who: str):
+  """``values`` checked as a replacement of the data ``old``: the same keys, shapes and
+  dtypes, values that mean what ``kinds`` (:mod:`dsgrad.data_kinds`) says; placed as
+  :func:`placed` places them. What ``with_data`` of an objective or a model returns.
+
+  Raises:
+    ValueError/TypeError: a missing or extra key, leaves that disagree on ``N``, a leaf
+      whose shape or dtype differs from ``old``'s, or values that do not mean what the
+      model's data mean.
+  """
+  values = columns_of(values)
+  check_no_number_lists(values, who)  # before the keys: a list has one per row
+  ours = jax.tree.structure(old, is_leaf=is_host)
+  theirs = jax.tree.structure(values, is_leaf=lambda v: is_host(v) or
+                              isinstance(v, np.ndarray))
+  if ours != theirs:
+    keys = lambda t: sorted(leaf_name(p) for p, _ in
+                            jax.tree.leaves_with_path(t, is_leaf=is_host))
+    raise ValueError(f"{who}: expected the keys {keys(old)}, got {keys(values)}")
+  values = placed(values, who)
+  shapes, dtypes = [], []
+  for (path, new), was in zip(jax.tree.leaves_with_path(values, is_leaf=is_host),
+                              jax.tree.leaves(old, is_leaf=is_host)):
+    key = repr(leaf_name(path))
+    if tuple(new.shape) != tuple(was.shape):
+      shapes.append(f"data {key} has shape {tuple(new.shape)}, expected {tuple(was.shape)}")
+    elif np.dtype(new.dtype) != np.dtype(was.dtype):
+      dtypes.append(f"data {key} has dtype {new.dtype}, expected {was.dtype}")
+  if shapes:
+    raise ValueError(f"{who}: {'; '.join(shapes)} (same shapes as the data it replaces)")
+  if dtypes:
+    raise TypeError(f"{who}: {'; '.join(dtypes)} (no cast)")
+  data_kinds.check_kinds(dict(kinds), values, who)
+  return values

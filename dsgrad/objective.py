@@ -21,7 +21,6 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad import data as data_lib
-from dsgrad import data_kinds
 
 Params = Any
 Noise = Any
@@ -190,30 +189,7 @@ class Objective:
     if self.data is None:
       raise ValueError(f"{self.name} declares no data (objective.data); build it from a "
                        "dsgrad model to swap its data")
-    who = f"{self.name}.with_data"
-    values = data_lib.columns_of(values)
-    data_lib.check_no_number_lists(values, who)  # before the keys: a list has one per row
-    ours = jax.tree.structure(self.data, is_leaf=data_lib.is_host)
-    theirs = jax.tree.structure(values, is_leaf=lambda v: data_lib.is_host(v) or
-                                isinstance(v, np.ndarray))
-    if ours != theirs:
-      keys = lambda t: sorted(data_lib.leaf_name(p) for p, _ in
-                              jax.tree.leaves_with_path(t, is_leaf=data_lib.is_host))
-      raise ValueError(f"{who}: expected the keys {keys(self.data)}, got {keys(values)}")
-    values = data_lib.placed(values, who)
-    shapes, dtypes = [], []
-    for (path, new), old in zip(jax.tree.leaves_with_path(values, is_leaf=data_lib.is_host),
-                                jax.tree.leaves(self.data, is_leaf=data_lib.is_host)):
-      key = repr(data_lib.leaf_name(path))
-      if tuple(new.shape) != tuple(old.shape):
-        shapes.append(f"data {key} has shape {tuple(new.shape)}, expected {tuple(old.shape)}")
-      elif np.dtype(new.dtype) != np.dtype(old.dtype):
-        dtypes.append(f"data {key} has dtype {new.dtype}, expected {old.dtype}")
-    if shapes:
-      raise ValueError(f"{who}: {'; '.join(shapes)} (same shapes as the objective's data)")
-    if dtypes:
-      raise TypeError(f"{who}: {'; '.join(dtypes)} (no cast)")
-    data_kinds.check_kinds(dict(self.kinds), values, who)
+    values = data_lib.replacement(self.data, values, self.kinds, f"{self.name}.with_data")
     return dataclasses.replace(self, data=values)
 
   # ----------------------------------------------------------------- noise

@@ -69,6 +69,34 @@ def test_one_compilation_serves_two_data_sets_of_equal_shape():
                   first.params, jax.random.key(0), 8)[0], rtol=1e-6)
 
 
+def test_a_chain_on_a_models_copy_with_other_data_compiles_nothing():
+  """Model.with_data keeps the model's functions: the reference point, the proxy's pass,
+  the warm-up and the chain compiled for the first data serve the second, and the draws
+  are those of a model built on the second data."""
+  x, y = _problem(0, n=600, d=3)
+  x2, y2 = _problem(1, n=600, d=3)
+  model = dsgrad.models.logistic_regression(x, y)
+
+  def chain(m):
+    return dsgrad.mcmc.sample(jax.random.key(5), m, num_samples=40, num_warmup=40,
+                              subsample_size=60, num_blocks=10, progress=False)
+  first, compiled_first = _compiles(lambda: chain(model))
+  other = model.with_data({"x": x2, "signs": 2.0 * y2 - 1.0})
+  second, compiled_second = _compiles(lambda: chain(other))
+  assert compiled_first > 0 and compiled_second == 0, (compiled_first, compiled_second)
+  direct = chain(dsgrad.models.logistic_regression(x2, y2))
+  np.testing.assert_allclose(second.samples, direct.samples, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(second.proxy.theta_star, direct.proxy.theta_star, rtol=1e-5,
+                             atol=1e-5)
+  assert not np.allclose(first.proxy.theta_star, second.proxy.theta_star, atol=1e-2)
+  with pytest.raises(ValueError, match="expected the keys"):
+    model.with_data({"x": x2})
+  with pytest.raises(ValueError, match="shape"):
+    model.with_data({"x": x2[:10], "signs": 2.0 * y2[:10] - 1.0})
+  with pytest.raises(ValueError, match="signs"):
+    model.with_data({"x": x2, "signs": y2.astype(np.float32)})
+
+
 def test_compiled_segment_holds_no_copy_of_the_data():
   """The executable's size does not grow with N: the data are arguments, not constants
   (which XLA would also constant-fold gathers over: the N = 10^6 warning)."""

@@ -167,7 +167,7 @@ def test_one_batch_sampler_and_one_compile_cache():
   uses = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
           if "dsgrad.training.batching" in _dsgrad_imports(p) or any(
               n.startswith("dsgrad.training.batching") for n in _dsgrad_imports(p))}
-  assert {"training/segments.py", "diagnostics.py", "mcmc/sample.py", "mcmc/sgmcmc.py",
+  assert {"training/segments.py", "diagnostics.py", "mcmc/reference.py", "mcmc/sgmcmc.py",
           "mcmc/subsample.py"} <= uses, uses
 
 

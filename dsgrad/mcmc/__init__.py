@@ -24,8 +24,9 @@ from dsgrad.mcmc.proxy import (TaylorProxy, difference_estimator, differences,
                                proxy_values, taylor_proxy)
 from dsgrad.mcmc.dual_averaging import (DualAveraging, dual_averaging_init,
                                         dual_averaging_update)
-from dsgrad.mcmc.sample import (MCMCResult, find_reference_point, laplace_draws,
-                                laplace_precision, refine_reference_point, sample)
+from dsgrad.mcmc.reference import (find_reference_point, laplace_draws, laplace_precision,
+                                   refine_reference_point)
+from dsgrad.mcmc.sample import MCMCResult, sample
 from dsgrad.mcmc.chain import Diverged, run_chain
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.estimator_noise import choose_subsample_size

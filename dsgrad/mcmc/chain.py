@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
+from dsgrad.training import compile_cache
 from dsgrad.training import progress as progress_lib
 from dsgrad.training.progress import Interrupted
 
@@ -32,8 +33,8 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
-    seconds)``; compilation (once per chunk length, at most two) is excluded from
-    ``seconds``.
+    seconds)``; compilation (once per chunk length, at most two; none where an earlier
+    chain with the same ``step`` and shapes compiled them) is excluded from ``seconds``.
   """
   if position is None:
     if not hasattr(state, "position"):
@@ -41,21 +42,8 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
           f"dsgrad.mcmc.run_chain: state is a {type(state).__name__}, not a chain state "
           "with a .position: pass what the algorithm's init returns "
           "(algorithm.init(position, key)), or say where the draw is with position=")
-
-    def position(s):
-      return s.position
-  if sign is None:
-    def sign(s):
-      return s.sign if hasattr(s, "sign") else jnp.ones((), s.position.dtype)
-
-  def chunk(model, state, keys):
-    def body(state, k):
-      state, info = step(k, state) if model is None else step(model, k, state)
-      return state, (position(state), sign(state), info)
-    return jax.lax.scan(body, state, keys)
-
-  runner = jax.jit(chunk)
-  compiled_by_size = {}  # the last chunk may be shorter: at most two programs
+    position = _position_of
+  sign = _sign_of if sign is None else sign
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
   keys = jax.random.split(key, num_samples)
@@ -63,11 +51,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
     while done < num_samples:
       size = min(chunk_size, num_samples - done)
       batch = keys[done:done + size]
-      if size not in compiled_by_size:
-        compiled_by_size[size] = runner.lower(model, state, batch).compile()
+      program = _chunk_program(step, position, sign, model, state, batch)
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = compiled_by_size[size](model, state, batch)
+      after, out = program(model, state, batch)
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(np.asarray, out))
@@ -118,6 +105,31 @@ def _check_finite(outputs, state, seconds, done: int) -> None:
         f"size; take a smaller one. The {done + first:,} draws before it are kept: catch "
         "dsgrad.mcmc.Diverged and take its .result", _chain_result(kept, state, seconds),
         done + first)
+
+
+def _position_of(state):
+  return state.position
+
+
+def _sign_of(state):
+  return state.sign if hasattr(state, "sign") else jnp.ones((), state.position.dtype)
+
+
+def _chunk_program(step, position, sign, model, state, keys):
+  """The compiled ``lax.scan`` of ``len(keys)`` iterations, shared (the compile cache) by
+  every chain with the same ``step``, ``position``, ``sign`` and argument shapes: a second
+  chain on a model of the same shapes compiles nothing."""
+  def chunk(model, state, keys):
+    def body(state, k):
+      state, info = step(k, state) if model is None else step(model, k, state)
+      return state, (position(state), sign(state), info)
+    return jax.lax.scan(body, state, keys)
+
+  args = (model, state, keys)
+  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), args)
+  key = ("chain chunk", step, position, sign, jax.tree.structure(args),
+         tuple(jax.tree.leaves(avals)))
+  return compile_cache.get_or_build(key, lambda: jax.jit(chunk).lower(*args).compile())[0]
 
 
 def _chain_result(outputs, state, seconds):

@@ -25,6 +25,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 import jax
@@ -90,16 +92,22 @@ def _spreads(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,
              num_data_read: int) -> np.ndarray:
   """``s2(theta)``, the variance of ``d_k(theta)`` over the data, at each of ``thetas``,
   from ``num_data_read`` data drawn afresh for each (all ``n`` when fewer)."""
+  read = min(model.num_data, num_data_read)
+  return np.asarray(_spreads_program(model, proxy, thetas,
+                                     jax.random.split(key, thetas.shape[0]), read), np.float64)
+
+
+# The model and proxy are arguments (not constants): one compile serves every call with
+# the same shapes.
+@functools.partial(jax.jit, static_argnames="read")
+def _spreads_program(model: Model, proxy, thetas, keys, read: int):
   n = model.num_data
-  read = min(n, num_data_read)
 
   def spread(theta, k):
     idx = (jnp.arange(n, dtype=jnp.int32) if read == n
            else batching.uniform_indices(k, n, (read,)))
     return jnp.var(proxy_lib.differences(model, proxy, theta, idx))
-
-  return np.asarray(jax.jit(jax.vmap(spread))(
-      thetas, jax.random.split(key, thetas.shape[0])), np.float64)
+  return jax.vmap(spread)(thetas, keys)
 
 
 @checks.arguments(key=checks.prng_key(), subsample_size=checks.count(1),

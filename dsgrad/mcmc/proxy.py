@@ -22,6 +22,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 from typing import NamedTuple
 
 import jax
@@ -133,24 +135,27 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
   theta_star = check_theta(model, theta_star)
   if order not in (1, 2):
     raise ValueError(f"order must be 1 or 2, got {order}")
-  n = model.num_data
-
-  # The model is an argument: its data are the program's inputs, not constants.
-  @jax.jit
-  def sums(model, theta):
-    def total(theta, idx):
-      return jnp.sum(model.log_likelihood_at(theta, idx))
-
-    def chunk_mean(idx):
-      value, grad = jax.value_and_grad(total)(theta, idx)
-      hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
-      return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
-    means = full_pass_mean(chunk_mean, n, chunk_size)
-    return jax.tree.map(lambda m: n * m, means)
-
-  value, grad, hess = sums(model, theta_star)
+  value, grad, hess = _full_data_sums(model, theta_star, chunk_size)
   return TaylorProxy(theta_star, value, grad, 0.5 * (hess + hess.T),
                      jnp.asarray(1.0 if order == 2 else 0.0, theta_star.dtype))
+
+
+# The model is an argument: its data are the program's inputs, not constants, and one
+# compile serves every model of the same shapes.
+@functools.partial(jax.jit, static_argnames="chunk_size")
+def _full_data_sums(model: Model, theta, chunk_size: int):
+  """``sum_k (l_k, grad l_k, Hess l_k)`` at ``theta`` over all data, in chunks."""
+  n = model.num_data
+
+  def total(theta, idx):
+    return jnp.sum(model.log_likelihood_at(theta, idx))
+
+  def chunk_mean(idx):
+    value, grad = jax.value_and_grad(total)(theta, idx)
+    hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
+    return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
+  means = full_pass_mean(chunk_mean, n, chunk_size)
+  return jax.tree.map(lambda m: n * m, means)
 
 
 def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Running chains: the reference point, warm-up (dual averaging, periodic ``theta*`` and
+"""Running chains: the reference point (:mod:`dsgrad.mcmc.reference`), warm-up (dual averaging, periodic ``theta*`` and
 mass-matrix updates) and sampling with a progress bar.
 
 References:
@@ -10,17 +10,16 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import estimator_noise
 from dsgrad.mcmc.chain import run_chain
@@ -28,146 +27,13 @@ from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_upda
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
-from dsgrad.mcmc.hmcecs import (HMCParameters, build_kernel, checked_cholesky, hmc_parameters,
-                                init, reset)
+from dsgrad.mcmc.hmcecs import (HMCParameters, build_kernel, hmc_parameters, init,
+                                reset)
 from dsgrad.mcmc import subsample as subsample_lib
-from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
+from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
+from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
+                                   laplace_draws, laplace_precision, refine_reference_point)
 from dsgrad.models.base import Model
-
-
-REFERENCE_STEPS = 200
-
-
-def _default_subset_size(n: int) -> int:
-  return min(n, 10 * math.isqrt(n) + 1000)
-
-
-@checks.arguments(model=checks.model(),
-                  key=checks.prng_key(), subset_size=checks.optional(checks.count(1)),
-                  num_steps=checks.count(0))
-def find_reference_point(model: Model, key, *, subset_size: int | None = None,
-                         num_steps: int = REFERENCE_STEPS, position=None) -> jax.Array:
-  """``theta*``: the posterior mode on a random data subset, rescaled to ``n`` data.
-
-  Maximizes ``(n / n_sub) sum_{k in subset} l_k(theta) + log p(theta)`` with L-BFGS
-  (``optax.lbfgs``) for ``num_steps`` iterations from ``position`` (default zeros).
-
-  Args:
-    model: the model.
-    key: picks the subset.
-    subset_size: ``n_sub`` (default ``min(n, 10 sqrt(n) + 1000)``).
-    num_steps: L-BFGS iterations.
-    position: starting point.
-
-  Returns:
-    ``(d,)`` reference point.
-  """
-  n = model.num_data
-  size = min(n, int(subset_size or _default_subset_size(n)))
-  subset = batching.uniform_indices(key, n, size, replace=False)
-  start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
-           else check_theta(model, position, "position"))
-
-  opt = optax.lbfgs()
-
-  # The model is an argument: its data are the program's inputs, not constants.
-  @jax.jit
-  def run(model, theta):
-    def loss(theta):
-      return (-(n / size) * jnp.sum(model.log_likelihood_at(theta, subset))
-              - model.log_prior(theta))
-
-    value_and_grad = optax.value_and_grad_from_state(loss)
-
-    def step(carry, _):
-      theta, state = carry
-      value, grad = value_and_grad(theta, state=state)
-      updates, state = opt.update(grad, state, theta, value=value, grad=grad, value_fn=loss)
-      return (optax.apply_updates(theta, updates), state), None
-    return jax.lax.scan(step, (theta, opt.init(theta)), None, length=num_steps)[0][0]
-
-  return run(model, start)
-
-
-@checks.arguments(order=checks.count(1, 2), max_steps=checks.count(0))
-def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
-                           max_steps: int = 10) -> tuple[TaylorProxy, int]:
-  """Newton steps with a backtracking line search on the full-data log posterior, from
-  ``proxy.theta_star``: each step from the sums the proxy already holds (its gradient
-  ``A`` and Hessian ``B``), shortened until the log posterior climbs (one likelihood pass
-  per trial), then the new point's proxy (one pass with curvature).
-
-  Why: :func:`find_reference_point` maximizes on a data subset, so its ``theta*`` can be
-  many posterior standard deviations from the full-data mode the paper expands around
-  (Sec. 4.1): on an item-response model (30,000 answers, 501 latents) one student's
-  ability was 15 standard deviations off, from the few of their answers in the subset.
-  The control variates' error grows with ``|theta - theta*|`` (as its cube at second
-  order, its square at first), and with it the estimator's variance where the chain goes:
-  a first-order proxy at a subset's mode gave a variance of 100 at the posterior, and a
-  chain 25-60 standard deviations off. For a log-concave posterior (logistic, Poisson,
-  linear-Gaussian models) damped Newton converges from anywhere.
-
-  Stops when the Newton decrement ``g^T P^{-1} g`` is below 0.01 (a step under a tenth of
-  a posterior standard deviation), when no step of at least 1/32 of Newton's climbs, or
-  after ``max_steps`` steps.
-
-  Returns:
-    ``(proxy at the refined point, O(n) passes made)``.
-  """
-  proxy = check_proxy(model, proxy)
-  @jax.jit
-  def log_posterior_of(model, theta):
-    full = subsample_lib.full_data(model)
-    return full.log_likelihood(None, theta, None)[0] + model.log_prior(theta)
-
-  log_posterior = functools.partial(log_posterior_of, model)
-
-  current, passes = float(log_posterior(proxy.theta_star)), 1
-  for _ in range(max_steps):
-    grad = np.asarray(proxy.sum_grad + jax.grad(model.log_prior)(proxy.theta_star), np.float64)
-    step = np.linalg.solve(np.asarray(laplace_precision(model, proxy), np.float64), grad)
-    decrement = float(grad @ step)
-    if not np.all(np.isfinite(step)) or decrement < 0.01:
-      break
-    fraction = 1.0
-    while fraction >= 1 / 32:
-      trial = proxy.theta_star + jnp.asarray(fraction * step, proxy.theta_star.dtype)
-      value, passes = float(log_posterior(trial)), passes + 1
-      # Armijo's condition, with float32 sums' rounding allowed for.
-      if value > current + 1e-4 * fraction * decrement - 1e-6 * abs(current):
-        break
-      fraction /= 2
-    else:
-      break
-    proxy, current, passes = taylor_proxy(model, trial, order=order), value, passes + 1
-  return proxy, passes
-
-
-def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
-  """``-(B + Hess log p(theta*))``: the full-data posterior precision at ``theta*``, the
-  mass matrix of Sec. 6.3. Symmetrized; eigenvalues floored at ``1e-6`` times the
-  largest, so that it is positive definite."""
-  proxy = check_proxy(model, proxy)
-  prior_hess = jax.hessian(model.log_prior)(proxy.theta_star)
-  precision = -(proxy.sum_hessian + prior_hess)
-  precision = 0.5 * (precision + precision.T)
-  values, vectors = np.linalg.eigh(np.asarray(precision, np.float64))
-  values = np.maximum(values, 1e-6 * max(values.max(), 1e-12))
-  return jnp.asarray((vectors * values) @ vectors.T, jnp.float32)
-
-
-@checks.arguments(key=checks.prng_key(), num=checks.count(1))
-def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
-  """``num`` draws from ``N(theta*, precision^{-1})``.
-
-  Raises:
-    ValueError: ``precision`` is not a symmetric positive definite ``(d, d)`` matrix
-      (its draws would be NaN).
-  """
-  chol = checked_cholesky(precision, "precision", proxy.theta_star.shape[0])
-  z = jax.random.normal(key, (num, proxy.theta_star.shape[0]))
-  offsets = jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T
-  return proxy.theta_star + offsets
 
 
 class MCMCResult(NamedTuple):
@@ -342,7 +208,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   if refine:
     reference_point = find_reference_point(model, k_ref)
     # Line searches not counted.
-    evaluations += REFERENCE_STEPS * _default_subset_size(model.num_data)
+    evaluations += REFERENCE_STEPS * default_subset_size(model.num_data)
   reference_point = check_theta(model, reference_point, "reference_point")
   proxy = taylor_proxy(model, reference_point, order=proxy_order)
   evaluations += model.num_data
@@ -356,7 +222,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   mode = (proxy.theta_star, laplace) if refine else None
   mass_mode, precision = _initial_precision(model, laplace, mass_matrix)
   if estimator == "full":
-    subsample_size, make_scheme = None, subsample_lib.full_data
+    subsample_size, make_scheme = None, _Scheme(subsample_lib.full_data, ())
   else:
     if subsample_size == "auto":
       k_auto = jax.random.fold_in(key, 7)  # the other keys stay those of a given m
@@ -364,8 +230,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
       subsample_size, _ = estimator_noise.choose_subsample_size(
           model, proxy, draws, k_auto, num_blocks=num_blocks)
       evaluations += 50 * min(model.num_data, 2048)
-    make_scheme = functools.partial(subsample_lib.perturbed, subsample_size=subsample_size,
-                                    num_blocks=num_blocks)
+    make_scheme = _Scheme(subsample_lib.perturbed, (("subsample_size", subsample_size),
+                                                    ("num_blocks", num_blocks)))
   # Compiled programs take the model as an argument (its data are their inputs) and build
   # the scheme from it; ``scheme`` serves the eager calls. The default start is theta*.
   scheme = make_scheme(model)
@@ -395,9 +261,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
                       seconds, evaluations, subsample_size, ess, warnings, estimator_variance)
 
   try:
-    drawn = run_chain(
-        k_sample, lambda m, k, s: build_kernel(m, make_scheme(m))(k, s, proxy, params), state,
-        num_samples, progress=progress, model=model)
+    drawn = run_chain(k_sample, _SamplingStep(make_scheme), state, num_samples,
+                      progress=progress, model=(model, proxy, params))
   except Interrupted as stop:
     stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
@@ -408,9 +273,34 @@ def _signed_scheme(model, proxy, key, subsample_size: int, blocks_per_update: in
   """``model -> scheme``: block-Poisson with ``(lambda, a)`` suggested at Laplace draws."""
   draws = laplace_draws(proxy, laplace_precision(model, proxy), key, 50)
   lam, a = subsample_lib.suggest_block_poisson(model, proxy, draws, key, subsample_size)
-  return functools.partial(subsample_lib.block_poisson, subsample_size=subsample_size,
-                           num_blocks=lam, lower_bound=a,
-                           blocks_per_update=min(blocks_per_update, lam))
+  return _Scheme(subsample_lib.block_poisson, (
+      ("subsample_size", subsample_size), ("num_blocks", int(lam)), ("lower_bound", float(a)),
+      ("blocks_per_update", min(blocks_per_update, int(lam)))))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scheme:
+  """``model -> scheme``: ``factory(model, **settings)``. Equal settings make equal
+  objects, so that compiled programs keyed by it (static arguments, the chain's compile
+  cache) serve every run with the same settings."""
+
+  factory: Callable
+  settings: tuple
+
+  def __call__(self, model: Model) -> subsample_lib.SubsampleScheme:
+    return self.factory(model, **dict(self.settings))
+
+
+@dataclasses.dataclass(frozen=True)
+class _SamplingStep:
+  """The sampling phase's transition ``step((model, proxy, parameters), key, state)``:
+  the tuned proxy and parameters are arguments of the compiled chain, not its constants."""
+
+  make_scheme: _Scheme
+
+  def __call__(self, arguments, key, state):
+    model, proxy, params = arguments
+    return build_kernel(model, self.make_scheme(model))(key, state, proxy, params)
 
 
 def _initial_precision(model: Model, laplace, mass_matrix):
@@ -441,22 +331,8 @@ class _Warmup:
                target_accept, initial_step_size, proxy_order):
     self.model, self.proxy_order, self.initial_step_size = model, proxy_order, initial_step_size
     self.scheme, self.trajectory_length = make_scheme(model), trajectory_length
-    self.max_steps = max_integration_steps
-
-    @jax.jit
-    def window(model, state, adapt, proxy, params, keys):
-      kernel = build_kernel(model, make_scheme(model))
-
-      def body(carry, k):
-        state, adapt = carry
-        step = jnp.exp(adapt.log_step)
-        params_now = params._replace(step_size=step, num_integration_steps=integration_steps(
-            step, trajectory_length, max_integration_steps))
-        state, info = kernel(k, state, proxy, params_now)
-        adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
-        return (state, adapt), (state.position, info.num_evaluations)
-      return jax.lax.scan(body, (state, adapt), keys)
-    self.window = window
+    self.max_steps, self.target_accept = max_integration_steps, target_accept
+    self.make_scheme = make_scheme
 
   def run(self, state, proxy, params, key, num_warmup, reference_updates_every, mass_mode,
           mass_window):
@@ -470,8 +346,10 @@ class _Warmup:
     keys = jax.random.split(key, max(num_warmup, 1))
     while done < num_warmup:
       size = min(window, num_warmup - done)
-      (state, adapt), (positions, evals) = self.window(model, state, adapt, proxy, params,
-                                                       keys[done:done + size])
+      (state, adapt), (positions, evals) = _warmup_window(
+          model, state, adapt, proxy, params, keys[done:done + size],
+          make_scheme=self.make_scheme, trajectory_length=self.trajectory_length,
+          max_integration_steps=self.max_steps, target_accept=self.target_accept)
       draws.append(positions)
       evaluations += int(np.sum(evals))
       done += size
@@ -495,3 +373,21 @@ class _Warmup:
                              num_integration_steps=integration_steps(
                                  step_size, self.trajectory_length, self.max_steps))
     return state, proxy, params, evaluations
+
+
+@functools.partial(jax.jit, static_argnames=("make_scheme", "trajectory_length",
+                                             "max_integration_steps", "target_accept"))
+def _warmup_window(model, state, adapt, proxy, params, keys, *, make_scheme,
+                   trajectory_length, max_integration_steps, target_accept):
+  """``len(keys)`` warm-up iterations with dual averaging of the step size."""
+  kernel = build_kernel(model, make_scheme(model))
+
+  def body(carry, k):
+    state, adapt = carry
+    step = jnp.exp(adapt.log_step)
+    params_now = params._replace(step_size=step, num_integration_steps=integration_steps(
+        step, trajectory_length, max_integration_steps))
+    state, info = kernel(k, state, proxy, params_now)
+    adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
+    return (state, adapt), (state.position, info.num_evaluations)
+  return jax.lax.scan(body, (state, adapt), keys)
