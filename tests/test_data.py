@@ -95,6 +95,10 @@ def test_a_chain_on_a_models_copy_with_other_data_compiles_nothing():
     model.with_data({"x": x2[:10], "signs": 2.0 * y2[:10] - 1.0})
   with pytest.raises(ValueError, match="signs"):
     model.with_data({"x": x2, "signs": y2.astype(np.float32)})
+  closed = dsgrad.models.Model(model.log_prior, lambda z, i: model.log_likelihood_at(z, i),
+                               model.num_data, model.latent_dim)
+  with pytest.raises(ValueError, match="declares no data"):
+    closed.with_data({"x": x2, "signs": 2.0 * y2 - 1.0})
 
 
 def test_compiled_segment_holds_no_copy_of_the_data():
