@@ -12,6 +12,7 @@ import pytest
 
 import dsgrad
 from dsgrad import data as data_lib
+from dsgrad.training import compile_cache
 from conftest import ctrl_c_at
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -518,3 +519,24 @@ def test_few_rows_read_outside_a_program_are_the_rows_read_inside_one(tmp_path):
   np.testing.assert_array_equal(np.asarray(got["x"]), np.asarray(want["x"]))
   np.testing.assert_array_equal(np.asarray(got["y"]), np.asarray(want["y"]))
   assert data_lib.few_rows(None, indices) is indices
+
+
+def test_a_chains_shorter_last_chunk_runs_the_program_of_the_others():
+  """run_chain compiles one program for all its chunks: a last chunk shorter than the
+  others runs it for fewer iterations, and the draws are those of one whole chunk."""
+  x, y = _problem(0, n=400, d=3)
+  model = dsgrad.models.logistic_regression(x, y)
+  algorithm = dsgrad.mcmc.sgld(model, dsgrad.mcmc.taylor_proxy(model, np.zeros(3, np.float32)),
+                               step_size=1e-3, subsample_size=20)
+  start = algorithm.init(np.zeros(3, np.float32), None)
+
+  def chain(num, chunk):
+    return dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step, start, num,
+                                 chunk_size=chunk, progress=False)
+  whole, *_ = chain(23, 23)
+  chain(20, 10)  # two whole chunks of 10: their program
+  programs = compile_cache.size()
+  chunked, _, _, final, _ = chain(23, 10)  # 10, 10 and 3 with the same program
+  assert compile_cache.size() == programs, "the last, shorter chunk compiled a program"
+  np.testing.assert_array_equal(chunked, whole)
+  np.testing.assert_array_equal(final.position, whole[-1])

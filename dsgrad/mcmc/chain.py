@@ -33,8 +33,8 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
 
   Returns:
     ``(positions (R, d) numpy, signs (R,) numpy, stacked info (numpy), final state,
-    seconds)``; compilation (once per chunk length, at most two; none where an earlier
-    chain with the same ``step`` and shapes compiled them) is excluded from ``seconds``.
+    seconds)``; compilation (one program for all chunks; none where an earlier chain with
+    the same ``step`` and shapes compiled it) is excluded from ``seconds``.
   """
   if position is None:
     if not hasattr(state, "position"):
@@ -47,17 +47,18 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
   keys = jax.random.split(key, num_samples)
+  length = min(chunk_size, num_samples)
   try:
     while done < num_samples:
-      size = min(chunk_size, num_samples - done)
-      batch = keys[done:done + size]
+      size = min(length, num_samples - done)
+      batch = padded_keys(keys, done, size, length)
       program = _chunk_program(step, position, sign, model, state, batch)
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = program(model, state, batch)
+      after, out = program(model, state, batch, np.int32(size))
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
-      outputs.append(jax.tree.map(np.asarray, out))
+      outputs.append(jax.tree.map(lambda a: np.asarray(a)[:size], out))
       _check_finite(outputs, state, seconds, done)
       state, done = after, done + size
       bar(size)
@@ -115,21 +116,46 @@ def _sign_of(state):
   return state.sign if hasattr(state, "sign") else jnp.ones((), state.position.dtype)
 
 
+def padded_keys(keys, start: int, size: int, length: int):
+  """``keys[start:start + size]`` followed by ``length - size`` unused keys: every chunk of
+  a run has one length, and so one compiled program (:func:`fixed_length_scan`)."""
+  chunk = keys[start:start + size]
+  return chunk if size == length else jnp.concatenate([chunk, keys[:length - size]])
+
+
+def fixed_length_scan(one, state, keys, count):
+  """``lax.scan(one, state, keys)`` over the first ``count`` keys only, ``count`` traced:
+  ``(state, outputs)`` with outputs of ``len(keys)`` rows, the first ``count`` filled.
+  A shorter last chunk runs the same compiled program as the others (compiling a second
+  length cost as much as the first: seconds for a chain at XLA's default optimisation)."""
+  shapes = jax.eval_shape(lambda s, k: one(s, k)[1], state, keys[0])
+  outputs = jax.tree.map(lambda o: jnp.zeros((keys.shape[0],) + o.shape, o.dtype), shapes)
+
+  def body(i, carry):
+    state, outputs = carry
+    state, out = one(state, keys[i])
+    return state, jax.tree.map(
+        lambda buffer, o: jax.lax.dynamic_update_index_in_dim(buffer, o, i, 0), outputs, out)
+  return jax.lax.fori_loop(0, count, body, (state, outputs))
+
+
 def _chunk_program(step, position, sign, model, state, keys):
-  """The compiled ``lax.scan`` of ``len(keys)`` iterations, shared (the compile cache) by
-  every chain with the same ``step``, ``position``, ``sign`` and argument shapes: a second
-  chain on a model of the same shapes compiles nothing."""
-  def chunk(model, state, keys):
-    def body(state, k):
+  """The compiled chunk of ``len(keys)`` iterations (:func:`fixed_length_scan`; its last
+  argument is how many to run), shared (the compile cache) by every chain with the same
+  ``step``, ``position``, ``sign`` and argument shapes: a second chain on a model of the
+  same shapes compiles nothing."""
+  def chunk(model, state, keys, count):
+    def one(state, k):
       state, info = step(k, state) if model is None else step(model, k, state)
       return state, (position(state), sign(state), info)
-    return jax.lax.scan(body, state, keys)
+    return fixed_length_scan(one, state, keys, count)
 
   args = (model, state, keys)
   avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), args)
   key = ("chain chunk", step, position, sign, jax.tree.structure(args),
          tuple(jax.tree.leaves(avals)))
-  return compile_cache.get_or_build(key, lambda: jax.jit(chunk).lower(*args).compile())[0]
+  return compile_cache.get_or_build(
+      key, lambda: jax.jit(chunk).lower(*args, np.int32(keys.shape[0])).compile())[0]
 
 
 def _chain_result(outputs, state, seconds):

@@ -22,7 +22,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad.mcmc import estimator_noise
-from dsgrad.mcmc.chain import run_chain
+from dsgrad.mcmc.chain import fixed_length_scan, padded_keys, run_chain
 from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_update,
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
@@ -344,12 +344,15 @@ class _Warmup:
     window = math.gcd(*periods) if periods else num_warmup
     done, draws = 0, []
     keys = jax.random.split(key, max(num_warmup, 1))
+    window = min(window, num_warmup)
     while done < num_warmup:
       size = min(window, num_warmup - done)
       (state, adapt), (positions, evals) = _warmup_window(
-          model, state, adapt, proxy, params, keys[done:done + size],
-          make_scheme=self.make_scheme, trajectory_length=self.trajectory_length,
-          max_integration_steps=self.max_steps, target_accept=self.target_accept)
+          model, state, adapt, proxy, params, padded_keys(keys, done, size, window),
+          np.int32(size), make_scheme=self.make_scheme,
+          trajectory_length=self.trajectory_length, max_integration_steps=self.max_steps,
+          target_accept=self.target_accept)
+      positions, evals = positions[:size], evals[:size]
       draws.append(positions)
       evaluations += int(np.sum(evals))
       done += size
@@ -377,9 +380,11 @@ class _Warmup:
 
 @functools.partial(jax.jit, static_argnames=("make_scheme", "trajectory_length",
                                              "max_integration_steps", "target_accept"))
-def _warmup_window(model, state, adapt, proxy, params, keys, *, make_scheme,
+def _warmup_window(model, state, adapt, proxy, params, keys, count, *, make_scheme,
                    trajectory_length, max_integration_steps, target_accept):
-  """``len(keys)`` warm-up iterations with dual averaging of the step size."""
+  """The first ``count`` of ``len(keys)`` warm-up iterations, with dual averaging of the
+  step size (:func:`~dsgrad.mcmc.chain.fixed_length_scan`: one program for every window
+  length)."""
   kernel = build_kernel(model, make_scheme(model))
 
   def body(carry, k):
@@ -390,4 +395,4 @@ def _warmup_window(model, state, adapt, proxy, params, keys, *, make_scheme,
     state, info = kernel(k, state, proxy, params_now)
     adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
     return (state, adapt), (state.position, info.num_evaluations)
-  return jax.lax.scan(body, (state, adapt), keys)
+  return fixed_length_scan(body, (state, adapt), keys, count)
