@@ -26,7 +26,6 @@ References:
 from __future__ import annotations
 
 import functools
-
 import math
 
 import jax

@@ -23,7 +23,6 @@ References:
 from __future__ import annotations
 
 import functools
-
 from typing import NamedTuple
 
 import jax

@@ -1,5 +1,5 @@
-"""Running chains: the reference point (:mod:`dsgrad.mcmc.reference`), warm-up (dual averaging, periodic ``theta*`` and
-mass-matrix updates) and sampling with a progress bar.
+"""Running chains: the reference point (:mod:`dsgrad.mcmc.reference`), warm-up (dual
+averaging, periodic ``theta*`` and mass-matrix updates) and sampling with a progress bar.
 
 References:
   Dang et al. (2019), Sec. 6.3 (tuning: ``M`` from the Hessian at ``theta*``, updated
@@ -341,10 +341,9 @@ class _Warmup:
     adapt = dual_averaging_init(self.initial_step_size)
     periods = [p for p in (reference_updates_every, mass_window if mass_mode == "adapt" else 0)
                if p]
-    window = math.gcd(*periods) if periods else num_warmup
+    window = min(math.gcd(*periods) if periods else num_warmup, num_warmup)
     done, draws = 0, []
     keys = jax.random.split(key, max(num_warmup, 1))
-    window = min(window, num_warmup)
     while done < num_warmup:
       size = min(window, num_warmup - done)
       (state, adapt), (positions, evals) = _warmup_window(
