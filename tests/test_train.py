@@ -283,6 +283,32 @@ def test_a_run_limited_in_time_prices_no_compile_for_a_last_evaluation_it_shares
   assert evaluations.last_seconds() == pytest.approx(1.0 + 1.5 * 0.1 / 2 * 30)
 
 
+def test_a_run_limited_in_time_keeps_the_last_evaluations_time_once_kept(logreg_model):
+  """Steps that run into the time kept for the last evaluation in full end there. Before,
+  the next piece found that evaluation no longer fit, handed its time to steps and left it
+  the timed program's two draws (a 3 s run's 100 given draws were dropped so, on a busy
+  machine, in three runs in a row)."""
+  from dsgrad.training import evaluation_plan
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+
+  def priced(warm_seconds):  # two draws timed warm; the last evaluation takes 100
+    evaluations = evaluation_plan.Evaluations(
+        objective, evaluation_plan.EvaluationPlan(10, 1, 2, 100), jax.random.key(0), None,
+        None, timed=True)
+    evaluations.warm_seconds, evaluations.draws = warm_seconds, 2
+    return evaluations
+
+  evaluations = priced(0.02)  # 15 ms a draw priced: 1.5 s kept of a 3 s run
+  assert evaluations.last_seconds() == pytest.approx(1.5)
+  piece = dict(length=1000, end=10 ** 6, step_seconds=1e-4)  # 0.1 s segments
+  assert evaluations.end_within(3.0, 1.0, step=1000, **piece) == (10 ** 6, 1000)
+  # 0.1 s past the time kept (a late segment, or an evaluation): the steps end now.
+  assert evaluations.end_within(3.0, 1.6, step=6000, **piece) == (6000, 0)
+  # A last evaluation in full that never fitted keeps nothing: steps take the time, the
+  # timed program's draws end the run.
+  assert priced(0.2).end_within(3.0, 1.0, step=1000, **piece) == (10 ** 6, 1000)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size must be an integer >= 1"),
     (dict(batch_size=-3), "batch_size must be an integer >= 1"),

@@ -197,6 +197,7 @@ class Evaluations:
     # compile a first call costs.
     self.warm_seconds, self.compile_seconds = 0.0, 0.0
     self.deadline = None  # of a run limited in time's last evaluation (time.perf_counter)
+    self.keeps_full = False  # whether end_within keeps the last evaluation's full draws' time
     self.last_draws = plan.last_draws  # fewer where the plan fits them to the time
 
   def after(self, step: int, end: int, length: int, params, step_seconds: float) -> bool:
@@ -263,9 +264,13 @@ class Evaluations:
       self.last_draws = min(self.plan.last_draws, max(self.plan.draws, affords))
     segment, left = step_seconds * length, max_seconds - elapsed
     # Where the last evaluation in full no longer fits, it takes the timed program's
-    # draws (see after): the run trains on to the time that leaves for those.
+    # draws (see after): the run trains on to the time that leaves for those. Once its time
+    # has been kept, it stays kept: a segment or an evaluation that runs into it ends the
+    # steps, where comparing afresh would hand that time to steps and leave the last
+    # evaluation only the timed program's draws.
     full = self.last_seconds()
-    left -= full if full < left else self.last_seconds(in_full=False)
+    self.keeps_full = self.keeps_full or (self.draws > 0 and full < left)
+    left -= full if self.keeps_full or full < left else self.last_seconds(in_full=False)
     if 2 * segment <= left:
       return end, length
     fits = max(0, min(end - step, int(left / step_seconds)))  # in this segment and after
