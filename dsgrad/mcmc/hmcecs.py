@@ -109,9 +109,8 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
     mass_matrix = jnp.eye(dim)
   mass_matrix = jnp.asarray(mass_matrix, jnp.float32)
   chol = checked_cholesky(mass_matrix, "mass_matrix")
-  inverse = jax.scipy.linalg.cho_solve((chol, True), jnp.eye(mass_matrix.shape[0]))
   return HMCParameters(jnp.asarray(step_size, jnp.float32),
-                       jnp.asarray(num_integration_steps, jnp.int32), inverse, chol)
+                       jnp.asarray(num_integration_steps, jnp.int32), _inverse(chol), chol)
 
 
 def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
@@ -123,18 +122,32 @@ def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
       dim is not None and matrix.shape[0] != dim):
     side = "square" if dim is None else f"of shape ({dim}, {dim})"
     raise ValueError(f"{name} must be {side}, got shape {matrix.shape}")
-  if not bool(jnp.all(jnp.isfinite(matrix))):
+  chol, finite, asymmetry, largest, factored = _factor(matrix)
+  if not bool(finite):
     raise ValueError(f"{name} holds NaN or inf values")
-  asymmetry = float(jnp.max(jnp.abs(matrix - matrix.T)))
-  if asymmetry > 1e-5 * max(float(jnp.max(jnp.abs(matrix))), 1e-30):
+  if float(asymmetry) > 1e-5 * max(float(largest), 1e-30):
     # Symmetrizing it would use another matrix than the one given.
-    raise ValueError(f"{name} is not symmetric (largest |M - M^T| = {asymmetry:.3g}): it "
-                     "must be a symmetric positive definite matrix; pass (M + M.T) / 2 if "
+    raise ValueError(f"{name} is not symmetric (largest |M - M^T| = {float(asymmetry):.3g}): "
+                     "it must be a symmetric positive definite matrix; pass (M + M.T) / 2 if "
                      "that is what you meant")
-  chol = jnp.linalg.cholesky(matrix)
-  if not bool(jnp.all(jnp.isfinite(chol))):
+  if not bool(factored):
     raise ValueError(f"{name} is not positive definite")
   return chol
+
+
+# One program each (run eagerly, the checks and the factorization were a dozen small
+# programs, each compiled on a first call).
+@jax.jit
+def _factor(matrix):
+  """``(chol, finite, largest |M - M^T|, largest |M|, chol finite)``."""
+  chol = jnp.linalg.cholesky(matrix)
+  return (chol, jnp.all(jnp.isfinite(matrix)), jnp.max(jnp.abs(matrix - matrix.T)),
+          jnp.max(jnp.abs(matrix)), jnp.all(jnp.isfinite(chol)))
+
+
+@jax.jit
+def _inverse(chol):
+  return jax.scipy.linalg.cho_solve((chol, True), jnp.eye(chol.shape[0], dtype=chol.dtype))
 
 
 def _potential_fn(model: Model, scheme: SubsampleScheme, proxy: TaylorProxy, subsample):

@@ -54,19 +54,20 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   """
   n = model.num_data
   size = min(n, int(subset_size or default_subset_size(n)))
-  subset = batching.uniform_indices(key, n, size, replace=False)
   start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
            else check_theta(model, position, "position"))
+  return _subset_mode(model, key, start, num_steps, size)
 
-  return _subset_mode(model, subset, start, num_steps)
 
-
-# The model, the subset and the start are arguments (not constants): one compile serves
-# every call on models of the same shapes.
-@functools.partial(jax.jit, static_argnames="num_steps")
-def _subset_mode(model: Model, subset, theta, num_steps: int):
-  """L-BFGS on the log posterior with the likelihood of ``subset`` scaled to all data."""
-  scale = model.num_data / subset.shape[0]
+# The model, the key and the start are arguments (not constants): one compile serves every
+# call on models of the same shapes. The subset is drawn inside (drawn eagerly, its
+# permutation was a dozen small programs compiled on a first call).
+@functools.partial(jax.jit, static_argnames=("num_steps", "size"))
+def _subset_mode(model: Model, key, theta, num_steps: int, size: int):
+  """L-BFGS on the log posterior with the likelihood of ``size`` data drawn without
+  replacement with ``key``, scaled to all data."""
+  subset = batching.uniform_indices(key, model.num_data, size, replace=False)
+  scale = model.num_data / size
   opt = optax.lbfgs()
 
   def loss(theta):
@@ -112,7 +113,7 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
 
   current, passes = float(log_posterior(proxy.theta_star)), 1
   for _ in range(max_steps):
-    grad = np.asarray(proxy.sum_grad + jax.grad(model.log_prior)(proxy.theta_star), np.float64)
+    grad = np.asarray(proxy.sum_grad + _prior_gradient(model, proxy.theta_star), np.float64)
     step = np.linalg.solve(np.asarray(laplace_precision(model, proxy), np.float64), grad)
     decrement = float(grad @ step)
     if not np.all(np.isfinite(step)) or decrement < 0.01:
@@ -142,13 +143,23 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   """``-(B + Hess log p(theta*))``: the full-data posterior precision at ``theta*``, the
   mass matrix of Sec. 6.3. Symmetrized; eigenvalues floored at ``1e-6`` times the
   largest, so that it is positive definite."""
-  proxy = check_proxy(model, proxy)
-  prior_hess = jax.hessian(model.log_prior)(proxy.theta_star)
-  precision = -(proxy.sum_hessian + prior_hess)
-  precision = 0.5 * (precision + precision.T)
+  precision = _symmetric_precision(model, check_proxy(model, proxy))
   values, vectors = np.linalg.eigh(np.asarray(precision, np.float64))
   values = np.maximum(values, 1e-6 * max(values.max(), 1e-12))
   return jnp.asarray((vectors * values) @ vectors.T, jnp.float32)
+
+
+# Programs taking the model as an argument: differentiated eagerly, the prior's gradient
+# and Hessian were dozens of small programs compiled one by one on a first call.
+@jax.jit
+def _prior_gradient(model: Model, theta):
+  return jax.grad(model.log_prior)(theta)
+
+
+@jax.jit
+def _symmetric_precision(model: Model, proxy: TaylorProxy):
+  precision = -(proxy.sum_hessian + jax.hessian(model.log_prior)(proxy.theta_star))
+  return 0.5 * (precision + precision.T)
 
 
 @checks.arguments(key=checks.prng_key(), num=checks.count(1))

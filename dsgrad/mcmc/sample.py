@@ -27,8 +27,7 @@ from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_upda
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
 from dsgrad.mcmc.diagnostics import effective_sample_size
-from dsgrad.mcmc.hmcecs import (HMCParameters, build_kernel, hmc_parameters, init,
-                                reset)
+from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, reset
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
 from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
@@ -238,7 +237,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   position = proxy.theta_star if position is None else check_theta(model, position, "position")
   warmup = _Warmup(model, make_scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
-  state = init(model, scheme, proxy, position, k_init)
+  state = _first_state(model, proxy, position, k_init, make_scheme=make_scheme)
   state, proxy, params, warm_evaluations = warmup.run(
       state, proxy, hmc_parameters(initial_step_size, 1, precision), k_warm, num_warmup,
       reference_updates_every, mass_mode, mass_window)
@@ -246,7 +245,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   if estimator == "signed":
     make_scheme = _signed_scheme(model, proxy, k_tune, subsample_size, signed_blocks_per_update)
     scheme = make_scheme(model)
-    state = init(model, scheme, proxy, state.position, k_signed)
+    state = _first_state(model, proxy, state.position, k_signed, make_scheme=make_scheme)
   warmup_seconds = time.perf_counter() - start_time
 
   def result(samples, signs, info, state, seconds):
@@ -330,7 +329,7 @@ class _Warmup:
   def __init__(self, model, make_scheme, trajectory_length, max_integration_steps,
                target_accept, initial_step_size, proxy_order):
     self.model, self.proxy_order, self.initial_step_size = model, proxy_order, initial_step_size
-    self.scheme, self.trajectory_length = make_scheme(model), trajectory_length
+    self.trajectory_length = trajectory_length
     self.max_steps, self.target_accept = max_integration_steps, target_accept
     self.make_scheme = make_scheme
 
@@ -363,7 +362,8 @@ class _Warmup:
         evaluations += model.num_data
         if mass_mode == "laplace":
           params = hmc_parameters(self.initial_step_size, 1, laplace_precision(model, proxy))
-        state = reset(model, self.scheme, proxy, state.position, state.subsample)
+        state = _state_at(model, proxy, state.position, state.subsample,
+                          make_scheme=self.make_scheme)
       if mass_mode == "adapt" and done % mass_window == 0:
         recent = jnp.concatenate(draws)[-mass_window:]
         w = recent.shape[0]
@@ -375,6 +375,21 @@ class _Warmup:
                              num_integration_steps=integration_steps(
                                  step_size, self.trajectory_length, self.max_steps))
     return state, proxy, params, evaluations
+
+
+# The chain's state in one program each (computed eagerly, its potential and gradient
+# were some fifty small programs compiled one by one on a first call).
+@functools.partial(jax.jit, static_argnames="make_scheme")
+def _first_state(model, proxy, position, key, *, make_scheme):
+  """The state at ``position`` with a fresh subsample drawn with ``key``."""
+  scheme = make_scheme(model)
+  return reset(model, scheme, proxy, position, scheme.init(key))
+
+
+@functools.partial(jax.jit, static_argnames="make_scheme")
+def _state_at(model, proxy, position, subsample, *, make_scheme):
+  """The state at ``(position, subsample)`` recomputed (after the proxy moved)."""
+  return reset(model, make_scheme(model), proxy, position, subsample)
 
 
 @functools.partial(jax.jit, static_argnames=("make_scheme", "trajectory_length",
