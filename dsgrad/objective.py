@@ -174,8 +174,8 @@ class Objective:
 
     Only the pytree's leaves change, so every program compiled for this objective (a
     ``jax.jit`` taking it as an argument, :func:`dsgrad.fit`'s segments,
-    :func:`dsgrad.elbo`) serves the copy. Pass the same optimizer object to ``fit`` to
-    reuse its compilation.
+    :func:`dsgrad.elbo`) serves the copy; :func:`dsgrad.fit`'s segment also serves an
+    optimizer made again with the same settings (``optax.adam(1e-2)`` twice).
 
     Args:
       values: a pytree like :meth:`data_tree` (``{name: array}`` for dsgrad's models):

@@ -70,6 +70,51 @@ def test_one_compilation_serves_two_data_sets_of_equal_shape():
                   first.params, jax.random.key(0), 8)[0], rtol=1e-6)
 
 
+def test_an_optimizer_made_again_with_the_same_settings_compiles_nothing():
+  """fit's segment and its descent check keep their executables under the program's
+  text: a joint SVRG and an Adam made again for the same objective compile nothing and
+  train the same; another learning rate compiles its own and trains otherwise."""
+  x, y = _problem(0)
+  model = dsgrad.models.logistic_regression(x, y)
+  objective = dsgrad.meanfield_gaussian(model)
+  params = dsgrad.meanfield_init(model, 0.0, -2.0)
+
+  def made(rate):
+    return optax.chain(dsgrad.joint_svrg(objective, dsgrad.approx.logistic_probit(model)),
+                       optax.adam(rate))
+  first, compiled_first = _compiles(lambda: _fit(objective, made(1e-2), params))
+  again, compiled_again = _compiles(lambda: _fit(objective, made(1e-2), params))
+  assert compiled_first > 0 and compiled_again == 0, (compiled_first, compiled_again)
+  np.testing.assert_array_equal(again.params["loc"], first.params["loc"])
+  other, compiled_other = _compiles(lambda: _fit(objective, made(3e-2), params))
+  assert compiled_other > 0 and not np.allclose(other.params["loc"], first.params["loc"])
+
+
+def test_programs_share_an_executable_only_where_their_text_is_the_same():
+  """Two functions that trace to the same program share one executable; another constant
+  is another program; a program that calls back into Python is never shared (its text
+  need not say which function it calls)."""
+  scale = np.arange(300, dtype=np.float32)
+  args = (jnp.ones(300),)
+  compiled = compile_cache.compiled_as_text
+  first, n_first = _compiles(lambda: compiled(lambda v: {"y": v * scale}, args))
+  same, n_same = _compiles(lambda: compiled(lambda v: {"y": v * scale.copy()}, args))
+  other, n_other = _compiles(lambda: compiled(lambda v: {"y": v * (scale + 1)}, args))
+  assert (n_first, n_same) == (1, 0) and n_other == 1
+  np.testing.assert_array_equal(same(*args)["y"], scale)
+  np.testing.assert_array_equal(other(*args)["y"], scale + 1)
+  # An argument one function leaves unused is still its own: each reads its own.
+  pair = (jnp.ones(3), 5 * jnp.ones(3))
+  np.testing.assert_array_equal(compiled(lambda a, b: 2 * b, pair)(*pair), 10 * np.ones(3))
+  np.testing.assert_array_equal(compiled(lambda a, b: 2 * a, pair)(*pair), 2 * np.ones(3))
+
+  def calling(value):
+    return lambda v: jax.pure_callback(lambda: np.float32(value),
+                                       jax.ShapeDtypeStruct((), jnp.float32)) + v
+  assert float(compiled(calling(1.0), (jnp.zeros(()),))(jnp.zeros(()))) == 1.0
+  assert float(compiled(calling(2.0), (jnp.zeros(()),))(jnp.zeros(()))) == 2.0
+
+
 def test_a_chain_on_a_models_copy_with_other_data_compiles_nothing():
   """Model.with_data keeps the model's functions: the reference point, the proxy's pass,
   the warm-up and the chain compiled for the first data serve the second, and the draws

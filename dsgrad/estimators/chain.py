@@ -171,7 +171,7 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
       for leaf in leaves):
     return opt_state
   try:
-    per_leaf, finite = (np.asarray(a) for a in _along_gradient(optimizer)(opt_state, params))
+    per_leaf, finite = (np.asarray(a) for a in _along_gradient(optimizer, opt_state, params))
   except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
     return opt_state
   paths = [jax.tree_util.keystr(path) for path, _ in
@@ -214,11 +214,19 @@ def _probe_gradient(params):
   return jax.tree.unflatten(structure, probe)
 
 
-@compile_cache.cached
-def _along_gradient(optimizer):
-  """``(state, params) -> (<update, probe>, update is finite)`` of each leaf, compiled once
-  per optimizer and shapes: a second fit with the same optimizer compiles nothing."""
-  @jax.jit
+def _along_gradient(optimizer, opt_state, params):
+  """``(<update, probe>, update is finite)`` of each leaf, compiled once per optimizer and
+  shapes, and its executable shared by an optimizer made again with the same settings
+  (:func:`dsgrad.training.compile_cache.compiled_as_text`)."""
+  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), (opt_state, params))
+  key = ("along gradient", optimizer, jax.tree.structure(avals), tuple(jax.tree.leaves(avals)))
+  program, _ = compile_cache.get_or_build(key, lambda: compile_cache.compiled_as_text(
+      _along_gradient_program(optimizer), (opt_state, params)))
+  return program(opt_state, params)
+
+
+def _along_gradient_program(optimizer):
+  """``(state, params) -> (<update, probe>, update is finite)`` of each leaf."""
   def along_gradient(opt_state, params):
     probe = _probe_gradient(params)
     # A plain GradientTransformation's update takes no extra arguments: optax drops them.

@@ -6,7 +6,9 @@ Programs are keyed by what determines them (an objective's structure, sizes, set
 never by data, so that objectives made by :meth:`~dsgrad.Objective.with_data` share them.
 One least-recently-used rule bounds the total: at most :data:`MAX_PROGRAMS` programs are
 kept, whatever made them, so a long session that builds many models does not keep every
-executable (and the arrays its closures hold) alive.
+executable (and the arrays its closures hold) alive. A program compiled by
+:func:`compiled_as_text` is also kept under its text, which other Python objects that
+trace to the same program find.
 
 Example::
 
@@ -22,10 +24,14 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import hashlib
 import threading
 import time
 from typing import Any, Callable, Hashable
+
+import jax
 
 
 MAX_PROGRAMS = 64
@@ -77,3 +83,58 @@ def clear() -> None:
 def size() -> int:
   """How many programs are cached."""
   return len(_PROGRAMS)
+
+
+def compiled_as_text(function: Callable, args: tuple, donate_first: bool = False,
+                     tracing=contextlib.nullcontext()) -> Callable:
+  """``function`` (jitted or not) compiled for ``args``, its executable kept under the
+  program's text: two traces that lower to the same program share one executable, though
+  they came from other Python objects (an optimizer made again with the same settings, a
+  model built again from the same functions on arrays of the same shapes). The executable
+  takes the arguments' leaves, so that objects whose static parts differ call it alike.
+
+  A program that calls back into Python is compiled for itself: its text need not name
+  which function it calls.
+
+  Args:
+    function: ``(*args) -> pytree``.
+    args: example arguments (arrays or their ``jax.ShapeDtypeStruct``).
+    donate_first: whether ``args[0]``'s buffers are donated.
+    tracing: a context held while ``function`` is traced and lowered (not while XLA
+      compiles).
+
+  Returns:
+    ``(*args) -> function(*args)``, compiled.
+
+  Example::
+
+    >>> import jax.numpy as jnp
+    >>> from dsgrad.training.compile_cache import compiled_as_text
+    >>> double = compiled_as_text(lambda x: 2 * x, (jnp.ones(3),))
+    >>> again = compiled_as_text(lambda y: y * 2, (jnp.ones(3),))  # its executable, found
+    >>> again(jnp.arange(3.0)).tolist()
+    [0.0, 2.0, 4.0]
+  """
+  leaves, in_tree = jax.tree.flatten(args)
+  out_trees = []
+
+  def flat(*leaves):
+    out_leaves, out_tree = jax.tree.flatten(function(*jax.tree.unflatten(in_tree, leaves)))
+    out_trees.append(out_tree)
+    return out_leaves
+
+  donated = tuple(range(len(jax.tree.leaves(args[0])))) if donate_first else ()
+  with tracing:
+    # Every argument stays in the program's signature: pruned, ``(a, b) -> 2 b`` and
+    # ``(a, b) -> 2 a`` lowered to the same text, and shared one executable.
+    lowered = jax.jit(flat, donate_argnums=donated, keep_unused=True).lower(*leaves)
+    text = lowered.as_text()
+  # The text does not name the device it was lowered for.
+  where = (jax.default_backend(), str(jax.config.jax_default_device))
+  executable = (lowered.compile() if "callback" in text else get_or_build(
+      ("program text", where, hashlib.sha256(text.encode()).hexdigest()), lowered.compile)[0])
+  out_tree = out_trees[-1]
+
+  def call(*args):
+    return jax.tree.unflatten(out_tree, executable(*jax.tree.leaves(args)))
+  return call

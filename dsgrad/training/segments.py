@@ -285,8 +285,7 @@ class Failure(NamedTuple):
 
 
 class _Compiled(NamedTuple):
-  """A compiled segment and its checks' messages: calling it returns ``(Failure,
-  carry)``."""
+  """A compiled segment and its checks' messages; calling it gives ``(Failure, carry)``."""
 
   executable: Any
   messages: tuple
@@ -300,8 +299,8 @@ _TRACING = threading.Lock()
 """Held while a segment is traced and lowered: tracing runs the user's model code, which
 need not be thread-safe (a NumPyro model's effect handlers share one global stack, and
 two models traced at once by two threads mixed their sites: :func:`dsgrad.recommend`
-compiles in a thread beside a run), and holds the interpreter anyway; XLA's compilation, which does not, still
-overlaps."""
+compiles in a thread beside a run), and holds the interpreter anyway; XLA's compilation,
+which does not, still overlaps."""
 
 
 def compiled_segment(objective: Objective, optimizer, batch_size: int, length: int,
@@ -311,19 +310,21 @@ def compiled_segment(objective: Objective, optimizer, batch_size: int, length: i
   compiling)`` (:func:`dsgrad.training.compile_cache.get_or_build`).
 
   On one device the executable is cached (:mod:`dsgrad.training.compile_cache`) under the
-  objective's structure, not its data, so successive :func:`dsgrad.fit` calls and
-  :meth:`~dsgrad.Objective.with_data` copies with the same optimizer object share it."""
+  objective's structure, not its data, and under the program's text, so successive
+  :func:`dsgrad.fit` calls, :meth:`~dsgrad.Objective.with_data` copies and optimizers made
+  again with the same settings share it."""
   def build():
+    program, messages = segment_program(objective, optimizer, batch_size, length, mesh,
+                                        carry_shardings, finite_at_end=finite_at_end)
+    if mesh is None:
+      return _Compiled(compile_cache.compiled_as_text(program, example_args, not finite_at_end,
+                                                      _TRACING), tuple(messages))
     with _TRACING:
-      program, messages = segment_program(objective, optimizer, batch_size, length, mesh,
-                                          carry_shardings, finite_at_end=finite_at_end)
       lowered = program.lower(*example_args)
     return _Compiled(lowered.compile(), tuple(messages))
   if mesh is not None:  # placed on this mesh's devices: not shared
     t0 = time.perf_counter()
-    program = build()
-    seconds = time.perf_counter() - t0
-    return program, seconds
+    return build(), time.perf_counter() - t0
   avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), example_args)
   key = ("fit segment", jax.tree.structure(objective), optimizer, batch_size, length,
          finite_at_end, jax.tree.structure(example_args), tuple(jax.tree.leaves(avals)))
