@@ -290,8 +290,8 @@ def _elbo_draws_program(objective: Objective, num_samples: int, chunk_size: int,
   return compile_cache.get_or_build(
       ("elbo_draws", jax.tree.structure(objective), num_samples, chunk_size,
        SHARED_NOISE_AT_ONCE, with_log_q),
-      lambda: jax.jit(functools.partial(_elbo_run, num_samples=num_samples,
-                                        chunk_size=chunk_size, with_log_q=with_log_q)))[0]
+      lambda: compile_cache.jit_by_text(functools.partial(
+          _elbo_run, num_samples=num_samples, chunk_size=chunk_size, with_log_q=with_log_q)))[0]
 
 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
@@ -329,8 +329,8 @@ def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: 
   chunk = max(1, min(int(chunk_size), objective.num_data))
   program = compile_cache.get_or_build(
       ("sampled_elbo_draws", jax.tree.structure(objective), num_samples, chunk),
-      lambda: jax.jit(functools.partial(_sampled_elbo_run, num_samples=num_samples,
-                                        chunk_size=chunk)))[0]
+      lambda: compile_cache.jit_by_text(functools.partial(
+          _sampled_elbo_run, num_samples=num_samples, chunk_size=chunk)))[0]
   return functools.partial(program, objective)
 
 

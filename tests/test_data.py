@@ -59,7 +59,10 @@ def test_one_compilation_serves_two_data_sets_of_equal_shape():
   # ... and it trained on the second data set: the same as a model built on it directly.
   model2 = dsgrad.models.logistic_regression(x2, y2)
   objective2 = dsgrad.meanfield_gaussian(model2)
-  direct = _fit(objective2, _joint_saga(objective2, model2), params)
+  # Built anew: new functions, whose programs' text finds the executables compiled above.
+  direct, compiled_direct = _compiles(
+      lambda: _fit(objective2, _joint_saga(objective2, model2), params))
+  assert compiled_direct == 0, compiled_direct
   np.testing.assert_allclose(second.params["loc"], direct.params["loc"], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(second.history.elbo, direct.history.elbo, rtol=1e-5)
   assert not np.allclose(first.params["loc"], second.params["loc"], atol=1e-2)
@@ -118,7 +121,8 @@ def test_programs_share_an_executable_only_where_their_text_is_the_same():
 def test_a_chain_on_a_models_copy_with_other_data_compiles_nothing():
   """Model.with_data keeps the model's functions: the reference point, the proxy's pass,
   the warm-up and the chain compiled for the first data serve the second, and the draws
-  are those of a model built on the second data."""
+  are those of a model built on the second data, which (new functions, the same
+  programs' text) compiles nothing either."""
   x, y = _problem(0, n=600, d=3)
   x2, y2 = _problem(1, n=600, d=3)
   model = dsgrad.models.logistic_regression(x, y)
@@ -130,7 +134,9 @@ def test_a_chain_on_a_models_copy_with_other_data_compiles_nothing():
   other = model.with_data({"x": x2, "signs": 2.0 * y2 - 1.0})
   second, compiled_second = _compiles(lambda: chain(other))
   assert compiled_first > 0 and compiled_second == 0, (compiled_first, compiled_second)
-  direct = chain(dsgrad.models.logistic_regression(x2, y2))
+  built = dsgrad.models.logistic_regression(x2, y2)  # new functions, the same programs' text
+  direct, compiled_direct = _compiles(lambda: chain(built))
+  assert compiled_direct == 0, compiled_direct
   np.testing.assert_allclose(second.samples, direct.samples, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(second.proxy.theta_star, direct.proxy.theta_star, rtol=1e-5,
                              atol=1e-5)

@@ -155,7 +155,7 @@ def _chunk_program(step, position, sign, model, state, keys):
   key = ("chain chunk", step, position, sign, jax.tree.structure(args),
          tuple(jax.tree.leaves(avals)))
   return compile_cache.get_or_build(
-      key, lambda: jax.jit(chunk).lower(*args, np.int32(keys.shape[0])).compile())[0]
+      key, lambda: compile_cache.compiled_as_text(chunk, args + (np.int32(keys.shape[0]),)))[0]
 
 
 def _chain_result(outputs, state, seconds):

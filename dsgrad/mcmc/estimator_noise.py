@@ -25,7 +25,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -36,6 +35,7 @@ from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
+from dsgrad.training import compile_cache
 
 
 @checks.arguments(model=checks.model(), key=checks.prng_key(), num_blocks=checks.count(1),
@@ -98,7 +98,7 @@ def _spreads(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,
 
 # The model and proxy are arguments (not constants): one compile serves every call with
 # the same shapes.
-@functools.partial(jax.jit, static_argnames="read")
+@compile_cache.jit_by_text(static_argnames="read")
 def _spreads_program(model: Model, proxy, thetas, keys, read: int):
   n = model.num_data
 

@@ -22,7 +22,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -34,6 +33,7 @@ from dsgrad import checks
 from dsgrad.checks import is_concrete
 from dsgrad.models.base import Model
 from dsgrad.tables import full_pass_mean
+from dsgrad.training import compile_cache
 
 
 class TaylorProxy(NamedTuple):
@@ -141,7 +141,7 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
 
 # The model is an argument: its data are the program's inputs, not constants, and one
 # compile serves every model of the same shapes.
-@functools.partial(jax.jit, static_argnames="chunk_size")
+@compile_cache.jit_by_text(static_argnames="chunk_size")
 def _full_data_sums(model: Model, theta, chunk_size: int):
   """``sum_k (l_k, grad l_k, Hess l_k)`` at ``theta`` over all data, in chunks."""
   n = model.num_data

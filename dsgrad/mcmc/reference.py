@@ -23,6 +23,7 @@ from dsgrad.mcmc.hmcecs import checked_cholesky
 from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
 from dsgrad.models.base import Model
 from dsgrad.training import batching
+from dsgrad.training import compile_cache
 
 
 REFERENCE_STEPS = 200
@@ -62,7 +63,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
 # The model, the key and the start are arguments (not constants): one compile serves every
 # call on models of the same shapes. The subset is drawn inside (drawn eagerly, its
 # permutation was a dozen small programs compiled on a first call).
-@functools.partial(jax.jit, static_argnames=("num_steps", "size"))
+@compile_cache.jit_by_text(static_argnames=("num_steps", "size"))
 def _subset_mode(model: Model, key, theta, num_steps: int, size: int):
   """L-BFGS on the log posterior with the likelihood of ``size`` data drawn without
   replacement with ``key``, scaled to all data."""
@@ -132,7 +133,7 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
   return proxy, passes
 
 
-@jax.jit
+@compile_cache.jit_by_text
 def _log_posterior(model: Model, theta):
   """The full-data log posterior (unnormalized) at ``theta``."""
   full = subsample_lib.full_data(model)
@@ -151,12 +152,12 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
 
 # Programs taking the model as an argument: differentiated eagerly, the prior's gradient
 # and Hessian were dozens of small programs compiled one by one on a first call.
-@jax.jit
+@compile_cache.jit_by_text
 def _prior_gradient(model: Model, theta):
   return jax.grad(model.log_prior)(theta)
 
 
-@jax.jit
+@compile_cache.jit_by_text
 def _symmetric_precision(model: Model, proxy: TaylorProxy):
   precision = -(proxy.sum_hessian + jax.hessian(model.log_prior)(proxy.theta_star))
   return 0.5 * (precision + precision.T)

@@ -11,7 +11,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, Callable, NamedTuple
@@ -33,6 +32,7 @@ from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
 from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
                                    laplace_draws, laplace_precision, refine_reference_point)
 from dsgrad.models.base import Model
+from dsgrad.training import compile_cache
 
 
 class MCMCResult(NamedTuple):
@@ -379,20 +379,20 @@ class _Warmup:
 
 # The chain's state in one program each (computed eagerly, its potential and gradient
 # were some fifty small programs compiled one by one on a first call).
-@functools.partial(jax.jit, static_argnames="make_scheme")
+@compile_cache.jit_by_text(static_argnames="make_scheme")
 def _first_state(model, proxy, position, key, *, make_scheme):
   """The state at ``position`` with a fresh subsample drawn with ``key``."""
   scheme = make_scheme(model)
   return reset(model, scheme, proxy, position, scheme.init(key))
 
 
-@functools.partial(jax.jit, static_argnames="make_scheme")
+@compile_cache.jit_by_text(static_argnames="make_scheme")
 def _state_at(model, proxy, position, subsample, *, make_scheme):
   """The state at ``(position, subsample)`` recomputed (after the proxy moved)."""
   return reset(model, make_scheme(model), proxy, position, subsample)
 
 
-@functools.partial(jax.jit, static_argnames=("make_scheme", "trajectory_length",
+@compile_cache.jit_by_text(static_argnames=("make_scheme", "trajectory_length",
                                              "max_integration_steps", "target_accept"))
 def _warmup_window(model, state, adapt, proxy, params, keys, count, *, make_scheme,
                    trajectory_length, max_integration_steps, target_accept):

@@ -138,8 +138,9 @@ class Model:
 
     Only the pytree's leaves change, so every program compiled for this model (a
     ``jax.jit`` taking it as an argument, :func:`dsgrad.mcmc.sample`'s chains and
-    reference point) serves the copy: a model built anew from the new data has new
-    functions, and compiles again.
+    reference point) serves the copy as it is, without tracing it again. (A model built
+    anew from the same functions on the new data traces dsgrad's programs again and finds
+    their executables by the programs' text: :func:`dsgrad.training.compile_cache.jit_by_text`.)
 
     Args:
       values: a pytree like :attr:`data` (``{name: array}`` for dsgrad's models).

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import functools
 import hashlib
+import inspect
 import threading
 import time
 from typing import Any, Callable, Hashable
@@ -137,4 +138,46 @@ def compiled_as_text(function: Callable, args: tuple, donate_first: bool = False
 
   def call(*args):
     return jax.tree.unflatten(out_tree, executable(*jax.tree.leaves(args)))
+  return call
+
+
+def jit_by_text(function: Callable | None = None, *, static_argnames=()) -> Callable:
+  """``jax.jit(function, static_argnames=...)`` whose executables live in this cache,
+  found by :func:`compiled_as_text`: a call with arguments of a new structure (a model
+  built again from the same functions, whose static parts are other Python objects)
+  traces and lowers its program again, and runs the executable of the same text where
+  there is one instead of compiling it. For functions called outside ``jit``, with
+  arrays (and pytrees of them) as their traced arguments.
+
+  Example::
+
+    >>> import jax.numpy as jnp
+    >>> from dsgrad.training.compile_cache import jit_by_text
+    >>> @jit_by_text(static_argnames="power")
+    ... def raised(x, *, power):
+    ...   return x ** power
+    >>> raised(jnp.arange(3.0), power=2).tolist()
+    [0.0, 1.0, 4.0]
+  """
+  if function is None:
+    return functools.partial(jit_by_text, static_argnames=static_argnames)
+  names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+  signature = inspect.signature(function)
+
+  @functools.wraps(function)
+  def call(*args, **kwargs):
+    bound = signature.bind(*args, **kwargs)
+    static = tuple((name, bound.arguments.pop(name)) for name in names
+                   if name in bound.arguments)
+    traced = (bound.args, bound.kwargs)
+    leaves, structure = jax.tree.flatten(traced)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+      return function(*traced[0], **traced[1], **dict(static))  # inside a trace: inlined
+    key = ("jit by text", function, static, structure, tuple(map(jax.typeof, leaves)))
+    program, _ = get_or_build(key, lambda: compiled_as_text(
+        lambda args, kwargs: function(*args, **kwargs, **dict(static)), traced))
+    return program(*traced)
+
+  # As jax.jit's: the program lowered for these arguments, to read (its text, its cost).
+  call.lower = jax.jit(function, static_argnames=names).lower
   return call
