@@ -124,6 +124,8 @@ def compiled_as_text(function: Callable, args: tuple, donate_first: bool = False
     out_trees.append(out_tree)
     return out_leaves
 
+  flat.__name__ = _name_of(function)  # the program's name in profiles and compile logs
+
   donated = tuple(range(len(jax.tree.leaves(args[0])))) if donate_first else ()
   with tracing:
     # Every argument stays in the program's signature: pruned, ``(a, b) -> 2 b`` and
@@ -174,10 +176,20 @@ def jit_by_text(function: Callable | None = None, *, static_argnames=()) -> Call
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
       return function(*traced[0], **traced[1], **dict(static))  # inside a trace: inlined
     key = ("jit by text", function, static, structure, tuple(map(jax.typeof, leaves)))
-    program, _ = get_or_build(key, lambda: compiled_as_text(
-        lambda args, kwargs: function(*args, **kwargs, **dict(static)), traced))
-    return program(*traced)
+    def program(args, kwargs):
+      return function(*args, **kwargs, **dict(static))
+
+    program.__name__ = _name_of(function)
+    compiled, _ = get_or_build(key, lambda: compiled_as_text(program, traced))
+    return compiled(*traced)
 
   # As jax.jit's: the program lowered for these arguments, to read (its text, its cost).
   call.lower = jax.jit(function, static_argnames=names).lower
   return call
+
+
+def _name_of(function) -> str:
+  """The name of ``function``, or of the function a ``functools.partial`` wraps."""
+  while isinstance(function, functools.partial):
+    function = function.func
+  return getattr(function, "__name__", "program")
