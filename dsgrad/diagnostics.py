@@ -86,7 +86,7 @@ def _estimator_draws(transform, structure, batch_size: int, replace: bool):
   into the program (4 GB at 10^6 rows of 1,000 features)."""
   del structure  # the cache's key: one program per kind of objective
 
-  @jax.jit
+  @compile_cache.jit_by_text
   def draws(objective, state, params, keys):
     def one(k):
       indices, noise = sample_batch(k, objective, batch_size, replace)
@@ -229,14 +229,14 @@ def _decomposition_fns(structure, batch_size: int, noise_draws: int):
   del structure
   flat = lambda tree: jax.flatten_util.ravel_pytree(tree)[0]  # noqa: E731
 
-  @jax.jit
+  @compile_cache.jit_by_text
   def naive_draws(objective, params, keys):
     def one(k):
       indices, noise = sample_batch(k, objective, batch_size, replace=True)
       return flat(objective.grad(params, indices, noise, validate=False))
     return jax.lax.map(one, keys)
 
-  @jax.jit
+  @compile_cache.jit_by_text
   def datum_stats(objective, params, indices, k):
     # (K, C, P) per-datum gradients at K noise draws.
     def at(kd):
@@ -249,7 +249,7 @@ def _decomposition_fns(structure, batch_size: int, noise_draws: int):
     within = jnp.sum(grads.var(0, ddof=1), axis=1)   # tr of per-datum noise variance
     return mean.sum(0), jnp.sum(mean ** 2), jnp.sum(within)
 
-  @jax.jit
+  @compile_cache.jit_by_text
   def full_draws(objective, params, keys):
     n = objective.num_data
     all_idx = jnp.arange(n, dtype=jnp.int32)

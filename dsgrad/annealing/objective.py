@@ -275,7 +275,7 @@ class AnnealedVI:
 
 @compile_cache.cached
 def _elbo_runner(vi: AnnealedVI, num_samples: int, chunk_size: int):
-  @jax.jit
+  @compile_cache.jit_by_text
   def run(params, key):
     keys = jax.random.split(key, num_samples)
     one = lambda k: vi.log_weight(params, vi.noise_fn(k, 1))  # noqa: E731

@@ -354,7 +354,7 @@ def _encoder_output(output):
 def _ais_chunk_fn(vae: MonteCarloVAE, num_steps, num_leapfrog, num_particles, step_size):
   """The jitted AIS evaluation of a chunk of images, compiled once per model and setting."""
 
-  @jax.jit
+  @compile_cache.jit_by_text
   def chunk(params, xs, keys):
     encoder, decoder = vae.modules(params)
     means, log_scales = encoder(xs)
