@@ -171,7 +171,8 @@ def check_descends(optimizer, opt_state, params, where: str, enabled: bool = Tru
       for leaf in leaves):
     return opt_state
   try:
-    per_leaf, finite = (np.asarray(a) for a in _along_gradient(optimizer, opt_state, params))
+    per_leaf, finite = (np.asarray(a) for a in _along_gradient(opt_state, params,
+                                                               optimizer=optimizer))
   except Exception:  # noqa: BLE001  a rule that needs more (a loss value): the step says
     return opt_state
   paths = [jax.tree_util.keystr(path) for path, _ in
@@ -214,30 +215,20 @@ def _probe_gradient(params):
   return jax.tree.unflatten(structure, probe)
 
 
-def _along_gradient(optimizer, opt_state, params):
-  """``(<update, probe>, update is finite)`` of each leaf, compiled once per optimizer and
-  shapes, and its executable shared by an optimizer made again with the same settings
-  (:func:`dsgrad.training.compile_cache.compiled_as_text`)."""
-  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), (opt_state, params))
-  key = ("along gradient", optimizer, jax.tree.structure(avals), tuple(jax.tree.leaves(avals)))
-  program, _ = compile_cache.get_or_build(key, lambda: compile_cache.compiled_as_text(
-      _along_gradient_program(optimizer), (opt_state, params)))
-  return program(opt_state, params)
-
-
-def _along_gradient_program(optimizer):
-  """``(state, params) -> (<update, probe>, update is finite)`` of each leaf."""
-  def along_gradient(opt_state, params):
-    probe = _probe_gradient(params)
-    # A plain GradientTransformation's update takes no extra arguments: optax drops them.
-    update = optax.with_extra_args_support(optimizer).update
-    updates = update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
-                     objective=None)[0]
-    pairs = list(zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
-    return (jnp.stack([jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
-                       for u, g in pairs]),
-            jnp.stack([jnp.all(jnp.isfinite(u)) for u, _ in pairs]))
-  return along_gradient
+# One program per optimizer and shapes, whose executable an optimizer made again with the
+# same settings finds by its text.
+@compile_cache.jit_by_text(static_argnames="optimizer")
+def _along_gradient(opt_state, params, *, optimizer):
+  """``(<update, probe>, update is finite)`` of each leaf."""
+  probe = _probe_gradient(params)
+  # A plain GradientTransformation's update takes no extra arguments: optax drops them.
+  update = optax.with_extra_args_support(optimizer).update
+  updates = update(probe, opt_state, params, indices=DESCENT_PROBE, noise=None,
+                   objective=None)[0]
+  pairs = list(zip(jax.tree.leaves(updates), jax.tree.leaves(probe)))
+  return (jnp.stack([jnp.vdot(u.astype(jnp.float32), g.astype(jnp.float32))
+                     for u, g in pairs]),
+          jnp.stack([jnp.all(jnp.isfinite(u)) for u, _ in pairs]))
 
 
 def named_missing_arguments(error: TypeError, where: str) -> TypeError:

@@ -52,10 +52,10 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
     while done < num_samples:
       size = min(length, num_samples - done)
       batch = padded_keys(keys, done, size, length)
-      program = _chunk_program(step, position, sign, model, state, batch)
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = program(model, state, batch, np.int32(size))
+      after, out = _chunk(model, state, batch, np.int32(size), step=step, position=position,
+                          sign=sign)
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(lambda a: np.asarray(a)[:size], out))
@@ -139,23 +139,16 @@ def fixed_length_scan(one, state, keys, count):
   return jax.lax.fori_loop(0, count, body, (state, outputs))
 
 
-def _chunk_program(step, position, sign, model, state, keys):
-  """The compiled chunk of ``len(keys)`` iterations (:func:`fixed_length_scan`; its last
-  argument is how many to run), shared (the compile cache) by every chain with the same
-  ``step``, ``position``, ``sign`` and argument shapes: a second chain on a model of the
-  same shapes compiles nothing."""
-  def chunk(model, state, keys, count):
-    def one(state, k):
-      state, info = step(k, state) if model is None else step(model, k, state)
-      return state, (position(state), sign(state), info)
-    return fixed_length_scan(one, state, keys, count)
-
-  args = (model, state, keys)
-  avals = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), args)
-  key = ("chain chunk", step, position, sign, jax.tree.structure(args),
-         tuple(jax.tree.leaves(avals)))
-  return compile_cache.get_or_build(
-      key, lambda: compile_cache.compiled_as_text(chunk, args + (np.int32(keys.shape[0]),)))[0]
+@compile_cache.jit_by_text(static_argnames=("step", "position", "sign"))
+def _chunk(model, state, keys, count, *, step, position, sign):
+  """The first ``count`` of ``len(keys)`` iterations (:func:`fixed_length_scan`): one
+  program, kept in the compile cache, for every chain with the same ``step``,
+  ``position``, ``sign`` and argument shapes, so a second chain on a model of the same
+  shapes compiles nothing."""
+  def one(state, k):
+    state, info = step(k, state) if model is None else step(model, k, state)
+    return state, (position(state), sign(state), info)
+  return fixed_length_scan(one, state, keys, count)
 
 
 def _chain_result(outputs, state, seconds):

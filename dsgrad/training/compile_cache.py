@@ -176,16 +176,21 @@ def jit_by_text(function: Callable | None = None, *, static_argnames=()) -> Call
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
       return function(*traced[0], **traced[1], **dict(static))  # inside a trace: inlined
     key = ("jit by text", function, static, structure, tuple(map(jax.typeof, leaves)))
-    def program(args, kwargs):
-      return function(*args, **kwargs, **dict(static))
-
-    program.__name__ = _name_of(function)
-    compiled, _ = get_or_build(key, lambda: compiled_as_text(program, traced))
+    compiled, _ = get_or_build(key, lambda: compiled_as_text(_with(function, static), traced))
     return compiled(*traced)
 
   # As jax.jit's: the program lowered for these arguments, to read (its text, its cost).
   call.lower = jax.jit(function, static_argnames=names).lower
   return call
+
+
+def _with(function, static: tuple) -> Callable:
+  """``(args, kwargs) -> function(*args, **kwargs, **static)``, named as ``function``."""
+  def program(args, kwargs):
+    return function(*args, **kwargs, **dict(static))
+
+  program.__name__ = _name_of(function)
+  return program
 
 
 def _name_of(function) -> str:

@@ -270,7 +270,7 @@ class Evaluations:
     # evaluation only the timed program's draws.
     full = self.last_seconds()
     self.keeps_full = self.keeps_full or (self.draws > 0 and full < left)
-    left -= full if self.keeps_full or full < left else self.last_seconds(in_full=False)
+    left -= full if self.keeps_full else self.last_seconds(in_full=False)
     if 2 * segment <= left:
       return end, length
     fits = max(0, min(end - step, int(left / step_seconds)))  # in this segment and after
