@@ -254,7 +254,7 @@ def finite_checks(tree, name: str, where: str = ""):
   "contains non-finite values" (where such values can come from)."""
   if not _floating_leaves(tree):
     return []
-  return [(~all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}{where}"))]
+  return [(_not_all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}{where}"))]
 
 
 def is_range_or_finite_check(message: str) -> bool:
@@ -264,10 +264,18 @@ def is_range_or_finite_check(message: str) -> bool:
   return isinstance(message, RangeOrFiniteMessage)
 
 
+# Jitted: called on concrete params (as fit starts), one program instead of one per
+# operation and leaf shape; inside a trace it is inlined.
+@jax.jit
 def all_finite(tree) -> jax.Array:
   """Whether every floating leaf of ``tree`` is finite: a boolean scalar."""
   flags = [jnp.all(jnp.isfinite(x)) for x in _floating_leaves(tree)]
   return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+@jax.jit
+def _not_all_finite(tree) -> jax.Array:
+  return ~all_finite(tree)
 
 
 def _floating_leaves(tree) -> list:
@@ -340,10 +348,11 @@ def check_objective_evaluates(target, params, who: str) -> None:
   """Refuses, by name, params at which the objective ``target`` cannot be evaluated (a
   leaf renamed, dropped or of another shape), with one abstract trace instead of an
   internal error inside the first compiled step."""
-  indices = jnp.zeros((1,), jnp.int32)
-  noise = target.zero_noise(1)
+  # Abstract batch and noise: concrete ones would each compile a small program.
+  indices = jax.ShapeDtypeStruct((1,), jnp.int32)
   try:
-    jax.eval_shape(lambda p, i: target.loss_fn(p, target.rows(i), noise), params, indices)
+    jax.eval_shape(lambda p, i, e: target.loss_fn(p, target.rows(i), e), params, indices,
+                   target.noise_spec(1))
   except KeyError as error:
     keys = (sorted(map(str, params)) if isinstance(params, dict)
             else jax.tree_util.tree_structure(params))

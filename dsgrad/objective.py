@@ -201,7 +201,8 @@ class Objective:
   @checks.arguments(batch_size=checks.count(1))
   def noise_spec(self, batch_size: int):
     """Shapes and dtypes of the noise for a batch (a tree of ``ShapeDtypeStruct``)."""
-    return jax.eval_shape(lambda key: self.noise_fn(key, batch_size), jax.random.key(0))
+    # The key made inside the trace: a concrete one would compile a program.
+    return jax.eval_shape(lambda: self.noise_fn(jax.random.key(0), batch_size))
 
   @checks.arguments(batch_size=checks.count(1))
   def zero_noise(self, batch_size: int) -> Noise:

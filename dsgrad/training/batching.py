@@ -294,7 +294,8 @@ class EpochOrders:
       self._compute(missing[0], BULK_EPOCHS if self.short_epochs else 1)
       missing = [e for e in missing if e not in self.cache]
     epochs = [self.cache[e] for e in wanted] + [self.cache[wanted[-1]]] * (rows - len(wanted))
-    stacked = jnp.asarray(np.stack(epochs)) if self.on_host else jnp.stack(epochs)
+    # device_put: jnp.asarray of a NumPy array compiles a program for each new shape.
+    stacked = jax.device_put(np.stack(epochs)) if self.on_host else jnp.stack(epochs)
     if self.sharding is not None:
       stacked = jax.device_put(np.asarray(stacked), self.sharding)
     self.stacked = ((wanted, rows), stacked)
@@ -328,6 +329,21 @@ def uniform_indices(key, num_data: int, shape, replace: bool = True):
                      "batch drawn without replacement holds at most num_data indices "
                      "(draw with replacement, or a smaller batch)")
   return permutation(key, num_data)[:shape]
+
+
+@jax.jit
+def split_in_two(key) -> tuple:
+  """``jax.random.split(key)`` as a pair of keys, in one compiled program: on a concrete
+  key, splitting and unpacking compile a small program each."""
+  first, second = jax.random.split(key)
+  return first, second
+
+
+@jax.jit
+def fold_in(key, data):
+  """``jax.random.fold_in(key, data)``, compiled once: run eagerly it compiles two
+  programs (the cast of ``data`` and the hash)."""
+  return jax.random.fold_in(key, data)
 
 
 @checks.arguments(key=checks.prng_key(), batch_size=checks.count(1))

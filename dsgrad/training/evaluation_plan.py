@@ -25,9 +25,8 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-import jax
-
 from dsgrad import elbo_estimates, psis
+from dsgrad.training import batching
 
 DEFAULT_ELBO_SAMPLES = 100
 """The last evaluation's draws where :func:`dsgrad.fit` is not given ``elbo_samples``."""
@@ -211,7 +210,7 @@ class Evaluations:
       return False
     self.steps_seconds_then = step_seconds
     draws = self.last_draws if step == end else self.plan.draws
-    key = jax.random.fold_in(self.key, step)
+    key = batching.fold_in(self.key, step)
     trust_check = self.trust_check and step == end and draws >= PSIS_DRAWS
     if self.trust_check and step == end and draws < PSIS_DRAWS:
       self.diagnosis = (f"k-hat not computed: the last evaluation took the {draws} draws a "

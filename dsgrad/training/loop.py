@@ -34,8 +34,8 @@ from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
 from dsgrad.objective import Objective
-from dsgrad.training import checkpoint as checkpoint_lib, evaluation_plan, parallel, segments
-from dsgrad.training import progress as progress_lib, resume as resume_lib
+from dsgrad.training import batching, checkpoint as checkpoint_lib, evaluation_plan, parallel
+from dsgrad.training import progress as progress_lib, resume as resume_lib, segments
 from dsgrad.training.progress import Interrupted
 # Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
@@ -301,7 +301,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     start_params = params  # for a divergence's note: _initial_state copies them
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
-    run_key, eval_key = jax.random.split(key)
+    run_key, eval_key = batching.split_in_two(key)
     runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
                                     program_steps=min(segment_steps, num_steps - start_step),
                                     **placement)
@@ -397,7 +397,8 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
   params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
                                         None, descent=False)
-  runner = segments.SegmentRunner(objective, optimizer, batch_size, jax.random.split(key)[0],
+  runner = segments.SegmentRunner(objective, optimizer, batch_size,
+                                  batching.split_in_two(key)[0],
                                   program_steps=min(every, num_steps - start_step))
   # Every segment, the first and the last included, runs on the one program this compiles.
   runner.prepare(params, opt_state, start_step, _segment_length(start_step, every, num_steps))

@@ -362,7 +362,7 @@ class SegmentRunner:
     self.host_data = data_lib.host_leaves(objective)
     self.objective_arg = objective if objective_arg is None else objective_arg
     replicated = None if mesh is None else parallel.replicated(mesh)
-    self.orders = batching.EpochOrders(jax.random.split(key)[0], objective.num_data,
+    self.orders = batching.EpochOrders(batching.split_in_two(key)[0], objective.num_data,
                                        batch_size, replicated)
     self.reader = data_lib.RowReader(self.host_data, replicated)
     self.block = (host_block_steps(self.host_data, batch_size) if self.host_data else None)
