@@ -264,18 +264,28 @@ def is_range_or_finite_check(message: str) -> bool:
   return isinstance(message, RangeOrFiniteMessage)
 
 
-# Jitted: called on concrete params (as fit starts), one program instead of one per
-# operation and leaf shape; inside a trace it is inlined.
-@jax.jit
 def all_finite(tree) -> jax.Array:
   """Whether every floating leaf of ``tree`` is finite: a boolean scalar."""
+  return _all_finite(tree) if _traced(tree) else _all_finite_program(tree)
+
+
+def _all_finite(tree) -> jax.Array:
   flags = [jnp.all(jnp.isfinite(x)) for x in _floating_leaves(tree)]
   return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
-@jax.jit
+# On concrete values (params as fit starts, a batch checked outside jit): one program,
+# where the operations run one by one compiled one each per leaf shape.
+_all_finite_program = jax.jit(_all_finite)
+_not_all_finite_program = jax.jit(lambda tree: ~_all_finite(tree))
+
+
 def _not_all_finite(tree) -> jax.Array:
-  return ~all_finite(tree)
+  return ~_all_finite(tree) if _traced(tree) else _not_all_finite_program(tree)
+
+
+def _traced(tree) -> bool:
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
 def _floating_leaves(tree) -> list:

@@ -176,3 +176,26 @@ def test_an_elbo_pass_reads_its_chunks_as_slices_with_the_gathered_rows_numbers(
   sliced = jax.jit(lambda d: dsgrad.data.rows_of(d, indices, contiguous=True))(data)
   np.testing.assert_array_equal(sliced["x"], np.asarray(x)[100:164])
   np.testing.assert_array_equal(sliced["y"], np.asarray(y)[100:164])
+
+
+def test_the_log_q_offsets_come_from_each_pass_s_own_noise(logreg_model, params0):
+  """The evaluation that also gives PSIS's offsets takes each offset from the noise its
+  pass drew: its program samples normals as often as the plain evaluation's (drawing them
+  again compiled the sampler twice), and each offset is ``d/2 - |eps|^2 / 2`` of the
+  noise ``elbo_draws`` used for the same draw."""
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  key = jax.random.key(4)
+
+  def normals_sampled(estimate):
+    return jax.jit(estimate).lower(params0, key).as_text().count("erf_inv")
+
+  plain = dsgrad.elbo_estimates.elbo_draws(objective, 20)
+  with_offsets = dsgrad.elbo_estimates.elbo_draws_and_log_q(objective, 20)
+  assert normals_sampled(with_offsets) == normals_sampled(plain) > 0
+  draws, offsets = with_offsets(params0, key)
+  np.testing.assert_array_equal(draws, plain(params0, key))
+  # A draw's shared noise is sample_noise(k_s, 1) for the s-th of key's split keys.
+  noise = jax.vmap(lambda k: objective.sample_noise(k, 1))(jax.random.split(key, 20))
+  eps = np.asarray(noise, np.float64).reshape(20, -1)
+  np.testing.assert_allclose(offsets, 0.5 * eps.shape[1] - 0.5 * np.sum(eps ** 2, 1),
+                             rtol=1e-5)
