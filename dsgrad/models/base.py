@@ -271,8 +271,8 @@ def check_sparse_likelihood(model: Model, z: jax.Array, indices: jax.Array,
 def spread_indices(num_data: int) -> jax.Array:
   """A few distinct indices spread over the data (first, last, middle, thirds)."""
   picks = [0, num_data - 1, num_data // 2, num_data // 3, (2 * num_data) // 3]
-  return jnp.asarray(np.array(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)),
-                              np.int32))
+  return jax.device_put(np.array(list(dict.fromkeys(p for p in picks if 0 <= p < num_data)),
+                                 np.int32))
 
 
 def probe_latent(dim: int, scale: float, seed: int = 0) -> jax.Array:
@@ -280,7 +280,7 @@ def probe_latent(dim: int, scale: float, seed: int = 0) -> jax.Array:
   is made. Drawn on the host: ``jax.random.normal`` compiles for every ``dim`` (0.25 s the
   first time in a process)."""
   draw = np.random.default_rng(seed).standard_normal(dim) * scale
-  return jnp.asarray(draw.astype(np.float32))
+  return jax.device_put(draw.astype(np.float32))  # jnp.asarray would compile a program
 
 
 def check_per_datum_terms(log_likelihood: Callable, z: jax.Array, rows, what: str,

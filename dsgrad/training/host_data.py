@@ -145,7 +145,8 @@ class HostArray:
     if isinstance(index, tuple):
       raise TypeError(f"{self.name}: host data support row indexing x[indices] only")
     if not isinstance(index, jax.core.Tracer) and not isinstance(self.handle, jax.core.Tracer):
-      return jnp.asarray(host_gather(self.handle, np.asarray(index)))
+      # device_put: jnp.asarray of a NumPy array compiles a program for each new shape.
+      return jax.device_put(host_gather(self.handle, np.asarray(index)))
     index = jnp.asarray(index)
     if not jnp.issubdtype(index.dtype, jnp.integer):
       raise TypeError(f"{self.name}: host data support integer row indices only, got "
