@@ -91,7 +91,7 @@ def declared_and_checked(model: Model) -> Model:
     floats = set()
   if not columns:
     return model
-  z = jnp.zeros(model.latent_dim, jnp.float32)
+  z = np.zeros(model.latent_dim, np.float32)  # an argument of compiled checks only
   probes, extremes = [], {}  # (column, row, its values); each position's least and largest
   for name, leaf in columns.items():
     values = np.asarray(leaf).reshape(len(leaf), -1)  # a host array: its memory map

@@ -130,8 +130,8 @@ class Objective:
     objective given a shared draw (no batch axis) would broadcast one draw over the batch,
     or index into its coordinates as if they were data, without any error."""
     try:
-      specs = [jax.eval_shape(lambda key, b=b: self.noise_fn(key, b), jax.random.key(0))
-               for b in (2, 3)]
+      # The key made inside the trace: a concrete one would compile a program.
+      specs = [jax.eval_shape(lambda b=b: self.noise_fn(jax.random.key(0), b)) for b in (2, 3)]
     except Exception:  # noqa: BLE001  (a noise_fn that needs more than this is checked later)
       return
     leaves = [jax.tree.leaves(spec) for spec in specs]
