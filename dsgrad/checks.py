@@ -254,7 +254,7 @@ def finite_checks(tree, name: str, where: str = ""):
   "contains non-finite values" (where such values can come from)."""
   if not _floating_leaves(tree):
     return []
-  return [(_not_all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}{where}"))]
+  return [(~all_finite(tree), RangeOrFiniteMessage(f"{name}{NON_FINITE}{where}"))]
 
 
 def is_range_or_finite_check(message: str) -> bool:
@@ -277,11 +277,6 @@ def _all_finite(tree) -> jax.Array:
 # On concrete values (params as fit starts, a batch checked outside jit): one program,
 # where the operations run one by one compiled one each per leaf shape.
 _all_finite_program = jax.jit(_all_finite)
-_not_all_finite_program = jax.jit(lambda tree: ~_all_finite(tree))
-
-
-def _not_all_finite(tree) -> jax.Array:
-  return ~_all_finite(tree) if _traced(tree) else _not_all_finite_program(tree)
 
 
 def _traced(tree) -> bool:

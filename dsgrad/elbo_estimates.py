@@ -389,17 +389,12 @@ draws' noise anew."""
 
 def _elbo_run(objective: Objective, params, key, count=None, *, num_samples: int,
               chunk_size: int, with_log_q: bool = False):
-  draws = _elbo_passes(objective, params, key, count, num_samples, chunk_size, with_log_q)
-  if not with_log_q or isinstance(draws, tuple):  # in memory: with each pass's offset
-    return draws
-  # The keys and noise of each draw's pass (noise_of in _elbo_passes).
-  offsets = jax.vmap(lambda k: objective.log_q_offset(params, objective.sample_noise(k, 1)))(
-      jax.random.split(key, num_samples))
-  return draws, offsets
+  return _elbo_passes(objective, params, key, count, num_samples, chunk_size, with_log_q)
 
 
 def _elbo_passes(objective: Objective, params, key, count, num_samples: int,
                  chunk_size: int, with_log_q: bool = False):
+  """The draws, and ``with_log_q`` each draw's ``log_q_offset`` after them (a pair)."""
   keys = jax.random.split(key, num_samples)
   shared = objective.shared_noise
 
@@ -454,4 +449,10 @@ def _elbo_passes(objective: Objective, params, key, count, num_samples: int,
         lambda draw: draw_on(rows, idx, noise_of(draw) if redraw else draw)), draws)
     return means.reshape(-1)[:num_samples]
 
-  return -full_pass_mean(chunk_means, objective.num_data, chunk)
+  values = -full_pass_mean(chunk_means, objective.num_data, chunk)
+  if not with_log_q:
+    return values
+  # The noise of each draw's pass (noise_of), drawn again: groups of draws read each chunk.
+  offsets = jax.vmap(lambda k: objective.log_q_offset(params, noise_of(k)))(
+      jax.random.split(key, num_samples))
+  return values, offsets
