@@ -100,7 +100,9 @@ def test_a_control_variate_that_leads_by_far_is_raced_from_naive_and_the_budget_
                                                                                 naive_steps)
   # cv continued naive's run, trained before, from where it was in the budget.
   (other, steps, fraction), = continued
-  assert other == "naive" and steps > 0 and 0.2 <= fraction <= 0.5
+  # By half the budget at the latest; naive's last piece before it is sized from its
+  # measured step time, which a machine shared with another test can double (a second).
+  assert other == "naive" and steps > 0 and 0.2 <= fraction <= 0.5 + 1.0 / budget, fraction
   assert result.step > advice.runs["cv"].step > 0
   assert total <= 1.05 * budget, (total, advice.seconds_spent)
   assert np.isfinite(result.history.elbo[-1])
