@@ -21,6 +21,7 @@ import numpy as np
 
 from dsgrad import checks
 from dsgrad import data as data_lib
+from dsgrad.training import compile_cache
 
 Params = Any
 Noise = Any
@@ -262,6 +263,11 @@ class Objective:
     """``(value, grad)`` of the mini-batch mean loss (the naive estimator, Eq. 4)."""
     if validate:
       self.validate(indices, noise)
+    if self.data is not None:
+      # Called outside jit, one compiled program with the data as its arguments, not one
+      # small program per operation (a model's gradient is 20-80 of them); inside a trace
+      # it inlines. Without declared data the closure's arrays would become constants.
+      return _value_and_grad(self, params, indices, noise)
     return jax.value_and_grad(self.value)(params, indices, noise, validate=False)
 
   def grad(self, params, indices, noise, *, validate: bool = True) -> Params:
@@ -283,6 +289,11 @@ class Objective:
     if not self.shared_noise:
       noise_one = jax.tree.map(lambda x: x[None], noise_one)
     return self.loss_fn(params, self.rows(jnp.reshape(index, (1,))), noise_one)[0]
+
+
+@compile_cache.jit_by_text
+def _value_and_grad(objective: Objective, params, indices, noise):
+  return jax.value_and_grad(objective.value)(params, indices, noise, validate=False)
 
 
 data_lib.register_with_data(Objective)

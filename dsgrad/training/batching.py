@@ -40,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 
 import jax
@@ -302,6 +303,8 @@ class EpochOrders:
     return stacked
 
 
+# One compiled program (for each size), not one per operation of the shuffles.
+@functools.partial(jax.jit, static_argnames=("num_data", "batch_size", "num_steps"))
 def epoch_batches(key, num_data: int, batch_size: int, num_steps: int):
   """Indices of the first ``num_steps`` batches of reshuffled epochs: the batches
   :func:`dsgrad.fit` takes with this key (``batch_indices(key, 0, num_steps, ...)``).
