@@ -161,14 +161,9 @@ class _Race:
 
     # The race (every run's pieces, one after another) ends by three quarters of the budget.
     latest = min(0.5 * self.budget, 0.75 * self.budget - len(self.runs) * PIECES * self.piece)
-    while True:
-      waiting = not all(j.done() for j in self.jobs.values())
-      left = (latest if waiting else min(latest, race_at * self.budget)) - self.elapsed()
-      if left <= 0:
-        break
-      move()
-      # Pieces of half a second at most, and none past the race's start: a last whole
-      # piece would begin the race up to half a second late.
+    while (left := (latest if not all(j.done() for j in self.jobs.values())
+                    else min(latest, race_at * self.budget)) - self.elapsed()) > 0:
+      move()  # then a piece of half a second at most, none past the race's start
       self.naive.advance(round(min(0.5, left) / self.naive.seconds_per_step))
     move()
 

@@ -10,9 +10,8 @@ Works with every estimator (and with plain optax optimizers, which ignore the ba
 slice ``t`` of the epoch permutations drawn from the key, its noise from the key folded
 with ``t``, so a run resumed from a checkpoint continues bit-identically.
 
-The loop is short because its parts live by concept: the batches in
-:mod:`dsgrad.training.batching`, the compiled steps in :mod:`dsgrad.training.segments`, checkpoints and the
-checks of a resume in :mod:`dsgrad.training.resume`.
+Its parts live by concept: the batches in :mod:`dsgrad.training.batching`, the steps in
+:mod:`dsgrad.training.segments`, checkpoints and resumes in :mod:`dsgrad.training.resume`.
 
 References:
   Wang, Geffner, Domke (2024), Sec. 7 (reshuffled epochs, ELBO traces), App. H.
@@ -395,10 +394,12 @@ def compile_fit(objective: Objective, optimizer, params, key, *, num_steps: int,
   optimizer = optax.with_extra_args_support(optimizer)
   _check_fit_arguments(objective, batch_size, None, False, 0, None)
   every = _plan(objective, batch_size, num_steps, eval_every, elbo_samples, segment_steps)[1]
-  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size,
-                                        None, descent=False)
-  runner = segments.SegmentRunner(objective, optimizer, batch_size,
-                                  batching.split_in_two(key)[0],
+  # fit's checks of its start and its evaluations' keys are small programs to compile too.
+  _check_start(params, num_steps, start_step)
+  params, opt_state, _ = _initial_state(objective, optimizer, params, opt_state, batch_size, None)
+  run_key, eval_key = batching.split_in_two(key)
+  batching.fold_in(eval_key, start_step)
+  runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key,
                                   program_steps=min(every, num_steps - start_step))
   # Every segment, the first and the last included, runs on the one program this compiles.
   runner.prepare(params, opt_state, start_step, _segment_length(start_step, every, num_steps))
@@ -436,7 +437,7 @@ def _restore(checkpoint_path, settings: dict, optimizer, params, opt_state):
   return params, opt_state, step, resume_lib.history_from_raw(raw)
 
 
-def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mesh, descent=True):
+def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mesh):
   """Fresh copies of ``(params, opt_state)`` (``optimizer.init`` when no state is given),
   placed on ``mesh`` when given, and the segments' placement arguments."""
   placement = {}
@@ -451,9 +452,8 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
         carry_shardings=(jax.tree.map(lambda _: parallel.replicated(mesh), params),
                          parallel.state_shardings(mesh, opt_state)),
         objective_arg=parallel.place_data(mesh, objective))
-  # Segments donate their carry; copy so that the caller's arrays stay valid. The copies
-  # are strongly typed, so that a weakly typed initial value does not make the segments
-  # (which return strong types) compile twice.
+  # Segments donate their carry: copies keep the caller's arrays valid, strongly typed so
+  # that a weakly typed initial value does not compile the segments twice.
   params = jax.tree.map(lambda p: jnp.array(p, dtype=jnp.asarray(p).dtype), params)
   checks.check_objective_evaluates(objective, params, "fit")
   fresh = opt_state is None
@@ -461,7 +461,7 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
   opt_state = optimizer.init(params) if fresh else jax.tree.map(jnp.copy, opt_state)
   check_chain_order(opt_state, "fit", steps=True)  # first: it names a missing update rule
-  check_descends(optimizer, opt_state, params, "fit", descent and fresh)
+  check_descends(optimizer, opt_state, params, "fit", fresh)
   return params, opt_state, placement
 
 
