@@ -591,3 +591,18 @@ def test_a_chains_shorter_last_chunk_runs_the_program_of_the_others():
   assert compile_cache.size() == programs, "the last, shorter chunk compiled a program"
   np.testing.assert_array_equal(chunked, whole)
   np.testing.assert_array_equal(final.position, whole[-1])
+
+
+def test_a_fit_after_compile_fit_with_its_arguments_compiles_nothing():
+  """compile_fit compiles fit's start too (the params' finiteness check, the rule's
+  descent check): they were compiled by the fit, inside a time-limited fit's budget."""
+  x, y = _problem(5, n=37, d=13)  # shapes no other test compiles
+  model = dsgrad.models.logistic_regression(x, y)
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  optimizer = optax.adam(1e-2)
+  settings = dict(num_steps=30, batch_size=4, elbo_samples=0)
+  assert dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings) > 0
+  result, compiles = _compiles(lambda: dsgrad.fit(objective, optimizer, params,
+                                                  jax.random.key(1), progress=False, **settings))
+  assert (compiles, result.compile_seconds) == (0, 0.0)
+  assert np.all(np.isfinite(result.params["loc"]))
