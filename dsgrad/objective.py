@@ -260,7 +260,10 @@ class Objective:
     return jnp.mean(self.loss(params, indices, noise, validate=validate))
 
   def value_and_grad(self, params, indices, noise, *, validate: bool = True):
-    """``(value, grad)`` of the mini-batch mean loss (the naive estimator, Eq. 4)."""
+    """``(value, grad)`` of the mini-batch mean loss (the naive estimator, Eq. 4).
+
+    Called outside ``jit`` on an objective that declares its data, it runs as one compiled
+    program (reused for a model built again on arrays of the same shapes)."""
     if validate:
       self.validate(indices, noise)
     if self.data is not None:
