@@ -266,12 +266,11 @@ class Objective:
     program (reused for a model built again on arrays of the same shapes)."""
     if validate:
       self.validate(indices, noise)
-    if self.data is not None:
-      # Called outside jit, one compiled program with the data as its arguments, not one
-      # small program per operation (a model's gradient is 20-80 of them); inside a trace
-      # it inlines. Without declared data the closure's arrays would become constants.
-      return _value_and_grad(self, params, indices, noise)
-    return jax.value_and_grad(self.value)(params, indices, noise, validate=False)
+    # Called outside jit, one compiled program with the data as its arguments, not one
+    # small program per operation (a model's gradient is 20-80 of them); inside a trace
+    # it inlines. Without declared data the closure's arrays would become constants.
+    run = _value_and_grad if self.data is None else _value_and_grad_program
+    return run(self, params, indices, noise)
 
   def grad(self, params, indices, noise, *, validate: bool = True) -> Params:
     """Naive mini-batch gradient ``mean_b grad f(params; n_b, eps_b)`` (Eq. 4).
@@ -294,9 +293,11 @@ class Objective:
     return self.loss_fn(params, self.rows(jnp.reshape(index, (1,))), noise_one)[0]
 
 
-@compile_cache.jit_by_text
 def _value_and_grad(objective: Objective, params, indices, noise):
   return jax.value_and_grad(objective.value)(params, indices, noise, validate=False)
+
+
+_value_and_grad_program = compile_cache.jit_by_text(_value_and_grad)
 
 
 data_lib.register_with_data(Objective)
