@@ -606,3 +606,38 @@ def test_a_fit_after_compile_fit_with_its_arguments_compiles_nothing():
                                                   jax.random.key(1), progress=False, **settings))
   assert (compiles, result.compile_seconds) == (0, 0.0)
   assert np.all(np.isfinite(result.params["loc"]))
+
+
+def test_an_update_outside_jit_is_one_program_with_the_data_as_its_arguments():
+  """Called outside jit, an estimator's update runs one compiled program (it ran one
+  small program per operation): the user's likelihood runs in Python only while traced,
+  not at every call; the objective on other data of the same shapes reuses the program
+  (its data are arguments, not constants); the update equals the jitted one."""
+  x, y = _problem(0, n=200, d=3)
+  x2, y2 = _problem(1, n=200, d=3)
+  traced = []
+
+  def log_likelihood(z, rows):
+    traced.append(1)
+    return jax.nn.log_sigmoid(rows["signs"] * (rows["x"] @ z))
+
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2), log_likelihood, {"x": x, "signs": 2.0 * y - 1.0},
+      latent=3)
+  other = objective.with_data({"x": x2, "signs": 2.0 * y2 - 1.0})
+  params = dsgrad.families.by_name("meanfield", 3).params()
+  optimizer = optax.chain(dsgrad.joint_saga(objective), optax.adam(1e-2))
+
+  def step(state, on, seed):
+    indices = jnp.arange(10) + 10 * seed
+    noise = on.sample_noise(jax.random.key(seed), 10)
+    grads = on.grad(params, indices, noise, validate=False)
+    return optimizer.update(grads, state, params, indices=indices, noise=noise, objective=on)
+
+  state = step(optimizer.init(params), objective, 0)[1]
+  before = len(traced)
+  (updates, _), compiled = _compiles(lambda: step(state, other, 1))
+  assert len(traced) == before and compiled == 0, (len(traced) - before, compiled)
+  jitted, _ = jax.jit(step, static_argnums=2)(state, other, 1)
+  for got, want in zip(jax.tree.leaves(updates), jax.tree.leaves(jitted)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ import optax
 from dsgrad import checks
 from dsgrad.approx.base import MaskMismatch, check_expectation
 from dsgrad.estimators import chain
-from dsgrad.training import host_data
+from dsgrad.training import compile_cache, host_data
 from dsgrad.objective import Objective
 from dsgrad.tables import tree_bytes
 
@@ -183,7 +183,12 @@ def transformation(objective: Objective, init_fn, update_fn, name: str
   per-datum tables and the N/B scaling were sized by ``objective``, and a gather past a
   table's end is clamped, not an error. Nothing else is checked here:
   :func:`dsgrad.checked` wraps an optimizer with the checks of a user's loop, and
-  :func:`dsgrad.fit` checks what enters it."""
+  :func:`dsgrad.fit` checks what enters it.
+
+  Called outside ``jit`` (a loop written without it), ``update_fn`` runs as one compiled
+  program with the objective's data among its arguments, not one small program per
+  operation; inside a trace it inlines."""
+  program = compile_cache.jit_by_text(update_fn)
 
   def update(updates, state, params=None, **extra_args):
     if extra_args.get("indices") is chain.DESCENT_PROBE:  # the rule after it is probed
@@ -195,6 +200,16 @@ def transformation(objective: Objective, init_fn, update_fn, name: str
       raise ValueError(f"dsgrad.{name} was built for an objective of {objective.num_data:,} "
                        f"data and is updated with one of {given.num_data:,}: build the "
                        "estimator from the objective it trains")
-    return update_fn(updates, state, params, **extra_args)
+    run = program if _compilable(given, (updates, state, params, extra_args)) else update_fn
+    return run(updates, state, params, **extra_args)
 
   return optax.GradientTransformationExtraArgs(init_fn, update)
+
+
+def _compilable(objective: Objective, arguments) -> bool:
+  """Whether an update on ``arguments`` can run as one program: the objective declares
+  its data (else its arrays, closed over, would be compiled in as constants) and every
+  argument is an array or a number."""
+  return objective.data is not None and all(
+      isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float))
+      for leaf in jax.tree.leaves(arguments))

@@ -168,7 +168,10 @@ def jit_by_text(function: Callable | None = None, *, static_argnames=()) -> Call
 
   @functools.wraps(function)
   def call(*args, **kwargs):
-    bound = signature.bind(*args, **kwargs)
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError:  # a call that does not fit: the function's own error names it
+      return function(*args, **kwargs)
     static = tuple((name, bound.arguments.pop(name)) for name in names
                    if name in bound.arguments)
     traced = (bound.args, bound.kwargs)
