@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,6 +143,15 @@ def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = T
     raise ValueError(f"feature_correlation must be in [0, 1), got {feature_correlation}")
   if intercept_value is not None and not intercept:
     raise ValueError("intercept_value needs intercept=True")
+  x, y, w = _draw_logistic_data(key, num_data, dim, intercept,
+                                float(feature_correlation),
+                                None if intercept_value is None else float(intercept_value))
+  return np.asarray(x), np.asarray(y), np.asarray(w)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _draw_logistic_data(key, num_data, dim, intercept, feature_correlation, intercept_value):
+  # One program per setting, not one per operation (a new shape compiled 6-37 of them).
   k1, k2, k3 = jax.random.split(key, 3)
   d_free = dim - 1 if intercept else dim
   x = jax.random.normal(k1, (num_data, d_free))
@@ -158,7 +168,7 @@ def synthetic_logistic_data(key, num_data: int, dim: int, *, intercept: bool = T
   if intercept_value is not None:
     w = w.at[-1].set(intercept_value)
   y = jax.random.bernoulli(k3, jax.nn.sigmoid(x @ w)).astype(jnp.int32)
-  return np.asarray(x), np.asarray(y), np.asarray(w)
+  return x, y, w
 
 
 @checks.arguments(num_classes=checks.count(2), prior_scale=checks.positive())
