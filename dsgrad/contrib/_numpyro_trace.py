@@ -45,6 +45,38 @@ def trace(fn, args, kwargs, seed=0):
       return handlers.trace(seeded).get_trace(*args, **kwargs)
 
 
+def array_arguments(args, kwargs):
+  """``(arrays, rebuild)``: the JAX arrays among a model's arguments, and
+  ``rebuild(arrays) -> (args, kwargs)``, which puts (traced) arrays back in their places
+  while the other arguments (sizes, flags) stay Python values."""
+  leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+  positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+
+  def rebuild(arrays):
+    full = list(leaves)
+    for i, array in zip(positions, arrays):
+      full[i] = array
+    return jax.tree_util.tree_unflatten(treedef, full)
+
+  return [leaves[i] for i in positions], rebuild
+
+
+def prior_trace(fn, args, kwargs, seed=0):
+  """:func:`trace`, run as one compiled program with the model's arrays as its arguments
+  (op by op, a model's prior draw compiled a small program per operation): the sites as
+  traced, each sample site's value the program's output."""
+  arrays, rebuild = array_arguments(args, kwargs)
+  sites = {}
+
+  def values(arrays):
+    sites.update(trace(fn, *rebuild(arrays), seed))
+    return {name: site["value"] for name, site in sites.items() if site["type"] == "sample"}
+
+  drawn = jax.jit(values)(arrays)
+  return {name: dict(site, value=drawn[name]) if name in drawn else site
+          for name, site in sites.items()}
+
+
 def with_indices(model, plate: str, indices):
   """The model with the data plate's subsample indices fixed to ``indices``."""
   return handlers.substitute(model, data={plate: indices})

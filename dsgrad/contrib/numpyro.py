@@ -111,7 +111,7 @@ def to_model(model, *model_args, data_plate: str | None = None,
   model_args, model_kwargs = jax.tree_util.tree_map_with_path(
       lambda path, a: _on_device(model, path, a), (model_args, model_kwargs))
   try:
-    trace = trace_lib.trace(model, model_args, model_kwargs)
+    trace = trace_lib.prior_trace(model, model_args, model_kwargs)
   except ValueError as error:
     if "broadcast" not in str(error).lower():
       raise
@@ -134,7 +134,12 @@ def to_model(model, *model_args, data_plate: str | None = None,
   latent, observed = _global_latents_and_observations(trace, plate)
 
   fixed = trace_lib.with_indices(model, plate, jnp.arange(batch_size, dtype=jnp.int32))
-  unconstrained = numpyro_util.unconstrain_fn(fixed, model_args, model_kwargs, latent)
+  # Compiled, with the model's arrays as arguments: op by op, each NumPyro density
+  # compiled a small program per operation; closed over, the arrays would be folded into
+  # the program.
+  arrays, rebuild = trace_lib.array_arguments(model_args, model_kwargs)
+  unconstrained = jax.jit(lambda arrays, latent: numpyro_util.unconstrain_fn(
+      fixed, *rebuild(arrays), latent))(arrays, latent)
   flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
                                 for k, v in unconstrained.items()})
   latent_sites = tuple(sorted(latent))
@@ -142,11 +147,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
   def constrain(z):
     return numpyro_util.constrain_fn(fixed, model_args, model_kwargs, unravel(z))
 
-  prior_model = handlers.block(fixed, hide=observed)
-
-  def log_prior(z):
-    return -numpyro_util.potential_energy(prior_model, model_args, model_kwargs, unravel(z))
-
+  log_prior, log_joint_subsampled = _compiled_densities(model, plate, fixed, observed,
+                                                        unravel, (arrays, rebuild))
   log_likelihood_given = _per_datum_log_likelihood(model, plate, observed, fixed, unravel)
 
   # The NumPyro model indexes its own arrays with the plate's indices, so it receives
@@ -168,11 +170,6 @@ def to_model(model, *model_args, data_plate: str | None = None,
   trace_lib.check_plate_size(model, log_likelihood_given, model_args, model_kwargs, flat, probe, plate,
                     num_data)
 
-  def log_joint_subsampled(z, indices):
-    subsampled = trace_lib.with_indices(model, plate, indices)
-    with trace_lib.other_batch_sizes_allowed():
-      return -numpyro_util.potential_energy(subsampled, model_args, model_kwargs, unravel(z))
-
   trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
   trace_lib.check_index_arguments(model, log_likelihood_given, model_args, model_kwargs, flat,
                                   num_data)
@@ -180,6 +177,29 @@ def to_model(model, *model_args, data_plate: str | None = None,
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
+
+
+def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
+  """``(log_prior(z), log_joint_subsampled(z, indices))``: NumPyro's log density of the
+  latent sites (and of observed sites outside the data plate), and of the whole model with
+  the plate subsampled at ``indices``, each compiled with the model's arrays
+  (``arguments = (arrays, rebuild)``, :func:`_numpyro_trace.array_arguments`) as
+  arguments."""
+  arrays, rebuild = arguments
+  prior_model = handlers.block(fixed, hide=observed)
+
+  @jax.jit
+  def log_prior_given(arrays, z):
+    return -numpyro_util.potential_energy(prior_model, *rebuild(arrays), unravel(z))
+
+  @jax.jit
+  def log_joint_given(arrays, z, indices):
+    subsampled = trace_lib.with_indices(model, plate, indices)
+    with trace_lib.other_batch_sizes_allowed():
+      return -numpyro_util.potential_energy(subsampled, *rebuild(arrays), unravel(z))
+
+  return (lambda z: log_prior_given(arrays, z),
+          lambda z, indices: log_joint_given(arrays, z, indices))
 
 
 def _global_latents_and_observations(trace, plate: str):
