@@ -185,18 +185,12 @@ def check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, p
   reads the model's jaxpr: every gather of a model argument at the plate's indices must
   be over an axis of the plate's size.
   """
-  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  leaves = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))[0]
   positions = [i for i, (_, leaf) in enumerate(leaves) if isinstance(leaf, jax.Array)]
   values = [leaf for _, leaf in leaves]
-
-  def given(arrays, z, indices):
-    full = list(values)
-    for i, a in zip(positions, arrays):
-      full[i] = a
-    args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-    return log_likelihood_given(args, kwargs, z, indices)
-
-  closed = jax.make_jaxpr(given)([values[i] for i in positions], z, probe)
+  arrays, rebuild = array_arguments(model_args, model_kwargs)  # the arrays at `positions`
+  closed = jax.make_jaxpr(lambda arrays, z, indices: log_likelihood_given(
+      *rebuild(arrays), z, indices))(arrays, z, probe)
   jaxpr = closed.jaxpr
   array_vars = {v: positions[k] for k, v in enumerate(jaxpr.invars[:len(positions)])}
   # Arrays the model closes over (module-level data) are constants of the program; their
