@@ -46,12 +46,9 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
   sign = _sign_of if sign is None else sign
   bar = _bar(progress, num_samples)
   outputs, seconds, done = [], 0.0, 0
-  keys = jax.random.split(key, num_samples)
   length = min(chunk_size, num_samples)
   try:
-    while done < num_samples:
-      size = min(length, num_samples - done)
-      batch = padded_keys(keys, done, size, length)
+    for size, batch in key_windows(key, num_samples, length):
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
       after, out = _chunk(model, state, batch, np.int32(size), step=step, position=position,
@@ -116,11 +113,32 @@ def _sign_of(state):
   return state.sign if hasattr(state, "sign") else jnp.ones((), state.position.dtype)
 
 
-def padded_keys(keys, start: int, size: int, length: int):
-  """``keys[start:start + size]`` followed by ``length - size`` unused keys: every chunk of
-  a run has one length, and so one compiled program (:func:`fixed_length_scan`)."""
-  chunk = keys[start:start + size]
-  return chunk if size == length else jnp.concatenate([chunk, keys[:length - size]])
+def split_keys(key, num: int) -> list:
+  """``list(jax.random.split(key, num))``, sliced on the host: each eager slice of a device
+  array of keys compiled a small program of its own on a first call."""
+  data, wrap = _on_host(jax.random.split(key, num))
+  return [wrap(row) for row in data]
+
+
+def key_windows(key, num: int, length: int):
+  """Yields ``(size, keys)``: ``jax.random.split(key, num)`` in windows of ``length`` keys,
+  the last (of ``size < length`` keys) padded with keys from the start, which
+  :func:`fixed_length_scan` leaves unused: every window has one length, and so one
+  compiled program. Sliced on the host (see :func:`split_keys`)."""
+  data, wrap = _on_host(jax.random.split(key, max(num, 1)))
+  for start in range(0, num, max(length, 1)):
+    size = min(length, num - start)
+    window = data[start:start + size]
+    yield size, wrap(window if size == length else np.concatenate([window, data[:length - size]]))
+
+
+def _on_host(keys):
+  """``(keys' data as numpy, data -> keys)``, for typed keys and raw ``uint32`` ones."""
+  if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+    return np.asarray(keys), jnp.asarray
+  impl = jax.random.key_impl(keys)
+  return (np.asarray(jax.random.key_data(keys)),
+          lambda data: jax.random.wrap_key_data(data, impl=impl))
 
 
 def fixed_length_scan(one, state, keys, count):

@@ -24,6 +24,8 @@ class DualAveraging(NamedTuple):
   mu: jax.Array
 
 
+# One program: run eagerly, its logarithms and sum were a small program each.
+@jax.jit
 def dual_averaging_init(step_size) -> DualAveraging:
   """Starts at ``step_size`` and shrinks towards ``log(10 step_size)`` (``mu``)."""
   log_step = jnp.log(jnp.asarray(step_size, jnp.float32))

@@ -92,15 +92,15 @@ def _spreads(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,
   """``s2(theta)``, the variance of ``d_k(theta)`` over the data, at each of ``thetas``,
   from ``num_data_read`` data drawn afresh for each (all ``n`` when fewer)."""
   read = min(model.num_data, num_data_read)
-  return np.asarray(_spreads_program(model, proxy, thetas,
-                                     jax.random.split(key, thetas.shape[0]), read), np.float64)
+  return np.asarray(_spreads_program(model, proxy, thetas, key, read), np.float64)
 
 
 # The model and proxy are arguments (not constants): one compile serves every call with
 # the same shapes.
 @compile_cache.jit_by_text(static_argnames="read")
-def _spreads_program(model: Model, proxy, thetas, keys, read: int):
+def _spreads_program(model: Model, proxy, thetas, key, read: int):
   n = model.num_data
+  keys = jax.random.split(key, thetas.shape[0])  # here, not eagerly: one program fewer
 
   def spread(theta, k):
     idx = (jnp.arange(n, dtype=jnp.int32) if read == n

@@ -68,7 +68,7 @@ def check_theta(model: Model, theta, name="theta_star"):
                      f"{model.name!r}, got {theta.shape}")
   if not jnp.issubdtype(theta.dtype, jnp.floating):
     raise ValueError(f"{name} must be a floating array, got dtype {theta.dtype}")
-  if is_concrete(theta) and not bool(jnp.all(jnp.isfinite(theta))):
+  if is_concrete(theta) and not np.all(np.isfinite(np.asarray(theta))):
     raise ValueError(f"{name} must be finite, got {theta}")
   return theta
 
@@ -135,8 +135,8 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
   if order not in (1, 2):
     raise ValueError(f"order must be 1 or 2, got {order}")
   value, grad, hess = _full_data_sums(model, theta_star, chunk_size)
-  return TaylorProxy(theta_star, value, grad, 0.5 * (hess + hess.T),
-                     jnp.asarray(1.0 if order == 2 else 0.0, theta_star.dtype))
+  return TaylorProxy(theta_star, value, grad, hess,
+                     jnp.asarray(np.asarray(1.0 if order == 2 else 0.0, theta_star.dtype)))
 
 
 # The model is an argument: its data are the program's inputs, not constants, and one
@@ -153,8 +153,8 @@ def _full_data_sums(model: Model, theta, chunk_size: int):
     value, grad = jax.value_and_grad(total)(theta, idx)
     hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
     return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
-  means = full_pass_mean(chunk_mean, n, chunk_size)
-  return jax.tree.map(lambda m: n * m, means)
+  value, grad, hess = jax.tree.map(lambda m: n * m, full_pass_mean(chunk_mean, n, chunk_size))
+  return value, grad, 0.5 * (hess + hess.T)
 
 
 def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:

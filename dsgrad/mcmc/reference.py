@@ -55,7 +55,7 @@ def find_reference_point(model: Model, key, *, subset_size: int | None = None,
   """
   n = model.num_data
   size = min(n, int(subset_size or default_subset_size(n)))
-  start = (jnp.zeros(model.latent_dim, jnp.float32) if position is None
+  start = (np.zeros(model.latent_dim, np.float32) if position is None
            else check_theta(model, position, "position"))
   return _subset_mode(model, key, start, num_steps, size)
 
@@ -114,14 +114,16 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
 
   current, passes = float(log_posterior(proxy.theta_star)), 1
   for _ in range(max_steps):
-    grad = np.asarray(proxy.sum_grad + _prior_gradient(model, proxy.theta_star), np.float64)
+    grad = np.asarray(_posterior_gradient(model, proxy), np.float64)
     step = np.linalg.solve(np.asarray(laplace_precision(model, proxy), np.float64), grad)
     decrement = float(grad @ step)
     if not np.all(np.isfinite(step)) or decrement < 0.01:
       break
     fraction = 1.0
     while fraction >= 1 / 32:
-      trial = proxy.theta_star + jnp.asarray(fraction * step, proxy.theta_star.dtype)
+      # In float32 on the host, as on the device (an eager sum compiles a program).
+      trial = jnp.asarray(np.asarray(proxy.theta_star) + (fraction * step).astype(
+          np.asarray(proxy.theta_star).dtype))
       value, passes = float(log_posterior(trial)), passes + 1
       # Armijo's condition, with float32 sums' rounding allowed for.
       if value > current + 1e-4 * fraction * decrement - 1e-6 * abs(current):
@@ -147,14 +149,15 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   precision = _symmetric_precision(model, check_proxy(model, proxy))
   values, vectors = np.linalg.eigh(np.asarray(precision, np.float64))
   values = np.maximum(values, 1e-6 * max(values.max(), 1e-12))
-  return jnp.asarray((vectors * values) @ vectors.T, jnp.float32)
+  return jnp.asarray(((vectors * values) @ vectors.T).astype(np.float32))
 
 
 # Programs taking the model as an argument: differentiated eagerly, the prior's gradient
 # and Hessian were dozens of small programs compiled one by one on a first call.
 @compile_cache.jit_by_text
-def _prior_gradient(model: Model, theta):
-  return jax.grad(model.log_prior)(theta)
+def _posterior_gradient(model: Model, proxy: TaylorProxy):
+  """The full-data log posterior's gradient at ``theta*``, from the proxy's sums."""
+  return proxy.sum_grad + jax.grad(model.log_prior)(proxy.theta_star)
 
 
 @compile_cache.jit_by_text
@@ -172,6 +175,11 @@ def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
       (its draws would be NaN).
   """
   chol = checked_cholesky(precision, "precision", proxy.theta_star.shape[0])
-  z = jax.random.normal(key, (num, proxy.theta_star.shape[0]))
-  offsets = jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T
-  return proxy.theta_star + offsets
+  return _draws(proxy.theta_star, chol, key, num)
+
+
+@functools.partial(jax.jit, static_argnames="num")
+def _draws(mean, chol, key, num: int):
+  """``num`` draws of ``N(mean, (chol chol^T)^{-1})``, in one program (eagerly, six)."""
+  z = jax.random.normal(key, (num, mean.shape[0]))
+  return mean + jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T

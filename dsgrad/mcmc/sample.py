@@ -15,13 +15,12 @@ import math
 import time
 from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
 from dsgrad.mcmc import estimator_noise
-from dsgrad.mcmc.chain import fixed_length_scan, padded_keys, run_chain
+from dsgrad.mcmc.chain import fixed_length_scan, key_windows, run_chain, split_keys
 from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_update,
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
@@ -32,7 +31,7 @@ from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
 from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
                                    laplace_draws, laplace_precision, refine_reference_point)
 from dsgrad.models.base import Model
-from dsgrad.training import compile_cache
+from dsgrad.training import batching, compile_cache
 
 
 class MCMCResult(NamedTuple):
@@ -202,7 +201,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   if estimator not in ("perturbed", "signed", "full"):
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
   start_time = time.perf_counter()
-  k_ref, k_init, k_warm, k_tune, k_sample, k_signed = jax.random.split(key, 6)
+  k_ref, k_init, k_warm, k_tune, k_sample, k_signed = split_keys(key, 6)
   evaluations, refine = 0, reference_point is None
   if refine:
     reference_point = find_reference_point(model, k_ref)
@@ -224,7 +223,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     subsample_size, make_scheme = None, _Scheme(subsample_lib.full_data, ())
   else:
     if subsample_size == "auto":
-      k_auto = jax.random.fold_in(key, 7)  # the other keys stay those of a given m
+      k_auto = batching.fold_in(key, 7)  # the other keys stay those of a given m
       draws = laplace_draws(proxy, laplace, k_auto, 50)
       subsample_size, _ = estimator_noise.choose_subsample_size(
           model, proxy, draws, k_auto, num_blocks=num_blocks)
@@ -251,7 +250,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   def result(samples, signs, info, state, seconds):
     ess, missing = _effective_sample_size(samples)
     estimator_variance, warnings = estimator_noise.diagnose(
-        model, proxy, samples, info, jax.random.fold_in(key, 8), subsample_size,
+        model, proxy, samples, info, batching.fold_in(key, 8), subsample_size,
         estimator == "perturbed", mode)
     warnings = tuple(warnings) + missing
     for message in warnings if progress else ():
@@ -342,22 +341,20 @@ class _Warmup:
                if p]
     window = min(math.gcd(*periods) if periods else num_warmup, num_warmup)
     done, draws = 0, []
-    keys = jax.random.split(key, max(num_warmup, 1))
-    while done < num_warmup:
-      size = min(window, num_warmup - done)
+    # The draws are read on the host: each eager slice, sum or concatenation of device
+    # arrays was a small program compiled on a first call.
+    for size, keys in key_windows(key, num_warmup, window):
       (state, adapt), (positions, evals) = _warmup_window(
-          model, state, adapt, proxy, params, padded_keys(keys, done, size, window),
-          np.int32(size), make_scheme=self.make_scheme,
-          trajectory_length=self.trajectory_length, max_integration_steps=self.max_steps,
-          target_accept=self.target_accept)
-      positions, evals = positions[:size], evals[:size]
-      draws.append(positions)
-      evaluations += int(np.sum(evals))
+          model, state, adapt, proxy, params, keys, np.int32(size),
+          make_scheme=self.make_scheme, trajectory_length=self.trajectory_length,
+          max_integration_steps=self.max_steps, target_accept=self.target_accept)
+      draws.append(np.asarray(positions)[:size])
+      evaluations += int(np.sum(np.asarray(evals)[:size]))
       done += size
       if done >= num_warmup:
         break
       if reference_updates_every and done % reference_updates_every == 0:
-        recent = jnp.concatenate(draws)[-reference_updates_every:]
+        recent = np.concatenate(draws)[-reference_updates_every:]
         proxy = taylor_proxy(model, jnp.mean(recent, 0), order=self.proxy_order)
         evaluations += model.num_data
         if mass_mode == "laplace":
@@ -365,25 +362,31 @@ class _Warmup:
         state = _state_at(model, proxy, state.position, state.subsample,
                           make_scheme=self.make_scheme)
       if mass_mode == "adapt" and done % mass_window == 0:
-        recent = jnp.concatenate(draws)[-mass_window:]
+        recent = np.concatenate(draws)[-mass_window:]
         w = recent.shape[0]
         variance = (w / (w + 5.0)) * jnp.var(recent, 0) + 1e-3 * (5.0 / (w + 5.0))
         params = hmc_parameters(self.initial_step_size, 1, jnp.diag(1.0 / variance))
         adapt = dual_averaging_init(jnp.exp(adapt.log_step))
     step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else self.initial_step_size
+    # integration_steps' arithmetic on the host (float32, as it is on the device).
+    steps = np.clip(np.ceil(np.float32(self.trajectory_length / step_size)), 1, self.max_steps)
     params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
-                             num_integration_steps=integration_steps(
-                                 step_size, self.trajectory_length, self.max_steps))
+                             num_integration_steps=jnp.asarray(int(steps), jnp.int32))
     return state, proxy, params, evaluations
 
 
 # The chain's state in one program each (computed eagerly, its potential and gradient
 # were some fifty small programs compiled one by one on a first call).
-@compile_cache.jit_by_text(static_argnames="make_scheme")
 def _first_state(model, proxy, position, key, *, make_scheme):
-  """The state at ``position`` with a fresh subsample drawn with ``key``."""
-  scheme = make_scheme(model)
-  return reset(model, scheme, proxy, position, scheme.init(key))
+  """The state at ``position`` with a fresh subsample drawn with ``key`` (by
+  :func:`_state_at`'s program, which the warm-up's reference updates run too)."""
+  subsample = _fresh_subsample(model, key, make_scheme=make_scheme)
+  return _state_at(model, proxy, position, subsample, make_scheme=make_scheme)
+
+
+@compile_cache.jit_by_text(static_argnames="make_scheme")
+def _fresh_subsample(model, key, *, make_scheme):
+  return make_scheme(model).init(key)
 
 
 @compile_cache.jit_by_text(static_argnames="make_scheme")

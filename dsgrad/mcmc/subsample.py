@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dsgrad import checks
-from dsgrad.training import batching
+from dsgrad.training import batching, compile_cache
 from dsgrad.mcmc import proxy as proxy_lib
 from dsgrad.models.base import Model
 
@@ -247,6 +247,17 @@ def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
     ``(num_blocks, lower_bound)``.
   """
   proxy = proxy_lib.check_proxy(model, proxy)
+  spread, lowest = _estimates_spread(model, proxy, jnp.asarray(thetas), key,
+                                     num_draws=num_draws, subsample_size=subsample_size)
+  lam = max(1, math.ceil(negative_sd * float(spread)))
+  return lam, float(lowest) - lam
+
+
+# One program, the model an argument: run eagerly, the vmapped estimates were some forty
+# small programs compiled one by one.
+@compile_cache.jit_by_text(static_argnames=("num_draws", "subsample_size"))
+def _estimates_spread(model: Model, proxy, thetas, key, *, num_draws: int, subsample_size: int):
+  """``(largest sd of d_hat over subsamples at one theta, smallest d_hat)``."""
   n = model.num_data
 
   def d_hats(theta, k):
@@ -254,6 +265,4 @@ def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
     return jax.vmap(lambda i: n * jnp.mean(proxy_lib.differences(model, proxy, theta, i)))(idx)
 
   values = jax.vmap(d_hats)(thetas, jax.random.split(key, thetas.shape[0]))
-  s = float(jnp.max(jnp.std(values, axis=1)))
-  lam = max(1, math.ceil(negative_sd * s))
-  return lam, float(jnp.min(values)) - lam
+  return jnp.max(jnp.std(values, axis=1)), jnp.min(values)
