@@ -511,7 +511,9 @@ def test_params_with_a_leaf_renamed_dropped_or_reshaped_are_refused_by_name(
                  elbo_samples=0, progress=False)
 
 
-def test_fit_under_jax_enable_x64_trains():
+def test_fit_and_mcmc_under_jax_enable_x64():
+  # Under x64, random draws default to float64: Laplace draws, HMC momenta and the step
+  # size's dual averaging met the float32 latent in bare dtype errors.
   import subprocess
   import sys
   script = (
@@ -525,6 +527,12 @@ def test_fit_under_jax_enable_x64_trains():
       "  r = dsgrad.fit(obj, tx, p, jax.random.key(0), num_steps=40, batch_size=10,\n"
       "                 progress=False)\n"
       "  assert np.all(np.isfinite(r.history.elbo)) and r.history.elbo[-1] > r.history.elbo[0]\n"
+      "model = logistic_regression(np.asarray(x), np.asarray(y))\n"
+      "s = dsgrad.mcmc.sample(jax.random.key(1), model, num_samples=200, num_warmup=200,\n"
+      "                       subsample_size='auto', num_blocks=10, progress=False)\n"
+      "sd = np.sqrt(np.diag(np.linalg.inv(dsgrad.mcmc.laplace_precision(model, s.proxy))))\n"
+      "assert s.samples.dtype == np.float32 and np.all(np.isfinite(s.samples))\n"
+      "assert np.all(np.abs(s.samples.mean(0) - s.proxy.theta_star) < sd), s.samples.mean(0)\n"
       "print('ok')\n")
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                         timeout=300)

@@ -388,6 +388,25 @@ def test_bad_input(logreg):
     mcmc.signed_mean(np.ones((4, 2)), np.array([1.0, -1.0, -1.0, 1.0]))
 
 
+@pytest.mark.parametrize("thetas, match", [
+    (np.zeros(4), r"\(K, 4\) array .* got shape \(4,\)"),  # one theta, not a batch of them
+    (np.zeros((5, 3)), r"got shape \(5, 3\)"),
+    (np.zeros((0, 4)), r"K >= 1"),
+    (np.zeros((5, 4), int), "floating"),
+    (np.array([[0.0] * 4, [np.nan] * 4]), r"NaN or inf values, in 1 of its 2 rows")])
+def test_parameters_to_tune_at_are_refused_by_kind_where_they_enter(logreg, thetas, match):
+  """The tuning helpers read the estimator at given latents: a single latent, another
+  model's, none, integers or NaN gave bare matmul or shape errors, or NaN variances."""
+  proxy = mcmc.taylor_proxy(logreg, jnp.zeros(logreg.latent_dim))
+  for tune in (lambda t: mcmc.estimator_noise.choose_subsample_size(logreg, proxy, t,
+                                                                    jax.random.key(0)),
+               lambda t: mcmc.suggest_block_poisson(logreg, proxy, t, jax.random.key(0), 50),
+               lambda t: mcmc.estimator_noise.variance_at_draws(logreg, proxy, t,
+                                                                jax.random.key(0), 50)):
+    with pytest.raises(ValueError, match="thetas .*" + match):
+      tune(thetas)
+
+
 def test_a_position_laid_out_like_the_latent_is_flattened_as_the_model_does():
   """A model written with a pytree latent takes its MCMC positions in that layout (and
   ``model.unravel`` lays the flat samples out again); a flat model refuses one by name."""

@@ -29,7 +29,8 @@ class DualAveraging(NamedTuple):
 def dual_averaging_init(step_size) -> DualAveraging:
   """Starts at ``step_size`` and shrinks towards ``log(10 step_size)`` (``mu``)."""
   log_step = jnp.log(jnp.asarray(step_size, jnp.float32))
-  return DualAveraging(log_step, log_step, jnp.zeros(()), jnp.zeros(()), log_step + jnp.log(10.0))
+  zero = jnp.zeros((), jnp.float32)  # float32 under jax_enable_x64 too, as the step size
+  return DualAveraging(log_step, log_step, zero, zero, log_step + jnp.log(10.0))
 
 
 @checks.arguments(target=checks.probability(low_open=True, high_open=True),

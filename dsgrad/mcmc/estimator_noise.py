@@ -92,6 +92,7 @@ def _spreads(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,
   """``s2(theta)``, the variance of ``d_k(theta)`` over the data, at each of ``thetas``,
   from ``num_data_read`` data drawn afresh for each (all ``n`` when fewer)."""
   read = min(model.num_data, num_data_read)
+  thetas = proxy_lib.check_thetas(model, proxy, thetas)
   return np.asarray(_spreads_program(model, proxy, thetas, key, read), np.float64)
 
 

@@ -78,7 +78,8 @@ def build_kernel(integrator: Callable = integrators.velocity_verlet):
   def kernel(key, state: HMCState, potential_fn: Callable, params) -> tuple:
     k_momentum, k_accept = jax.random.split(key)
     inv_mass = params.inverse_mass_matrix
-    momentum = params.mass_cholesky @ jax.random.normal(k_momentum, state.position.shape)
+    momentum = params.mass_cholesky @ jax.random.normal(
+        k_momentum, state.position.shape, state.position.dtype)
     start = integrators.IntegratorState(state.position, momentum, state.potential,
                                         state.potential_grad, state.aux)
     end = integrator(start, integrators.value_and_grad_with_aux(potential_fn),

@@ -91,6 +91,25 @@ def check_proxy(model: Model, proxy, name: str = "proxy") -> TaylorProxy:
   return proxy
 
 
+def check_thetas(model: Model, proxy: TaylorProxy, thetas, name: str = "thetas") -> np.ndarray:
+  """``thetas`` as a ``(K, d)`` host array of ``K >= 1`` flat latents in the dtype of
+  ``proxy.theta_star`` (float64 draws under ``jax_enable_x64`` would meet the float32
+  proxy in a bare dtype error), refusing any other shape, a non-floating dtype and values
+  that are not finite (they gave a bare shape error, or NaN variances without one)."""
+  given = np.asarray(thetas)
+  d = model.latent_dim
+  if given.ndim != 2 or given.shape[0] < 1 or given.shape[1] != d:
+    raise ValueError(f"{name} must be a (K, {d}) array of K >= 1 flat latents of model "
+                     f"{model.name!r} (d = {d}), got shape {given.shape}")
+  if not np.issubdtype(given.dtype, np.floating):
+    raise ValueError(f"{name} must be a floating array, got dtype {given.dtype}")
+  bad = np.flatnonzero(~np.isfinite(given).all(1))
+  if bad.size:
+    raise ValueError(f"{name} holds NaN or inf values, in {bad.size} of its {len(given)} rows "
+                     f"(the first: {bad[:5].tolist()})")
+  return given.astype(np.dtype(proxy.theta_star.dtype), copy=False)
+
+
 def _is_flat_sequence(theta) -> bool:
   return isinstance(theta, (list, tuple)) and all(np.ndim(v) == 0 for v in theta)
 

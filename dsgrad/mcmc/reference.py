@@ -181,5 +181,5 @@ def laplace_draws(proxy: TaylorProxy, precision, key, num: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnames="num")
 def _draws(mean, chol, key, num: int):
   """``num`` draws of ``N(mean, (chol chol^T)^{-1})``, in one program (eagerly, six)."""
-  z = jax.random.normal(key, (num, mean.shape[0]))
+  z = jax.random.normal(key, (num, mean.shape[0]), mean.dtype)  # float32 under x64 too
   return mean + jax.scipy.linalg.solve_triangular(chol.T, z.T, lower=False).T

@@ -247,7 +247,8 @@ def suggest_block_poisson(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
     ``(num_blocks, lower_bound)``.
   """
   proxy = proxy_lib.check_proxy(model, proxy)
-  spread, lowest = _estimates_spread(model, proxy, jnp.asarray(thetas), key,
+  thetas = proxy_lib.check_thetas(model, proxy, thetas)
+  spread, lowest = _estimates_spread(model, proxy, thetas, key,
                                      num_draws=num_draws, subsample_size=subsample_size)
   lam = max(1, math.ceil(negative_sd * float(spread)))
   return lam, float(lowest) - lam
