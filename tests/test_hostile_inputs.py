@@ -512,8 +512,9 @@ def test_params_with_a_leaf_renamed_dropped_or_reshaped_are_refused_by_name(
 
 
 def test_fit_and_mcmc_under_jax_enable_x64():
-  # Under x64, random draws default to float64: Laplace draws, HMC momenta and the step
-  # size's dual averaging met the float32 latent in bare dtype errors.
+  # Under x64, random draws and numpy's positions are float64: Laplace draws, HMC momenta,
+  # the step size's dual averaging and a given position (or reference point) met the
+  # float32 latent in bare dtype errors.
   import subprocess
   import sys
   script = (
@@ -529,7 +530,8 @@ def test_fit_and_mcmc_under_jax_enable_x64():
       "  assert np.all(np.isfinite(r.history.elbo)) and r.history.elbo[-1] > r.history.elbo[0]\n"
       "model = logistic_regression(np.asarray(x), np.asarray(y))\n"
       "s = dsgrad.mcmc.sample(jax.random.key(1), model, num_samples=200, num_warmup=200,\n"
-      "                       subsample_size='auto', num_blocks=10, progress=False)\n"
+      "                       subsample_size='auto', num_blocks=10, progress=False,\n"
+      "                       position=np.zeros(3))\n"
       "sd = np.sqrt(np.diag(np.linalg.inv(dsgrad.mcmc.laplace_precision(model, s.proxy))))\n"
       "assert s.samples.dtype == np.float32 and np.all(np.isfinite(s.samples))\n"
       "assert np.all(np.abs(s.samples.mean(0) - s.proxy.theta_star) < sd), s.samples.mean(0)\n"

@@ -57,8 +57,8 @@ class TaylorProxy(NamedTuple):
 
 
 def check_theta(model: Model, theta, name="theta_star"):
-  """``theta`` as the model's flat ``(d,)`` latent: a flat array, or a pytree laid out as
-  ``model.unravel`` arranges the latent (flattened here)."""
+  """``theta`` as the model's flat ``(d,)`` float32 latent: a flat array, or a pytree laid
+  out as ``model.unravel`` arranges the latent (flattened here)."""
   if not isinstance(theta, (jax.Array, np.ndarray, float, int)) and len(
       jax.tree.leaves(theta)) > 0 and not _is_flat_sequence(theta):
     theta = _ravel_like_latent(model, theta, name)
@@ -70,7 +70,9 @@ def check_theta(model: Model, theta, name="theta_star"):
     raise ValueError(f"{name} must be a floating array, got dtype {theta.dtype}")
   if is_concrete(theta) and not np.all(np.isfinite(np.asarray(theta))):
     raise ValueError(f"{name} must be finite, got {theta}")
-  return theta
+  # The chains compute in float32, as the models' data are: a float64 point (numpy's
+  # default, kept as such under jax_enable_x64) would mix the two in the chain's state.
+  return theta if theta.dtype == jnp.float32 else theta.astype(jnp.float32)
 
 
 def check_proxy(model: Model, proxy, name: str = "proxy") -> TaylorProxy:
