@@ -388,6 +388,29 @@ def test_bad_input(logreg):
     mcmc.signed_mean(np.ones((4, 2)), np.array([1.0, -1.0, -1.0, 1.0]))
 
 
+def test_block_counts_no_subsample_can_meet_are_refused_before_the_setup(monkeypatch):
+  """With more blocks than data, subsample_size="auto" chose all n data and the perturbed
+  scheme then refused that size, which the user never gave, after the reference point's
+  seconds; an explicit size out of range was refused only after them as well."""
+  x, y, _ = synthetic_logistic_data(jax.random.key(0), 7, 2)
+  model = logistic_regression(x, y)
+
+  def no_setup(*args, **kwargs):
+    raise AssertionError("the setup ran before the settings were checked")
+  monkeypatch.setattr(sys.modules["dsgrad.mcmc.sample"], "find_reference_point", no_setup)
+  run = functools.partial(mcmc.sample, jax.random.key(0), model, num_samples=5, progress=False)
+  with pytest.raises(ValueError, match="num_blocks=10 is more than the n=7 data.*at most 7"):
+    run(subsample_size="auto", num_blocks=10)
+  with pytest.raises(ValueError, match=r"subsample_size must lie in \[1, n=7\], got 8"):
+    run(subsample_size=8, num_blocks=1)
+  with pytest.raises(ValueError, match="subsample_size=6 must be a multiple of num_blocks=4"):
+    run(subsample_size=6, num_blocks=4, estimator="signed")
+  with pytest.raises(ValueError, match="num_blocks=8 is more than the n=7 data"):
+    mcmc.estimator_noise.choose_subsample_size(
+        model, mcmc.taylor_proxy(model, jnp.zeros(2)), np.zeros((3, 2), np.float32),
+        jax.random.key(1), num_blocks=8)
+
+
 @pytest.mark.parametrize("thetas, match", [
     (np.zeros(4), r"\(K, 4\) array .* got shape \(4,\)"),  # one theta, not a batch of them
     (np.zeros((5, 3)), r"got shape \(5, 3\)"),

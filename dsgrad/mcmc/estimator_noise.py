@@ -78,13 +78,28 @@ def choose_subsample_size(model: Model, proxy: proxy_lib.TaylorProxy, thetas, ke
   Returns:
     ``(m, sigma2 at m)``: the subsample size and the variance it is expected to give
     (above the target only when ``m`` reached ``n``).
+
+  Raises:
+    ValueError: ``thetas`` not a ``(K, d)`` floating array of finite values, or more
+      blocks than data.
   """
   proxy = proxy_lib.check_proxy(model, proxy)
   n = model.num_data
+  check_num_blocks(n, num_blocks)
   s2 = float(np.quantile(_spreads(model, proxy, thetas, key, num_data_read), quantile))
   wanted = max(1, math.ceil(n ** 2 * s2 / target_variance))
   m = min(num_blocks * math.ceil(wanted / num_blocks), n - n % num_blocks or n)
   return int(m), n ** 2 * s2 / m
+
+
+def check_num_blocks(num_data: int, num_blocks: int) -> None:
+  """Refuses more blocks than data: the chosen ``m`` is a multiple of ``num_blocks`` and
+  at most ``n``, so no ``m`` would do (all ``n`` data were chosen, then refused by the
+  perturbed scheme as a subsample size the user never gave)."""
+  if num_blocks > num_data:
+    raise ValueError(f"num_blocks={num_blocks} is more than the n={num_data} data: the "
+                     "subsample size chosen is a multiple of num_blocks and at most n; pass "
+                     f"num_blocks of at most {num_data}")
 
 
 def _spreads(model: Model, proxy: proxy_lib.TaylorProxy, thetas, key,

@@ -198,8 +198,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     (True, True)
   """
   # The numeric settings are checked by the argument declarations above.
-  if estimator not in ("perturbed", "signed", "full"):
-    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
+  _check_scheme(model, estimator, subsample_size, num_blocks)
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = split_keys(key, 6)
   evaluations, refine = 0, reference_point is None
@@ -265,6 +264,17 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     stop.result = result(*stop.result)  # the draws kept, as sample returns them
     raise
   return result(*drawn)
+
+
+def _check_scheme(model: Model, estimator: str, subsample_size, num_blocks: int) -> None:
+  """Refuses an unknown estimator and subsample settings the perturbed scheme (of the
+  warm-up, and of sampling) would refuse: now, not after the seconds of finding theta*."""
+  if estimator not in ("perturbed", "signed", "full"):
+    raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
+  if estimator != "full" and subsample_size == "auto":
+    estimator_noise.check_num_blocks(model.num_data, num_blocks)
+  elif estimator != "full":
+    subsample_lib.perturbed(model, subsample_size, num_blocks)
 
 
 def _signed_scheme(model, proxy, key, subsample_size: int, blocks_per_update: int):
