@@ -51,8 +51,8 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
     for size, batch in key_windows(key, num_samples, length):
       start = time.perf_counter()
       # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = _chunk(model, state, batch, np.int32(size), step=step, position=position,
-                          sign=sign)
+      after, out = run_chunk(model, state, batch, np.int32(size), step=step,
+                             position=position, sign=sign)
       jax.block_until_ready(out)
       seconds += time.perf_counter() - start
       outputs.append(jax.tree.map(lambda a: np.asarray(a)[:size], out))
@@ -158,7 +158,7 @@ def fixed_length_scan(one, state, keys, count):
 
 
 @compile_cache.jit_by_text(static_argnames=("step", "position", "sign"))
-def _chunk(model, state, keys, count, *, step, position, sign):
+def run_chunk(model, state, keys, count, *, step, position, sign):
   """The first ``count`` of ``len(keys)`` iterations (:func:`fixed_length_scan`): one
   program, kept in the compile cache, for every chain with the same ``step``,
   ``position``, ``sign`` and argument shapes, so a second chain on a model of the same

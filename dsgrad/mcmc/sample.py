@@ -15,12 +15,13 @@ import math
 import time
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
 from dsgrad.mcmc import estimator_noise
-from dsgrad.mcmc.chain import fixed_length_scan, key_windows, run_chain, split_keys
+from dsgrad.mcmc.chain import Diverged, key_windows, run_chain, run_chunk, split_keys
 from dsgrad.mcmc.dual_averaging import (dual_averaging_init, dual_averaging_update,
                                         integration_steps)
 from dsgrad.training.progress import Interrupted
@@ -236,7 +237,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   warmup = _Warmup(model, make_scheme, trajectory_length, max_integration_steps, target_accept,
                    initial_step_size, proxy_order)
   state = _first_state(model, proxy, position, k_init, make_scheme=make_scheme)
-  state, proxy, params, warm_evaluations = warmup.run(
+  state, adapt, proxy, params, warm_evaluations = warmup.run(
       state, proxy, hmc_parameters(initial_step_size, 1, precision), k_warm, num_warmup,
       reference_updates_every, mass_mode, mass_window)
   evaluations += warm_evaluations
@@ -246,7 +247,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     state = _first_state(model, proxy, state.position, k_signed, make_scheme=make_scheme)
   warmup_seconds = time.perf_counter() - start_time
 
-  def result(samples, signs, info, state, seconds):
+  def result(samples, signs, info, carry, seconds):
+    state = carry[0]  # the chain's state, without the (unused) step-size adaptation
     ess, missing = _effective_sample_size(samples)
     estimator_variance, warnings = estimator_noise.diagnose(
         model, proxy, samples, info, batching.fold_in(key, 8), subsample_size,
@@ -258,10 +260,13 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
                       seconds, evaluations, subsample_size, ess, warnings, estimator_variance)
 
   try:
-    drawn = run_chain(k_sample, _SamplingStep(make_scheme), state, num_samples,
-                      progress=progress, model=(model, proxy, params))
-  except Interrupted as stop:
-    stop.result = result(*stop.result)  # the draws kept, as sample returns them
+    drawn = run_chain(k_sample, warmup.transition(make_scheme), (state, adapt), num_samples,
+                      progress=progress, model=(model, proxy, params, np.False_),
+                      position=_chain_position, sign=_chain_sign)
+  except (Interrupted, Diverged) as stop:
+    # Interrupted keeps the draws as sample returns them; Diverged, run_chain's tuple.
+    stop.result = (result(*stop.result) if isinstance(stop, Interrupted)
+                   else stop.result[:3] + (stop.result[3][0],) + stop.result[4:])
     raise
   return result(*drawn)
 
@@ -300,15 +305,38 @@ class _Scheme:
 
 
 @dataclasses.dataclass(frozen=True)
-class _SamplingStep:
-  """The sampling phase's transition ``step((model, proxy, parameters), key, state)``:
-  the tuned proxy and parameters are arguments of the compiled chain, not its constants."""
+class _Transition:
+  """One iteration of either phase, ``step((model, proxy, params, adapting), key,
+  (state, adapt))``: warming up (``adapting``), the step size is dual averaging's and
+  ``L = ceil(trajectory_length / eps)``, and dual averaging moves; sampling, both are
+  ``params``' and it stays. One compiled chunk serves both phases (each compiled the
+  kernel, a second or two on a first chain); the tuned proxy and parameters are its
+  arguments, not its constants."""
 
   make_scheme: _Scheme
+  trajectory_length: float
+  max_integration_steps: int
+  target_accept: float
 
-  def __call__(self, arguments, key, state):
-    model, proxy, params = arguments
-    return build_kernel(model, self.make_scheme(model))(key, state, proxy, params)
+  def __call__(self, arguments, key, carry):
+    model, proxy, params, adapting = arguments
+    state, adapt = carry
+    step = jnp.where(adapting, jnp.exp(adapt.log_step), params.step_size)
+    num_steps = jnp.where(adapting, integration_steps(
+        step, self.trajectory_length, self.max_integration_steps), params.num_integration_steps)
+    state, info = build_kernel(model, self.make_scheme(model))(
+        key, state, proxy, params._replace(step_size=step, num_integration_steps=num_steps))
+    moved = dual_averaging_update(adapt, info.acceptance_rate, self.target_accept)
+    adapt = jax.tree.map(lambda new, old: jnp.where(adapting, new, old), moved, adapt)
+    return (state, adapt), info
+
+
+def _chain_position(carry):
+  return carry[0].position
+
+
+def _chain_sign(carry):
+  return carry[0].sign
 
 
 def _initial_precision(model: Model, laplace, mass_matrix):
@@ -342,10 +370,16 @@ class _Warmup:
     self.max_steps, self.target_accept = max_integration_steps, target_accept
     self.make_scheme = make_scheme
 
+  def transition(self, make_scheme) -> _Transition:
+    return _Transition(make_scheme, self.trajectory_length, self.max_steps,
+                       self.target_accept)
+
   def run(self, state, proxy, params, key, num_warmup, reference_updates_every, mass_mode,
           mass_window):
-    """``(state, proxy, tuned params, data evaluations)`` after ``num_warmup`` iterations."""
+    """``(state, dual averaging, proxy, tuned params, data evaluations)`` after
+    ``num_warmup`` iterations."""
     model, evaluations = self.model, 0
+    transition = self.transition(self.make_scheme)
     adapt = dual_averaging_init(self.initial_step_size)
     periods = [p for p in (reference_updates_every, mass_window if mass_mode == "adapt" else 0)
                if p]
@@ -354,12 +388,11 @@ class _Warmup:
     # The draws are read on the host: each eager slice, sum or concatenation of device
     # arrays was a small program compiled on a first call.
     for size, keys in key_windows(key, num_warmup, window):
-      (state, adapt), (positions, evals) = _warmup_window(
-          model, state, adapt, proxy, params, keys, np.int32(size),
-          make_scheme=self.make_scheme, trajectory_length=self.trajectory_length,
-          max_integration_steps=self.max_steps, target_accept=self.target_accept)
+      (state, adapt), (positions, _, info) = run_chunk(
+          (model, proxy, params, np.True_), (state, adapt), keys, np.int32(size),
+          step=transition, position=_chain_position, sign=_chain_sign)
       draws.append(np.asarray(positions)[:size])
-      evaluations += int(np.sum(np.asarray(evals)[:size]))
+      evaluations += int(np.sum(np.asarray(info.num_evaluations)[:size]))
       done += size
       if done >= num_warmup:
         break
@@ -382,7 +415,7 @@ class _Warmup:
     steps = np.clip(np.ceil(np.float32(self.trajectory_length / step_size)), 1, self.max_steps)
     params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
                              num_integration_steps=jnp.asarray(int(steps), jnp.int32))
-    return state, proxy, params, evaluations
+    return state, adapt, proxy, params, evaluations
 
 
 # The chain's state in one program each (computed eagerly, its potential and gradient
@@ -403,23 +436,3 @@ def _fresh_subsample(model, key, *, make_scheme):
 def _state_at(model, proxy, position, subsample, *, make_scheme):
   """The state at ``(position, subsample)`` recomputed (after the proxy moved)."""
   return reset(model, make_scheme(model), proxy, position, subsample)
-
-
-@compile_cache.jit_by_text(static_argnames=("make_scheme", "trajectory_length",
-                                             "max_integration_steps", "target_accept"))
-def _warmup_window(model, state, adapt, proxy, params, keys, count, *, make_scheme,
-                   trajectory_length, max_integration_steps, target_accept):
-  """The first ``count`` of ``len(keys)`` warm-up iterations, with dual averaging of the
-  step size (:func:`~dsgrad.mcmc.chain.fixed_length_scan`: one program for every window
-  length)."""
-  kernel = build_kernel(model, make_scheme(model))
-
-  def body(carry, k):
-    state, adapt = carry
-    step = jnp.exp(adapt.log_step)
-    params_now = params._replace(step_size=step, num_integration_steps=integration_steps(
-        step, trajectory_length, max_integration_steps))
-    state, info = kernel(k, state, proxy, params_now)
-    adapt = dual_averaging_update(adapt, info.acceptance_rate, target_accept)
-    return (state, adapt), (state.position, info.num_evaluations)
-  return fixed_length_scan(body, (state, adapt), keys, count)
