@@ -275,6 +275,34 @@ def test_a_first_chain_compiles_one_program_a_stage_and_a_second_none():
   assert np.all(np.isfinite(again.samples))
 
 
+def test_chain_seconds_exclude_compiling_the_chain(monkeypatch):
+  """run_chain's seconds (sample's sampling_seconds, the benchmarks' ESS per second) count
+  the iterations only: they counted the compile of the chain's program, seconds on a first
+  chain. A stand-in compiler takes 100 s of a stand-in clock that runs no other time."""
+  import types
+  cache = sys.modules["dsgrad.training.compile_cache"]
+  clock, compile_for_real = [0.0], cache.compiled_as_text
+
+  def slow_compile(*args, **kwargs):
+    clock[0] += 100.0
+    return compile_for_real(*args, **kwargs)
+  monkeypatch.setattr(cache, "compiled_as_text", slow_compile)
+  monkeypatch.setattr(sys.modules["dsgrad.mcmc.chain"], "time",
+                      types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  model, mean, _ = _linear_gaussian(n=500)
+  algorithm = mcmc.sgld(model, None, step_size=1e-4, subsample_size=10,
+                        control_variates=False)  # a new step: its chain compiles
+  *_, seconds = mcmc.run_chain(jax.random.key(0), algorithm.step,
+                               algorithm.init(jnp.asarray(mean, jnp.float32), None), 30,
+                               progress=False)
+  compiled = clock[0]
+  assert compiled >= 100.0 and seconds == 0.0, (compiled, seconds)
+  # The sampling chunk of a chain shorter than a warm-up window is compiled for it alone.
+  result = mcmc.sample(jax.random.key(1), model, num_samples=30, num_warmup=60,
+                       subsample_size=50, num_blocks=10, progress=False)
+  assert clock[0] > compiled and result.sampling_seconds == 0.0
+
+
 def test_an_interrupted_chain_keeps_its_draws(monkeypatch):
   """Ctrl-C while sampling used to lose every draw: the whole chunks drawn come back in
   the exception, the first draws of the uninterrupted chain."""

@@ -166,22 +166,34 @@ def jit_by_text(function: Callable | None = None, *, static_argnames=()) -> Call
   names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
   signature = inspect.signature(function)
 
-  @functools.wraps(function)
-  def call(*args, **kwargs):
+  def program(args, kwargs):
+    """``(executable, traced arguments)`` of a call, built or found; ``(None, None)`` for
+    a call that does not fit (the function's own error names it) or runs inside a trace
+    (inlined)."""
     try:
       bound = signature.bind(*args, **kwargs)
-    except TypeError:  # a call that does not fit: the function's own error names it
-      return function(*args, **kwargs)
+    except TypeError:
+      return None, None
     static = tuple((name, bound.arguments.pop(name)) for name in names
                    if name in bound.arguments)
     traced = (bound.args, bound.kwargs)
     leaves, structure = jax.tree.flatten(traced)
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
-      return function(*traced[0], **traced[1], **dict(static))  # inside a trace: inlined
+      return None, None
     key = ("jit by text", function, static, structure, tuple(map(jax.typeof, leaves)))
-    compiled, _ = get_or_build(key, lambda: compiled_as_text(_with(function, static), traced))
-    return compiled(*traced)
+    return get_or_build(key, lambda: compiled_as_text(_with(function, static), traced))[0], traced
 
+  @functools.wraps(function)
+  def call(*args, **kwargs):
+    compiled, traced = program(args, kwargs)
+    return function(*args, **kwargs) if compiled is None else compiled(*traced)
+
+  def compile(*args, **kwargs) -> None:
+    """Builds (or finds) the executable for these arguments without running it: a
+    caller that times its runs compiles before its clock starts."""
+    program(args, kwargs)
+
+  call.compile = compile
   # As jax.jit's: the program lowered for these arguments, to read (its text, its cost).
   call.lower = jax.jit(function, static_argnames=names).lower
   return call
