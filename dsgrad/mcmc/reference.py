@@ -119,11 +119,11 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
     decrement = float(grad @ step)
     if not np.all(np.isfinite(step)) or decrement < 0.01:
       break
-    fraction = 1.0
+    fraction, start = 1.0, np.asarray(proxy.theta_star)
     while fraction >= 1 / 32:
-      # In float32 on the host, as on the device (an eager sum compiles a program).
-      trial = jnp.asarray(np.asarray(proxy.theta_star) + (fraction * step).astype(
-          np.asarray(proxy.theta_star).dtype))
+      # In the latent's float32 on the host, as on the device (an eager sum compiles a
+      # program).
+      trial = jnp.asarray(start + (fraction * step).astype(start.dtype))
       value, passes = float(log_posterior(trial)), passes + 1
       # Armijo's condition, with float32 sums' rounding allowed for.
       if value > current + 1e-4 * fraction * decrement - 1e-6 * abs(current):

@@ -276,9 +276,11 @@ def _check_scheme(model: Model, estimator: str, subsample_size, num_blocks: int)
   warm-up, and of sampling) would refuse: now, not after the seconds of finding theta*."""
   if estimator not in ("perturbed", "signed", "full"):
     raise ValueError(f"estimator must be 'perturbed', 'signed' or 'full', got {estimator!r}")
-  if estimator != "full" and subsample_size == "auto":
+  if estimator == "full":
+    return
+  if subsample_size == "auto":
     estimator_noise.check_num_blocks(model.num_data, num_blocks)
-  elif estimator != "full":
+  else:
     subsample_lib.perturbed(model, subsample_size, num_blocks)
 
 
@@ -411,7 +413,8 @@ class _Warmup:
         params = hmc_parameters(self.initial_step_size, 1, jnp.diag(1.0 / variance))
         adapt = dual_averaging_init(jnp.exp(adapt.log_step))
     step_size = float(jnp.exp(adapt.log_step_avg)) if num_warmup else self.initial_step_size
-    # integration_steps' arithmetic on the host (float32, as it is on the device).
+    # integration_steps' arithmetic on the host, as its eager call on a Python float did:
+    # the quotient rounded to float32, its ceiling clipped.
     steps = np.clip(np.ceil(np.float32(self.trajectory_length / step_size)), 1, self.max_steps)
     params = params._replace(step_size=jnp.asarray(step_size, jnp.float32),
                              num_integration_steps=jnp.asarray(int(steps), jnp.int32))
