@@ -266,3 +266,83 @@ def test_a_users_modules_that_the_bound_cannot_train_are_named():
   assert any("given a latent of size 2" in note for note in caught.value.__notes__)
   with pytest.raises(ValueError, match=r"set self.data_dim = D"):
     mcvae.MonteCarloVAE(nnx.Linear(16, 4, rngs=nnx.Rngs(0)), decoder)
+
+
+class _LinearGaussianDecoder(nnx.Module):
+  """A user's decoder of real-valued data: Gaussian means ``A z + b`` with no squashing."""
+
+  def __init__(self):
+    self.linear = nnx.Linear(2, 5, rngs=nnx.Rngs(3))
+    self.output, self.data_dim = "gaussian", 5
+
+  def __call__(self, z):
+    return self.linear(z)
+
+
+class _LinearEncoder(nnx.Module):
+  def __init__(self, data_dim=5):
+    self.linear = nnx.Linear(data_dim, 4, rngs=nnx.Rngs(4))
+    self.data_dim = data_dim
+
+  def __call__(self, x):
+    h = self.linear(x)
+    return h[..., :2], h[..., 2:] - 3.0
+
+
+def test_a_gaussian_decoder_reads_real_valued_data_and_its_elbo_is_exact():
+  """Standardized (negative, unbounded) data were refused as "outside [0, 1] for a
+  Bernoulli decoder"; a Gaussian likelihood is defined on any real value. Its ELBO on
+  such data, against the closed form of a linear-Gaussian decoder."""
+  sigma = 2.0
+  vae = mcvae.MonteCarloVAE(_LinearEncoder(), _LinearGaussianDecoder(), binarize="none",
+                            observation_scale=sigma)
+  x = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32) * 1.5 - 0.5
+  assert x.min() < 0 and x.max() > 1
+  params = vae.init_params()
+  kernel, bias = (np.asarray(params["decoder"]["linear"][k], np.float64)
+                  for k in ("kernel", "bias"))
+  encoder, _ = vae.modules(params)
+  mean, log_scale = (np.asarray(a, np.float64) for a in encoder(jnp.asarray(x)))
+  var = np.exp(2 * log_scale)
+  # E_q ||x - A z - b||^2 = ||x - A m - b||^2 + tr(A diag(s^2) A^T), with A = kernel^T.
+  squares = ((x - mean @ kernel - bias) ** 2).sum(1) + var @ (kernel ** 2).sum(1)
+  log_likelihood = -0.5 * squares / sigma ** 2 - 5 * np.log(sigma * np.sqrt(2 * np.pi))
+  log_prior = -np.log(2 * np.pi) - 0.5 * (mean ** 2 + var).sum(1)
+  entropy = np.log(2 * np.pi * np.e) + log_scale.sum(1)
+  exact = float(np.mean(log_likelihood + log_prior + entropy))
+  estimate, se = dsgrad.elbo(vae.objective(x), params, jax.random.key(1), num_samples=2000)
+  assert abs(estimate - exact) < Z * se, (estimate, exact, se)
+  assert se < 0.1  # a lost log(sigma) term (3.5 nats) or the entropy's would show
+  assert vae.reconstruct(params, x).shape == (12, 5)
+  # A Bernoulli decoder still needs probabilities.
+  bernoulli = mcvae.MonteCarloVAE(_LinearEncoder(), nnx.Linear(2, 5, rngs=nnx.Rngs(1)))
+  with pytest.raises(ValueError, match=r"must lie in \[0, 1\] for a Bernoulli decoder"):
+    bernoulli.objective(x)
+  with pytest.raises(ValueError, match="non-finite pixels"):
+    vae.objective(np.where(np.arange(5) == 2, np.nan, x))
+
+
+def test_params_with_nan_are_refused_where_they_enter_the_evaluations():
+  """ais_nll returned (nan, nan) for NaN params, silently; reconstruct and sample_images
+  NaN pixels."""
+  vae = _vae()
+  params = vae.init_params()
+  params["decoder"]["body"]["head"]["bias"] = params["decoder"]["body"]["head"]["bias"].at[
+      0].set(jnp.nan)
+  images = _images(4)
+  match = r"params\['decoder'\]\['body'\]\['head'\]\['bias'\] holds NaN or inf"
+  with pytest.raises(ValueError, match=match):
+    vae.ais_nll(params, images, jax.random.key(0))
+  with pytest.raises(ValueError, match=match):
+    vae.reconstruct(params, images)
+  with pytest.raises(ValueError, match=match):
+    vae.sample_images(params, jax.random.key(0), 2)
+
+
+def test_an_encoder_that_cannot_read_its_data_dim_is_named():
+  encoder = _LinearEncoder(data_dim=5)
+  encoder.data_dim = 7  # declares a size its first layer cannot read
+  with pytest.raises(TypeError) as caught:
+    mcvae.MonteCarloVAE(encoder, _LinearGaussianDecoder(), binarize="none")
+  assert "raised in the encoder given an image of 7 pixels" in "".join(
+      getattr(caught.value, "__notes__", []))

@@ -126,7 +126,13 @@ class MonteCarloVAE:
       _check_only_parameters(getattr(self, role), role)
     object.__setattr__(self, "_split", (nnx.split(self.encoder), nnx.split(self.decoder)))
     # Shapes from one abstract call: the image size D and the latent size d.
-    mean, _ = _encoder_output(jax.eval_shape(lambda: self.encoder(jnp.zeros((1, self.data_dim)))))
+    try:
+      encoded = jax.eval_shape(lambda: self.encoder(jnp.zeros((1, self.data_dim))))
+    except (TypeError, ValueError) as error:
+      error.add_note(f"(raised in the encoder given an image of {self.data_dim} pixels, its "
+                     "data_dim: the encoder must read flattened images of data_dim pixels)")
+      raise
+    mean, _ = _encoder_output(encoded)
     try:
       logits = jax.eval_shape(lambda: self.decoder(jnp.zeros((1, mean.shape[-1]))))
     except (TypeError, ValueError) as error:
@@ -246,14 +252,17 @@ class MonteCarloVAE:
     """The per-datum objective ``f(w; n, eps) = -log p_hat(x_n)`` over ``images``.
 
     Args:
-      images: ``(N, D)`` or ``(N, H, W[, C])`` values in ``[0, 1]`` (grey levels are
-        Bernoulli means for dynamic binarization).
+      images: ``(N, D)`` or ``(N, H, W[, C])``: for a Bernoulli decoder, values in
+        ``[0, 1]`` (grey levels are Bernoulli means for dynamic binarization); for a
+        Gaussian one, any finite values its means can reach (those of
+        :class:`dsgrad.mcvae.ConvDecoder` lie in ``(0, 1)``).
       name: label for tables and messages (default ``"mcvae:<method>"``).
 
     Raises:
-      ValueError: images outside ``[0, 1]``, non-finite, or of the wrong size.
+      ValueError: images non-finite or of the wrong size, or, for a Bernoulli decoder,
+        outside ``[0, 1]``.
     """
-    data = model_data(images=jnp.asarray(check_images(images, self.data_dim)))
+    data = model_data(images=jnp.asarray(self._checked_images(images)))
     datum_bound = self.datum_bound
 
     def loss_fn(params, rows, noise):
@@ -262,24 +271,31 @@ class MonteCarloVAE:
     return Objective(loss_fn, self.noise_fn, int(data["images"].shape[0]),
                      name=name or f"mcvae:{self.method}", data=data)
 
+  def _checked_images(self, images) -> np.ndarray:
+    # A Gaussian likelihood is defined on any real value (standardized data, say); only
+    # Bernoulli pixels must be probabilities.
+    return check_images(images, self.data_dim, unit_interval=not self.gaussian)
+
   # -------------------------------------------------------------- generation
   def _means(self, decoder, z):
     out = decoder(z)
     return out if self.gaussian else jax.nn.sigmoid(out)
 
-  @checks.arguments(key=checks.prng_key(), num=checks.count(1))
+  @checks.arguments(params=checks.parameters(), key=checks.prng_key(), num=checks.count(1))
   def sample_images(self, params, key, num: int) -> jax.Array:
     """Pixel means of ``p(x | z)`` for ``num`` draws ``z ~ p(z)``, shape ``(num, D)``."""
     _, decoder = self.modules(params)
     return self._means(decoder, jax.random.normal(key, (num, self.latent_dim)))
 
+  @checks.arguments(params=checks.parameters())
   def reconstruct(self, params, images) -> jax.Array:
     """Pixel means of ``p(x | z)`` at the encoder's mean for each image, ``(N, D)``."""
     encoder, decoder = self.modules(params)
-    x = jnp.asarray(check_images(images, self.data_dim))
+    x = jnp.asarray(self._checked_images(images))
     return self._means(decoder, encoder(x)[0])
 
-  @checks.arguments(key=checks.prng_key(), num_steps=checks.count(1), num_leapfrog=checks.count(1),
+  @checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                    num_steps=checks.count(1), num_leapfrog=checks.count(1),
                     num_particles=checks.count(1), step_size=checks.positive(),
                     chunk_size=checks.count(1))
   def ais_nll(self, params, images, key, *, num_steps: int = 5, num_leapfrog: int = 3,
@@ -309,7 +325,7 @@ class MonteCarloVAE:
     Returns:
       ``(mean NLL, its standard error over images, per-image NLL array)``.
     """
-    x = jnp.asarray(check_images(images, self.data_dim))
+    x = jnp.asarray(self._checked_images(images))
     if x.shape[0] < 2:
       raise ValueError(f"ais_nll needs at least 2 images for the standard error of the "
                        f"mean NLL, got {x.shape[0]}")

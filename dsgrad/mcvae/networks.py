@@ -202,11 +202,20 @@ def bernoulli_log_likelihood(logits, x) -> jax.Array:
 
 
 @checks.arguments(data_dim=checks.optional(checks.count(1)))
-def check_images(x, data_dim: int | None = None, name: str = "images") -> np.ndarray:
-  """Validates images for a Bernoulli decoder and returns them as float32 ``(N, D)``.
+def check_images(x, data_dim: int | None = None, name: str = "images",
+                 unit_interval: bool = True) -> np.ndarray:
+  """Validates images and returns them as float32 ``(N, D)``.
+
+  Args:
+    x: ``(N, ...)`` images.
+    data_dim: the pixels per image the networks read (``None``: any).
+    name: the argument's name in messages.
+    unit_interval: require values in ``[0, 1]`` (Bernoulli pixels); ``False`` for a
+      Gaussian decoder, whose pixels may take any finite value.
 
   Raises:
-    ValueError: values outside ``[0, 1]`` or non-finite, or rows of the wrong size.
+    ValueError: non-finite values, rows of the wrong size, or (``unit_interval``) values
+      outside ``[0, 1]``.
   """
   # A dict or strings (the params, swapped in) are named, not "float() argument must be".
   arr = checks.numeric_array(x, name).astype(np.float32)
@@ -222,9 +231,9 @@ def check_images(x, data_dim: int | None = None, name: str = "images") -> np.nda
   if np.any(bad):
     first = np.argwhere(bad)[0]
     raise ValueError(f"{name} contain {int(bad.sum())} non-finite pixels (NaN or inf; the "
-                     f"first in image {first[0]}, pixel {first[1]}): a Bernoulli decoder "
-                     "needs values in [0, 1]")
-  if arr.min() < 0 or arr.max() > 1:
+                     f"first in image {first[0]}, pixel {first[1]}): every pixel must be "
+                     "a finite value")
+  if unit_interval and (arr.min() < 0 or arr.max() > 1):
     raise ValueError(f"{name} must lie in [0, 1] for a Bernoulli decoder, got values in "
                      f"[{np.nanmin(arr):g}, {np.nanmax(arr):g}]; scale them (e.g. / 255)")
   return arr
