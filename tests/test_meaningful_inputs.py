@@ -32,6 +32,8 @@ def test_standardize_gives_z_scores_for_values_beyond_float32():
     uci.standardize(np.array([[np.nan, 1.0], [1.0, 2.0]]))
   with pytest.raises(ValueError, match="float32"):
     uci.add_intercept(np.array([[1e39], [1.0]]))
+  with pytest.raises(ValueError, match=r"shape \(N, D\), got \(3,\)"):  # was numpy's AxisError
+    uci.add_intercept(np.arange(3.0))
 
 
 def test_a_latent_given_as_a_python_float_is_refused():

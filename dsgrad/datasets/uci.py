@@ -48,6 +48,9 @@ def add_intercept(features: np.ndarray) -> np.ndarray:
   """``(N, D)`` features with a column of ones appended (``(N, D + 1)`` float32), so that a
   GLM's last weight is its intercept."""
   x = checks.float32_values(features, "features")
+  if x.ndim != 2:
+    raise ValueError(f"features must have shape (N, D), got {x.shape}: reshape one "
+                     "feature to (N, 1)")
   return np.concatenate([x, np.ones((x.shape[0], 1), np.float32)], axis=1)
 
 
