@@ -134,6 +134,7 @@ def _check_leaf_values(value, label: str) -> None:
   if is_host(value) or isinstance(value, jax.core.Tracer) or \
       not hasattr(value, "dtype") and not isinstance(value, (list, tuple)):
     return
+  data_values.check_not_masked(value, label)
   dtype = np.dtype(value.dtype) if hasattr(value, "dtype") else np.asarray(value).dtype
   checks.check_numeric_dtype(dtype, label)
   if not np.issubdtype(dtype, np.inexact):

@@ -31,8 +31,19 @@ def check_numeric_dtype(dtype, label: str) -> None:
                       "floating): convert it, e.g. np.asarray(x, np.float32)")
 
 
+def check_not_masked(values, label: str) -> None:
+  """Refuses a NumPy masked array: ``np.asarray`` keeps its masked entries' stored values
+  (often a fill such as -999), which a model would read as data."""
+  if np.ma.isMaskedArray(values):
+    raise ArgumentError(f"{label} is a NumPy masked array ({int(np.ma.count_masked(values))} "
+                        "masked values): dsgrad would read every stored value, the masked "
+                        "ones too. Drop their rows or fill them, and pass x.filled(value)")
+
+
 def numeric_array(values, label: str) -> np.ndarray:
-  """``values`` as a NumPy array of a numeric dtype (see :func:`check_numeric_dtype`)."""
+  """``values`` as a NumPy array of a numeric dtype (see :func:`check_numeric_dtype`);
+  not a masked array (:func:`check_not_masked`)."""
+  check_not_masked(values, label)
   array = np.asarray(values)
   check_numeric_dtype(array.dtype, label)
   return array

@@ -166,7 +166,8 @@ def whole_number_floats(leaf) -> bool:
     return False
   # On the host: JAX's eager operations would each compile (0.4 s in all).
   values = np.asarray(leaf)
-  whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < 2 ** 24)))  # noqa: E731
+  # A float64 bound: 2**24 as a Python int would be cast to a float16 column's dtype (inf).
+  whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < np.float64(2 ** 24))))  # noqa: E731
   return whole(values[:1024]) and whole(values)  # real-valued columns fail on their first rows
 
 

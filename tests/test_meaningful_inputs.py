@@ -9,6 +9,7 @@ factory's floating arrays, every catalogue model's data with a meaning) are in
 
 import inspect
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -217,3 +218,29 @@ def test_the_kinds_of_every_entry_point_above_are_public():
   for function in (dsgrad.checked, mcmc.signed_mean, mcmc.hmc_parameters, uci.standardize,
                    dsgrad.training.parallel.data_mesh, dsgrad.training.checkpoint.save, dsgrad.data.open_memmap):
     assert inspect.getdoc(function)
+
+
+def test_masked_arrays_are_refused_where_data_enter():
+  """``np.asarray`` of a masked array keeps its masked entries' stored values: standardize
+  returned z-scores with the fill -999 counted as data; a model's data failed inside JAX
+  without naming the column."""
+  x = np.ma.masked_array(np.array([[1.0, 2.0], [-999.0, 3.0], [2.0, 4.0]]),
+                         mask=[[False, False], [True, False], [False, False]])
+  with pytest.raises(ValueError, match=r"features is a NumPy masked array \(1 masked"):
+    uci.standardize(x)
+  with pytest.raises(ValueError, match=r"images is a NumPy masked array"):
+    check_images(np.ma.masked_array(np.zeros((2, 4)), mask=np.zeros((2, 4), bool)))
+  with pytest.raises(ValueError, match=r"data\['x'\] is a NumPy masked array"):
+    dsgrad.model_from_logdensity(lambda z: -0.5 * jnp.sum(z ** 2),
+                                 lambda z, b: -0.5 * (b["x"][:, 0] - z[0]) ** 2, {"x": x}, 1)
+
+
+def test_a_float16_column_builds_a_model_without_a_warning():
+  """The whole-number check of float columns compared a float16 column with 2**24, which
+  overflows float16: a RuntimeWarning from dsgrad's own code on a user's data."""
+  x = np.random.default_rng(0).normal(size=(50, 2)).astype(np.float16)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    model = dsgrad.model_from_logdensity(
+        lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b: -0.5 * (b["x"] @ z) ** 2, {"x": x}, 2)
+  assert model.num_data == 50
