@@ -37,7 +37,8 @@ def check_positive(value, name: str, *, allow_zero: bool = False) -> float:
   # JAX computes in float32: a larger value becomes inf, a smaller non-zero one 0 (or a
   # denormal whose reciprocal is inf), silently, inside the first step.
   info = np.finfo(np.float32)
-  if number > info.max or 0 < number < info.tiny:
+  # Python floats against float32 bounds would be cast to float32 (1e300 to inf, warning).
+  if number > float(info.max) or 0 < number < float(info.tiny):
     raise ValueError(f"{name} must be positive and finite within float32's range "
                      f"[{info.tiny:.3g}, {info.max:.3g}], got {value!r}")
   return number

@@ -268,7 +268,7 @@ def test_positive_settings_are_refused_by_name_or_accepted_when_valid(logreg_dat
   entries = _setting_entry_points(x, y)
   label = sorted(entries)[which]
   info = np.finfo(np.float32)
-  valid = np.isfinite(value) and info.tiny <= value <= info.max
+  valid = np.isfinite(value) and float(info.tiny) <= value <= float(info.max)
   try:
     entries[label](value)
   except (ValueError, TypeError) as error:

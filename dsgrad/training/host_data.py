@@ -199,7 +199,8 @@ class HostArray:
     """``rows`` (the file's 64-bit dtype) cast into ``out``, refusing values the cast
     would change: beyond int32's range (they would wrap to other rows' indices) or
     float32's (they would become inf)."""
-    out[...] = rows
+    with np.errstate(over="ignore"):  # an overflow is what the check below refuses
+      out[...] = rows
     if np.issubdtype(out.dtype, np.integer):
       data_values.check_int32_range(rows, self.name)
     elif np.isfinite(rows[np.isinf(out)]).any():
