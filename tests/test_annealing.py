@@ -307,6 +307,10 @@ def test_bad_input():
     WeightedDataSurrogate(model, jnp.array([0, 1]), jnp.array([1.0, 0.0]))
   with pytest.raises(ValueError, match="pilot_latents"):
     coreset_surrogate(model, 5, jax.random.key(0), pilot_latents=jnp.zeros((2, D + 1)))
+  # NaN latents were blamed on the likelihood ("not finite at the pilot latents").
+  with pytest.raises(ValueError, match="pilot_latents must be a finite number or an array "
+                                       "of finite numbers; it holds NaN"):
+    coreset_surrogate(model, 5, jax.random.key(0), pilot_latents=jnp.full((2, D), jnp.nan))
   with pytest.raises(ValueError, match="latent of shape"):
     NeuralSurrogate(D, rngs=nnx.Rngs(0))(jnp.zeros(D + 1))
   # A mean-field start handed to the bound's own estimate: named, not KeyError('base').

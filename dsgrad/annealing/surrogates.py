@@ -141,6 +141,7 @@ def rand_surrogate(model: Model, num_points: int, key) -> WeightedDataSurrogate:
 
 
 @checks.arguments(num_points=checks.count(1), key=checks.prng_key(),
+                  pilot_latents=checks.optional(checks.finite_values()),
                   chunk_size=checks.count(1), uniform_mix=checks.probability())
 def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
                       learn_weights: bool = True, chunk_size: int = 8192,
@@ -168,7 +169,7 @@ def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
 
   Raises:
     ValueError: ``num_points < 1``, ``uniform_mix`` outside ``(0, 1]``, pilot latents of
-      the wrong shape, or non-finite log likelihoods at the pilot latents.
+      the wrong shape or not finite, or non-finite log likelihoods at the pilot latents.
 
   References:
     Huggins, Campbell, Broderick (2016), Alg. 1 (importance sampling by sensitivity);
@@ -184,7 +185,8 @@ def coreset_surrogate(model: Model, num_points: int, key, *, pilot_latents=None,
     pilot_latents = jax.random.normal(k_pilot, (8, d))
   pilot_latents = jnp.asarray(pilot_latents, jnp.float32)
   if pilot_latents.ndim != 2 or pilot_latents.shape[1] != d:
-    raise ValueError(f"pilot_latents must have shape (S, {d}), got {pilot_latents.shape}")
+    raise ValueError(f"pilot_latents must have shape (S, {d}): S flat latents of model "
+                     f"{model.name!r}, got {pilot_latents.shape}")
 
   def datum_sensitivity(index):  # lax.map vmaps this over chunks of chunk_size data
     values = jax.vmap(lambda z: model.log_likelihood_at(z, index[None])[0])(pilot_latents)
