@@ -511,6 +511,13 @@ def test_a_proxy_or_mass_matrix_of_another_model_is_refused_where_it_enters():
   with pytest.raises(ValueError, match=r"mass matrix of shape \(4, 4\), where model "
                                        r"'linear_gaussian' has d = 3"):
     mcmc.sghmc(model, ours, mcmc.hmc_parameters(0.1, 3, dim=4), subsample_size=20)
+  # A subsample larger than the data: the message names the function, as its other
+  # settings' do.
+  with pytest.raises(ValueError, match=r"dsgrad.mcmc.sgld: subsample_size must be an "
+                                       r"integer >= 1 and <= 200, got 201"):
+    mcmc.sgld(model, ours, step_size=1e-3, subsample_size=201)
+  with pytest.raises(ValueError, match=r"dsgrad.mcmc.sghmc: subsample_size"):
+    mcmc.sghmc(model, ours, mcmc.hmc_parameters(0.1, 3, dim=3), subsample_size=201)
 
 
 def test_a_precision_or_chain_state_that_is_not_one_is_refused_by_name():

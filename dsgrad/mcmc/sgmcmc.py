@@ -38,9 +38,9 @@ class SGInfo(NamedTuple):
   num_evaluations: jax.Array
 
 
-def _check(model, subsample_size):
+def _check(model, subsample_size, who: str):
   # The declared kinds check the arguments alone; this, against the model.
-  checks.check_count(subsample_size, "subsample_size", 1, model.num_data)
+  checks.check_count(subsample_size, f"dsgrad.mcmc.{who}: subsample_size", 1, model.num_data)
 
 
 def log_posterior_gradient(model: Model, proxy: TaylorProxy | None,
@@ -142,7 +142,7 @@ def sgld(model: Model, proxy: TaylorProxy | None, *, step_size: float, subsample
     >>> draws.shape, bool(np.all(np.abs(draws.mean(0) - theta_star) < 0.2))
     ((2000, 3), True)
   """
-  _check(model, subsample_size)
+  _check(model, subsample_size, "sgld")
   kernel = sgld_kernel(log_posterior_gradient(model, proxy, control_variates))
   n, m, eps = model.num_data, int(subsample_size), float(step_size)
 
@@ -194,7 +194,7 @@ def sghmc(model: Model, proxy: TaylorProxy | None, parameters: HMCParameters, *,
     >>> draws.shape, bool(np.all(np.isfinite(draws)))
     ((500, 3), True)
   """
-  _check(model, subsample_size)
+  _check(model, subsample_size, "sghmc")
   check_parameters(model, parameters)
   kernel = sghmc_kernel(log_posterior_gradient(model, proxy, control_variates), parameters,
                         friction)
