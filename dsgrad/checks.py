@@ -226,10 +226,12 @@ def plain_errors():
     raise ValueError(found[-1]) from None
 
 
-def check_batch_size(batch_size: int, num_data: int) -> None:
-  """Refuses a batch larger than the data (an epoch would hold no batch)."""
+def check_batch_size(batch_size: int, num_data: int, who: str = "") -> None:
+  """Refuses a batch larger than the data (an epoch would hold no batch); ``who`` (e.g.
+  ``"dsgrad.fit"``) begins the message."""
   if batch_size > num_data:
-    raise ValueError(f"batch_size={batch_size} exceeds num_data={num_data}")
+    raise ValueError(f"{who + ': ' if who else ''}batch_size={batch_size} exceeds "
+                     f"num_data={num_data}")
 
 
 OUT_OF_RANGE = " out of range: every index must lie in [0, "

@@ -324,12 +324,13 @@ def test_candidates_that_cannot_apply_are_ruled_out_by_name_before_anything_runs
 @pytest.mark.parametrize("kwargs", [dict(candidates=("cv", "joint_svrg")),
                                     dict(candidates=("naive", "sgld")),
                                     dict(batch_size=0), dict(budget=-1.0), dict(share=1.5),
-                                    dict(race_at=1.0), dict(candidates="naive")])
+                                    dict(race_at=1.0), dict(candidates="naive"),
+                                    dict(batch_size=10 ** 6)])
 def test_bad_settings_are_refused(kwargs):
   model = _model()
   settings = dict(batch_size=BATCH, budget=100.0, candidates=("naive", "cv"),
                   progress=False) | kwargs
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="^dsgrad.recommend: "):
     dsgrad.recommend(dsgrad.meanfield_gaussian(model), optax.adam(1e-2),
                      dsgrad.meanfield_init(model), jax.random.key(0), **settings)
 

@@ -313,7 +313,7 @@ def test_a_run_limited_in_time_keeps_the_last_evaluations_time_once_kept(logreg_
     (dict(batch_size=0), "batch_size must be an integer >= 1"),
     (dict(batch_size=-3), "batch_size must be an integer >= 1"),
     (dict(batch_size=2.5), "batch_size must be an integer"),
-    (dict(batch_size=N_DATA + 1), "batch_size=.* exceeds"),
+    (dict(batch_size=N_DATA + 1), "dsgrad.fit: batch_size=.* exceeds"),
     (dict(eval_every=0), "eval_every must be an integer >= 1"),
     (dict(eval_every=-2), "eval_every must be an integer >= 1"),
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),

@@ -305,7 +305,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   if isinstance(candidates, str) or set(candidates) - set(CANDIDATES) or "naive" not in candidates:
     raise ValueError(f"dsgrad.recommend: candidates must be names among {CANDIDATES}, "
                      f"'naive' one of them, got {candidates!r}")
-  checks.check_batch_size(batch_size, objective.num_data)
+  checks.check_batch_size(batch_size, objective.num_data, "dsgrad.recommend")
   checks.check_floating_params(params, "dsgrad.recommend", full_precision=True)
   checks.check_objective_evaluates(objective, params, "recommend")
   built = build(candidates, objective, params, batch_size, approx, max_table_bytes, memory_share)

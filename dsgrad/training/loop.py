@@ -156,7 +156,7 @@ def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_s
   """Refuses, by name and before anything is compiled or trained, the counts and paths
   :func:`fit` cannot use."""
   # The counts' kinds are checked by fit's argument declarations.
-  checks.check_batch_size(batch_size, objective.num_data)
+  checks.check_batch_size(batch_size, objective.num_data, "dsgrad.fit")
   resume_lib.check_checkpoint_path(checkpoint_path, resume, start_step, every)
 
 
