@@ -29,7 +29,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.stats import qmc
 
 from dsgrad import checks
 from dsgrad.training import compile_cache
@@ -41,17 +40,25 @@ SAMPLERS = ("mc", "rqmc")
 _BITS = 23  # float32 resolution of a uniform in (0, 1), as jax.random.normal has
 
 
+def _sobol_class():
+  # Imported on first use: scipy.stats takes about a second to import, a third of
+  # ``import dsgrad``, and only randomized QMC reads it.
+  from scipy.stats import qmc  # pylint: disable=import-outside-toplevel
+  return qmc.Sobol
+
+
 @compile_cache.cached
 def _sobol_bits(num_points: int, dim: int) -> np.ndarray:
   """The first ``num_points`` unscrambled Sobol points in ``[0, 1)^dim`` as ``_BITS``-bit
   integers (exact: scipy's points are multiples of ``2^-32``)."""
-  if dim > qmc.Sobol.MAXDIM:
+  sobol = _sobol_class()
+  if dim > sobol.MAXDIM:
     raise ValueError(f"randomized QMC noise: the noise has {dim} coordinates per draw, more "
-                     f"than the {qmc.Sobol.MAXDIM} Sobol dimensions scipy provides; use "
+                     f"than the {sobol.MAXDIM} Sobol dimensions scipy provides; use "
                      "sampler='mc'")
   # A power-of-two prefix (what scipy's balance properties ask for), cut to size.
   m = max(0, int(np.ceil(np.log2(num_points))))
-  points = qmc.Sobol(dim, scramble=False).random_base2(m)[:num_points]
+  points = sobol(dim, scramble=False).random_base2(m)[:num_points]
   return (points * 2.0 ** _BITS).astype(np.uint32)
 
 
@@ -142,9 +149,10 @@ def multi_sample(objective: Objective, num_samples: int, *, sampler: str = "mc"
   if sampler == "rqmc":
     shape, dtype, scale = _gaussian_spec(objective)[:3]
     dim = int(np.prod(shape))
-    if dim > qmc.Sobol.MAXDIM:  # refused here, not when the first draw is traced
+    max_dim = _sobol_class().MAXDIM
+    if dim > max_dim:  # refused here, not when the first draw is traced
       raise ValueError(f"multi_sample(sampler='rqmc'): the noise has {dim:,} coordinates "
-                       f"per draw, more than the {qmc.Sobol.MAXDIM:,} Sobol dimensions "
+                       f"per draw, more than the {max_dim:,} Sobol dimensions "
                        f"scipy provides; use sampler='mc'")
 
     def noise_fn(key, batch_size):
