@@ -206,6 +206,19 @@ def check_regular_file(path, what: str) -> None:
     raise ValueError(f"{what}: {os.fspath(path)!r} is {kind}, not a regular file")
 
 
+def unwritable_reason(folder) -> str | None:
+  """Why no file can be written in the existing folder ``folder`` (the OS's words), or
+  ``None`` where one can. A file is written and removed: ``os.access`` grants root every
+  folder, a pseudo-filesystem's (``/proc``) included, and knows nothing of security
+  modules, where a later write then fails after the work."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  try:
+    with tempfile.TemporaryFile(dir=folder):
+      return None
+  except OSError as error:
+    return error.strerror or str(error)
+
+
 @contextlib.contextmanager
 def plain_errors():
   """Re-raises a failed value check from inside a compiled program as the ``ValueError``

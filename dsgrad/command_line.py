@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from dsgrad import argument_kinds
+from dsgrad import argument_kinds, checks
 
 __all__ = ["count", "positive", "fraction", "folder"]
 
@@ -69,8 +69,10 @@ def folder():
       raise argparse.ArgumentTypeError(
           f"{text!r}: {parent!r} is a file, not a folder" if parent == path else
           f"{text!r} cannot be made: {parent!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-      raise argparse.ArgumentTypeError(f"{text!r}: the folder {parent!r} is not writable")
+    reason = checks.unwritable_reason(parent)
+    if reason is not None:
+      raise argparse.ArgumentTypeError(f"{text!r}: the folder {parent!r} is not writable "
+                                       f"({reason})")
     return text
   parse.__name__ = "folder"
   return parse

@@ -17,6 +17,7 @@ data with a meaning (signs, indices) refuse other values when swapped in.
 import importlib
 import inspect
 import math
+import os
 import re
 
 import jax
@@ -404,6 +405,11 @@ def test_an_output_folder_that_is_a_file_is_refused_where_it_is_read(tmp_path, c
     with pytest.raises(SystemExit):
       parser.parse_args(argv)
     assert message in capsys.readouterr().err
+  # A folder no file can be written in: os.access says yes to root there.
+  if os.path.isdir("/proc"):
+    with pytest.raises(SystemExit):
+      parser.parse_args(["--out", "/proc/results"])
+    assert "is not writable" in capsys.readouterr().err
   fresh = tmp_path / "new" / "deeper"
   assert parser.parse_args(["--out", str(fresh)]).out == str(fresh)
   assert parser.parse_args(["--out", str(tmp_path)]).out == str(tmp_path)

@@ -164,9 +164,12 @@ def check_checkpoint_path(checkpoint_path, resume: bool, start_step: int, every)
     return
   path = os.fspath(checkpoint_path)
   folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-    raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist or is "
-                     "not writable")
+  if not os.path.isdir(folder):
+    raise ValueError(f"checkpoint_path {path!r}: its folder {folder!r} does not exist")
+  reason = checks.unwritable_reason(folder)
+  if reason is not None:
+    raise ValueError(f"checkpoint_path {path!r}: no file can be written in its folder "
+                     f"{folder!r} ({reason})")
   if os.path.exists(path):  # a folder, a FIFO or a device would be moved aside by a save
     checks.check_regular_file(path, "checkpoint_path")
   # A fresh run's saves move what is there aside and then replace it: a user's file, or an
