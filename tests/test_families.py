@@ -201,6 +201,26 @@ def test_a_network_posterior_trains_with_any_estimator_without_flattening():
   assert jax.tree.map(jnp.shape, draws) == jax.tree.map(lambda v: (7,) + v.shape, state)
 
 
+def test_structured_draws_refuse_what_would_give_nan_or_a_bare_error():
+  """NaN scales drew NaN silently; 0 draws gave empty arrays, -1 an MLIR error; params
+  without log_scale a KeyError; an int key a bare JAX error."""
+  latent = {"a": jnp.zeros((3, 2)), "b": jnp.zeros(())}
+  params = dsgrad.families.structured_init(latent)
+  draws = dsgrad.families.sample_structured(params, jax.random.key(0), 4)
+  assert jax.tree.map(jnp.shape, draws) == {"a": (4, 3, 2), "b": (4,)}
+  who = "dsgrad.families.sample_structured: "
+  nan_scale = {**params, "log_scale": {**params["log_scale"], "b": jnp.float32(jnp.nan)}}
+  narrow = {**params, "log_scale": {**params["log_scale"], "a": jnp.zeros(3)}}
+  for args, match in [
+      ((nan_scale, jax.random.key(0), 3), r"params\['log_scale'\]\['b'\] holds NaN"),
+      ((params, jax.random.key(0), 0), "num_samples must be an integer >= 1"),
+      ((params, 0, 3), "key must be a JAX PRNG key"),
+      (({"loc": params["loc"]}, jax.random.key(0), 3), r"must be \{'loc'.*got \['loc'\]"),
+      ((narrow, jax.random.key(0), 3), r"\['a'\] has shape \(3,\), expected \(3, 2\)")]:
+    with pytest.raises(ValueError, match=who + ".*" + match):
+      dsgrad.families.sample_structured(*args)
+
+
 def test_full_rank_converges_where_mean_field_does_on_a_correlated_50d_posterior():
   """Bayesian linear regression, 50 features with correlation 0.9^|i-j| (posterior scales
   0.01-0.3). At the settings where mean-field climbs steadily (Adam 1e-2, batch 100), the

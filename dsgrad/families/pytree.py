@@ -191,9 +191,24 @@ def _structured_table(flat: Objective, latent):
   return table_approximation
 
 
+@checks.arguments(params=checks.parameters(), key=checks.prng_key(),
+                  num_samples=checks.count(1))
 def sample_structured(params, key, num_samples: int):
   """``num_samples`` draws from the mean-field posterior with structured ``params``:
-  a pytree like the latent whose leaves have a leading axis ``num_samples``."""
+  a pytree like the latent whose leaves have a leading axis ``num_samples``.
+
+  Raises:
+    ValueError: params that are not ``{"loc": ..., "log_scale": ...}`` of one structure
+      (:func:`structured_init`'s), or that hold NaN or inf.
+  """
+  who = "dsgrad.families.sample_structured"
+  if not (isinstance(params, dict) and {"loc", "log_scale"} <= set(params)):
+    got = sorted(map(str, params)) if isinstance(params, dict) else type(params).__name__
+    raise ValueError(f"{who}: params must be {{'loc': ..., 'log_scale': ...}}, each shaped "
+                     f"like the latent (dsgrad.families.structured_init), got {got}")
+  checks.check_same_structure(params["log_scale"], params["loc"], f"{who}: params['log_scale']",
+                              "params['loc']")
+
   def draw(loc, log_scale, k):
     eps = jax.random.normal(k, (num_samples,) + jnp.shape(loc), jnp.result_type(loc))
     return loc + jnp.exp(log_scale) * eps
