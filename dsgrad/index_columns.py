@@ -167,7 +167,8 @@ def whole_number_floats(leaf) -> bool:
   # On the host: JAX's eager operations would each compile (0.4 s in all).
   values = np.asarray(leaf)
   # A float64 bound: 2**24 as a Python int would be cast to a float16 column's dtype (inf).
-  whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < np.float64(2 ** 24))))  # noqa: E731
+  limit = np.float64(2 ** 24)
+  whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < limit)))  # noqa: E731
   return whole(values[:1024]) and whole(values)  # real-valued columns fail on their first rows
 
 
