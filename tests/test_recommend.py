@@ -17,6 +17,7 @@ from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice import recommend as advice_lib
 from dsgrad.advice import runs as runs_lib
 from dsgrad.training import evaluation_plan
+from conftest import ctrl_c_at
 
 N, D, BATCH = 200, 4, 10
 
@@ -148,6 +149,60 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   result = advice.fit(progress=False, elbo_samples=10)
   assert time.perf_counter() - started <= 1.05 * budget
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
+
+
+def test_an_interrupted_advice_keeps_naives_run_and_its_fit_continues_it(monkeypatch):
+  """Ctrl-C while naive trains before the race (it may train for half the budget):
+  before, a fit's Interrupted for one of naive's pieces, or a plain KeyboardInterrupt
+  between them, and naive's run was lost with recommend's locals. Now an Interrupted
+  whose result is a Recommendation of naive holding its run where the interrupt stopped
+  it; its fit (or resume) continues that run, within what is left of the budget."""
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  ctrl_c_at(monkeypatch, 3)  # naive's first pieces: two segments, then a tenth of a second
+  with pytest.raises(dsgrad.Interrupted, match=r"^dsgrad.recommend interrupted after .* "
+                     r"naive's run so far is kept: its .result, this advice") as stop:
+    dsgrad.recommend(objective, _schedule, params, jax.random.key(1), batch_size=BATCH,
+                     budget=4.0, share=0.5, candidates=("naive", "cv"), progress=False)
+  advice = stop.value.result
+  run = advice.runs["naive"]
+  assert isinstance(advice, dsgrad.Recommendation) and advice.best == "naive"
+  assert stop.value.step == run.step > 0 and run.steps_run == run.step
+  assert not np.allclose(run.params["loc"], params["loc"])  # trained, and kept
+  assert "interrupted" in _by_name(advice)["cv"].why_not and "interrupted" in str(advice)
+  result = stop.value.resume(progress=False, elbo_samples=10)
+  assert result.step > run.step and np.isfinite(result.history.elbo[-1])
+
+
+def test_an_advice_interrupted_before_naive_stepped_starts_it_in_its_fit(monkeypatch):
+  """Ctrl-C while naive's first program compiles (a plain KeyboardInterrupt: nothing ran)
+  or within its first steps, before they were timed: the advice's fit starts (or times)
+  naive and trains it to the budget's end."""
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  real_compile, calls = runs_lib.Run.compile, []
+
+  def interrupted_compile(self, *args):
+    calls.append(args)
+    if len(calls) == 1:
+      raise KeyboardInterrupt
+    return real_compile(self, *args)
+
+  for interrupt in ("compile", "first block"):
+    with monkeypatch.context() as patched:
+      if interrupt == "compile":
+        patched.setattr(runs_lib.Run, "compile", interrupted_compile)
+      else:
+        ctrl_c_at(patched, 1)
+      with pytest.raises(dsgrad.Interrupted) as stop:
+        dsgrad.recommend(objective, _schedule, params, jax.random.key(1), batch_size=BATCH,
+                         budget=3.0, share=0.5, candidates=("naive", "cv"), progress=False)
+    run = stop.value.result.runs["naive"]
+    assert run.seconds_per_step is None and stop.value.step == run.step, interrupt
+    assert (run.program is None) == (interrupt == "compile") and (run.step > 0) == (
+        interrupt == "first block"), interrupt
+    result = stop.value.result.fit(progress=False, elbo_samples=10)
+    assert result.step > stop.value.step and np.isfinite(result.history.elbo[-1]), interrupt
 
 
 def test_a_race_that_begins_before_the_estimates_compile_waits_for_them(monkeypatch):

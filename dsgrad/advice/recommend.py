@@ -87,6 +87,8 @@ class Recommendation(NamedTuple):
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
     if run.program is None:  # naive, not started: it starts, and is timed, now
       _start_naive(run, self.budget_seconds)
+    elif run.seconds_per_step is None:  # recommend interrupted before its steps were timed
+      run.advance(2 * run.program.segment)
     run.settle(self.budget_seconds, spent)
     before, stepped = time.perf_counter() - entered, run.seconds - stepped
     result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
@@ -297,6 +299,8 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   Raises:
     TypeError: an unknown keyword (the message gives the signature), or no optimizer.
     ValueError: an unknown candidate, no ``"naive"``, or a setting out of range.
+    dsgrad.Interrupted: on Ctrl-C before the race ends; its ``result`` is the advice of
+      naive, holding naive's run so far, which ``result.fit()`` continues in the budget left.
 
   References:
     Wang, Geffner, Domke (2024), Sec. 7 (the estimators compared at equal wall-clock).
@@ -318,16 +322,20 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")
   try:
-    draws, skipped, race_line = {}, {}, ""
+    draws, skipped, race_line, interrupted = {}, {}, "", {}
     if share * budget < MIN_RACE_SECONDS * max(1, len(runs) - 1) or len(runs) == 1:
       skipped = dict.fromkeys(set(runs) - {"naive"}, (
           f"the budget is too small to race ({share * budget:.2g} s of advice for "
           f"{len(runs) - 1} candidate{'s' * (len(runs) > 2)})"))
     else:
       race = _Race(runs, objective, budget, share, jax.random.fold_in(key, 7919), say, started)
-      race.prepare(elbo_samples)
-      race.train_naive(race_at)
-      draws, skipped = race.race()
+      try:
+        race.prepare(elbo_samples)
+        race.train_naive(race_at)
+        draws, skipped = race.race()
+      except KeyboardInterrupt:  # Ctrl-C: naive's run so far, the first part of any, is kept
+        race.thread.shutdown(wait=False, cancel_futures=True)  # a compile under way ends alone
+        interrupted = skipped = dict.fromkeys(set(runs) - {"naive"}, "interrupted")
       if len(draws) > 1:
         race_line = (f"each run raced {PIECES * race.piece:.3g} s of steps from naive's run, in "
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
@@ -338,8 +346,14 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
     spent = time.perf_counter() - started
     kept = {name: run for name, run in runs.items() if name in draws} or {"naive": runs["naive"]}
-    return Recommendation(best.name, tuple(ranking), tuple(_reasons(
+    advice = Recommendation(best.name, tuple(ranking), tuple(_reasons(
         best, rows, budget, spent, race_line)), budget, spent, kept)
+    if interrupted:
+      raise progress_lib.Interrupted(
+          f"dsgrad.recommend interrupted after {spent:.3g} s; naive's run so far is kept: its "
+          ".result, this advice, continues it with .fit() (or .resume())", advice,
+          kept["naive"].step, None, lambda stop, **kw: stop.result.fit(**kw)) from None
+    return advice
   finally:
     bar(0, close=True)
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad.training import progress
 from dsgrad.training.loop import compile_fit, fit
 
 
@@ -89,9 +90,16 @@ class Run:
     self.use(program, fraction)
 
   def advance(self, steps: int) -> None:
-    """Runs ``steps`` more steps (whole segments, at least one) with :func:`dsgrad.fit`."""
+    """Runs ``steps`` more steps (whole segments, at least one) with :func:`dsgrad.fit`;
+    interrupted (Ctrl-C), the run keeps those that ran."""
     steps = max(self.program.segment, steps // self.program.segment * self.program.segment)
-    result = self.fit(num_steps=self.step + steps, elbo_samples=0, progress=False)
+    try:
+      result = self.fit(num_steps=self.step + steps, elbo_samples=0, progress=False)
+    except progress.Interrupted as stop:  # untimed: what follows times its own steps
+      self.params, self.opt_state, self.steps_run, self.step = (
+          stop.result.params, stop.result.opt_state, self.steps_run + stop.step - self.step,
+          stop.step)
+      raise
     self.params, self.opt_state, self.step = result.params, result.opt_state, result.step
     self.steps_run, self.seconds = self.steps_run + steps, self.seconds + result.timing.steps
     self.timings.append((steps, result.timing.steps))

@@ -83,9 +83,10 @@ class Interrupted(KeyboardInterrupt):
       :class:`dsgrad.FitResult` at ``step`` (``pareto_k`` not computed),
       :func:`dsgrad.mcmc.run_chain`'s tuple or :func:`dsgrad.mcmc.sample`'s
       :class:`dsgrad.mcmc.MCMCResult` over the draws kept (its ``state`` continues the
-      chain: ``run_chain`` from it with a new key).
+      chain: ``run_chain`` from it with a new key); :func:`dsgrad.recommend`'s
+      :class:`dsgrad.Recommendation` of naive, holding naive's run (its ``fit()`` goes on).
     step: the steps (or draws) done.
-    num_steps: those the call asked for.
+    num_steps: those the call asked for (``None`` where it asked for seconds).
 
   Example::
 
