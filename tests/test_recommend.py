@@ -163,7 +163,7 @@ def test_an_interrupted_advice_keeps_naives_run_and_its_fit_continues_it(monkeyp
   with pytest.raises(dsgrad.Interrupted, match=r"^dsgrad.recommend interrupted after .* "
                      r"naive's run so far is kept: its .result, this advice") as stop:
     dsgrad.recommend(objective, _schedule, params, jax.random.key(1), batch_size=BATCH,
-                     budget=4.0, share=0.5, candidates=("naive", "cv"), progress=False)
+                     budget=2.0, share=0.5, candidates=("naive", "cv"), progress=False)
   advice = stop.value.result
   run = advice.runs["naive"]
   assert isinstance(advice, dsgrad.Recommendation) and advice.best == "naive"
@@ -196,7 +196,7 @@ def test_an_advice_interrupted_before_naive_stepped_starts_it_in_its_fit(monkeyp
         ctrl_c_at(patched, 1)
       with pytest.raises(dsgrad.Interrupted) as stop:
         dsgrad.recommend(objective, _schedule, params, jax.random.key(1), batch_size=BATCH,
-                         budget=3.0, share=0.5, candidates=("naive", "cv"), progress=False)
+                         budget=2.0, share=0.5, candidates=("naive", "cv"), progress=False)
     run = stop.value.result.runs["naive"]
     assert run.seconds_per_step is None and stop.value.step == run.step, interrupt
     assert (run.program is None) == (interrupt == "compile") and (run.step > 0) == (
