@@ -22,7 +22,7 @@ from dsgrad import data as data_lib
 from dsgrad import elbo_trust
 from dsgrad.objective import Objective
 from dsgrad.tables import full_pass_mean
-from dsgrad.training import compile_cache
+from dsgrad.training import compile_cache, host_data
 
 
 @checks.arguments(objective=checks.objective(), params=checks.parameters(), key=checks.prng_key(),
@@ -63,8 +63,9 @@ def elbo(objective: Objective, params, key, num_samples: int = 1000,
   """
   checks.check_objective_evaluates(objective, params, "elbo")
   try:
-    value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size,
-                               num_data_sampled)
+    with host_data.reads_interruptible():  # a Ctrl-C in a host read: KeyboardInterrupt
+      value, se = elbo_unchecked(objective, params, key, num_samples, chunk_size,
+                                 num_data_sampled)
   except NonFiniteELBO as error:
     raise located(error, objective, params, key, chunk_size) from None
   elbo_trust.warn_above_bound(value, se, objective.log_evidence_bound, "from dsgrad.elbo")

@@ -208,6 +208,39 @@ def test_an_interrupted_fit_on_memory_mapped_data_keeps_the_steps_it_ran(tmp_pat
     np.testing.assert_array_equal(a, b)
 
 
+def test_an_interrupt_while_a_program_reads_rows_from_disk_keeps_the_run(tmp_path,
+                                                                         monkeypatch):
+  """Ctrl-C that strikes while a compiled program reads rows from disk (an ELBO
+  evaluation's, in a host callback on this thread) left XLA as a JaxRuntimeError
+  ("CpuCallback error"): fit lost its run and dsgrad.elbo named no interrupt. Both now
+  take it as the interrupt it is: fit keeps the steps before the evaluation, elbo raises
+  KeyboardInterrupt. (A chain's programs read on XLA's threads: Ctrl-C comes after the
+  chunk, as in memory.)"""
+  import threading
+  on_disk = _saved(_data(), tmp_path)
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
+  params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+  reads, real_rows = [], dsgrad.data.HostArray.rows
+
+  def rows(self, indices):  # training's reads run in a thread; a program's, in this one
+    if threading.current_thread() is threading.main_thread():
+      reads.append(None)
+      if len(reads) == interrupt_at:
+        raise KeyboardInterrupt
+    return real_rows(self, indices)
+
+  monkeypatch.setattr(dsgrad.data.HostArray, "rows", rows)
+  interrupt_at = 1 + len(on_disk)  # the second evaluation's reads (each column once)
+  with pytest.raises(dsgrad.Interrupted) as stop:
+    dsgrad.fit(objective, optax.adam(0.05), params, jax.random.key(1), num_steps=60,
+               batch_size=25, eval_every=20, elbo_samples=4, progress=False)
+  assert stop.value.step == 40 and list(stop.value.result.history.step) == [20]
+  reads.clear()
+  interrupt_at = 1
+  with pytest.raises(KeyboardInterrupt):
+    dsgrad.elbo(objective, stop.value.result.params, jax.random.key(2), num_samples=4)
+
+
 def test_a_model_on_memory_maps_reads_their_columns_whole_not_a_row_at_a_time(tmp_path,
                                                                               monkeypatch):
   """np.asarray of a host array read it as a sequence, one __getitem__ per row: the range

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -259,14 +260,36 @@ def aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
   return raw[start:start + size].view(dtype).reshape(shape)
 
 
+_READ_INTERRUPTED = threading.Event()
+
+
 def host_gather(handle, indices):
   """The rows of the live host array numbered ``handle``: the host side of a callback."""
-  # Under vmap the handle arrives with the indices' added axes; every entry is the same.
-  number = int(np.asarray(handle).reshape(-1)[0])
-  array = HostArray._registry.get(number)
-  if array is None:
-    raise ValueError(f"host array handle {number} is no longer alive")
-  return array.rows(indices)
+  try:
+    # Under vmap the handle arrives with the indices' added axes; every entry is the same.
+    number = int(np.asarray(handle).reshape(-1)[0])
+    array = HostArray._registry.get(number)
+    if array is None:
+      raise ValueError(f"host array handle {number} is no longer alive")
+    return array.rows(indices)
+  except KeyboardInterrupt:  # XLA reports it as its own error: marked for reads_interruptible
+    _READ_INTERRUPTED.set()
+    raise
+
+
+@contextlib.contextmanager
+def reads_interruptible():
+  """Re-raises, as the ``KeyboardInterrupt`` it is, a Ctrl-C that struck while a program
+  read host rows (:func:`host_gather`): XLA reports an exception raised in a callback as a
+  ``JaxRuntimeError``, which the callers that keep a run on an interrupt did not catch."""
+  _READ_INTERRUPTED.clear()
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as error:
+    if not (_READ_INTERRUPTED.is_set() or "KeyboardInterrupt" in str(error)):
+      raise
+    _READ_INTERRUPTED.clear()
+    raise KeyboardInterrupt from None
 
 
 def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> HostArray:

@@ -34,7 +34,7 @@ from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
 from dsgrad.objective import Objective
 from dsgrad.training import batching, checkpoint as checkpoint_lib, evaluation_plan, parallel
-from dsgrad.training import progress as progress_lib, resume as resume_lib, segments
+from dsgrad.training import host_data, progress as progress_lib, resume as resume_lib, segments
 from dsgrad.training.progress import Interrupted
 # Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
@@ -154,8 +154,7 @@ def _check_start(params, num_steps: int, start_step: int) -> None:
 
 def _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step, every):
   """Refuses, by name and before anything is compiled or trained, the counts and paths
-  :func:`fit` cannot use."""
-  # The counts' kinds are checked by fit's argument declarations.
+  :func:`fit` cannot use (their kinds: fit's argument declarations)."""
   checks.check_batch_size(batch_size, objective.num_data, "dsgrad.fit")
   resume_lib.check_checkpoint_path(checkpoint_path, resume, start_step, every)
 
@@ -314,24 +313,25 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
 
     if record.lacks(step) and evaluation.evaluates(step, num_steps):
       evaluate(0)  # an interrupt came at a segment's end, before its evaluation
-    try:
-      while step < end:
-        end, length = evaluations.end_within(  # 0 steps: stopped by max_seconds
-            max_seconds, time.perf_counter() - entered, step,
-            _segment_length(step, segment_steps, num_steps), num_steps,
-            runner.step_seconds / max(1, step - start_step))
-        if length:
-          following = ((step + length, _segment_length(step + length, segment_steps, end))
-                       if step + length < end else None)
-          params, opt_state = runner.run(params, opt_state, step, length, following)
-          step += length
-        evaluated = evaluate(length)
-        ended = length and (evaluated if total is None else step % eval_every == 0)  # a period
-        periods += bool(ended)
-        if checkpoint_path is not None and (step == end or (
-            ended and periods % (checkpoint_every or 1) == 0)):
-          save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
-                              settings=settings)
+    try:  # a Ctrl-C in a program's host read is an interrupt too
+      with host_data.reads_interruptible():
+        while step < end:
+          end, length = evaluations.end_within(  # 0 steps: stopped by max_seconds
+              max_seconds, time.perf_counter() - entered, step,
+              _segment_length(step, segment_steps, num_steps), num_steps,
+              runner.step_seconds / max(1, step - start_step))
+          if length:
+            following = ((step + length, _segment_length(step + length, segment_steps, end))
+                         if step + length < end else None)
+            params, opt_state = runner.run(params, opt_state, step, length, following)
+            step += length
+          evaluated = evaluate(length)
+          ended = length and (evaluated if total is None else step % eval_every == 0)  # a period
+          periods += bool(ended)
+          if checkpoint_path is not None and (step == end or (
+              ended and periods % (checkpoint_every or 1) == 0)):
+            save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
+                                settings=settings)
     except (segments.NonFiniteStep, elbo_estimates.NonFiniteELBO) as error:
       failed_at = error.step if isinstance(error, segments.NonFiniteStep) else step
       elbo_trust.note_divergence(error, objective, start_params, eval_key,
@@ -342,9 +342,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
       raise _interrupted(runner, record.history(), settings, dict(
           objective=objective, optimizer=optimizer, key=key, num_steps=num_steps_given,
           batch_size=batch_size, eval_every=eval_every_given, elbo_samples=elbo_samples,
-          progress=progress, checkpoint_path=checkpoint_path,
-          checkpoint_every=checkpoint_every, mesh=mesh, max_seconds=max_seconds,
-          segment_steps=segment_steps_given)) from None
+          progress=progress, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+          mesh=mesh, max_seconds=max_seconds, segment_steps=segment_steps_given)) from None
     evaluations.bar(0, step, None, None, close=True)
     history = record.history()
     k_hat, diagnosis = evaluations.k_hat, evaluations.diagnosis
