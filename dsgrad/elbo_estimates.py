@@ -252,7 +252,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     (8,)
   """
   program = _elbo_draws_program(objective, num_samples, chunk_size)
-  return functools.partial(program, objective, count=num_samples)
+  return host_data.interruptible(functools.partial(program, objective, count=num_samples))
 
 
 def elbo_draws_and_log_q(objective: Objective, num_samples: int, chunk_size: int = 4096):
@@ -272,7 +272,7 @@ def elbo_draws_and_log_q(objective: Objective, num_samples: int, chunk_size: int
     A function ``(params, key) -> ((num_samples,), (num_samples,))`` arrays.
   """
   program = _elbo_draws_program(objective, num_samples, chunk_size, True)
-  return functools.partial(program, objective, count=num_samples)
+  return host_data.interruptible(functools.partial(program, objective, count=num_samples))
 
 
 def shares_programs(objective: Objective) -> bool:
@@ -332,7 +332,7 @@ def sampled_elbo_draws(objective: Objective, num_samples: int = 64, chunk_size: 
       ("sampled_elbo_draws", jax.tree.structure(objective), num_samples, chunk),
       lambda: compile_cache.jit_by_text(functools.partial(
           _sampled_elbo_run, num_samples=num_samples, chunk_size=chunk)))[0]
-  return functools.partial(program, objective)
+  return host_data.interruptible(functools.partial(program, objective))
 
 
 def _sampled_elbo_run(objective: Objective, params, key, rows, *, num_samples: int,

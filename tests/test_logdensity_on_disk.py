@@ -212,10 +212,10 @@ def test_an_interrupt_while_a_program_reads_rows_from_disk_keeps_the_run(tmp_pat
                                                                          monkeypatch):
   """Ctrl-C that strikes while a compiled program reads rows from disk (an ELBO
   evaluation's, in a host callback on this thread) left XLA as a JaxRuntimeError
-  ("CpuCallback error"): fit lost its run and dsgrad.elbo named no interrupt. Both now
-  take it as the interrupt it is: fit keeps the steps before the evaluation, elbo raises
-  KeyboardInterrupt. (A chain's programs read on XLA's threads: Ctrl-C comes after the
-  chunk, as in memory.)"""
+  ("CpuCallback error"): fit lost its run, recommend naive's (in its race's estimates),
+  and dsgrad.elbo named no interrupt. Each now takes it as the interrupt it is: fit keeps
+  the steps before the evaluation, recommend naive's run, elbo raises KeyboardInterrupt.
+  (A chain's programs read on XLA's threads: Ctrl-C comes after the chunk, as in memory.)"""
   import threading
   on_disk = _saved(_data(), tmp_path)
   objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, on_disk, LATENT)
@@ -239,6 +239,12 @@ def test_an_interrupt_while_a_program_reads_rows_from_disk_keeps_the_run(tmp_pat
   interrupt_at = 1
   with pytest.raises(KeyboardInterrupt):
     dsgrad.elbo(objective, stop.value.result.params, jax.random.key(2), num_samples=4)
+  reads.clear()  # recommend's first read on this thread: its race's ELBO estimates
+  with pytest.raises(dsgrad.Interrupted, match="^dsgrad.recommend interrupted") as advice:
+    dsgrad.recommend(objective, lambda steps: optax.adam(0.05), params, jax.random.key(3),
+                     batch_size=25, budget=2.0, share=0.5, candidates=("naive", "cv"),
+                     progress=False)
+  assert advice.value.result.runs["naive"].step > 0
 
 
 def test_a_model_on_memory_maps_reads_their_columns_whole_not_a_row_at_a_time(tmp_path,

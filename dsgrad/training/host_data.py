@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -290,6 +291,15 @@ def reads_interruptible():
       raise
     _READ_INTERRUPTED.clear()
     raise KeyboardInterrupt from None
+
+
+def interruptible(function):
+  """``function`` (which runs a compiled program) under :func:`reads_interruptible`."""
+  @functools.wraps(function)
+  def call(*args, **kwargs):
+    with reads_interruptible():
+      return function(*args, **kwargs)
+  return call
 
 
 def open_memmap(path, *, dtype=None, shape=None, name: str | None = None) -> HostArray:
