@@ -252,7 +252,7 @@ def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 
     (8,)
   """
   program = _elbo_draws_program(objective, num_samples, chunk_size)
-  return host_data.interruptible(functools.partial(program, objective, count=num_samples))
+  return functools.partial(program, objective, count=num_samples)
 
 
 def elbo_draws_and_log_q(objective: Objective, num_samples: int, chunk_size: int = 4096):
@@ -272,7 +272,7 @@ def elbo_draws_and_log_q(objective: Objective, num_samples: int, chunk_size: int
     A function ``(params, key) -> ((num_samples,), (num_samples,))`` arrays.
   """
   program = _elbo_draws_program(objective, num_samples, chunk_size, True)
-  return host_data.interruptible(functools.partial(program, objective, count=num_samples))
+  return functools.partial(program, objective, count=num_samples)
 
 
 def shares_programs(objective: Objective) -> bool:
