@@ -224,19 +224,18 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     # lax.scan's loop, with a bound known only when it runs: `count` iterations.
     xs = (indices, steps, keys, rows)
 
-    coded = []  # whether a step's checks return a code (known once it is traced)
     def body(t, state):
       carry, codes = state
       carry, code = step(carry, jax.tree.map(lambda a: a[t], xs))
-      coded[:] = [code is not None]
       return carry, codes if code is None else codes.at[t].set(code)
 
     carry, codes = jax.lax.fori_loop(0, count, body, (carry, jnp.zeros((length,), jnp.int32)))
     # [code, step] of the first failure: an ordinary output (a checkify error would make
     # the program's cache key differ at every compile, so that JAX's persistent
-    # compilation cache never served it). Without checks, 0: `codes` is then a constant,
-    # whose search XLA folded at compile time (2 s per 10^5 steps).
-    first = jnp.argmax(codes != 0) if coded[0] else 0
+    # compilation cache never served it). Without per-step checks (no `messages` once the
+    # step is traced), 0: `codes` is then a constant, whose search XLA folded at compile
+    # time (2 s per 10^5 steps).
+    first = jnp.argmax(codes != 0) if messages else 0
     failure = jnp.stack([codes[first], steps[first]])
     if settled:  # checked first: the per-step checks that remain come after
       failure = jnp.where(checks.all_finite(carry[0]), failure,
