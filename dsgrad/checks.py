@@ -20,7 +20,10 @@ Two kinds of checks:
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import stat
+import tempfile
 import threading
 from typing import Any, Sequence
 
@@ -193,8 +196,6 @@ def raise_deferred(error) -> None:
 def check_regular_file(path, what: str) -> None:
   """Refuses a path that is not a regular file (a FIFO, a device such as ``/dev/zero``,
   a directory, a socket): reading one can block forever or never end."""
-  import os  # pylint: disable=g-import-not-at-top
-  import stat  # pylint: disable=g-import-not-at-top
   try:
     mode = os.stat(path).st_mode
   except FileNotFoundError:
@@ -211,7 +212,6 @@ def unwritable_reason(folder) -> str | None:
   ``None`` where one can. A file is written and removed: ``os.access`` grants root every
   folder, a pseudo-filesystem's (``/proc``) included, and knows nothing of security
   modules, where a later write then fails after the work."""
-  import tempfile  # pylint: disable=g-import-not-at-top
   try:
     with tempfile.TemporaryFile(dir=folder):
       return None
