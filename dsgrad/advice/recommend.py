@@ -322,7 +322,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")
   try:
-    draws, skipped, race_line, interrupted = {}, {}, "", {}
+    draws, skipped, race_line, interrupted = {}, {}, "", False
     if share * budget < MIN_RACE_SECONDS * max(1, len(runs) - 1) or len(runs) == 1:
       skipped = dict.fromkeys(set(runs) - {"naive"}, (
           f"the budget is too small to race ({share * budget:.2g} s of advice for "
@@ -335,7 +335,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
         draws, skipped = race.race()
       except KeyboardInterrupt:  # Ctrl-C: naive's run so far, the first part of any, is kept
         race.thread.shutdown(wait=False, cancel_futures=True)  # a compile under way ends alone
-        interrupted = skipped = dict.fromkeys(set(runs) - {"naive"}, "interrupted")
+        interrupted, skipped = True, dict.fromkeys(set(runs) - {"naive"}, "interrupted")
       if len(draws) > 1:
         race_line = (f"each run raced {PIECES * race.piece:.3g} s of steps from naive's run, in "
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
