@@ -317,6 +317,38 @@ def test_a_minus_one_that_the_model_masks_is_not_an_index_out_of_range():
   assert dsgrad_numpyro.objective(model, y, g).num_data == 40
 
 
+def test_a_nan_in_the_data_is_refused_by_name_unless_the_model_masks_it(logreg_data):
+  x, y = (np.asarray(a) for a in logreg_data)
+
+  def masked_model(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=BATCH) as idx:
+      with handlers.mask(mask=~jnp.isnan(y[idx])):
+        numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+  x_nan = x.copy()
+  x_nan[13, 1] = np.nan  # a NaN logit: BernoulliLogits' log-probability is 0, its gradient NaN
+  with pytest.raises(ValueError, match=r"argument 'x' holds NaN at row 13, .*gradient NaN"):
+    dsgrad_numpyro.objective(masked_model, x_nan, y)
+  y_nan = y.copy()
+  y_nan[[4, 21]] = np.nan  # missing observations, kept out of the density by the mask
+  objective = dsgrad_numpyro.objective(masked_model, x, y_nan)
+  result = dsgrad.fit(objective, optax.adam(1e-2), objective.init_params(), jax.random.key(0),
+                      num_steps=40, batch_size=BATCH, elbo_samples=10, progress=False)
+  assert np.all(np.isfinite(result.history.elbo))
+
+  def censored_model(t, censored_at):  # an infinite argument is not a missing value
+    rate = numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("data", N, subsample_size=BATCH) as idx:
+      seen = t[idx] <= censored_at[idx]
+      numpyro.factor("t", jnp.where(seen, jnp.log(rate), 0.0)
+                     - rate * jnp.minimum(t[idx], censored_at[idx]))
+
+  t = np.linspace(0.1, 3.0, N, dtype=np.float32)
+  never = np.where(np.arange(N) % 3 == 0, 1.0, np.inf).astype(np.float32)
+  assert dsgrad_numpyro.objective(censored_model, t, never).num_data == N
+
+
 def test_a_pandas_column_is_read_as_its_array_and_64_bit_ids_beyond_32_bits_are_refused():
   pd = pytest.importorskip("pandas")
   rng = np.random.default_rng(0)

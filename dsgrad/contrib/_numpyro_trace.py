@@ -298,3 +298,43 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
       if message:
         raise data_kinds.index_out_of_range(argument_name(model, path), row, values[row],
                                             "the model", message)
+
+
+def check_missing_values(model, log_likelihood_given, model_args, model_kwargs, z,
+                         num_data: int, most_rows: int = 4096) -> None:
+  """Refuses a NaN in a data argument (one row per datum) that makes its datum's
+  log-likelihood or its gradient NaN, naming the argument and row: in training it would surface steps
+  later as a non-finite update, blamed on the gradient. A NaN the model masks
+  (``numpyro.handlers.mask`` keeps it out of the density and its gradient) is kept. Run
+  once, at the prior draw ``z``, on up to ``most_rows`` rows holding NaN, with and without
+  a stand-in 0 for the NaN: only where the stand-in gives a finite value is the NaN to
+  blame (an overflow at that draw is not the data's)."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  for position, (path, leaf) in enumerate(leaves):
+    if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
+            and np.issubdtype(leaf.dtype, np.floating)):
+      continue
+    column = np.asarray(leaf)
+    rows = np.flatnonzero(np.isnan(column.reshape(num_data, -1)).any(axis=1))[:most_rows]
+    if not rows.size:
+      continue
+
+    @jax.jit  # traced, where NumPyro's argument validation (when on) does not raise
+    def finite(column, position=position, rows=jnp.asarray(rows, jnp.int32)):
+      given = [v for _, v in leaves]
+      given[position] = column
+      args, kwargs = jax.tree_util.tree_unflatten(treedef, given)
+      # The gradient too: a NaN logit gives BernoulliLogits a log-probability of 0.
+      terms, grads = jax.vmap(jax.value_and_grad(
+          lambda z, row: log_likelihood_given(args, kwargs, z, row[None])[0]),
+          in_axes=(None, 0))(z, rows)
+      return jnp.isfinite(terms) & jnp.all(jnp.isfinite(grads), axis=1)
+
+    blamed = ~np.asarray(finite(leaf)) & np.asarray(finite(jnp.nan_to_num(leaf, nan=0.0)))
+    if blamed.any():
+      row = int(rows[np.argmax(blamed)])
+      raise ValueError(
+          f"dsgrad.contrib.numpyro: {argument_name(model, path)} holds NaN at row {row:,}, "
+          "which makes that datum's log-likelihood or its gradient NaN (training would stop at a "
+          "non-finite step). Where NaN marks a missing value, give it a finite stand-in and "
+          "mask the datum's term (numpyro.handlers.mask), or drop the row")

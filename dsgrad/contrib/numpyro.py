@@ -106,7 +106,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
     ValueError: no observed site; observations in two data plates (or in no common
       plate); a latent site inside the data plate (a local latent variable, named in the
       message); a discrete latent site; a model that does not index its data with the
-      plate's indices.
+      plate's indices; a NaN in a per-datum argument that makes its datum's
+      log-likelihood or gradient NaN (one the model masks is kept).
   """
   model_args, model_kwargs = jax.tree_util.tree_map_with_path(
       lambda path, a: _on_device(model, path, a), (model_args, model_kwargs))
@@ -173,6 +174,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
   trace_lib.check_per_datum(log_likelihood, log_joint_subsampled, log_prior, flat, plate, num_data)
   trace_lib.check_index_arguments(model, log_likelihood_given, model_args, model_kwargs, flat,
                                   num_data)
+  trace_lib.check_missing_values(model, log_likelihood_given, model_args, model_kwargs, flat,
+                                 num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
