@@ -247,6 +247,51 @@ def test_an_interrupt_while_a_program_reads_rows_from_disk_keeps_the_run(tmp_pat
   assert advice.value.result.runs["naive"].step > 0
 
 
+def test_an_interrupt_while_a_sampler_reads_rows_from_disk_keeps_its_draws(tmp_path,
+                                                                            monkeypatch):
+  """The same for dsgrad.mcmc.sample: Ctrl-C in a read from disk came back as XLA's
+  JaxRuntimeError, in its setup (full-data passes), in a chunk of the chain (whose draws
+  were lost) and in the estimator check after the last draw (all draws lost). Now: a
+  plain KeyboardInterrupt before the first draw, dsgrad.Interrupted with the draws after."""
+  rows_300 = {name: column[:300] for name, column in _data().items()}
+  model = dsgrad.model_from_logdensity(_log_prior, _log_lik, _saved(rows_300, tmp_path), LATENT)
+  armed, real_rows = [True], dsgrad.data.HostArray.rows
+
+  def rows(self, indices):  # Ctrl-C as the first read after the trap is armed
+    if armed[0]:
+      armed[0] = False
+      raise KeyboardInterrupt
+    return real_rows(self, indices)
+
+  def windows(*args, real=dsgrad.mcmc.chain.key_windows):  # armed for the second chunk
+    for i, window in enumerate(real(*args)):
+      armed[0] = i == 1
+      yield window
+
+  def diagnose(*args, real=dsgrad.mcmc.estimator_noise.diagnose):  # armed for the check
+    armed[0] = True
+    return real(*args)
+
+  monkeypatch.setattr(dsgrad.data.HostArray, "rows", rows)
+  # Chunks of 200 draws: the second holds one.
+  kw = dict(num_samples=201, num_warmup=10, subsample_size=20, num_blocks=4, progress=False)
+  with pytest.raises(KeyboardInterrupt) as setup:
+    dsgrad.mcmc.sample(jax.random.key(0), model, **kw)
+  assert type(setup.value) is KeyboardInterrupt
+  with monkeypatch.context() as chunk:
+    chunk.setattr(dsgrad.mcmc.chain, "key_windows", windows)
+    # (A bare KeyboardInterrupt escaping a test would stop pytest: caught, then checked.)
+    with pytest.raises(KeyboardInterrupt, match="after 200 of 201 draws") as stop:
+      dsgrad.mcmc.sample(jax.random.key(0), model, **kw)
+  assert stop.value.result.samples.shape == (200, D + GROUPS)
+  monkeypatch.setattr(dsgrad.mcmc.estimator_noise, "diagnose", diagnose)
+  with pytest.raises(KeyboardInterrupt, match="after its 201 draws") as check:
+    dsgrad.mcmc.sample(jax.random.key(0), model, **kw)
+  assert check.value.result.samples.shape == (201, D + GROUPS)
+  np.testing.assert_array_equal(check.value.result.samples[:200], stop.value.result.samples)
+  assert "not checked" in check.value.result.warnings[0]
+
+
 def test_a_model_on_memory_maps_reads_their_columns_whole_not_a_row_at_a_time(tmp_path,
                                                                               monkeypatch):
   """np.asarray of a host array read it as a sequence, one __getitem__ per row: the range

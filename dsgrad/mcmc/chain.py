@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.training import compile_cache
+from dsgrad.training import compile_cache, host_data
 from dsgrad.training import progress as progress_lib
 from dsgrad.training.progress import Interrupted
 
@@ -48,20 +48,22 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
   outputs, seconds, done = [], 0.0, 0
   length = min(chunk_size, num_samples)
   try:
-    for size, batch in key_windows(key, num_samples, length):
-      if not outputs:  # compiled before the clock starts (every chunk runs this program)
-        run_chunk.compile(model, state, batch, np.int32(size), step=step, position=position,
-                          sign=sign)
-      start = time.perf_counter()
-      # The chain's state is not donated: an interrupt keeps the last whole chunk's.
-      after, out = run_chunk(model, state, batch, np.int32(size), step=step,
-                             position=position, sign=sign)
-      jax.block_until_ready(out)
-      seconds += time.perf_counter() - start
-      outputs.append(jax.tree.map(lambda a: np.asarray(a)[:size], out))
-      _check_finite(outputs, state, seconds, done)
-      state, done = after, done + size
-      bar(size)
+    # A chunk reading rows from disk on this thread reports Ctrl-C as XLA's own error.
+    with host_data.reads_interruptible():
+      for size, batch in key_windows(key, num_samples, length):
+        if not outputs:  # compiled before the clock starts (every chunk runs this program)
+          run_chunk.compile(model, state, batch, np.int32(size), step=step,
+                            position=position, sign=sign)
+        start = time.perf_counter()
+        # The chain's state is not donated: an interrupt keeps the last whole chunk's.
+        after, out = run_chunk(model, state, batch, np.int32(size), step=step,
+                               position=position, sign=sign)
+        jax.block_until_ready(out)
+        seconds += time.perf_counter() - start
+        outputs.append(jax.tree.map(lambda a: np.asarray(a)[:size], out))
+        _check_finite(outputs, state, seconds, done)
+        state, done = after, done + size
+        bar(size)
   except KeyboardInterrupt:
     bar(0, close=True)
     if not outputs:

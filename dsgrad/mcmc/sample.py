@@ -32,7 +32,11 @@ from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
 from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
                                    laplace_draws, laplace_precision, refine_reference_point)
 from dsgrad.models.base import Model
-from dsgrad.training import batching, compile_cache
+from dsgrad.training import batching, compile_cache, host_data
+
+# The warning of a result whose estimator check an interrupt stopped (the draws are whole).
+DIAGNOSIS_INTERRUPTED = ("the estimator variance at the draws was not checked: an interrupt "
+                         "stopped the check")
 
 
 class MCMCResult(NamedTuple):
@@ -116,6 +120,7 @@ def _effective_sample_size(samples) -> tuple[np.ndarray, tuple]:
                   max_integration_steps=checks.count(1),
                   reference_updates_every=checks.count(0),
                   signed_blocks_per_update=checks.count(1), mass_window=checks.count(1))
+@host_data.interruptible  # a Ctrl-C during the setup's reads from disk: KeyboardInterrupt
 def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
            num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
            position=None, reference_point=None, proxy_order: int = 2,
@@ -181,6 +186,9 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
       matrix that is not positive definite, an unknown ``mass_matrix`` string,
       ``target_accept`` outside (0, 1), or a non-positive trajectory length, initial step
       size or step cap.
+    dsgrad.Interrupted: on Ctrl-C while sampling (or while the draws' estimator variance
+      is checked), with the draws so far as its ``result``; a plain ``KeyboardInterrupt``
+      before the first draw.
 
   Example: a logistic regression on 2,000 data, 50 data per likelihood estimate; the
   draws centre on the posterior mode with the spread of the Laplace approximation::
@@ -250,9 +258,13 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   def result(samples, signs, info, carry, seconds):
     state = carry[0]  # the chain's state, without the (unused) step-size adaptation
     ess, missing = _effective_sample_size(samples)
-    estimator_variance, warnings = estimator_noise.diagnose(
-        model, proxy, samples, info, batching.fold_in(key, 8), subsample_size,
-        estimator == "perturbed", mode)
+    try:
+      with host_data.reads_interruptible():  # it reads data afresh, on this thread
+        estimator_variance, warnings = estimator_noise.diagnose(
+            model, proxy, samples, info, batching.fold_in(key, 8), subsample_size,
+            estimator == "perturbed", mode)
+    except KeyboardInterrupt:  # the draws are kept, unchecked
+      estimator_variance, warnings = None, (DIAGNOSIS_INTERRUPTED,)
     warnings = tuple(warnings) + missing
     for message in warnings if progress else ():
       print("warning: " + message, flush=True)
@@ -268,7 +280,13 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     stop.result = (result(*stop.result) if isinstance(stop, Interrupted)
                    else stop.result[:3] + (stop.result[3][0],) + stop.result[4:])
     raise
-  return result(*drawn)
+  finished = result(*drawn)
+  if DIAGNOSIS_INTERRUPTED in finished.warnings:
+    raise Interrupted(f"sampling interrupted after its {num_samples} draws, while their "
+                      "estimator variance was checked; the draws are kept: catch "
+                      "dsgrad.Interrupted and take its .result", finished, num_samples,
+                      num_samples)
+  return finished
 
 
 def _check_scheme(model: Model, estimator: str, subsample_size, num_blocks: int) -> None:
