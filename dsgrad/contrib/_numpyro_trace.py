@@ -303,12 +303,12 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
 def check_missing_values(model, log_likelihood_given, model_args, model_kwargs, z,
                          num_data: int, most_rows: int = 4096) -> None:
   """Refuses a NaN in a data argument (one row per datum) that makes its datum's
-  log-likelihood or its gradient NaN, naming the argument and row: in training it would surface steps
-  later as a non-finite update, blamed on the gradient. A NaN the model masks
-  (``numpyro.handlers.mask`` keeps it out of the density and its gradient) is kept. Run
-  once, at the prior draw ``z``, on up to ``most_rows`` rows holding NaN, with and without
-  a stand-in 0 for the NaN: only where the stand-in gives a finite value is the NaN to
-  blame (an overflow at that draw is not the data's)."""
+  log-likelihood or its gradient NaN, naming the argument and row: in training it would
+  surface steps later as a non-finite update, blamed on the gradient. A NaN the model
+  masks (``numpyro.handlers.mask`` keeps it out of the density and its gradient) is kept.
+  Run once, at the prior draw ``z``, on up to ``most_rows`` rows holding NaN, with and
+  without a stand-in 0 for the NaN: only where the stand-in gives a finite value is the
+  NaN to blame (an overflow at that draw is not the data's)."""
   leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
   for position, (path, leaf) in enumerate(leaves):
     if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data

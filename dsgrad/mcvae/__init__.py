@@ -26,7 +26,8 @@ from dsgrad.mcvae.networks import (ConvDecoder, ConvEncoder, MLPDecoder, MLPEnco
                                    gaussian_log_likelihood)
 
 __all__ = ["MonteCarloVAE", "METHODS", "ConvEncoder", "ConvDecoder",
-           "gaussian_log_likelihood", "MLPEncoder", "MLPDecoder", "bernoulli_log_likelihood", "check_images","vae_bound", "iwae_bound", "langevin_sis_bound", "LangevinPath",
+           "gaussian_log_likelihood", "MLPEncoder", "MLPDecoder", "bernoulli_log_likelihood",
+           "check_images", "vae_bound", "iwae_bound", "langevin_sis_bound", "LangevinPath",
            "langevin_kernel_log_density", "ais_hmc_log_evidence", "gaussian_log_prob",
            "linear_schedule", "schedule_from_logits", "mala_ais_bound", "MalaPath",
            "amcvae_surrogate"]
