@@ -52,6 +52,32 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
 
 
+def _summed_in_float32(function):
+  """``function`` with a float16 or bfloat16 result cast to float32: the terms are the
+  user's to round, but dsgrad sums them over the data, and such sums lose hundreds of nats
+  in bfloat16 at 10^5 rows and overflow float16 (whose largest number is 65,504)."""
+  @functools.wraps(function)
+  def wrapped(*args):
+    out = function(*args)
+    if (hasattr(out, "dtype") and jnp.issubdtype(out.dtype, jnp.floating)
+        and jnp.finfo(out.dtype).bits < 32):
+      return jnp.asarray(out, jnp.float32)
+    return out
+  return wrapped
+
+
+def _log_density_out(what: str, out):
+  """``out`` (a traced result's shape and dtype), refused where it is not an array of
+  floats: an integer log density has no gradient in z, and training would not move."""
+  if not isinstance(out, jax.ShapeDtypeStruct):
+    raise TypeError(f"{what} must return an array (a log density of z), got "
+                    f"{type(out).__name__}")
+  if not jnp.issubdtype(out.dtype, jnp.floating):
+    raise TypeError(f"{what} must return floating values (a log density of z), got "
+                    f"dtype {out.dtype}")
+  return out
+
+
 def _traced(what: str, fn, latent, *args, columns=None, index=()):
   """``jax.eval_shape(fn, *args)``; an error raised in the user's function gets a note
   with what it was given (a latent of the wrong size shows as a shape error deep inside
@@ -164,6 +190,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
+  log_prior, log_lik = _summed_in_float32(log_prior), _summed_in_float32(log_lik)
   index = data_lib.index_names(data)  # left out of the columns: named if log_lik reads one
   # Checked once where they enter (sizes, values before the cast to float32) and put on
   # the device: model_data below finds them checked instead of reading them again.
@@ -198,19 +225,15 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     return log_lik(leaves, jax.tree_util.tree_unflatten(treedef, [rows[k] for k in names]))
 
   z0 = jax.ShapeDtypeStruct((d,), jnp.float32)
-  prior_out = _traced("log_prior(z)", prior_flat, latent, z0)
+  prior_out = _log_density_out("log_prior", _traced("log_prior(z)", prior_flat, latent, z0))
   if prior_out.shape != ():
     raise ValueError(f"log_prior must return a scalar, got shape {prior_out.shape}")
   model = Model(prior_flat, lik_flat, n, d, name, data=handles, unravel=unravel)
   probe = jax.ShapeDtypeStruct((min(2, n),), jnp.int32)
-  lik_out = _traced("log_lik(z, batch)", model.log_likelihood_at, latent, z0, probe,
-                    columns=model.data, index=index)
+  lik_out = _log_density_out("log_lik", _traced(
+      "log_lik(z, batch)", model.log_likelihood_at, latent, z0, probe, columns=model.data,
+      index=index))
   lik_shape = lik_out.shape
-  for what, out in (("log_prior", prior_out), ("log_lik", lik_out)):
-    # An integer log density has no gradient in z: training would not move.
-    if not jnp.issubdtype(out.dtype, jnp.floating):
-      raise TypeError(f"{what} must return floating values (a log density of z), got "
-                      f"dtype {out.dtype}")
   if lik_shape != probe.shape:
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
                      f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "

@@ -93,6 +93,11 @@ def test_bad_functions_and_data_are_refused(logreg):
   labels = jnp.asarray(y, jnp.int32)
   with pytest.raises(TypeError, match="log_lik must return floating values"):
     dsgrad.objective_from_logdensity(_log_prior, lambda z, b: b["y"], {"x": x, "y": labels}, 4)
+  # Not an array at all (it was an AttributeError: no attribute 'shape').
+  with pytest.raises(TypeError, match="log_lik must return an array .* got tuple"):
+    dsgrad.objective_from_logdensity(_log_prior, lambda z, b: (_log_lik(z, b),), data, 4)
+  with pytest.raises(TypeError, match="log_prior must return an array .* got NoneType"):
+    dsgrad.objective_from_logdensity(lambda z: None, _log_lik, data, 4)
   # A column given as a Python list is a pytree of one scalar per row to JAX.
   for column in (np.asarray(x).tolist(), list(np.asarray(y).tolist())):
     with pytest.raises(TypeError, match=r"data\['x'\] is a Python list of numbers"):
@@ -101,6 +106,24 @@ def test_bad_functions_and_data_are_refused(logreg):
   objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, 4)
   with pytest.raises(TypeError, match=r"with_data\['x'\] is a Python list of numbers"):
     objective.with_data({"x": np.asarray(x).tolist(), "y": y})
+
+
+def test_half_precision_terms_are_summed_in_float32():
+  """Terms a log_lik returns in bfloat16 or float16 were summed in their own dtype: over
+  100,000 data the ELBO was 188 nats off in bfloat16 and -inf in float16 (past 65,504)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(100_000, 4)).astype(np.float32)
+  data = {"x": x, "y": (rng.random(100_000) < 0.5).astype(np.float32)}
+  params = dsgrad.families.by_name("meanfield", 4).params()
+  elbos = {}
+  for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+    objective = dsgrad.objective_from_logdensity(
+        lambda z: _log_prior(z).astype(dtype), lambda z, b: _log_lik(z, b).astype(dtype),
+        data, 4, reads=None)
+    elbos[dtype] = dsgrad.elbo(objective, params, jax.random.key(0), num_samples=4)[0]
+  # Same draws: only the terms' rounding differs (0.1 nats here in bfloat16).
+  assert abs(elbos[jnp.bfloat16] - elbos[jnp.float32]) < 3.0, elbos
+  assert abs(elbos[jnp.float16] - elbos[jnp.float32]) < 3.0, elbos
 
 
 @pytest.mark.parametrize("reads", ["batch_mean", "batch_size", "softmax", "first_row"])
