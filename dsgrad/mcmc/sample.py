@@ -258,13 +258,9 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
   def result(samples, signs, info, carry, seconds):
     state = carry[0]  # the chain's state, without the (unused) step-size adaptation
     ess, missing = _effective_sample_size(samples)
-    try:
-      with host_data.reads_interruptible():  # it reads data afresh, on this thread
-        estimator_variance, warnings = estimator_noise.diagnose(
-            model, proxy, samples, info, batching.fold_in(key, 8), subsample_size,
-            estimator == "perturbed", mode)
-    except KeyboardInterrupt:  # the draws are kept, unchecked
-      estimator_variance, warnings = None, (DIAGNOSIS_INTERRUPTED,)
+    estimator_variance, warnings = _diagnosis(model, proxy, samples, info,
+                                              batching.fold_in(key, 8), subsample_size,
+                                              estimator == "perturbed", mode)
     warnings = tuple(warnings) + missing
     for message in warnings if progress else ():
       print("warning: " + message, flush=True)
@@ -280,13 +276,29 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     stop.result = (result(*stop.result) if isinstance(stop, Interrupted)
                    else stop.result[:3] + (stop.result[3][0],) + stop.result[4:])
     raise
-  finished = result(*drawn)
-  if DIAGNOSIS_INTERRUPTED in finished.warnings:
-    raise Interrupted(f"sampling interrupted after its {num_samples} draws, while their "
+  return _unless_interrupted(result(*drawn))
+
+
+def _diagnosis(model, proxy, samples, info, key, subsample_size, perturbed: bool, mode):
+  """:func:`estimator_noise.diagnose`'s ``(variance, warnings)``; on an interrupt during
+  its reads of the data (afresh, on this thread), ``(None, (DIAGNOSIS_INTERRUPTED,))``:
+  the draws are kept, unchecked."""
+  try:
+    with host_data.reads_interruptible():
+      return estimator_noise.diagnose(model, proxy, samples, info, key, subsample_size,
+                                      perturbed, mode)
+  except KeyboardInterrupt:
+    return None, (DIAGNOSIS_INTERRUPTED,)
+
+
+def _unless_interrupted(result: MCMCResult) -> MCMCResult:
+  """``result``, or :class:`Interrupted` holding it where an interrupt stopped its check."""
+  if DIAGNOSIS_INTERRUPTED in result.warnings:
+    drawn = len(result.samples)
+    raise Interrupted(f"sampling interrupted after its {drawn} draws, while their "
                       "estimator variance was checked; the draws are kept: catch "
-                      "dsgrad.Interrupted and take its .result", finished, num_samples,
-                      num_samples)
-  return finished
+                      "dsgrad.Interrupted and take its .result", result, drawn, drawn)
+  return result
 
 
 def _check_scheme(model: Model, estimator: str, subsample_size, num_blocks: int) -> None:
