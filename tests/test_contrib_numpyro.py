@@ -431,6 +431,40 @@ def test_example_runs_end_to_end(tmp_path):
     assert rows[name]["final_elbo"] == row["final_elbo"]
 
 
+def test_a_numpyro_model_traced_on_two_threads_at_once_keeps_its_sites_apart(logreg_data):
+  """recommend compiles candidates on a thread while naive's fit checks and compiles on
+  the calling one; a NumPyro model traced on both at once (the effect handlers' stack is
+  global) raised "all sites must have unique names" in recommend's first call."""
+  import concurrent.futures
+  import threading
+  import time
+  x, y = logreg_data
+  inside, hold = threading.Event(), threading.local()
+
+  def slow_model(x, y):  # one thread stays inside the model while the other traces it
+    if getattr(hold, "on", False):
+      inside.set()
+      time.sleep(0.3)
+    logreg_model(x, y)
+
+  objective = dsgrad_numpyro.objective(slow_model, x, y)
+  params = objective.init_params()
+
+  def loss(size):  # a batch size not traced before: traces are cached
+    noise = objective.sample_noise(jax.random.key(0), size)
+    return jax.eval_shape(objective.loss_fn, params, jnp.arange(size), noise)
+
+  def held():
+    hold.on = True
+    return loss(3)
+
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    first = pool.submit(held)
+    assert inside.wait(60)
+    loss(4)
+    first.result()
+
+
 def test_segments_of_a_numpyro_model_compile_on_several_threads(logreg_data):
   """recommend compiles its candidates' segments on several threads; a NumPyro model's
   effect handlers share one global stack, so two traced at once mixed their sites

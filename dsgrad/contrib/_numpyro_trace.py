@@ -5,7 +5,9 @@ plate's size. Private to :mod:`dsgrad.contrib`."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import threading
 import warnings
 
 from numpyro import handlers
@@ -17,6 +19,22 @@ import numpy as np
 
 from dsgrad import data_kinds
 from dsgrad.models import base as model_base
+
+
+HANDLERS = threading.RLock()
+"""Held while a NumPyro model runs (traced into a dsgrad program or traced for a check):
+NumPyro's effect handlers live on one global stack, so two threads running models at once
+put one's sites in the other's trace ("all sites must have unique names"). dsgrad traces on
+two threads where :func:`dsgrad.recommend` compiles its candidates beside naive's run."""
+
+
+def one_at_a_time(function):
+  """``function`` (which runs a NumPyro model) with :data:`HANDLERS` held."""
+  @functools.wraps(function)
+  def call(*args, **kwargs):
+    with HANDLERS:
+      return function(*args, **kwargs)
+  return call
 
 
 class PlateMismatch(ValueError):
@@ -32,6 +50,7 @@ def other_batch_sizes_allowed():
     yield
 
 
+@one_at_a_time
 def trace(fn, args, kwargs, seed=0):
   """The model's trace from a prior draw; a latent site whose distribution cannot be
   sampled (an improper prior such as ``ImproperUniform``, whose ``sample`` raises a bare

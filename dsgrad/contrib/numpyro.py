@@ -139,12 +139,14 @@ def to_model(model, *model_args, data_plate: str | None = None,
   # compiled a small program per operation; closed over, the arrays would be folded into
   # the program.
   arrays, rebuild = trace_lib.array_arguments(model_args, model_kwargs)
-  unconstrained = jax.jit(lambda arrays, latent: numpyro_util.unconstrain_fn(
-      fixed, *rebuild(arrays), latent))(arrays, latent)
+  unconstrain = trace_lib.one_at_a_time(
+      lambda arrays, latent: numpyro_util.unconstrain_fn(fixed, *rebuild(arrays), latent))
+  unconstrained = jax.jit(unconstrain)(arrays, latent)
   flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
                                 for k, v in unconstrained.items()})
   latent_sites = tuple(sorted(latent))
 
+  @trace_lib.one_at_a_time
   def constrain(z):
     return numpyro_util.constrain_fn(fixed, model_args, model_kwargs, unravel(z))
 
@@ -192,10 +194,12 @@ def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
   prior_model = handlers.block(fixed, hide=observed)
 
   @jax.jit
+  @trace_lib.one_at_a_time
   def log_prior_given(arrays, z):
     return -numpyro_util.potential_energy(prior_model, *rebuild(arrays), unravel(z))
 
   @jax.jit
+  @trace_lib.one_at_a_time
   def log_joint_given(arrays, z, indices):
     subsampled = trace_lib.with_indices(model, plate, indices)
     with trace_lib.other_batch_sizes_allowed():
@@ -242,6 +246,7 @@ def _per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
   """``(args, kwargs, z, indices) -> (B,)``: the data plate's log-likelihood per datum,
   with the model's arguments explicit."""
 
+  @trace_lib.one_at_a_time
   def log_likelihood_given(args, kwargs, z, indices):
     # Each site's gradient summed whole before they are concatenated into z's, as in
     # dsgrad.objective_from_logdensity (XLA on a GPU otherwise fused a site's batch sum
