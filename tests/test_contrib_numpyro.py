@@ -241,6 +241,15 @@ def test_unsupported_models_are_refused():
   with pytest.raises(ValueError, match="must index its data with them"):
     dsgrad_numpyro.objective(unindexed_model, y)
 
+  def param_model(y):  # a param stayed at its initial value, untrained, without a word
+    loc = numpyro.param("loc", jnp.zeros(()))
+    scale = numpyro.sample("scale", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("data", 20, subsample_size=5) as idx:
+      numpyro.sample("y", dist.Normal(loc, scale), obs=y[idx])
+
+  with pytest.raises(ValueError, match=r"numpyro.param site\(s\) \['loc'\].*untrained"):
+    dsgrad_numpyro.objective(param_model, y)
+
 
 def plate_model(plate_size):
   def model(x, y):

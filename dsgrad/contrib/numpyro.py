@@ -105,7 +105,8 @@ def to_model(model, *model_args, data_plate: str | None = None,
   Raises:
     ValueError: no observed site; observations in two data plates (or in no common
       plate); a latent site inside the data plate (a local latent variable, named in the
-      message); a discrete latent site; a model that does not index its data with the
+      message); a discrete latent site; a ``numpyro.param`` site (it would stay at its
+      initial value); a model that does not index its data with the
       plate's indices; a NaN in a per-datum argument that makes its datum's
       log-likelihood or gradient NaN (one the model masks is kept).
   """
@@ -212,6 +213,11 @@ def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
 def _global_latents_and_observations(trace, plate: str):
   """``({latent site: value}, [observed sites in the plate])``; refuses local, discrete
   or missing latent sites and a plate without observations."""
+  params = [name for name, site in trace.items() if site["type"] == "param"]
+  if params:
+    raise ValueError(f"numpyro.param site(s) {params}: dsgrad infers the model's sample "
+                     "sites and would hold a param at its initial value, untrained. Give "
+                     "it a prior (numpyro.sample), or pass a fixed value as an argument")
   latent, observed = {}, []
   for name, site in trace.items():
     # An auxiliary site is skipped unless observed: numpyro.factor is one, and in the data
