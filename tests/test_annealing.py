@@ -325,6 +325,10 @@ def test_bad_input():
   noise = ns.sample_noise(jax.random.key(0), 4)
   with pytest.raises(TypeError, match="discrete"):
     dsgrad.approx.linearize().grad_and_expected(ns, params, jnp.arange(4), noise)
+  # The same, where an estimator is built: not blamed on params or the model as well.
+  with pytest.raises(TypeError, match="discrete leaves") as built:
+    dsgrad.joint_svrg(ns, every=5).init(params)
+  assert "another model" not in str(built.value)
 
 
 def test_model_parameters_are_learned_through_the_bound():

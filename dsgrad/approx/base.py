@@ -175,6 +175,11 @@ def _apply_mask(mask, tree):
   return jax.tree.map(lambda m, x: jnp.where(m, x, jnp.zeros_like(x)), mask, tree)
 
 
+class DiscreteNoise(TypeError):
+  """An approximation that expands in the noise, given an objective whose noise has
+  integer leaves."""
+
+
 def _require_continuous_noise(objective: Objective, noise) -> None:
   """Refuses noise with integer leaves: it has no derivative to expand in, and its
   expectation is not the value at zero (NS-DAIS's dynamics mini-batch, for example)."""
@@ -182,10 +187,11 @@ def _require_continuous_noise(objective: Objective, noise) -> None:
               jax.tree_util.tree_leaves_with_path(noise)
               if not jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
   if discrete:
-    raise TypeError(f"linearize() expands the gradient in continuous noise, but the noise of "
-                    f"{objective.name} has discrete leaves {discrete}; its expectation is not "
-                    f"the value at zero, so no control variate from linearize() is unbiased "
-                    f"for it. Use the naive estimator (or an approximation written for it).")
+    raise DiscreteNoise(f"linearize() expands the gradient in continuous noise, but the noise "
+                        f"of {objective.name} has discrete leaves {discrete}; its expectation "
+                        "is not the value at zero, so no control variate from linearize() is "
+                        "unbiased for it. Use the naive estimator (or an approximation written "
+                        "for it).")
 
 
 def linearize(mask: Any = None) -> Approximation:

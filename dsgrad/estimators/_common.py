@@ -12,7 +12,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
-from dsgrad.approx.base import MaskMismatch, check_expectation
+from dsgrad.approx.base import DiscreteNoise, MaskMismatch, check_expectation
 from dsgrad.estimators import chain
 from dsgrad.training import compile_cache, host_data
 from dsgrad.objective import Objective
@@ -78,6 +78,8 @@ def check_params_fit(objective: Objective, params, estimator: str, approx=None) 
   try:
     grads = jax.eval_shape(lambda p: approx.grad_and_expected(objective, p, indices, noise),
                            params)
+  except DiscreteNoise:
+    raise  # says what is wrong: the objective's noise, not the params or the model
   except (TypeError, ValueError, IndexError) as error:
     cause = "" if isinstance(error, MaskMismatch) else (
         ". Was it built from another model than the objective?")
