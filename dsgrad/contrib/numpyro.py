@@ -106,9 +106,9 @@ def to_model(model, *model_args, data_plate: str | None = None,
     ValueError: no observed site; observations in two data plates (or in no common
       plate); a latent site inside the data plate (a local latent variable, named in the
       message); a discrete latent site; a ``numpyro.param`` site (it would stay at its
-      initial value); a model that does not index its data with the
-      plate's indices; a NaN in a per-datum argument that makes its datum's
-      log-likelihood or gradient NaN (one the model masks is kept).
+      initial value); a model that does not index its data with the plate's indices; a
+      NaN in a per-datum argument that makes its datum's log-likelihood or gradient NaN
+      (one the model masks is kept).
   """
   model_args, model_kwargs = jax.tree_util.tree_map_with_path(
       lambda path, a: _on_device(model, path, a), (model_args, model_kwargs))
