@@ -288,19 +288,13 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
   holding the argument's smallest and largest value, read as unsigned (a negative index,
   or one the model shifts below zero, is then one past the end)."""
   from jax.experimental import checkify  # noqa: PLC0415  (only here)
-  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
-  for position, (path, leaf) in enumerate(leaves):
-    if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
-            and np.issubdtype(leaf.dtype, np.signedinteger)):
-      continue
+  for path, leaf, replaced in _per_datum_arguments(model_args, model_kwargs, num_data,
+                                                   np.signedinteger):
     column = np.asarray(leaf)
     values = column.reshape(num_data, -1)
 
-    def one_argument(column, rows, at=z, position=position):
-      given = [v for _, v in leaves]
-      given[position] = column
-      args, kwargs = jax.tree_util.tree_unflatten(treedef, given)
-      return log_likelihood_given(args, kwargs, at, rows)
+    def one_argument(column, rows, at=z, replaced=replaced):
+      return log_likelihood_given(*replaced(column), at, rows)
 
     negative = np.flatnonzero((values < 0).any(axis=1))[:1]
     at = z + 0.5 * jax.random.normal(jax.random.key(0), jnp.shape(z), jnp.result_type(z))
@@ -328,21 +322,15 @@ def check_missing_values(model, log_likelihood_given, model_args, model_kwargs, 
   Run once, at the prior draw ``z``, on up to ``most_rows`` rows holding NaN, with and
   without a stand-in 0 for the NaN: only where the stand-in gives a finite value is the
   NaN to blame (an overflow at that draw is not the data's)."""
-  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
-  for position, (path, leaf) in enumerate(leaves):
-    if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
-            and np.issubdtype(leaf.dtype, np.floating)):
-      continue
-    column = np.asarray(leaf)
-    rows = np.flatnonzero(np.isnan(column.reshape(num_data, -1)).any(axis=1))[:most_rows]
+  for path, leaf, replaced in _per_datum_arguments(model_args, model_kwargs, num_data,
+                                                   np.floating):
+    rows = np.flatnonzero(np.isnan(np.asarray(leaf).reshape(num_data, -1)).any(axis=1))
     if not rows.size:
       continue
 
     @jax.jit  # traced, where NumPyro's argument validation (when on) does not raise
-    def finite(column, position=position, rows=jnp.asarray(rows, jnp.int32)):
-      given = [v for _, v in leaves]
-      given[position] = column
-      args, kwargs = jax.tree_util.tree_unflatten(treedef, given)
+    def finite(column, replaced=replaced, rows=jnp.asarray(rows[:most_rows], jnp.int32)):
+      args, kwargs = replaced(column)
       # The gradient too: a NaN logit gives BernoulliLogits a log-probability of 0.
       terms, grads = jax.vmap(jax.value_and_grad(
           lambda z, row: log_likelihood_given(args, kwargs, z, row[None])[0]),
@@ -357,3 +345,21 @@ def check_missing_values(model, log_likelihood_given, model_args, model_kwargs, 
           "which makes that datum's log-likelihood or its gradient NaN (training would stop at a "
           "non-finite step). Where NaN marks a missing value, give it a finite stand-in and "
           "mask the datum's term (numpyro.handlers.mask), or drop the row")
+
+
+def _per_datum_arguments(model_args, model_kwargs, num_data: int, kind):
+  """``(path, array, replaced)`` for each of a model's array arguments with one row per
+  datum and a dtype of ``kind`` (``np.floating``, ``np.signedinteger``);
+  ``replaced(value)`` is ``(args, kwargs)`` with ``value`` in that argument's place."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path((model_args, model_kwargs))
+  for position, (path, leaf) in enumerate(leaves):
+    if not (hasattr(leaf, "dtype") and np.ndim(leaf) >= 1 and len(leaf) == num_data
+            and np.issubdtype(leaf.dtype, kind)):
+      continue
+
+    def replaced(value, position=position):
+      given = [v for _, v in leaves]
+      given[position] = value
+      return jax.tree_util.tree_unflatten(treedef, given)
+
+    yield path, leaf, replaced
