@@ -333,7 +333,7 @@ def check_missing_values(model, log_likelihood_given, model_args, model_kwargs, 
       args, kwargs = replaced(column)
       # The gradient too: a NaN logit gives BernoulliLogits a log-probability of 0.
       terms, grads = jax.vmap(jax.value_and_grad(
-          lambda z, row: log_likelihood_given(args, kwargs, z, row[None])[0]),
+          lambda at, row: log_likelihood_given(args, kwargs, at, row[None])[0]),
           in_axes=(None, 0))(z, rows)
       return jnp.isfinite(terms) & jnp.all(jnp.isfinite(grads), axis=1)
 
