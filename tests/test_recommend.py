@@ -116,7 +116,8 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   """Half a second of advice cannot race three candidates: naive, returned within a tenth
   of the budget, each other candidate saying why; its fit takes the rest of the budget,
   on naive's one program where a second compile, which cannot be stopped, would not fit
-  (a stand-in compiler reports a second more than each compile took)."""
+  (a stand-in compiler reports a second more than each compile took), its schedule paced
+  to end with the budget."""
   compiles, real_compile = [], runs_lib.compile_fit
   monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: compiles.append(
       kwargs["num_steps"]) or real_compile(*args, **kwargs) + 1.0)
@@ -149,6 +150,11 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   result = advice.fit(progress=False, elbo_samples=10)
   assert time.perf_counter() - started <= 1.05 * budget
   assert result.step > 0 and np.isfinite(result.history.elbo[-1]) and len(compiles) == 1
+  # That program's schedule spans a step a microsecond; the run's optimizer keeps pace with
+  # the clock on it and ends near its end (before: where fit began plus the steps it took,
+  # about 0.43 of it in a probe, its learning rate 61% of the peak; here 0.88).
+  (_, count), *_ = optax.tree_utils.tree_get_all_with_path(result.opt_state, "count")
+  assert count >= 0.75 * advice.runs["naive"].program.length, count
 
 
 def test_an_interrupted_advice_keeps_naives_run_and_its_fit_continues_it(monkeypatch):
@@ -266,6 +272,30 @@ def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_ex
   run.compile(100, 10)
   run.compile(200, 10)
   assert run.compile_seconds == 2.0
+
+
+def test_an_hour_long_budget_starts_naive_and_settles_it_at_its_fraction(monkeypatch):
+  """Naive's first program spans a step a microsecond of the budget: for an hour, 3.6e9
+  steps, past fit's int32 step counters (before, dsgrad.compile_fit refused it and
+  recommend failed at once for any budget over 36 minutes). Where no second program fits
+  in what is left, the run continues on the first at its fraction of the budget, its
+  counts paced to reach the end with it."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], _schedule, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  advice_lib._start_naive(run, 3600.0)
+  run.compile_seconds = 1e3  # a second program would not fit in the half hour left
+  monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
+  run.settle(3600.0, lambda: 1800.0)
+  run.advance(run.program.segment)
+  length = run.program.length
+  assert length < 2**31
+  (_, count), *_ = optax.tree_utils.tree_get_all_with_path(run.opt_state, "count")
+  # Paced: the run's steps fill the hour's second half, so they move the counts faster.
+  assert 0.5 * length < count - run.program.segment < 0.51 * length
+  assert float(run.opt_state[1].rate) > 1
 
 
 def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(monkeypatch):

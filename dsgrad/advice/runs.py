@@ -5,6 +5,8 @@ advanced in pieces with ``fit(..., start_step=, opt_state=)``, moved between pro
 A run's schedule spans the budget (at its fraction ``f``, step ``f x length``): a candidate
 continues another run (its params, the user optimizer's state with step counts moved, its
 own estimator state afresh), and a run moves to a program of another length at one ``f``.
+The user's optimizer is :func:`paced`: to the budget's end its schedule keeps pace with the
+clock on any program, of its own length or not (a compile may not fit in what is left).
 """
 
 from __future__ import annotations
@@ -19,6 +21,41 @@ import optax
 
 from dsgrad.training import progress
 from dsgrad.training.loop import compile_fit, fit
+
+
+MAX_LENGTH = 2**30  # steps: fit's counters are int32, and a paced count may pass the end
+
+
+class Paced(NamedTuple):
+  """The user optimizer's state; the schedule position its step counts are set to before
+  each update; the position's move a step: ``rate``, its fraction carried."""
+
+  inner: Any
+  position: jax.Array
+  carry: jax.Array
+  rate: jax.Array
+
+
+def paced(inner) -> optax.GradientTransformationExtraArgs:
+  """``inner`` (an optax transformation) with its step counts (schedules', Adam's bias
+  correction) set to a position that moves ``rate`` a step (1 to start): one program
+  follows its schedule at the pace :meth:`Run.use` sets between calls."""
+  inner = optax.with_extra_args_support(inner)
+
+  def init(params):
+    return Paced(inner.init(params), jnp.zeros([], jnp.int32), jnp.zeros([]), jnp.ones([]))
+
+  def update(updates, state, params=None, **extra):
+    try:  # optax's step counters, where it keeps any
+      counted = optax.tree_utils.tree_set(state.inner, count=state.position)
+    except KeyError:
+      counted = state.inner
+    updates, inner_state = inner.update(updates, counted, params, **extra)
+    move = jnp.floor(state.carry + state.rate)
+    return updates, state._replace(inner=inner_state, carry=state.carry + state.rate - move,
+                                   position=state.position + move.astype(jnp.int32))
+
+  return optax.GradientTransformationExtraArgs(init, update)
 
 
 class Program(NamedTuple):
@@ -55,21 +92,24 @@ class Run:
 
   def compile(self, length: int, segment: int) -> Program:
     """Builds and compiles this run's :class:`Program` over ``length`` steps."""
-    length = max(segment, -(-int(length) // segment) * segment)
-    optimizer = optax.chain(self.contender.estimator, self.make_optimizer(length))
+    length = min(max(segment, -(-int(length) // segment) * segment), MAX_LENGTH // segment * segment)
+    optimizer = optax.chain(self.contender.estimator, paced(self.make_optimizer(length)))
     seconds = compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
                           num_steps=length, batch_size=self.batch_size, elbo_samples=0,
                           segment_steps=segment)
     self.compile_seconds = max(self.compile_seconds, seconds)  # see settle; a cache's: 0 s
     return Program(length, segment, optimizer)
 
-  def use(self, program: Program, fraction: float) -> None:
+  def use(self, program: Program, fraction: float, seconds_left: float | None = None) -> None:
     """Continues on ``program`` at ``fraction`` of the budget: the step, and the user
     optimizer's step counts, moved to that fraction of its length (whole segments; at
-    least one left)."""
+    least one left); with ``seconds_left``, its counts paced to reach the end by then."""
     step = min(int(fraction * program.length) // program.segment * program.segment,
                program.length - program.segment)
-    self.opt_state = (self.opt_state[0], _moved_counts(self.opt_state[1], step))
+    rate = 1.0 if seconds_left is None else min(program.length, (program.length - step)
+                                                * self.seconds_per_step / max(seconds_left, 1e-3))
+    self.opt_state = (self.opt_state[0], self.opt_state[1]._replace(
+        position=jnp.asarray(step, jnp.int32), carry=jnp.zeros([]), rate=jnp.asarray(rate)))
     if program is not self.program:
       self.earlier_rate, self.timings = self.seconds_per_step, []
     self.program, self.step = program, step
@@ -140,12 +180,12 @@ class Run:
   def settle(self, budget: float, spent) -> None:
     """Puts the run at the fraction ``spent() / budget`` of a schedule over the steps it
     affords in ``budget``: its own or, more than 10% off with four compiles' time left (a
-    compile cannot be stopped), one compiled in a thread as the run goes on."""
-    for _ in range(2):  # the second on its own step time: longer segments run faster
-      affords, program = int(budget / self.seconds_per_step), self.program
-      if (abs(program.length - affords) <= 0.1 * affords
-          or budget - spent() < 4 * self.compile_seconds):
-        break
+    compile cannot be stopped), one compiled in a thread as the run goes on; paced to end
+    with the budget either way."""
+    affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
+    # One move at most: the pace, not the program's length, ends the schedule with the budget.
+    if (abs(program.length - affords) > 0.1 * affords
+        and budget - spent() >= 4 * self.compile_seconds):
       # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
       # run limited in time still stops within a hundredth of it.
       segment = max(program.segment, round(0.01 * budget / self.seconds_per_step))
@@ -156,13 +196,4 @@ class Run:
       self.use(future.result(), spent() / budget)
       for _ in range(4):  # timed on its own segments: the first runs cold, three give a median
         self.advance(round(0.2 / self.seconds_per_step))
-    self.use(self.program, spent() / budget)
-
-
-def _moved_counts(state, step: int):
-  """``state`` with every ``count`` (optax's step counters: schedules, Adam's bias
-  correction) set to ``step``; unchanged where it keeps none."""
-  try:
-    return optax.tree_utils.tree_set(state, count=jnp.asarray(step, jnp.int32))
-  except KeyError:
-    return state
+    self.use(self.program, spent() / budget, seconds_left=budget - spent())
