@@ -179,18 +179,20 @@ class Run:
 
   def settle(self, budget: float, spent) -> None:
     """Puts the run at the fraction ``spent() / budget`` of a schedule over the steps it
-    affords in ``budget``: its own or, more than 10% off with four compiles' time left (a
-    compile cannot be stopped), one compiled in a thread as the run goes on; paced to end
-    with the budget either way."""
-    affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
-    # One move at most: the pace, not the program's length, ends the schedule with the budget.
-    if (abs(program.length - affords) > 0.1 * affords
-        and budget - spent() >= 4 * self.compile_seconds):
+    affords in ``budget``: its own or, shorter or over 25% longer with four compiles' time
+    left (a compile cannot be stopped), one a tenth longer compiled in a thread as the run
+    goes on; paced to end with the budget either way."""
+    for _ in range(2):  # the second on its own step time: longer segments run faster
+      affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
+      # Paced, a longer program ends with the budget too; a shorter one would end before it.
+      if (0.97 * affords <= program.length <= 1.25 * affords
+          or budget - spent() < 4 * self.compile_seconds):
+        break
       # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
       # run limited in time still stops within a hundredth of it.
       segment = max(program.segment, round(0.01 * budget / self.seconds_per_step))
       with concurrent.futures.ThreadPoolExecutor(1) as thread:
-        future = thread.submit(self.compile, affords, segment)
+        future = thread.submit(self.compile, 1.1 * affords, segment)
         while not future.done():  # steps of about a fifth of a second
           self.advance(round(0.2 / self.seconds_per_step))
       self.use(future.result(), spent() / budget)
