@@ -298,9 +298,34 @@ def test_an_hour_long_budget_starts_naive_and_settles_it_at_its_fraction(monkeyp
   assert float(run.opt_state[1].rate) > 1
 
 
+def test_a_run_on_a_program_too_short_for_the_time_left_starts_its_steps_earlier(monkeypatch):
+  """A program compiled for fewer steps than the run now affords, and no time to compile
+  another: fit would stop at the program's end, before the budget's (0.86 of a 40 s budget
+  in a held-out probe). Its steps start earlier, on new draws, with room for all the steps
+  the time left affords; its schedule stays at the budget's fraction, paced to the end."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], _schedule, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: 1e3)  # never fits
+  run.start(run.compile(6_000, 100))
+  run.timings, key = [(100, 0.01)], run.key
+  monkeypatch.setattr(runs_lib.Run, "advance", lambda self, steps: self.timings.append(
+      (steps, 1e-4 * steps)))  # 10,000 steps a second: 5,000 in the half left
+  run.settle(1.0, lambda: 0.5)
+  assert run.program.length == 6_000
+  assert run.step == 1_000 and run.program.length - run.step >= 5_000
+  paced = run.opt_state[1]
+  assert int(paced.position) == 3_000  # half the schedule, where half the budget is
+  assert float(paced.rate) == pytest.approx((6_000 - 3_000) / (6_000 - 1_000))
+  assert not np.array_equal(jax.random.key_data(run.key), jax.random.key_data(key))
+
+
 def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(monkeypatch):
-  """settle sizes a run's schedule by its typical step time: one call slowed threefold (a
-  busy spell on a shared machine) among three must not shrink a schedule that fits."""
+  """settle sizes a run's schedule by its typical step time, timed afresh (a race's steps
+  share the cores with compiles): one call slowed threefold (a busy spell on a shared
+  machine) among three warm ones must not shrink a schedule that fits."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
@@ -308,10 +333,13 @@ def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(
                      dsgrad.meanfield_init(model))
   monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: 0.1)
   run.start(run.compile(10_000, 100))
-  run.timings = [(100, 1.0), (100, 0.01), (100, 0.03), (100, 0.01)]  # cold, warm, slow, warm
-  assert run.seconds_per_step == pytest.approx(1e-4)
+  run.timings = [(100, 0.05)] * 3  # the race's: slower beside a compile
+  timed = iter([1.0, 0.01, 0.03, 0.01])  # cold, warm, slow, warm
+  monkeypatch.setattr(runs_lib.Run, "advance", lambda self, steps: self.timings.append(
+      (100, next(timed))))
   monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
   run.settle(1.0, lambda: 0.5)
+  assert run.seconds_per_step == pytest.approx(1e-4)
   assert run.program.length == 10_000 and run.step == 5_000
 
 

@@ -104,12 +104,18 @@ class Run:
     """Continues on ``program`` at ``fraction`` of the budget: the step, and the user
     optimizer's step counts, moved to that fraction of its length (whole segments; at
     least one left); with ``seconds_left``, its counts paced to reach the end by then."""
-    step = min(int(fraction * program.length) // program.segment * program.segment,
-               program.length - program.segment)
-    rate = 1.0 if seconds_left is None else min(program.length, (program.length - step)
-                                                * self.seconds_per_step / max(seconds_left, 1e-3))
+    step = position = min(int(fraction * program.length) // program.segment * program.segment,
+                          program.length - program.segment)
+    rate = 1.0
+    if seconds_left is not None:
+      steps = max(1, int(seconds_left / self.seconds_per_step))
+      rate = min(program.length, (program.length - step) / steps)
+      if rate < 1:  # fit would stop at the program's end: its steps start earlier, new draws
+        step = max(0, program.length - steps) // program.segment * program.segment
+        self.key = jax.random.fold_in(self.key, step)
+        rate = (program.length - position) / (program.length - step)
     self.opt_state = (self.opt_state[0], self.opt_state[1]._replace(
-        position=jnp.asarray(step, jnp.int32), carry=jnp.zeros([]), rate=jnp.asarray(rate)))
+        position=jnp.asarray(position, jnp.int32), carry=jnp.zeros([]), rate=jnp.asarray(rate)))
     if program is not self.program:
       self.earlier_rate, self.timings = self.seconds_per_step, []
     self.program, self.step = program, step
@@ -182,6 +188,9 @@ class Run:
     affords in ``budget``: its own or, shorter or over 25% longer with four compiles' time
     left (a compile cannot be stopped), one a tenth longer compiled in a thread as the run
     goes on; paced to end with the budget either way."""
+    self.earlier_rate, self.timings = self.seconds_per_step, []  # timed again: a race's steps
+    for _ in range(4):  # shared the cores with compiles; here the median of three warm calls
+      self.advance(round(0.2 / self.seconds_per_step))
     for _ in range(2):  # the second on its own step time: longer segments run faster
       affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
       # Paced, a longer program ends with the budget too; a shorter one would end before it.
