@@ -188,9 +188,10 @@ class Run:
     affords in ``budget``: its own or, shorter or over 25% longer with four compiles' time
     left (a compile cannot be stopped), one a tenth longer compiled in a thread as the run
     goes on; paced to end with the budget either way."""
-    self.earlier_rate, self.timings = self.seconds_per_step, []  # timed again: a race's steps
-    for _ in range(4):  # shared the cores with compiles; here the median of three warm calls
-      self.advance(round(0.2 / self.seconds_per_step))
+    if (left := budget - spent()) > 0:  # timed again: a race's steps shared the cores with
+      self.earlier_rate, self.timings = self.seconds_per_step, []  # compiles; here the median
+      for _ in range(4):  # of three warm calls, in a fifth of what is left at most
+        self.advance(round(min(0.2, 0.05 * left) / self.seconds_per_step))
     for _ in range(2):  # the second on its own step time: longer segments run faster
       affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
       # Paced, a longer program ends with the budget too; a shorter one would end before it.
