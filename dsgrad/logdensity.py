@@ -27,7 +27,7 @@ from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
 from dsgrad import latent_reads
-from dsgrad.models.base import (Model, check_per_datum_terms, model_data, probe_latent,
+from dsgrad.models.base import (Model, check_per_datum_terms, float32_terms, model_data, probe_latent,
                                 spread_indices)
 from dsgrad.objective import Objective
 
@@ -50,20 +50,6 @@ def _latent_unravel(latent) -> tuple[int, Callable]:
                     f"(latent={as_int}) or an example value as an array (jnp.zeros(()) for "
                     "a scalar latent, jnp.zeros(3) for three numbers)")
   return families.latent_unravel(latent, "the latent dimension or an example value of z")
-
-
-def _summed_in_float32(function):
-  """``function`` with a float16 or bfloat16 result cast to float32: the terms are the
-  user's to round, but dsgrad sums them over the data, and such sums lose hundreds of nats
-  in bfloat16 at 10^5 rows and overflow float16 (whose largest number is 65,504)."""
-  @functools.wraps(function)
-  def wrapped(*args):
-    out = function(*args)
-    if (hasattr(out, "dtype") and jnp.issubdtype(out.dtype, jnp.floating)
-        and jnp.finfo(out.dtype).bits < 32):
-      return jnp.asarray(out, jnp.float32)
-    return out
-  return wrapped
 
 
 def _log_density_out(what: str, out):
@@ -190,7 +176,7 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
-  log_prior, log_lik = _summed_in_float32(log_prior), _summed_in_float32(log_lik)
+  log_prior, log_lik = float32_terms(log_prior), float32_terms(log_lik)
   index = data_lib.index_names(data)  # left out of the columns: named if log_lik reads one
   # Checked once where they enter (sizes, values before the cast to float32) and put on
   # the device: model_data below finds them checked instead of reading them again.
