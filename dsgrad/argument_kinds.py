@@ -374,7 +374,9 @@ def optimizer_factory(value, who: str):
   transformation is used as it is; a factory's result is checked where it is built (a
   function returning a float or a schedule would fail later, inside optax)."""
   if _is_transformation(value):
-    return lambda steps: value
+    fixed = lambda steps: value  # noqa: E731
+    fixed.fixed = True  # its schedule is the user's, over the steps run: never moved
+    return fixed
 
   def make(steps):
     made = value(steps)

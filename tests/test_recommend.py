@@ -322,6 +322,26 @@ def test_a_run_on_a_program_too_short_for_the_time_left_starts_its_steps_earlier
   assert not np.array_equal(jax.random.key_data(run.key), jax.random.key_data(key))
 
 
+def test_a_transformation_given_as_it_is_keeps_its_own_schedule_over_the_steps_run():
+  """An optimizer given as a transformation, with a schedule of its own length: its counts
+  are the steps the run took, wherever the run moves in the budget (before, they were moved
+  to the budget's fraction of the program, 5.1 million against a 20,000-step cosine in a
+  probe: a learning rate of 0 from the first fraction of a second on)."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  make = dsgrad.argument_kinds.optimizer_factory(_schedule(20_000), "test")
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], make, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  run.start(run.compile(10_000, 100))
+  run.advance(200)
+  run.use(run.program, 0.5)
+  run.advance(100)
+  assert run.step == 5_100  # fit's steps move; the schedule's counts do not
+  (_, count), *_ = optax.tree_utils.tree_get_all_with_path(run.opt_state, "count")
+  assert count == 300
+
+
 def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(monkeypatch):
   """settle sizes a run's schedule by its typical step time, timed afresh (a race's steps
   share the cores with compiles): one call slowed threefold (a busy spell on a shared

@@ -273,7 +273,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     optimizer: the optax rule chained after the estimator: a function ``num_steps ->
       transformation`` whose schedule spans ``num_steps`` (e.g. ``lambda n: optax.adam(
       optax.cosine_decay_schedule(1e-2, n))``), built for the steps each run affords, or
-      a transformation (used as it is).
+      a transformation (used as it is: its step counts are the steps each run took).
     params: where training starts.
     key: the runs' PRNG key (batches and noise), as :func:`dsgrad.fit` takes it.
     batch_size: the batch size training will use.

@@ -103,7 +103,8 @@ class Run:
   def use(self, program: Program, fraction: float, seconds_left: float | None = None) -> None:
     """Continues on ``program`` at ``fraction`` of the budget: the step, and the user
     optimizer's step counts, moved to that fraction of its length (whole segments; at
-    least one left); with ``seconds_left``, its counts paced to reach the end by then."""
+    least one left); with ``seconds_left``, its counts paced to reach the end by then. A
+    transformation given as it is (no ``num_steps``) keeps its counts: the steps run."""
     step = position = min(int(fraction * program.length) // program.segment * program.segment,
                           program.length - program.segment)
     rate = 1.0
@@ -114,6 +115,8 @@ class Run:
         step = max(0, program.length - steps) // program.segment * program.segment
         self.key = jax.random.fold_in(self.key, step)
         rate = (program.length - position) / (program.length - step)
+    if getattr(self.make_optimizer, "fixed", False):  # a transformation: its counts are run
+      position, rate = self.opt_state[1].position, 1.0
     self.opt_state = (self.opt_state[0], self.opt_state[1]._replace(
         position=jnp.asarray(position, jnp.int32), carry=jnp.zeros([]), rate=jnp.asarray(rate)))
     if program is not self.program:
