@@ -27,8 +27,8 @@ from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
 from dsgrad import latent_reads
-from dsgrad.models.base import (Model, check_per_datum_terms, float32_terms, model_data, probe_latent,
-                                spread_indices)
+from dsgrad.models.base import (Model, check_per_datum_terms, float32_terms, model_data,
+                                probe_latent, spread_indices)
 from dsgrad.objective import Objective
 
 

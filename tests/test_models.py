@@ -194,6 +194,7 @@ def test_a_hand_written_models_half_precision_terms_are_summed_in_float32():
   half = model(jnp.bfloat16)
   copy = half.with_data(data)
   assert copy.log_likelihood is half.log_likelihood and copy.log_prior is half.log_prior
-  sparse = models.with_coordinates(half, 3, lambda rows: jnp.tile(jnp.arange(3), (len(rows["y"]), 1)))
+  every = lambda rows: jnp.tile(jnp.arange(3), (len(rows["y"]), 1))  # noqa: E731
+  sparse = models.with_coordinates(half, 3, every)
   terms = sparse.sparse.log_likelihood_local(jnp.zeros((2, 3)), half.rows(jnp.arange(2)))
   assert terms.dtype == jnp.float32

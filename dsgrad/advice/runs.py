@@ -92,7 +92,7 @@ class Run:
 
   def compile(self, length: int, segment: int) -> Program:
     """Builds and compiles this run's :class:`Program` over ``length`` steps."""
-    length = min(max(segment, -(-int(length) // segment) * segment), MAX_LENGTH // segment * segment)
+    length = min(max(1, -(-int(length) // segment)), MAX_LENGTH // segment) * segment
     optimizer = optax.chain(self.contender.estimator, paced(self.make_optimizer(length)))
     seconds = compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
                           num_steps=length, batch_size=self.batch_size, elbo_samples=0,
