@@ -27,8 +27,8 @@ from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad import index_columns
 from dsgrad import latent_reads
-from dsgrad.models.base import (Model, check_per_datum_terms, float32_terms, model_data,
-                                probe_latent, spread_indices)
+from dsgrad.models.base import (Model, check_per_datum_terms, model_data, probe_latent,
+                                spread_indices)
 from dsgrad.objective import Objective
 
 
@@ -176,7 +176,6 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
     2
   """
   d, unravel = _latent_unravel(latent)
-  log_prior, log_lik = float32_terms(log_prior), float32_terms(log_lik)
   index = data_lib.index_names(data)  # left out of the columns: named if log_lik reads one
   # Checked once where they enter (sizes, values before the cast to float32) and put on
   # the device: model_data below finds them checked instead of reading them again.
