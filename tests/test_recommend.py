@@ -154,7 +154,16 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   # the clock on it and ends near its end (before: where fit began plus the steps it took,
   # about 0.43 of it in a probe, its learning rate 61% of the peak; here 0.88).
   (_, count), *_ = optax.tree_utils.tree_get_all_with_path(result.opt_state, "count")
-  assert count >= 0.75 * advice.runs["naive"].program.length, count
+  length = advice.runs["naive"].program.length
+  assert count >= 0.75 * length, count
+  # Its state is your optimizer's, chained after the estimator's: your run goes on from it
+  # (before, the pacing wrapper's state, refused by your optimizer as another's).
+  more = dsgrad.fit(objective, optax.chain(dsgrad.naive(), _schedule(length)), result.params,
+                    jax.random.key(2), num_steps=result.step + 10, batch_size=BATCH,
+                    opt_state=result.opt_state, start_step=result.step, elbo_samples=0,
+                    progress=False)
+  (_, moved), *_ = optax.tree_utils.tree_get_all_with_path(more.opt_state, "count")
+  assert moved == count + 10
 
 
 def test_an_interrupted_advice_keeps_naives_run_and_its_fit_continues_it(monkeypatch):

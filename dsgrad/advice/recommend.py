@@ -33,7 +33,7 @@ import jax
 from dsgrad import checks, elbo_estimates
 from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
-from dsgrad.advice.runs import Run
+from dsgrad.advice.runs import Run, unpaced
 from dsgrad.training import progress as progress_lib
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
@@ -76,7 +76,9 @@ class Recommendation(NamedTuple):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
     :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
     over the steps it affords (compiled as it goes on where its own is over 10% off).
-    Returns fit's :class:`~dsgrad.FitResult` from where the run was, timed for this call."""
+    Returns fit's :class:`~dsgrad.FitResult` from where the run was, timed for this call;
+    its ``opt_state`` is that of ``optax.chain(estimator, your optimizer)``, your step counts
+    where the schedule stands (``runs[name].contender.estimator``; ``.program.length``)."""
     if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
                                    "start_step", "segment_steps"}:  # the run's, to the end
       raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
@@ -93,7 +95,8 @@ class Recommendation(NamedTuple):
     before, stepped = time.perf_counter() - entered, run.seconds - stepped
     result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
     t = result.timing  # the other time before fit (compiles beside steps) counts as setup
-    return result._replace(timing=t._replace(total=t.total + before, steps=t.steps + stepped,
+    estimator_state, pace = result.opt_state
+    return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(total=t.total + before, steps=t.steps + stepped,
                                              setup=t.setup + before - stepped))
 
 

@@ -46,16 +46,20 @@ def paced(inner) -> optax.GradientTransformationExtraArgs:
     return Paced(inner.init(params), jnp.zeros([], jnp.int32), jnp.zeros([]), jnp.ones([]))
 
   def update(updates, state, params=None, **extra):
-    try:  # optax's step counters, where it keeps any
-      counted = optax.tree_utils.tree_set(state.inner, count=state.position)
-    except KeyError:
-      counted = state.inner
-    updates, inner_state = inner.update(updates, counted, params, **extra)
+    updates, inner_state = inner.update(updates, unpaced(state), params, **extra)
     move = jnp.floor(state.carry + state.rate)
     return updates, state._replace(inner=inner_state, carry=state.carry + state.rate - move,
                                    position=state.position + move.astype(jnp.int32))
 
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+def unpaced(state: Paced):
+  """The user optimizer's own state in ``state``, its step counts at the position."""
+  try:  # optax's step counters, where it keeps any
+    return optax.tree_utils.tree_set(state.inner, count=state.position)
+  except KeyError:
+    return state.inner
 
 
 class Program(NamedTuple):
