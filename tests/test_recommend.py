@@ -331,6 +331,37 @@ def test_a_run_on_a_program_too_short_for_the_time_left_starts_its_steps_earlier
   assert not np.array_equal(jax.random.key_data(run.key), jax.random.key_data(key))
 
 
+def test_settle_moves_to_a_new_program_only_where_its_compile_and_timing_fit_the_time_left(
+    monkeypatch):
+  """A program is compiled in a thread, then timed on four of its segments (a hundredth of
+  the budget each): with a second left of ten, that took settle past the budget (1.12-1.17
+  budgets end to end in a held-out probe on memory-mapped data). It stays on the program
+  it has, paced, and ends before the budget's end (stand-in clock and compiler)."""
+  model = _model()
+  objective = dsgrad.meanfield_gaussian(model)
+  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+                                          BATCH)[0], _schedule, jax.random.key(1),
+                     dsgrad.meanfield_init(model))
+  clock = [0.0]
+
+  def compile_fit(*args, **kwargs):
+    clock[0] += 0.1
+    return 0.1
+
+  def advance(self, steps):  # whole segments, 10,000 steps a second
+    steps = max(self.program.segment, steps // self.program.segment * self.program.segment)
+    clock[0] += 1e-4 * steps
+    self.timings.append((steps, 1e-4 * steps))
+
+  monkeypatch.setattr(runs_lib, "compile_fit", compile_fit)
+  monkeypatch.setattr(runs_lib.Run, "advance", advance)
+  run.start(run.compile(6_000, 100))  # it affords 100,000 steps in 10 s: too short
+  run.timings, clock[0] = [(100, 0.01)], 9.0
+  run.settle(10.0, lambda: clock[0])
+  assert clock[0] < 10.0 and run.program.length == 6_000
+  assert float(run.opt_state[1].rate) > 0
+
+
 def test_a_transformation_given_as_it_is_keeps_its_own_schedule_over_the_steps_run():
   """An optimizer given as a transformation, with a schedule of its own length: its counts
   are the steps the run took, wherever the run moves in the budget (before, they were moved

@@ -25,12 +25,13 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from typing import NamedTuple
 
 import jax
 
-from dsgrad import checks, elbo_estimates
+from dsgrad import checks, elbo_estimates, psis
 from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run, unpaced
@@ -87,6 +88,8 @@ class Recommendation(NamedTuple):
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
     entered, stepped = time.perf_counter(), run.seconds
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
+    with contextlib.suppress(ImportError):  # fit's last evaluation imports it for k-hat, in
+      psis.arviz_array_stats("k-hat")  # seconds, once: now, before the time left is shared
     if run.program is None:  # naive, not started: it starts, and is timed, now
       _start_naive(run, self.budget_seconds)
     elif run.seconds_per_step is None:  # recommend interrupted before its steps were timed

@@ -201,18 +201,22 @@ class Run:
         self.advance(round(min(0.2, 0.05 * left) / self.seconds_per_step))
     for _ in range(2):  # the second on its own step time: longer segments run faster
       affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
-      # Paced, a longer program ends with the budget too; a shorter one would end before it.
-      if (0.97 * affords <= program.length <= 1.25 * affords
-          or budget - spent() < 4 * self.compile_seconds):
-        break
       # Segments of at least a hundredth of the budget: their fixed cost is spread, and a
       # run limited in time still stops within a hundredth of it.
       segment = max(program.segment, round(0.01 * budget / self.seconds_per_step))
+      # Paced, a longer program ends with the budget too; a shorter one would end before it.
+      # A compile cannot be stopped, and its program is timed on four segments: both must
+      # fit in what is left, with as much again for the run.
+      if (0.97 * affords <= program.length <= 1.25 * affords or budget - spent()
+          < 4 * self.compile_seconds + 8 * segment * self.seconds_per_step):
+        break
       with concurrent.futures.ThreadPoolExecutor(1) as thread:
         future = thread.submit(self.compile, 1.1 * affords, segment)
         while not future.done():  # steps of about a fifth of a second
           self.advance(round(0.2 / self.seconds_per_step))
       self.use(future.result(), spent() / budget)
       for _ in range(4):  # timed on its own segments: the first runs cold, three give a median
+        if budget - spent() < 4 * segment * self.seconds_per_step:
+          break  # the rest is the run's
         self.advance(round(0.2 / self.seconds_per_step))
     self.use(self.program, spent() / budget, seconds_left=budget - spent())
