@@ -527,18 +527,18 @@ def render(record) -> str:
         label += " (picks: " + ", ".join(row["pick"] for row in ok) + ")"
       diffs, times = [], []
       for s in seeds.values():
-        row, hand = s["contenders"].get(c), s["contenders"]["hand"]
+        row, hand = s["contenders"].get(c), s["contenders"].get("hand")
         if not row or "ruled_out" in row:
           continue
         if row.get("diverged"):
           diffs.append("diverged")
-        elif c == "hand":
-          diffs.append(f"{np.mean(row['draws']):.1f}")
+        elif c == "hand" or hand is None:  # a run without the hand loop: the ELBO itself
+          diffs.append(f"{np.mean(row['draws']):.1f}" + " (ELBO)" * (hand is None))
         else:
           gain, se = _paired(row, hand)
           diffs.append(f"{gain:+.1f} ({se:.1f})")
         # The hand loop's last trace point: every trace is estimated with the same noise.
-        target = hand["trace"][-1][1]
+        target = hand["trace"][-1][1] if hand else np.inf
         reached = time_to_reach(row["trace"], target)
         times.append(f"{reached:.1f}" if np.isfinite(reached) else "-")
       steps = "/".join(f"{row['steps']:,}" for row in ok)
@@ -627,8 +627,8 @@ def plot(name, r, path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   seed, s = next(iter(r["seeds"].items()))
-  hand = s["contenders"]["hand"]
-  target = float(hand["trace"][-1][1])
+  hand = s["contenders"].get("hand")  # without it (a run of some contenders): the ELBO
+  target = float(hand["trace"][-1][1]) if hand else 0.0
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for c, row in s["contenders"].items():
     if "ruled_out" in row or not row.get("trace"):

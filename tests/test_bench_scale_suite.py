@@ -124,3 +124,22 @@ def test_joint_saga_keeps_only_the_rows_each_datum_reads(name, k):
   estimator = scale_suite._estimator("joint_saga", model.objective)
   assert dsgrad.table_bytes(estimator.init(params)) == model.num_data * 2 * k * 4
   assert k < model.dim
+
+
+def test_a_run_without_the_hand_loop_is_rendered_with_its_elbos(tmp_path):
+  """A run of some contenders only (say, follow the advice again after a change): the
+  table shows each one's ELBO, and the figure is drawn, where the hand loop's gaps and
+  time to its ELBO cannot be (before: KeyError 'hand' after the runs had taken minutes)."""
+  row = {"steps": 480, "seconds": 1.0, "budget_seconds": 1.0, "step_seconds": 2e-3,
+         "compile_seconds": 1.9, "step_spread": 0.06, "draws": [-3533.0, -3534.0],
+         "trace": [(0.2, -9000.0), (1.0, -3533.5)]}
+  result = {"summary": "a model", "dim": 3, "peak": 3e-3, "tuning": {}, "num_data": 4000,
+            "seeds": {"0": {"contenders": {"naive": row}, "equal_cost_k": 2}}}
+  record = {"command": "python -m benchmarks scale-suite --contenders naive",
+            "environment": "a machine", "results": {"results": {"m": result}, "code": "c",
+                "config": {"budget": 1.0, "batch_size": 100, "tune_seed": 9, "peaks": [3e-3],
+                           "seeds": [0], "section": "s"}}}
+  table = scale_suite.render(record)
+  assert "| dsgrad naive | 480 |" in table and "-3533.5 (ELBO) | - |" in table
+  scale_suite.plot("m", result, tmp_path / "m.png")
+  assert (tmp_path / "m.png").stat().st_size > 0
