@@ -76,7 +76,8 @@ class Recommendation(NamedTuple):
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
     :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
-    over the steps it affords (compiled as it goes on where its own is over 10% off).
+    over the steps it affords (compiled as it goes on where its own is too short or over
+    25% too long, and time is left for it).
     Returns fit's :class:`~dsgrad.FitResult` from where the run was, timed for this call;
     its ``opt_state`` is that of ``optax.chain(estimator, your optimizer)``, your step counts
     where the schedule stands (``runs[name].contender.estimator``; ``.program.length``)."""
@@ -99,8 +100,8 @@ class Recommendation(NamedTuple):
     result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
     t = result.timing  # the other time before fit (compiles beside steps) counts as setup
     estimator_state, pace = result.opt_state
-    return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(total=t.total + before, steps=t.steps + stepped,
-                                             setup=t.setup + before - stepped))
+    return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(
+        total=t.total + before, steps=t.steps + stepped, setup=t.setup + before - stepped))
 
 
 def _start_naive(run: Run, budget: float, segment: int = 64) -> None:

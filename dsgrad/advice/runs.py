@@ -103,8 +103,8 @@ class Run:
     seconds = compile_fit(self.contender.objective, optimizer, self.start_params, self.key,
                           num_steps=length, batch_size=self.batch_size, elbo_samples=0,
                           segment_steps=segment)
-    # See settle: the call's time (tracing too: 1.2 s where a cached program's compile
-    # reported 0 s), and the longest (a cache's call is faster than the next one's).
+    # settle budgets a compile's call, tracing too (1.2 s where compile_fit reported 0 s
+    # for a program its cache held), and the longest so far: a cached one is no guide.
     seconds = max(seconds, time.perf_counter() - started)
     self.compile_seconds = max(self.compile_seconds, seconds)
     return Program(length, segment, optimizer)
