@@ -220,9 +220,13 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
       index=index))
   lik_shape = lik_out.shape
   if lik_shape != probe.shape:
+    # A column of shape (N, 1) beside (N,) ones broadcasts a batch's terms to (B, B).
+    standing = [name for name, leaf in handles.items() if np.shape(leaf)[1:] == (1,)]
     raise ValueError(f"log_lik(z, batch) must return one log likelihood per datum, shape "
-                     f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} "
-                     "(return the per-datum terms, not their sum)")
+                     f"{probe.shape} for a batch of {probe.shape[0]}; got {lik_shape} (" + (
+                         "return the per-datum terms, not their sum" if lik_shape == () else
+                         f"data {standing} of shape (N, 1): give them as (N,), e.g. y.ravel()"
+                         if standing else "one value per datum, without trailing axes") + ")")
   check_per_datum_terms(
       model.log_likelihood, probe_latent(d, 0.3),
       data_lib.few_rows(model.data, spread_indices(n)), f"{name}: log_lik(z, batch)",

@@ -71,8 +71,15 @@ def test_pytree_latent_is_unravelled(logreg):
 def test_bad_functions_and_data_are_refused(logreg):
   x, y = logreg
   data = {"x": x, "y": y}
-  with pytest.raises(ValueError, match="one log likelihood per datum"):
+  with pytest.raises(ValueError, match=r"one log likelihood per datum.*not their sum"):
     dsgrad.objective_from_logdensity(_log_prior, lambda z, b: jnp.sum(_log_lik(z, b)), data, 4)
+  # A label column of shape (N, 1) broadcasts the batch's terms to (B, B): named, with the
+  # fix (before, "not their sum", which it was not).
+  with pytest.raises(ValueError, match=r"got \(2, 2\) \(data \['y'\] of shape \(N, 1\): give "
+                                       r"them as \(N,\)"):
+    dsgrad.objective_from_logdensity(_log_prior, _log_lik, {"x": x, "y": y[:, None]}, 4)
+  with pytest.raises(ValueError, match=r"got \(2, 1\) \(one value per datum, without trailing"):
+    dsgrad.objective_from_logdensity(_log_prior, lambda z, b: _log_lik(z, b)[:, None], data, 4)
   with pytest.raises(ValueError, match="log_prior must return a scalar"):
     dsgrad.objective_from_logdensity(lambda z: z, _log_lik, data, 4)
   with pytest.raises(ValueError, match="disagree on the number of data"):
