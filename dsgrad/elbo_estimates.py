@@ -157,10 +157,11 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
   return NonFiniteELBO(error.who, error.detail + where)
 
 
-def rows_not_finite(objective: Objective, params, indices, key, shown: int = 5) -> str:
+def rows_not_finite(objective: Objective, params, indices, key,
+                    shown: int = 5) -> str | None:
   """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
   gradient, is not finite at ``params``, each row alone at one noise draw of ``key``; ""
-  where every row's are, or where they cannot be taken one at a time. The step's own error
+  where every row's are; ``None`` where they cannot be taken one at a time. The step's own error
   cannot say which datum: its update sums the batch, so one row's NaN or inf reaches every
   coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
   most 2^26 gradient numbers), on the error path only."""
@@ -178,7 +179,7 @@ def rows_not_finite(objective: Objective, params, indices, key, shown: int = 5) 
         lambda o, p, i: jax.lax.map(lambda n: row(o, p, n), i, batch_size=at_once))(
             objective, params, jnp.asarray(rows, jnp.int32)))
   except Exception:  # noqa: BLE001  (a diagnosis that fails must not hide the step's error)
-    return ""
+    return None
   bad_value, bad_grad = rows[~finite_value], rows[finite_value & ~finite_grad]
   name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
       f"{n:,}" for n in found[:shown]) + (

@@ -43,8 +43,8 @@ def _above_bound(value: float, se: float, bound: float | None, where: str) -> st
 
 @checks.arguments(bound=checks.optional(checks.real()),
                   num_data=checks.optional(checks.count(1)))
-def elbo_trace_warnings(history, bound: float | None = None,
-                        num_data: int | None = None) -> tuple[str, ...]:
+def elbo_trace_warnings(history, bound: float | None = None, num_data: int | None = None,
+                        start=None) -> tuple[str, ...]:
   """What makes an ELBO trace untrustworthy, one sentence each (empty when nothing does).
 
   Four checks on a :class:`dsgrad.History`:
@@ -64,6 +64,10 @@ def elbo_trace_warnings(history, bound: float | None = None,
     history: the trace (``step``, ``elbo``, ``elbo_se``).
     bound: upper bound on the log evidence, or ``None``.
     num_data: the model's number of data, or ``None``.
+    start: ``(step, ELBO)`` where the run began, the ELBO a number or a function that
+      returns it, or ``None``. Asked for only where the first estimate is already beyond
+      :data:`JUMP_FACTOR` nats a datum (a run that diverged before its first
+      evaluation, which no later estimate can show); it then heads the trace.
 
   Returns:
     A tuple of messages, naming steps and values.
@@ -73,6 +77,11 @@ def elbo_trace_warnings(history, bound: float | None = None,
   errors = np.asarray(history.elbo_se, np.float64)
   found = np.isfinite(values)
   steps, values, errors = steps[found], values[found], errors[found]
+  if start is not None and len(values) and abs(values[0]) >= JUMP_FACTOR * max(num_data or 1, 1):
+    began = _finite_or_none(start[1])
+    if began is not None:
+      steps, values = np.insert(steps, 0, start[0]), np.insert(values, 0, began)
+      errors = np.insert(errors, 0, 0.0)
   out = []
   for step, value, se in zip(steps, values, errors):
     message = _above_bound(value, se, bound, f"after step {int(step)}")
@@ -100,6 +109,27 @@ def elbo_trace_warnings(history, bound: float | None = None,
                  "best point; lower the step size or let it decay (e.g. "
                  "optax.cosine_decay_schedule)")
   return tuple(out)
+
+
+def _finite_or_none(value) -> float | None:
+  """``value`` (or what it returns, when a function) where finite, else ``None``."""
+  try:
+    value = float(value() if callable(value) else value)
+  except ValueError:  # an ELBO not finite at the start: nothing to compare with
+    return None
+  return value if np.isfinite(value) else None
+
+
+def run_warnings(objective, history, start_params, key, start_step: int = 0) -> tuple[str, ...]:
+  """:func:`elbo_trace_warnings` of a run of ``objective`` from ``start_params`` at
+  ``start_step``: its ELBO there is estimated only where the trace's first estimate is
+  already suspect, and roughly (4 draws on 4,096 rows: orders of magnitude are compared)."""
+  from dsgrad import elbo_estimates  # it imports this module
+
+  at_start = lambda: elbo_estimates.elbo_unchecked(
+      objective, start_params, key, 4, num_data_sampled=min(objective.num_data, 4096))[0]
+  return elbo_trace_warnings(history, objective.log_evidence_bound, objective.num_data,
+                             start=(start_step, at_start))
 
 
 def _grown_without_bound(steps, values, num_data: int | None) -> str | None:
@@ -133,30 +163,35 @@ def warn_above_bound(value: float, se: float, bound: float | None, where: str) -
 
 def note_divergence(error: Exception, objective, start_params, key, steps_run: int) -> None:
   """Adds a note to ``error`` (a non-finite step or ELBO that :func:`dsgrad.fit` met after
-  ``steps_run`` steps) saying that the run diverged, where it did: where the ELBO at the
-  run's ``start_params`` is finite. Its own message names the usual causes of a model
-  that is non-finite from the start (a datum the likelihood deems impossible, an
-  overflow), which mislead here: a run that was finite and turns non-finite part-way has
+  ``steps_run`` steps) saying that the run diverged, where it did: where the failing
+  step's rows (without them, the ELBO) are finite at the run's ``start_params``. Its own
+  message names the usual causes of a model that is non-finite from the start (a datum
+  the likelihood deems impossible, an overflow), which mislead here: a run that was finite and turns non-finite part-way has
   most often diverged. Where ``error`` holds the failing step's batch (``indices``), its
   rows whose term or gradient is not finite at ``start_params`` are named instead
   (:func:`dsgrad.elbo_estimates.rows_not_finite`)."""
   from dsgrad import elbo_estimates  # it imports this module
 
   batch = getattr(error, "indices", None)
-  rows = "" if batch is None else elbo_estimates.rows_not_finite(
+  rows = None if batch is None else elbo_estimates.rows_not_finite(
       objective, start_params, batch, key)
   if rows:  # rows the model deems impossible at any params: the run need not have diverged
     error.add_note(rows)
     return
   if steps_run <= 0:
     return
-  try:
-    start, _ = elbo_estimates.elbo_unchecked(objective, start_params, key, num_samples=16)
-  except elbo_estimates.NonFiniteELBO:
-    return  # not finite at the start either: the message's causes are the ones to check
+  # The batch's rows finite at the start settle it; else a full ELBO, a pass over all the
+  # data (seconds on 10^6 rows) that an error path cannot afford wherever it may be spared.
+  where = "where each of the failing step's rows has a finite term and gradient"
+  if rows is None:
+    try:
+      start, _ = elbo_estimates.elbo_unchecked(objective, start_params, key, num_samples=16)
+    except elbo_estimates.NonFiniteELBO:
+      return  # not finite at the start either: the message's causes are the ones to check
+    where = f"whose ELBO is finite ({start:.6g})"
   error.add_note(
-      f"dsgrad.fit ran {steps_run:,} steps before this, from params whose ELBO is finite "
-      f"({start:.6g}): a run that turns non-finite part-way has most likely diverged. The "
+      f"dsgrad.fit ran {steps_run:,} steps before this, from params {where}: a run that "
+      "turns non-finite part-way has most likely diverged. The "
       "first suspect is the update rule's step size, too large for this model (the ELBO's "
       f"gradient sums over the N = {objective.num_data:,} data, so its scale, and the rate "
       "that suits it, changes with N and the data's units): retry with one 3 to 10 times "

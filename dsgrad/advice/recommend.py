@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import jax
 
-from dsgrad import checks, elbo_estimates, psis
+from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run, unpaced
@@ -99,9 +99,15 @@ class Recommendation(NamedTuple):
     before, stepped = time.perf_counter() - entered, run.seconds - stepped
     result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
     t = result.timing  # the other time before fit (compiles beside steps) counts as setup
+    # The trace judged from your params: a run that diverged in the race looks steady here.
+    warned = elbo_trust.run_warnings(run.contender.objective, result.history, run.start_params,
+                                     run.key)
+    for message in set(warned) - set(result.warnings) if fit_kwargs.get("progress", True) else ():
+      print("warning: " + message, flush=True)
     estimator_state, pace = result.opt_state
     return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(
-        total=t.total + before, steps=t.steps + stepped, setup=t.setup + before - stepped))
+        total=t.total + before, steps=t.steps + stepped, setup=t.setup + before - stepped),
+        warnings=tuple(dict.fromkeys(result.warnings + warned)))
 
 
 def _start_naive(run: Run, budget: float, segment: int = 64) -> None:

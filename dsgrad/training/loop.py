@@ -296,7 +296,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     evaluation, segment_steps = _plan(objective, batch_size, num_steps_given, eval_every,
                                       elbo_samples, segment_steps, max_seconds)
     eval_every_given, eval_every = eval_every, evaluation.eval_every
-    start_params = params  # for a divergence's note: _initial_state copies them
+    start_params = params  # for a divergence's note and warning: _initial_state copies them
     params, opt_state, placement = _initial_state(objective, optimizer, params, opt_state,
                                                   batch_size, mesh)
     run_key, eval_key = batching.split_in_two(key)
@@ -347,8 +347,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     evaluations.bar(0, step, None, None, close=True)
     history = record.history()
     k_hat, diagnosis = evaluations.k_hat, evaluations.diagnosis
-    trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.elbo_trace_warnings(
-        history, objective.log_evidence_bound, objective.num_data))
+    trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.run_warnings(
+        objective, history, start_params, eval_key, start_step))
     return FitResult(params, opt_state, history, runner.compile_seconds, k_hat,
                      diagnosis, _timing(entered, runner, evaluations.seconds), trace_warnings,
                      step)
