@@ -101,6 +101,22 @@ def test_fit_and_the_advices_fit_flag_a_run_that_diverged_before_any_estimate():
       followed.warnings
 
 
+@pytest.mark.slow  # 13 s: the race begins once cv is compiled
+def test_a_race_from_a_diverged_naive_run_says_so_instead_of_advising_naive():
+  """Every candidate races from naive's run: where naive itself diverged, the race
+  compares nothing, and the advice says so instead of "stay with naive"."""
+  model, _ = _conjugate_regression()
+  advice = dsgrad.recommend(dsgrad.meanfield_gaussian(model), _leap_once,
+                            dsgrad.meanfield_init(model), jax.random.key(0), batch_size=50,
+                            budget=30.0, share=0.1, race_at=0.05, candidates=("naive", "cv"),
+                            progress=False)
+  assert "nats over naive at equal time" in advice.reasons[-2], advice.reasons  # cv raced
+  assert advice.best == "naive"
+  assert advice.reasons[-1].startswith("naive's own run cannot be trusted: the ELBO went "
+                                       "from"), advice.reasons
+  assert "diverging" in advice.reasons[-1] and "stay with naive" not in str(advice)
+
+
 def test_a_log_likelihood_with_its_sign_flipped_is_flagged_by_fit():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(300, 3)).astype(np.float32)

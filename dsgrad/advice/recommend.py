@@ -36,6 +36,7 @@ from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run, unpaced
 from dsgrad.training import progress as progress_lib
+from dsgrad.training.resume import History
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
 PIECES = 3  # taken by the runs in turn: a slow spell of the machine hits all of them
@@ -249,7 +250,8 @@ def verdict(rows: list, draws: dict | None = None) -> Candidate:
   return max(close, key=lambda r: r.gain, default=leader)
 
 
-def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line: str) -> list:
+def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line: str,
+             diverged: tuple) -> list:
   lines = [f"budget {budget:.3g} s; this advice took {spent:.3g} s, naive's training "
            "included (the first part of every run)."] + [race_line] * bool(race_line)
   naive = next(r for r in rows if r.name == "naive")  # wherever the user listed it
@@ -259,14 +261,19 @@ def _reasons(best: Candidate, rows: list, budget: float, spent: float, race_line
         f"{r.gain:+.4g} +- {r.gain_se:.2g} nats over naive at equal time." if r.raced
         else f"{r.why_not}."))
   tied = best.gain is not None and best.gain < max(r.gain or 0.0 for r in rows)
-  lines.append(("no candidate beat naive by more than twice its standard error" if any(
-      r.raced for r in rows) else "no candidate raced") + ": stay with naive and your "
-               "decaying step size." if best.name == "naive" else
-               f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, more "
-               "than twice its standard error, " + ("tied with the most (a control variate "
-               "at a recent snapshot: the better bet)" if tied else "the most of any") +
-               ": continue it with Recommendation.fit().")
-  return lines
+  if diverged:
+    verdict_line = (f"naive's own run cannot be trusted: {diverged[0]}; every candidate raced "
+                    "from it, so the race compares nothing: fix that and ask again.")
+  elif best.name == "naive":
+    verdict_line = ("no candidate beat naive by more than twice its standard error" if any(
+        r.raced for r in rows) else "no candidate raced") + ": stay with naive and your " \
+        "decaying step size."
+  else:
+    verdict_line = (f"{best.name} beat naive by {best.gain:.4g} +- {best.gain_se:.2g} nats, "
+                    "more than twice its standard error, " + ("tied with the most (a control "
+                    "variate at a recent snapshot: the better bet)" if tied else "the most of "
+                    "any") + ": continue it with Recommendation.fit().")
+  return lines + [verdict_line]
 
 
 @checks.arguments(objective=checks.objective(),
@@ -354,13 +361,16 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
                      f"common noise, on {race.rows:,} of the {objective.num_data:,} data.")
     rows = _rows(runs, draws, skipped, [c for c in built if isinstance(c, Candidate)])
-    best = verdict(rows, draws)
+    diverged = () if "naive" not in draws else elbo_trust.run_warnings(objective, History(
+        [runs["naive"].step], [0.0], *zip(elbo_estimates.mean_and_standard_error(draws["naive"]))),
+        params, key)  # every candidate raced from naive's run: if it diverged, they did too
+    best = next(r for r in rows if r.name == "naive") if diverged else verdict(rows, draws)
     ranking = [best] + sorted((r for r in rows if r is not best),
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
     spent = time.perf_counter() - started
     kept = {name: run for name, run in runs.items() if name in draws} or {"naive": runs["naive"]}
     advice = Recommendation(best.name, tuple(ranking), tuple(_reasons(
-        best, rows, budget, spent, race_line)), budget, spent, kept)
+        best, rows, budget, spent, race_line, diverged)), budget, spent, kept)
     if interrupted:
       raise progress_lib.Interrupted(
           f"dsgrad.recommend interrupted after {spent:.3g} s; naive's run so far is kept: its "
