@@ -73,11 +73,11 @@ class _Leap(NamedTuple):
   leapt: jax.Array
 
 
-def _leap_once(_steps=None):
-  """An update rule that moves the means a millionfold along the gradient at its first
+def _leap_once(_steps=None, size=1e6):
+  """An update rule that moves the means ``size``-fold along the gradient at its first
   step and then stays: the ELBO leaps by orders of magnitude and is steady after."""
   def update(grads, state, params=None):
-    loc = jnp.where(state.leapt, 0.0, -1e6 * grads["loc"])
+    loc = jnp.where(state.leapt, 0.0, -size * grads["loc"])
     return {"loc": loc, "log_scale": jnp.zeros_like(grads["log_scale"])}, _Leap(jnp.array(True))
 
   return optax.GradientTransformation(lambda params: _Leap(jnp.array(False)), update)
@@ -101,7 +101,7 @@ def test_fit_and_the_advices_fit_flag_a_run_that_diverged_before_any_estimate():
       followed.warnings
 
 
-@pytest.mark.slow  # 13 s: the race begins once cv is compiled
+@pytest.mark.slow  # 13 s: each race begins once cv is compiled
 def test_a_race_from_a_diverged_naive_run_says_so_instead_of_advising_naive():
   """Every candidate races from naive's run: where naive itself diverged, the race
   compares nothing, and the advice says so instead of "stay with naive"."""
@@ -115,6 +115,15 @@ def test_a_race_from_a_diverged_naive_run_says_so_instead_of_advising_naive():
   assert advice.reasons[-1].startswith("naive's own run cannot be trusted: the ELBO went "
                                        "from"), advice.reasons
   assert "diverging" in advice.reasons[-1] and "stay with naive" not in str(advice)
+  # Leapt past float32's range, naive's ELBO is -inf: the error blames the run, not the
+  # model (finite at your params).
+  with pytest.raises(dsgrad.diagnostics.NonFiniteELBO, match=r"dsgrad.recommend, at naive's "
+                     r"params [\d,]+ steps from yours \(where it is finite: a step size too "
+                     r"large diverges so\): the ELBO is not finite"):
+    dsgrad.recommend(dsgrad.meanfield_gaussian(model), lambda n: _leap_once(n, size=1e25),
+                     dsgrad.meanfield_init(model), jax.random.key(0), batch_size=50,
+                     budget=30.0, share=0.1, race_at=0.05, candidates=("naive", "cv"),
+                     progress=False)
 
 
 def test_a_log_likelihood_with_its_sign_flipped_is_flagged_by_fit():

@@ -151,10 +151,14 @@ class _Race:
     to :data:`MAX_ESTIMATE_CALLS` calls, where one full pass fits, else as many rows."""
     program, n = self.estimates.result(), self.objective.num_data
     timed = min(n, 16 * 4096)
-    # A model whose ELBO is not finite stops here, before the race.
-    elbo_estimates.finite_elbo_draws(program(self.naive.params, self.key, timed),
-                                     "dsgrad.recommend",
-                                     locate=(self.objective, self.naive.params, self.key))
+    at = lambda params: program(params, self.key, timed)  # a model not finite stops here
+    draws = at(self.naive.params)
+    diverged = not jax.numpy.isfinite(draws).all() and bool(
+        jax.numpy.isfinite(at(self.naive.start_params)).all())  # naive's run, not the model
+    elbo_estimates.finite_elbo_draws(draws, (
+        f"dsgrad.recommend, at naive's params {self.naive.step:,} steps from yours (where it "
+        "is finite: a step size too large diverges so)") if diverged else "dsgrad.recommend",
+        locate=(self.objective, self.naive.params, self.key))
     started = time.perf_counter()
     jax.block_until_ready(program(self.naive.params, self.key, timed))
     per_row = (time.perf_counter() - started) / timed
