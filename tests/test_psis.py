@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import dsgrad
+from dsgrad.training import compile_cache
 
 
 @pytest.mark.parametrize("tail", ["normal", "student-t 1.5", "lognormal"])
@@ -160,6 +161,21 @@ def test_exact_posterior_gives_constant_ratios_and_a_small_k_hat():
   # And the ELBO draws are the ELBO's: their mean equals dsgrad.elbo with the same key.
   assert dsgrad.elbo(objective, posterior, jax.random.key(2), 1000)[0] == pytest.approx(
       float(draws.mean()), rel=1e-6)
+
+
+def test_a_last_evaluation_of_fewer_draws_runs_on_the_runs_program():
+  """fit's last evaluation, cut to fewer draws by a time limit, takes its ratios from the
+  first draws of the program the run's evaluations share: the same values, no compile."""
+  model, _, _, _ = _conjugate_gaussian()
+  objective = dsgrad.meanfield_gaussian(model)
+  params, key = dsgrad.meanfield_init(model, 0.5, -1.0), jax.random.key(3)
+  ratios, draws = dsgrad.psis.log_ratios_unchecked(objective, params, key, 100)
+  programs = compile_cache.size()
+  fewer = dsgrad.psis.log_ratios_unchecked(objective, params, key, 37, program_samples=100)
+  assert compile_cache.size() == programs, "the cut evaluation compiled a program"
+  np.testing.assert_allclose(fewer[0], ratios[:37], rtol=1e-6)
+  np.testing.assert_allclose(fewer[1], draws[:37], rtol=1e-6)
+  assert len(np.unique(np.round(fewer[0], 6))) == 37  # draws, not a constant
 
 
 def _cauchy_target(dim=50):

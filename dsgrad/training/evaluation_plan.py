@@ -306,9 +306,10 @@ def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
   with_log_q, trust_check = trust
   try:
     if trust_check:
-      # The last evaluation's draws also give the importance ratios (same key, same
-      # draws as dsgrad.elbo), so k-hat costs no extra full pass.
-      ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples)
+      # The last evaluation's draws also give the importance ratios (same key; dsgrad.elbo's
+      # draws where no time limit cut their count), so k-hat costs no extra full pass.
+      ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples,
+                                                program_samples=program_samples)
       k_hat = float(psis.pareto_k(ratios))
       return (*elbo_estimates.mean_and_standard_error(draws),
               (k_hat, psis.diagnose(k_hat, elbo_samples)))
