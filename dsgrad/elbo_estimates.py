@@ -161,9 +161,9 @@ def rows_not_finite(objective: Objective, params, indices, key,
                     shown: int = 5) -> str | None:
   """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
   gradient, is not finite at ``params``, each row alone at one noise draw of ``key``; ""
-  where every row's are; ``None`` where they cannot be taken one at a time. The step's own error
-  cannot say which datum: its update sums the batch, so one row's NaN or inf reaches every
-  coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
+  where every row's are; ``None`` where they cannot be taken one at a time. The step's own
+  error cannot say which datum: its update sums the batch, so one row's NaN or inf reaches
+  every coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
   most 2^26 gradient numbers), on the error path only."""
   noise = objective.sample_noise(key, 1)
   at_once = max(1, min(16, 2 ** 26 // max(1, sum(np.size(x) for x in jax.tree.leaves(params)))))
