@@ -90,8 +90,7 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
     values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
                                                                     num_data_sampled)
   else:
-    shared = program_samples and shares_programs(objective)
-    size = max(program_samples, num_samples) if shared else num_samples
+    size = program_size(objective, num_samples, program_samples)
     values = _elbo_draws_program(objective, size, chunk_size, with_log_q)(
         objective, params, key, count=num_samples)
     values = np.asarray(values[0] if with_log_q else values)[:num_samples]
@@ -281,6 +280,14 @@ def shares_programs(objective: Objective) -> bool:
   (``elbo_unchecked``'s ``program_samples``): for data in memory, whose draws run one
   after another; from the host they run in groups, a program per draw count."""
   return not data_lib.host_leaves(objective)
+
+
+def program_size(objective: Objective, num_samples: int, program_samples: int | None) -> int:
+  """The draws of the program that runs ``num_samples`` draws: ``program_samples`` (a
+  run's shared program) where that is larger and :func:`shares_programs`, else
+  ``num_samples``."""
+  shared = program_samples and shares_programs(objective)
+  return max(program_samples, num_samples) if shared else num_samples
 
 
 def _elbo_draws_program(objective: Objective, num_samples: int, chunk_size: int,

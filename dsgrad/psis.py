@@ -185,8 +185,7 @@ def log_ratios_unchecked(objective, params, key, num_samples: int, chunk_size: i
   with ``program_samples``, that of so many draws, running the first ``num_samples`` (as
   :func:`dsgrad.elbo_estimates.elbo_unchecked`): a last evaluation cut short by a time
   limit compiles no program of its own (1-1.3 s at 400,000 rows)."""
-  shared = program_samples and elbo_estimates.shares_programs(objective)
-  size = max(program_samples, num_samples) if shared else num_samples
+  size = elbo_estimates.program_size(objective, num_samples, program_samples)
   draws, offsets = elbo_estimates.elbo_draws_and_log_q(objective, size, chunk_size)(
       params, key, count=num_samples)  # the first num_samples of size's draws
   draws = elbo_estimates.finite_elbo_draws(np.asarray(draws)[:num_samples],

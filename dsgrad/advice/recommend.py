@@ -103,7 +103,8 @@ class Recommendation(NamedTuple):
     # The trace judged from your params: a run that diverged in the race looks steady here.
     warned = elbo_trust.run_warnings(run.contender.objective, result.history, run.start_params,
                                      run.key)
-    for message in set(warned) - set(result.warnings) if fit_kwargs.get("progress", True) else ():
+    for message in (m for m in warned if fit_kwargs.get("progress", True)
+                    and m not in result.warnings):  # fit printed its own
       print("warning: " + message, flush=True)
     estimator_state, pace = result.opt_state
     return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(
@@ -160,7 +161,7 @@ class _Race:
         "is finite: a step size too large diverges so)") if diverged else "dsgrad.recommend",
         locate=(self.objective, self.naive.params, self.key))
     started = time.perf_counter()
-    jax.block_until_ready(program(self.naive.params, self.key, timed))
+    jax.block_until_ready(at(self.naive.params))
     per_row = (time.perf_counter() - started) / timed
     calls = int(min(MAX_ESTIMATE_CALLS, self.estimates_seconds / (per_row * n)))
     self.rows = n if calls >= 1 else max(timed, int(self.estimates_seconds / per_row))
@@ -365,9 +366,11 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
                      f"{PIECES} pieces; then {len(draws['naive'][0])} ELBO draws of each, with "
                      f"common noise, on {race.rows:,} of the {objective.num_data:,} data.")
     rows = _rows(runs, draws, skipped, [c for c in built if isinstance(c, Candidate)])
-    diverged = () if "naive" not in draws else elbo_trust.run_warnings(objective, History(
-        [runs["naive"].step], [0.0], *zip(elbo_estimates.mean_and_standard_error(draws["naive"]))),
-        params, key)  # every candidate raced from naive's run: if it diverged, they did too
+    diverged = ()
+    if "naive" in draws:  # every candidate raced from naive's run: if it diverged, they did too
+      elbo, se = elbo_estimates.mean_and_standard_error(draws["naive"])
+      diverged = elbo_trust.run_warnings(
+          objective, History([runs["naive"].step], [0.0], [elbo], [se]), params, key)
     best = next(r for r in rows if r.name == "naive") if diverged else verdict(rows, draws)
     ranking = [best] + sorted((r for r in rows if r is not best),
                               key=lambda r: (not r.raced, -(r.gain or 0.0)))
