@@ -72,6 +72,21 @@ def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_compile_fit_on_memory_mapped_data_compiles_what_fit_then_runs(tmp_path):
+  """The rows a block reads from disk are an argument of the program, stood in for by
+  their shapes: compiled ahead (as recommend does in a thread, beside another run), the
+  fit that follows starts at once instead of compiling on its first block."""
+  objective = dsgrad.objective_from_logdensity(_log_prior, _log_lik, _saved(_data(), tmp_path),
+                                               LATENT)
+  optimizer = optax.adam(0.05)
+  params = dsgrad.families.by_name("meanfield", D + GROUPS).params()
+  settings = dict(num_steps=40, batch_size=7, elbo_samples=0)  # shapes no other test runs
+  assert dsgrad.compile_fit(objective, optimizer, params, jax.random.key(1), **settings) > 0
+  result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), progress=False,
+                      **settings)
+  assert result.compile_seconds == 0.0 and result.step == 40
+
+
 @pytest.mark.parametrize("noise_kept", [True, False])
 def test_an_elbo_on_memory_mapped_data_reads_each_row_once_for_all_its_draws(
     tmp_path, monkeypatch, noise_kept):

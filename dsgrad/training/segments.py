@@ -402,12 +402,14 @@ class SegmentRunner:
 
   def prepare(self, params, opt_state, start: int, length: int) -> None:
     """Compiles the executables that :meth:`run` of the same segment will use, without
-    running anything (safe to call from several threads, one runner each). With host
-    data, whose rows are read per block, it compiles nothing ahead."""
-    if self.host_data:
-      return
+    running anything (safe to call from several threads, one runner each). Host data's
+    rows, read per block, are stood in for by their shapes: the reader pads every block
+    to its program's length."""
     for at, steps in self.blocks(start, length):
-      self._executable(self._length(steps), self._args((params, opt_state), at, steps, {}))
+      rows = {name: jax.ShapeDtypeStruct((self._length(steps), self.batch_size)
+                                         + array.shape[1:], array.dtype)
+              for name, array in self.host_data.items()}
+      self._executable(self._length(steps), self._args((params, opt_state), at, steps, rows))
 
   def _args(self, carry, at: int, steps: int, rows) -> tuple:
     window = self.orders.window(at, steps, self._length(steps))
