@@ -406,9 +406,8 @@ class SegmentRunner:
     rows, read per block, are stood in for by their shapes: the reader pads every block
     to its program's length."""
     for at, steps in self.blocks(start, length):
-      rows = {name: jax.ShapeDtypeStruct((self._length(steps), self.batch_size)
-                                         + array.shape[1:], array.dtype)
-              for name, array in self.host_data.items()}
+      rows = {k: jax.ShapeDtypeStruct((self._length(steps), self.batch_size, *a.shape[1:]),
+                                      a.dtype) for k, a in self.host_data.items()}
       self._executable(self._length(steps), self._args((params, opt_state), at, steps, rows))
 
   def _args(self, carry, at: int, steps: int, rows) -> tuple:
