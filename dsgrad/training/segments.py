@@ -124,11 +124,11 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
       pass
     raise
   # The value checks of a step: its noise is finite by construction, so a NaN in the
-  # gradient, the estimator's terms or the update rule shows here, at the step it
-  # happens. (fit's indices are in range by construction: it settles both checks once per
-  # segment, from the params, instead.)
+  # gradient, the estimator's terms or the update rule shows here, at the step it happens
+  # (fit's indices are in range by construction: it settles both checks once a segment).
   checks.value_checks(checks.index_checks(indices, objective.num_data) + checks.finite_checks(
-      updates, "the step's update", UPDATE_NOT_FINITE_WHERE))
+      updates, "the step's update", UPDATE_NOT_FINITE_WHERE if chain_lib.holds_estimator(
+          opt_state) else ", from the gradient or the update rule (a step size too large?)"))
   return optax.apply_updates(params, updates), opt_state
 
 
@@ -137,7 +137,7 @@ UPDATE_NOT_FINITE_WHERE = (
     "approximation differentiates the log density twice, so a NaN curvature, as of a normal "
     "cdf at +-inf, shows there and not in the gradient: dsgrad.naive() in its place tells "
     "them apart)")
-"""Where a step's non-finite update can come from, as its error says."""
+"""Where a step's non-finite update can come from where a control variate is in the chain."""
 
 
 HOST_BLOCK_STEPS = 1000
