@@ -103,13 +103,13 @@ class Recommendation(NamedTuple):
     samples = fit_kwargs.get("elbo_samples")
     first = run.fit(max_seconds=max(1e-3, (self.budget_seconds - spent()) / 2), **{
         **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
-    f, run.timings = first.timing, [(first.step - run.step, first.timing.steps)]  # the latest
-    run.params, run.opt_state, run.step = first.params, first.opt_state, first.step
+    f, run.timings = first.timing, []  # its step time alone paces what is left
+    run.took(first)
     at = max(spent() / self.budget_seconds, (run.step + run.program.segment) / run.program.length)
     if at * run.program.length < run.program.length - run.program.segment:  # else as paced
       run.use(run.program, at, seconds_left=(1 - f.evaluations / max(f.total, 1e-9)) * (
           self.budget_seconds - spent()))
-    before, stepped = time.perf_counter() - entered, run.seconds - stepped + f.steps
+    before, stepped = time.perf_counter() - entered, run.seconds - stepped
     kept = first.history.step <= run.step  # a program too short starts its steps earlier
     result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()),
                      history=History(*(field[kept] for field in first.history)), **fit_kwargs)

@@ -158,6 +158,11 @@ class Run:
           stop.result.params, stop.result.opt_state, self.steps_run + stop.step - self.step,
           stop.step)
       raise
+    self.took(result)
+
+  def took(self, result) -> None:
+    """Continues from ``result``, this run's :meth:`fit` from where it was; its steps timed."""
+    steps = result.step - self.step
     self.params, self.opt_state, self.step = result.params, result.opt_state, result.step
     self.steps_run, self.seconds = self.steps_run + steps, self.seconds + result.timing.steps
     self.timings.append((steps, result.timing.steps))
