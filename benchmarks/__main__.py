@@ -7,6 +7,7 @@ BENCHMARKS = {
     "paper": "benchmarks.paper",
     "scale": "benchmarks.scale",
     "scale-suite": "benchmarks.scale_suite",
+    "follow-spread": "benchmarks.follow_spread",
     "disk-step": "benchmarks.disk_step",
     "scale-step": "benchmarks.scale_step",
     "scale-batch": "benchmarks.scale_batch",
