@@ -218,8 +218,10 @@ def k_hat_scatter(k_hat: float, num_draws: int) -> float:
   return float((1.0 + max(k_hat, 0.0)) / np.sqrt(m) * m / (m + 10))
 
 
-def diagnose(k_hat: float, num_draws: int | None = None) -> str:
-  """One sentence on what ``k_hat`` says about the approximation (for logs and results).
+def diagnose(k_hat: float, num_draws: int | None = None, full_rank: bool = False) -> str:
+  """One sentence on what ``k_hat`` says about the approximation (for logs and results);
+  ``full_rank``: the approximation is a full-rank Gaussian already, so a poor k-hat does
+  not send its user to that family.
 
   With ``num_draws``, the draws it was estimated from, it also gives k-hat's scatter
   (:func:`k_hat_scatter`), and a k-hat of 0.5 or more that lies within two of them of
@@ -244,5 +246,6 @@ def diagnose(k_hat: float, num_draws: int | None = None) -> str:
     return (f"{shown} in [{K_HAT_GOOD}, {K_HAT_BAD}): usable, but its tails and variances "
             "may be off (PSIS)")
   return (f"{shown} >= {K_HAT_BAD}: the approximation misses part of the posterior; do not "
-          "trust its variances or tails (PSIS). A richer family (full-rank, annealed) or "
-          "more steps may help")
+          "trust its variances or tails (PSIS). More steps or a richer family ("
+          + ("annealed: dsgrad.annealing" if full_rank else "full-rank, annealed")
+          + ") may help")

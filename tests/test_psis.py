@@ -198,8 +198,18 @@ def test_fit_reports_k_hat_and_warns_on_a_light_tailed_approximation(capsys):
                       num_steps=600, batch_size=1, eval_every=300, elbo_samples=2000,
                       progress=True)
   assert result.pareto_k is not None and result.pareto_k > 0.7
-  assert "do not trust" in result.diagnosis
+  assert "do not trust" in result.diagnosis and "full-rank" in result.diagnosis
   assert "warning: k-hat" in capsys.readouterr().out
+
+
+def test_a_full_rank_fit_with_a_poor_k_hat_is_not_sent_to_the_full_rank_family():
+  family = dsgrad.families.by_name("fullrank", 50)
+  objective = family.objective(_cauchy_target())
+  result = dsgrad.fit(objective, optax.adam(1e-2), family.params(), jax.random.key(0),
+                      num_steps=600, batch_size=1, eval_every=300, elbo_samples=2000,
+                      progress=False)
+  assert result.pareto_k > 0.7 and "do not trust" in result.diagnosis
+  assert "full-rank" not in result.diagnosis and "annealed" in result.diagnosis
 
 
 def test_fit_reports_a_small_k_hat_near_the_exact_posterior():

@@ -312,7 +312,8 @@ def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
                                                 program_samples=program_samples)
       k_hat = float(psis.pareto_k(ratios))
       return (*elbo_estimates.mean_and_standard_error(draws),
-              (k_hat, psis.diagnose(k_hat, elbo_samples)))
+              (k_hat, psis.diagnose(k_hat, elbo_samples, full_rank=isinstance(params, dict)
+                                    and "unit_lower" in params)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
     return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples,
