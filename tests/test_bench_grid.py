@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import dsgrad
 from benchmarks import _grid
@@ -25,6 +26,8 @@ def _naive_sgd_trainer(num_steps, num_evals):
   return model, objective, params0, est, train
 
 
+# Slow (7 s): the grid benchmark's paths; run with -m slow before the benchmark is rerun.
+@pytest.mark.slow
 def test_grid_paths_agree():
   model, objective, params0, est, train = _naive_sgd_trainer(24, 3)
   lrs = (1e-3, 1e-2)
@@ -72,6 +75,8 @@ def test_diverged_mask_is_sticky():
   np.testing.assert_allclose(_grid.mean_over_seeds(v)[:, 0], [-np.inf, 0.6])
 
 
+# Slow (6 s, a fresh interpreter): run with -m slow before the benchmark is rerun.
+@pytest.mark.slow
 def test_import_does_not_start_the_backend():
   # XLA_FLAGS set after `import dsgrad` must still take effect (the benchmarks rely on it).
   code = ("import dsgrad, benchmarks.paper, benchmarks.paper_large\n"

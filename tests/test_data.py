@@ -174,7 +174,11 @@ def test_compiled_segment_holds_no_copy_of_the_data():
   assert sizes[1] < sizes[0] + 10_000, sizes
 
 
-def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
+# Joint SVRG's refresh from disk is also checked on a user's log density by default
+# (test_logdensity_on_disk): -m slow here.
+@pytest.mark.parametrize("estimators", ["naive_saga_inc", pytest.param(
+    "svrg", marks=pytest.mark.slow)])
+def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch, estimators):
   # Blocks of 10 steps read ahead: 2 blocks per 20-step segment, the next segment's first
   # block read while the last one runs; the last segment's 5 steps run on the 10-step
   # program, their block padded.
@@ -188,11 +192,14 @@ def test_memory_mapped_data_train_like_device_data(tmp_path, monkeypatch):
   host = data_lib.open_memmap(path, dtype=np.float32, shape=(None, 6))
   on_host = objective.with_data({"x": host, "signs": 2.0 * y - 1.0})
   # inc's full pass every step and SVRG's refresh read the memory map in chunks.
-  for make in (lambda o: optax.chain(dsgrad.naive(), optax.adam(1e-2)),
-               lambda o: _joint_saga(o, model),
-               lambda o: optax.chain(dsgrad.joint_svrg(o, dsgrad.approx.glm_mean_taylor(model),
-                                                       every=7), optax.adam(1e-2)),
-               lambda o: optax.chain(dsgrad.inc(o, chunk_size=128), optax.adam(1e-2))):
+  makes = {
+      "naive_saga_inc": (lambda o: optax.chain(dsgrad.naive(), optax.adam(1e-2)),
+                         lambda o: _joint_saga(o, model),
+                         lambda o: optax.chain(dsgrad.inc(o, chunk_size=128),
+                                               optax.adam(1e-2))),
+      "svrg": (lambda o: optax.chain(dsgrad.joint_svrg(o, dsgrad.approx.glm_mean_taylor(model),
+                                                       every=7), optax.adam(1e-2)),)}
+  for make in makes[estimators]:
     device_run = _fit(objective, make(objective), params, steps=45)
     host_run = _fit(on_host, make(objective), params, steps=45)
     np.testing.assert_allclose(host_run.params["loc"], device_run.params["loc"],

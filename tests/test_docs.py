@@ -52,6 +52,9 @@ def test_every_public_name_has_a_docstring(monkeypatch):
   assert hooks.undocumented_public_names() == ["dsgrad.undocumented"]
 
 
+# Slow (15 s): building the site is publishing, done after -m slow; every page's code
+# blocks and the rendered tables are checked by default above and below.
+@pytest.mark.slow
 def test_site_builds_without_warnings(tmp_path):
   if shutil.which("mkdocs") is None:
     pytest.skip("mkdocs not installed (pip install -e '.[docs]')")

@@ -262,6 +262,9 @@ def test_an_interrupt_while_a_program_reads_rows_from_disk_keeps_the_run(tmp_pat
   assert advice.value.result.runs["naive"].step > 0
 
 
+# Slow (13 s): fit's interrupt in a read from disk (above) and the sampler's interrupted
+# chain in memory (test_mcmc) run by default.
+@pytest.mark.slow
 def test_an_interrupt_while_a_sampler_reads_rows_from_disk_keeps_its_draws(tmp_path,
                                                                             monkeypatch):
   """The same for dsgrad.mcmc.sample: Ctrl-C in a read from disk came back as XLA's

@@ -57,8 +57,10 @@ def test_jit_over_the_objective_traces_once_for_two_data_sets(counting_jit):
   assert not np.allclose(first["loc"], second["loc"])
 
 
+# cv keeps no state that follows the data (its control is computed afresh each step), and
+# its update is joint SVRG's without the snapshot: -m slow.
 @pytest.mark.parametrize("make", [
-    lambda o, m: dsgrad.cv(o, control_weight=1.0),
+    pytest.param(lambda o, m: dsgrad.cv(o, control_weight=1.0), marks=pytest.mark.slow),
     lambda o, m: dsgrad.joint_saga(o, dsgrad.approx.glm_mean_taylor(m), control_weight=1.0),
     lambda o, m: dsgrad.joint_svrg(o, every=5),
 ], ids=["cv", "joint_saga", "joint_svrg"])

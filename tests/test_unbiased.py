@@ -30,7 +30,7 @@ def _assert_unbiased(samples, exact_flat, label):
                          f"{z.max():.1f} standard errors\nmean={mean}\nexact={exact_flat}")
 
 
-def _estimators(objective, model):
+def _estimators(objective, model, which: str):
   # Not here, as their parts are tested elsewhere: a bfloat16 table (its running mean's
   # invariant, test_saga_invariant; unbiased with the logit table, test_compact_table)
   # and joint SAGA with the second-order approximation (its expectation,
@@ -58,20 +58,27 @@ def _estimators(objective, model):
   }
   if objective.shared_noise:
     out["inc"] = dsgrad.inc(objective)
-    return out
-  # One noise draw per datum changes how the noise reaches each estimator's terms, not
-  # how the table, the mask or the table's precision do: one estimator per kind of state
-  # and approximation.
-  return {k: out[k] for k in ("naive", "cv", "joint_saga", "joint_svrg",
-                              "joint_saga_glm_taylor_adaptive", "joint_saga_logistic_probit",
-                              "joint_svrg_taylor2_adaptive")}
+  else:
+    # One noise draw per datum changes how the noise reaches each estimator's terms, not
+    # how the table, the mask or the table's precision do: one estimator per kind of
+    # state and approximation.
+    out = {k: out[k] for k in ("naive", "cv", "joint_saga", "joint_svrg",
+                               "joint_saga_glm_taylor_adaptive", "joint_saga_logistic_probit",
+                               "joint_svrg_taylor2_adaptive")}
+  # Each estimator with its default approximation, and the probit mixture (the one
+  # approximation whose stale rows meet current noise), run by default; the other
+  # approximations, masks and adaptive weights compile a program each (20 s of the
+  # suite) and run with -m slow.
+  core = ("naive", "cv", "joint_saga", "joint_svrg", "inc", "joint_saga_logistic_probit")
+  return {k: tx for k, tx in out.items() if (k in core) == (which == "core")}
 
 
+@pytest.mark.parametrize("which", ["core", pytest.param("variants", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("shared_noise", [True, False])
-def test_estimators_unbiased(logreg_model, logreg_data, params0, shared_noise):
+def test_estimators_unbiased(logreg_model, logreg_data, params0, shared_noise, which):
   objective = dsgrad.meanfield_gaussian(logreg_model, shared_noise=shared_noise)
   exact = exact_negative_elbo(logreg_data)
-  for i, (name, tx) in enumerate(_estimators(objective, logreg_model).items()):
+  for i, (name, tx) in enumerate(_estimators(objective, logreg_model, which).items()):
     state, params = fill_by_training(tx, objective, params0, jax.random.key(100 + i))
     # The table rows (or snapshot) now hold earlier iterates, not ``params``.
     exact_flat = np.asarray(jax.flatten_util.ravel_pytree(jax.grad(exact)(params))[0])
