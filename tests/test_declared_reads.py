@@ -340,6 +340,26 @@ def test_reads_are_found_where_not_declared(case):
     dsgrad.model_from_logdensity(_gaussian_prior, log_lik, data, latent, reads="yes")
 
 
+def test_rows_whose_terms_are_not_finite_keep_the_reads_of_the_others():
+  """A datum the model deems impossible (a negative count: its term is NaN) is fit's to
+  refuse, with its row, at the first evaluation; the reads are found and a declaration is
+  kept, where comparing the NaN terms would have found none and refused the declaration as
+  reading more than it declares."""
+  data = _data()
+  data["y"][[5, 140]] = -1.0
+
+  def lik(z, rows):
+    return _two_index_lik(z, rows) + jnp.log(rows["y"] + 0.5) - jnp.log(rows["y"] + 0.5)
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", RuntimeWarning)
+    found = dsgrad.model_from_logdensity(_gaussian_prior, lik, data, TWO_INDEX)
+    declared = dsgrad.model_from_logdensity(_gaussian_prior, lik, data, TWO_INDEX,
+                                            reads={"user": "u", "item": "i"})
+  assert found.sparse.num_coordinates == declared.sparse.num_coordinates == 3
+  assert np.isnan(found.log_likelihood_at(jnp.zeros(1 + USERS + ITEMS), jnp.array([5]))).all()
+
+
 def test_reads_are_searched_only_for_the_family_they_serve(monkeypatch):
   # The compact table is the mean-field gradient's: a full-rank or path-derivative
   # objective would pay the search (a compile, 0.3-0.6 s at 200,000 rows) for nothing.
