@@ -831,3 +831,31 @@ def test_the_recommended_fits_timing_is_the_whole_call():
   assert timing.total == pytest.approx(wall, rel=0.05, abs=0.05), (timing, wall)
   parts = timing.steps + timing.compile + timing.evaluations + timing.setup
   assert parts == pytest.approx(timing.total, rel=1e-6) and timing.steps > 0
+
+
+def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_the_history_follows(
+    monkeypatch):
+  """Where the second half of the recommended fit affords more steps than its program has
+  left (the step ran faster than it was sized for), its steps start earlier on new draws;
+  the first half's history past that step is dropped, so the result's history runs forward
+  to its last step (it once ended the call with "history ends at step ...")."""
+  real_use, moved = runs_lib.Run.use, []
+
+  def use(run, program, fraction, seconds_left=None):
+    before = run.step
+    if seconds_left is not None:  # paced on far more time than is left
+      seconds_left = 1e6
+    real_use(run, program, fraction, seconds_left)
+    if seconds_left is not None:
+      moved.append((before, run.step))
+
+  monkeypatch.setattr(runs_lib.Run, "use", use)
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  advice = dsgrad.recommend(objective, _schedule, params, jax.random.key(0), batch_size=BATCH,
+                            budget=4.0, candidates=("naive",), progress=False)
+  result = advice.fit(progress=False, elbo_samples=8)
+  assert any(after < before for before, after in moved), moved  # it did start earlier
+  steps = np.asarray(result.history.step)
+  assert np.all(np.diff(steps) > 0) and steps[-1] == result.step, steps
+  assert np.all(np.isfinite(result.history.elbo))
