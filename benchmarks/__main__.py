@@ -22,6 +22,7 @@ BENCHMARKS = {
     "checks": "benchmarks.checks",
     "bridge-cost": "benchmarks.bridge_cost",
     "fit-overhead": "benchmarks.fit_overhead",
+    "narrow-posterior": "benchmarks.narrow_posterior",
     "render": "benchmarks.render",
 }
 
