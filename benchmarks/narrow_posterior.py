@@ -205,7 +205,8 @@ def main(argv=None):
   parser.add_argument("--dim", type=command_line.count(2), default=10)
   parser.add_argument("--seconds", type=float, default=5.0)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--peaks", type=float, nargs="+", default=[0.0003, 0.001, 0.003, 0.01])
+  parser.add_argument("--peaks", type=float, nargs="+",
+                      default=[0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03])
   parser.add_argument("--batch-size", type=command_line.count(1), default=100)
   parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
   parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
