@@ -36,6 +36,7 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
+from dsgrad.elbo_estimates import mean_and_standard_error
 from benchmarks import _report
 
 CONTENDERS = ("naive", "naive, sticking the landing", "naive, 2x batch",
@@ -69,11 +70,9 @@ def objective(data: dict, family: str, path_derivative: bool = False):
 
 def covariance(params: dict) -> np.ndarray:
   """``q``'s covariance, float64, from either family's params."""
-  params = {k: np.asarray(v, np.float64) for k, v in params.items()}
   if "log_scale" in params:
-    return np.diag(np.exp(2 * params["log_scale"]))
-  dim = params["loc"].shape[0]
-  factor = (np.tril(params["unit_lower"], -1) + np.eye(dim)) * np.exp(params["log_diag"])
+    return np.diag(np.exp(2 * np.asarray(params["log_scale"], np.float64)))
+  factor = np.asarray(dsgrad.families.FullRankGaussian.cholesky(params), np.float64)
   return factor @ factor.T
 
 
@@ -85,6 +84,11 @@ def kl_to_posterior(params: dict, data: dict) -> tuple[float, float]:
   logdet = np.linalg.slogdet(precision)[1] + np.linalg.slogdet(cov)[1]
   return (0.5 * gap @ precision @ gap,
           0.5 * (np.trace(precision @ cov) - len(gap) - logdet))
+
+
+def _kl(run: dict) -> float:
+  """A run's KL: the sum of its two parts."""
+  return run["kl_mean"] + run["kl_cov"]
 
 
 def family_floor(data: dict, family: str) -> float:
@@ -147,12 +151,12 @@ def run(num_data: int, dim: int, seconds: float, seeds, peaks, batch_size: int,
     for name in contenders:
       tuned = {peak: run_one(name, data, family, peak, TUNE_SEED, seconds, batch_size)
                for peak in peaks}
-      kl = lambda r: r["kl_mean"] + r["kl_cov"] if r["finite"] else np.inf
+      kl = lambda r: _kl(r) if r["finite"] else np.inf
       peak = min(peaks, key=lambda p: kl(tuned[p]))
       runs = [run_one(name, data, family, peak, seed, seconds, batch_size) for seed in seeds]
       out[f"{family}|{name}"] = {"peak": peak, "tuning": {str(p): kl(tuned[p]) for p in peaks},
                                  "runs": runs}
-      total = [r["kl_mean"] + r["kl_cov"] for r in runs]
+      total = [_kl(r) for r in runs]
       print(f"  {family:<9} {name:<28} peak {peak:g}: KL {statistics.mean(total):.3f} "
             f"({', '.join(f'{t:.3f}' for t in total)})", flush=True)
   return {"config": {"num_data": num_data, "dim": dim, "seconds": seconds, "seeds": list(seeds),
@@ -162,9 +166,10 @@ def run(num_data: int, dim: int, seconds: float, seeds, peaks, batch_size: int,
 
 
 def _mean_se(values) -> tuple[float, float]:
-  values = np.asarray(values, np.float64)
-  se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
-  return float(values.mean()), float(se)
+  """Mean and standard error over seeds; no error from one seed."""
+  if len(values) > 1:
+    return mean_and_standard_error(values)
+  return float(np.mean(values)), float("nan")
 
 
 def render(record) -> str:
@@ -184,8 +189,8 @@ def render(record) -> str:
   for key, row in data.items():
     family, name = key.split("|")
     runs = row["runs"]
-    total = _mean_se([r["kl_mean"] + r["kl_cov"] for r in runs])
-    naive = _mean_se([r["kl_mean"] + r["kl_cov"] for r in data[f"{family}|naive"]["runs"]])
+    total = _mean_se([_kl(r) for r in runs])
+    naive = _mean_se([_kl(r) for r in data[f"{family}|naive"]["runs"]])
     floor = record["results"]["floors"][family]
     lines.append(
         f"| {family} | {name} | {row['peak']:g} | "
