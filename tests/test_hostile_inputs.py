@@ -535,6 +535,19 @@ def test_fit_and_mcmc_under_jax_enable_x64():
       "sd = np.sqrt(np.diag(np.linalg.inv(dsgrad.mcmc.laplace_precision(model, s.proxy))))\n"
       "assert s.samples.dtype == np.float32 and np.all(np.isfinite(s.samples))\n"
       "assert np.all(np.abs(s.samples.mean(0) - s.proxy.theta_star) < sd), s.samples.mean(0)\n"
+      # A user's model on float64 data: its terms came out float64 at the float32 latent
+      # and met the sampler's float32 state (L-BFGS's start, the step size) in dtype errors.
+      "data = {'x': np.asarray(x, np.float64), 'y': np.asarray(y, np.float64)}\n"
+      "own = dsgrad.model_from_logdensity(lambda z: -0.5 * jnp.sum(z ** 2), lambda z, b:\n"
+      "    b['y'] * (b['x'] @ z) - jnp.logaddexp(0.0, b['x'] @ z), data, 3)\n"
+      "rows = jnp.arange(2)\n"
+      "assert own.log_likelihood_at(jnp.zeros(3, jnp.float32), rows).dtype == jnp.float32\n"
+      "assert own.log_likelihood_at(jnp.zeros(3, jnp.float64), rows).dtype == jnp.float64\n"
+      "s = dsgrad.mcmc.sample(jax.random.key(1), own, num_samples=200, num_warmup=200,\n"
+      "                       subsample_size='auto', num_blocks=10, progress=False)\n"
+      "sd = np.sqrt(np.diag(np.linalg.inv(dsgrad.mcmc.laplace_precision(own, s.proxy))))\n"
+      "assert np.all(np.isfinite(s.samples))\n"
+      "assert np.all(np.abs(s.samples.mean(0) - s.proxy.theta_star) < sd), s.samples.mean(0)\n"
       "print('ok')\n")
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                         timeout=300)

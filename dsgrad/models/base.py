@@ -73,22 +73,28 @@ class SparseLikelihood(NamedTuple):
   log_likelihood_local: Callable[[jax.Array, Any], jax.Array]
 
 
-def float32_terms(function):
-  """``function`` with a float16 or bfloat16 result cast to float32: the terms are the
-  user's to round, but dsgrad sums them over the data, and such sums lose hundreds of nats
-  in bfloat16 at 10^5 rows and overflow float16 (whose largest number is 65,504). Wrapped
-  once: a model's copies keep the same function, and so its compiled programs."""
-  if getattr(function, "float32_terms", False):
+def terms_in_latent_precision(function):
+  """``function`` with its floating result in the latent's precision (its first
+  argument's dtype, and at least float32). The terms are the user's to compute, but
+  dsgrad sums them over the data, and such sums lose hundreds of nats in bfloat16 at 10^5
+  rows and overflow float16 (whose largest number is 65,504); and under
+  ``jax_enable_x64`` float64 data made float64 terms at a float32 latent, which met the
+  float32 state of a sampler's loops (its step size, its L-BFGS start) in bare dtype
+  errors. Wrapped once: a model's copies keep the same function, and so its compiled
+  programs."""
+  if getattr(function, "terms_in_latent_precision", False):
     return function
 
   @functools.wraps(function)
   def wrapped(*args):
     out = function(*args)
-    if (hasattr(out, "dtype") and jnp.issubdtype(out.dtype, jnp.floating)
-        and jnp.finfo(out.dtype).bits < 32):
-      return jnp.asarray(out, jnp.float32)
-    return out
-  wrapped.float32_terms = True
+    if not (hasattr(out, "dtype") and jnp.issubdtype(out.dtype, jnp.floating)):
+      return out
+    latent = getattr(args[0], "dtype", None) if args else None
+    target = (latent if latent is not None and jnp.issubdtype(latent, jnp.floating)
+              and jnp.finfo(latent).bits >= 32 else jnp.float32)
+    return out if out.dtype == target else jnp.asarray(out, target)
+  wrapped.terms_in_latent_precision = True
   return wrapped
 
 
@@ -144,12 +150,13 @@ class Model:
   kinds: tuple = ()
 
   def __post_init__(self):
-    # The user's terms, summed in float32 however they are rounded.
-    object.__setattr__(self, "log_prior", float32_terms(self.log_prior))
-    object.__setattr__(self, "log_likelihood", float32_terms(self.log_likelihood))
+    # The user's terms, summed in the latent's precision (at least float32) however
+    # they are rounded.
+    object.__setattr__(self, "log_prior", terms_in_latent_precision(self.log_prior))
+    object.__setattr__(self, "log_likelihood", terms_in_latent_precision(self.log_likelihood))
     if self.sparse is not None:
       object.__setattr__(self, "sparse", self.sparse._replace(
-          log_likelihood_local=float32_terms(self.sparse.log_likelihood_local)))
+          log_likelihood_local=terms_in_latent_precision(self.sparse.log_likelihood_local)))
     if self.data is not None:
       object.__setattr__(self, "data", data_lib.placed(self.data, f"{self.name}.data"))
       data_lib.check_data(self.data, self.num_data, f"{self.name}.data")
