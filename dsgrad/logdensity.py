@@ -96,6 +96,19 @@ def _traced(what: str, fn, latent, *args, columns=None, index=()):
     raise
 
 
+def _differentiable(what: str, fn, *args) -> None:
+  """Refuses ``fn`` (already traced forward) where JAX cannot take its gradient in the
+  latent, its first argument: every estimator and sampler needs it, and the error came
+  from inside the first compiled step, naming neither the function nor the fix."""
+  try:
+    jax.eval_shape(jax.grad(lambda z, *rest: jnp.sum(fn(z, *rest))), *args)
+  except Exception as error:
+    raise ValueError(
+        f"{what} cannot be differentiated in z by JAX's reverse mode, which every "
+        f"estimator and sampler needs: {checks.first_line(error)} (where JAX has no "
+        "derivative, jax.custom_vjp gives one by hand)") from error
+
+
 def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
                           log_lik: Callable[[Any, Any], jax.Array], data, latent, *,
                           name: str = "logdensity", reads: dict | str | None = "auto") -> Model:
@@ -141,9 +154,10 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
   Raises:
     ValueError/TypeError: on empty or ragged data, a bad ``latent``, or functions that do
       not return a scalar prior and ``(B,)`` log likelihoods (checked once, abstractly,
-      on a batch of two); a ``log_lik`` whose term for a datum depends on the batch's
-      other rows, order or size (compared with the rows one at a time, at a few rows and
-      a random latent); a ``reads`` that names unknown leaves or columns, a column
+      on a batch of two) or that JAX cannot differentiate in ``z`` (reverse mode, as
+      every estimator and sampler does); a ``log_lik`` whose term for a datum depends on
+      the batch's other rows, order or size (compared with the rows one at a time, at a
+      few rows and a random latent); a ``reads`` that names unknown leaves or columns, a column
       that is not integer or out of its leaf's range, or a ``log_lik`` that reads more
       than it declares; an integer data column that ``log_lik`` uses as an index out of
       the range of what it indexes, negative or past the end (JAX would clamp or wrap
@@ -227,6 +241,8 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
                          "return the per-datum terms, not their sum" if lik_shape == () else
                          f"data {standing} of shape (N, 1): give them as (N,), e.g. y.ravel()"
                          if standing else "one value per datum, without trailing axes") + ")")
+  _differentiable("log_prior(z)", prior_flat, z0)
+  _differentiable("log_lik(z, batch)", model.log_likelihood_at, z0, probe)
   check_per_datum_terms(
       model.log_likelihood, probe_latent(d, 0.3),
       data_lib.few_rows(model.data, spread_indices(n)), f"{name}: log_lik(z, batch)",

@@ -92,6 +92,16 @@ def test_bad_functions_and_data_are_refused(logreg):
                                       r"jnp.where"):
     dsgrad.objective_from_logdensity(
         _log_prior, lambda z, b: _log_lik(z, b) if float(b["y"][0]) > 0 else b["y"], data, 4)
+  # A loop with a traced trip count has no reverse mode: it was JAX's bare error from
+  # inside fit's first compiled step (and "Was it built from another model?" in joint_svrg).
+  def halved(z):
+    return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, 0.5 * c[1]),
+                              (0, jnp.sum(z)))[1]
+  with pytest.raises(ValueError, match=r"log_lik\(z, batch\) cannot be differentiated in z"):
+    dsgrad.objective_from_logdensity(_log_prior, lambda z, b: _log_lik(z, b) + halved(z),
+                                     data, 4)
+  with pytest.raises(ValueError, match=r"log_prior\(z\) cannot be differentiated in z"):
+    dsgrad.model_from_logdensity(lambda z: halved(z), _log_lik, data, 4)
   with pytest.raises(ValueError, match="unknown variational family"):
     dsgrad.objective_from_logdensity(_log_prior, _log_lik, data, 4, family="flow")
   with pytest.raises(TypeError, match="floating"):
