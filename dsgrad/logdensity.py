@@ -313,5 +313,5 @@ def objective_from_logdensity(log_prior, log_lik, data, latent, *,
   if reads == "auto" and (family != "meanfield" or path_derivative):
     reads = None  # found reads serve the mean-field table only: no search
   model = model_from_logdensity(log_prior, log_lik, data, latent, name=name, reads=reads)
-  return families.by_name(family, model.latent_dim).objective(
-      model, shared_noise=shared_noise, path_derivative=path_derivative)
+  return families.objective_by_name(family, model, shared_noise=shared_noise,
+                                    path_derivative=path_derivative)

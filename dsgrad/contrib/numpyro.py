@@ -392,8 +392,8 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
     ValueError: see :func:`to_model`; an unknown family.
   """
   found = to_model(model, *model_args, data_plate=data_plate, **model_kwargs)
-  base = families.by_name(family, found.model.latent_dim).objective(
-      found.model, shared_noise=shared_noise, path_derivative=path_derivative)
+  base = families.objective_by_name(family, found.model, shared_noise=shared_noise,
+                                    path_derivative=path_derivative)
   return NumpyroObjective(base.loss_fn, base.noise_fn, base.num_data,
                           shared_noise=base.shared_noise, data=base.data,
                           log_q_offset=base.log_q_offset,

@@ -270,11 +270,11 @@ latent per group may not have counted ``d^2``."""
 
 def _caller_outside_dsgrad() -> int:
   """The ``stacklevel`` of the first caller outside dsgrad (and Flax, whose modules' class
-  calls ``__init__``), for a warning raised by the function that calls this: the argument
-  checks and factories between it and the user's line would otherwise be what the warning
-  points at."""
-  packages = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (sys.modules["dsgrad"],
-                                                                          sys.modules["flax"]))
+  calls ``__init__``, and JAX, whose ``eval_shape`` makes a family's shapes), for a warning
+  raised by the function that calls this: the argument checks and factories between it
+  and the user's line would otherwise be what the warning points at."""
+  packages = tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__))
+                   for name in ("dsgrad", "flax", "jax"))
   frame, level = sys._getframe(1), 1
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
     frame, level = frame.f_back, level + 1
