@@ -351,3 +351,27 @@ def test_an_objective_over_a_full_rank_family_allocates_no_factor():
   assert done.returncode == 0, done.stderr[-3000:]
   grown_kib = int(done.stdout.split()[-1])
   assert grown_kib < 250_000, f"{grown_kib} KiB more resident: the 1 GB factor was made"
+
+
+def test_a_fit_whose_state_does_not_fit_in_memory_is_refused_before_allocating(monkeypatch):
+  """A full-rank family over 40,000 latents (a 6.4 GB factor) ended in XLA's bare
+  RESOURCE_EXHAUSTED, or in the process killed, from inside fit. With the free memory
+  made small, fit names the need, the largest leaf and the mean-field family before
+  anything is allocated, and the same fit trains where the memory is there."""
+  from dsgrad.training import host_data
+  model = dsgrad.models.logistic_regression(*dsgrad.models.synthetic_logistic_data(
+      jax.random.key(0), 50, 300)[:2])
+  family = FullRankGaussian(300)  # a 360,000-byte factor
+  objective, params = family.objective(model), family.params()
+  calls = []
+  monkeypatch.setattr(host_data, "free_memory_bytes", lambda: calls.append(1) or 1_200_000)
+  train = lambda: dsgrad.fit(objective, optax.adam(1e-2), params, jax.random.key(1),
+                             num_steps=2, batch_size=5, elbo_samples=0, progress=False)
+  # The copy and the gradient (2 x 0.36 MB) and Adam's two moments (0.72 MB) are
+  # 1.4 MiB: more than 1.2 MB.
+  with pytest.raises(MemoryError, match=r"dsgrad.fit: training needs about 1.4 MiB more.*"
+                     r"params\['unit_lower'\], has shape \(300, 300\).*family='meanfield'"):
+    train()
+  assert calls
+  monkeypatch.setattr(host_data, "free_memory_bytes", lambda: 1_600_000)
+  assert train().step == 2

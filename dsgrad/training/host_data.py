@@ -56,6 +56,41 @@ def free_memory_bytes() -> int | None:
     return None
 
 
+def check_training_state_fits(optimizer, params, num_data: int, who: str) -> None:
+  """Refuses, before anything is allocated, training whose state does not fit in the free
+  memory (:func:`free_memory_bytes`): a copy of the params, a step's gradient (as large)
+  and the optimizer's state (the update fuses into the step; other temporaries come on
+  top, so the estimate errs low rather than refuse a run that fits). A full-rank family
+  over 40,000 latents (a 6.4 GB factor) ended in XLA's bare RESOURCE_EXHAUSTED, or in
+  the process killed by the kernel. Leaves with a row per datum (an estimator's table)
+  are left to the estimator's own check, which names the compact tables that serve
+  instead."""
+  leaves = jax.tree.leaves(params)
+  free = free_memory_bytes()
+  params_bytes = sum(np.dtype(p.dtype).itemsize * int(np.size(p)) for p in leaves)
+  # No optimizer keeps more than a few copies of the params besides per-datum tables: the
+  # abstract trace of its init is skipped where even eight would fit.
+  if free is None or 8 * params_bytes <= free or any(
+      isinstance(p, jax.core.Tracer) for p in leaves):
+    return
+  state = [x for x in jax.tree.leaves(jax.eval_shape(optimizer.init, params))
+           if not (x.ndim and x.shape[0] == num_data)]
+  state_bytes = sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in state)
+  need = 2 * params_bytes + state_bytes
+  if need <= free:
+    return
+  path, largest = max(jax.tree_util.tree_leaves_with_path(params), key=lambda p: np.size(p[1]))
+  size = lambda b: f"{b / 2**30:,.2f} GiB" if b >= 2**30 else f"{b / 2**20:,.1f} MiB"
+  raise MemoryError(
+      f"{who}: training needs about {size(need)} more: a copy of the params and a step's "
+      f"gradient ({size(params_bytes)} each; the largest leaf, "
+      f"params{jax.tree_util.keystr(path)}, has shape {tuple(np.shape(largest))}) and the "
+      f"optimizer's state ({size(state_bytes)}), but {size(free)} are free on "
+      f"{jax.devices()[0].platform}. Fewer parameters (the mean-field family: "
+      "family='meanfield', O(d) where full-rank is O(d^2)) or an optimizer with less state "
+      "(optax.sgd keeps none) would fit.")
+
+
 class HostSpec(NamedTuple):
   """What a program knows of a host array: its shape, dtype and name (static)."""
 

@@ -125,11 +125,10 @@ def _interrupted(runner, history: History, settings: dict, call: dict) -> Keyboa
   if reached is None:
     return KeyboardInterrupt()
   params, opt_state, step = reached
-  if call["checkpoint_path"] is not None:
-    save_fit_checkpoint(call["checkpoint_path"], params, opt_state, step, history,
-                        settings=settings)
-  saved = call["checkpoint_path"]
-  of = f" of {call['num_steps']}" if call["num_steps"] is not None else ""
+  saved, of = call["checkpoint_path"], (f" of {call['num_steps']}" if call["num_steps"]
+                                          is not None else "")
+  if saved is not None:
+    save_fit_checkpoint(saved, params, opt_state, step, history, settings=settings)
   message = (f"fit interrupted at step {step}{of}; the run so far is kept: "
              "catch dsgrad.Interrupted and take its .result (in a notebook, "
              "sys.last_value.result), or call its .resume() to continue to the end"
@@ -440,7 +439,9 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   """Fresh copies of ``(params, opt_state)`` (``optimizer.init`` when no state is given),
   placed on ``mesh`` when given, and the segments' placement arguments."""
   placement = {}
-  if mesh is not None:
+  if mesh is None:  # sharded, a state is spread over the devices' memories
+    host_data.check_training_state_fits(optimizer, params, objective.num_data, "dsgrad.fit")
+  else:
     parallel.check_batch_size(batch_size, mesh)
     if opt_state is None:
       params, opt_state = parallel.init_sharded(optimizer, params, mesh)
