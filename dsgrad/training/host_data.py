@@ -66,6 +66,8 @@ def check_training_state_fits(optimizer, params, num_data: int, who: str) -> Non
   are left to the estimator's own check, which names the compact tables that serve
   instead."""
   leaves = jax.tree.leaves(params)
+  if not all(hasattr(p, "dtype") and hasattr(p, "shape") for p in leaves):
+    return  # numbers or lists where arrays belong: fit's own checks name them
   free = free_memory_bytes()
   params_bytes = sum(np.dtype(p.dtype).itemsize * int(np.size(p)) for p in leaves)
   # No optimizer keeps more than a few copies of the params besides per-datum tables: the
