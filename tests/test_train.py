@@ -82,6 +82,8 @@ def test_resume_from_checkpoint_is_bit_identical(logreg_model, params0, tmp_path
   assert step == 14
   history = dsgrad.restore_fit_history(path)
   assert history.step.tolist() == [7, 14]
+  # Steps are counts (they were float64 like the ELBO: 7.0, 14.0).
+  assert history.step.dtype == np.int64 and whole.history.step.dtype == np.int64
   resumed = dsgrad.fit(objective, opt, params, key, num_steps=28, opt_state=opt_state,
                        start_step=step, history=history, **kw)
   chex.assert_trees_all_equal((resumed.params, resumed.opt_state),

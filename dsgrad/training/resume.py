@@ -35,7 +35,7 @@ class History(NamedTuple):
   """What :func:`fit` records at each ELBO evaluation (:mod:`dsgrad.training.evaluation_plan`).
 
   Attributes:
-    step: steps taken so far.
+    step: steps taken so far (int64).
     wall_time: seconds spent in training steps so far, their batches' epoch orders and
       host reads included (compilation and ELBO evaluation excluded), for
       ELBO-vs-wall-clock plots.
@@ -227,8 +227,12 @@ def restore_fit_checkpoint(path, params_like, opt_state_like):
 
 def history_from_raw(raw: dict) -> History:
   saved = raw.get("history") or {}
-  return History(*(np.asarray(saved.get(k, np.zeros(0)), np.float64)
-                   for k in History._fields))
+  return History(*(np.asarray(saved.get(k, np.zeros(0)), _dtype(k)) for k in History._fields))
+
+
+def _dtype(column: str):
+  """A history column's dtype: the steps count, the rest are real numbers."""
+  return np.int64 if column == "step" else np.float64
 
 
 def restore_fit_history(path) -> History:
@@ -276,4 +280,4 @@ class Recorder:
       self.columns[name].append(v)
 
   def history(self) -> History:
-    return History(*(np.asarray(self.columns[k], np.float64) for k in History._fields))
+    return History(*(np.asarray(self.columns[k], _dtype(k)) for k in History._fields))
