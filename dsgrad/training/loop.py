@@ -274,7 +274,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     >>> result = dsgrad.fit(objective, optimizer, params, jax.random.key(1), num_steps=100,
     ...                     batch_size=10, elbo_samples=20, progress=False)
     >>> result.history.step.tolist()  # an ELBO evaluation per epoch of N / B steps
-    [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]
+    [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
     >>> bool(result.history.elbo[-1] > result.history.elbo[0])
     True
   """
