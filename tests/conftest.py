@@ -82,6 +82,16 @@ def params0():
           "log_scale": jnp.full((DIM,), -1.0, jnp.float32)}
 
 
+def run_python(script: str, timeout: float = 300) -> str:
+  """``script`` run by a fresh Python (for what one process can set only once, such as
+  ``jax_enable_x64``, or measure only from its start, such as its peak memory); its
+  stdout, after asserting that it exited cleanly (its stderr's tail as the message)."""
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=timeout)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
 def exact_negative_elbo(model_data, num_nodes: int = 80):
   """Negative ELBO of mean-field Gaussian logistic regression by Gauss-Hermite quadrature.
 

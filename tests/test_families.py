@@ -12,6 +12,7 @@ from scipy import stats
 import dsgrad
 from dsgrad.families import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models import Model
+from conftest import run_python
 
 
 def _random_full_rank(dim=4, seed=0):
@@ -335,8 +336,6 @@ def test_an_objective_over_a_full_rank_family_allocates_no_factor():
   zero d x d factor the objective never reads: 1 GB (and 0.5 s) at d = 16,000 before a
   single step, and 6.4 GB (9 s) at d = 40,000. The peak resident memory of a fresh
   process that builds one is measured."""
-  import subprocess
-  import sys
   script = (
       "import resource, warnings, jax.numpy as jnp, numpy as np, dsgrad\n"
       "warnings.simplefilter('ignore')\n"
@@ -346,10 +345,7 @@ def test_an_objective_over_a_full_rank_family_allocates_no_factor():
       "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
       "dsgrad.objective_from_logdensity(lp, ll, data, 16000, family='fullrank')\n"
       "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
-  grown_kib = int(done.stdout.split()[-1])
+  grown_kib = int(run_python(script).split()[-1])
   assert grown_kib < 250_000, f"{grown_kib} KiB more resident: the 1 GB factor was made"
 
 

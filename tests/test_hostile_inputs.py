@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import dsgrad
-from conftest import BATCH
+from conftest import BATCH, run_python
 
 
 @pytest.fixture(scope="module")
@@ -515,8 +515,6 @@ def test_fit_and_mcmc_under_jax_enable_x64():
   # Under x64, random draws and numpy's positions are float64: Laplace draws, HMC momenta,
   # the step size's dual averaging and a given position (or reference point) met the
   # float32 latent in bare dtype errors.
-  import subprocess
-  import sys
   script = (
       "import jax\njax.config.update('jax_enable_x64', True)\n"
       "import jax.numpy as jnp, numpy as np, optax, dsgrad\n"
@@ -549,9 +547,7 @@ def test_fit_and_mcmc_under_jax_enable_x64():
       "assert np.all(np.isfinite(s.samples))\n"
       "assert np.all(np.abs(s.samples.mean(0) - s.proxy.theta_star) < sd), s.samples.mean(0)\n"
       "print('ok')\n")
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=300)
-  assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+  assert "ok" in run_python(script)
 
 
 @pytest.mark.parametrize("genres", ["Action, Comedy", "Action;Comedy", "Acton|Comedy", "nan"])

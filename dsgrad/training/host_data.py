@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsgrad import checks, data_values
+from dsgrad import checks, data_values, tables
 
 
 def free_memory_bytes() -> int | None:
@@ -69,15 +69,14 @@ def check_training_state_fits(optimizer, params, num_data: int, who: str) -> Non
   if not all(hasattr(p, "dtype") and hasattr(p, "shape") for p in leaves):
     return  # numbers or lists where arrays belong: fit's own checks name them
   free = free_memory_bytes()
-  params_bytes = sum(np.dtype(p.dtype).itemsize * int(np.size(p)) for p in leaves)
+  params_bytes = tables.tree_bytes(leaves)
   # No optimizer keeps more than a few copies of the params besides per-datum tables: the
   # abstract trace of its init is skipped where even eight would fit.
   if free is None or 8 * params_bytes <= free or any(
       isinstance(p, jax.core.Tracer) for p in leaves):
     return
-  state = [x for x in jax.tree.leaves(jax.eval_shape(optimizer.init, params))
-           if not (x.ndim and x.shape[0] == num_data)]
-  state_bytes = sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in state)
+  state_bytes = tables.tree_bytes([x for x in jax.tree.leaves(jax.eval_shape(
+      optimizer.init, params)) if not (x.ndim and x.shape[0] == num_data)])
   need = 2 * params_bytes + state_bytes
   if need <= free:
     return

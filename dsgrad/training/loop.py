@@ -439,7 +439,7 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   """Fresh copies of ``(params, opt_state)`` (``optimizer.init`` when no state is given),
   placed on ``mesh`` when given, and the segments' placement arguments."""
   placement = {}
-  if mesh is None:  # sharded, a state is spread over the devices' memories
+  if mesh is None:  # unsharded: a sharded state spreads over the devices' memories
     host_data.check_training_state_fits(optimizer, params, objective.num_data, "dsgrad.fit")
   else:
     parallel.check_batch_size(batch_size, mesh)
