@@ -18,8 +18,8 @@ import optax
 from dsgrad.training import compile_cache
 from dsgrad import checks
 from dsgrad.elbo_estimates import (  # noqa: F401  (dsgrad.diagnostics.elbo, ...)
-    ELBO_DRAWS_AT_ONCE, NonFiniteELBO, elbo, elbo_draws, elbo_unchecked, finite_elbo_draws,
-    mean_and_standard_error, paired_gain, sampled_elbo_draws)
+    ELBO_DRAWS_AT_ONCE, NonFiniteELBO, control_variate_mean, elbo, elbo_draws, elbo_unchecked,
+    finite_elbo_draws, mean_and_standard_error, paired_gain, sampled_elbo_draws)
 from dsgrad.training.batching import sample_batch
 from dsgrad.objective import Objective, per_datum
 from dsgrad.tables import tree_bytes

@@ -311,7 +311,7 @@ def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
       ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples,
                                                 program_samples=program_samples)
       k_hat = float(psis.pareto_k(ratios))
-      return (*elbo_estimates.mean_and_standard_error(draws),
+      return (*elbo_estimates.control_variate_mean(draws, draws - ratios),
               (k_hat, psis.diagnose(k_hat, elbo_samples, full_rank=isinstance(params, dict)
                                     and "unit_lower" in params)))
     if not elbo_samples:
