@@ -75,7 +75,9 @@ def run_grid(train, step_sizes, keys, *, vmap_step_sizes: bool = True,
 def elbo_many(objective, num_samples: int, chunk_size: int = 4096):
   """``(params with leading axis R, key) -> (R,)`` full-data ELBO estimates.
 
-  The vmapped :func:`dsgrad.elbo` (same chunking and noise), averaged over samples.
+  The vmapped mean of :func:`dsgrad.diagnostics.elbo_draws` (:func:`dsgrad.elbo`'s
+  chunking and noise, without its ``log q`` correction: the same ELBO, a little noisier
+  near the optimum).
   """
   runner = elbo_draws(objective, num_samples, chunk_size)
   return jax.jit(jax.vmap(lambda p, k: jnp.mean(runner(p, k)), in_axes=(0, None)))
