@@ -27,8 +27,12 @@ def check_numeric_dtype(dtype, label: str) -> None:
   dtype = np.dtype(dtype)
   if is_numeric_dtype(dtype):
     return
+  labels = dtype.kind in "OUS"  # objects and strings: most often names or categories
   raise ArgumentError(f"{label} has dtype {dtype}; data must be numbers (bool, integer or "
-                      "floating): convert it, e.g. np.asarray(x, np.float32)")
+                      "floating): convert it, e.g. np.asarray(x, np.float32)" + (
+                          "; labels (names, categories) become integer codes, e.g. "
+                          "pd.Categorical(x).codes or np.unique(x, return_inverse=True)[1]"
+                          if labels else ""))
 
 
 def check_not_masked(values, label: str) -> None:

@@ -550,6 +550,29 @@ def test_a_pandas_data_frame_given_as_the_data_is_read_by_its_column_names():
       caught.value.__notes__[-1]
 
 
+def test_a_column_of_labels_is_refused_with_the_codes_that_replace_it():
+  """Categories or names (a pandas categorical, strings) given as a data leaf are refused
+  with a way to turn them into the integer codes a model indexes with, which then work."""
+  pd = pytest.importorskip("pandas")
+  groups = np.random.default_rng(0).choice(["north", "south", "west"], 300)
+  y = np.random.default_rng(1).normal(size=300).astype(np.float32)
+  log_prior = lambda z: -0.5 * jnp.sum(z ** 2)
+  log_lik = lambda z, b: -0.5 * (b["y"] - z[b["g"]]) ** 2
+  for labels in (pd.Series(pd.Categorical(groups)), groups):
+    with pytest.raises(TypeError, match=r"data\['g'\] has dtype (object|<U5).*labels "
+                       r"\(names, categories\) become integer codes, e.g. pd.Categorical"):
+      dsgrad.objective_from_logdensity(log_prior, log_lik, {"g": labels, "y": y},
+                                       jnp.zeros(3))
+  codes = pd.Categorical(groups).codes
+  objective = dsgrad.objective_from_logdensity(log_prior, log_lik, {"g": codes, "y": y},
+                                               jnp.zeros(3))
+  np.testing.assert_array_equal(objective.data["g"], codes)
+  # Complex numbers are no labels: told to convert only.
+  with pytest.raises(TypeError, match=r"np.float32\)$"):
+    dsgrad.objective_from_logdensity(log_prior, log_lik,
+                                     {"g": codes, "y": y.astype(np.complex64)}, jnp.zeros(3))
+
+
 def test_a_pandas_data_frame_column_is_read_as_its_array():
   pd = pytest.importorskip("pandas")
   x, y = _regression_columns()
