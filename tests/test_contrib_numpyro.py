@@ -414,6 +414,17 @@ def test_every_estimator_trains_a_numpyro_model(logreg_data, estimators):
     assert float(value) > start + 5 * float(se), type(estimator)
 
 
+def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(logreg_data):
+  """A NumPyro model cannot declare which latent rows a datum reads (it indexes its own
+  arrays): the refusal says to write it for objective_from_logdensity(reads=) instead of
+  telling its user to declare what the bridge has no way to take."""
+  objective = dsgrad_numpyro.objective(logreg_model, *logreg_data)
+  with pytest.raises(MemoryError, match=r"a NumPyro model cannot declare them: write its log "
+                                        r"prior and per-row log likelihood for "
+                                        r"dsgrad.objective_from_logdensity\(\.\.\., reads="):
+    dsgrad.joint_saga(objective, max_table_bytes=100).init(objective.init_params())
+
+
 # Slow (12 s): the bridge's per-datum terms and ELBO equal NumPyro's own by default (above);
 # this checks the example's model against the built-in one.
 @pytest.mark.slow

@@ -234,6 +234,7 @@ def test_too_large_table_names_the_declaration_first():
     dsgrad.joint_saga(objective, max_table_bytes=1000).init(params)
   message = str(error.value)
   assert message.index("reads=") < message.index("joint_svrg")
+  assert "declare them, dsgrad.objective_from_logdensity" in message
 
 
 @pytest.mark.parametrize("reads, error, match", [

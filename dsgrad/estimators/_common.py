@@ -101,7 +101,8 @@ def parameter_table_bytes(params, num_data: int, dtype=None) -> int:
   return int(num_data) * tree_bytes(row)
 
 
-def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) -> None:
+def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str,
+                     objective: Objective | None = None) -> None:
   """Refuses, before allocating, a per-datum parameter table larger than ``max_bytes``
   (``"auto"``: 90% of :func:`dsgrad.training.host_data.free_memory_bytes`; ``None``: no check).
 
@@ -123,11 +124,16 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str) ->
   need = parameter_table_bytes(params, num_data, dtype)
   if need > max_bytes:
     size = sum(int(np.prod(jnp.shape(p), dtype=np.int64)) for p in jax.tree.leaves(params))
+    # The NumPyro bridge cannot say which latent rows a datum reads: its model indexes
+    # its own arrays.
+    bridge = getattr(objective, "numpyro_model", None) is not None
     raise MemoryError(
         f"dsgrad.{estimator}: the per-datum table would hold {num_data:,} copies of "
         f"{size:,} parameters = {need / 2**30:.2f} GiB, more than {where} "
         f"({max_bytes / 2**30:.2f} GiB). If each datum reads a few latent rows (per group, "
-        f"user or item), declare them, dsgrad.objective_from_logdensity(..., reads="
+        + ("user or item), a NumPyro model cannot declare them: write its log prior and "
+           "per-row log likelihood for " if bridge else "user or item), declare them, ")
+        + f"dsgrad.objective_from_logdensity(..., reads="
         f"{{'latent leaf': 'index column'}}), and pass dsgrad.approx.sparse_linearize("
         f"objective): a table of those coordinates only; for a GLM, dsgrad.approx.glm_mean_taylor keeps "
         f"its logits. Else: dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, "

@@ -232,7 +232,7 @@ def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_
   n = objective.num_data
 
   def init(params):
-    _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga")
+    _common.check_table_fits(params, n, table_dtype, max_table_bytes, "joint_saga", objective)
     _common.warn_of_declared_coordinates(objective, params, n, table_dtype)
     return tables.new_table(params, n, table_dtype)
 
