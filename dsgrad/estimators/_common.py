@@ -133,11 +133,11 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str,
         f"({max_bytes / 2**30:.2f} GiB). If each datum reads a few latent rows (per group, "
         + ("user or item), a NumPyro model cannot declare them: write its log prior and "
            "per-row log likelihood for " if bridge else "user or item), declare them, ")
-        + f"dsgrad.objective_from_logdensity(..., reads="
-        f"{{'latent leaf': 'index column'}}), and pass dsgrad.approx.sparse_linearize("
-        f"objective): a table of those coordinates only; for a GLM, dsgrad.approx.glm_mean_taylor keeps "
-        f"its logits. Else: dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, "
-        f"several devices (dsgrad.training.parallel), or max_table_bytes=None to skip this check.")
+        + "dsgrad.objective_from_logdensity(..., reads={'latent leaf': 'index column'}), "
+        "and pass dsgrad.approx.sparse_linearize(objective): a table of those coordinates "
+        "only; for a GLM, dsgrad.approx.glm_mean_taylor keeps its logits. Else: "
+        "dsgrad.joint_svrg (no table), table_dtype=jnp.bfloat16, several devices "
+        "(dsgrad.training.parallel), or max_table_bytes=None to skip this check.")
 
 
 DENSE_TABLE_WARNING_BYTES = 64 * 2**20
