@@ -97,11 +97,11 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
     values = sampled_elbo_draws(objective, num_samples, chunk_size)(params, key,
                                                                     num_data_sampled)
   else:
-    with_log_q = with_log_q or uses_log_q(objective)
+    corrected = uses_log_q(objective)
     size = program_size(objective, num_samples, program_samples)
-    values = _elbo_draws_program(objective, size, chunk_size, with_log_q)(
+    values = _elbo_draws_program(objective, size, chunk_size, with_log_q or corrected)(
         objective, params, key, count=num_samples)
-    if uses_log_q(objective):
+    if corrected:
       draws = finite_elbo_draws(np.asarray(values[0])[:num_samples], "dsgrad.elbo")
       return control_variate_mean(draws, np.asarray(values[1])[:num_samples])
     values = np.asarray(values[0] if with_log_q else values)[:num_samples]
