@@ -419,8 +419,10 @@ def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(lo
   arrays): the refusal says to write it for objective_from_logdensity(reads=) instead of
   telling its user to declare what the bridge has no way to take."""
   objective = dsgrad_numpyro.objective(logreg_model, *logreg_data)
-  with pytest.raises(MemoryError, match=r"a NumPyro model cannot declare them: write its log "
-                                        r"prior and per-row log likelihood for "
+  with pytest.raises(MemoryError, match=r"a model without data columns \(its likelihood "
+                                        r"indexes arrays of its own, as a NumPyro model does\) "
+                                        r"cannot declare them: write its log prior and per-row "
+                                        r"log likelihood for "
                                         r"dsgrad.objective_from_logdensity\(\.\.\., reads="):
     dsgrad.joint_saga(objective, max_table_bytes=100).init(objective.init_params())
 
