@@ -37,7 +37,7 @@ from benchmarks import scale_models
 
 model = scale_models.hierarchical()
 objective = model.objective
-params = dsgrad.families.by_name("meanfield", model.dim).params()
+params = dsgrad.families.by_name("meanfield", model.dim, log_scale=0.0).params()  # as published
 naive = optax.chain(dsgrad.naive(), optax.adam(1e-3))
 svrg = optax.chain(dsgrad.joint_svrg(objective, every=10**9), optax.adam(1e-3))
 settings = dict(batch_size=100, elbo_samples=0)

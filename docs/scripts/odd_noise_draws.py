@@ -43,7 +43,7 @@ print(f"odd count drawn even and cut: {per_number_ns(92_001, cut):.2f} ns a numb
 model = scale_models.factorization()
 ours = model.objective
 theirs = dataclasses.replace(ours, noise_fn=lambda key, batch_size: plain(key, model.dim))
-params = dsgrad.families.by_name("meanfield", model.dim).params()
+params = dsgrad.families.by_name("meanfield", model.dim, log_scale=0.0).params()  # as published
 optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-3))
 for objective in (ours, theirs):  # compile both first
   dsgrad.fit(objective, optimizer, params, jax.random.key(0), num_steps=200, batch_size=100,

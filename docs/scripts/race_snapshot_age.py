@@ -27,7 +27,7 @@ from benchmarks import scale_models
 from dsgrad.advice import candidates as C, runs as R
 model = scale_models.item_response()
 obj = model.objective
-params = dsgrad.families.by_name("meanfield", model.dim).params()
+params = dsgrad.families.by_name("meanfield", model.dim, log_scale=0.0).params()  # as published
 make = lambda n: optax.adam(optax.cosine_decay_schedule(3e-3, n, alpha=0.01))
 key = jax.random.key(0)
 budget, T = 60.0, float(sys.argv[1]) if len(sys.argv) > 1 else 1.5

@@ -32,6 +32,7 @@ import jax.scipy as jsp
 from flax import nnx
 
 from dsgrad import checks
+from dsgrad.families.pytree import INITIAL_LOG_SCALE
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective, gaussian_noise
 
@@ -229,10 +230,11 @@ class MeanFieldGaussian(_Family):
   Args:
     dim: latent dimension ``d``.
     loc: initial mean (scalar or ``(d,)``).
-    log_scale: initial log standard deviation (scalar or ``(d,)``).
+    log_scale: initial log standard deviation (scalar or ``(d,)``); by default
+      ``log(0.1)``, as :func:`meanfield_init`.
   """
 
-  def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
+  def __init__(self, dim: int, *, loc=0.0, log_scale=INITIAL_LOG_SCALE):
     self.dim = int(dim)
     self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_scale = nnx.Param(
@@ -304,7 +306,8 @@ class FullRankGaussian(_Family):
   Args:
     dim: latent dimension ``d``.
     loc: initial mean.
-    log_scale: initial ``log_diag`` (``unit_lower`` starts at zero: ``U = I``).
+    log_scale: initial ``log_diag`` (``unit_lower`` starts at zero: ``U = I``); by
+      default ``log(0.1)``, as :func:`meanfield_init`.
 
   Example::
 
@@ -316,7 +319,7 @@ class FullRankGaussian(_Family):
            [1., 2.]], dtype=float32)
   """
 
-  def __init__(self, dim: int, *, loc=0.0, log_scale=0.0):
+  def __init__(self, dim: int, *, loc=0.0, log_scale=INITIAL_LOG_SCALE):
     self.dim = int(dim)
     factor_bytes = 4 * self.dim ** 2
     if factor_bytes > FULL_RANK_WARN_BYTES:
@@ -410,14 +413,17 @@ def meanfield_entropy(log_scale: jax.Array) -> jax.Array:
 
 @checks.arguments(loc=checks.finite_values(), log_scale=checks.finite_values())
 def meanfield_init(model: Model | Objective, loc: float | jax.Array = 0.0,
-                   log_scale: float | jax.Array = 0.0) -> dict:
+                   log_scale: float | jax.Array = INITIAL_LOG_SCALE) -> dict:
   """Variational parameters ``{"loc": (d,), "log_scale": (d,)}`` filled with constants.
 
   Args:
     model: the model (gives ``d``), or the mean-field objective built from it (as
       :func:`dsgrad.objective_from_logdensity` returns).
     loc: the mean, a scalar or a ``(d,)`` vector.
-    log_scale: the log standard deviation, a scalar or a ``(d,)`` vector.
+    log_scale: the log standard deviation, a scalar or a ``(d,)`` vector; by default
+      ``log(0.1)``, a standard deviation of 0.1, as NumPyro's and Pyro's ``AutoNormal``
+      and :func:`dsgrad.families.structured_init` start (pass ``0.0`` for the prior's
+      scale of a standard normal prior).
 
   Returns:
     The params of :func:`meanfield_gaussian`'s objective, float32.

@@ -86,16 +86,17 @@ def structured_params(params, latent) -> dict:
   return out
 
 
-# Standard deviation 0.1, as NumPyro's and Pyro's AutoNormal guides start. With N rows the
+# Every Gaussian family's start (structured_init, meanfield_init, the family modules):
+# standard deviation 0.1, as NumPyro's and Pyro's AutoNormal guides start. With N rows the
 # posterior's scale is about 1/sqrt(N) of the prior's, so a start at the prior's scale (1)
 # costs the optimizer its longest walk, and noise of that size on a network's initial
 # weights, or inside an exp, makes the first gradients garbage or overflow (a held-out
 # Weibull model's ELBO was -1e29 at scale 1 and its first steps diverged).
-_INIT_LOG_SCALE = math.log(0.1)
+INITIAL_LOG_SCALE = math.log(0.1)
 
 
 @checks.arguments(log_scale=checks.real())
-def structured_init(latent, loc=None, log_scale: float = _INIT_LOG_SCALE) -> dict:
+def structured_init(latent, loc=None, log_scale: float = INITIAL_LOG_SCALE) -> dict:
   """Mean-field parameters shaped like ``latent``: ``loc`` the latent itself (default;
   e.g. a network's initialized weights) or ``loc``, ``log_scale`` a constant: by default
   ``log(0.1)``, a standard deviation of 0.1 in every coordinate (AutoNormal's start in
