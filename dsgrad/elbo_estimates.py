@@ -209,7 +209,9 @@ def rows_not_finite(objective: Objective, params, indices, key,
   if bad_grad.size:
     said.append(f"{name(bad_grad)}: a finite term whose gradient is not: the likelihood "
                 "is at an edge of its domain there (the derivative of log or sqrt at 0, "
-                "of x ** k at x = 0)")
+                "of x ** k at x = 0), or a jnp.where masks a branch that is not finite "
+                "there, whose gradient is NaN all the same: mask its input too, "
+                "jnp.where(t > 0, jnp.log(jnp.where(t > 0, t, 1.0)), 0.0)")
   return ("Of the failing step's batch, at the run's starting params, " + "; ".join(said)
           + ".") if said else ""
 

@@ -229,6 +229,32 @@ def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from
   assert not getattr(caught.value, "__notes__", [])
 
 
+def test_a_where_that_masks_a_non_finite_branch_is_named_with_the_fix_that_trains():
+  """jnp.where(t > 0, log(t) ..., 0) is finite at t = 0 but its gradient is NaN (the
+  masked branch's -inf times the mask's zero): the error names the row and the masked
+  input, and the form it gives trains."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(40, 2)).astype(np.float32)
+  t = np.abs(rng.normal(size=40)).astype(np.float32)
+  t[9] = 0.0
+  prior = lambda z: -0.5 * jnp.sum(z ** 2)
+  trap = lambda z, b: jnp.where(b["t"] > 0, -0.5 * (jnp.log(b["t"]) - b["x"] @ z) ** 2, 0.0)
+  safe_log = lambda t: jnp.log(jnp.where(t > 0, t, 1.0))  # the message's form
+  fixed = lambda z, b: jnp.where(b["t"] > 0, -0.5 * (safe_log(b["t"]) - b["x"] @ z) ** 2, 0.0)
+  settings = dict(num_steps=20, batch_size=40, progress=False)
+  with pytest.raises(ValueError, match="non-finite") as caught:
+    dsgrad.fit(dsgrad.objective_from_logdensity(prior, trap, {"x": x, "t": t}, 2),
+               optax.adam(1e-2), dsgrad.families.by_name("meanfield", 2).params(),
+               jax.random.key(0), **settings)
+  (note,) = caught.value.__notes__
+  assert "data row 9: a finite term whose gradient is not" in note, note
+  assert "jnp.where(t > 0, jnp.log(jnp.where(t > 0, t, 1.0)), 0.0)" in note, note
+  result = dsgrad.fit(dsgrad.objective_from_logdensity(prior, fixed, {"x": x, "t": t}, 2),
+                      optax.adam(1e-2), dsgrad.families.by_name("meanfield", 2).params(),
+                      jax.random.key(0), **settings)
+  assert np.all(np.isfinite(result.history.elbo))
+
+
 def test_a_step_that_fails_on_some_rows_names_them_and_what_is_not_finite():
   """A datum whose term (log of 0) or only its gradient (sqrt at 0) is not finite makes
   the first step's update non-finite; the error names those rows of its batch, each with
