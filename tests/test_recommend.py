@@ -818,7 +818,12 @@ def test_the_recommended_fit_ends_its_schedule_with_the_budget_where_evaluations
   assert total <= 1.05 * budget, total
 
 
-def test_the_recommended_fits_timing_is_the_whole_call():
+def test_the_recommended_fits_timing_is_the_whole_call(monkeypatch):
+  """Its parts add up to the call, and naive's program, compiled in it where nothing raced
+  (a stand-in compiler half a second slower), is compile time, not setup."""
+  real_compile = runs_lib.compile_fit
+  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: (
+      time.sleep(0.5), real_compile(*args, **kwargs))[1])
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   advice = dsgrad.recommend(objective, optax.adam(1e-2), params, jax.random.key(0),
@@ -831,6 +836,7 @@ def test_the_recommended_fits_timing_is_the_whole_call():
   assert timing.total == pytest.approx(wall, rel=0.05, abs=0.05), (timing, wall)
   parts = timing.steps + timing.compile + timing.evaluations + timing.setup
   assert parts == pytest.approx(timing.total, rel=1e-6) and timing.steps > 0
+  assert timing.compile >= 0.5 and timing.setup < timing.total - 0.5, timing
 
 
 def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_the_history_follows(

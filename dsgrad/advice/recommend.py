@@ -92,9 +92,8 @@ class Recommendation(NamedTuple):
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
     with contextlib.suppress(ImportError):  # fit's last evaluation imports it for k-hat, in
       psis.arviz_array_stats("k-hat")  # seconds, once: now, before the time left is shared
-    if run.program is None:  # naive, not started: it starts, and is timed, now
-      _start_naive(run, self.budget_seconds)
-    elif run.seconds_per_step is None:  # recommend interrupted before its steps were timed
+    compiled = _start_naive(run, self.budget_seconds) if run.program is None else 0.0
+    if run.seconds_per_step is None:  # recommend interrupted before its steps were timed
       run.advance(2 * run.program.segment)
     run.settle(self.budget_seconds, spent)
     # fit's evaluations take time the pace would give to steps (its schedule then ends
@@ -122,18 +121,19 @@ class Recommendation(NamedTuple):
       print("warning: " + message, flush=True)
     estimator_state, pace = result.opt_state
     return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(
-        total=t.total + before, steps=t.steps + stepped, compile=t.compile + f.compile,
+        total=t.total + before, steps=t.steps + stepped, compile=t.compile + f.compile + compiled,
         evaluations=t.evaluations + f.evaluations,
-        setup=t.setup + before - stepped - f.compile - f.evaluations),
+        setup=t.setup + before - stepped - f.compile - f.evaluations - compiled),
         warnings=tuple(dict.fromkeys(result.warnings + warned)))
 
 
-def _start_naive(run: Run, budget: float, segment: int = 64) -> None:
+def _start_naive(run: Run, budget: float, segment: int = 64) -> float:
   """Naive on a schedule longer than any run (its step sizes barely move until it has its
-  own), started and timed: a first call (it runs cold), then a tenth of a second."""
+  own), started, timed (a cold call, then a tenth of a second): returns its compile's seconds."""
   run.start(run.compile(int(budget / 1e-6), segment))
   run.advance(2 * segment)
   run.advance(round(0.1 / run.seconds_per_step))
+  return run.compile_seconds
 
 
 class _Race:
