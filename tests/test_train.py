@@ -579,6 +579,36 @@ def test_the_time_split_adds_up_to_the_call(logreg_model, params0):
     assert t.evaluations > 0 if samples else t.evaluations < 0.05
 
 
+def test_a_run_limited_in_time_fills_its_progress_bar_as_the_time_runs_out(
+    logreg_model, params0, monkeypatch):
+  """With num_steps far beyond what max_seconds affords, the bar's total follows the steps
+  the time is expected to allow (it stood at num_steps: a run that ended at its limit
+  looked stopped at 4%) and the bar closes full."""
+  import io
+  import tqdm.auto
+  bars = []
+
+  class Recorded(tqdm.auto.tqdm):
+    def __init__(self, *args, **kwargs):
+      self.totals = []
+      super().__init__(*args, **{**kwargs, "file": io.StringIO()})
+      bars.append(self)
+
+    def refresh(self, *args, **kwargs):
+      self.totals.append(self.total)
+
+  monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+  result = dsgrad.fit(dsgrad.meanfield_gaussian(logreg_model), optax.adam(1e-3), params0,
+                      jax.random.key(0), num_steps=10**8, max_seconds=2.0, batch_size=BATCH,
+                      elbo_samples=2, progress=True)
+  (shown,) = bars
+  assert result.step < 10**8 // 10
+  assert shown.n == result.step and shown.totals[-1] == result.step, shown.totals
+  # Mid-run, once the step was timed, within a factor of two of where the run ended.
+  middle = shown.totals[len(shown.totals) // 2]
+  assert 0.5 * result.step < middle < 2 * result.step, (shown.totals, result.step)
+
+
 def test_a_history_that_is_not_one_is_refused(logreg_model):
   objective = dsgrad.meanfield_gaussian(logreg_model)
   fit = lambda history: dsgrad.fit(  # noqa: E731

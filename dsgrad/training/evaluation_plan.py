@@ -198,6 +198,9 @@ class Evaluations:
     self.deadline = None  # of a run limited in time's last evaluation (time.perf_counter)
     self.keeps_full = False  # whether end_within keeps the last evaluation's full draws' time
     self.last_draws = plan.last_draws  # fewer where the plan fits them to the time
+    # The step a run limited in time is expected to end at, once its step is timed: the
+    # progress bar's total, so that it fills as the time runs out.
+    self.expected_end = None
 
   def after(self, step: int, end: int, length: int, params, step_seconds: float) -> bool:
     """The evaluation after the segment of ``length`` steps that ended at ``step``, where
@@ -205,8 +208,9 @@ class Evaluations:
     due = self.every_seconds is not None and self.draws and (
         step_seconds - self.steps_seconds_then
         >= max(self.every_seconds, self.last_seconds(in_full=False) / EVALUATION_SHARE))
+    left = None if self.expected_end is None else max(0, min(end, self.expected_end) - step)
     if not (due or self.plan.evaluates(step, end) or (self.timed and self.draws == 0)):
-      self.bar(length, step, None, None)
+      self.bar(length, step, None, None, left=left)
       return False
     self.steps_seconds_then = step_seconds
     draws = self.last_draws if step == end else self.plan.draws
@@ -239,7 +243,7 @@ class Evaluations:
     if trust is not None:
       self.k_hat, self.diagnosis = trust
     self.record.append(step, step_seconds, value, se)
-    self.bar(length, step, value, se)
+    self.bar(length, step, value, se, left=left)
     return True
 
   def end_within(self, max_seconds, elapsed: float, step: int, length: int, end: int,
@@ -270,6 +274,7 @@ class Evaluations:
     full = self.last_seconds()
     self.keeps_full = self.keeps_full or (self.draws > 0 and full < left)
     left -= full if self.keeps_full else self.last_seconds(in_full=False)
+    self.expected_end = step + max(0, min(end - step, int(left / step_seconds)))
     if 2 * segment <= left:
       return end, length
     fits = max(0, min(end - step, int(left / step_seconds)))  # in this segment and after

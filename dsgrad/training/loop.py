@@ -343,7 +343,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
           batch_size=batch_size, eval_every=eval_every_given, elbo_samples=elbo_samples,
           progress=progress, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
           mesh=mesh, max_seconds=max_seconds, segment_steps=segment_steps_given)) from None
-    evaluations.bar(0, step, None, None, close=True)
+    evaluations.bar(0, step, None, None, close=True, left=0)  # full: the run's end, reached
     history = record.history()
     k_hat, diagnosis = evaluations.k_hat, evaluations.diagnosis
     trace_warnings = _report(progress, k_hat, diagnosis, elbo_trust.run_warnings(

@@ -58,16 +58,18 @@ def bar(enabled: bool, total: int | None, unit: str, desc: str | None = None) ->
 
 
 def elbo_bar(enabled: bool, total: int | None) -> Callable[..., None]:
-  """``update(n_steps, step, elbo, se, close=False)`` on :func:`bar` for :func:`dsgrad.fit`:
-  the ELBO beside the bar, or a printed line per evaluation without tqdm. ``total``:
-  ``None`` for a run that trains until its time is up."""
-  shown = bar(enabled, total, "step")
+  """``update(n_steps, step, elbo, se, close=False, left=None)`` on :func:`bar` for
+  :func:`dsgrad.fit`: the ELBO beside the bar, or a printed line per evaluation without
+  tqdm. ``total``: ``None`` for a run that trains until its time is up; ``left``: the
+  steps a run limited in time is expected to run yet, which set the total afresh."""
+  shown, done = bar(enabled, total, "step"), [0]
 
-  def update(n, step, value, se, close=False):
+  def update(n, step, value, se, close=False, left=None):
+    done[0] += n
     known = value is not None and math.isfinite(value)
     shown(n, status={"elbo": f"{value:.4g}", "se": f"{se:.2g}"} if known else None,
           line=f"step {step}: elbo {value:.6g} (se {se:.2g})" if n and value is not None
-          else None, close=close)
+          else None, close=close, total=None if left is None else done[0] + left)
   return update
 
 
