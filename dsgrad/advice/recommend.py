@@ -77,11 +77,11 @@ class Recommendation(NamedTuple):
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
     :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
-    over the steps it affords (compiled as it goes on where its own is too short or over
-    25% too long, and time is left for it).
-    Returns fit's :class:`~dsgrad.FitResult` from where the run was, timed for this call;
-    its ``opt_state`` is that of ``optax.chain(estimator, your optimizer)``, your step counts
-    where the schedule stands (``runs[name].contender.estimator``; ``.program.length``)."""
+    over the steps it affords (recompiled, time permitting, where its own is too short or
+    over 25% too long). Returns fit's :class:`~dsgrad.FitResult`, timed for this call; its
+    ``step`` and ``history.step`` index the run's program, which a re-sized run enters
+    part-way (not the steps run); ``opt_state`` is ``optax.chain(estimator, your optimizer)``'s,
+    your step counts where the schedule stands (``runs[name].contender.estimator``)."""
     if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
                                    "start_step", "segment_steps"}:  # the run's, to the end
       raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
