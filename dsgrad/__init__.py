@@ -22,7 +22,7 @@ from dsgrad import advice
 from dsgrad import training
 from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training.parallel.*)
 from dsgrad.approx import Approximation
-from dsgrad.advice.recommend import Recommendation, recommend, recommend_and_fit
+from dsgrad.advice.recommend import Recommendation, fit_within, recommend, recommend_and_fit
 from dsgrad.families.gaussian import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (estimator_samples, state_bytes, table_bytes, total_variance,
                                  variance_decomposition)
@@ -53,7 +53,8 @@ __all__ = [
     "IncState", "SmisoState", "JointSagaState", "JointSvrgState", "AdaptiveWeightState",
     "meanfield_gaussian", "meanfield_init", "meanfield_entropy",
     "objective_from_logdensity", "model_from_logdensity",
-    "fit", "compile_fit", "train_step", "FitResult", "FitTiming", "Interrupted", "History",
+    "fit", "fit_within", "compile_fit", "train_step", "FitResult", "FitTiming", "Interrupted",
+    "History",
     "pin_xla_threads",
     "save_fit_checkpoint", "restore_fit_checkpoint", "restore_fit_history",
     "table_bytes", "state_bytes", "estimator_samples", "total_variance", "elbo",

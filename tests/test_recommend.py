@@ -865,3 +865,37 @@ def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_th
   steps = np.asarray(result.history.step)
   assert np.all(np.diff(steps) > 0) and steps[-1] == result.step, steps
   assert np.all(np.isfinite(result.history.elbo))
+
+
+def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule():
+  """fit_within: the budget kept, compiles included; the estimator's state is the first in
+  the result's chain state; the schedule of the program it ran on reaches its end (the
+  step counts paced to the clock); an estimator inside the optimizer, or a setting the
+  budget decides, is refused by name."""
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  lengths = []
+
+  def optimizer(num_steps):
+    lengths.append(num_steps)
+    return _schedule(num_steps)
+
+  started = time.perf_counter()
+  result = dsgrad.fit_within(objective, optimizer, params, jax.random.key(0), seconds=3.0,
+                             batch_size=BATCH, estimator=dsgrad.joint_svrg(objective),
+                             elbo_samples=10, progress=False)
+  wall = time.perf_counter() - started
+  assert wall <= 1.05 * 3.0 + 0.1 and result.timing.total > 0.8 * 3.0, (wall, result.timing)
+  estimator_state, user_state = result.opt_state
+  assert isinstance(estimator_state, dsgrad.JointSvrgState)
+  is_schedule = lambda state: isinstance(state, optax.ScaleByScheduleState)  # noqa: E731
+  (schedule,) = [s for s in jax.tree.leaves(user_state, is_leaf=is_schedule) if is_schedule(s)]
+  count = int(schedule.count)
+  assert 0.8 * lengths[-1] <= count <= 1.1 * lengths[-1], (count, lengths)
+  assert np.all(np.isfinite(result.history.elbo)) and result.history.elbo[-1] > -150
+  with pytest.raises(ValueError, match="holds a dsgrad estimator; pass it as estimator="):
+    dsgrad.fit_within(objective, lambda n: optax.chain(dsgrad.cv(objective), _schedule(n)),
+                      params, jax.random.key(0), seconds=3.0, batch_size=BATCH)
+  with pytest.raises(TypeError, match=r"sets \['num_steps'\] itself from seconds="):
+    dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
+                      batch_size=BATCH, num_steps=10)

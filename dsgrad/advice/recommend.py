@@ -33,6 +33,7 @@ import jax
 
 from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators import chain
+from dsgrad.estimators.naive import naive
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run, unpaced
 from dsgrad.training import progress as progress_lib
@@ -413,3 +414,41 @@ def recommend_and_fit(objective, optimizer, params, key, *, batch_size: int, bud
                      **recommend_kwargs)
   return advice, advice.fit(**{"progress": recommend_kwargs.get("progress", True),
                                **(fit_kwargs or {})})
+
+
+@checks.arguments(objective=checks.objective(), optimizer=checks.optimizer(factory=True),
+                  params=checks.parameters(), key=checks.prng_key(), seconds=checks.positive(),
+                  batch_size=checks.count(1), estimator=checks.optional(checks.optimizer()))
+def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size: int,
+               estimator=None, **fit_kwargs):
+  """:func:`dsgrad.fit` in ``seconds`` of wall-clock, compiles included, with your schedule
+  ending with them: ``estimator`` (naive by default) chained with ``optimizer(num_steps)``,
+  its step counts paced to the clock as :meth:`Recommendation.fit` paces the recommended
+  run (with no race). Returns fit's :class:`~dsgrad.FitResult`.
+
+  Raises:
+    ValueError: ``optimizer`` holds an estimator (pass it as ``estimator``).
+
+  Example::
+
+    >>> import jax, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 1000, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> result = dsgrad.fit_within(
+    ...     objective, lambda n: optax.adam(optax.cosine_decay_schedule(1e-2, n)),
+    ...     dsgrad.meanfield_init(objective), jax.random.key(1), seconds=3.0, batch_size=50,
+    ...     estimator=dsgrad.joint_svrg(objective), progress=False)
+    >>> result.timing.total < 3.3
+    True
+  """
+  make, who = checks.optimizer_factory(optimizer, "dsgrad.fit_within"), "dsgrad.fit_within"
+  if chain.holds_estimator(jax.eval_shape(make(2).init, params)):
+    raise ValueError(f"{who}: optimizer holds a dsgrad estimator; pass it as estimator= and "
+                     "leave the rule chained after it (e.g. optax.adam) in optimizer")
+  estimator = naive() if estimator is None else estimator
+  if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "opt_state", "start_step"}:
+    raise TypeError(f"{who} sets {sorted(fixed)} itself from seconds=: pass fit's others")
+  candidate = Candidate("fit_within", batch_size)
+  run = Run(Contender(candidate, objective, estimator), make, key, params)
+  return Recommendation(candidate.name, (candidate,), (), seconds, 0.0,
+                        {candidate.name: run}).fit(**fit_kwargs)
