@@ -424,7 +424,7 @@ def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size:
   """:func:`dsgrad.fit` in ``seconds`` of wall-clock, compiles included, with your schedule
   ending with them: ``estimator`` (naive by default) chained with ``optimizer(num_steps)``,
   its step counts paced to the clock as :meth:`Recommendation.fit` paces the recommended
-  run (with no race). Returns fit's :class:`~dsgrad.FitResult`.
+  run (with no race). Returns fit's :class:`~dsgrad.FitResult`, as that method does.
 
   Raises:
     ValueError: ``optimizer`` holds an estimator (pass it as ``estimator``).
@@ -446,7 +446,8 @@ def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size:
     raise ValueError(f"{who}: optimizer holds a dsgrad estimator; pass it as estimator= and "
                      "leave the rule chained after it (e.g. optax.adam) in optimizer")
   estimator = naive() if estimator is None else estimator
-  if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "opt_state", "start_step"}:
+  if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "opt_state", "start_step",
+                                 "segment_steps"}:
     raise TypeError(f"{who} sets {sorted(fixed)} itself from seconds=: pass fit's others")
   candidate = Candidate("fit_within", batch_size)
   run = Run(Contender(candidate, objective, estimator), make, key, params)
