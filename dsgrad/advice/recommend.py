@@ -30,6 +30,7 @@ import time
 from typing import NamedTuple
 
 import jax
+import numpy as np
 
 from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators import chain
@@ -80,9 +81,9 @@ class Recommendation(NamedTuple):
     :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
     over the steps it affords (recompiled, time permitting, where its own is too short or
     over 25% too long). Returns fit's :class:`~dsgrad.FitResult`, timed for this call; its
-    ``step`` and ``history.step`` index the run's program, which a re-sized run enters
-    part-way (not the steps run); ``opt_state`` is ``optax.chain(estimator, your optimizer)``'s,
-    your step counts where the schedule stands (``runs[name].contender.estimator``)."""
+    ``step`` and ``history.step`` count the run's steps (naive's and the race's included);
+    ``opt_state`` is ``optax.chain(estimator, your optimizer)``'s, your step counts where
+    the schedule stands (``runs[name].contender.estimator``)."""
     if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
                                    "start_step", "segment_steps"}:  # the run's, to the end
       raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
@@ -100,7 +101,7 @@ class Recommendation(NamedTuple):
     # fit's evaluations take time the pace would give to steps (its schedule then ends
     # early: at 0.81 of it in a minute on 2M rows read from disk). The first half prices
     # them (two draws each: no k-hat yet); the second is paced on the time they leave.
-    samples = fit_kwargs.get("elbo_samples")
+    samples, begun = fit_kwargs.get("elbo_samples"), (run.step, run.steps_run)
     first = run.fit(max_seconds=max(1e-3, (self.budget_seconds - spent()) / 2), **{
         **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
     f, run.timings = first.timing, []  # its step time alone paces what is left
@@ -110,22 +111,31 @@ class Recommendation(NamedTuple):
       run.use(run.program, at, seconds_left=(1 - f.evaluations / max(f.total, 1e-9)) * (
           self.budget_seconds - spent()))
     before, stepped = time.perf_counter() - entered, run.seconds - stepped
-    kept = first.history.step <= run.step  # a program too short starts its steps earlier
-    result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()),
-                     history=History(*(field[kept] for field in first.history)), **fit_kwargs)
+    resumed = (run.step, run.steps_run)  # the step moves back where the program is short
+    result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
+    history = History(*map(np.concatenate, zip(_counted(first.history, *begun), _counted(
+        result.history, *resumed, wall=first.timing.steps))))
     t = result.timing  # the other time before fit (compiles beside steps) counts as setup
     # The trace judged from your params: a run that diverged in the race looks steady here.
-    warned = elbo_trust.run_warnings(run.contender.objective, result.history, run.start_params,
+    warned = elbo_trust.run_warnings(run.contender.objective, history, run.start_params,
                                      run.key)
     for message in (m for m in warned if fit_kwargs.get("progress", True)
                     and m not in result.warnings):  # fit printed its own
       print("warning: " + message, flush=True)
     estimator_state, pace = result.opt_state
-    return result._replace(opt_state=(estimator_state, unpaced(pace)), timing=t._replace(
+    return result._replace(opt_state=(estimator_state, unpaced(pace)), history=history,
+                           step=resumed[1] + result.step - resumed[0], timing=t._replace(
         total=t.total + before, steps=t.steps + stepped, compile=t.compile + f.compile + compiled,
         evaluations=t.evaluations + f.evaluations,
         setup=t.setup + before - stepped - f.compile - f.evaluations - compiled),
         warnings=tuple(dict.fromkeys(result.warnings + warned)))
+
+
+def _counted(history: History, step: int, steps_run: int, wall: float = 0.0) -> History:
+  """A piece's ``history`` from program ``step``, where the run had ``steps_run`` steps, in
+  steps run (a program's step index jumps where the run moves to a program of another
+  length), its steps' seconds after ``wall``."""
+  return history._replace(step=history.step - step + steps_run, wall_time=history.wall_time + wall)
 
 
 def _start_naive(run: Run, budget: float, segment: int = 64) -> float:
@@ -437,8 +447,8 @@ def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size:
     >>> result = dsgrad.fit_within(
     ...     objective, lambda n: optax.adam(optax.cosine_decay_schedule(1e-2, n)),
     ...     dsgrad.meanfield_init(objective), jax.random.key(1), seconds=3.0, batch_size=50,
-    ...     estimator=dsgrad.joint_svrg(objective), progress=False)
-    >>> result.timing.total < 3.3
+    ...     estimator=dsgrad.joint_svrg(objective), progress=False)  # about 3 s in all
+    >>> bool(result.history.step[-1] == result.step > 0)  # counted in steps run
     True
   """
   make, who = checks.optimizer_factory(optimizer, "dsgrad.fit_within"), "dsgrad.fit_within"

@@ -140,9 +140,9 @@ class Run:
 
   def continue_from(self, other: "Run", program: Program, fraction: float) -> None:
     """Continues ``other``'s run on ``program`` at ``fraction`` of the budget: ``other``'s
-    params and user-optimizer state, this run's estimator state made afresh at those
-    params (its first update fills a table or takes a snapshot)."""
-    self.params = jax.tree.map(jnp.copy, other.params)
+    params, user-optimizer state and steps run, this run's estimator state made afresh at
+    those params (its first update fills a table or takes a snapshot)."""
+    self.params, self.steps_run = jax.tree.map(jnp.copy, other.params), other.steps_run
     fresh = program.optimizer.init(self.params)
     self.opt_state = (fresh[0], jax.tree.map(jnp.copy, other.opt_state[1]))
     self.use(program, fraction)
