@@ -904,6 +904,9 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule():
   with pytest.raises(ValueError, match="holds a dsgrad estimator; pass it as estimator="):
     dsgrad.fit_within(objective, lambda n: optax.chain(dsgrad.cv(objective), _schedule(n)),
                       params, jax.random.key(0), seconds=3.0, batch_size=BATCH)
+  with pytest.raises(ValueError, match=r"a paced run .* does not resume: read its checkpoint"):
+    dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
+                      batch_size=BATCH, checkpoint_path="unused", resume=True)
   with pytest.raises(TypeError, match=r"sets \['num_steps'\] itself from seconds="):
     dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
                       batch_size=BATCH, num_steps=10)
