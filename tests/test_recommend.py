@@ -869,7 +869,7 @@ def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_th
   assert np.all(np.isfinite(result.history.elbo))
 
 
-def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule():
+def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_path):
   """fit_within: the budget kept, compiles included; the estimator's state is the first in
   the result's chain state; the schedule of the program it ran on reaches its end (the
   step counts paced to the clock); an estimator inside the optimizer, or a setting the
@@ -887,7 +887,7 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule():
   # 0.1 s of steps, and the call ran 0.4 s over in one run of four.
   result = dsgrad.fit_within(objective, optimizer, params, jax.random.key(0), seconds=5.0,
                              batch_size=BATCH, estimator=dsgrad.joint_svrg(objective),
-                             elbo_samples=10, progress=False)
+                             elbo_samples=10, progress=False, checkpoint_path=tmp_path / "ck")
   wall = time.perf_counter() - started
   assert wall <= 1.05 * 5.0 + 0.1 and result.timing.total > 0.8 * 5.0, (wall, result.timing)
   estimator_state, user_state = result.opt_state
@@ -904,6 +904,11 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule():
   with pytest.raises(ValueError, match="holds a dsgrad estimator; pass it as estimator="):
     dsgrad.fit_within(objective, lambda n: optax.chain(dsgrad.cv(objective), _schedule(n)),
                       params, jax.random.key(0), seconds=3.0, batch_size=BATCH)
+  # Its checkpoint holds the paced state: the params and step come back without it.
+  saved, state, step = dsgrad.restore_fit_checkpoint(tmp_path / "ck", params, None)
+  assert state is None and step > 0
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(saved),
+                                                  jax.tree.leaves(result.params)))
   with pytest.raises(ValueError, match=r"a paced run .* does not resume: read its checkpoint"):
     dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
                       batch_size=BATCH, checkpoint_path="unused", resume=True)

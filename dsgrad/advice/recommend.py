@@ -89,8 +89,8 @@ class Recommendation(NamedTuple):
       raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
     if fit_kwargs.get("resume"):  # its key and pace belong to the call that wrote it
       raise ValueError("a paced run (Recommendation.fit, dsgrad.fit_within) does not resume: "
-                       "read its checkpoint's params back (dsgrad.restore_fit_checkpoint) "
-                       "and start a new call from them")
+                       "read its checkpoint's params back (dsgrad.restore_fit_checkpoint(path, "
+                       "params, None)) and start a new call from them")
     run = self.runs.get(name or self.best)
     if run is None:
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")

@@ -204,18 +204,22 @@ def save_fit_checkpoint(path, params, opt_state, step: int,
 
 
 def restore_fit_tree(path, raw: dict, params_like, opt_state_like):
-  like = {"params": params_like, "opt_state": opt_state_like,
-          "step": np.asarray(0, np.int64)}
+  if opt_state_like is None:  # the params and step only: the optimizer's state is left out
+    raw = {k: v for k, v in raw.items() if k != "opt_state"}
+  like = {"params": params_like, "step": np.asarray(0, np.int64),
+          **({} if opt_state_like is None else {"opt_state": opt_state_like})}
   for metadata in ("history", "settings"):  # free-form: restored as saved
     if metadata in raw:
       like[metadata] = raw[metadata]
   tree = checkpoint_lib.restore_from_raw(raw, like, path)
-  return tree["params"], tree["opt_state"], int(tree["step"])
+  return tree["params"], tree.get("opt_state"), int(tree["step"])
 
 
 def restore_fit_checkpoint(path, params_like, opt_state_like):
   """Restores ``(params, opt_state, step)`` saved by :func:`fit`; pass ``step`` as
-  ``start_step`` to continue.
+  ``start_step`` to continue. With ``opt_state_like=None``, the params and step alone
+  (``opt_state`` ``None``): a run whose optimizer state you cannot rebuild, such as a paced
+  one (:func:`dsgrad.fit_within`, :meth:`dsgrad.Recommendation.fit`), loses nothing trained.
 
   Raises:
     ValueError: a damaged file, or entries, shapes or dtypes other than the templates'
