@@ -274,10 +274,10 @@ class Evaluations:
     full = self.last_seconds()
     self.keeps_full = self.keeps_full or (self.draws > 0 and full < left)
     left -= full if self.keeps_full else self.last_seconds(in_full=False)
-    self.expected_end = step + max(0, min(end - step, int(left / step_seconds)))
+    fits = max(0, min(end - step, int(left / step_seconds)))  # in this segment and after
+    self.expected_end = step + fits
     if 2 * segment <= left:
       return end, length
-    fits = max(0, min(end - step, int(left / step_seconds)))  # in this segment and after
     half = fits // 2
     if half >= FIRST_PIECE and half * step_seconds > 0.01 * max_seconds:
       # Half of what fits, while that is more than a hundredth of the limit: the step is

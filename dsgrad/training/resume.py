@@ -204,10 +204,11 @@ def save_fit_checkpoint(path, params, opt_state, step: int,
 
 
 def restore_fit_tree(path, raw: dict, params_like, opt_state_like):
+  like = {"params": params_like, "step": np.asarray(0, np.int64)}
   if opt_state_like is None:  # the params and step only: the optimizer's state is left out
     raw = {k: v for k, v in raw.items() if k != "opt_state"}
-  like = {"params": params_like, "step": np.asarray(0, np.int64),
-          **({} if opt_state_like is None else {"opt_state": opt_state_like})}
+  else:
+    like["opt_state"] = opt_state_like
   for metadata in ("history", "settings"):  # free-form: restored as saved
     if metadata in raw:
       like[metadata] = raw[metadata]
