@@ -98,14 +98,31 @@ def elbo_unchecked(objective: Objective, params, key, num_samples: int = 1000,
                                                                     num_data_sampled)
   else:
     corrected = uses_log_q(objective)
-    size = program_size(objective, num_samples, program_samples)
-    values = _elbo_draws_program(objective, size, chunk_size, with_log_q or corrected)(
-        objective, params, key, count=num_samples)
+    values = _full_pass_program(objective, num_samples, program_samples, with_log_q,
+                                chunk_size)(objective, params, key, count=num_samples)
     if corrected:
       draws = finite_elbo_draws(np.asarray(values[0])[:num_samples], "dsgrad.elbo")
       return control_variate_mean(draws, np.asarray(values[1])[:num_samples])
     values = np.asarray(values[0] if with_log_q else values)[:num_samples]
   return mean_and_standard_error(finite_elbo_draws(values, "dsgrad.elbo"))
+
+
+def compile_elbo_unchecked(objective: Objective, params, key, num_samples: int,
+                           program_samples: int | None = None, with_log_q: bool = False,
+                           chunk_size: int = 4096) -> None:
+  """Compiles (or finds) the program :func:`elbo_unchecked` runs for these arguments (on
+  all the data) without running it: a caller that prices an evaluation's draws times
+  its compile apart and then runs it once, warm, where a second run would cost another
+  full pass per draw."""
+  _full_pass_program(objective, num_samples, program_samples, with_log_q, chunk_size).compile(
+      objective, params, key, count=num_samples)
+
+
+def _full_pass_program(objective: Objective, num_samples: int, program_samples, with_log_q,
+                       chunk_size: int):
+  """The program of :func:`elbo_unchecked`'s full passes (:func:`_elbo_draws_program`)."""
+  size = program_size(objective, num_samples, program_samples)
+  return _elbo_draws_program(objective, size, chunk_size, with_log_q or uses_log_q(objective))
 
 
 def uses_log_q(objective: Objective) -> bool:

@@ -227,17 +227,16 @@ class Evaluations:
       self.diagnosis = (f"k-hat not computed: the last evaluation's {self.last_draws} "
                         f"draws would have run past max_seconds; it took {draws}")
     started = time.perf_counter()
+    if self.timed and self.draws == 0 and step < end and draws:
+      # Its program compiled apart, the run prices a draw warm, and the compile prices
+      # the last evaluation's (its draws, PSIS's ratios) where that is another program.
+      elbo_estimates.compile_elbo_unchecked(self.objective, params, key, draws,
+                                            self.plan.last_draws, self.trust_check)
+      self.compile_seconds = time.perf_counter() - started
+    running = time.perf_counter()
     value, se, trust = _evaluate(self.objective, params, key, (draws, self.plan.last_draws),
                                  (self.trust_check, trust_check), step)
-    took = warm = time.perf_counter() - started
-    if self.timed and self.draws == 0 and step < end:
-      # The first call compiled its program: a second, warm, prices a draw, and the
-      # difference prices compiling the last evaluation's (its draws, PSIS's ratios).
-      again = time.perf_counter()
-      _evaluate(self.objective, params, key, (draws, self.plan.last_draws),
-                (self.trust_check, False), step)
-      warm = time.perf_counter() - again
-      self.compile_seconds, took = max(0.0, took - warm), took + warm
+    warm, took = time.perf_counter() - running, time.perf_counter() - started
     self.seconds, self.draws = self.seconds + took, self.draws + draws
     self.warm_seconds += warm
     if trust is not None:
