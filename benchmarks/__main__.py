@@ -23,6 +23,7 @@ BENCHMARKS = {
     "bridge-cost": "benchmarks.bridge_cost",
     "fit-overhead": "benchmarks.fit_overhead",
     "narrow-posterior": "benchmarks.narrow_posterior",
+    "schedule-free": "benchmarks.schedule_free",
     "render": "benchmarks.render",
 }
 

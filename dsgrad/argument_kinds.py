@@ -338,16 +338,19 @@ def _takes_a_learning_rate(value) -> bool:
   return first in ("learning_rate", "lr", "step_size")
 
 
-def optimizer(factory: bool = False) -> Kind:
+def optimizer(factory: bool = False, estimator: bool = False) -> Kind:
   """An optax transformation (an object with ``init`` and ``update``); with ``factory``,
-  also a function ``num_steps -> transformation``. ``optax.adam`` itself is refused by
-  name: called with a step count it would build Adam whose learning rate is that count."""
-  accepted = ("an optax transformation (e.g. optax.adam(1e-2))" + (
+  also a function ``num_steps -> transformation``; with ``estimator``, the estimator
+  first in a chain, whose output may be a gradient (``dsgrad.naive()``). ``optax.adam``
+  itself is refused by name: called with a step count it would build Adam whose learning
+  rate is that count."""
+  accepted = ("an optax transformation (e.g. " + ("dsgrad.joint_svrg(objective))" if estimator
+                                                 else "optax.adam(1e-2))") + (
       " or a function num_steps -> transformation (e.g. lambda n: "
       "optax.adam(optax.cosine_decay_schedule(1e-2, n)))" if factory else ""))
 
   def check(value, label):
-    if getattr(getattr(value, "update", None), "outputs_a_gradient", False):
+    if not estimator and getattr(getattr(value, "update", None), "outputs_a_gradient", False):
       raise ArgumentError(f"{label} must be {accepted}, got dsgrad.naive() alone: its output "
                           "is a gradient, not a step; chain an update rule after it")
     if _is_transformation(value):
@@ -362,7 +365,12 @@ def optimizer(factory: bool = False) -> Kind:
             "with the number of steps here" if callable(value) else "")
     raise ArgumentError(f"{label} must be {accepted}, got {_received(value)}{hint}")
 
-  return Kind("optimizer", check, accepted, dict(factory=factory))
+  return Kind("optimizer", check, accepted, dict(factory=factory, estimator=estimator))
+
+
+def estimator() -> Kind:
+  """A gradient estimator, first in a chain: :func:`optimizer` with ``estimator``."""
+  return optimizer(estimator=True)
 
 
 def _is_transformation(value) -> bool:

@@ -35,7 +35,7 @@ from jax.experimental import checkify
 # Arguments by kind live in their own module; re-exported here with the other checks.
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, approximation, arguments, byte_budget, check_count,
-    check_positive, count, finite_values, floating_dtype, model,
+    check_positive, count, estimator, finite_values, floating_dtype, model,
     objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
     probability, prng_key, real, sizes)
 from dsgrad import data_values

@@ -941,3 +941,7 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_
   with pytest.raises(TypeError, match=r"sets \['num_steps'\] itself from seconds="):
     dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
                       batch_size=BATCH, num_steps=10)
+  # The default estimator named is taken, its output a gradient: it comes first.
+  with pytest.raises(TypeError, match=r"sets \['num_steps'\] itself from seconds="):
+    dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
+                      batch_size=BATCH, estimator=dsgrad.naive(), num_steps=10)

@@ -432,7 +432,7 @@ def recommend_and_fit(objective, optimizer, params, key, *, batch_size: int, bud
 
 @checks.arguments(objective=checks.objective(), optimizer=checks.optimizer(factory=True),
                   params=checks.parameters(), key=checks.prng_key(), seconds=checks.positive(),
-                  batch_size=checks.count(1), estimator=checks.optional(checks.optimizer()))
+                  batch_size=checks.count(1), estimator=checks.optional(checks.estimator()))
 def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size: int,
                estimator=None, **fit_kwargs):
   """:func:`dsgrad.fit` in ``seconds`` of wall-clock, compiles included, with your schedule
