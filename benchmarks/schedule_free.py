@@ -130,7 +130,8 @@ def render(record) -> str:
            f"(the scale suite's, given); final ELBO from {scale_suite.FINAL_DRAWS} draws with "
            "the suite's common noise, minus naive with the paced cosine (paired standard "
            "error). Schedule-free rates: " + "; ".join(
-               f"{m}: {r['rate']:g} ({r['how']})" for m, r in config["rates"].items()) + "."]
+               f"{m}: {r['rate']:g} ({r['how']})" for m, r in config["rates"].items())
+           + f". Measured: {record['environment']}."]
   for name, seeds in results.items():
     lines += ["", f"#### {name}", "", "| contender | steps, by seed | seconds, by seed | "
               "ELBO minus naive, paced cosine (paired se), by seed |",
