@@ -604,6 +604,8 @@ def test_a_run_limited_in_time_fills_its_progress_bar_as_the_time_runs_out(
   (shown,) = bars
   assert result.step < 10**8 // 10
   assert shown.n == result.step and shown.totals[-1] == result.step, shown.totals
+  # Before the step is timed, no total: num_steps showed an end hours away.
+  assert 10**8 not in shown.totals and shown.totals[0] is None, shown.totals[:3]
   # Mid-run, once the step was timed, within a factor of two of where the run ended.
   middle = shown.totals[len(shown.totals) // 2]
   assert 0.5 * result.step < middle < 2 * result.step, (shown.totals, result.step)

@@ -300,12 +300,12 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
                                                   batch_size, mesh)
     run_key, eval_key = batching.split_in_two(key)
     runner = segments.SegmentRunner(objective, optimizer, batch_size, run_key, mesh=mesh,
-                                    program_steps=min(segment_steps, num_steps - start_step),
-                                    **placement)
+        program_steps=min(segment_steps, num_steps - start_step), **placement)
     record = resume_lib.Recorder(history, start_step)
     total = None if num_steps_given is None else num_steps - start_step  # None: until stopped
-    evaluations = evaluation_plan.Evaluations(
-        objective, evaluation, eval_key, record, progress_lib.elbo_bar(progress, total),
+    # No total before a timed run's step is timed: num_steps far beyond it read as hours.
+    evaluations = evaluation_plan.Evaluations(objective, evaluation, eval_key, record,
+        progress_lib.elbo_bar(progress, None if max_seconds is not None else total),
         timed=max_seconds is not None, until_stopped=max_seconds if total is None else None)
     step, periods, end = start_step, 0, num_steps  # end: earlier where max_seconds stops it
     evaluate = lambda length: evaluations.after(step, end, length, params, runner.step_seconds)
@@ -414,8 +414,7 @@ def _report(progress: bool, k_hat, diagnosis: str, trace_warnings: tuple) -> tup
 
 
 def _timing(entered: float, runner, evaluation_seconds: float) -> FitTiming:
-  """fit's :class:`FitTiming` at its return: what is not steps, compiling or evaluations
-  is setup."""
+  """fit's :class:`FitTiming` at its return (setup: not steps, compiles or evaluations)."""
   total = time.perf_counter() - entered
   return FitTiming(total, runner.step_seconds, runner.compile_seconds, evaluation_seconds,
                    total - runner.step_seconds - runner.compile_seconds - evaluation_seconds)
