@@ -945,3 +945,25 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_
   with pytest.raises(TypeError, match=r"sets \['num_steps'\] itself from seconds="):
     dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=3.0,
                       batch_size=BATCH, estimator=dsgrad.naive(), num_steps=10)
+
+
+def test_a_run_settles_without_timing_its_step_again_where_no_time_is_left():
+  """Run.settle times the step again (a race's steps shared the cores with compiles) on
+  four calls where they fit twice in the time left; where they do not (a compile took
+  the budget, or most of it, on slow steps), it steps no more: each call of a segment at
+  least ran past the budget."""
+  model = _model()
+  objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
+  contender = candidates_lib.Contender(candidates_lib.Candidate("fit_within", BATCH),
+                                       objective, dsgrad.naive())
+  run = runs_lib.Run(contender, _schedule, jax.random.key(0), params)
+  run.start(run.compile(6_400, 64))
+  run.advance(128)
+  run.advance(128)
+  budget = 6_400 * run.seconds_per_step  # the program's length fits: no recompile
+  steps = lambda: run.steps_run  # noqa: E731
+  before = steps()
+  run.settle(budget, lambda: budget - 4 * 64 * run.seconds_per_step)
+  assert steps() == before, "no time for four calls twice, yet it stepped"
+  run.settle(budget, lambda: 0.5 * budget)
+  assert steps() >= before + 4 * 64, (before, steps())

@@ -73,10 +73,9 @@ class Program(NamedTuple):
 
 
 class Run:
-  """One :class:`~dsgrad.advice.candidates.Contender`'s run with the user's
-  ``make_optimizer`` (``num_steps -> transformation``), ``key`` and starting ``params``:
-  its program, params, optimizer state, step, and its steps' seconds (compiles, setup and
-  evaluations excluded)."""
+  """One :class:`~dsgrad.advice.candidates.Contender`'s run with the user's ``make_optimizer``
+  (``num_steps -> transformation``), ``key`` and starting ``params``: its program, params,
+  optimizer state, step, and its steps' seconds (compiles, setup and evaluations excluded)."""
 
   def __init__(self, contender, make_optimizer, key, params):
     self.contender, self.make_optimizer, self.key = contender, make_optimizer, key
@@ -205,9 +204,10 @@ class Run:
     affords in ``budget``: its own or, shorter or over 25% longer with four compiles' time
     left (a compile cannot be stopped), one a tenth longer compiled in a thread as the run
     goes on; paced to end with the budget either way."""
-    if (left := budget - spent()) > 0:  # timed again: a race's steps shared the cores with
-      self.earlier_rate, self.timings = self.seconds_per_step, []  # compiles; here the median
-      for _ in range(4):  # of three warm calls, in a fifth of what is left at most
+    # Timed again where four calls of a segment or more fit twice in what is left: a race's
+    if (left := budget - spent()) > 8 * self.program.segment * self.seconds_per_step:
+      self.earlier_rate, self.timings = self.seconds_per_step, []  # steps shared the cores
+      for _ in range(4):  # with compiles; here the median of three warm calls
         self.advance(round(min(0.2, 0.05 * left) / self.seconds_per_step))
     for _ in range(2):  # the second on its own step time: longer segments run faster
       affords, program = min(int(budget / self.seconds_per_step), MAX_LENGTH), self.program
