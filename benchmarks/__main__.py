@@ -24,6 +24,7 @@ BENCHMARKS = {
     "fit-overhead": "benchmarks.fit_overhead",
     "narrow-posterior": "benchmarks.narrow_posterior",
     "schedule-free": "benchmarks.schedule_free",
+    "compile-cache": "benchmarks.compile_cache",
     "render": "benchmarks.render",
 }
 

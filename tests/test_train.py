@@ -622,3 +622,37 @@ def test_a_history_that_is_not_one_is_refused(logreg_model):
     fit([1, 2])
   with pytest.raises(ValueError, match="history's fields have different lengths"):
     fit(dsgrad.History(np.arange(2.0), np.arange(1.0), np.zeros(2), np.zeros(2)))
+
+
+_CACHED_CHILD = """
+import sys, jax, optax
+events = []
+jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
+import dsgrad
+x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(int(sys.argv[1])), 500, 4)
+objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+dsgrad.compile_fit(objective, optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
+                   dsgrad.meanfield_init(objective), jax.random.key(0), num_steps=100,
+                   batch_size=10, elbo_samples=0)
+print(events.count("/jax/compilation_cache/compile_requests_use_cache"),
+      events.count("/jax/compilation_cache/cache_hits"))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_on_other_data_of_the_same_shapes_compiles_nothing(tmp_path):
+  """JAX's persistent compilation cache serves every program of a fit in the next process
+  that builds the same model on other data of the same shapes: the data are the programs'
+  arguments, not constants folded into them (which would make every key new)."""
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  counts = []
+  for seed in (1, 2):
+    out = subprocess.run([sys.executable, "-c", _CACHED_CHILD, str(seed)], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
+    counts.append(tuple(map(int, out.stdout.split()[-2:])))
+  (requests, hits_first), (requests_again, hits) = counts
+  assert requests > 0 and hits_first == 0, counts
+  assert requests_again == requests and hits == requests, counts
