@@ -94,13 +94,22 @@ def render(record) -> str:
       lines.append(f"| {model_name} | {condition} | " + " | ".join(
           f"{r['compile_seconds'][e]:.2f}" for e in ESTIMATORS)
           + f" | {f['steps']:,} | {f['compile']:.2f} | {f['seconds']:.1f} |")
+
+  def ratio(c, *path):
+    return _at(c["cache, second run"], path) / _at(c["no cache"], path)
+
   lines += ["", "Second run against no cache: " + "; ".join(
-      f"{m}: compile " + ", ".join(
-          f"{e} {c['cache, second run']['compile_seconds'][e] / c['no cache']['compile_seconds'][e]:.2f}x"
-          for e in ESTIMATORS)
-      + f", fit_within steps {c['cache, second run']['fit_within']['steps'] / c['no cache']['fit_within']['steps']:.2f}x"
+      f"{m}: compile " + ", ".join(f"{e} {ratio(c, 'compile_seconds', e):.2f}x" for e in ESTIMATORS)
+      + f", fit_within steps {ratio(c, 'fit_within', 'steps'):.2f}x"
       for m, c in results.items()) + "."]
   return "\n".join(lines)
+
+
+def _at(tree: dict, path) -> float:
+  """The number at ``path`` (names, outermost first) in a nested dict."""
+  for name in path:
+    tree = tree[name]
+  return tree
 
 
 def main(argv=None):
