@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 
-
 from benchmarks import _report, scale_models
 
 ESTIMATORS = ("naive", "cv", "joint_svrg")

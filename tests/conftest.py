@@ -82,12 +82,13 @@ def params0():
           "log_scale": jnp.full((DIM,), -1.0, jnp.float32)}
 
 
-def run_python(script: str, timeout: float = 300) -> str:
+def run_python(script: str, timeout: float = 300, env: dict | None = None) -> str:
   """``script`` run by a fresh Python (for what one process can set only once, such as
-  ``jax_enable_x64``, or measure only from its start, such as its peak memory); its
-  stdout, after asserting that it exited cleanly (its stderr's tail as the message)."""
+  ``jax_enable_x64``, or measure only from its start, such as its peak memory), in
+  ``env`` (default: this process's); its stdout, after asserting that it exited cleanly
+  (its stderr's tail as the message)."""
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                        timeout=timeout)
+                        timeout=timeout, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
   return done.stdout
 

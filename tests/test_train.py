@@ -12,7 +12,7 @@ import pytest
 
 import dsgrad
 from dsgrad.training.batching import batch_indices
-from conftest import BATCH, N_DATA, ctrl_c_at
+from conftest import BATCH, N_DATA, ctrl_c_at, run_python
 from estimator_cases import CASES, parametrized
 
 
@@ -625,11 +625,11 @@ def test_a_history_that_is_not_one_is_refused(logreg_model):
 
 
 _CACHED_CHILD = """
-import sys, jax, optax
+import jax, optax
 events = []
 jax.monitoring.register_event_listener(lambda name, **_: events.append(name))
 import dsgrad
-x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(int(sys.argv[1])), 500, 4)
+x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key({seed}), 500, 4)
 objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
 dsgrad.compile_fit(objective, optax.chain(dsgrad.cv(objective), optax.adam(1e-2)),
                    dsgrad.meanfield_init(objective), jax.random.key(0), num_steps=100,
@@ -644,15 +644,10 @@ def test_a_second_process_on_other_data_of_the_same_shapes_compiles_nothing(tmp_
   """JAX's persistent compilation cache serves every program of a fit in the next process
   that builds the same model on other data of the same shapes: the data are the programs'
   arguments, not constants folded into them (which would make every key new)."""
-  import subprocess
-  import sys
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  counts = []
-  for seed in (1, 2):
-    out = subprocess.run([sys.executable, "-c", _CACHED_CHILD, str(seed)], env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
-    counts.append(tuple(map(int, out.stdout.split()[-2:])))
+  counts = [tuple(map(int, run_python(_CACHED_CHILD.format(seed=seed), env=env).split()[-2:]))
+            for seed in (1, 2)]
   (requests, hits_first), (requests_again, hits) = counts
   assert requests > 0 and hits_first == 0, counts
   assert requests_again == requests and hits == requests, counts
