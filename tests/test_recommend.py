@@ -646,8 +646,11 @@ def test_a_run_limited_in_time_runs_each_evaluation_once(monkeypatch):
   result = dsgrad.fit(objective, optax.chain(dsgrad.naive(), optax.adam(1e-2)), params,
                       jax.random.key(1), batch_size=BATCH, max_seconds=4.0, elbo_samples=30,
                       progress=False)
-  assert len(evaluated) >= 2 and evaluated == result.history.step.tolist(), (evaluated,
-                                                                           result.timing)
+  # A run stopped by its time limit right after an evaluation evaluates that step again,
+  # in full, and the history keeps that one (resume.Recorder.append): the one repeat
+  # allowed is of the last step, by the last evaluation.
+  once = evaluated[:-1] if evaluated[-2:-1] == evaluated[-1:] else evaluated
+  assert len(once) >= 2 and once == result.history.step.tolist(), (evaluated, result.timing)
   assert result.pareto_k is not None  # the last evaluation's draws in full
 
 
