@@ -25,6 +25,7 @@ BENCHMARKS = {
     "narrow-posterior": "benchmarks.narrow_posterior",
     "schedule-free": "benchmarks.schedule_free",
     "compile-cache": "benchmarks.compile_cache",
+    "race-rates": "benchmarks.race_rates",
     "render": "benchmarks.render",
 }
 

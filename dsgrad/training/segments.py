@@ -379,10 +379,10 @@ class SegmentRunner:
     return self.segment_compile_seconds + self.orders.compile_seconds
 
   def _indices(self, start: int, steps: int):
-    """The batch indices of the block of ``steps`` steps from ``start``."""
-    window = self.orders.window(start, steps)
-    return batching.slice_window(np.asarray(window) if self.orders.on_host else window, start,
-                                 steps, self.objective.num_data, self.batch_size)
+    """The batch indices of the block of ``steps`` steps from ``start``, from the window
+    its program takes (one stack of the orders for both)."""
+    window = self.orders.window(start, steps, self._length(steps), host=self.orders.on_host)
+    return batching.slice_window(window, start, steps, self.objective.num_data, self.batch_size)
 
   def _length(self, steps: int) -> int:
     """The length of the program that runs a block of ``steps`` steps: ``program_steps``
