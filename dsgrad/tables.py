@@ -130,7 +130,10 @@ def full_pass_chunk(data, chunk_size: int | None = None) -> int:
   """
   if chunk_size is not None:
     return int(chunk_size)
-  leaves = [x for x in jax.tree.leaves(data) if hasattr(x, "dtype") and np.ndim(x) >= 1]
+  # An array on the host (dsgrad.data.open_memmap) is a pytree whose leaf is its handle:
+  # sized as the array it stands for, or its pass read 1,024 rows a callback.
+  leaves = [x for x in jax.tree.leaves(data, is_leaf=lambda x: hasattr(x, "shape"))
+            if hasattr(x, "dtype") and len(np.shape(x)) >= 1]
   if not leaves:
     return 1_024
   row = sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape[1:])) for x in leaves)

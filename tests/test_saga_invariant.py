@@ -3,6 +3,7 @@
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -60,6 +61,20 @@ def test_a_full_pass_chunk_reads_64_mib_of_rows_between_1024_and_16384_of_them()
   assert chunk({"x": jax.ShapeDtypeStruct((100, 10**5), jnp.float32)}) == 1_024  # at least
   assert chunk(None) == 1_024  # no rows to size by
   assert chunk(images, 300) == 300  # the caller's chunk
+
+
+def test_a_full_pass_over_data_on_disk_reads_the_chunk_of_the_same_data_in_memory(tmp_path):
+  """An array on the host is a pytree whose leaf is its handle: sized by that, a pass over
+  10^7 rows on disk read 1,024 rows a callback, and joint SVRG's refresh took 11 s
+  (1.7 s in chunks of 16,384)."""
+  x = np.zeros((3_000, 8), np.float32)
+  np.save(tmp_path / "x.npy", x)
+  wide = np.zeros((3_000, 4_096), np.float32)
+  np.save(tmp_path / "wide.npy", wide)
+  chunk = dsgrad.tables.full_pass_chunk
+  assert chunk({"x": dsgrad.data.open_memmap(tmp_path / "x.npy")}) == chunk({"x": x}) == 16_384
+  assert chunk({"x": dsgrad.data.open_memmap(tmp_path / "wide.npy")}) == chunk({"x": wide}) \
+      == 64 * 2**20 // (4 * 4_096)
 
 
 def test_joint_svrg_refresh_is_the_same_mean_in_any_chunks(logreg_model):
