@@ -241,8 +241,8 @@ _shared_lock = threading.Lock()
 class EpochOrders:
   """The epoch permutations of a :func:`fit` run, each computed once on device and kept
   while segments need it (a permutation of N costs O(N log N), which per segment would
-  dominate the steps at large N), and the latest few kept for later calls with the same
-  key (:data:`SHARED_ORDERS_BYTES`). The stacked window of the latest
+  dominate the steps at large N), and those used last kept for later calls with the same
+  key (:data:`SHARED_ORDERS_BYTES`, :data:`SHARED_ORDERS_EPOCHS`). The stacked window of the latest
   epochs is kept too, placed with ``sharding`` when given (a mesh: every process holds
   the same orders), so that the blocks of one window share one copy."""
 
