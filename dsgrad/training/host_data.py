@@ -100,6 +100,11 @@ class HostSpec(NamedTuple):
   name: str
 
 
+LOOKUP_BATCHES = 4
+"""A host array's read inside a training step looks its indices up among the batch's rows
+(read ahead) where they are at most this many batches' worth (:meth:`HostArray.__getitem__`)."""
+
+
 class HostArray:
   """A per-datum array kept in host memory (or on disk, memory-mapped), never on device.
 
@@ -173,9 +178,13 @@ class HostArray:
       if index is batch_index:
         return rows  # this step's rows, already read
       index = jnp.asarray(index)
-      if index.ndim >= 1 and jnp.issubdtype(index.dtype, jnp.integer):
-        # Indices made from the batch's (e.g. the batch twice, concatenated): look them up
-        # among the rows already read; a host read only if one is not in the batch.
+      # Indices made from the batch's (e.g. the batch twice, concatenated): look them up
+      # among the rows already read; a host read only if one is not in the batch. The
+      # lookup compares every index with every batch row: for a full pass's chunk (16,384
+      # rows against a batch of 500) it found none, 1.3 s of a joint SVRG refresh of 10^7
+      # rows; more than LOOKUP_BATCHES batches' worth of indices is read from the host.
+      if (index.ndim >= 1 and jnp.issubdtype(index.dtype, jnp.integer)
+          and index.size <= LOOKUP_BATCHES * batch_index.size):
         match = index[..., None] == batch_index
         found = jnp.all(jnp.any(match, axis=-1))
         return jax.lax.cond(found, lambda: rows[jnp.argmax(match, axis=-1)],
