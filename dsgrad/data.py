@@ -27,6 +27,7 @@ import numpy as np
 
 from dsgrad import checks, data_kinds, data_values
 from dsgrad.data_values import check_no_number_lists  # noqa: F401  (re-exported)
+from dsgrad.training import host_data
 from dsgrad.training.host_data import (HostArray, HostSpec, RowReader, on_device,  # noqa: F401
                                       open_memmap, read_rows)
 
@@ -70,13 +71,36 @@ def rows_of(data, indices, contiguous: bool = False):
   a survival model (40 ns a row against 20)."""
   if data is None:
     return indices
+  leaves, treedef = jax.tree.flatten(data, is_leaf=is_host)
+  together = _read_together(leaves, indices)
 
-  def read(leaf):
+  def read(k, leaf):
+    if k in together:
+      return together[k]
     if contiguous and not is_host(leaf):
       return jax.lax.dynamic_slice_in_dim(leaf, indices[0], indices.shape[0])
     return leaf[indices]
 
-  return jax.tree.map(read, data, is_leaf=is_host)
+  return jax.tree.unflatten(treedef, [read(k, leaf) for k, leaf in enumerate(leaves)])
+
+
+def _read_together(leaves, indices) -> dict:
+  """``{position: rows}`` of the host leaves that a program reads from the host at
+  ``indices``, in one callback: one per leaf cost about 0.16 ms each on a CPU, and an
+  ELBO evaluation of 10^7 rows of four columns on disk made ten thousand of them."""
+  if not isinstance(indices, jax.core.Tracer) or not jnp.issubdtype(indices.dtype, jnp.integer):
+    return {}
+  host = {k: leaf for k, leaf in enumerate(leaves) if is_host(leaf) and (
+      leaf.batch is None or (indices is not leaf.batch[0] and indices.size
+                             > host_data.LOOKUP_BATCHES * leaf.batch[0].size))}
+  if len(host) < 2:
+    return {}
+  shapes = tuple(jax.ShapeDtypeStruct(indices.shape + leaf.shape[1:], leaf.dtype)
+                 for leaf in host.values())
+  rows = jax.pure_callback(
+      lambda handles, idx: tuple(host_data.host_gather(h, idx) for h in handles), shapes,
+      tuple(leaf.handle for leaf in host.values()), indices, vmap_method="expand_dims")
+  return dict(zip(host, rows))
 
 
 # Rows read outside a program, as one: each leaf's gather would compile on its own (22

@@ -696,3 +696,25 @@ def test_a_step_looks_up_only_a_few_batches_of_indices_among_its_rows_read_ahead
     np.testing.assert_array_equal(jax.jit(read, static_argnums=3)(*args, make_index), expected)
     assert ("cond" in str(jax.make_jaxpr(read, static_argnums=3)(*args, make_index))) \
         == looked_up
+
+
+def test_the_columns_of_data_on_disk_are_read_in_one_callback(tmp_path):
+  """A pass over data on disk reads each chunk's rows of every column: one host callback
+  per column cost about 0.16 ms each (an ELBO of 10^7 rows of four columns: 2.4 s against
+  1.6 s in one callback a chunk)."""
+  x = np.arange(600, dtype=np.float32).reshape(200, 3)
+  g = (np.arange(200) % 7).astype(np.int32)
+  np.save(tmp_path / "x.npy", x)
+  np.save(tmp_path / "g.npy", g)
+  data = {"x": data_lib.open_memmap(tmp_path / "x.npy"),
+          "g": data_lib.open_memmap(tmp_path / "g.npy"), "w": jnp.ones(200)}
+  indices = jnp.arange(40, 90, dtype=jnp.int32)
+  read = lambda data, idx: data_lib.rows_of(data, idx, contiguous=True)  # noqa: E731
+  rows = jax.jit(read)(data, indices)
+  np.testing.assert_array_equal(rows["x"], x[40:90])
+  np.testing.assert_array_equal(rows["g"], g[40:90])
+  assert str(jax.make_jaxpr(read)(data, indices)).count("pure_callback") == 1
+  # Under vmap too (a chunk's draws), each column's rows where they belong.
+  twice = jax.jit(jax.vmap(read, in_axes=(None, 0)))(data, jnp.stack([indices, indices + 100]))
+  np.testing.assert_array_equal(twice["x"][1], x[140:190])
+  np.testing.assert_array_equal(twice["g"][1], g[140:190])
