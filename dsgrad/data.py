@@ -90,9 +90,8 @@ def _read_together(leaves, indices) -> dict:
   ELBO evaluation of 10^7 rows of four columns on disk made ten thousand of them."""
   if not isinstance(indices, jax.core.Tracer) or not jnp.issubdtype(indices.dtype, jnp.integer):
     return {}
-  host = {k: leaf for k, leaf in enumerate(leaves) if is_host(leaf) and (
-      leaf.batch is None or (indices is not leaf.batch[0] and indices.size
-                             > host_data.LOOKUP_BATCHES * leaf.batch[0].size))}
+  host = {k: leaf for k, leaf in enumerate(leaves)
+          if is_host(leaf) and not leaf.from_batch(indices)}
   if len(host) < 2:
     return {}
   shapes = tuple(jax.ShapeDtypeStruct(indices.shape + leaf.shape[1:], leaf.dtype)

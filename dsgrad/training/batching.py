@@ -320,9 +320,11 @@ class EpochOrders:
     if self.on_host:  # aligned as XLA wants its arguments: device_put then copies nothing
       on_host = np.stack(epochs, out=host_data.aligned_empty(
           (len(epochs),) + epochs[0].shape, epochs[0].dtype))
-    stacked = jax.device_put(on_host) if self.on_host else jnp.stack(epochs)
-    if self.sharding is not None:
-      stacked = jax.device_put(np.asarray(stacked), self.sharding)
+      stacked = jax.device_put(on_host, self.sharding)  # None: the default device
+    else:
+      stacked = jnp.stack(epochs)
+      if self.sharding is not None:
+        stacked = jax.device_put(np.asarray(stacked), self.sharding)
     self.stacked = ((wanted, rows), stacked, on_host)
     return on_host if host else stacked
 
