@@ -34,17 +34,20 @@ COLUMNS = ("x", "region", "log_exposure", "y")
 
 
 def write_data(folder: str, num_data: int, seed: int = 0) -> None:
-  """The model's columns as ``.npy`` files in ``folder`` (skipped where already there)."""
+  """The model's columns as ``.npy`` files in ``folder`` (skipped where already there),
+  each written as a part file and renamed once complete: a run stopped while writing
+  leaves no file of zero rows to be read as data by the next."""
   import numpy as np
-  if all(os.path.exists(os.path.join(folder, f"{c}-{num_data}.npy")) for c in COLUMNS):
+  paths = {c: os.path.join(folder, f"{c}-{num_data}.npy") for c in COLUMNS}
+  if all(os.path.exists(path) for path in paths.values()):
     return
   rng = np.random.default_rng(seed)
   beta = rng.normal(size=NUM_FEATURES) * 0.2
   effect = rng.normal(size=NUM_REGIONS) * 0.4
   shapes = {"x": ((num_data, NUM_FEATURES), np.float32), "region": ((num_data,), np.int32),
             "log_exposure": ((num_data,), np.float32), "y": ((num_data,), np.int32)}
-  files = {c: np.lib.format.open_memmap(os.path.join(folder, f"{c}-{num_data}.npy"), "w+",
-                                        dtype, shape) for c, (shape, dtype) in shapes.items()}
+  files = {c: np.lib.format.open_memmap(paths[c] + ".part.npy", "w+", dtype, shape)
+           for c, (shape, dtype) in shapes.items()}
   for start in range(0, num_data, 1_000_000):
     n = min(1_000_000, num_data - start)
     x = rng.normal(size=(n, NUM_FEATURES)).astype(np.float32)
@@ -54,8 +57,9 @@ def write_data(folder: str, num_data: int, seed: int = 0) -> None:
             "y": rng.poisson(np.exp(x @ beta + effect[region] + offset))}
     for c, array in files.items():
       array[start:start + n] = rows[c]
-  for array in files.values():
+  for c, array in files.items():
     array.flush()
+    os.replace(paths[c] + ".part.npy", paths[c])
 
 
 def objective(folder: str, num_data: int):
