@@ -26,13 +26,22 @@ for task in glob.glob("/proc/self/task/*"):
   with open(task + "/comm") as f:
     name = f.read().strip()
   threads.setdefault(name, []).append(sorted(os.sched_getaffinity(int(os.path.basename(task)))))
+import warnings, jax, optax
+x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective), jax.random.key(1),
+             num_steps=4, batch_size=10, elbo_samples=0, progress=False)
+warned = [str(w.message) for w in caught]
 try:
   dsgrad.pin_xla_threads(1)
   again = None
 except RuntimeError as error:
   again = str(error)
 print(json.dumps(dict(before=before, chosen=chosen, after=sorted(os.sched_getaffinity(0)),
-                      total=total, threads=threads, again=again)))
+                      total=total, threads=threads, again=again,
+                      warned=warned)))
 """
 
 
@@ -59,6 +68,42 @@ def test_xla_threads_run_on_the_chosen_core_and_every_other_thread_on_all():
   assert others and all(mask == out["before"] for mask in others)
   # A second call cannot resize a pool that has started, and says so.
   assert "already started" in out["again"]
+  assert out["warned"] == []                    # a pool sized by the caller is not warned of
+
+
+UNPINNED = r"""
+import json, os, warnings
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # a 2-core machine
+import jax, optax, dsgrad
+x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
+objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  for _ in range(2):
+    dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective), jax.random.key(1),
+               num_steps=4, batch_size=10, elbo_samples=0, progress=False)
+print(json.dumps([(w.category.__name__, str(w.message), os.path.basename(w.filename))
+                  for w in caught]))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no pool to split")
+def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy():
+  warned = _run(UNPINNED)
+  assert len(warned) == 1, warned               # two fits, one warning a process
+  category, message, where = warned[0]
+  assert category == "SplitPoolWarning"
+  assert "2 threads on this 2-core machine" in message
+  assert "dsgrad.pin_xla_threads(1)" in message
+  assert where == "<string>"                    # the caller's line, not dsgrad's
+
+
+def test_only_a_cpu_pool_of_several_threads_on_a_small_machine_is_warned_of():
+  message = dsgrad.training.cpu_threads.split_pool_message
+  assert "pin_xla_threads(1)" in message(2, 2, "cpu")
+  assert message(1, 2, "cpu") is None           # narrowed: nothing to split
+  assert message(16, 16, "cpu") is None         # a larger machine: not measured here
+  assert message(2, 2, "gpu") is None           # the GPU's steps do not run on the pool
 
 
 @pytest.mark.parametrize("cores", [0, -1, 1.0, True, "1", 10**6])

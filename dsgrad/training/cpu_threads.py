@@ -11,11 +11,16 @@ the thread that creates them, so starting the client while this thread is narrow
 XLA a pool of that size on those cores. Then every thread but that pool gets its cores
 back: this thread, and the client's others (left on the pool's core, a program compiled
 beside a run took more than twice as long and slowed the run's steps).
+
+A process that did not narrow the pool on such a machine is told so once, by the first
+:func:`dsgrad.fit` (:func:`warn_if_split`): its steps are slower and their times uneven,
+which also misleads any advice timed on them.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 
@@ -25,6 +30,53 @@ POOL_THREAD_NAME = "tf_XLAEigen"
 """The name XLA's CPU client gives the threads of its compute pool (TSL's ``XLAEigen``
 pool), as Linux shows it in ``/proc/self/task/<id>/comm``."""
 _TASKS = "/proc/self/task"
+SMALL_MACHINE_CORES = 2
+"""Processes on at most this many cores are warned of a split pool: measured on 2
+(``python -m benchmarks two-threads``: the hierarchical model's gradient 41-47 ms a call
+split over two threads, 0.43-0.71 ms with a pool of one). Whether a split pays on more
+cores is not measured here."""
+_warned = False  # once a process: its pool does not change after the client starts
+
+
+class SplitPoolWarning(UserWarning):
+  """XLA's CPU compute pool spans every core of a small machine (see :func:`warn_if_split`)."""
+
+
+def split_pool_message(pool_threads: int, cores: int, backend: str) -> str | None:
+  """Why a process should narrow XLA's compute pool, or None: a CPU backend whose pool has
+  more than one thread, on at most :data:`SMALL_MACHINE_CORES` cores."""
+  if backend != "cpu" or pool_threads <= 1 or cores > SMALL_MACHINE_CORES:
+    return None
+  return (f"XLA's CPU compute pool has {pool_threads} threads on this {cores}-core machine "
+          "and splits a step's large loops over them: on 2-core machines a compiled step then "
+          "took several times its time on one thread, varying from call to call (dsgrad's "
+          "docs/benchmarks.md, 'Whether a step repeats'), which also misleads what is timed on "
+          "it (dsgrad.recommend's race, fit_within's pace). Call dsgrad.pin_xla_threads(1) "
+          "first in your program, before any JAX array is created")
+
+
+def warn_if_split() -> None:
+  """Warns (:class:`SplitPoolWarning`), once a process, where :func:`split_pool_message`
+  says so of this process's pool (not where :func:`pin_xla_threads` sized it)."""
+  global _warned
+  if _warned or not hasattr(os, "sched_getaffinity"):
+    return
+  _warned = True
+  pool = sum(name == POOL_THREAD_NAME for name in _names(_threads()).values())
+  if message := split_pool_message(pool, len(os.sched_getaffinity(0)), jax.default_backend()):
+    warnings.warn(message, SplitPoolWarning, stacklevel=4)  # fit's caller
+
+
+def _names(thread_ids) -> dict:
+  """``{thread id: its name}`` (a thread that ended meanwhile is left out)."""
+  names = {}
+  for tid in thread_ids:
+    try:
+      with open(os.path.join(_TASKS, tid, "comm")) as f:
+        names[tid] = f.read().strip()
+    except OSError:
+      pass
+  return names
 
 
 def _threads() -> set:
@@ -38,13 +90,7 @@ def _release(thread_ids, cores) -> None:
   """Gives every thread of ``thread_ids`` but the compute pool's ``cores`` (a thread that
   ends meanwhile is skipped); where no pool thread is named as expected, all stay where
   they are: narrowed is slower to compile but never split."""
-  names = {}
-  for tid in thread_ids:
-    try:
-      with open(os.path.join(_TASKS, tid, "comm")) as f:
-        names[tid] = f.read().strip()
-    except OSError:
-      pass
+  names = _names(thread_ids)
   if POOL_THREAD_NAME not in names.values():
     return
   for tid, name in names.items():
@@ -106,6 +152,8 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
                        "thread pool is already sized; call it first in the program, "
                        "before any JAX array is created")
   chosen = frozenset(available[:cores])
+  global _warned
+  _warned = True  # the pool's size is the caller's choice
   before = _threads()
   os.sched_setaffinity(0, chosen)
   try:

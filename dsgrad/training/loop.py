@@ -33,7 +33,8 @@ from dsgrad import checks, elbo_estimates, elbo_trust, psis
 from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
 from dsgrad.objective import Objective
-from dsgrad.training import batching, checkpoint as checkpoint_lib, evaluation_plan, parallel
+from dsgrad.training import batching, checkpoint as checkpoint_lib, cpu_threads, evaluation_plan
+from dsgrad.training import parallel
 from dsgrad.training import host_data, progress as progress_lib, resume as resume_lib, segments
 from dsgrad.training.progress import Interrupted
 # Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
@@ -280,6 +281,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
   """
   entered = time.perf_counter()
   _check_fit_arguments(objective, batch_size, checkpoint_path, resume, start_step, checkpoint_every)
+  cpu_threads.warn_if_split()
   # One run writes a checkpoint path at a time: a second would overwrite its files.
   with checks.plain_errors(), (checkpoint_lib.exclusive(checkpoint_path)
                                 if checkpoint_path is not None else contextlib.nullcontext()):
@@ -333,8 +335,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
                                 settings=settings)
     except (segments.NonFiniteStep, elbo_estimates.NonFiniteELBO) as error:
       failed_at = error.step if isinstance(error, segments.NonFiniteStep) else step
-      elbo_trust.note_divergence(error, objective, start_params, eval_key,
-                                 failed_at - start_step)
+      elbo_trust.note_divergence(error, objective, start_params, eval_key, failed_at - start_step)
       raise
     except KeyboardInterrupt:
       evaluations.bar(0, step, None, None, close=True)
@@ -468,8 +469,7 @@ def _plan(objective: Objective, batch_size: int, num_steps, eval_every, elbo_sam
           segment_steps, max_seconds=None) -> tuple:
   """``(evaluation plan, steps per segment)``: of ``eval_every`` steps, or ``segment_steps``
   (at most 4,096 with only ``max_seconds``: the first segment runs before a step is timed)."""
-  plan = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every,
-                              elbo_samples)
+  plan = evaluation_plan.plan(objective.num_data, batch_size, num_steps, eval_every, elbo_samples)
   if segment_steps is None and eval_every is None and max_seconds is not None:
     segment_steps = min(plan.eval_every, 4096)
   elif segment_steps is None:
