@@ -79,18 +79,25 @@ x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
 objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
 with warnings.catch_warnings(record=True) as caught:
   warnings.simplefilter("always")
-  for _ in range(2):
-    dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective), jax.random.key(1),
-               num_steps=4, batch_size=10, elbo_samples=0, progress=False)
+  if ENTRY == "fit":
+    for _ in range(2):
+      dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective),
+                 jax.random.key(1), num_steps=4, batch_size=10, elbo_samples=0, progress=False)
+  else:  # the advice warns before it times a step, and its fit not again
+    dsgrad.recommend(objective, lambda n: optax.adam(1e-2), dsgrad.meanfield_init(objective),
+                     jax.random.key(1), batch_size=10, budget=1.0, progress=False).fit(
+                         progress=False)
 print(json.dumps([(w.category.__name__, str(w.message), os.path.basename(w.filename))
                   for w in caught]))
 """
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no pool to split")
-def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy():
-  warned = _run(UNPINNED)
-  assert len(warned) == 1, warned               # two fits, one warning a process
+@pytest.mark.parametrize("entry", ["fit", "recommend"])
+def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy(entry):
+  warned = _run(f"ENTRY = {entry!r}\n" + UNPINNED)
+  warned = [w for w in warned if w[0] == "SplitPoolWarning" or "Split" in w[1]]
+  assert len(warned) == 1, warned               # several fits, one warning a process
   category, message, where = warned[0]
   assert category == "SplitPoolWarning"
   assert "2 threads on this 2-core machine" in message

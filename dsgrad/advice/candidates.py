@@ -104,8 +104,7 @@ def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Cont
     if name == "rqmc" and getattr(objective.noise_fn, "gaussian", None) is None:
       raise ValueError("the noise is not dsgrad.gaussian_noise")
     return Contender(candidate, noise_lib.multi_sample(
-        objective, candidate.samples_per_datum, sampler="rqmc" if name == "rqmc" else "mc"),
-        naive)
+        objective, candidate.samples_per_datum, sampler="rqmc" if name == "rqmc" else "mc"), naive)
   source = objective.source or ()
   if name == "path_derivative":
     if source[:1] != ("meanfield_gaussian",):
