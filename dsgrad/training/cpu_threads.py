@@ -13,8 +13,9 @@ back: this thread, and the client's others (left on the pool's core, a program c
 beside a run took more than twice as long and slowed the run's steps).
 
 A process that did not narrow the pool on such a machine is told so once, by the first
-:func:`dsgrad.fit` (:func:`warn_if_split`): its steps are slower and their times uneven,
-which also misleads any advice timed on them.
+:func:`dsgrad.fit`, :func:`dsgrad.recommend` or :func:`dsgrad.fit_within`
+(:func:`warn_if_split`): its steps are slower and their times uneven, which also misleads
+any advice timed on them.
 """
 
 from __future__ import annotations
