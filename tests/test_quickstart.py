@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 def test_quickstart_runs(tmp_path, capsys):
   import logistic_regression as quickstart
   results = quickstart.main(["--steps", "60", "--batch-size", "10", "--seeds", "2",
-                             "--lrs", "1e-3", "--no-progress", "--out", str(tmp_path)])
+                             "--lrs", "1e-3", "--no-progress", "--all-cores", "--out", str(tmp_path)])
   with open(tmp_path / "results.json") as f:
     saved = json.load(f)
   assert set(saved["results"]) == {"naive", "cv", "inc", "joint_svrg", "joint_saga"}
