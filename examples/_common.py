@@ -20,7 +20,9 @@ def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
     return
   os.makedirs(checkpoint_dir, exist_ok=True)
   path = os.path.join(checkpoint_dir, "config.json")
-  config = json.loads(json.dumps(config))  # normalize tuples and numbers
+  # Where XLA's threads run is no setting of the runs: a directory written before the flag
+  # existed, or with it, resumes either way.
+  config = json.loads(json.dumps({k: v for k, v in config.items() if k != "all_cores"}))
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)

@@ -69,3 +69,13 @@ def test_main_job_runs_at_a_small_size(tmp_path, capsys):
   assert hand["vs_hand"] == 0.0 and hand["reached_seconds"] <= hand["seconds"] + 1e-9
   out = capsys.readouterr().out
   assert "reached target" in out and "joint_svrg" in out
+
+
+def test_checkpoints_written_before_the_all_cores_flag_still_resume(tmp_path):
+  from _common import check_checkpoint_config
+  before = {"seed": 0, "lrs": "1e-3", "dataset": "breast_cancer"}
+  check_checkpoint_config(str(tmp_path), before)            # written by an older version
+  check_checkpoint_config(str(tmp_path), {**before, "all_cores": False})  # resumes
+  check_checkpoint_config(str(tmp_path), {**before, "all_cores": True})
+  with pytest.raises(SystemExit, match="other settings"):   # a setting of the runs does not
+    check_checkpoint_config(str(tmp_path), {**before, "seed": 1})
