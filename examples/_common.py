@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import dsgrad
 from dsgrad import command_line
 
 
@@ -36,9 +37,25 @@ def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
     json.dump(config, f, indent=1)
 
 
+def add_all_cores_flag(parser) -> None:
+  """``--all-cores``: what :func:`place_xla_threads` leaves as it is."""
+  parser.add_argument("--all-cores", action="store_true",
+                      help="let XLA's threads use every core (default: one, as the main job "
+                           "does: dsgrad.pin_xla_threads(1))")
+
+
+def place_xla_threads(args) -> None:
+  """XLA's compute threads on one core (``dsgrad.pin_xla_threads(1)``) unless
+  ``--all-cores``: on 2-core machines a pool split over both made the same step slower and
+  its time uneven. Call it after the arguments are checked, before any JAX array exists."""
+  if not args.all_cores and hasattr(os, "sched_setaffinity"):
+    dsgrad.pin_xla_threads(1)
+
+
 def add_run_flags(parser, *, steps: int, eval_every: int, batch_size: int, out: str):
   """The flags every training example shares: steps, evaluation interval, batch size,
-  seed, output folder."""
+  seed, output folder, ``--all-cores``."""
+  add_all_cores_flag(parser)
   parser.add_argument("--steps", type=command_line.count(1), default=steps,
                       help="optimization steps per run")
   parser.add_argument("--eval-every", type=command_line.count(1), default=eval_every,

@@ -29,7 +29,8 @@ from flax import nnx
 
 import dsgrad
 from dsgrad import command_line
-from _common import add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph
+from _common import (add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph,
+                     place_xla_threads)
 from dsgrad.training import checkpoint
 
 
@@ -286,6 +287,7 @@ def main(argv=None):
     parser.error("--steps must be a multiple of --eval-every")
   if args.lenet_epochs is None:
     args.lenet_epochs = 5 if args.dataset == "cifar10" else 30
+  place_xla_threads(args)
 
   check_checkpoint_config(args.checkpoint_dir, {
       k: v for k, v in vars(args).items() if k not in ("steps", "out", "checkpoint_dir",

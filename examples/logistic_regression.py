@@ -30,7 +30,7 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from _common import check_checkpoint_config, first_paragraph
+from _common import add_all_cores_flag, check_checkpoint_config, first_paragraph, place_xla_threads
 from dsgrad.diagnostics import elbo, estimator_samples, total_variance
 from dsgrad.datasets import load_australian, load_sonar, standardize
 from dsgrad.models import logistic_regression
@@ -100,9 +100,7 @@ def main(argv=None):
   parser.add_argument("--checkpoint-dir", type=command_line.folder(), default=None,
                       help="save every run here; a rerun resumes where it stopped")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-  parser.add_argument("--all-cores", action="store_true",
-                      help="let XLA's threads use every core (default: one, as the main job "
-                           "does: dsgrad.pin_xla_threads(1))")
+  add_all_cores_flag(parser)
   parser.add_argument("--out", type=command_line.folder(),
                       default=os.path.join("results", "logistic_regression"),
                       help="folder for results.json and the figures")
@@ -111,8 +109,7 @@ def main(argv=None):
   if args.tune_seed in seeds:
     parser.error("--tune-seed must not be one of the reported seeds")
   lrs = [float(v) for v in args.lrs.split(",")]
-  if not args.all_cores and hasattr(os, "sched_setaffinity"):
-    dsgrad.pin_xla_threads(1)  # before JAX starts its CPU client: its timings are compared
+  place_xla_threads(args)  # before JAX starts its CPU client: its timings are compared
 
   x, y = load(args.dataset, args.data_dir)
   model = logistic_regression(x, y, name=args.dataset)

@@ -26,7 +26,7 @@ from flax import nnx
 
 import dsgrad
 from dsgrad import command_line
-from _common import check_checkpoint_config, first_paragraph
+from _common import add_all_cores_flag, check_checkpoint_config, first_paragraph, place_xla_threads
 from dsgrad import mcvae
 
 METHODS = {  # name -> MonteCarloVAE settings (the paper's rows of Table 1)
@@ -243,6 +243,7 @@ def main(argv=None):
                       help="save every training stage here; a rerun resumes where it stopped")
   parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                       help="progress bars")
+  add_all_cores_flag(parser)
   args = parser.parse_args(argv)
   names = [m.strip() for m in args.methods.split(",")]
   if not names or set(names) - set(METHODS):
@@ -253,6 +254,7 @@ def main(argv=None):
     parser.error("--epochs must be positive")
   if args.latent_dim is None:
     args.latent_dim = 8 if args.dataset == "digits" else 64
+  place_xla_threads(args)
   check_checkpoint_config(args.checkpoint_dir, {
       k: v for k, v in vars(args).items()
       if k not in ("epochs", "out", "checkpoint_dir", "methods", "progress")})

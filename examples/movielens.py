@@ -27,7 +27,8 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from _common import add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo, first_paragraph
+from _common import (add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo,
+                     first_paragraph, place_xla_threads)
 from dsgrad.models.movielens import movielens_latent
 
 
@@ -110,6 +111,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
+  place_xla_threads(args)
   check_checkpoint_config(args.checkpoint_dir, {
       k: v for k, v in vars(args).items()
       if k not in ("steps", "out", "checkpoint_dir", "estimators", "no_progress")})

