@@ -451,7 +451,7 @@ def test_example_runs_end_to_end(tmp_path):
 
   import numpyro_model as example
   rows = example.main(["--synthetic", "--users", "6", "--steps", "10", "--eval-every", "10",
-                       "--elbo-samples", "10", "--estimators", "naive",
+                       "--elbo-samples", "10", "--estimators", "naive", "--all-cores",
                        "--out", str(tmp_path)])
   with open(tmp_path / "results.json") as f:
     saved = json.load(f)
