@@ -83,6 +83,13 @@ with warnings.catch_warnings(record=True) as caught:
     for _ in range(2):
       dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective),
                  jax.random.key(1), num_steps=4, batch_size=10, elbo_samples=0, progress=False)
+  elif ENTRY == "run_chain":  # an MCMC chain, timed as a run's steps are
+    theta, model = jax.numpy.zeros(3), dsgrad.models.logistic_regression(x, y)
+    algorithm = dsgrad.mcmc.sgld(model, dsgrad.mcmc.taylor_proxy(model, theta),
+                                 step_size=1e-3, subsample_size=10)
+    for _ in range(2):
+      dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step, algorithm.init(theta, None), 4,
+                            progress=False)
   else:  # the advice warns before it times a step, and its fit not again
     dsgrad.recommend(objective, lambda n: optax.adam(1e-2), dsgrad.meanfield_init(objective),
                      jax.random.key(1), batch_size=10, budget=1.0, progress=False).fit(
@@ -93,7 +100,7 @@ print(json.dumps([(w.category.__name__, str(w.message), os.path.basename(w.filen
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no pool to split")
-@pytest.mark.parametrize("entry", ["fit", "recommend"])
+@pytest.mark.parametrize("entry", ["fit", "recommend", "run_chain"])
 def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy(entry):
   warned = _run(f"ENTRY = {entry!r}\n" + UNPINNED)
   warned = [w for w in warned if w[0] == "SplitPoolWarning" or "Split" in w[1]]

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsgrad import checks
-from dsgrad.training import compile_cache, host_data
+from dsgrad.training import compile_cache, cpu_threads, host_data
 from dsgrad.training import progress as progress_lib
 from dsgrad.training.progress import Interrupted
 
@@ -36,6 +36,7 @@ def run_chain(key, step, state, num_samples: int, *, chunk_size: int = 200, mode
     seconds)``; compilation (one program for all chunks; none where an earlier chain with
     the same ``step`` and shapes compiled it) is excluded from ``seconds``.
   """
+  cpu_threads.warn_if_split()  # the chain's seconds are timed on the pool
   if position is None:
     if not hasattr(state, "position"):
       raise TypeError(

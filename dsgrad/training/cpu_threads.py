@@ -13,9 +13,9 @@ back: this thread, and the client's others (left on the pool's core, a program c
 beside a run took more than twice as long and slowed the run's steps).
 
 A process that did not narrow the pool on such a machine is told so once, by the first
-:func:`dsgrad.fit`, :func:`dsgrad.recommend` or :func:`dsgrad.fit_within`
-(:func:`warn_if_split`): its steps are slower and their times uneven, which also misleads
-any advice timed on them.
+:func:`dsgrad.fit`, :func:`dsgrad.recommend`, :func:`dsgrad.fit_within` or
+:func:`dsgrad.mcmc.run_chain` (:func:`warn_if_split`): its steps are slower and their
+times uneven, which also misleads any advice timed on them.
 """
 
 from __future__ import annotations
@@ -58,14 +58,15 @@ def split_pool_message(pool_threads: int, cores: int, backend: str) -> str | Non
 
 def warn_if_split() -> None:
   """Warns (:class:`SplitPoolWarning`), once a process, where :func:`split_pool_message`
-  says so of this process's pool (not where :func:`pin_xla_threads` sized it)."""
+  says so of this process's pool (not where :func:`pin_xla_threads` sized it), at the line
+  that called the entry (fit, recommend, ...: each wrapped by ``checks.arguments``)."""
   global _warned
   if _warned or not hasattr(os, "sched_getaffinity"):
     return
   _warned = True
   pool = sum(name == POOL_THREAD_NAME for name in _names(_threads()).values())
   if message := split_pool_message(pool, len(os.sched_getaffinity(0)), jax.default_backend()):
-    warnings.warn(message, SplitPoolWarning, stacklevel=4)  # fit's caller
+    warnings.warn(message, SplitPoolWarning, stacklevel=4)  # warn_if_split, entry, wrapper
 
 
 def _names(thread_ids) -> dict:
