@@ -40,16 +40,18 @@ def check_checkpoint_config(checkpoint_dir: str | None, config: dict) -> None:
 def add_all_cores_flag(parser) -> None:
   """``--all-cores``: what :func:`place_xla_threads` leaves as it is."""
   parser.add_argument("--all-cores", action="store_true",
-                      help="let XLA's threads use every core (default: one, as the main job "
-                           "does: dsgrad.pin_xla_threads(1))")
+                      help="let XLA's threads use every core (default: one, "
+                           "dsgrad.pin_xla_threads(1))")
 
 
-def place_xla_threads(args) -> None:
+def place_xla_threads(args) -> int | None:
   """XLA's compute threads on one core (``dsgrad.pin_xla_threads(1)``) unless
   ``--all-cores``: on 2-core machines a pool split over both made the same step slower and
-  its time uneven. Call it after the arguments are checked, before any JAX array exists."""
+  its time uneven. Call it after the arguments are checked, before any JAX array exists.
+  Returns how many cores the pool was given, or None where it was left as it is."""
   if not args.all_cores and hasattr(os, "sched_setaffinity"):
-    dsgrad.pin_xla_threads(1)
+    return len(dsgrad.pin_xla_threads(1))
+  return None
 
 
 def add_run_flags(parser, *, steps: int, eval_every: int, batch_size: int, out: str):

@@ -53,7 +53,7 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from _common import first_paragraph
+from _common import add_all_cores_flag, first_paragraph, place_xla_threads
 
 PIECES = 8
 """ELBO estimates per run (after each eighth of its steps)."""
@@ -211,16 +211,11 @@ def main(argv=None):
                            "for the hand loop on a seed it does not report)")
   parser.add_argument("--seed", type=command_line.count(0),
                       default=0, help="seed of the batches and noise")
-  parser.add_argument("--all-cores", action="store_true",
-                      help="let XLA's threads use every core (default: one; see the module's "
-                           "docstring)")
+  add_all_cores_flag(parser)  # why one core: the module's docstring
   parser.add_argument("--out", type=command_line.folder(),
                       default=os.path.join("results", "hierarchical_logistic"))
   args = parser.parse_args(argv)
-  xla_cores = None
-  if not args.all_cores and hasattr(os, "sched_setaffinity"):
-    # Before JAX starts its CPU client, which sizes its thread pool when it starts.
-    xla_cores = len(dsgrad.pin_xla_threads(1))
+  xla_cores = place_xla_threads(args)
   os.makedirs(args.out, exist_ok=True)
   started = time.perf_counter()
 
