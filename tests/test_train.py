@@ -275,9 +275,10 @@ def test_default_evaluations_cost_a_tenth_of_the_steps_and_the_last_is_in_full(
   # ratios, the k-hat of this evaluation): the last's.
   assert evaluated == [((2, 30), (True, False)), ((2, 30), (True, False)),
                        ((30, 30), (True, True))]
-  # One program: the evaluations of 2 draws run on the last's, which also gives PSIS's
-  # log ratios (a program of their own compiled as long again).
-  assert traced == [30]
+  # One program: the evaluations of 2 draws run on the last's (of at least the default
+  # draws, shared with other runs), which also gives PSIS's log ratios (a program of
+  # their own compiled as long again).
+  assert traced == [max(30, dsgrad.elbo_estimates.SHARED_PROGRAM_DRAWS)]
   value, se = dsgrad.elbo(objective, whole.params,
                           jax.random.fold_in(jax.random.split(key)[1], 15_000), 30)
   np.testing.assert_allclose([whole.history.elbo[-1], whole.history.elbo_se[-1]],
@@ -307,6 +308,29 @@ def test_a_run_limited_in_time_prices_no_compile_for_a_last_evaluation_it_shares
   assert evaluations.last_seconds() == pytest.approx(1.5 * 0.1 / 2 * 30)
   monkeypatch.setattr(dsgrad.data, "host_leaves", lambda objective: {"x": None})  # on disk
   assert evaluations.last_seconds() == pytest.approx(1.0 + 1.5 * 0.1 / 2 * 30)
+
+
+def test_runs_of_fewer_draws_evaluate_on_the_default_runs_program(logreg_model, params0):
+  """A run whose evaluations take two draws (the first part of a paced run) and a run of
+  the default draws, on one objective in memory, share one ELBO program: the second
+  compiled its own (0.6 s on 10^6 rows). The two-draw run's last estimate is dsgrad.elbo's
+  for its key, as the default run's is."""
+  from dsgrad.training import compile_cache
+  objective = dsgrad.meanfield_gaussian(logreg_model)
+  elbo_programs = lambda: sum(key[0] == "elbo_draws" for key in compile_cache._PROGRAMS)
+  compile_cache.clear()
+  settings = dict(num_steps=40, batch_size=BATCH, eval_every=20, progress=False)
+  optimizer = optax.chain(dsgrad.naive(), optax.adam(1e-2))
+  key = jax.random.key(1)
+  few = dsgrad.fit(objective, optimizer, params0, key, elbo_samples=2, **settings)
+  assert elbo_programs() == 1
+  default = dsgrad.fit(objective, optimizer, params0, key, **settings)
+  assert elbo_programs() == 1, "the default run compiled an ELBO program of its own"
+  evaluation_key = jax.random.fold_in(jax.random.split(key)[1], 40)  # fit's, at its end
+  for result, draws in ((few, 2), (default, 100)):
+    np.testing.assert_allclose(
+        [result.history.elbo[-1], result.history.elbo_se[-1]],
+        dsgrad.elbo(objective, result.params, evaluation_key, draws), rtol=1e-6)
 
 
 def test_a_run_limited_in_time_keeps_the_last_evaluations_time_once_kept(logreg_model):

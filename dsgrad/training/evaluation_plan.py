@@ -28,8 +28,9 @@ from typing import NamedTuple
 from dsgrad import elbo_estimates, psis
 from dsgrad.training import batching
 
-DEFAULT_ELBO_SAMPLES = 100
-"""The last evaluation's draws where :func:`dsgrad.fit` is not given ``elbo_samples``."""
+DEFAULT_ELBO_SAMPLES = elbo_estimates.SHARED_PROGRAM_DRAWS
+"""The last evaluation's draws where :func:`dsgrad.fit` is not given ``elbo_samples``: the
+size of the program every run's evaluations share."""
 
 LAST_EVALUATION_SHARE = 0.1
 """The share of ``max_seconds`` that the last evaluation of a run limited in time may take
@@ -310,8 +311,8 @@ def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
   with_log_q, trust_check = trust
   try:
     if trust_check:
-      # The last evaluation's draws also give the importance ratios (same key; dsgrad.elbo's
-      # draws where no time limit cut their count), so k-hat costs no extra full pass.
+      # The last evaluation's draws (dsgrad.elbo's for the key) also give the importance
+      # ratios, so k-hat costs no extra full pass.
       ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples,
                                                 program_samples=program_samples)
       k_hat = float(psis.pareto_k(ratios))
