@@ -23,8 +23,10 @@ import contextlib
 import os
 import re
 import stat
+import sys
 import tempfile
 import threading
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -420,3 +422,16 @@ def check_floating_params(params, who: str, full_precision: bool = False) -> Non
       raise ValueError(f"{who}: params of dtype {dtype.name} are not supported ({where}); "
                        "pass float32 params (a compact low-precision table: "
                        "dsgrad.joint_saga(..., table_dtype=jnp.bfloat16))")
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+  """``warnings.warn(message, category)`` at the first caller outside dsgrad (and Flax,
+  whose modules' class calls ``__init__``, and JAX, whose transformations call a model's
+  functions): the argument checks, factories and loops between a warning and the user's
+  line would otherwise be what it points at, and their depth differs by entry."""
+  packages = tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__))
+                   for name in ("dsgrad", "flax", "jax"))
+  frame, level = sys._getframe(0), 1
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
+    frame, level = frame.f_back, level + 1
+  warnings.warn(message, category, stacklevel=level)

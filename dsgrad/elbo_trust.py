@@ -12,7 +12,6 @@ of magnitude. :func:`dsgrad.fit` reports what these checks find in its result's
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
@@ -158,7 +157,7 @@ def warn_above_bound(value: float, se: float, bound: float | None, where: str) -
   error (three standard errors)."""
   message = _above_bound(value, se, bound, where)
   if message is not None:
-    warnings.warn(message, ELBOWarning, stacklevel=3)
+    checks.warn_at_caller(message, ELBOWarning)
 
 
 def note_divergence(error: Exception, objective, start_params, key, steps_run: int) -> None:

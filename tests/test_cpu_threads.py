@@ -112,6 +112,27 @@ def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy(e
   assert where == "<string>"                    # the caller's line, not dsgrad's
 
 
+def test_the_warning_points_at_the_users_line_through_any_depth_of_dsgrad(monkeypatch):
+  """HMC-ECS's sampler reaches the chain's warning through dsgrad's own calls (sample,
+  run_chain, the argument checks): it points at the line that called sample, as the
+  entries called directly do (it pointed inside dsgrad/mcmc/sample.py)."""
+  import warnings
+  import jax
+  threads = dsgrad.training.cpu_threads
+  monkeypatch.setattr(threads, "_warned", False)
+  monkeypatch.setattr(threads, "split_pool_message", lambda *args: "split pool")
+  x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 200, 2)
+  model = dsgrad.models.logistic_regression(x, y)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    dsgrad.mcmc.sample(jax.random.key(1), model, num_samples=2, num_warmup=2,
+                       subsample_size=20, num_blocks=2, reference_updates_every=0,
+                       progress=False)
+  split = [w for w in caught if w.category is threads.SplitPoolWarning]
+  assert len(split) == 1 and split[0].filename == __file__, [
+      (w.category.__name__, w.filename) for w in caught]
+
+
 def test_only_a_cpu_pool_of_several_threads_on_a_small_machine_is_warned_of():
   message = dsgrad.training.cpu_threads.split_pool_message
   assert "pin_xla_threads(1)" in message(2, 2, "cpu")

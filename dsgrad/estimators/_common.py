@@ -4,7 +4,6 @@ passes are :mod:`dsgrad.tables`)."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -158,13 +157,13 @@ def warn_of_declared_coordinates(objective: Objective, params, num_data: int, dt
   if dense <= DENSE_TABLE_WARNING_BYTES:
     return
   compact = dense * sparse.num_coordinates // max(model.latent_dim, 1)
-  warnings.warn(
+  checks.warn_at_caller(
       f"dsgrad.joint_saga: a table of every parameter, {dense / 2**30:.2f} GiB, for a model "
       f"that declares the {sparse.num_coordinates} of {model.latent_dim} coordinates each "
       f"datum reads. dsgrad.joint_saga(objective) (its default for dsgrad.meanfield_gaussian"
       f"'s objective) or dsgrad.joint_saga(objective, dsgrad.approx.sparse_linearize("
       f"objective)) keeps those only (about {compact / 2**20:.0f} MiB), with the same "
-      "updates at a fraction of the work per step", stacklevel=4)
+      "updates at a fraction of the work per step")
 
 
 def reweighted(objective: Objective, weights) -> Objective:

@@ -21,9 +21,6 @@ References:
 from __future__ import annotations
 
 import math
-import os
-import sys
-import warnings
 from typing import Callable
 
 import jax
@@ -270,19 +267,6 @@ made (``d`` above 8,192 in float32): a user who asked for ``"fullrank"`` on a mo
 latent per group may not have counted ``d^2``."""
 
 
-def _caller_outside_dsgrad() -> int:
-  """The ``stacklevel`` of the first caller outside dsgrad (and Flax, whose modules' class
-  calls ``__init__``, and JAX, whose ``eval_shape`` makes a family's shapes), for a warning
-  raised by the function that calls this: the argument checks and factories between it
-  and the user's line would otherwise be what the warning points at."""
-  packages = tuple(os.path.dirname(os.path.abspath(sys.modules[name].__file__))
-                   for name in ("dsgrad", "flax", "jax"))
-  frame, level = sys._getframe(1), 1
-  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
-    frame, level = frame.f_back, level + 1
-  return level
-
-
 @checks.arguments(dim=checks.count(1), loc=checks.finite_values(),
                   log_scale=checks.finite_values())
 class FullRankGaussian(_Family):
@@ -323,13 +307,12 @@ class FullRankGaussian(_Family):
     self.dim = int(dim)
     factor_bytes = 4 * self.dim ** 2
     if factor_bytes > FULL_RANK_WARN_BYTES:
-      warnings.warn(
+      checks.warn_at_caller(
           f"FullRankGaussian({self.dim:,}): its factor is a {self.dim:,} x {self.dim:,} "
           f"matrix, {factor_bytes / 1e9:.2g} GB of params; an optimizer's state and the "
           "gradient hold two to four times that again, and every Monte Carlo draw's "
           f"transform costs d^2 = {self.dim ** 2:.2g} multiply-adds. The mean-field family "
-          "(family='meanfield', dsgrad.families.by_name('meanfield', d)) costs O(d).",
-          stacklevel=_caller_outside_dsgrad())
+          "(family='meanfield', dsgrad.families.by_name('meanfield', d)) costs O(d).")
     self.loc = nnx.Param(initial_vector(loc, self.dim, "loc"))
     self.log_diag = nnx.Param(
         initial_vector(log_scale, self.dim, "log_scale"))

@@ -26,7 +26,6 @@ import os
 import re
 import socket
 import tempfile
-import warnings
 from typing import Any
 
 import jax
@@ -278,8 +277,8 @@ def _payload(path, allow_unverified: bool = False) -> bytes:
           "dsgrad checkpoint, or written by a dsgrad older than the checksum. "
           "It cannot be verified; to read an old file anyway, call "
           "dsgrad.training.checkpoint.restore(path, like, allow_unverified=True) and save it again")
-    warnings.warn(f"checkpoint {path!r} has no checksum; it is read without verification "
-                  "(allow_unverified=True)", stacklevel=3)
+    checks.warn_at_caller(f"checkpoint {path!r} has no checksum; it is read without "
+                          "verification (allow_unverified=True)")
     return data
   digest = data[len(_TAG):len(_TAG) + _DIGEST_BYTES]
   payload = data[len(_TAG) + _DIGEST_BYTES:]

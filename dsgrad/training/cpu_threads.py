@@ -21,7 +21,6 @@ times uneven, which also misleads any advice timed on them.
 from __future__ import annotations
 
 import os
-import warnings
 
 import jax
 
@@ -58,15 +57,15 @@ def split_pool_message(pool_threads: int, cores: int, backend: str) -> str | Non
 
 def warn_if_split() -> None:
   """Warns (:class:`SplitPoolWarning`), once a process, where :func:`split_pool_message`
-  says so of this process's pool (not where :func:`pin_xla_threads` sized it), at the line
-  that called the entry (fit, recommend, ...: each wrapped by ``checks.arguments``)."""
+  says so of this process's pool (not where :func:`pin_xla_threads` sized it), at the
+  user's line that called into dsgrad (:func:`dsgrad.checks.warn_at_caller`)."""
   global _warned
   if _warned or not hasattr(os, "sched_getaffinity"):
     return
   _warned = True
   pool = sum(name == POOL_THREAD_NAME for name in _names(_threads()).values())
   if message := split_pool_message(pool, len(os.sched_getaffinity(0)), jax.default_backend()):
-    warnings.warn(message, SplitPoolWarning, stacklevel=4)  # warn_if_split, entry, wrapper
+    checks.warn_at_caller(message, SplitPoolWarning)
 
 
 def _names(thread_ids) -> dict:
