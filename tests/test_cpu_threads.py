@@ -79,30 +79,19 @@ x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 100, 3)
 objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
 with warnings.catch_warnings(record=True) as caught:
   warnings.simplefilter("always")
-  if ENTRY == "fit":
-    for _ in range(2):
-      dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective),
-                 jax.random.key(1), num_steps=4, batch_size=10, elbo_samples=0, progress=False)
-  elif ENTRY == "run_chain":  # an MCMC chain, timed as a run's steps are
-    theta, model = jax.numpy.zeros(3), dsgrad.models.logistic_regression(x, y)
-    algorithm = dsgrad.mcmc.sgld(model, dsgrad.mcmc.taylor_proxy(model, theta),
-                                 step_size=1e-3, subsample_size=10)
-    for _ in range(2):
-      dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step, algorithm.init(theta, None), 4,
-                            progress=False)
-  else:  # the advice warns before it times a step, and its fit not again
-    dsgrad.recommend(objective, lambda n: optax.adam(1e-2), dsgrad.meanfield_init(objective),
-                     jax.random.key(1), batch_size=10, budget=1.0, progress=False).fit(
-                         progress=False)
+  for _ in range(2):
+    dsgrad.fit(objective, optax.adam(1e-2), dsgrad.meanfield_init(objective),
+               jax.random.key(1), num_steps=4, batch_size=10, elbo_samples=0, progress=False)
 print(json.dumps([(w.category.__name__, str(w.message), os.path.basename(w.filename))
                   for w in caught]))
 """
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: no pool to split")
-@pytest.mark.parametrize("entry", ["fit", "recommend", "run_chain"])
-def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy(entry):
-  warned = _run(f"ENTRY = {entry!r}\n" + UNPINNED)
+def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy():
+  """A real split: XLA's pool, counted by its threads' names, in a fresh process
+  narrowed to 2 cores."""
+  warned = _run(UNPINNED)
   warned = [w for w in warned if w[0] == "SplitPoolWarning" or "Split" in w[1]]
   assert len(warned) == 1, warned               # several fits, one warning a process
   category, message, where = warned[0]
@@ -112,12 +101,16 @@ def test_a_pool_split_over_a_small_machine_is_warned_of_once_naming_the_remedy(e
   assert where == "<string>"                    # the caller's line, not dsgrad's
 
 
-def test_the_warning_points_at_the_users_line_through_any_depth_of_dsgrad(monkeypatch):
-  """HMC-ECS's sampler reaches the chain's warning through dsgrad's own calls (sample,
-  run_chain, the argument checks): it points at the line that called sample, as the
-  entries called directly do (it pointed inside dsgrad/mcmc/sample.py)."""
+@pytest.mark.parametrize("entry", ["recommend", "run_chain", "sample"])
+def test_every_entry_warns_once_at_the_users_line_through_any_depth_of_dsgrad(
+    entry, monkeypatch):
+  """recommend (whose race and fit call fit again), an SGLD chain and HMC-ECS's sampler
+  (through run_chain and the argument checks) warn of a split pool once, at the line that
+  called them (sample's pointed inside dsgrad/mcmc/sample.py). The pool's detection is
+  the subprocess test's; here it is stood in for."""
   import warnings
   import jax
+  import optax
   threads = dsgrad.training.cpu_threads
   monkeypatch.setattr(threads, "_warned", False)
   monkeypatch.setattr(threads, "split_pool_message", lambda *args: "split pool")
@@ -125,9 +118,22 @@ def test_the_warning_points_at_the_users_line_through_any_depth_of_dsgrad(monkey
   model = dsgrad.models.logistic_regression(x, y)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    dsgrad.mcmc.sample(jax.random.key(1), model, num_samples=2, num_warmup=2,
-                       subsample_size=20, num_blocks=2, reference_updates_every=0,
-                       progress=False)
+    if entry == "recommend":
+      objective = dsgrad.meanfield_gaussian(model)
+      dsgrad.recommend(objective, lambda n: optax.adam(1e-2), dsgrad.meanfield_init(objective),
+                       jax.random.key(1), batch_size=10, budget=1.0, progress=False).fit(
+                           progress=False)
+    elif entry == "run_chain":
+      theta = jax.numpy.zeros(2)
+      algorithm = dsgrad.mcmc.sgld(model, dsgrad.mcmc.taylor_proxy(model, theta),
+                                   step_size=1e-3, subsample_size=10)
+      for _ in range(2):
+        dsgrad.mcmc.run_chain(jax.random.key(2), algorithm.step, algorithm.init(theta, None),
+                              4, progress=False)
+    else:
+      dsgrad.mcmc.sample(jax.random.key(1), model, num_samples=2, num_warmup=2,
+                         subsample_size=20, num_blocks=2, reference_updates_every=0,
+                         progress=False)
   split = [w for w in caught if w.category is threads.SplitPoolWarning]
   assert len(split) == 1 and split[0].filename == __file__, [
       (w.category.__name__, w.filename) for w in caught]
