@@ -328,14 +328,21 @@ def model() -> Kind:
   return Kind("model", check, accepted)
 
 
-def _takes_a_learning_rate(value) -> bool:
-  """Whether ``value`` is an optimizer's factory such as ``optax.adam`` (its first
-  parameter is the learning rate), not a transformation or a ``num_steps`` function."""
+def _misfit(value, factory: bool) -> str | None:
+  """Why the callable ``value`` is no optimizer: a factory such as ``optax.adam`` (its first
+  parameter is the learning rate), or with ``factory`` a function that cannot take the
+  number of steps; None where it may be one (or Python cannot tell: a builtin)."""
   try:
-    first = next(iter(inspect.signature(value).parameters), None)
+    signature = inspect.signature(value)
   except (TypeError, ValueError):
-    return False
-  return first in ("learning_rate", "lr", "step_size")
+    return None
+  if next(iter(signature.parameters), None) in ("learning_rate", "lr", "step_size"):
+    return " itself, a factory that takes a learning rate: call it, e.g. optax.adam(1e-2)"
+  try:
+    signature.bind(0) if factory else None
+  except TypeError:
+    return f" with signature {signature}, which cannot take the number of steps"
+  return None
 
 
 def optimizer(factory: bool = False, estimator: bool = False) -> Kind:
@@ -355,10 +362,9 @@ def optimizer(factory: bool = False, estimator: bool = False) -> Kind:
                           "is a gradient, not a step; chain an update rule after it")
     if _is_transformation(value):
       return value
-    if callable(value) and _takes_a_learning_rate(value):
+    if callable(value) and (why := _misfit(value, factory)):
       name = getattr(value, "__qualname__", type(value).__name__)
-      raise ArgumentError(f"{label} must be {accepted}, got {name} itself, a factory that "
-                          "takes a learning rate: call it, e.g. optax.adam(1e-2)")
+      raise ArgumentError(f"{label} must be {accepted}, got {name}{why}")
     if factory and callable(value) and not isinstance(value, type):
       return value
     hint = (": a function num_steps -> transformation is taken by dsgrad.recommend; call it "
@@ -375,25 +381,6 @@ def estimator() -> Kind:
 
 def _is_transformation(value) -> bool:
   return callable(getattr(value, "init", None)) and callable(getattr(value, "update", None))
-
-
-def optimizer_factory(value, who: str):
-  """``num_steps -> transformation`` from an :func:`optimizer` kind with ``factory``: a
-  transformation is used as it is; a factory's result is checked where it is built (a
-  function returning a float or a schedule would fail later, inside optax)."""
-  if _is_transformation(value):
-    fixed = lambda steps: value  # noqa: E731
-    fixed.fixed = True  # its schedule is the user's, over the steps run: never moved
-    return fixed
-
-  def make(steps):
-    made = value(steps)
-    if np.ndim(made) == 0 and np.issubdtype(np.asarray(made).dtype, np.number):
-      raise ArgumentError(f"{who}: optimizer({steps}) must be an optax transformation, got "
-                          f"the number {made!r}: a learning-rate schedule? Pass lambda n: "
-                          "optax.adam(optax.cosine_decay_schedule(1e-2, n))")
-    return optimizer().check(made, f"{who}: optimizer({steps})")
-  return make
 
 
 def sizes(minimum: int = 1) -> Kind:

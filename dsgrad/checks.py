@@ -35,10 +35,11 @@ import numpy as np
 from jax.experimental import checkify
 
 # Arguments by kind live in their own module; re-exported here with the other checks.
+from dsgrad.argument_kinds import _is_transformation
 from dsgrad.argument_kinds import (  # noqa: F401
     ArgumentError, Kind, approximation, arguments, byte_budget, check_count,
     check_positive, count, estimator, finite_values, floating_dtype, model,
-    objective, optimizer, optimizer_factory, optional, or_word, parameters, positive,
+    objective, optimizer, optional, or_word, parameters, positive,
     probability, prng_key, real, sizes)
 from dsgrad import data_values
 from dsgrad.data_values import (  # noqa: F401
@@ -435,3 +436,22 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(packages):
     frame, level = frame.f_back, level + 1
   warnings.warn(message, category, stacklevel=level)
+
+
+def optimizer_factory(value, who: str):
+  """``num_steps -> transformation`` from an :func:`optimizer` kind with ``factory``: a
+  transformation is used as it is; a factory's result is checked where it is built (a
+  function returning a float or a schedule would fail later, inside optax)."""
+  if _is_transformation(value):
+    fixed = lambda steps: value  # noqa: E731
+    fixed.fixed = True  # its schedule is the user's, over the steps run: never moved
+    return fixed
+
+  def make(steps):
+    made = value(steps)
+    if np.ndim(made) == 0 and np.issubdtype(np.asarray(made).dtype, np.number):
+      raise ArgumentError(f"{who}: optimizer({steps}) must be an optax transformation, got "
+                          f"the number {made!r}: a learning-rate schedule? Pass lambda n: "
+                          "optax.adam(optax.cosine_decay_schedule(1e-2, n))")
+    return optimizer().check(made, f"{who}: optimizer({steps})")
+  return make

@@ -378,7 +378,7 @@ def test_a_transformation_given_as_it_is_keeps_its_own_schedule_over_the_steps_r
   probe: a learning rate of 0 from the first fraction of a second on)."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  make = dsgrad.argument_kinds.optimizer_factory(_schedule(20_000), "test")
+  make = dsgrad.checks.optimizer_factory(_schedule(20_000), "test")
   run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], make, jax.random.key(1),
                      dsgrad.meanfield_init(model))
@@ -531,7 +531,11 @@ def test_an_optimizer_that_holds_an_estimator_is_refused_as_such():
     (optax.adam, r"adam itself, a factory that takes a learning rate"),
     (lambda steps: 1e-2, r"optimizer\(\d+\) must be an optax transformation, got the number"),
     (optax.cosine_decay_schedule(1e-2, 100), r"a learning-rate schedule\?"),
-    (lambda steps: "adam", r"optimizer\(\d+\) must be an optax transformation")])
+    (lambda steps: "adam", r"optimizer\(\d+\) must be an optax transformation"),
+    # Called with the step count, it would end in Python's bare "takes 0 positional
+    # arguments", naming neither dsgrad nor what is expected.
+    (lambda: optax.adam(1e-2), r"signature \(\), which cannot take the number of steps"),
+    (lambda n, decay: optax.adam(1e-2), r"\(n, decay\), which cannot take the number")])
 def test_an_optimizer_that_is_not_one_is_refused_before_anything_compiles(optimizer, match):
   # optax.adam itself would be called with the step count as its learning rate, and the
   # run would diverge at its first step with the blame on the gradient.
