@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import time
 from typing import NamedTuple
 
@@ -96,9 +95,9 @@ class Recommendation(NamedTuple):
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
     entered, stepped = time.perf_counter(), run.seconds
     spent = lambda: self.seconds_spent + time.perf_counter() - entered
-    with contextlib.suppress(ImportError):  # fit's last evaluation imports it for k-hat, in
-      psis.arviz_array_stats("k-hat")  # seconds, once: now, before the time left is shared
+    importing = psis.import_beside()  # for fit's k-hat: beside naive's compile, where one
     compiled = _start_naive(run, self.budget_seconds) if run.program is None else 0.0
+    importing.join()  # before the time left is shared
     if run.seconds_per_step is None:  # recommend interrupted before its steps were timed
       run.advance(2 * run.program.segment)
     run.settle(self.budget_seconds, spent)
