@@ -28,6 +28,8 @@ References:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
 import threading
 
 import jax
@@ -53,6 +55,22 @@ def arviz_array_stats(purpose: str):
     raise ImportError(f"{purpose} uses arviz-stats' implementation: pip install "
                       "'dsgrad[diagnostics]' (or pip install arviz-stats)") from error
   return array_stats
+
+
+def arviz_missing(purpose: str) -> str | None:
+  """Why ``purpose`` cannot use arviz-stats (not installed: :func:`arviz_array_stats`'s
+  message), or None. Where it is installed and not yet imported, its import begins in a
+  thread (:func:`import_beside`), so that it runs beside what the caller compiles next;
+  its first use waits for it (Python's lock on a module being imported)."""
+  if "arviz_stats.base" in sys.modules:
+    return None
+  if importlib.util.find_spec("arviz_stats") is None:
+    try:
+      arviz_array_stats(purpose)
+    except ImportError as error:
+      return str(error)
+  import_beside()
+  return None
 
 
 def import_beside() -> threading.Thread:

@@ -315,10 +315,13 @@ def _evaluate(objective, params, key, draws: tuple, trust: tuple, step: int):
       # ratios, so k-hat costs no extra full pass.
       ratios, draws = psis.log_ratios_unchecked(objective, params, key, elbo_samples,
                                                 program_samples=program_samples)
-      k_hat = float(psis.pareto_k(ratios))
-      return (*elbo_estimates.control_variate_mean(draws, draws - ratios),
-              (k_hat, psis.diagnose(k_hat, elbo_samples, full_rank=isinstance(params, dict)
-                                    and "unit_lower" in params)))
+      estimate = elbo_estimates.control_variate_mean(draws, draws - ratios)
+      try:
+        k_hat = float(psis.pareto_k(ratios))
+      except ImportError as error:  # installed, but its import failed: the run is kept
+        return (*estimate, (None, f"k-hat not computed: {error}"))
+      return (*estimate, (k_hat, psis.diagnose(k_hat, elbo_samples, full_rank=isinstance(
+          params, dict) and "unit_lower" in params)))
     if not elbo_samples:
       return float("nan"), float("nan"), None
     return (*elbo_estimates.elbo_unchecked(objective, params, key, elbo_samples,
@@ -340,8 +343,6 @@ def _can_check_trust(objective, elbo_samples: int) -> tuple[bool, str]:
     return False, "k-hat not computed: the objective draws one noise per datum"
   if elbo_samples < 25:
     return False, f"k-hat not computed: it needs elbo_samples >= 25, got {elbo_samples}"
-  try:
-    psis.arviz_array_stats("k-hat")
-  except ImportError as error:
-    return False, f"k-hat not computed: {error}"
+  if missing := psis.arviz_missing("k-hat"):  # else imported beside the first compile
+    return False, f"k-hat not computed: {missing}"
   return True, ""
