@@ -328,7 +328,7 @@ def model() -> Kind:
   return Kind("model", check, accepted)
 
 
-def _misfit(value, factory: bool) -> str | None:
+def _why_not_an_optimizer(value, factory: bool) -> str | None:
   """Why the callable ``value`` is no optimizer: a factory such as ``optax.adam`` (its first
   parameter is the learning rate), or with ``factory`` a function that cannot take the
   number of steps; None where it may be one (or Python cannot tell: a builtin)."""
@@ -338,10 +338,11 @@ def _misfit(value, factory: bool) -> str | None:
     return None
   if next(iter(signature.parameters), None) in ("learning_rate", "lr", "step_size"):
     return " itself, a factory that takes a learning rate: call it, e.g. optax.adam(1e-2)"
-  try:
-    signature.bind(0) if factory else None
-  except TypeError:
-    return f" with signature {signature}, which cannot take the number of steps"
+  if factory:
+    try:
+      signature.bind(0)
+    except TypeError:
+      return f" with signature {signature}, which cannot take the number of steps"
   return None
 
 
@@ -362,7 +363,7 @@ def optimizer(factory: bool = False, estimator: bool = False) -> Kind:
                           "is a gradient, not a step; chain an update rule after it")
     if _is_transformation(value):
       return value
-    if callable(value) and (why := _misfit(value, factory)):
+    if callable(value) and (why := _why_not_an_optimizer(value, factory)):
       name = getattr(value, "__qualname__", type(value).__name__)
       raise ArgumentError(f"{label} must be {accepted}, got {name}{why}")
     if factory and callable(value) and not isinstance(value, type):

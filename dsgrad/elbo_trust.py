@@ -12,7 +12,6 @@ of magnitude. :func:`dsgrad.fit` reports what these checks find in its result's
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from dsgrad import checks
