@@ -168,6 +168,19 @@ def write_section(name: str, body: str, path: str | None = None) -> str:
   return path
 
 
+def add_output_flags(parser, name: str) -> None:
+  """A benchmark's ``--section`` (its page section and data file, by default
+  ``<name>-<backend>``: :func:`section_of`) and ``--no-write`` (print only)."""
+  parser.add_argument("--section", default=None, help=f"default: {name}-<backend>")
+  parser.add_argument("--no-write", action="store_true",
+                      help="print only: no data file, docs/benchmarks.md unchanged")
+
+
+def section_of(args, name: str) -> str:
+  """The section :func:`add_output_flags` names: ``--section``, else ``<name>-<backend>``."""
+  return args.section or f"{name}-{jax.default_backend()}"
+
+
 def publish(section: str, body: str | None, write: bool, data=None, render=None) -> None:
   """Prints a benchmark's result and, if ``write``, records the run and puts its section in
   docs/benchmarks.md.

@@ -121,8 +121,7 @@ def main(argv=None):
   parser.add_argument("--seconds", type=command_line.positive(), default=10.0)
   parser.add_argument("--batch-size", type=command_line.count(1), default=100)
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-  parser.add_argument("--section", default=None, help="default: compile-cache-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "compile-cache")
   args = parser.parse_args(argv)
   if args.child:
     print(json.dumps(child(args.child, args.num_data, args.seconds, args.batch_size)))
@@ -134,9 +133,8 @@ def main(argv=None):
       for condition in CONDITIONS:
         results[model_name][condition] = run_condition(condition, folder, args, model_name)
         print(model_name, condition, results[model_name][condition], flush=True)
-  import jax
   config = {"num_data": args.num_data, "seconds": args.seconds, "batch_size": args.batch_size}
-  section = args.section or f"compile-cache-{jax.default_backend()}"
+  section = _report.section_of(args, "compile-cache")
   _report.publish(section, None, not args.no_write, render=render,
                   data={"results": results, "config": config})
 

@@ -96,14 +96,13 @@ def main(argv=None):
   parser.add_argument("--directory", default=os.path.join(tempfile.gettempdir(),
                                                            "dsgrad-disk-step"),
                       help="where the .npy files are written (kept between runs)")
-  parser.add_argument("--section", default=None, help="default: disk-step-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "disk-step")
   args = parser.parse_args(argv)
   config = {"models": args.models, "estimators": args.estimators, "num_data": args.num_data,
             "steps": args.steps, "rounds": args.rounds, "batch_size": args.batch_size}
   results = run(args.models, args.estimators, args.num_data, args.steps, args.rounds,
                 args.batch_size, args.directory)
-  section = args.section or f"disk-step-{jax.default_backend()}"
+  section = _report.section_of(args, "disk-step")
   _report.publish(section, None, not args.no_write, render=render,
                   data={"results": results, "config": config})
 

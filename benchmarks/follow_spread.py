@@ -172,8 +172,7 @@ def main(argv=None):
   parser.add_argument("--peak-for", nargs="*", default=["hierarchical=0.003",
                                                         "wide_glm=0.001"],
                       help="MODEL=PEAK: the suite's tuned peaks (tuning is not repeated)")
-  parser.add_argument("--section", default=None, help="default: follow-spread-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "follow-spread")
   args = parser.parse_args(argv)
   peaks = dict(item.split("=") for item in args.peak_for)
   if missing := [m for m in args.models if m not in peaks]:
@@ -187,7 +186,7 @@ def main(argv=None):
     del model
   config = {"budget": args.budget, "batch_size": args.batch_size, "repeats": args.repeats,
             "peaks": {m: float(peaks[m]) for m in args.models}, "seeds": args.seeds}
-  section = args.section or f"follow-spread-{jax.default_backend()}"
+  section = _report.section_of(args, "follow-spread")
   _report.publish(section, None, not args.no_write, render=render, data={
       "results": results, "config": config, "code": scale_suite.code_version()})
 

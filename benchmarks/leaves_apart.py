@@ -74,8 +74,7 @@ def main(argv=None):
   parser.add_argument("--models", nargs="*", choices=list(SIZES), default=list(SIZES))
   parser.add_argument("--num-data", type=command_line.count(1), default=1_000_000)
   parser.add_argument("--steps", type=command_line.count(1), default=300)
-  parser.add_argument("--section", default=None, help="default: leaves-apart-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "leaves-apart")
   args = parser.parse_args(argv)
   lines = ["ms per step, minimum of 3 interleaved calls of "
            f"{args.steps} steps; 'apart': log_lik receives the latent's leaves through "
@@ -83,7 +82,7 @@ def main(argv=None):
   for name in args.models:
     build = lambda name=name: scale_models.BUILDERS[name](num_data=args.num_data)
     lines += compare(build, SIZES[name], args.steps, cv=name == "hierarchical")
-  section = args.section or f"leaves-apart-{jax.default_backend()}"
+  section = _report.section_of(args, "leaves-apart")
   _report.publish(section, "\n".join(lines), not args.no_write)
 
 

@@ -216,14 +216,13 @@ def main(argv=None):
   parser.add_argument("--batch-size", type=command_line.count(1), default=100)
   parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
   parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
-  parser.add_argument("--section", default=None, help="default: narrow-posterior-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "narrow-posterior")
   args = parser.parse_args(argv)
   if not (args.seconds > 0 and np.isfinite(args.seconds)):
     parser.error(f"--seconds must be positive and finite, got {args.seconds}")
   results = run(args.num_data, args.dim, args.seconds, args.seeds, args.peaks, args.batch_size,
                 args.families, args.contenders)
-  section = args.section or f"narrow-posterior-{jax.default_backend()}"
+  section = _report.section_of(args, "narrow-posterior")
   _report.publish(section, None, not args.no_write, results, render)
 
 

@@ -161,8 +161,7 @@ def main(argv=None):
   parser.add_argument("--budget", type=command_line.positive(), default=60.0)
   parser.add_argument("--data-folder", default=None,
                       help="where the generated .npy files are kept (default: a temporary one)")
-  parser.add_argument("--section", default=None, help="default: race-rates-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "race-rates")
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory(prefix="dsgrad-race-rates-") as scratch:
     folder = args.data_folder or scratch
@@ -171,8 +170,7 @@ def main(argv=None):
     built, params = objective(folder, args.num_data)
     results = {"alone": alone(built, params), "race": race(built, params, args.budget),
                "config": {"num_data": args.num_data, "budget": args.budget}}
-  import jax
-  section = args.section or f"race-rates-{jax.default_backend()}"
+  section = _report.section_of(args, "race-rates")
   _report.publish(section, None, not args.no_write, render=render, data=results)
 
 

@@ -163,8 +163,7 @@ def main(argv=None):
                       default=list(SF_PEAKS), help="schedule-free rates tried on seed 100")
   parser.add_argument("--sf-peak-for", nargs="*", default=[],
                       help="MODEL=RATE: a schedule-free rate given (no tuning)")
-  parser.add_argument("--section", default=None, help="default: schedule-free-<backend>")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "schedule-free")
   args = parser.parse_args(argv)
   peaks, given = dict(i.split("=") for i in args.peak_for), dict(
       i.split("=") for i in args.sf_peak_for)
@@ -185,7 +184,7 @@ def main(argv=None):
     del model
   config = {"budget": args.budget, "batch_size": args.batch_size, "seeds": args.seeds,
             "peaks": {m: float(peaks[m]) for m in args.models}, "rates": rates}
-  section = args.section or f"schedule-free-{jax.default_backend()}"
+  section = _report.section_of(args, "schedule-free")
   _report.publish(section, None, not args.no_write, render=render, data={
       "results": results, "config": config, "code": scale_suite.code_version()})
 
