@@ -36,7 +36,7 @@ from dsgrad.estimators import chain
 from dsgrad.estimators.naive import naive
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.advice.runs import Run, unpaced
-from dsgrad.training import cpu_threads, progress as progress_lib
+from dsgrad.training import progress as progress_lib
 from dsgrad.training.resume import History
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
@@ -360,7 +360,6 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     Wang, Geffner, Domke (2024), Sec. 7 (the estimators compared at equal wall-clock).
   """
   started = time.perf_counter()
-  cpu_threads.warn_if_split()  # before a step is timed: the race would time a split pool
   if isinstance(candidates, str) or set(candidates) - set(CANDIDATES) or "naive" not in candidates:
     raise ValueError(f"dsgrad.recommend: candidates must be names among {CANDIDATES}, "
                      f"'naive' one of them, got {candidates!r}")
@@ -454,7 +453,6 @@ def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size:
     >>> bool(result.history.step[-1] == result.step > 0)  # counted in steps run
     True
   """
-  cpu_threads.warn_if_split()  # its pace is timed on the steps
   make, who = checks.optimizer_factory(optimizer, "dsgrad.fit_within"), "dsgrad.fit_within"
   if chain.holds_estimator(jax.eval_shape(make(2).init, params)):
     raise ValueError(f"{who}: optimizer holds a dsgrad estimator; pass it as estimator= and "

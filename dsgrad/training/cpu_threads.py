@@ -13,9 +13,10 @@ back: this thread, and the client's others (left on the pool's core, a program c
 beside a run took more than twice as long and slowed the run's steps).
 
 A process that did not narrow the pool on such a machine is told so once, by the first
-:func:`dsgrad.fit`, :func:`dsgrad.recommend`, :func:`dsgrad.fit_within` or
-:func:`dsgrad.mcmc.run_chain` (:func:`warn_if_split`): its steps are slower and their
-times uneven, which also misleads any advice timed on them.
+:func:`dsgrad.fit` (which :func:`dsgrad.recommend` and :func:`dsgrad.fit_within` run
+before they time a step) or :func:`dsgrad.mcmc.run_chain` (:func:`warn_if_split`), at
+the user's line: its steps are slower and their times uneven, which also misleads any
+advice timed on them.
 """
 
 from __future__ import annotations
