@@ -37,7 +37,7 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from dsgrad.advice import runs as advice_runs
+from dsgrad.training import paced as advice_runs
 from benchmarks import _report
 from benchmarks import scale_models
 from benchmarks import scale_suite

@@ -22,7 +22,7 @@ from dsgrad import advice
 from dsgrad import training
 from dsgrad.training import checkpoint, parallel  # noqa: F401  (dsgrad.training.parallel.*)
 from dsgrad.approx import Approximation
-from dsgrad.advice.recommend import Recommendation, fit_within, recommend, recommend_and_fit
+from dsgrad.advice.recommend import Recommendation, recommend, recommend_and_fit
 from dsgrad.families.gaussian import meanfield_entropy, meanfield_gaussian, meanfield_init
 from dsgrad.diagnostics import (estimator_samples, state_bytes, table_bytes, total_variance,
                                  variance_decomposition)
@@ -39,6 +39,7 @@ from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit
                                     save_fit_checkpoint)
 from dsgrad.training.segments import train_step
 from dsgrad.training.loop import FitResult, FitTiming, compile_fit, fit
+from dsgrad.training.paced import fit_within
 from dsgrad.training.progress import Interrupted
 from dsgrad.training.cpu_threads import pin_xla_threads
 

@@ -15,7 +15,7 @@ import pytest
 import dsgrad
 from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice import recommend as advice_lib
-from dsgrad.advice import runs as runs_lib
+from dsgrad.training import paced as runs_lib
 from dsgrad.training import evaluation_plan
 from conftest import ctrl_c_at
 
@@ -303,7 +303,7 @@ def test_an_hour_long_budget_starts_naive_and_settles_it_at_its_fraction(monkeyp
   run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
-  advice_lib._start_naive(run, 3600.0)
+  run.start_timed(3600.0)
   run.compile_seconds = 1e3  # a second program would not fit in the half hour left
   monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
   run.settle(3600.0, lambda: 1800.0)

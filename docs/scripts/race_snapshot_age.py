@@ -4,7 +4,7 @@ race's second or two its snapshot is fresh; over a run it ages for an epoch betw
 refreshes (10,000 steps at batch 100 on 10^6 rows).
 
 On the scale suite's item-response model (10^6 rows, 2 cores, not pinned), naive trains
-with ``dsgrad.advice.runs.Run`` (the advice's own runs) for about 20% of a 60 s budget,
+with ``dsgrad.training.paced.Run`` (the advice's own runs) for about 20% of a 60 s budget,
 keeping its state half an epoch before that. From naive's state, three runs each take
 ``T`` seconds of steps: joint SVRG with a snapshot taken there (as the race does), joint
 SVRG with its snapshot taken at naive's state half an epoch earlier, and naive with twice
@@ -24,7 +24,8 @@ import optax
 
 import dsgrad
 from benchmarks import scale_models
-from dsgrad.advice import candidates as C, runs as R
+from dsgrad.advice import candidates as C
+from dsgrad.training import paced as R
 model = scale_models.item_response()
 obj = model.objective
 params = dsgrad.families.by_name("meanfield", model.dim, log_scale=0.0).params()  # as published

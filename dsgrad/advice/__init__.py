@@ -1,2 +1,2 @@
-"""What advises: :func:`dsgrad.recommend` (``recommend``), the ways to train it races
-(``candidates``) and their runs on :func:`dsgrad.fit`'s public surface (``runs``)."""
+"""What advises: :func:`dsgrad.recommend` (``recommend``) and the ways to train it races
+(``candidates``), run on :func:`dsgrad.fit`'s public surface (:mod:`dsgrad.training.paced`)."""

@@ -60,11 +60,15 @@ class Candidate(NamedTuple):
 
 
 class Contender(NamedTuple):
-  """A candidate ready to run: the objective its steps use and its estimator."""
+  """A candidate ready to run: the objective its steps use and its estimator (a
+  :class:`dsgrad.training.paced.Run` reads its ``name`` and ``batch_size`` too)."""
 
   candidate: Candidate
   objective: Any
   estimator: Any
+
+  name = property(lambda self: self.candidate.name)
+  batch_size = property(lambda self: self.candidate.batch_size)
 
 
 def build(names, objective, params, batch_size: int, approx=None,

@@ -2,7 +2,7 @@
 
 Naive trains at once while a thread compiles each candidate's program and the ELBO
 estimates. At ``race_at`` of the budget each compiled candidate continues naive's run
-(:mod:`dsgrad.advice.runs`) for the same seconds, in :data:`PIECES` interleaved pieces;
+(:mod:`dsgrad.training.paced`) for the same seconds, in :data:`PIECES` interleaved pieces;
 their ELBOs are estimated with common random numbers. The largest gain over naive beyond
 twice its standard error wins (:func:`verdict`), else naive; :meth:`Recommendation.fit`
 continues the winner. The race costs ``share`` of the budget; too small a share: naive.
@@ -29,14 +29,12 @@ import time
 from typing import NamedTuple
 
 import jax
-import numpy as np
 
-from dsgrad import checks, elbo_estimates, elbo_trust, psis
+from dsgrad import checks, elbo_estimates, elbo_trust
 from dsgrad.estimators import chain
-from dsgrad.estimators.naive import naive
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
-from dsgrad.advice.runs import Run, unpaced
-from dsgrad.training import progress as progress_lib
+from dsgrad.training import paced, progress as progress_lib
+from dsgrad.training.paced import Run
 from dsgrad.training.resume import History
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
@@ -61,7 +59,7 @@ class Recommendation(NamedTuple):
     reasons: the measurements and the verdict, in plain words, one per line.
     budget_seconds: the budget of :func:`recommend` and :meth:`fit` together.
     seconds_spent: the wall-clock time :func:`recommend` took.
-    runs: ``{name: dsgrad.advice.runs.Run}``: the raced runs where they stopped (naive's
+    runs: ``{name: dsgrad.training.paced.Run}``: the raced runs where they stopped (naive's
       not yet started where nothing raced); :meth:`fit` continues one.
   """
 
@@ -79,74 +77,16 @@ class Recommendation(NamedTuple):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
     :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
     over the steps it affords (recompiled, time permitting, where its own is too short or
-    over 25% too long). Returns fit's :class:`~dsgrad.FitResult`, timed for this call; its
-    ``step`` and ``history.step`` count the run's steps (naive's and the race's included);
-    ``opt_state`` is ``optax.chain(estimator, your optimizer)``'s, your step counts where
-    the schedule stands (``runs[name].contender.estimator``)."""
-    if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "batch_size", "opt_state",
-                                   "start_step", "segment_steps"}:  # the run's, to the end
-      raise TypeError(f"Recommendation.fit sets {sorted(fixed)} itself: pass fit's others")
-    if fit_kwargs.get("resume"):  # its key and pace belong to the call that wrote it
-      raise ValueError("a paced run (Recommendation.fit, dsgrad.fit_within) does not resume: "
-                       "read its checkpoint's params back (dsgrad.restore_fit_checkpoint(path, "
-                       "params, None)) and start a new call from them")
+    over 25% too long; :func:`dsgrad.training.paced.finish`). Returns fit's
+    :class:`~dsgrad.FitResult`, timed for this call; its ``step`` and ``history.step`` count
+    the run's steps (naive's and the race's included); ``opt_state`` is
+    ``optax.chain(estimator, your optimizer)``'s, your step counts where the schedule stands
+    (``runs[name].contender.estimator``)."""
     run = self.runs.get(name or self.best)
     if run is None:
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
-    entered, stepped = time.perf_counter(), run.seconds
-    spent = lambda: self.seconds_spent + time.perf_counter() - entered
-    importing = psis.import_beside()  # for fit's k-hat: beside naive's compile, where one
-    compiled = _start_naive(run, self.budget_seconds) if run.program is None else 0.0
-    importing.join()  # before the time left is shared
-    if run.seconds_per_step is None:  # recommend interrupted before its steps were timed
-      run.advance(2 * run.program.segment)
-    run.settle(self.budget_seconds, spent)
-    # fit's evaluations take time the pace would give to steps (its schedule then ends
-    # early: at 0.81 of it in a minute on 2M rows read from disk). The first half prices
-    # them (two draws each: no k-hat yet); the second is paced on the time they leave.
-    samples, begun = fit_kwargs.get("elbo_samples"), (run.step, run.steps_run)
-    first = run.fit(max_seconds=max(1e-3, (self.budget_seconds - spent()) / 2), **{
-        **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
-    f, run.timings = first.timing, []  # its step time alone paces what is left
-    run.took(first)
-    at = max(spent() / self.budget_seconds, (run.step + run.program.segment) / run.program.length)
-    if at * run.program.length < run.program.length - run.program.segment:  # else as paced
-      run.use(run.program, at, seconds_left=(1 - f.evaluations / max(f.total, 1e-9)) * (
-          self.budget_seconds - spent()))
-    before, stepped = time.perf_counter() - entered, run.seconds - stepped
-    resumed = (run.step, run.steps_run)  # the step moves back where the program is short
-    result = run.fit(max_seconds=max(1e-3, self.budget_seconds - spent()), **fit_kwargs)
-    history = History(*map(np.concatenate, zip(_counted(first.history, *begun), _counted(
-        result.history, *resumed, wall=first.timing.steps))))
-    t = result.timing  # the other time before fit (compiles beside steps) counts as setup
-    # The trace judged from your params: a run that diverged in the race looks steady here.
-    warned = elbo_trust.run_warnings(run.contender.objective, history, run.start_params, run.key)
-    for message in (m for m in warned if fit_kwargs.get("progress", True)
-                    and m not in result.warnings):  # fit printed its own
-      print("warning: " + message, flush=True)
-    estimator_state, pace = result.opt_state
-    return result._replace(opt_state=(estimator_state, unpaced(pace)), history=history,
-                           step=resumed[1] + result.step - resumed[0], timing=t._replace(
-        total=t.total + before, steps=t.steps + stepped, compile=t.compile + f.compile + compiled,
-        evaluations=t.evaluations + f.evaluations,
-        setup=t.setup + before - stepped - f.compile - f.evaluations - compiled),
-        warnings=tuple(dict.fromkeys(result.warnings + warned)))
-
-
-def _counted(history: History, step: int, steps_run: int, wall: float = 0.0) -> History:
-  """A piece's ``history`` from program ``step``, where the run had ``steps_run`` steps, in
-  steps run (a program's step index jumps where the run moves to a program of another
-  length), its steps' seconds after ``wall``."""
-  return history._replace(step=history.step - step + steps_run, wall_time=history.wall_time + wall)
-
-
-def _start_naive(run: Run, budget: float, segment: int = 64) -> float:
-  """Naive on a schedule longer than any run (its step sizes barely move until it has its
-  own), started, timed (a cold call, then a tenth of a second): returns its compile's seconds."""
-  run.start(run.compile(int(budget / 1e-6), segment))
-  run.advance(2 * segment)
-  run.advance(round(0.1 / run.seconds_per_step))
-  return run.compile_seconds
+    return paced.finish(run, self.budget_seconds, self.seconds_spent, "Recommendation.fit",
+                        **fit_kwargs)
 
 
 class _Race:
@@ -164,7 +104,7 @@ class _Race:
 
   def prepare(self, elbo_samples: int) -> None:
     """Naive starts and is timed; the programs and the estimates compile in the thread."""
-    _start_naive(self.naive, self.budget)
+    self.naive.start_timed(self.budget)
     step = self.naive.seconds_per_step
     self.say(f"naive: {step:.3g} s a step; compiling the candidates beside its training")
     segment = lambda seconds: max(1, round(self.piece / (SEGMENTS_PER_PIECE * seconds)))
@@ -426,42 +366,3 @@ def recommend_and_fit(objective, optimizer, params, key, *, batch_size: int, bud
                      **recommend_kwargs)
   return advice, advice.fit(**{"progress": recommend_kwargs.get("progress", True),
                                **(fit_kwargs or {})})
-
-
-@checks.arguments(objective=checks.objective(), optimizer=checks.optimizer(factory=True),
-                  params=checks.parameters(), key=checks.prng_key(), seconds=checks.positive(),
-                  batch_size=checks.count(1), estimator=checks.optional(checks.estimator()))
-def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size: int,
-               estimator=None, **fit_kwargs):
-  """:func:`dsgrad.fit` in ``seconds`` of wall-clock, compiles included, with your schedule
-  ending with them: ``estimator`` (naive by default) chained with ``optimizer(num_steps)``,
-  its step counts paced to the clock as :meth:`Recommendation.fit` paces the recommended
-  run (with no race). Returns fit's :class:`~dsgrad.FitResult`, as that method does.
-
-  Raises:
-    ValueError: ``optimizer`` holds an estimator (pass it as ``estimator``).
-
-  Example::
-
-    >>> import jax, optax, dsgrad
-    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 1000, 3)
-    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
-    >>> result = dsgrad.fit_within(
-    ...     objective, lambda n: optax.adam(optax.cosine_decay_schedule(1e-2, n)),
-    ...     dsgrad.meanfield_init(objective), jax.random.key(1), seconds=3.0, batch_size=50,
-    ...     estimator=dsgrad.joint_svrg(objective), progress=False)  # about 3 s in all
-    >>> bool(result.history.step[-1] == result.step > 0)  # counted in steps run
-    True
-  """
-  make, who = checks.optimizer_factory(optimizer, "dsgrad.fit_within"), "dsgrad.fit_within"
-  if chain.holds_estimator(jax.eval_shape(make(2).init, params)):
-    raise ValueError(f"{who}: optimizer holds a dsgrad estimator; pass it as estimator= and "
-                     "leave the rule chained after it (e.g. optax.adam) in optimizer")
-  estimator = naive() if estimator is None else estimator
-  if fixed := set(fit_kwargs) & {"num_steps", "max_seconds", "opt_state", "start_step",
-                                 "segment_steps"}:
-    raise TypeError(f"{who} sets {sorted(fixed)} itself from seconds=: pass fit's others")
-  candidate = Candidate("fit_within", batch_size)
-  run = Run(Contender(candidate, objective, estimator), make, key, params)
-  return Recommendation(candidate.name, (candidate,), (), seconds, 0.0,
-                        {candidate.name: run}).fit(**fit_kwargs)

@@ -122,7 +122,7 @@ def state_fingerprints(objective: Objective, optimizer, params, batch_size: int)
 
 
 _FINGERPRINT_MEANING = {
-    "data": "other data (the same number of rows, other values)",
+    "data": "other data (the same number of rows, other columns, shapes or values)",
     "optimizer": "another optimizer: another estimator, other estimator settings or "
                  "another approximation (or another version of dsgrad or JAX)",
 }

@@ -1,10 +1,14 @@
-"""A candidate's training run as :func:`dsgrad.recommend` drives it, on :func:`dsgrad.fit`'s
-public surface: compiled by :func:`dsgrad.compile_fit` (in a thread, beside another run),
-advanced in pieces with ``fit(..., start_step=, opt_state=)``, moved between programs.
+"""Training paced to a wall-clock budget, on :func:`dsgrad.fit`'s public surface.
 
-A run's schedule spans the budget (at its fraction ``f``, step ``f x length``): a candidate
-continues another run (its params, the user optimizer's state with step counts moved, its
-own estimator state afresh), and a run moves to a program of another length at one ``f``.
+:func:`fit_within` trains one estimator for a budget of seconds, compiles included, its
+schedule ending with them. The same runs serve :func:`dsgrad.recommend`: a :class:`Run` is
+compiled by :func:`dsgrad.compile_fit` (in a thread, beside another run), advanced in
+pieces with ``fit(..., start_step=, opt_state=)`` and moved between programs;
+:func:`finish` continues one to the budget's end.
+
+A run's schedule spans the budget (at its fraction ``f``, step ``f x length``): a run may
+continue another (its params, the user optimizer's state with step counts moved, its own
+estimator state afresh), and a run moves to a program of another length at one ``f``.
 The user's optimizer is :func:`paced`: to the budget's end its schedule keeps pace with the
 clock on any program, of its own length or not (a compile may not fit in what is left).
 """
@@ -20,8 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad import checks, elbo_trust, psis
+from dsgrad.estimators import chain
+from dsgrad.estimators.naive import naive
 from dsgrad.training import progress
 from dsgrad.training.loop import compile_fit, fit
+from dsgrad.training.resume import History
 
 
 MAX_LENGTH = 2**30  # steps: fit's counters are int32, and a paced count may pass the end
@@ -72,10 +80,21 @@ class Program(NamedTuple):
   optimizer: Any
 
 
+class Setup(NamedTuple):
+  """What a run trains: its ``name``, the ``objective`` its steps use, the ``estimator``
+  chained before the user's optimizer, and the ``batch_size``."""
+
+  name: str
+  objective: Any
+  estimator: Any
+  batch_size: int
+
+
 class Run:
-  """One :class:`~dsgrad.advice.candidates.Contender`'s run with the user's ``make_optimizer``
-  (``num_steps -> transformation``), ``key`` and starting ``params``: its program, params,
-  optimizer state, step, and its steps' seconds (compiles, setup and evaluations excluded)."""
+  """A :class:`Setup`'s run (or a recommend candidate's, which has the same fields) with
+  the user's ``make_optimizer`` (``num_steps -> transformation``), ``key`` and starting
+  ``params``: its program, params, optimizer state, step, and its steps' seconds
+  (compiles, setup and evaluations excluded)."""
 
   def __init__(self, contender, make_optimizer, key, params):
     self.contender, self.make_optimizer, self.key = contender, make_optimizer, key
@@ -84,8 +103,8 @@ class Run:
     self.timings, self.earlier_rate = [], None  # (steps, seconds) per advance on program
     self.mark, self.first_seconds, self.compile_seconds = (0.0, 0), 0.0, 0.0  # start_race
 
-  name = property(lambda self: self.contender.candidate.name)
-  batch_size = property(lambda self: self.contender.candidate.batch_size)
+  name = property(lambda self: self.contender.name)
+  batch_size = property(lambda self: self.contender.batch_size)
 
   @property
   def seconds_per_step(self) -> float | None:
@@ -136,6 +155,15 @@ class Run:
     self.params = jax.tree.map(jnp.copy, self.start_params)
     self.opt_state = program.optimizer.init(self.params)
     self.use(program, 0.0)
+
+  def start_timed(self, budget: float, segment: int = 64) -> float:
+    """Starts on a schedule longer than any run (its step sizes barely move until it has
+    its own) and times it (a cold call, then a tenth of a second): returns its compile's
+    seconds."""
+    self.start(self.compile(int(budget / 1e-6), segment))
+    self.advance(2 * segment)
+    self.advance(round(0.1 / self.seconds_per_step))
+    return self.compile_seconds
 
   def continue_from(self, other: "Run", program: Program, fraction: float) -> None:
     """Continues ``other``'s run on ``program`` at ``fraction`` of the budget: ``other``'s
@@ -230,3 +258,104 @@ class Run:
           break  # the rest is the run's
         self.advance(round(0.2 / self.seconds_per_step))
     self.use(self.program, spent() / budget, seconds_left=budget - spent())
+
+
+FIXED = ("num_steps", "max_seconds", "batch_size", "opt_state", "start_step", "segment_steps")
+""":func:`dsgrad.fit`'s settings that :func:`finish` sets itself, to the budget's end."""
+
+
+def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs):
+  """Continues ``run`` (started or not) with :func:`dsgrad.fit` to the end of ``budget``
+  seconds, of which ``spent_before`` are gone, on a schedule over the steps it affords
+  (:meth:`Run.settle`). ``fit_kwargs``: fit's others (``elbo_samples``, ``progress``, ...);
+  ``who`` names the caller in errors. Returns fit's :class:`~dsgrad.FitResult`, timed for
+  this call, its ``step`` and ``history.step`` in steps run, its ``opt_state``
+  ``(estimator state, the user optimizer's state at the schedule's position)``."""
+  if fixed := set(fit_kwargs) & set(FIXED):  # the run's, to the end
+    raise TypeError(f"{who} sets {sorted(fixed)} itself: pass fit's others")
+  if fit_kwargs.get("resume"):  # its key and pace belong to the call that wrote it
+    raise ValueError("a paced run (Recommendation.fit, dsgrad.fit_within) does not resume: "
+                     "read its checkpoint's params back (dsgrad.restore_fit_checkpoint(path, "
+                     "params, None)) and start a new call from them")
+  entered, stepped = time.perf_counter(), run.seconds
+  spent = lambda: spent_before + time.perf_counter() - entered
+  importing = psis.import_beside()  # for fit's k-hat: beside the first compile, where one
+  compiled = run.start_timed(budget) if run.program is None else 0.0
+  importing.join()  # before the time left is shared
+  if run.seconds_per_step is None:  # recommend interrupted before its steps were timed
+    run.advance(2 * run.program.segment)
+  run.settle(budget, spent)
+  # fit's evaluations take time the pace would give to steps (its schedule then ends
+  # early: at 0.81 of it in a minute on 2M rows read from disk). The first half prices
+  # them (two draws each: no k-hat yet); the second is paced on the time they leave.
+  samples, begun = fit_kwargs.get("elbo_samples"), (run.step, run.steps_run)
+  first = run.fit(max_seconds=max(1e-3, (budget - spent()) / 2), **{
+      **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
+  f, run.timings = first.timing, []  # its step time alone paces what is left
+  run.took(first)
+  at = max(spent() / budget, (run.step + run.program.segment) / run.program.length)
+  if at * run.program.length < run.program.length - run.program.segment:  # else as paced
+    run.use(run.program, at, seconds_left=(1 - f.evaluations / max(f.total, 1e-9)) * (
+        budget - spent()))
+  before, stepped = time.perf_counter() - entered, run.seconds - stepped
+  resumed = (run.step, run.steps_run)  # the step moves back where the program is short
+  result = run.fit(max_seconds=max(1e-3, budget - spent()), **fit_kwargs)
+  history = History(*map(np.concatenate, zip(_counted(first.history, *begun), _counted(
+      result.history, *resumed, wall=first.timing.steps))))
+  t = result.timing  # the other time before fit (compiles beside steps) counts as setup
+  # The trace judged from your params: a run that diverged in a race looks steady here.
+  warned = elbo_trust.run_warnings(run.contender.objective, history, run.start_params, run.key)
+  for message in (m for m in warned if fit_kwargs.get("progress", True)
+                  and m not in result.warnings):  # fit printed its own
+    print("warning: " + message, flush=True)
+  estimator_state, pace = result.opt_state
+  return result._replace(opt_state=(estimator_state, unpaced(pace)), history=history,
+                         step=resumed[1] + result.step - resumed[0], timing=t._replace(
+      total=t.total + before, steps=t.steps + stepped, compile=t.compile + f.compile + compiled,
+      evaluations=t.evaluations + f.evaluations,
+      setup=t.setup + before - stepped - f.compile - f.evaluations - compiled),
+      warnings=tuple(dict.fromkeys(result.warnings + warned)))
+
+
+def _counted(history: History, step: int, steps_run: int, wall: float = 0.0) -> History:
+  """A piece's ``history`` from program ``step``, where the run had ``steps_run`` steps, in
+  steps run (a program's step index jumps where the run moves to a program of another
+  length), its steps' seconds after ``wall``."""
+  return history._replace(step=history.step - step + steps_run, wall_time=history.wall_time + wall)
+
+
+@checks.arguments(objective=checks.objective(), optimizer=checks.optimizer(factory=True),
+                  params=checks.parameters(), key=checks.prng_key(), seconds=checks.positive(),
+                  batch_size=checks.count(1), estimator=checks.optional(checks.estimator()))
+def fit_within(objective, optimizer, params, key, *, seconds: float, batch_size: int,
+               estimator=None, **fit_kwargs):
+  """:func:`dsgrad.fit` in ``seconds`` of wall-clock, compiles included, with your schedule
+  ending with them: ``estimator`` (naive by default) chained with ``optimizer(num_steps)``,
+  its step counts paced to the clock as :meth:`dsgrad.Recommendation.fit` paces the
+  recommended run (with no race). Returns fit's :class:`~dsgrad.FitResult`, as that method
+  does.
+
+  Raises:
+    ValueError: ``optimizer`` holds an estimator (pass it as ``estimator``).
+    TypeError: a setting of fit's that ``seconds`` sets (``num_steps``, ``max_seconds``, ...).
+
+  Example::
+
+    >>> import jax, optax, dsgrad
+    >>> x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 1000, 3)
+    >>> objective = dsgrad.meanfield_gaussian(dsgrad.models.logistic_regression(x, y))
+    >>> result = dsgrad.fit_within(
+    ...     objective, lambda n: optax.adam(optax.cosine_decay_schedule(1e-2, n)),
+    ...     dsgrad.meanfield_init(objective), jax.random.key(1), seconds=3.0, batch_size=50,
+    ...     estimator=dsgrad.joint_svrg(objective), progress=False)  # about 3 s in all
+    >>> bool(result.history.step[-1] == result.step > 0)  # counted in steps run
+    True
+  """
+  make, who = checks.optimizer_factory(optimizer, "dsgrad.fit_within"), "dsgrad.fit_within"
+  if chain.holds_estimator(jax.eval_shape(make(2).init, params)):
+    raise ValueError(f"{who}: optimizer holds a dsgrad estimator; pass it as estimator= and "
+                     "leave the rule chained after it (e.g. optax.adam) in optimizer")
+  if fixed := set(fit_kwargs) & set(FIXED):
+    raise TypeError(f"{who} sets {sorted(fixed)} itself from seconds=: pass fit's others")
+  setup = Setup("fit_within", objective, naive() if estimator is None else estimator, batch_size)
+  return finish(Run(setup, make, key, params), seconds, 0.0, who, **fit_kwargs)
