@@ -15,7 +15,7 @@ import pytest
 import dsgrad
 from dsgrad.advice import candidates as candidates_lib
 from dsgrad.advice import recommend as advice_lib
-from dsgrad.training import paced as runs_lib
+from dsgrad.training import paced as paced_lib
 from dsgrad.training import evaluation_plan
 from conftest import ctrl_c_at
 
@@ -48,8 +48,8 @@ def test_a_control_variate_that_leads_by_far_is_raced_from_naive_and_the_budget_
   model = _model(d=40)
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   compiled, naive_steps, continued = {}, [], []
-  real_compile, real_advance = runs_lib.compile_fit, runs_lib.Run.advance
-  real_continue = runs_lib.Run.continue_from
+  real_compile, real_advance = paced_lib.compile_fit, paced_lib.Run.advance
+  real_continue = paced_lib.Run.continue_from
 
   def slow_compile(objective_, optimizer, *args, **kwargs):
     started = time.perf_counter()
@@ -77,9 +77,9 @@ def test_a_control_variate_that_leads_by_far_is_raced_from_naive_and_the_budget_
     evaluate = real_evaluator(race)
     return lambda params: estimates.append(race.rows) or evaluate(params)
 
-  monkeypatch.setattr(runs_lib, "compile_fit", slow_compile)
-  monkeypatch.setattr(runs_lib.Run, "advance", advance)
-  monkeypatch.setattr(runs_lib.Run, "continue_from", continue_from)
+  monkeypatch.setattr(paced_lib, "compile_fit", slow_compile)
+  monkeypatch.setattr(paced_lib.Run, "advance", advance)
+  monkeypatch.setattr(paced_lib.Run, "continue_from", continue_from)
   monkeypatch.setattr(advice_lib._Race, "_evaluator", evaluator)
   budget = 20.0  # room for the compiles on a busy machine (two tests at once on two cores)
   started = time.perf_counter()
@@ -119,8 +119,8 @@ def test_a_budget_too_small_to_race_gets_naive_at_once_and_fit_keeps_to_it(monke
   on naive's one program where a second compile, which cannot be stopped, would not fit
   (a stand-in compiler reports a second more than each compile took), its schedule paced
   to end with the budget."""
-  compiles, real_compile = [], runs_lib.compile_fit
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: compiles.append(
+  compiles, real_compile = [], paced_lib.compile_fit
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: compiles.append(
       kwargs["num_steps"]) or real_compile(*args, **kwargs) + 1.0)
   budget = 5.0  # half a second of advice: a cold call took 0.32-0.45 s alone
   # Beside the other test worker a cold call once took 1.21 s: called again where it ran
@@ -197,7 +197,7 @@ def test_an_advice_interrupted_before_naive_stepped_starts_it_in_its_fit(monkeyp
   naive and trains it to the budget's end."""
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
-  real_compile, calls = runs_lib.Run.compile, []
+  real_compile, calls = paced_lib.Run.compile, []
 
   def interrupted_compile(self, *args):
     calls.append(args)
@@ -208,7 +208,7 @@ def test_an_advice_interrupted_before_naive_stepped_starts_it_in_its_fit(monkeyp
   for interrupt in ("compile", "first block"):
     with monkeypatch.context() as patched:
       if interrupt == "compile":
-        patched.setattr(runs_lib.Run, "compile", interrupted_compile)
+        patched.setattr(paced_lib.Run, "compile", interrupted_compile)
       else:
         ctrl_c_at(patched, 1)
       with pytest.raises(dsgrad.Interrupted) as stop:
@@ -227,8 +227,8 @@ def test_a_race_that_begins_before_the_estimates_compile_waits_for_them(monkeypa
   race that must begin while naive's program is still compiling (a stand-in compiler two
   seconds slower, a race due at half a second) leaves the candidate out as still
   compiling, but waits for the estimates it needs instead of cancelling them."""
-  real_compile = runs_lib.compile_fit
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: time.sleep(2.0)
+  real_compile = paced_lib.compile_fit
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: time.sleep(2.0)
                       or real_compile(*args, **kwargs))
   model = _model()
   advice = dsgrad.recommend(dsgrad.meanfield_gaussian(model), _schedule,
@@ -275,10 +275,10 @@ def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_ex
   compile that took no time (its program cached) must not make the next look free, nor
   the time its call took be left out."""
   reported = iter([2.0, 0.0])
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: next(reported))
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: next(reported))
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
   run.compile(100, 10)
@@ -286,7 +286,7 @@ def test_a_compile_served_from_a_cache_does_not_lower_the_compile_time_settle_ex
   assert run.compile_seconds == 2.0
   # A call whose compile is served from a cache still traces and lowers the program: that
   # time counts (measured: 1.2 s where compile_fit reported 0 s; before, 0 s was kept).
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: time.sleep(0.3) or 0.0)
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: time.sleep(0.3) or 0.0)
   run.compile_seconds = 0.0
   run.compile(300, 10)
   assert run.compile_seconds >= 0.3
@@ -300,12 +300,12 @@ def test_an_hour_long_budget_starts_naive_and_settles_it_at_its_fraction(monkeyp
   counts paced to reach the end with it."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
   run.start_timed(3600.0)
   run.compile_seconds = 1e3  # a second program would not fit in the half hour left
-  monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
+  monkeypatch.setattr(paced_lib.Run, "compile", lambda *args: pytest.fail("resized"))
   run.settle(3600.0, lambda: 1800.0)
   run.advance(run.program.segment)
   length = run.program.length
@@ -323,13 +323,13 @@ def test_a_run_on_a_program_too_short_for_the_time_left_starts_its_steps_earlier
   the time left affords; its schedule stays at the budget's fraction, paced to the end."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: 1e3)  # never fits
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: 1e3)  # never fits
   run.start(run.compile(6_000, 100))
   run.timings, key = [(100, 0.01)], run.key
-  monkeypatch.setattr(runs_lib.Run, "advance", lambda self, steps: self.timings.append(
+  monkeypatch.setattr(paced_lib.Run, "advance", lambda self, steps: self.timings.append(
       (steps, 1e-4 * steps)))  # 10,000 steps a second: 5,000 in the half left
   run.settle(1.0, lambda: 0.5)
   assert run.program.length == 6_000
@@ -348,7 +348,7 @@ def test_settle_moves_to_a_new_program_only_where_its_compile_and_timing_fit_the
   it has, paced, and ends before the budget's end (stand-in clock and compiler)."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
   clock = [0.0]
@@ -362,8 +362,8 @@ def test_settle_moves_to_a_new_program_only_where_its_compile_and_timing_fit_the
     clock[0] += 1e-4 * steps
     self.timings.append((steps, 1e-4 * steps))
 
-  monkeypatch.setattr(runs_lib, "compile_fit", compile_fit)
-  monkeypatch.setattr(runs_lib.Run, "advance", advance)
+  monkeypatch.setattr(paced_lib, "compile_fit", compile_fit)
+  monkeypatch.setattr(paced_lib.Run, "advance", advance)
   run.start(run.compile(6_000, 100))  # it affords 100,000 steps in 10 s: too short
   run.timings, clock[0] = [(100, 0.01)], 9.0
   run.settle(10.0, lambda: clock[0])
@@ -379,7 +379,7 @@ def test_a_transformation_given_as_it_is_keeps_its_own_schedule_over_the_steps_r
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
   make = dsgrad.checks.optimizer_factory(_schedule(20_000), "test")
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], make, jax.random.key(1),
                      dsgrad.meanfield_init(model))
   run.start(run.compile(10_000, 100))
@@ -397,16 +397,16 @@ def test_one_slow_call_does_not_resize_a_run_whose_other_calls_fit_its_schedule(
   machine) among three warm ones must not shrink a schedule that fits."""
   model = _model()
   objective = dsgrad.meanfield_gaussian(model)
-  run = runs_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
+  run = paced_lib.Run(candidates_lib.build(("naive",), objective, dsgrad.meanfield_init(model),
                                           BATCH)[0], _schedule, jax.random.key(1),
                      dsgrad.meanfield_init(model))
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: 0.1)
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: 0.1)
   run.start(run.compile(10_000, 100))
   run.timings = [(100, 0.05)] * 3  # the race's: slower beside a compile
   timed = iter([1.0, 0.01, 0.03, 0.01])  # cold, warm, slow, warm
-  monkeypatch.setattr(runs_lib.Run, "advance", lambda self, steps: self.timings.append(
+  monkeypatch.setattr(paced_lib.Run, "advance", lambda self, steps: self.timings.append(
       (100, next(timed))))
-  monkeypatch.setattr(runs_lib.Run, "compile", lambda *args: pytest.fail("resized"))
+  monkeypatch.setattr(paced_lib.Run, "compile", lambda *args: pytest.fail("resized"))
   run.settle(1.0, lambda: 0.5)
   assert run.seconds_per_step == pytest.approx(1e-4)
   assert run.program.length == 10_000 and run.step == 5_000
@@ -858,8 +858,8 @@ def test_the_recommended_fit_ends_its_schedule_with_the_budget_where_evaluations
 def test_the_recommended_fits_timing_is_the_whole_call(monkeypatch):
   """Its parts add up to the call, and naive's program, compiled in it where nothing raced
   (a stand-in compiler half a second slower), is compile time, not setup."""
-  real_compile = runs_lib.compile_fit
-  monkeypatch.setattr(runs_lib, "compile_fit", lambda *args, **kwargs: (
+  real_compile = paced_lib.compile_fit
+  monkeypatch.setattr(paced_lib, "compile_fit", lambda *args, **kwargs: (
       time.sleep(0.5), real_compile(*args, **kwargs))[1])
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
@@ -882,7 +882,7 @@ def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_th
   left (the step ran faster than it was sized for), its steps start earlier on new draws;
   the first half's history past that step is dropped, so the result's history runs forward
   to its last step (it once ended the call with "history ends at step ...")."""
-  real_use, moved = runs_lib.Run.use, []
+  real_use, moved = paced_lib.Run.use, []
 
   def use(run, program, fraction, seconds_left=None):
     before = run.step
@@ -892,7 +892,7 @@ def test_a_program_too_short_for_the_time_left_restarts_its_steps_earlier_and_th
     if seconds_left is not None:
       moved.append((before, run.step))
 
-  monkeypatch.setattr(runs_lib.Run, "use", use)
+  monkeypatch.setattr(paced_lib.Run, "use", use)
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   advice = dsgrad.recommend(objective, _schedule, params, jax.random.key(0), batch_size=BATCH,
@@ -912,7 +912,7 @@ def test_a_paced_run_imports_arviz_stats_beside_its_first_compile(monkeypatch):
   from dsgrad import psis
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
-  spans, real_stats, real_compile = {}, psis.arviz_array_stats, runs_lib.compile_fit
+  spans, real_stats, real_compile = {}, psis.arviz_array_stats, paced_lib.compile_fit
 
   def stats(purpose):
     if "import" not in spans:  # the first call imports; later ones find the module
@@ -929,7 +929,7 @@ def test_a_paced_run_imports_arviz_stats_beside_its_first_compile(monkeypatch):
     return seconds
 
   monkeypatch.setattr(psis, "arviz_array_stats", stats)
-  monkeypatch.setattr(runs_lib, "compile_fit", compile_fit)
+  monkeypatch.setattr(paced_lib, "compile_fit", compile_fit)
   dsgrad.fit_within(objective, _schedule, params, jax.random.key(0), seconds=2.0,
                     batch_size=BATCH, elbo_samples=30, progress=False)
   (imported, thread, done), (compiling, compiled) = spans["import"], spans["compile"]
@@ -998,7 +998,7 @@ def test_a_run_settles_without_timing_its_step_again_where_no_time_is_left():
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
   contender = candidates_lib.Contender(candidates_lib.Candidate("fit_within", BATCH),
                                        objective, dsgrad.naive())
-  run = runs_lib.Run(contender, _schedule, jax.random.key(0), params)
+  run = paced_lib.Run(contender, _schedule, jax.random.key(0), params)
   run.start(run.compile(6_400, 64))
   run.advance(128)
   run.advance(128)
