@@ -289,6 +289,7 @@ def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs)
   # early: at 0.81 of it in a minute on 2M rows read from disk). The first half prices
   # them (two draws each: no k-hat yet); the second is paced on the time they leave.
   samples, begun = fit_kwargs.get("elbo_samples"), (run.step, run.steps_run)
+  settled = run.seconds - stepped  # this call's steps so far: its history counts them too
   first = run.fit(max_seconds=max(1e-3, (budget - spent()) / 2), **{
       **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
   f, run.timings = first.timing, []  # its step time alone paces what is left
@@ -300,8 +301,9 @@ def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs)
   before, stepped = time.perf_counter() - entered, run.seconds - stepped
   resumed = (run.step, run.steps_run)  # the step moves back where the program is short
   result = run.fit(max_seconds=max(1e-3, budget - spent()), **fit_kwargs)
-  history = History(*map(np.concatenate, zip(_counted(first.history, *begun), _counted(
-      result.history, *resumed, wall=first.timing.steps))))
+  history = History(*map(np.concatenate, zip(_counted(first.history, *begun, wall=settled),
+                                              _counted(result.history, *resumed,
+                                                       wall=settled + first.timing.steps))))
   t = result.timing  # the other time before fit (compiles beside steps) counts as setup
   # The trace judged from your params: a run that diverged in a race looks steady here.
   warned = elbo_trust.run_warnings(run.contender.objective, history, run.start_params, run.key)
