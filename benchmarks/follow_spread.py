@@ -37,7 +37,7 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from dsgrad.training import paced as advice_runs
+from dsgrad.training import paced
 from benchmarks import _report
 from benchmarks import scale_models
 from benchmarks import scale_suite
@@ -56,7 +56,7 @@ def _one_call(advice: dsgrad.Recommendation, **fit_kwargs):
   run.settle(advice.budget_seconds, spent)
   result = run.fit(max_seconds=max(1e-3, advice.budget_seconds - spent()), **fit_kwargs)
   estimator_state, pace = result.opt_state
-  return result._replace(opt_state=(estimator_state, advice_runs.unpaced(pace)))
+  return result._replace(opt_state=(estimator_state, paced.unpaced(pace)))
 
 
 VARIANTS = {"follow": lambda advice: advice.fit(progress=False,

@@ -34,7 +34,6 @@ from dsgrad import checks, elbo_estimates, elbo_trust
 from dsgrad.estimators import chain
 from dsgrad.advice.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, Contender, build
 from dsgrad.training import paced, progress as progress_lib
-from dsgrad.training.paced import Run
 from dsgrad.training.resume import History
 
 MIN_RACE_SECONDS = 1.0  # the least share per candidate: a shorter piece is within jitter
@@ -312,7 +311,8 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "
                      "chained after each candidate's estimator (e.g. optax.adam): leave it out")
   chain.check_descends(make(2), None, params, "dsgrad.recommend")  # one rule, its own state
-  runs = {c.candidate.name: Run(c, make, key, params) for c in built if isinstance(c, Contender)}
+  runs = {c.candidate.name: paced.Run(c, make, key, params)
+          for c in built if isinstance(c, Contender)}
   bar = progress_lib.bar(progress, None, "s", "recommend")
   say = lambda text: bar(0, status=text, line=f"recommend: {text}")
   try:
