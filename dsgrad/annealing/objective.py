@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from dsgrad import checks
+from dsgrad import checks, elbo_trust
 from dsgrad.training import batching
 from dsgrad.training import compile_cache
 from dsgrad import elbo_estimates
@@ -253,13 +254,22 @@ class AnnealedVI:
   def elbo(self, params, key, num_samples: int = 1000, chunk_size: int = 256):
     """The full-data ELBO ``E[log w]`` by Monte Carlo: ``(estimate, standard error)``.
 
-    One chain and one full likelihood per sample, ``chunk_size`` samples at a time
-    (vectorized), so memory is ``O(chunk_size (N + K d))``.
+    One chain and two full likelihoods per sample (at the chain's end, and at its start
+    for the base's own ELBO on the same draw, the check below), ``chunk_size`` samples at
+    a time (vectorized), so memory is ``O(chunk_size (N + K d))``.
+
+    Raises:
+      ValueError: draws that are not finite (named as the chain's where the base's are).
+
+    Warns:
+      dsgrad.elbo_trust.ELBOWarning: a bound more than 10 nats (and four paired standard
+        errors) below the base's own ELBO: a chain that loses more than annealing gains,
+        as leapfrog steps past their stability limit do (the bound stays valid).
     """
     # Params of another objective (a mean-field start) are named, not a KeyError.
     checks.check_objective_evaluates(self.objective(), params, "annealing.AnnealedVI.elbo")
-    values = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
-    return elbo_estimates.mean_and_standard_error(values)
+    values, base = _elbo_runner(self, num_samples, min(chunk_size, num_samples))(params, key)
+    return elbo_estimates.mean_and_standard_error(_against_base(values, base))
 
   @checks.arguments(params=checks.parameters(), key=checks.prng_key(), num=checks.count(1))
   def sample_posterior(self, params, key, num: int) -> jax.Array:
@@ -273,12 +283,53 @@ class AnnealedVI:
     return jax.vmap(lambda k: self.chain(params, self.noise_fn(k, 1))[0])(keys)
 
 
+BELOW_BASE_NATS = 10.0  # a chain that costs its bound more than this is not annealing
+UNSTABLE = ("leapfrog steps above their stability limit (step sizes too large for the mass "
+            "on this posterior); a smaller step_size in init_params, or mass='base', keeps "
+            "the steps within it")
+
+
+def _against_base(values, base):
+  """The annealed bound's draws ``values``, checked against the base's own log weights on
+  the same draws ``base`` (equal where the chain has no steps). Not finite where the base
+  is: refused, as the chain's. More than :data:`BELOW_BASE_NATS` (and four paired standard
+  errors) below it: an :class:`~dsgrad.elbo_trust.ELBOWarning`. A stable chain at small
+  steps moves the bound little; steps past the leapfrog's stability limit sent it to -1e11,
+  a bound that is valid and useless, without a word."""
+  values, base = np.asarray(values, np.float64), np.asarray(base, np.float64)
+  who = "annealing.AnnealedVI.elbo"
+  if not np.isfinite(values).all() and np.isfinite(base).all():
+    raise elbo_estimates.NonFiniteELBO(who, (
+        f"the annealed bound is not finite in {np.sum(~np.isfinite(values))} of {values.size} "
+        f"draws where the base distribution's own ELBO is finite: its chain diverges, as "
+        f"{UNSTABLE}."))
+  values = elbo_estimates.finite_elbo_draws(values, who)
+  gap, se = elbo_estimates.mean_and_standard_error(values - base)
+  if gap < -max(BELOW_BASE_NATS, 4 * se):
+    checks.warn_at_caller(
+        f"{who}: the annealed bound is {-gap:.4g} nats (se {se:.2g}) below the base "
+        f"distribution's own ELBO {base.mean():.6g} on the same draws: its chain loses more "
+        f"than annealing gains, as {UNSTABLE}", elbo_trust.ELBOWarning)
+  return values
+
+
 @compile_cache.cached
 def _elbo_runner(vi: AnnealedVI, num_samples: int, chunk_size: int):
+  """``(params, key) -> (log w, the base's log weight at the chain's start)`` per draw."""
+  everything = jnp.arange(vi._template.num_data, dtype=jnp.int32)
+
   @compile_cache.jit_by_text
   def run(params, key):
     keys = jax.random.split(key, num_samples)
-    one = lambda k: vi.log_weight(params, vi.noise_fn(k, 1))  # noqa: E731
+
+    def one(k):
+      noise = vi.noise_fn(k, 1)
+      family, model = _FAMILIES[vi.base], vi.model_at(params)
+      z0 = family.transform(params["base"], noise["eps0"])
+      base = (model.log_prior(z0) + jnp.sum(model.log_likelihood_at(z0, everything))
+              - family.log_prob_at(params["base"], z0))
+      return vi.log_weight(params, noise), base
+
     return jax.lax.map(one, keys, batch_size=chunk_size)
 
   return run
