@@ -5,7 +5,9 @@ A *table* is a pytree whose leaves have a leading datum axis ``N`` (one row per 
 the SAGA and ``inc`` tables of parameters, or a compact table of per-datum statistics.
 :func:`set_rows` writes a batch's rows so that XLA updates a donated table in place.
 A *full pass* evaluates a batch function over all ``N`` data in chunks inside ``jit``
-(:func:`full_pass_mean`, :func:`full_pass_rows`), in the memory of one chunk.
+(:func:`full_pass_mean`, :func:`full_pass_rows`), in the memory of one chunk. A mean
+kept from a full pass belongs to the data it read: :func:`data_digest` marks them, and
+:func:`for_data` has a state continued on other data make its pass again.
 
 Example::
 
@@ -31,7 +33,7 @@ from dsgrad import checks
 
 __all__ = ["EMPTY_TABLE", "new_table", "gather_rows", "set_rows", "set_row_values", "first_occurrence",
            "full_pass_rows", "full_pass_chunk", "full_pass_mean", "tree_bytes",
-           "FULL_PASS_CHUNK_BYTES"]
+           "FULL_PASS_CHUNK_BYTES", "data_digest", "for_data"]
 
 # The table of params without leaves (optax's ``tree.map_params`` placeholder): a leaf, so
 # that a state's table field is never mistaken for params.
@@ -179,3 +181,45 @@ def tree_bytes(tree) -> int:
   """Total bytes of the array leaves of a tree."""
   return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape))
                  for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
+
+
+DIGEST_ROWS = 16
+"""The evenly spaced rows (first and last included) that :func:`data_digest` reads."""
+
+
+def data_digest(objective) -> jax.Array:
+  """A uint32 digest of :data:`DIGEST_ROWS` evenly spaced rows of every data leaf: their
+  bits times fixed odd weights, summed modulo 2^32 (exact in any order, so the same inside
+  a compiled update and outside it). Two data sets of the same shapes that differ in those
+  rows differ here; an objective without data gives a constant."""
+  n = objective.num_data
+  at = jnp.asarray(np.unique(np.linspace(0, n - 1, min(DIGEST_ROWS, n)).round()), jnp.int32)
+  total = jnp.zeros((), jnp.uint32)
+  for k, leaf in enumerate(jax.tree.leaves(objective.rows(at))):
+    leaf = jnp.asarray(leaf)
+    bits = (jax.lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.uint32)
+            if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf.astype(jnp.uint32)).ravel()
+    position = jnp.arange(bits.size, dtype=jnp.uint32) + jnp.uint32(k * 7919)
+    total = total + jnp.sum(bits * (position * jnp.uint32(2654435761) | jnp.uint32(1)),
+                            dtype=jnp.uint32)  # under x64 a sum would be uint64
+  return total
+
+
+def for_data(opt_state, objective):
+  """``opt_state`` with every estimator state whose full-data mean was computed on other
+  data than ``objective``'s (a :meth:`~dsgrad.Objective.with_data` copy, another fold) set
+  to make its full pass again at its next update: its ``count`` back to 0, so joint SAGA
+  fills its running mean (and warms up) again and joint SVRG takes a snapshot. Kept, the
+  old mean would bias every gradient after it (joint SAGA's for good). States without a
+  ``data_digest`` field, and those not filled yet, are returned as they are."""
+  digest = []  # of objective's data: computed once, where a filled state asks
+
+  def one(state):
+    if not hasattr(state, "data_digest") or int(state.count) == 0:
+      return state
+    digest[:] = digest or [int(data_digest(objective))]
+    if int(state.data_digest) == digest[0]:
+      return state
+    return state._replace(count=jnp.zeros_like(state.count))
+
+  return jax.tree.map(one, opt_state, is_leaf=lambda s: hasattr(s, "data_digest"))

@@ -28,12 +28,17 @@ class JointSagaState(NamedTuple):
       (with statistics: the mean of the per-datum part only).
     control_weight: ``()`` for a fixed weight, else the
       :class:`dsgrad.estimators.AdaptiveWeightState`.
+    data_digest: :func:`dsgrad.tables.data_digest` of the data ``G`` was computed on.
+      :func:`dsgrad.fit` given this state with other data (a ``with_data`` copy) has the
+      next update fill ``G`` again (:func:`dsgrad.tables.for_data`): ``G`` of other data
+      would bias every step after it. Under your own loop, start a fresh state instead.
   """
 
   count: jax.Array
   table: Any
   running_mean: Any
   control_weight: Any = ()
+  data_digest: Any = ()
 
 
 def _as_stored(params, table):
@@ -53,7 +58,7 @@ def _output(updates, control, state, new_table, running_mean, warmup_steps, weig
   weight_state = jax.tree.map(lambda old, new: jnp.where(in_warmup, old, new),
                               state.control_weight, weight_state)
   new_state = JointSagaState(optax.safe_increment(state.count), new_table, running_mean,
-                             weight_state)
+                             weight_state, state.data_digest)
   return optax.tree.cast_like(out, updates), new_state
 
 
@@ -179,22 +184,23 @@ def joint_saga(objective: Objective, approx: approx_lib.Approximation | None = N
     _common.check_params_fit(objective, params, "joint_saga", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSagaState(jnp.zeros([], jnp.int32), tables.EMPTY_TABLE, params,
-                            _weights.init(control_weight, params))
+                            _weights.init(control_weight, params), jnp.zeros([], jnp.uint32))
     # G (and a table of statistics) are filled by the first update, from the data it is
     # handed: the state reads no data.
     table = kind.init(params)
     return JointSagaState(jnp.zeros([], jnp.int32), table, jax.tree.map(jnp.zeros_like, params),
-                          _weights.init(control_weight, params))
+                          _weights.init(control_weight, params), jnp.zeros([], jnp.uint32))
 
   def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
     def fill():
       table, mean = kind.fill(objective, params, state.table)
-      return table, optax.tree.cast_like(mean, state.running_mean)
+      return (table, optax.tree.cast_like(mean, state.running_mean),
+              tables.data_digest(objective))
 
-    table, running_mean = jax.lax.cond(state.count == 0, fill,
-                                       lambda: (state.table, state.running_mean))
-    state = state._replace(table=table, running_mean=running_mean)
+    table, running_mean, digest = jax.lax.cond(
+        state.count == 0, fill, lambda: (state.table, state.running_mean, state.data_digest))
+    state = state._replace(table=table, running_mean=running_mean, data_digest=digest)
     g, control, new_table, change = kind.step(objective, updates, state, params, indices,
                                               noise)
     # G += (1/N) sum over the batch's distinct data of (E grad f~ now - E grad f~ at the
@@ -237,7 +243,11 @@ def _parameter_table(objective: Objective, approx, chunk_size, table_dtype, max_
     return tables.new_table(params, n, table_dtype)
 
   def fill(objective, params, table):
+    # Every row set to params: G is the mean over the rows as they are stored, and a
+    # table filled again (a state continued on other data) holds older rows.
     stored = _as_stored(params, table)
+    table = jax.tree.map(lambda t, p: jnp.broadcast_to(p.astype(t.dtype), t.shape), table,
+                         stored)
     return table, tables.full_pass_mean(
         lambda idx: approx.expected_grad(objective, stored, idx), n, chunk_size)
 

@@ -25,12 +25,16 @@ class JointSvrgState(NamedTuple):
       noise-integrated approximate gradient at the snapshot.
     control_weight: ``()`` for a fixed weight, else the
       :class:`dsgrad.estimators.AdaptiveWeightState`.
+    data_digest: :func:`dsgrad.tables.data_digest` of the data ``g_bar`` was computed on;
+      :func:`dsgrad.fit` given this state with other data has the next update take a
+      snapshot (:func:`dsgrad.tables.for_data`).
   """
 
   count: jax.Array
   snapshot: Any
   snapshot_mean: Any
   control_weight: Any = ()
+  data_digest: Any = ()
 
 
 @checks.arguments(objective=checks.objective(), approx=checks.approximation(),
@@ -107,13 +111,13 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     _common.check_params_fit(objective, params, "joint_svrg", approx)
     if not _common.has_leaves(params):  # optax.tree.map_params placeholder
       return JointSvrgState(jnp.zeros([], jnp.int32), params, params,
-                            _weights.init(control_weight, params))
+                            _weights.init(control_weight, params), jnp.zeros([], jnp.uint32))
     # Both filled by the first update's refresh (a full pass over the data it is handed):
     # the state reads no data. A copy, so that params and state can both be donated.
     snapshot = jax.tree.map(jnp.copy, params)
     return JointSvrgState(jnp.zeros([], jnp.int32), snapshot,
                           jax.tree.map(jnp.zeros_like, params),
-                          _weights.init(control_weight, params))
+                          _weights.init(control_weight, params), jnp.zeros([], jnp.uint32))
 
   def update_fn(updates, state, params, *, indices, noise, objective, **extra_args):
     del extra_args
@@ -121,18 +125,19 @@ def joint_svrg(objective: Objective, approx: approx_lib.Approximation | None = N
     period = every if every is not None else max(1, n // indices.shape[0])
     refresh = state.count % period == 0
     params_like = optax.tree.cast_like(params, state.snapshot)
-    snapshot, snapshot_mean = jax.lax.cond(
+    snapshot, snapshot_mean, digest = jax.lax.cond(
         refresh,
         lambda: (params_like, optax.tree.cast_like(full_mean(objective, params_like),
-                                                   state.snapshot_mean)),
-        lambda: (state.snapshot, state.snapshot_mean))
+                                                   state.snapshot_mean),
+                 tables.data_digest(objective)),
+        lambda: (state.snapshot, state.snapshot_mean, state.data_digest))
     g, g_tilde, _ = _common.gradient_and_terms(objective, approx, updates, params, snapshot,
                                                indices, noise, False)
     out, weight_state = _weights.apply(control_weight, control_weight_horizon,
                                        state.control_weight, g,
                                        optax.tree.sub(snapshot_mean, g_tilde))
     new_state = JointSvrgState(optax.safe_increment(state.count), snapshot, snapshot_mean,
-                               weight_state)
+                               weight_state, digest)
     return optax.tree.cast_like(out, g), new_state
 
   return _common.transformation(objective, init_fn, update_fn, "joint_svrg")

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dsgrad import checks, elbo_estimates, elbo_trust, psis
+from dsgrad import checks, elbo_estimates, elbo_trust, psis, tables
 from dsgrad.estimators.chain import check_chain_order, check_descends
 from dsgrad.estimators.checked import check_state
 from dsgrad.objective import Objective
@@ -459,7 +459,8 @@ def _initial_state(objective, optimizer, params, opt_state, batch_size: int, mes
   fresh = opt_state is None
   if not fresh:  # a state passed in or restored: the one this optimizer's init makes
     check_state(optax.with_extra_args_support(optimizer), opt_state, params, "dsgrad.fit")
-  opt_state = optimizer.init(params) if fresh else jax.tree.map(jnp.copy, opt_state)
+  opt_state = (optimizer.init(params) if fresh  # full-data means of other data made again
+               else tables.for_data(jax.tree.map(jnp.copy, opt_state), objective))
   check_chain_order(opt_state, "fit", steps=True)  # first: it names a missing update rule
   check_descends(optimizer, opt_state, params, "fit", fresh)
   return params, opt_state, placement
