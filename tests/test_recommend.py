@@ -942,14 +942,17 @@ def test_a_paced_run_imports_arviz_stats_beside_its_first_compile(monkeypatch):
   assert imported < compiled and compiling < done, spans  # the two overlap
 
 
-def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_path):
+def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_path,
+                                                                            monkeypatch):
   """fit_within: the budget kept, compiles included; the estimator's state is the first in
   the result's chain state; the schedule of the program it ran on reaches its end (the
-  step counts paced to the clock); an estimator inside the optimizer, or a setting the
-  budget decides, is refused by name."""
+  step counts paced to the clock); its two pieces of fit show on one progress bar; an
+  estimator inside the optimizer, or a setting the budget decides, is refused by name."""
   model = _model()
   objective, params = dsgrad.meanfield_gaussian(model), dsgrad.meanfield_init(model)
-  lengths = []
+  lengths, bars, real_bar = [], [], dsgrad.training.progress.bar
+  monkeypatch.setattr(dsgrad.training.progress, "bar",
+                      lambda *args, **kwargs: bars.append(args) or real_bar(*args, **kwargs))
 
   def optimizer(num_steps):
     lengths.append(num_steps)
@@ -960,9 +963,11 @@ def test_fit_within_paces_one_estimator_to_the_budget_and_ends_its_schedule(tmp_
   # 0.1 s of steps, and the call ran 0.4 s over in one run of four.
   result = dsgrad.fit_within(objective, optimizer, params, jax.random.key(0), seconds=5.0,
                              batch_size=BATCH, estimator=dsgrad.joint_svrg(objective),
-                             elbo_samples=10, progress=False, checkpoint_path=tmp_path / "ck")
+                             elbo_samples=10, progress=True, checkpoint_path=tmp_path / "ck")
   wall = time.perf_counter() - started
   assert wall <= 1.05 * 5.0 + 0.1 and result.timing.total > 0.8 * 5.0, (wall, result.timing)
+  shown = [made for made in bars if made[0]]  # the pace's own steps show nothing
+  assert shown == [(True, None, "step")], shown  # one, its total set as the pace knows it
   estimator_state, user_state = result.opt_state
   assert isinstance(estimator_state, dsgrad.JointSvrgState)
   is_schedule = lambda state: isinstance(state, optax.ScaleByScheduleState)  # noqa: E731

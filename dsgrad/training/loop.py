@@ -207,7 +207,7 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
     elbo_samples: Monte Carlo samples of the last ELBO estimate (the run's ELBO and
       k-hat), and of the others up to the plan above; 0 to skip evaluation. Default: 100,
       or with ``max_seconds`` as many as a tenth of it affords (k-hat needs 25).
-    progress: show progress.
+    progress: show progress; or a function as ``dsgrad.training.progress.elbo_bar`` makes.
     opt_state: state to continue from (default ``optimizer.init(params)``).
     start_step: the step ``params``/``opt_state`` were taken at, when resuming.
     checkpoint_path: if given, ``(params, opt_state, step)`` and the history so far are

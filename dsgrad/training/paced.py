@@ -290,8 +290,13 @@ def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs)
   # them (two draws each: no k-hat yet); the second is paced on the time they leave.
   samples, begun = fit_kwargs.get("elbo_samples"), (run.step, run.steps_run)
   settled = run.seconds - stepped  # this call's steps so far: its history counts them too
+  # One bar over both pieces: the first's total and end (left=0) are not the run's; an
+  # interrupt's close is.
+  shown = fit_kwargs.get("progress", True) and progress.elbo_bar(True, None)
   first = run.fit(max_seconds=max(1e-3, (budget - spent()) / 2), **{
-      **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples)})
+      **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples),
+      "progress": shown and (lambda n, step, value, se, close=False, left=None: shown(
+          n, step, value, se, close=close and left is None))})
   f, run.timings = first.timing, []  # its step time alone paces what is left
   run.took(first)
   at = max(spent() / budget, (run.step + run.program.segment) / run.program.length)
@@ -300,7 +305,7 @@ def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs)
         budget - spent()))
   before, stepped = time.perf_counter() - entered, run.seconds - stepped
   resumed = (run.step, run.steps_run)  # the step moves back where the program is short
-  result = run.fit(max_seconds=max(1e-3, budget - spent()), **fit_kwargs)
+  result = run.fit(max_seconds=max(1e-3, budget - spent()), **{**fit_kwargs, "progress": shown})
   history = History(*map(np.concatenate, zip(_counted(first.history, *begun, wall=settled),
                                               _counted(result.history, *resumed,
                                                        wall=settled + first.timing.steps))))

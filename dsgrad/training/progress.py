@@ -61,7 +61,11 @@ def elbo_bar(enabled: bool, total: int | None) -> Callable[..., None]:
   """``update(n_steps, step, elbo, se, close=False, left=None)`` on :func:`bar` for
   :func:`dsgrad.fit`: the ELBO beside the bar, or a printed line per evaluation without
   tqdm. ``total``: ``None`` for a run that trains until its time is up; ``left``: the
-  steps a run limited in time is expected to run yet, which set the total afresh."""
+  steps a run limited in time is expected to run yet, which set the total afresh.
+  ``enabled`` may be such a function already made: it is returned, so that several
+  calls of ``fit`` (a paced run's pieces) show on one bar."""
+  if callable(enabled):
+    return enabled
   shown, done = bar(enabled, total, "step"), [0]
 
   def update(n, step, value, se, close=False, left=None):
