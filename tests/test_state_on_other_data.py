@@ -45,17 +45,17 @@ def test_a_state_continued_on_other_data_stays_unbiased(make):
     state = after.opt_state[0]
     assert int(state.count) == steps_since_fill  # the same data: no pass made again
     assert int(state.data_digest) == int(tables.data_digest(objective))
-    draws = np.asarray(dsgrad.estimator_samples(estimator, state, after.params, objective,
-                                                jax.random.key(9), 20_000, B))
-    naive = np.asarray(dsgrad.estimator_samples(
-        dsgrad.naive(), dsgrad.naive().init(after.params), after.params, objective,
-        jax.random.key(10), 20_000, B))
-    z = (draws.mean(0) - naive.mean(0)) / np.sqrt(draws.var(0) / len(draws)
-                                                  + naive.var(0) / len(naive))
-    # Six coordinates: |z| > 4.5 by chance has probability below 1e-4. The old data's mean
-    # kept gave |z| of 50 (both estimators); SAGA's table rows kept from the first data
-    # beside a mean made at the new params, 9.6.
-    assert np.max(np.abs(z)) < 4.5, (objective is other, z)
+  draws = np.asarray(dsgrad.estimator_samples(estimator, state, after.params, other,
+                                              jax.random.key(9), 10_000, B))
+  naive = np.asarray(dsgrad.estimator_samples(
+      dsgrad.naive(), dsgrad.naive().init(after.params), after.params, other,
+      jax.random.key(10), 10_000, B))
+  z = (draws.mean(0) - naive.mean(0)) / np.sqrt(draws.var(0) / len(draws)
+                                                + naive.var(0) / len(naive))
+  # Six coordinates: |z| > 4.5 by chance has probability below 1e-4. The old data's mean
+  # kept gave |z| of 50 at 20,000 draws (both estimators); SAGA's table rows kept from the
+  # first data beside a mean made at the new params, 9.6 (6.7 at these 10,000).
+  assert np.max(np.abs(z)) < 4.5, z
 
 
 def test_the_data_digest_is_the_same_in_and_out_of_jit_on_device_and_on_disk(tmp_path):
