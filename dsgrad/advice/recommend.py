@@ -80,7 +80,8 @@ class Recommendation(NamedTuple):
     :class:`~dsgrad.FitResult`, timed for this call; its ``step`` and ``history.step`` count
     the run's steps (naive's and the race's included); ``opt_state`` is
     ``optax.chain(estimator, your optimizer)``'s, your step counts where the schedule stands
-    (``runs[name].contender.estimator``)."""
+    (``runs[name].contender.estimator``). Called again, it continues the same run from
+    where the last call left it, for as long again (the budget less the advice's time)."""
     run = self.runs.get(name or self.best)
     if run is None:
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
