@@ -61,7 +61,8 @@ class Objective:
       importance ratio ``log p(x, z) - log q(z)`` of the PSIS diagnostic
       (:func:`dsgrad.psis.importance_log_ratios`). The Gaussian families set it.
     source: optional ``(family name, model)`` the objective was built from
-      (:func:`dsgrad.meanfield_gaussian` sets ``("meanfield_gaussian", model)``). Fused
+      (:func:`dsgrad.meanfield_gaussian` sets ``("meanfield_gaussian", model)``, and
+      ``("meanfield_gaussian[path derivative]", model)`` with the path derivative). Fused
       kernels (:class:`dsgrad.approx.FusedTerms`) compute the naive gradient of exactly
       that objective from it; an objective whose loss was changed afterwards clears it.
     table_approximation: optional ``objective -> Approximation`` that a per-datum table

@@ -114,14 +114,25 @@ def test_path_derivative_vanishes_at_an_exact_posterior():
     assert worst_plain > 0.1, (type(family).__name__, worst_plain)
 
 
-def test_path_derivative_turns_off_the_fused_kernel():
+def test_path_derivative_turns_off_the_fused_kernel_not_meanfield_init():
   """A fused kernel computes the closed-form-entropy gradient, so it must not claim the
-  path-derivative objective."""
+  path-derivative objective; the objective is still mean-field, and meanfield_init makes
+  its params (it refused it as "not a mean-field one", from a user's own model too)."""
   x, y, _ = dsgrad.models.synthetic_logistic_data(jax.random.key(0), 30, 3)
   model = dsgrad.models.logistic_regression(x, y)
   approx = dsgrad.approx.glm_mean_taylor(model)
   assert approx.fused_for(dsgrad.meanfield_gaussian(model)) is not None
-  assert approx.fused_for(dsgrad.meanfield_gaussian(model, path_derivative=True)) is None
+  stl = dsgrad.meanfield_gaussian(model, path_derivative=True)
+  assert approx.fused_for(stl) is None
+  own = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z["w"] ** 2),
+      lambda z, rows: -jax.nn.softplus(-rows["s"] * (rows["x"] @ z["w"])),
+      {"x": x, "s": 2.0 * y - 1.0}, {"w": jnp.zeros(3)}, path_derivative=True)
+  for objective in (stl, own):
+    params = dsgrad.meanfield_init(objective, 0.0, -1.0)
+    assert params["loc"].shape == params["log_scale"].shape == (3,)
+    assert np.isfinite(objective.loss(params, jnp.arange(4), objective.sample_noise(
+        jax.random.key(1), 4))).all()
 
 
 def test_sobol_normal_rows_are_standard_normal():

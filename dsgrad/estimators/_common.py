@@ -149,7 +149,8 @@ def warn_of_declared_coordinates(objective: Objective, params, num_data: int, dt
   objective whose model declares which coordinates each datum reads (``reads=``, or
   ``model.sparse``): :func:`dsgrad.approx.sparse_linearize` keeps those only, with the
   same updates, and each step then moves ``k`` of them per row instead of ``d``."""
-  model = (objective.source or (None, None))[1]
+  source = objective.source or (None, None)  # the compact table is the plain gradient's
+  model = source[1] if source[0] == "meanfield_gaussian" else None
   sparse = getattr(model, "sparse", None)
   if sparse is None or any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
     return

@@ -34,6 +34,8 @@ from dsgrad.models.base import Model
 from dsgrad.objective import Objective, gaussian_noise
 
 _LOG_2PI = math.log(2.0 * math.pi)
+PATH_DERIVATIVE = "[path derivative]"
+"""Appended to the family name in an objective's ``source`` made with the path derivative."""
 
 
 def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
@@ -125,9 +127,10 @@ def bbvi_objective(model: Model, transform: Callable, entropy: Callable, *,
     return 0.0 * jnp.sum(noise) if path_derivative else 0.5 * d - 0.5 * jnp.sum(
         jnp.square(noise))
 
-  label = f"{name}({model.name})" + ("[path derivative]" if path_derivative else "")
-  # A fused kernel computes the closed-form-entropy gradient: not this objective's.
-  source = None if path_derivative else source
+  label = f"{name}({model.name})" + (PATH_DERIVATIVE if path_derivative else "")
+  # A fused kernel computes the closed-form-entropy gradient: not this objective's, whose
+  # source names the path derivative (no kernel takes it; meanfield_init does).
+  source = (f"{source[0]}{PATH_DERIVATIVE}", source[1]) if path_derivative and source else source
   # The mean-field gradient of a model that declares its reads: a table of those.
   compact = (_declared_coordinates_table if source is not None and source[0] ==
              "meanfield_gaussian" and model.sparse is not None else None)
@@ -420,7 +423,8 @@ def meanfield_init(model: Model | Objective, loc: float | jax.Array = 0.0,
     [-1.0, -1.0, -1.0]
   """
   if isinstance(model, Objective):
-    if not (model.source and model.source[0] == "meanfield_gaussian"):
+    if not (model.source and model.source[0].removesuffix(PATH_DERIVATIVE)
+            == "meanfield_gaussian"):
       raise TypeError(f"dsgrad.meanfield_init: the objective {model.name!r} is not a mean-field "
                       "one; what made it makes its params: dsgrad.families.by_name(name, d)"
                       ".params() or families.structured_init(latent) for another family, "
