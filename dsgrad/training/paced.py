@@ -292,7 +292,8 @@ def finish(run: Run, budget: float, spent_before: float, who: str, **fit_kwargs)
   settled = run.seconds - stepped  # this call's steps so far: its history counts them too
   # One bar over both pieces: the first's total and end (left=0) are not the run's; an
   # interrupt's close is.
-  shown = fit_kwargs.get("progress", True) and progress.elbo_bar(True, None)
+  asked = fit_kwargs.get("progress", True)  # True, False or a display of the caller's
+  shown = asked and progress.elbo_bar(asked, None)
   first = run.fit(max_seconds=max(1e-3, (budget - spent()) / 2), **{
       **fit_kwargs, "elbo_samples": 2 if samples is None else min(2, samples),
       "progress": shown and (lambda n, step, value, se, close=False, left=None: shown(
