@@ -500,6 +500,9 @@ def test_candidates_that_cannot_apply_are_ruled_out_by_name_before_anything_runs
            candidates_lib.build(("naive", "path_derivative", "joint_saga"),
                                 full_rank.objective(model), full_rank.params(), BATCH)}
   assert "meanfield_gaussian" in built["path_derivative"].why_not
+  stl = dsgrad.meanfield_gaussian(model, path_derivative=True)  # naive is that already
+  again, = candidates_lib.build(("path_derivative",), stl, dsgrad.meanfield_init(stl), BATCH)
+  assert "path derivative already" in again.why_not, again
   assert "GiB" in built["joint_saga"].why_not and "free" in built["joint_saga"].why_not
 
 

@@ -111,6 +111,8 @@ def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Cont
         objective, candidate.samples_per_datum, sampler="rqmc" if name == "rqmc" else "mc"), naive)
   source = objective.source or ()
   if name == "path_derivative":
+    if source[:1] == ("meanfield_gaussian[path derivative]",):
+      raise ValueError("the objective has the path derivative already: it is naive")
     if source[:1] != ("meanfield_gaussian",):
       raise ValueError("only for objectives made by dsgrad.meanfield_gaussian")
     from dsgrad.families.gaussian import meanfield_gaussian
