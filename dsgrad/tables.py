@@ -212,14 +212,16 @@ def for_data(opt_state, objective):
   fills its running mean (and warms up) again and joint SVRG takes a snapshot. Kept, the
   old mean would bias every gradient after it (joint SAGA's for good). States without a
   ``data_digest`` field, and those not filled yet, are returned as they are."""
-  digest = []  # of objective's data: computed once, where a filled state asks
+  is_state = lambda s: hasattr(s, "data_digest")  # noqa: E731
+  filled = [s for s in jax.tree.leaves(opt_state, is_leaf=is_state)
+            if is_state(s) and int(s.count) > 0]
+  if not filled:
+    return opt_state
+  digest = int(data_digest(objective))  # read only where a filled state asks
 
   def one(state):
-    if not hasattr(state, "data_digest") or int(state.count) == 0:
-      return state
-    digest[:] = digest or [int(data_digest(objective))]
-    if int(state.data_digest) == digest[0]:
+    if not is_state(state) or int(state.count) == 0 or int(state.data_digest) == digest:
       return state
     return state._replace(count=jnp.zeros_like(state.count))
 
-  return jax.tree.map(one, opt_state, is_leaf=lambda s: hasattr(s, "data_digest"))
+  return jax.tree.map(one, opt_state, is_leaf=is_state)

@@ -111,11 +111,11 @@ def _contender(candidate: Candidate, objective, approx, max_table_bytes) -> Cont
         objective, candidate.samples_per_datum, sampler="rqmc" if name == "rqmc" else "mc"), naive)
   source = objective.source or ()
   if name == "path_derivative":
-    if source[:1] == ("meanfield_gaussian[path derivative]",):
+    from dsgrad.families.gaussian import PATH_DERIVATIVE, meanfield_gaussian
+    if source[:1] == ("meanfield_gaussian" + PATH_DERIVATIVE,):
       raise ValueError("the objective has the path derivative already: it is naive")
     if source[:1] != ("meanfield_gaussian",):
       raise ValueError("only for objectives made by dsgrad.meanfield_gaussian")
-    from dsgrad.families.gaussian import meanfield_gaussian
     # On the objective's data (a with_data copy's), not those its source was built on.
     return Contender(candidate, meanfield_gaussian(
         source[1]._replace(data=objective.data), shared_noise=objective.shared_noise,
