@@ -143,6 +143,19 @@ def test_mala_ais_is_a_lower_bound_that_tightens_with_k():
                              rtol=1e-4)
 
 
+def test_mala_ais_refuses_uncentred_accept_noise():
+  # U(0, 1) draws passed as they are would reject every proposal whose draw exceeds 1/2:
+  # a biased bound, not an error, unless the range is checked.
+  log_joint, _, mean, log_scale = _problem()
+  args = (log_joint, mean, log_scale, jnp.zeros(D), jnp.zeros((3, D)))
+  uniforms = jnp.array([0.2, 0.7, 0.9])
+  with pytest.raises(ValueError, match=r"centred uniforms v - 1/2"):
+    mcvae.mala_ais_bound(*args, uniforms, 0.05)
+  traced = jax.jit(lambda v: mcvae.mala_ais_bound(*args, v, 0.05))
+  assert np.all(np.isnan(np.asarray(traced(uniforms))))
+  assert np.all(np.isfinite(np.asarray(traced(uniforms - 0.5))))
+
+
 # A 1-D model for the A-MCVAE gradient: p(z) = N(0, 1), p(x | z) = N(theta z, SIG^2),
 # q(z | x) = N(mu, s^2); K = 2 MALA steps with a fixed step size.
 _X1, _SIG1, _ETA1 = 1.5, 0.5, 0.4

@@ -217,7 +217,10 @@ def mala_ais_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, accept_noi
     eps0: ``(d,)`` standard normal.
     noise: ``(K, d)`` standard normal ``u_1..u_K``.
     accept_noise: ``(K,)`` ``v_k - 1/2`` with ``v_k ~ U(0, 1)`` (centred, so that the
-      noise has mean zero as :func:`dsgrad.approx.linearize` requires).
+      noise has mean zero as :func:`dsgrad.approx.linearize` requires), in
+      ``[-1/2, 1/2]``. Uncentred uniforms would reject every proposal whose ``v_k``
+      exceeds 1/2 and bias the bound, so a value outside is refused (a ``ValueError``
+      when the noise is concrete; under a trace, ``W`` and ``log A`` are NaN instead).
     step_size: ``eta > 0``, a scalar or a ``(d,)`` vector.
     betas: ``(K + 1,)`` schedule from 0 to 1 (default linear).
     return_path: also return the :class:`MalaPath`.
@@ -226,13 +229,19 @@ def mala_ais_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, accept_noi
     ``(W, log_A)`` (and the path).
 
   Raises:
-    ValueError: on noise of the wrong shape or a schedule of the wrong length.
+    ValueError: on noise of the wrong shape, concrete accept noise outside
+      ``[-1/2, 1/2]``, or a schedule of the wrong length.
   """
   if noise.ndim != 2 or noise.shape[1:] != eps0.shape:
     raise ValueError(f"noise must have shape (K, {eps0.shape[0]}), got {noise.shape}")
   k = noise.shape[0]
   if accept_noise.shape != (k,):
     raise ValueError(f"accept_noise must have shape (K,) = ({k},), got {accept_noise.shape}")
+  outside = jnp.any(jnp.abs(accept_noise) > 0.5)
+  if checks.is_concrete(outside) and bool(outside):
+    raise ValueError(
+        "accept_noise must be centred uniforms v - 1/2 in [-1/2, 1/2] (v ~ U(0, 1)); got "
+        f"values in [{float(jnp.min(accept_noise))}, {float(jnp.max(accept_noise))}]")
   betas = linear_schedule(k) if betas is None else jnp.asarray(betas)
   check_schedule(betas, k)
   at = _evaluator(log_joint, mean, log_scale)
@@ -256,6 +265,8 @@ def mala_ais_bound(log_joint: LogJoint, mean, log_scale, eps0, noise, accept_noi
   zero = jnp.zeros((), start.z.dtype)
   (_, w, log_a), (zs, accepted, log_alphas) = jax.lax.scan(
       step, (start, zero, zero), (betas[:-1], betas[1:], noise, accept_noise))
+  # Under a trace the range cannot raise: a NaN is seen where a biased bound would not be.
+  w, log_a = (jnp.where(outside, jnp.nan, x) for x in (w, log_a))
   if return_path:
     return w, log_a, MalaPath(jnp.concatenate([start.z[None], zs]), accepted, log_alphas)
   return w, log_a
