@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dsgrad import derivatives
 from dsgrad.objective import Objective
 
 
@@ -199,8 +200,9 @@ def linearize(mask: Any = None) -> Approximation:
 
   ``grad f~(w; n, eps) = grad f(w; n, 0) + d/d(eps) grad f(w; n, eps)|_{eps=0} [eps]``,
   so ``E grad f~ = grad f(w; n, 0)`` for zero-mean noise. Both come from one
-  forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction); the
-  expectation alone costs one gradient at ``eps = 0``. For mean-field Gaussian BBVI with
+  forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction; reverse
+  over reverse where the log density calls a ``jax.custom_vjp`` function:
+  :mod:`dsgrad.derivatives`); the expectation alone costs one gradient at ``eps = 0``. For mean-field Gaussian BBVI with
   ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
   approximation (App. F, Eq. 63-64); see :func:`gaussian_mean_taylor`.
 
@@ -236,7 +238,7 @@ def linearize(mask: Any = None) -> Approximation:
       return objective.grad(params, indices, eps, validate=False)
 
     zero = jax.tree.map(jnp.zeros_like, noise)
-    expected, deviation = jax.jvp(grad_at, (zero,), (noise,))
+    expected, deviation = derivatives.jvp(grad_at, (zero,), (noise,))
     m = _resolve_mask(mask, params)
     return (_apply_mask(m, optax.tree.add(expected, deviation)), _apply_mask(m, expected))
 

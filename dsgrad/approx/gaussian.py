@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from dsgrad import data as data_lib
+from dsgrad import derivatives
 from dsgrad.approx.base import Approximation
 from dsgrad.families.gaussian import FullRankGaussian, MeanFieldGaussian
 from dsgrad.models.base import Model
@@ -60,7 +61,7 @@ def gaussian_mean_taylor(model: Model) -> Approximation:
   def grad_k_and_hvp(loc, scale, rows, eps):
     def k(z):
       return jnp.mean(model.num_data * model.log_likelihood(z, rows)) + model.log_prior(z)
-    return jax.jvp(jax.grad(k), (loc,), (scale * eps,))
+    return derivatives.jvp(jax.grad(k), (loc,), (scale * eps,))
 
   def grad_and_expected(objective: Objective, params, indices, noise):
     _check_latent_dim(model, params, "gaussian_mean_taylor")
@@ -99,7 +100,7 @@ def _hessian_diag(fn, z):
   grad = jax.grad(fn)
 
   def one(e):
-    return jnp.vdot(e, jax.jvp(grad, (z,), (e,))[1])
+    return jnp.vdot(e, derivatives.jvp(grad, (z,), (e,))[1])
 
   return jax.lax.map(one, jnp.eye(d, dtype=z.dtype), batch_size=min(d, 256))
 
@@ -111,7 +112,7 @@ def _logit_hessian_diag(linear, logits, rows):
   grad = jax.grad(lambda a: jnp.sum(linear.log_likelihood_of_logits(a, rows)))
   directions = jnp.broadcast_to(jnp.eye(k, dtype=logits.dtype)[:, None, :],
                                 (k,) + logits.shape)
-  columns = jax.vmap(lambda e: jax.jvp(grad, (logits,), (e,))[1])(directions)  # (K, B, K)
+  columns = jax.vmap(lambda e: derivatives.jvp(grad, (logits,), (e,))[1])(directions)  # (K, B, K)
   return jnp.diagonal(columns, axis1=0, axis2=2)
 
 
@@ -229,7 +230,7 @@ def gaussian_taylor(model: Model) -> Approximation:
   def curvature_at(params, z, rows):
     if "log_scale" in params:  # mean-field: the Hessian's diagonal suffices
       return _likelihood_hessian_diag(model, z, rows) + _prior_hessian_diag(model, z)
-    return jax.hessian(lambda zz: k_mean(zz, rows))(z)
+    return derivatives.hessian(lambda zz: k_mean(zz, rows))(z)
 
   def grad_and_expected(objective: Objective, params, indices, noise):
     family = _gaussian_family(params, "gaussian_taylor")
@@ -238,7 +239,7 @@ def gaussian_taylor(model: Model) -> Approximation:
 
     def drawn(batch, eps):
       delta = family.transform(params, eps) - loc
-      g, hv = jax.jvp(jax.grad(lambda z: k_mean(z, batch)), (loc,), (delta,))
+      g, hv = derivatives.jvp(jax.grad(lambda z: k_mean(z, batch)), (loc,), (delta,))
       _, pullback = jax.vjp(lambda p: family.transform(p, eps), params)
       return pullback(-(g + hv))[0], g
 

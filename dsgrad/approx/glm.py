@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import derivatives
 from dsgrad.approx.base import Approximation, with_statistics
-from dsgrad.approx.glm_fused import LogitSpec as _LogitSpec
-from dsgrad.approx.glm_fused import fused_terms as _fused_terms
+from dsgrad.approx.glm_fused import LogitSpec as _LogitSpec, fused_terms as _fused_terms
 from dsgrad.approx.gaussian import _gaussian_family, _logit_hessian_diag, _prior_hessian_diag
 from dsgrad.models.base import Model
 
@@ -163,7 +163,7 @@ def glm_mean_taylor(model: Model) -> Approximation:
     scaled = jnp.exp(params["log_scale"]) * noise
     if not objective.shared_noise:
       scaled = jnp.mean(scaled, 0)  # the Hessian-vector product is linear in the noise
-    g, hv = jax.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
+    g, hv = derivatives.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
     zeros = jnp.zeros_like(params["log_scale"])
     return {"loc": -(g + hv), "log_scale": zeros}, {"loc": -g, "log_scale": zeros}
 
@@ -365,7 +365,7 @@ def _prior_terms(model: Model):
   ``global_terms(objective, params, noise) -> (drawn, expected)``."""
   def drawn_at(params, eps):
     scaled = jnp.exp(params["log_scale"]) * eps
-    g, hv = jax.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
+    g, hv = derivatives.jvp(jax.grad(model.log_prior), (params["loc"],), (scaled,))
     return {"loc": -(g + hv), "log_scale": -(g + hv) * scaled - 1.0}, g
 
   def global_terms(objective, params, noise):

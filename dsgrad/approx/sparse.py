@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dsgrad import derivatives
 from dsgrad.approx.base import Approximation, with_statistics
 from dsgrad.families.gaussian import meanfield_entropy
 from dsgrad.models.base import Model
@@ -156,7 +157,7 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
   def local_terms(local, rows, eps):
     def grad_at(e):
       return jax.grad(batch_loss)(local, rows, e)
-    expected, deviation = jax.jvp(grad_at, (jnp.zeros_like(eps),), (eps,))
+    expected, deviation = derivatives.jvp(grad_at, (jnp.zeros_like(eps),), (eps,))
     return optax.tree.add(expected, deviation), expected
 
   def scatter(params, local, coords, weights):
@@ -188,7 +189,7 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     check(params)
     if not objective.shared_noise:
       noise = jnp.mean(noise, 0)  # the linearization is linear in the noise
-    expected, deviation = jax.jvp(lambda e: jax.grad(global_loss)(params, e),
+    expected, deviation = derivatives.jvp(lambda e: jax.grad(global_loss)(params, e),
                                   (jnp.zeros_like(noise),), (noise,))
     return optax.tree.add(expected, deviation), expected
 

@@ -30,6 +30,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from dsgrad import checks
+from dsgrad import derivatives
 from dsgrad.checks import is_concrete
 from dsgrad.models.base import Model
 from dsgrad.tables import full_pass_mean
@@ -172,7 +173,7 @@ def _full_data_sums(model: Model, theta, chunk_size: int):
 
   def chunk_mean(idx):
     value, grad = jax.value_and_grad(total)(theta, idx)
-    hess = jax.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
+    hess = derivatives.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
     return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
   value, grad, hess = jax.tree.map(lambda m: n * m, full_pass_mean(chunk_mean, n, chunk_size))
   return value, grad, 0.5 * (hess + hess.T)
@@ -190,9 +191,9 @@ def proxy_values(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
   delta = theta - proxy.theta_star
 
   def first(z):
-    return jax.jvp(lambda w: model.log_likelihood_at(w, indices), (z,), (delta,))
+    return derivatives.jvp(lambda w: model.log_likelihood_at(w, indices), (z,), (delta,))
 
-  (value, slope), (_, curvature) = jax.jvp(first, (proxy.theta_star,), (delta,))
+  (value, slope), (_, curvature) = derivatives.jvp(first, (proxy.theta_star,), (delta,))
   return value + slope + 0.5 * proxy.second_order * curvature
 
 
@@ -297,7 +298,7 @@ def gradient_estimate(model: Model, proxy: TaylorProxy, theta, indices) -> jax.A
     return jax.grad(lambda w: jnp.sum(model.log_likelihood_at(w, indices)))(t)
 
   grad_now = subsample_grad(theta)
-  grad_star, hess_delta = jax.jvp(subsample_grad, (proxy.theta_star,), (delta,))
+  grad_star, hess_delta = derivatives.jvp(subsample_grad, (proxy.theta_star,), (delta,))
   order = proxy.second_order
   return (proxy.sum_grad + order * proxy.sum_hessian @ delta
           + (n / m) * (grad_now - grad_star - order * hess_delta))

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from dsgrad import checks
+from dsgrad import derivatives
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.hmcecs import checked_cholesky
 from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
@@ -162,7 +163,7 @@ def _posterior_gradient(model: Model, proxy: TaylorProxy):
 
 @compile_cache.jit_by_text
 def _symmetric_precision(model: Model, proxy: TaylorProxy):
-  precision = -(proxy.sum_hessian + jax.hessian(model.log_prior)(proxy.theta_star))
+  precision = -(proxy.sum_hessian + derivatives.hessian(model.log_prior)(proxy.theta_star))
   return 0.5 * (precision + precision.T)
 
 
