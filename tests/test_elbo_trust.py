@@ -212,13 +212,28 @@ def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from
     dsgrad.fit(objective, optax.sgd(4.0 / largest), dsgrad.meanfield_init(model, 0.0, -2.0),
                jax.random.key(0), num_steps=2000, batch_size=200, eval_every=500,
                progress=False)
-  (note,) = caught.value.__notes__
+  note, kept = caught.value.__notes__
   assert "most likely diverged" in note and "step size" in note and "N = 200 data" in note
   # Judged by the failing step's rows at the start, not by a pass over all the data (four
   # seconds of 16 draws on 100,000 rows of 2,000 features, in the advice's race too).
   assert "each of the failing step's rows has a finite term and gradient" in note, note
   ran = int(note.split("dsgrad.fit ran ")[1].split(" steps")[0].replace(",", ""))
   assert 0 < ran < 2000
+  # Nothing trained is lost: the state after the last finite step, the same as a run of
+  # that many steps (whose own ELBO, after it, is not finite: kept on its error too).
+  result = caught.value.result
+  assert result.step == ran and f"state after step {ran} (its last finite one)" in kept
+  assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves((result.params,
+                                                                     result.opt_state)))
+  assert np.all(result.history.step <= ran) and np.all(np.isfinite(result.history.elbo))
+  try:
+    again = dsgrad.fit(objective, optax.sgd(4.0 / largest), dsgrad.meanfield_init(model, 0.0,
+                       -2.0), jax.random.key(0), num_steps=ran, batch_size=200,
+                       eval_every=500, progress=False).params
+  except ValueError as error:
+    again = error.result.params
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(result.params)):
+    np.testing.assert_array_equal(a, b)
 
   impossible = Model(model.log_prior, lambda z, i: jnp.where(i["y"] > 4.0, -jnp.inf, 0.0),
                      model.num_data, model.latent_dim, data=model.data)
@@ -226,7 +241,9 @@ def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from
     dsgrad.fit(dsgrad.meanfield_gaussian(impossible), optax.sgd(1e-3),
                dsgrad.meanfield_init(model), jax.random.key(0), num_steps=20, batch_size=200,
                progress=False)
-  assert not getattr(caught.value, "__notes__", [])
+  # Not a divergence; the step it trained is kept all the same (a datum fixed, it continues).
+  notes = getattr(caught.value, "__notes__", [])
+  assert not any("diverged" in note for note in notes) and caught.value.result.step == 1, notes
 
 
 def test_a_where_that_masks_a_non_finite_branch_is_named_with_the_fix_that_trains():

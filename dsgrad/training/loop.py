@@ -23,7 +23,6 @@ import contextlib
 import functools
 import os
 import time
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,67 +36,12 @@ from dsgrad.training import batching, checkpoint as checkpoint_lib, cpu_threads,
 from dsgrad.training import parallel
 from dsgrad.training import host_data, progress as progress_lib, resume as resume_lib, segments
 from dsgrad.training.progress import Interrupted
+from dsgrad.training import fit_result
+from dsgrad.training.fit_result import FitResult, FitTiming  # noqa: F401  re-exported
 # Re-exported: fit's checkpoints and history are dsgrad.training.resume's.
 from dsgrad.training.resume import (History, restore_fit_checkpoint, restore_fit_history,  # noqa: F401
                            run_settings, save_fit_checkpoint, state_fingerprints)
 from dsgrad.training.evaluation_plan import DEFAULT_EVALUATIONS, default_eval_every  # noqa: F401
-
-
-class FitTiming(NamedTuple):
-  """Where a :func:`fit` call's wall-clock went, in seconds; the parts add up to ``total``.
-
-  Attributes:
-    total: the call, from entry to return.
-    steps: running the training steps (their batches' epoch orders and host reads
-      included), as ``history.wall_time`` counts them.
-    compile: compiling the training segments.
-    evaluations: the ELBO evaluations and the last one's k-hat, compiles included.
-    setup: the rest: argument and value checks, the estimator's initial state (a SAGA
-      table's or an SVRG snapshot's full pass), copies, checkpoints.
-  """
-
-  total: float
-  steps: float
-  compile: float
-  evaluations: float
-  setup: float
-
-
-class FitResult(NamedTuple):
-  """Returned by :func:`fit`.
-
-  Attributes:
-    params: final parameters.
-    opt_state: final optimizer (and estimator) state.
-    history: a :class:`History`.
-    compile_seconds: time spent compiling the training segment.
-    pareto_k: how far to trust the approximation at the end: PSIS k-hat of the final
-      ELBO evaluation's draws (:mod:`dsgrad.psis`; below 0.5 good, from 0.7 the
-      approximation misses part of the posterior). ``None`` when it was not computed:
-      ``elbo_samples < 25``, an objective that does not expose ``log q``
-      (``Objective.log_q_offset``) or draws one noise per datum, or arviz-stats (the
-      ``diagnostics`` extra) not installed.
-    diagnosis: one sentence on ``pareto_k`` (:func:`dsgrad.psis.diagnose`), or why it
-      was not computed.
-    timing: a :class:`FitTiming`: the call's seconds split into steps, compiling,
-      evaluations and setup (``None`` in an interrupted run's result).
-    warnings: sentences on what makes the ELBO trace untrustworthy
-      (:func:`dsgrad.elbo_trust.elbo_trace_warnings`: an estimate above the model's
-      log evidence bound, a jump of orders of magnitude or an ELBO without bound, a run
-      that ended far below its best); empty when none. Printed with ``progress``.
-    step: the step the run ended at: ``num_steps``, or earlier where ``max_seconds``
-      stopped it.
-  """
-
-  params: Any
-  opt_state: Any
-  history: History
-  compile_seconds: float
-  pareto_k: float | None = None
-  diagnosis: str = ""
-  timing: FitTiming | None = None
-  warnings: tuple = ()
-  step: int | None = None
 
 
 RESUME_CHANGES = ("num_steps", "progress", "elbo_samples", "eval_every", "checkpoint_path",
@@ -258,7 +202,10 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
       estimator's value check failed during it (a non-finite gradient, params or
       noise), with the check's message and the first step it failed at: the checks
       travel out of the compiled segment as one small code per step
-      (:func:`dsgrad.checks.collected`) instead of a host callback per step.
+      (:func:`dsgrad.checks.collected`) instead of a host callback per step. Such an
+      error, and one of an ELBO that is not finite, holds the run up to its last finite
+      state as ``.result``, a :class:`FitResult` (a step's: where the params and optimizer
+      state take at most 64 MiB, which the program keeps until its steps are checked).
     Interrupted: on an interrupt (Ctrl-C), once the block of steps running has ended:
       a ``KeyboardInterrupt`` that holds the run so far (``.result``, ``.resume()``),
       saved to ``checkpoint_path`` too when given.
@@ -334,9 +281,9 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
             save_fit_checkpoint(checkpoint_path, params, opt_state, step, record.history(),
                                 settings=settings)
     except (segments.NonFiniteStep, elbo_estimates.NonFiniteELBO) as error:
-      failed_at = error.step if isinstance(error, segments.NonFiniteStep) else step
-      elbo_trust.note_divergence(error, objective, start_params, eval_key, failed_at - start_step)
-      raise
+      elbo_trust.note_divergence(error, objective, start_params, eval_key,
+                                 getattr(error, "step", step) - start_step)  # the failing step
+      raise fit_result.with_run_so_far(error, runner, (params, opt_state, step, start_step), record)
     except KeyboardInterrupt:
       evaluations.bar(0, step, None, None, close=True)
       raise _interrupted(runner, record.history(), settings, dict(

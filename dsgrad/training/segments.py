@@ -10,12 +10,12 @@ every objective of the same structure (:meth:`~dsgrad.Objective.with_data` copie
 resumed and staged runs); it lives in :mod:`dsgrad.training.compile_cache`.
 
 Where the carry is small (:data:`CHECK_AT_END_BYTES`), the steps' finiteness check
-(:func:`train_step`'s, on each update) is settled once per segment: the program checks that the params are
-finite at its end, keeps its input carry (no donation), and only if they are not is the
-segment run again from that carry with every step checked, to name the failing check and
-step. A per-step check kept the gradient from fusing with the update: up to an eighth of
-a naive step on a CPU (``python -m benchmarks fit-overhead``); the end check costs nothing
-measurable.
+(:func:`train_step`'s, on each update) is settled once per segment: the program checks
+that the params are finite at its end, keeps its input carry (no donation), and only if
+they are not is the segment run again from that carry with every step checked, to name
+the failing check and step (and once more up to it: the run's last finite state). A
+per-step check kept the gradient from fusing with the update: up to an eighth of a naive
+step on a CPU (``python -m benchmarks fit-overhead``); the end check costs nothing.
 
 Data kept on the host (memory-mapped, :class:`dsgrad.data.HostArray`) cannot be
 gathered on the device: :class:`SegmentRunner` cuts a segment into blocks of at most
@@ -62,13 +62,11 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
 
   Jittable. It checks that the indices are a 1-D integer batch in ``[0, N)`` (JAX would
   clamp or wrap one past the end onto another row) and that the update is finite (a NaN
-  from the gradient, the estimator's terms or the update rule is named at its step); the
-  noise is drawn here and needs no checks.
-  The objective is a pytree whose leaves are its data: jit the step with the objective
-  as an argument (``jax.jit(functools.partial(train_step, optimizer=opt))`` or a
-  wrapper) and the data are arguments of the compiled program, handed to the estimator
-  as ``update(..., objective=objective)``; one compilation serves every
-  :meth:`~dsgrad.Objective.with_data` copy.
+  from the gradient, the estimator's terms or the update rule is named at its step). The
+  objective is a pytree whose leaves are its data: jit the step with the objective as an
+  argument (``jax.jit(functools.partial(train_step, optimizer=opt))`` or a wrapper) and
+  the data are arguments of the compiled program, handed to the estimator as
+  ``update(..., objective=objective)``; one compilation serves every ``with_data`` copy.
 
   Args:
     objective: the :class:`dsgrad.Objective`.
@@ -123,9 +121,8 @@ def train_step(objective: Objective, optimizer, params, opt_state, indices, nois
     except Exception:  # noqa: BLE001  not even comparable: the update's own error says more
       pass
     raise
-  # The value checks of a step: its noise is finite by construction, so a NaN in the
-  # gradient, the estimator's terms or the update rule shows here, at the step it happens
-  # (fit's indices are in range by construction: it settles both checks once a segment).
+  # The noise is finite by construction, so a NaN in the gradient, the estimator's terms
+  # or the update rule shows here, at its step (fit settles both checks once a segment).
   checks.value_checks(checks.index_checks(indices, objective.num_data) + checks.finite_checks(
       updates, "the step's update", UPDATE_NOT_FINITE_WHERE if chain_lib.holds_estimator(
           opt_state) else ", from the gradient or the update rule (a step size too large?)"))
@@ -141,18 +138,16 @@ UPDATE_NOT_FINITE_WHERE = (
 
 
 HOST_BLOCK_STEPS = 1000
-"""With data on the host (memory-mapped), the rows of this many steps are read ahead on a
-thread while the device runs the previous steps (fewer if a block's rows would exceed
-:data:`HOST_BLOCK_BYTES`)."""
+"""With data on the host (memory-mapped), the rows of this many steps (at most) are read
+ahead on a thread while the device runs the previous steps."""
 
 HOST_BLOCK_BYTES = 256 * 2**20
 """The most bytes of rows one block of steps holds (two blocks are alive at a time)."""
 
 
 def host_block_steps(host_data: dict, batch_size: int) -> int:
-  """Steps per block of rows read ahead: :data:`HOST_BLOCK_STEPS`, fewer when a block's
-  rows (``steps * batch_size`` rows of every host array) would exceed
-  :data:`HOST_BLOCK_BYTES`; at least one."""
+  """Steps per block of rows read ahead: :data:`HOST_BLOCK_STEPS`, fewer (at least one)
+  where a block's rows would exceed :data:`HOST_BLOCK_BYTES`."""
   step_bytes = sum(batch_size * int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
                    for a in host_data.values())
   return int(max(1, min(HOST_BLOCK_STEPS, HOST_BLOCK_BYTES // max(step_bytes, 1))))
@@ -252,11 +247,12 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
 class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
   message names what, ``step`` the first step known to fail, ``indices`` its batch (or
-  ``None``: the block's params overflowed while each update was finite)."""
+  ``None``: the block's params overflowed while each update was finite), ``last_finite``
+  ``(params, opt_state, step)`` before it where the run kept them (else ``None``)."""
 
   def __init__(self, message: str, step: int, indices=None):
     super().__init__(message)
-    self.step, self.indices = step, indices
+    self.step, self.indices, self.last_finite = step, indices, None
 
 
 class Failure(NamedTuple):
@@ -348,8 +344,7 @@ class SegmentRunner:
       at most that many steps; default: one program per length.
 
   Attributes:
-    compile_seconds: total time spent compiling so far: the segments, and the programs of
-      their epoch orders.
+    compile_seconds: seconds spent compiling so far (the segments and their epoch orders).
     step_seconds: total time spent running steps so far (compilation excluded).
   """
 
@@ -379,14 +374,12 @@ class SegmentRunner:
     return self.segment_compile_seconds + self.orders.compile_seconds
 
   def _indices(self, start: int, steps: int):
-    """The batch indices of the block of ``steps`` steps from ``start``, from the window
-    its program takes (one stack of the orders for both)."""
+    """The batch indices of ``steps`` steps from ``start``, from its program's window."""
     window = self.orders.window(start, steps, self._length(steps), host=self.orders.on_host)
     return batching.slice_window(window, start, steps, self.objective.num_data, self.batch_size)
 
   def _length(self, steps: int) -> int:
-    """The length of the program that runs a block of ``steps`` steps: ``program_steps``
-    (at most a host block) where that is longer."""
+    """The program length for ``steps`` steps: ``program_steps`` (at most a host block)."""
     longest = self.program_steps or steps
     return max(steps, min(longest, self.block) if self.block else longest)
 
@@ -432,11 +425,14 @@ class SegmentRunner:
     """Raises the failed value check ``error`` of the call of ``steps`` steps from step
     ``at``, from ``carry`` (kept when the checks are settled at the end) on ``rows``.
     Where the params became non-finite, the call runs again from ``carry`` with every
-    step checked, which raises the failing check with its step."""
+    step checked, which raises the failing check with its step, then up to that step:
+    :class:`NonFiniteStep`'s ``last_finite``."""
     message = error.message()
     if message and self.host_data:  # a row of a file, not the maths, may be at fault
       host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
+    kept = None  # the block's input, where the program kept it, for the last finite state
     if message == PARAMS_NOT_FINITE:
+      kept = jax.tree.map(jnp.copy, carry)  # the checked program donates its input
       args = self._args(carry, at, steps, rows)
       error = self._executable(self._length(steps), args, checked=True)(*args)[0]
       message = error.message() or (
@@ -447,10 +443,14 @@ class SegmentRunner:
     at_step = error.non_finite()  # else the params overflowed while every update was finite
     if not (at_step or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
-    if not at_step:
-      raise NonFiniteStep(message, at)
-    step = int(np.asarray(error.codes)[1])
-    raise NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0])
+    step = int(np.asarray(error.codes)[1]) if at_step else at
+    failure = NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0] if at_step
+                            else None)
+    if kept is not None:  # the steps before the failing one, again: finite, and the same
+      args = self._args(kept, at, steps, rows)
+      args = (*args[:3], jnp.int32(step - at), *args[4:])
+      failure.last_finite = (*self._executable(self._length(steps), args)(*args)[1], step)
+    raise failure
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
