@@ -72,11 +72,13 @@ class Contender(NamedTuple):
 
 
 def build(names, objective, params, batch_size: int, approx=None,
-          max_table_bytes="auto", memory_share: float = 0.5) -> list:
+          max_table_bytes="auto", memory_share: float | None = 0.5) -> list:
   """A :class:`Contender` for each name, or a :class:`Candidate` whose ``why_not`` says
   why it cannot apply: an approximation or noise the objective lacks, more noise
   coordinates than the QMC generator has, a table that does not fit, a state larger than
-  ``memory_share`` of the free memory (computed from shapes, nothing allocated)."""
+  ``memory_share`` of the free memory (computed from shapes, nothing allocated; not
+  computed with ``memory_share=None``, for candidates that will not run: tracing a
+  state's initial full pass costs a tenth of a second)."""
   free, out = host_data.free_memory_bytes(), []
   for name in names:
     k = EQUAL_COST_FACTOR if name in ("naive_samples", "rqmc") else 1
@@ -89,8 +91,9 @@ def build(names, objective, params, batch_size: int, approx=None,
       if name == "naive_batch" and batch == batch_size:
         raise ValueError(f"the batch is already all {objective.num_data:,} data")
       contender = _contender(candidate, objective, approx, max_table_bytes)
-      needed = tables.tree_bytes(jax.eval_shape(contender.estimator.init, params))
-      if free and needed > memory_share * free:
+      needed = 0 if memory_share is None else tables.tree_bytes(
+          jax.eval_shape(contender.estimator.init, params))
+      if free and needed > (memory_share or 0) * free:
         raise MemoryError(f"its state needs {needed / 2**30:.3g} GiB, more than "
                           f"{memory_share:.0%} of the {free / 2**30:.3g} GiB free")
       out.append(contender)

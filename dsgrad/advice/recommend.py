@@ -306,7 +306,10 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
   checks.check_batch_size(batch_size, objective.num_data, "dsgrad.recommend")
   checks.check_floating_params(params, "dsgrad.recommend", full_precision=True)
   checks.check_objective_evaluates(objective, params, "recommend")
-  built = build(candidates, objective, params, batch_size, approx, max_table_bytes, memory_share)
+  # Below a race's least share nothing but naive will run: its rivals' states are not sized.
+  may_race = share * budget >= MIN_RACE_SECONDS
+  built = build(candidates, objective, params, batch_size, approx, max_table_bytes,
+                memory_share if may_race else None)
   make = checks.optimizer_factory(optimizer, "dsgrad.recommend")
   if chain.holds_estimator(jax.eval_shape(make(2).init, params)):  # shapes: nothing allocated
     raise ValueError("dsgrad.recommend: optimizer holds a dsgrad estimator; it is the rule "
