@@ -202,6 +202,29 @@ def test_discrete_data_models_bound_the_elbo_by_zero():
     assert dsgrad.meanfield_gaussian(model).log_evidence_bound == 0.0
 
 
+def test_a_run_too_large_to_keep_a_copy_of_keeps_its_params_where_the_failing_block_began(
+    monkeypatch):
+  """A carry above CHECK_AT_END_BYTES (a big SAGA table) is donated to its program: the
+  params alone are copied at each block's start, and a divergence keeps those."""
+  from dsgrad.training import segments
+  monkeypatch.setattr(segments, "CHECK_AT_END_BYTES", 0)  # this small carry counts as large
+  model, precision = _conjugate_regression()
+  objective = dsgrad.meanfield_gaussian(model)
+  settings = dict(batch_size=200, eval_every=5, progress=False)  # it fails at step 13
+  rate = 4.0 / float(np.linalg.eigvalsh(precision).max())
+  with pytest.raises(ValueError, match="non-finite|not finite") as caught:
+    dsgrad.fit(objective, optax.sgd(rate), dsgrad.meanfield_init(model, 0.0, -2.0),
+               jax.random.key(0), num_steps=2000, **settings)
+  failed = caught.value.step
+  result = caught.value.result
+  assert result.opt_state is None and result.step == failed // 5 * 5 > 0, (result.step, failed)
+  assert "optimizer state, too large to copy, is not" in caught.value.__notes__[-1]
+  again = dsgrad.fit(objective, optax.sgd(rate), dsgrad.meanfield_init(model, 0.0, -2.0),
+                     jax.random.key(0), num_steps=result.step, **settings).params
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(result.params)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_a_run_that_turns_non_finite_part_way_is_named_a_divergence_and_one_from_the_start_not():
   model, precision = _conjugate_regression()
   objective = dsgrad.meanfield_gaussian(model)

@@ -70,8 +70,9 @@ def with_run_so_far(error, runner, state: tuple, record) -> Exception:
   """``error`` (a step or an ELBO that was not finite), given the run up to its last
   finite state as ``error.result``, a :class:`FitResult`, with a note saying so: nothing
   trained is lost. A step's failure keeps it where the program kept its input (a carry of
-  up to :data:`dsgrad.training.segments.CHECK_AT_END_BYTES`); an ELBO's, the params it was
-  estimated at. Where no step ran before the failure, nothing is added.
+  up to :data:`dsgrad.training.segments.CHECK_AT_END_BYTES`), else the params alone at
+  the start of the failing block of steps (``opt_state`` ``None``); an ELBO's, the params
+  it was estimated at. Where no step ran before the failure, nothing is added.
 
   Args:
     error: the exception, to raise.
@@ -87,9 +88,14 @@ def with_run_so_far(error, runner, state: tuple, record) -> Exception:
     return error
   error.result = FitResult(last[0], last[1], record.history(), runner.compile_seconds, None,
                            f"k-hat not computed: the run stopped at step {last[2]}", step=last[2])
-  what = ("its last finite one" if hasattr(error, "indices") else
-          "its params finite, the ELBO there not")
-  error.add_note(f"The run's state after step {last[2]} ({what}) is kept: catch the error and "
-                 "take its .result (params, opt_state, history; in a notebook "
-                 "sys.last_value.result), e.g. to continue it with a smaller step size.")
+  if last[1] is None:  # a carry the program donates: the params alone were copied
+    kept = (f"The run's params after step {last[2]}, where the failing block of steps began, "
+            "are kept (its optimizer state, too large to copy, is not)")
+  else:
+    what = ("its last finite one" if hasattr(error, "indices") else
+            "its params finite, the ELBO there not")
+    kept = f"The run's state after step {last[2]} ({what}) is kept"
+  error.add_note(f"{kept}: catch the error and take its .result (params, opt_state, history; "
+                 "in a notebook sys.last_value.result), e.g. to continue it with a smaller "
+                 "step size.")
   return error

@@ -204,8 +204,8 @@ def fit(objective: Objective, optimizer, params, key, *, num_steps: int | None =
       travel out of the compiled segment as one small code per step
       (:func:`dsgrad.checks.collected`) instead of a host callback per step. Such an
       error, and one of an ELBO that is not finite, holds the run up to its last finite
-      state as ``.result``, a :class:`FitResult` (a step's: where the params and optimizer
-      state take at most 64 MiB, which the program keeps until its steps are checked).
+      state as ``.result``, a :class:`FitResult` (for a step's, where the params and
+      optimizer state take more than 64 MiB, the params where its block of steps began).
     Interrupted: on an interrupt (Ctrl-C), once the block of steps running has ended:
       a ``KeyboardInterrupt`` that holds the run so far (``.result``, ``.resume()``),
       saved to ``checkpoint_path`` too when given.

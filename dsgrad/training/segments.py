@@ -394,10 +394,8 @@ class SegmentRunner:
     return [(s, min(cap, start + length - s)) for s in range(start, start + length, cap)]
 
   def prepare(self, params, opt_state, start: int, length: int) -> None:
-    """Compiles the executables that :meth:`run` of the same segment will use, without
-    running anything (safe to call from several threads, one runner each). Host data's
-    rows, read per block, are stood in for by their shapes: the reader pads every block
-    to its program's length."""
+    """Compiles the executables :meth:`run` of the same segment will use, running nothing
+    (safe from several threads, one runner each); host rows are stood in for by shapes."""
     for at, steps in self.blocks(start, length):
       rows = {k: jax.ShapeDtypeStruct((self._length(steps), self.batch_size, *a.shape[1:]),
                                       a.dtype) for k, a in self.host_data.items()}
@@ -446,6 +444,8 @@ class SegmentRunner:
     step = int(np.asarray(error.codes)[1]) if at_step else at
     failure = NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0] if at_step
                             else None)
+    if kept is None and carry is not None and carry[1] is None:  # params: a donated carry
+      failure.last_finite = (carry[0], None, at)
     if kept is not None:  # the steps before the failing one, again: finite, and the same
       args = self._args(kept, at, steps, rows)
       args = (*args[:3], jnp.int32(step - at), *args[4:])
@@ -454,9 +454,8 @@ class SegmentRunner:
 
   def reached(self):
     """``(params, opt_state, step)`` after the last block :meth:`run` called, waited for
-    and its value checks settled (the failed one raises), for a run stopped by an
-    interrupt between blocks or while one ran; ``None`` when no block ran, or when the
-    interrupt came between a call and its result (the block's input, donated, is gone)."""
+    and its checks settled (a failed one raises), for a run interrupted; ``None`` when no
+    block ran, or the interrupt came between a call and its result (its input donated)."""
     if self.last_block is None:
       return None
     params, opt_state, error, carry, at, steps, rows = self.last_block
@@ -485,6 +484,7 @@ class SegmentRunner:
       carry = (params, opt_state)
       args = self._args(carry, at, steps, rows)
       program = self._executable(self._length(steps), args)
+      kept = carry if self.finite_at_end else (jax.tree.map(jnp.copy, params), None)  # donated
       upcoming = parts[k + 1:] or parts_next
       if upcoming:
         # The next block's rows, read while this one runs. Its batch indices are computed
@@ -492,9 +492,9 @@ class SegmentRunner:
         self._read_ahead(*upcoming[0])
       error, (params, opt_state) = program(*args)
       # What an interrupt keeps (:meth:`reached`): this block's result, its checks unsettled.
-      self.last_block = (params, opt_state, error, carry, at, steps, rows)
+      self.last_block = (params, opt_state, error, kept, at, steps, rows)
       jax.block_until_ready((params, opt_state))
       self.step_seconds += time.perf_counter() - t0 - (self.compile_seconds - compiling)
-      self._settle(error, carry, at, steps, rows)
+      self._settle(error, kept, at, steps, rows)
       self.last_block = (params, opt_state, None, None, at, steps, None)  # settled
     return params, opt_state
