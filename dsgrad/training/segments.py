@@ -248,7 +248,7 @@ class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
   message names what, ``step`` the first step known to fail, ``indices`` its batch (or
   ``None``: the block's params overflowed while each update was finite), ``last_finite``
-  ``(params, opt_state, step)`` before it where the run kept them (else ``None``)."""
+  ``(params, opt_state, step)`` before it (``opt_state`` ``None``: a donated carry's)."""
 
   def __init__(self, message: str, step: int, indices=None):
     super().__init__(message)
