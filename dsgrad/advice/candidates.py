@@ -91,11 +91,11 @@ def build(names, objective, params, batch_size: int, approx=None,
       if name == "naive_batch" and batch == batch_size:
         raise ValueError(f"the batch is already all {objective.num_data:,} data")
       contender = _contender(candidate, objective, approx, max_table_bytes)
-      needed = 0 if memory_share is None else tables.tree_bytes(
-          jax.eval_shape(contender.estimator.init, params))
-      if free and needed > (memory_share or 0) * free:
-        raise MemoryError(f"its state needs {needed / 2**30:.3g} GiB, more than "
-                          f"{memory_share:.0%} of the {free / 2**30:.3g} GiB free")
+      if memory_share is not None:
+        needed = tables.tree_bytes(jax.eval_shape(contender.estimator.init, params))
+        if free and needed > memory_share * free:
+          raise MemoryError(f"its state needs {needed / 2**30:.3g} GiB, more than "
+                            f"{memory_share:.0%} of the {free / 2**30:.3g} GiB free")
       out.append(contender)
     except (ValueError, MemoryError, TypeError) as error:  # the first sentence says why
       out.append(candidate._replace(why_not=str(error).split(". ")[0].split("; ")[0]))

@@ -202,8 +202,8 @@ def linearize(mask: Any = None) -> Approximation:
   so ``E grad f~ = grad f(w; n, 0)`` for zero-mean noise. Both come from one
   forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction; reverse
   over reverse where the log density calls a ``jax.custom_vjp`` function:
-  :mod:`dsgrad.derivatives`); the expectation alone costs one gradient at ``eps = 0``. For mean-field Gaussian BBVI with
-  ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
+  :mod:`dsgrad.derivatives`); the expectation alone costs one gradient at ``eps = 0``.
+  For mean-field Gaussian BBVI with ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
   approximation (App. F, Eq. 63-64); see :func:`gaussian_mean_taylor`.
 
   Args:

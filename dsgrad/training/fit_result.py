@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dsgrad.training.resume import History
+from dsgrad.training.segments import NonFiniteStep
 
 
 class FitTiming(NamedTuple):
@@ -83,7 +84,8 @@ def with_run_so_far(error, runner, state: tuple, record) -> Exception:
   Returns:
     ``error``.
   """
-  last = getattr(error, "last_finite", None) if hasattr(error, "indices") else state[:3]
+  step_failed = isinstance(error, NonFiniteStep)  # else the ELBO at finite params
+  last = error.last_finite if step_failed else state[:3]
   if last is None or last[2] <= state[3]:
     return error
   error.result = FitResult(last[0], last[1], record.history(), runner.compile_seconds, None,
@@ -92,8 +94,7 @@ def with_run_so_far(error, runner, state: tuple, record) -> Exception:
     kept = (f"The run's params after step {last[2]}, where the failing block of steps began, "
             "are kept (its optimizer state, too large to copy, is not)")
   else:
-    what = ("its last finite one" if hasattr(error, "indices") else
-            "its params finite, the ELBO there not")
+    what = "its last finite one" if step_failed else "its params finite, the ELBO there not"
     kept = f"The run's state after step {last[2]} ({what}) is kept"
   error.add_note(f"{kept}: catch the error and take its .result (params, opt_state, history; "
                  "in a notebook sys.last_value.result), e.g. to continue it with a smaller "

@@ -428,9 +428,9 @@ class SegmentRunner:
     message = error.message()
     if message and self.host_data:  # a row of a file, not the maths, may be at fault
       host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
-    kept = None  # the block's input, where the program kept it, for the last finite state
+    replay_from = None  # the block's input, kept by its program: for the last finite state
     if message == PARAMS_NOT_FINITE:
-      kept = jax.tree.map(jnp.copy, carry)  # the checked program donates its input
+      replay_from = jax.tree.map(jnp.copy, carry)  # the checked program donates its input
       args = self._args(carry, at, steps, rows)
       error = self._executable(self._length(steps), args, checked=True)(*args)[0]
       message = error.message() or (
@@ -444,12 +444,12 @@ class SegmentRunner:
     step = int(np.asarray(error.codes)[1]) if at_step else at
     failure = NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0] if at_step
                             else None)
-    if kept is None and carry is not None and carry[1] is None:  # params: a donated carry
-      failure.last_finite = (carry[0], None, at)
-    if kept is not None:  # the steps before the failing one, again: finite, and the same
-      args = self._args(kept, at, steps, rows)
+    if replay_from is not None:  # the steps before the failing one, again: finite, the same
+      args = self._args(replay_from, at, steps, rows)
       args = (*args[:3], jnp.int32(step - at), *args[4:])
       failure.last_finite = (*self._executable(self._length(steps), args)(*args)[1], step)
+    elif carry is not None and carry[1] is None:  # a donated carry: run() copied the params
+      failure.last_finite = (carry[0], None, at)
     raise failure
 
   def reached(self):
