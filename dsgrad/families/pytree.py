@@ -195,20 +195,52 @@ def _structured_table(flat: Objective, latent):
 @checks.arguments(params=checks.parameters(), key=checks.prng_key(),
                   num_samples=checks.count(1))
 def sample_structured(params, key, num_samples: int):
-  """``num_samples`` draws from the mean-field posterior with structured ``params``:
-  a pytree like the latent whose leaves have a leading axis ``num_samples``.
+  """``num_samples`` draws from the Gaussian posterior with structured ``params``: a
+  pytree like the latent whose leaves have a leading axis ``num_samples``.
+
+  Args:
+    params: mean-field ``{"loc", "log_scale"}`` (:func:`structured_init`) or full-rank
+      ``{"loc", "log_diag", "unit_lower"}`` (:func:`structured_params` of
+      ``dsgrad.families.by_name("fullrank", d).params()``), ``loc`` and the scales shaped
+      like the latent; a full-rank draw is ``loc + L eps`` with ``L`` the family's
+      Cholesky factor over the flattened latent, so draws keep the correlations it learned.
+    key: a JAX PRNG key.
+    num_samples: the number of draws, at least 1.
 
   Raises:
-    ValueError: params that are not ``{"loc": ..., "log_scale": ...}`` of one structure
-      (:func:`structured_init`'s), or that hold NaN or inf.
+    ValueError: params of neither form, fields of another structure than ``loc``, or
+      values that are NaN or inf.
+
+  Example::
+
+    >>> import jax, jax.numpy as jnp, dsgrad
+    >>> latent = {"w": jnp.zeros(2), "b": jnp.zeros(())}
+    >>> params = dsgrad.families.structured_params(
+    ...     dsgrad.families.by_name("fullrank", 3).params(), latent)
+    >>> jax.tree.map(jnp.shape, dsgrad.families.sample_structured(params, jax.random.key(0), 5))
+    {'b': (5,), 'w': (5, 2)}
   """
   who = "dsgrad.families.sample_structured"
-  if not (isinstance(params, dict) and {"loc", "log_scale"} <= set(params)):
+  full_rank = isinstance(params, dict) and {"loc", "log_diag", "unit_lower"} <= set(params)
+  scale = "log_diag" if full_rank else "log_scale"
+  if not (isinstance(params, dict) and {"loc", scale} <= set(params)):
     got = sorted(map(str, params)) if isinstance(params, dict) else type(params).__name__
     raise ValueError(f"{who}: params must be {{'loc': ..., 'log_scale': ...}}, each shaped "
-                     f"like the latent (dsgrad.families.structured_init), got {got}")
-  checks.check_same_structure(params["log_scale"], params["loc"], f"{who}: params['log_scale']",
+                     f"like the latent (dsgrad.families.structured_init), or full-rank "
+                     f"{{'loc', 'log_diag', 'unit_lower'}}, got {got}")
+  checks.check_same_structure(params[scale], params["loc"], f"{who}: params[{scale!r}]",
                               "params['loc']")
+  if full_rank:
+    from dsgrad.families.gaussian import FullRankGaussian  # it imports this module
+    loc, unravel = ravel_pytree(params["loc"])
+    d = loc.shape[0]
+    if jnp.shape(params["unit_lower"]) != (d, d):
+      raise ValueError(f"{who}: params['unit_lower'] has shape "
+                       f"{jnp.shape(params['unit_lower'])}, expected ({d}, {d}) for a latent "
+                       f"of {d} entries")
+    flat = flat_params(params)
+    eps = jax.random.normal(key, (num_samples, d), loc.dtype)
+    return jax.vmap(lambda e: unravel(FullRankGaussian.transform(flat, e)))(eps)
 
   def draw(loc, log_scale, k):
     eps = jax.random.normal(k, (num_samples,) + jnp.shape(loc), jnp.result_type(loc))
