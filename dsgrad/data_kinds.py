@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
 
@@ -93,3 +95,34 @@ def index_out_of_range(where: str, row: int, value, reader: str, reason: str) ->
       f"index out of range: {reason.strip().rstrip('.')}. JAX clamps an index past the end "
       "and wraps a negative one, so the model would read another row without an error: "
       "index data must lie in the range of what they index")
+
+
+def typical_row(values) -> np.ndarray:
+  """One row of an integer column (``(N, ...)``), position by position the median of its
+  first 4,096 rows: a value most likely in range, against which a row's failed index
+  check is compared (:func:`column_at_fault`)."""
+  head = np.asarray(values[:4096]).reshape(min(len(values), 4096), -1)
+  return np.median(head, axis=0).round().astype(head.dtype)
+
+
+def column_at_fault(message, message_at_typical, where: str, remedy: str = ""):
+  """``message``, an index check's failure on a row, where it is the column's doing: not
+  where the same row with the column at its :func:`typical_row` fails alike. A log
+  density can read out of bounds whatever the data hold (NumPyro's
+  ``CorrCholeskyTransform`` reads one past an array's end, and drops what it read): that
+  failure is not the data's, and JAX's checks, which stop at the first, cannot see past it
+  to the column's own reads: ``where``'s range is then left unchecked, with a warning
+  that ends with ``remedy`` (another check the caller offers)."""
+  if not message or message != message_at_typical:
+    return message
+  warnings.warn(
+      f"{where}: the log density reads out of an array's bounds whatever the index data "
+      f"hold ({message.strip().rstrip('.')}), before it reads with them, so JAX's index "
+      "checks cannot tell whether they are in range; nothing refuses them here: make sure "
+      f"they are{remedy} (JAX clamps an index past the end and wraps a negative one)",
+      IndexChecksBlind, stacklevel=3)
+  return None
+
+
+class IndexChecksBlind(UserWarning):
+  """Index data whose range could not be checked (:func:`column_at_fault`)."""

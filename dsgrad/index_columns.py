@@ -49,10 +49,15 @@ def _index_bound(failure, z, rows: dict, name: str, largest: int = 0,
   column (``z[g - 1]``: 1); ``None`` where it indexes nothing. ``largest``: a value known
   in bounds there (the data's largest)."""
 
-  def at(value):
+  def read(value):
     column = np.array(rows[name])
     column.reshape(1, -1)[:, position] = value
     return failure(z, dict(rows, **{name: column}))
+
+  # A failure at the data's largest value (in range: the probes passed) is not the
+  # column's: one alike elsewhere is not either (dsgrad.data_kinds.column_at_fault).
+  known = read(max(0, largest))
+  at = lambda value: None if (message := read(value)) == known else message  # noqa: E731
 
   def first_in_bounds(out, inside):  # bisects between a value out of bounds and one in
     while abs(inside - out) > 1:
@@ -93,9 +98,11 @@ def declared_and_checked(model: Model) -> Model:
     return model
   z = np.zeros(model.latent_dim, np.float32)  # an argument of compiled checks only
   probes, extremes = [], {}  # (column, row, its values); each position's least and largest
+  typical_rows = {}  # each column's typical row, shaped as one row of the data
   for name, leaf in columns.items():
     values = np.asarray(leaf).reshape(len(leaf), -1)  # a host array: its memory map
     extremes[name] = values.min(axis=0), values.max(axis=0)  # per position of a row
+    typical_rows[name] = data_kinds.typical_row(values).reshape((1,) + leaf.shape[1:])
     probes += [(name, row, values[row]) for row in data_kinds.extreme_rows(values)]
   # The probes' rows in one compiled gather, then on the host: every call below has one
   # row, so the checked program compiles once (each eager operation would compile too).
@@ -126,8 +133,15 @@ def declared_and_checked(model: Model) -> Model:
   if failure is None:
     return model
   for i, (name, row, value) in enumerate(probes):
-    # Where the row fails, it is this column's doing if it fails with only it unsigned.
+    # Where the row fails, it is this column's doing if it fails with only it unsigned,
+    # and otherwise than with the column at a typical value.
     message = failure(z, one(i)) and failure(z, one(i), only=name)
+    if message:
+      typical = dict(one(i), **{name: typical_rows[name]})
+      message = data_kinds.column_at_fault(message, failure(z, typical, only=name),
+                                           f"{model.name}: data column {name!r}",
+                                           ", or declare the latent leaf it indexes, reads={"
+                                           f"leaf: {name!r}}}, which checks it against its rows")
     if value.min() < 0 and (message or not unsigned and _index_bound(failure, z, one(i), name)):
       message = None if masks(name) else "a negative index, which JAX (as NumPy) wraps"
     elif message and "index -" in message:

@@ -310,6 +310,33 @@ def test_an_index_argument_out_of_range_is_refused(bad):
     dsgrad_numpyro.objective(model, y, np.where(np.arange(40) == 17, bad, g).astype(np.int32))
 
 
+def test_an_lkj_prior_beside_categorical_data_is_not_an_index_out_of_range():
+  """LKJCholesky's transform reads one past an array's end whatever the data hold: the
+  model was refused, its categorical observations blamed for an index 3 of 3. It builds,
+  with a warning that the argument's range cannot be checked, and its log density is
+  NumPyro's."""
+  rng = np.random.default_rng(0)
+  n, k, dim = 60, 3, 3
+  c = rng.integers(0, k, n).astype(np.int32)
+  y = rng.normal(size=(n, dim)).astype(np.float32)
+
+  def model(c, y, subsample=10):
+    w = numpyro.sample("w", dist.Dirichlet(jnp.ones(k)))
+    factor = numpyro.sample("L", dist.LKJCholesky(dim, 2.0))
+    with numpyro.plate("data", n, subsample_size=subsample) as idx:
+      numpyro.sample("c", dist.Categorical(w), obs=c[idx])
+      numpyro.sample("y", dist.MultivariateNormal(jnp.zeros(dim), scale_tril=factor),
+                     obs=y[idx])
+
+  with pytest.warns(dsgrad.data_kinds.IndexChecksBlind, match="argument 'c'"):
+    found = dsgrad_numpyro.to_model(model, c, y)
+  z = 0.5 * jax.random.normal(jax.random.key(1), (found.model.latent_dim,))
+  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood_at(z, jnp.arange(n)))
+  theirs = -numpyro.infer.util.potential_energy(model, (c, y), {"subsample": None},
+                                                found.unravel(z))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+
+
 def test_a_minus_one_that_the_model_masks_is_not_an_index_out_of_range():
   groups = 6
   g = np.random.default_rng(0).integers(0, groups, 40).astype(np.int32)

@@ -192,6 +192,39 @@ def test_an_index_column_out_of_the_range_it_indexes_is_refused(tmp_path, shift,
     objective.with_data({"g": g + shift, "y": y, "c": counts})
 
 
+def test_a_log_lik_that_reads_out_of_bounds_whatever_the_data_does_not_blame_its_index_column():
+  """NumPyro's CorrCholeskyTransform (an LKJ-style correlation, in a user's log_lik) reads
+  one past an array's end and drops it. JAX's index check failed on every row, and the
+  model was refused for its group column holding 0. It builds, warns that the column's
+  range cannot be checked this way, and a declared read checks it against its leaf."""
+  transforms = pytest.importorskip("numpyro.distributions.transforms")
+  rng = np.random.default_rng(0)
+  groups, n, dim = 20, 200, 3
+  g = rng.integers(0, groups, n).astype(np.int32)
+  y = rng.normal(size=(n, dim)).astype(np.float32)
+  latent = {"raw": jnp.zeros(dim * (dim - 1) // 2), "mu": jnp.zeros((groups, dim))}
+
+  def log_lik(z, b):
+    factor = transforms.CorrCholeskyTransform()(z["raw"])
+    white = jax.scipy.linalg.solve_triangular(factor, (b["y"] - z["mu"][b["g"]]).T, lower=True)
+    return -0.5 * jnp.sum(white ** 2, axis=0)
+
+  log_prior = lambda z: -0.5 * sum(jnp.sum(v ** 2) for v in jax.tree.leaves(z))
+  with pytest.warns(dsgrad.data_kinds.IndexChecksBlind, match=r"column 'g'.*whatever the "
+                    r"index data hold.*reads=\{leaf: 'g'\}"):
+    model = dsgrad.model_from_logdensity(log_prior, log_lik, {"g": g, "y": y}, latent)
+  z = jax.random.normal(jax.random.key(0), (model.latent_dim,))
+  tree = model.unravel(z)
+  np.testing.assert_allclose(model.log_likelihood_at(z, jnp.arange(3)),
+                             log_lik(tree, {"g": g[:3], "y": y[:3]}), rtol=1e-5)
+  bad = np.where(np.arange(n) == 7, groups, g).astype(np.int32)
+  with pytest.raises(ValueError, match=r"column 'g' holds values in \[0, 20\], but it indexes "
+                                       r"latent 'mu' with 20 rows"), pytest.warns(
+                                           dsgrad.data_kinds.IndexChecksBlind):
+    dsgrad.model_from_logdensity(log_prior, log_lik, {"g": bad, "y": y}, latent,
+                                 reads={"mu": "g"})
+
+
 def test_group_ids_stored_as_floats_and_cast_in_log_lik_are_checked_as_an_index():
   """Ids read from a table where a missing value made the column float, cast in log_lik:
   only integer columns were checked, so 20.0 (one past 20 groups) read group 19's value

@@ -303,9 +303,16 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
       column = np.where(column < 0, 0, column)  # "no group" markers the model masks
     unsigned = column.astype(f"u{values.dtype.itemsize}")
     checked = jax.jit(checkify.checkify(one_argument, errors=checkify.index_checks))
+    typical = data_kinds.typical_row(values).astype(unsigned.dtype)
     for row in data_kinds.extreme_rows(values):
+      at_row = jnp.asarray([row], jnp.int32)
       try:
-        message = checked(unsigned, jnp.asarray([row], jnp.int32))[0].get()
+        message = checked(unsigned, at_row)[0].get()
+        if message:  # the argument's doing only where its typical value reads in bounds
+          alike = unsigned.copy()
+          alike.reshape(num_data, -1)[row] = typical
+          message = data_kinds.column_at_fault(message, checked(alike, at_row)[0].get(),
+                                               argument_name(model, path))
       except Exception:  # noqa: BLE001  a model checkify cannot run: nothing to say
         return
       if message:
