@@ -39,6 +39,18 @@ def test_sonar_formats_and_preprocessing(tmp_path):
   assert raw.min() >= 0 and raw.max() <= 1
 
 
+def test_files_saved_with_windows_line_ends_or_a_byte_order_mark_read_alike(tmp_path):
+  """A byte order mark (a spreadsheet's or a Windows editor's "UTF-8") made the first field
+  non-numeric: the file was refused."""
+  plain = _write_sonar(tmp_path / "s.csv")
+  expected = load_sonar(plain)
+  for name, data in [("crlf", plain.read_bytes().replace(b"\n", b"\r\n")),
+                     ("bom", b"\xef\xbb\xbf" + plain.read_bytes())]:
+    (tmp_path / name).write_bytes(data)
+    for got, want in zip(load_sonar(tmp_path / name), expected):
+      np.testing.assert_array_equal(got, want)
+
+
 def test_australian_format(tmp_path):
   x, y = load_australian(_write_australian(tmp_path / "a.dat"))
   assert x.shape == (690, 14) and y.dtype == np.int32 and set(y.tolist()) == {0, 1}

@@ -68,7 +68,9 @@ def _read_rows(path, delimiter, name, uci_name):
   if not os.path.exists(path):
     raise FileNotFoundError(f"{name}: no file at {path!r}. " + _HOW_TO_GET.format(name=uci_name))
   checks.check_regular_file(path, name)
-  with open(path, "r", errors="replace") as f:
+  # utf-8-sig: a file saved by a spreadsheet or a Windows editor may start with a byte
+  # order mark, which would make the first field non-numeric.
+  with open(path, "r", encoding="utf-8-sig", errors="replace") as f:
     lines = [line.strip() for line in f if line.strip()]
   return [line.split(delimiter) if delimiter else line.split() for line in lines]
 
