@@ -194,6 +194,18 @@ def argument_name(model, path) -> str:
   return f"argument {name!r}{rest}"
 
 
+def named_arguments(model, model_args, model_kwargs) -> dict:
+  """``{name: value}`` of a model's arguments: positional ones by the model's parameter
+  names (``arg0``, ... where its signature cannot be read), keyword ones by their keys."""
+  try:
+    names = list(inspect.signature(model).parameters)
+  except (TypeError, ValueError):
+    names = []
+  positional = {(names[i] if i < len(names) else f"arg{i}"): value
+                for i, value in enumerate(model_args)}
+  return {**positional, **model_kwargs}
+
+
 def check_plate_size(model, log_likelihood_given, model_args, model_kwargs, z, probe, plate: str,
                       num_data: int) -> None:
   """Refuses a data plate whose size differs from the number of rows the model reads with

@@ -56,6 +56,7 @@ from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import families
 from dsgrad.contrib import _numpyro_trace as trace_lib
+from dsgrad.models import base as model_base
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 
@@ -83,7 +84,7 @@ class NumpyroModel(NamedTuple):
   batch_size: int
 
 
-def to_model(model, *model_args, data_plate: str | None = None,
+def to_model(model, *model_args, data_plate: str | None = None, reads: dict | None = None,
              **model_kwargs) -> NumpyroModel:
   """A :class:`dsgrad.models.Model` from a NumPyro model (see the module docstring).
 
@@ -94,6 +95,16 @@ def to_model(model, *model_args, data_plate: str | None = None,
     data_plate: name of the plate that carries the observations. By default, the one
       subsampled plate that holds observed sites, else the one plate all observed sites
       share.
+    reads: which rows of a latent site each datum reads: ``{site: argument}``, datum
+      ``n`` reads only row ``site[argument[n]]`` of that site (a tuple of arguments for
+      several rows, ``{"skill": ("winner", "loser")}``, or an argument of shape
+      ``(N, m)``), and every other site whole; arguments are named as the model's
+      parameters (or keywords). The model then declares those ``k`` coordinates per datum
+      (``model.sparse``, :func:`dsgrad.models.with_coordinates`), so
+      :func:`dsgrad.joint_saga` keeps a table of ``N x 2k`` numbers instead of ``N x 2d``.
+      Checked at a random latent on a few data spread over the plate: a site whose
+      unconstrained rows mix (an ordered transform across groups) or a likelihood that
+      reads more is refused.
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -181,8 +192,76 @@ def to_model(model, *model_args, data_plate: str | None = None,
                                  num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
+  if reads is not None:
+    dsgrad_model = _with_reads(reads, dsgrad_model, unconstrained,
+                               trace_lib.named_arguments(model, model_args, model_kwargs))
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
+
+
+def _with_reads(reads, found: Model, unconstrained: dict, arguments: dict) -> Model:
+  """``found`` with the coordinates ``reads`` declares (see :func:`to_model`): of a site
+  named there, the rows its arguments give at each datum, of every other site all of
+  it, in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
+  who = "dsgrad.contrib.numpyro: reads"
+  if not isinstance(reads, dict) or not reads:
+    raise TypeError(f"{who} must be a non-empty dict {{latent site: argument}}, got "
+                    f"{type(reads).__name__}")
+  unknown = sorted(set(reads) - set(unconstrained))
+  if unknown:
+    raise ValueError(f"{who} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
+  n, layout, offset = found.num_data, [], 0
+  for site in sorted(unconstrained):
+    shape = np.shape(unconstrained[site])
+    size = int(np.prod(shape, dtype=np.int64))
+    names = reads.get(site)
+    columns = None
+    if names is not None:
+      if not shape:
+        raise ValueError(f"{who}[{site!r}]: a scalar site has no rows to index")
+      columns = [_read_column(arguments, name, n, shape[0], f"{who}[{site!r}]")
+                 for name in ((names,) if isinstance(names, str) else tuple(names))]
+    layout.append((offset, columns, size // shape[0] if columns else size))
+    offset += size
+
+  def coordinates(indices):
+    pieces, b = [], indices.shape[0]
+    for start, columns, width in layout:
+      step = jnp.arange(width, dtype=jnp.int32)
+      if columns is None:
+        pieces.append(jnp.broadcast_to(start + step, (b, width)))
+      for column in columns or ():
+        pieces.append((start + column[indices][:, :, None] * width + step).reshape(b, -1))
+    return jnp.concatenate(pieces, axis=1)
+
+  k = sum(width * (sum(c.shape[1] for c in columns) if columns else 1)
+          for _, columns, width in layout)
+  try:  # with_coordinates checks the first data; the spread ones reach the plate's end
+    declared = model_base.with_coordinates(found, k, coordinates)
+    model_base.check_sparse_likelihood(declared, model_base.probe_latent(found.latent_dim, 0.5),
+                                       model_base.spread_indices(n), 1e-4)
+  except ValueError as error:
+    raise ValueError(f"{who}={reads}: the likelihood reads latent values reads does not "
+                     "declare (another row of a declared site, or a site whose transform "
+                     f"mixes its rows, as an ordered one does): {error}") from None
+  return declared
+
+
+def _read_column(arguments: dict, name, n: int, rows: int, who: str) -> jax.Array:
+  """The model argument ``name`` as an ``(N, m)`` int32 array of row numbers of a site
+  of ``rows`` rows; a name, shape, dtype or value that cannot be one is refused."""
+  if not isinstance(name, str) or name not in arguments:
+    raise ValueError(f"{who} names the argument {name!r}; the model's are {sorted(arguments)}")
+  column = np.asarray(arguments[name])
+  if (column.ndim not in (1, 2) or len(column) != n
+      or not np.issubdtype(column.dtype, np.integer)):
+    raise TypeError(f"{who}: argument {name!r} must be integers, one (N,) or several (N, m) "
+                    f"per datum of the plate's {n:,}; got shape {column.shape}, dtype "
+                    f"{column.dtype}")
+  if column.min() < 0 or column.max() >= rows:
+    raise ValueError(f"{who}: argument {name!r} holds values in [{column.min()}, "
+                     f"{column.max()}], but the site has {rows} rows")
+  return jnp.asarray(column.reshape(n, -1), jnp.int32)
 
 
 def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
@@ -369,7 +448,7 @@ def _on_device(model, path, value):
 
 def objective(model, *model_args, family: str = "meanfield", shared_noise: bool = True,
               data_plate: str | None = None, path_derivative: bool = False,
-              **model_kwargs) -> NumpyroObjective:
+              reads: dict | None = None, **model_kwargs) -> NumpyroObjective:
   """The BBVI objective (Eq. 3) of a NumPyro model, over a Gaussian family in
   unconstrained space.
 
@@ -382,6 +461,9 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
     data_plate: the plate that indexes the data (found automatically by default).
     path_derivative: the "sticking the landing" gradient
       (:func:`dsgrad.families.bbvi_objective`); off by default.
+    reads: which rows of a latent site each datum reads (see :func:`to_model`): then
+      ``dsgrad.joint_saga(objective)`` keeps a table of those coordinates only
+      (mean-field, without ``path_derivative``).
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -391,11 +473,12 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
   Raises:
     ValueError: see :func:`to_model`; an unknown family.
   """
-  found = to_model(model, *model_args, data_plate=data_plate, **model_kwargs)
+  found = to_model(model, *model_args, data_plate=data_plate, reads=reads, **model_kwargs)
   base = families.objective_by_name(family, found.model, shared_noise=shared_noise,
                                     path_derivative=path_derivative)
   return NumpyroObjective(base.loss_fn, base.noise_fn, base.num_data,
                           shared_noise=base.shared_noise, data=base.data,
-                          log_q_offset=base.log_q_offset,
+                          log_q_offset=base.log_q_offset, source=base.source,
+                          table_approximation=base.table_approximation,
                           name=f"numpyro:{found.model.name}", numpyro_model=found,
                           family=family)

@@ -124,15 +124,17 @@ def check_table_fits(params, num_data: int, dtype, max_bytes, estimator: str,
   if need > max_bytes:
     size = sum(int(np.prod(jnp.shape(p), dtype=np.int64)) for p in jax.tree.leaves(params))
     # reads= names data columns: an objective without them (a likelihood that indexes
-    # arrays of its own, as the NumPyro bridge's does) has none to name.
+    # arrays of its own, as the NumPyro bridge's does) names its arguments instead.
     no_columns = objective is not None and objective.data is None
     raise MemoryError(
         f"dsgrad.{estimator}: the per-datum table would hold {num_data:,} copies of "
         f"{size:,} parameters = {need / 2**30:.2f} GiB, more than {where} "
         f"({max_bytes / 2**30:.2f} GiB). If each datum reads a few latent rows (per group, "
-        + ("user or item), a model without data columns (its likelihood indexes arrays of "
-           "its own, as a NumPyro model does) cannot declare them: write its log prior and "
-           "per-row log likelihood for " if no_columns else "user or item), declare them, ")
+        "user or item), declare them, "
+        + ("for a model without data columns (its likelihood indexes arrays of its own): "
+           "a NumPyro model with dsgrad.contrib.numpyro.objective(model, ..., reads={'latent "
+           "site': 'index argument'}), a Model with dsgrad.models.with_coordinates; else "
+           if no_columns else "")
         + "dsgrad.objective_from_logdensity(..., reads={'latent leaf': 'index column'}), "
         "and pass dsgrad.approx.sparse_linearize(objective): a table of those coordinates "
         "only; for a GLM, dsgrad.approx.glm_mean_taylor keeps its logits. Else: "
