@@ -453,7 +453,7 @@ def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(lo
 
 
 def _grouped_model(groups, n):
-  def model(g, x, y, subsample=10):
+  def model(g, x, y, subsample=10, g2=None):  # g2: a second column, to be declared alike
     tau = numpyro.sample("tau", dist.HalfNormal(1.0))
     w = numpyro.sample("w", dist.Normal(0.0, 1.0))
     with numpyro.plate("groups", groups):
@@ -506,6 +506,9 @@ def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equa
       with numpyro.plate("data", n, subsample_size=subsample) as idx:
         numpyro.sample("y", dist.Normal(b[g[idx]] + b[g[idx] + 1], 1.0), obs=y[idx])
     dsgrad_numpyro.objective(reads_two, g, x, y, reads={"b": "g"})
+  with pytest.raises(ValueError, match=r"\['b'\]: datum 0 reads row \d+ of 'b' twice "
+                                       r"\(300 data do\)"):
+    dsgrad_numpyro.objective(model, g, x, y, g2=g, reads={"b": ("g", "g2")})
 
 
 # Slow (12 s): the bridge's per-datum terms and ELBO equal NumPyro's own by default (above);

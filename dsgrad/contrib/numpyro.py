@@ -221,6 +221,13 @@ def _with_reads(reads, found: Model, unconstrained: dict, arguments: dict) -> Mo
         raise ValueError(f"{who}[{site!r}]: a scalar site has no rows to index")
       columns = [_read_column(arguments, name, n, shape[0], f"{who}[{site!r}]")
                  for name in ((names,) if isinstance(names, str) else tuple(names))]
+      # A row read twice would be two coordinates of one value: its gradient counted twice.
+      rows = np.sort(np.concatenate([np.asarray(c) for c in columns], axis=1), axis=1)
+      twice = np.flatnonzero((rows[:, 1:] == rows[:, :-1]).any(axis=1))
+      if twice.size:
+        raise ValueError(f"{who}[{site!r}]: datum {twice[0]:,} reads row "
+                         f"{rows[twice[0]][np.flatnonzero(np.diff(rows[twice[0]]) == 0)[0]]} of "
+                         f"{site!r} twice ({twice.size:,} data do): declare it once")
     layout.append((offset, columns, size // shape[0] if columns else size))
     offset += size
 
