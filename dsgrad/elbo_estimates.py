@@ -194,7 +194,9 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
 def rows_not_finite(objective: Objective, params, indices, key,
                     shown: int = 5) -> str | None:
   """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
-  gradient, is not finite at ``params``, each row alone at one noise draw of ``key``; ""
+  gradient, is not finite at ``params``, each row alone at one noise draw of ``key`` (the
+  failing step's own, where the noise is one draw for the batch); a sentence blaming the
+  draw where every row fails at it and not at others; ""
   where every row's are; ``None`` where they cannot be taken one at a time. The step's own
   error cannot say which datum: its update sums the batch, so one row's NaN or inf reaches
   every coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
@@ -219,6 +221,14 @@ def rows_not_finite(objective: Objective, params, indices, key,
       f"{n:,}" for n in found[:shown]) + (
       f" and {found.size - shown:,} more" if found.size > shown else "")
   said = []
+  if rows.size > 1 and bad_value.size == rows.size and _finite_at_another_draw(
+      objective, params, rows[0], key):  # one draw of z serves the whole batch
+    return ("Of the failing step's batch, at the run's starting params, every row's term is "
+            "not finite at one draw: the draw, not the data, is at fault: the latent it "
+            "gives sends the likelihood out of range (an exp of a large value; a "
+            "variational scale too wide at the start), or an annealed bound's chain "
+            "diverges (dsgrad.annealing: step sizes too large for its mass; its elbo says "
+            "which).")
   if bad_value.size:
     said.append(f"{name(bad_value)}: a term that is not finite there: check the values "
                 "and what the likelihood does with them (log of 0 or of a negative number, "
@@ -231,6 +241,17 @@ def rows_not_finite(objective: Objective, params, indices, key,
                 "jnp.where(t > 0, jnp.log(jnp.where(t > 0, t, 1.0)), 0.0)")
   return ("Of the failing step's batch, at the run's starting params, " + "; ".join(said)
           + ".") if said else ""
+
+
+def _finite_at_another_draw(objective: Objective, params, row: int, key,
+                            draws: int = 4) -> bool:
+  """Whether datum ``row``'s term is finite at any of ``draws`` other noise draws: then a
+  batch whose every term was not finite at one draw was failed by that draw, not by its
+  data."""
+  term = jax.jit(lambda o, p, n: o.loss(p, jnp.asarray([row], jnp.int32), n,
+                                        validate=False)[0])
+  return any(bool(jnp.isfinite(term(objective, params, objective.sample_noise(
+      jax.random.fold_in(key, k), 1)))) for k in range(1, draws + 1))
 
 
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))

@@ -170,9 +170,9 @@ def note_divergence(error: Exception, objective, start_params, key, steps_run: i
   ``start_params`` are named instead (:func:`dsgrad.elbo_estimates.rows_not_finite`)."""
   from dsgrad import elbo_estimates  # it imports this module
 
-  batch = getattr(error, "indices", None)
+  batch, step_key = getattr(error, "indices", None), getattr(error, "noise_key", None)
   rows = None if batch is None else elbo_estimates.rows_not_finite(
-      objective, start_params, batch, key)
+      objective, start_params, batch, key if step_key is None else step_key)
   if rows:  # rows the model deems impossible at any params: the run need not have diverged
     error.add_note(rows)
     return

@@ -318,3 +318,30 @@ def test_a_step_that_fails_on_some_rows_names_them_and_what_is_not_finite():
   assert "diverged" not in note
   named = re.findall(r"data rows? ([\d, ]+):", note)
   assert named == ["17", "41"], named  # the batch's 62 other rows are finite
+
+
+def test_a_batch_whose_every_term_fails_at_one_draw_blames_the_draw_not_the_data():
+  """sqrt(1 - z) is finite for z <= 1 only: a draw of q above 1 makes every row's term
+  and gradient NaN at once. The note named all 32 rows of the batch as data to check; it says the draw is
+  at fault. Data impossible in every row (a count below zero) are still named as data."""
+  y = np.linspace(-1.0, 1.0, 32).astype(np.float32)
+  objective = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2),
+      lambda z, b: -0.5 * (b["y"] - z[0]) ** 2 + jnp.sqrt(1.0 - z[0]), {"y": y}, latent=1)
+  # q centred at 0.9 with scale 0.1: one draw in six lies past 1.
+  params = {"loc": jnp.array([0.9]), "log_scale": jnp.log(jnp.array([0.1]))}
+  with pytest.raises(ValueError, match="non-finite|not finite") as caught:
+    dsgrad.fit(objective, optax.sgd(1e-6), params, jax.random.key(0), num_steps=200,
+               batch_size=32, elbo_samples=0, progress=False)
+  note = caught.value.__notes__[0]
+  assert "every row's term is not finite at one draw: the draw, not the data" in note, note
+  assert "data row" not in note
+  variances = np.full(32, -1.0, np.float32)  # a negative variance in every row
+  impossible = dsgrad.objective_from_logdensity(
+      lambda z: -0.5 * jnp.sum(z ** 2),
+      lambda z, b: -0.5 * (z[0] - jnp.sqrt(b["v"])) ** 2, {"v": variances}, latent=1)
+  with pytest.raises(ValueError, match="not finite|non-finite") as caught:
+    dsgrad.fit(impossible, optax.sgd(1e-3), dsgrad.families.by_name("meanfield", 1).params(),
+               jax.random.key(0), num_steps=5, batch_size=32, elbo_samples=0, progress=False)
+  assert re.search(r"data rows [\d, ]+ and 27 more: a term that is not finite",
+                   caught.value.__notes__[0]), caught.value.__notes__

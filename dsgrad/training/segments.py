@@ -195,9 +195,8 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
 
-    # Step t's noise key is fold_in(noise_key, t) (so a resumed run draws the same
-    # noise), derived for the whole segment in one vectorized call rather than one
-    # serial hash per step.
+    # Step t's noise key (step_noise_key), derived for the whole segment in one
+    # vectorized call rather than one serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
 
     def step(carry, xs):
@@ -244,15 +243,22 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   return program, messages
 
 
+def step_noise_key(key, step: int):
+  """The key of step ``step``'s noise in a run of ``key``: ``fold_in(split(key)[1], t)``,
+  so that a resumed run draws the same noise."""
+  return jax.random.fold_in(jax.random.split(key)[1], step)
+
+
 class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
-  message names what, ``step`` the first step known to fail, ``indices`` its batch (or
-  ``None``: the block's params overflowed while each update was finite), ``last_finite``
-  ``(params, opt_state, step)`` before it (``opt_state`` ``None``: a donated carry's)."""
+  message names what, ``step`` the first step known to fail, ``indices`` its batch and
+  ``noise_key`` the key of its noise (or both ``None``: the block's params overflowed
+  while each update was finite), ``last_finite`` ``(params, opt_state, step)`` before it
+  (``opt_state`` ``None``: a donated carry's)."""
 
-  def __init__(self, message: str, step: int, indices=None):
+  def __init__(self, message: str, step: int, indices=None, noise_key=None):
     super().__init__(message)
-    self.step, self.indices, self.last_finite = step, indices, None
+    self.step, self.indices, self.noise_key, self.last_finite = step, indices, noise_key, None
 
 
 class Failure(NamedTuple):
@@ -442,8 +448,9 @@ class SegmentRunner:
     if not (at_step or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
     step = int(np.asarray(error.codes)[1]) if at_step else at
-    failure = NonFiniteStep(message, step, np.asarray(self._indices(step, 1))[0] if at_step
-                            else None)
+    failure = NonFiniteStep(message, step, *(
+        (np.asarray(self._indices(step, 1))[0], step_noise_key(self.key, step)) if at_step
+        else ()))
     if replay_from is not None:  # the steps before the failing one, again: finite, the same
       args = self._args(replay_from, at, steps, rows)
       args = (*args[:3], jnp.int32(step - at), *args[4:])
