@@ -105,15 +105,17 @@ def typical_row(values) -> np.ndarray:
   return np.median(head, axis=0).round().astype(head.dtype)
 
 
-def column_at_fault(message, message_at_typical, where: str, remedy: str = ""):
+def column_at_fault(message, messages_elsewhere, where: str, remedy: str = ""):
   """``message``, an index check's failure on a row, where it is the column's doing: not
-  where the same row with the column at its :func:`typical_row` fails alike. A log
+  where the same row fails alike with the column at its :func:`typical_row` and at 0
+  (``messages_elsewhere``; two values, so that a column holding one value out of range
+  throughout is still refused). A log
   density can read out of bounds whatever the data hold (NumPyro's
   ``CorrCholeskyTransform`` reads one past an array's end, and drops what it read): that
   failure is not the data's, and JAX's checks, which stop at the first, cannot see past it
   to the column's own reads: ``where``'s range is then left unchecked, with a warning
   that ends with ``remedy`` (another check the caller offers)."""
-  if not message or message != message_at_typical:
+  if not message or any(other != message for other in messages_elsewhere):
     return message
   warnings.warn(
       f"{where}: the log density reads out of an array's bounds whatever the index data "

@@ -137,8 +137,9 @@ def declared_and_checked(model: Model) -> Model:
     # and otherwise than with the column at a typical value.
     message = failure(z, one(i)) and failure(z, one(i), only=name)
     if message:
-      typical = dict(one(i), **{name: typical_rows[name]})
-      message = data_kinds.column_at_fault(message, failure(z, typical, only=name),
+      elsewhere = [failure(z, dict(one(i), **{name: value}), only=name)
+                   for value in (typical_rows[name], np.zeros_like(typical_rows[name]))]
+      message = data_kinds.column_at_fault(message, elsewhere,
                                            f"{model.name}: data column {name!r}",
                                            ", or declare the latent leaf it indexes, reads={"
                                            f"leaf: {name!r}}}, which checks it against its rows")

@@ -235,12 +235,13 @@ def test_too_large_table_names_the_declaration_first():
   message = str(error.value)
   assert message.index("reads=") < message.index("joint_svrg")
   assert "declare them, dsgrad.objective_from_logdensity" in message
-  # A model whose likelihood closes over its data has no column to declare: told to
-  # rewrite it, as a NumPyro model is.
+  # A model whose likelihood closes over its data has no column to declare: told how a
+  # NumPyro model and a Model of one's own declare theirs.
   closed = dsgrad.meanfield_gaussian(dsgrad.models.Model(
       lambda z: -0.5 * jnp.sum(z ** 2), lambda z, idx: -0.5 * z[idx] ** 2, 50, 50))
-  with pytest.raises(MemoryError, match=r"a model without data columns .* cannot declare "
-                                        r"them: write its log prior"):
+  with pytest.raises(MemoryError, match=r"for a model without data columns .*: a NumPyro "
+                                        r"model with .*reads=.*, a Model with "
+                                        r"dsgrad.models.with_coordinates"):
     dsgrad.joint_saga(closed, max_table_bytes=1000).init(dsgrad.meanfield_init(closed))
 
 

@@ -223,6 +223,13 @@ def test_a_log_lik_that_reads_out_of_bounds_whatever_the_data_does_not_blame_its
                                            dsgrad.data_kinds.IndexChecksBlind):
     dsgrad.model_from_logdensity(log_prior, log_lik, {"g": bad, "y": y}, latent,
                                  reads={"mu": "g"})
+  # Without such a read, a column out of range in every row, all alike, is still its own
+  # fault (it fails at its typical value, not at 0).
+  plain = lambda z, b: -0.5 * jnp.sum((b["y"] - z["mu"][b["g"]]) ** 2, axis=1)
+  with pytest.raises(ValueError, match=r"column 'g' at row 0 holds \[20\], which log_lik "
+                                       r"uses as an index out of range"):
+    dsgrad.model_from_logdensity(log_prior, plain, {"g": np.full(n, groups, np.int32),
+                                                    "y": y}, latent)
 
 
 def test_group_ids_stored_as_floats_and_cast_in_log_lik_are_checked_as_an_index():

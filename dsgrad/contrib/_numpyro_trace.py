@@ -320,11 +320,13 @@ def check_index_arguments(model, log_likelihood_given, model_args, model_kwargs,
       at_row = jnp.asarray([row], jnp.int32)
       try:
         message = checked(unsigned, at_row)[0].get()
-        if message:  # the argument's doing only where its typical value reads in bounds
-          alike = unsigned.copy()
-          alike.reshape(num_data, -1)[row] = typical
-          message = data_kinds.column_at_fault(message, checked(alike, at_row)[0].get(),
-                                               argument_name(model, path))
+        if message:  # the argument's doing only where another value reads in bounds
+          elsewhere = []
+          for value in (typical, np.zeros_like(typical)):
+            alike = unsigned.copy()
+            alike.reshape(num_data, -1)[row] = value
+            elsewhere.append(checked(alike, at_row)[0].get())
+          message = data_kinds.column_at_fault(message, elsewhere, argument_name(model, path))
       except Exception:  # noqa: BLE001  a model checkify cannot run: nothing to say
         return
       if message:
