@@ -191,69 +191,6 @@ def located(error: NonFiniteELBO, objective: Objective, params, key,
   return NonFiniteELBO(error.who, error.detail + where)
 
 
-def rows_not_finite(objective: Objective, params, indices, key,
-                    shown: int = 5) -> str | None:
-  """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
-  gradient, is not finite at ``params``, each row alone at one noise draw of ``key`` (the
-  failing step's own, where the noise is one draw for the batch); a sentence blaming the
-  draw where every row fails at it and not at others; ""
-  where every row's are; ``None`` where they cannot be taken one at a time. The step's own
-  error cannot say which datum: its update sums the batch, so one row's NaN or inf reaches
-  every coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
-  most 2^26 gradient numbers), on the error path only."""
-  noise = objective.sample_noise(key, 1)
-  at_once = max(1, min(16, 2 ** 26 // max(1, sum(np.size(x) for x in jax.tree.leaves(params)))))
-
-  def row(o, p, index):
-    value, grad = jax.value_and_grad(
-        lambda q: o.loss(q, index[None], noise, validate=False)[0])(p)
-    return jnp.isfinite(value), checks.all_finite(grad)
-
-  rows = np.asarray(indices).reshape(-1)
-  try:
-    finite_value, finite_grad = map(np.asarray, jax.jit(
-        lambda o, p, i: jax.lax.map(lambda n: row(o, p, n), i, batch_size=at_once))(
-            objective, params, jnp.asarray(rows, jnp.int32)))
-  except Exception:  # noqa: BLE001  (a diagnosis that fails must not hide the step's error)
-    return None
-  bad_value, bad_grad = rows[~finite_value], rows[finite_value & ~finite_grad]
-  name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
-      f"{n:,}" for n in found[:shown]) + (
-      f" and {found.size - shown:,} more" if found.size > shown else "")
-  said = []
-  if rows.size > 1 and bad_value.size == rows.size and _finite_at_another_draw(
-      objective, params, rows[0], key):  # one draw of z serves the whole batch
-    return ("Of the failing step's batch, at the run's starting params, every row's term is "
-            "not finite at one draw: the draw, not the data, is at fault: the latent it "
-            "gives sends the likelihood out of range (an exp of a large value; a "
-            "variational scale too wide at the start), or an annealed bound's chain "
-            "diverges (dsgrad.annealing: step sizes too large for its mass; its elbo says "
-            "which).")
-  if bad_value.size:
-    said.append(f"{name(bad_value)}: a term that is not finite there: check the values "
-                "and what the likelihood does with them (log of 0 or of a negative number, "
-                "a value outside its support)")
-  if bad_grad.size:
-    said.append(f"{name(bad_grad)}: a finite term whose gradient is not: the likelihood "
-                "is at an edge of its domain there (the derivative of log or sqrt at 0, "
-                "of x ** k at x = 0), or a jnp.where masks a branch that is not finite "
-                "there, whose gradient is NaN all the same: mask its input too, "
-                "jnp.where(t > 0, jnp.log(jnp.where(t > 0, t, 1.0)), 0.0)")
-  return ("Of the failing step's batch, at the run's starting params, " + "; ".join(said)
-          + ".") if said else ""
-
-
-def _finite_at_another_draw(objective: Objective, params, row: int, key,
-                            draws: int = 4) -> bool:
-  """Whether datum ``row``'s term is finite at any of ``draws`` other noise draws: then a
-  batch whose every term was not finite at one draw was failed by that draw, not by its
-  data."""
-  term = jax.jit(lambda o, p, n: o.loss(p, jnp.asarray([row], jnp.int32), n,
-                                        validate=False)[0])
-  return any(bool(jnp.isfinite(term(objective, params, objective.sample_noise(
-      jax.random.fold_in(key, k), 1)))) for k in range(1, draws + 1))
-
-
 @checks.arguments(num_samples=checks.count(1), chunk_size=checks.count(1))
 def elbo_draws(objective: Objective, num_samples: int = 1000, chunk_size: int = 4096):
   """The compiled function behind :func:`elbo`: ``(params, key) -> (num_samples,)`` draws

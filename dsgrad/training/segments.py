@@ -195,8 +195,9 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
     indices = batching.slice_window(orders, start, length, objective.num_data, batch_size)
     steps = start + jnp.arange(length)
 
-    # Step t's noise key (step_noise_key), derived for the whole segment in one
-    # vectorized call rather than one serial hash per step.
+    # Step t's noise key is fold_in(noise_key, t) (so a resumed run draws the same
+    # noise), derived for the whole segment in one vectorized call rather than one
+    # serial hash per step.
     keys = jax.vmap(lambda t: jax.random.fold_in(noise_key, t))(steps)
 
     def step(carry, xs):
@@ -243,18 +244,11 @@ def segment_program(objective: Objective, optimizer, batch_size: int, length: in
   return program, messages
 
 
-def step_noise_key(key, step: int):
-  """The key of step ``step``'s noise in a run of ``key``: ``fold_in(split(key)[1], t)``,
-  so that a resumed run draws the same noise."""
-  return jax.random.fold_in(jax.random.split(key)[1], step)
-
-
 class NonFiniteStep(ValueError):
   """A training step whose gradient, update or params are not finite (NaN or inf): the
   message names what, ``step`` the first step known to fail, ``indices`` its batch and
-  ``noise_key`` the key of its noise (or both ``None``: the block's params overflowed
-  while each update was finite), ``last_finite`` ``(params, opt_state, step)`` before it
-  (``opt_state`` ``None``: a donated carry's)."""
+  ``noise_key`` its noise's key (both ``None``: the params overflowed, each update finite),
+  ``last_finite`` ``(params, opt_state, step)`` before it (``opt_state`` ``None``: donated)."""
 
   def __init__(self, message: str, step: int, indices=None, noise_key=None):
     super().__init__(message)
@@ -427,10 +421,9 @@ class SegmentRunner:
 
   def _settle(self, error, carry, at: int, steps: int, rows) -> None:
     """Raises the failed value check ``error`` of the call of ``steps`` steps from step
-    ``at``, from ``carry`` (kept when the checks are settled at the end) on ``rows``.
-    Where the params became non-finite, the call runs again from ``carry`` with every
-    step checked, which raises the failing check with its step, then up to that step:
-    :class:`NonFiniteStep`'s ``last_finite``."""
+    ``at``, from ``carry`` (kept when the checks are settled at the end) on ``rows``. Where
+    the params became non-finite, the call runs again from ``carry`` with every step
+    checked, to raise the failing check with its step, then up to that step (``last_finite``)."""
     message = error.message()
     if message and self.host_data:  # a row of a file, not the maths, may be at fault
       host_data_lib.check_finite_rows(self.host_data, self._indices(at, steps))
@@ -448,9 +441,9 @@ class SegmentRunner:
     if not (at_step or message.startswith(PARAMS_NOT_FINITE)):
       raise ValueError(message)
     step = int(np.asarray(error.codes)[1]) if at_step else at
-    failure = NonFiniteStep(message, step, *(
-        (np.asarray(self._indices(step, 1))[0], step_noise_key(self.key, step)) if at_step
-        else ()))
+    batch = ((np.asarray(self._indices(step, 1))[0],  # its rows and noise key, as run() draws
+              jax.random.fold_in(jax.random.split(self.key)[1], step)) if at_step else ())
+    failure = NonFiniteStep(message, step, *batch)
     if replay_from is not None:  # the steps before the failing one, again: finite, the same
       args = self._args(replay_from, at, steps, rows)
       args = (*args[:3], jnp.int32(step - at), *args[4:])
