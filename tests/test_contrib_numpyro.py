@@ -452,6 +452,21 @@ def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(lo
     dsgrad.joint_saga(objective, max_table_bytes=100).init(objective.init_params())
 
 
+def _largest_array(jaxpr, skip: int) -> int:
+  """The most elements of a floating value computed in ``jaxpr`` (nested programs
+  included), other than the model's own per-datum arrays of ``skip`` rows that it slices
+  (a plate's integer indices are not counted)."""
+  sizes = [int(np.prod(v.aval.shape)) for eqn in jaxpr.eqns for v in eqn.outvars
+           if jnp.issubdtype(getattr(v.aval, "dtype", jnp.int32), jnp.floating)
+           and (not v.aval.shape or v.aval.shape[0] != skip)]
+  for eqn in jaxpr.eqns:
+    for value in eqn.params.values():
+      inner = getattr(value, "jaxpr", value)
+      if hasattr(inner, "eqns"):
+        sizes.append(_largest_array(inner, skip))
+  return max(sizes, default=0)
+
+
 def _grouped_model(groups, n):
   def model(g, x, y, subsample=10, g2=None):  # g2: a second column, to be declared alike
     tau = numpyro.sample("tau", dist.HalfNormal(1.0))
@@ -476,7 +491,12 @@ def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equa
   model = _grouped_model(groups, n)
   dense = dsgrad_numpyro.objective(model, g, x, y)
   compact = dsgrad_numpyro.objective(model, g, x, y, reads={"b": "g"})
-  assert compact.numpyro_model.model.sparse.num_coordinates == 3
+  sparse = compact.numpyro_model.model.sparse
+  assert sparse.num_coordinates == 3
+  # O(k) a datum: no array of the local likelihood's program holds the 40 group effects
+  # (the model's own plate of groups gives it integer indices only).
+  assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
+      jnp.zeros((2, 3)), jnp.arange(2, dtype=jnp.int32)).jaxpr, n) < groups
   params = _random_params(dense, jax.random.key(1))
   states = [dsgrad.joint_saga(o).init(params) for o in (dense, compact)]
   assert dsgrad.table_bytes(states[1]) * 42 == dsgrad.table_bytes(states[0]) * 3

@@ -11,6 +11,7 @@ import threading
 import warnings
 
 from numpyro import handlers
+from numpyro.infer import util as numpyro_util
 from numpyro.infer.initialization import init_to_uniform
 
 import jax
@@ -384,3 +385,36 @@ def _per_datum_arguments(model_args, model_kwargs, num_data: int, kind):
       return jax.tree_util.tree_unflatten(treedef, given)
 
     yield path, leaf, replaced
+
+
+def per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
+  """``(args, kwargs, z, indices) -> (B,)``: the data plate's log-likelihood per datum,
+  with the model's arguments explicit."""
+
+  @one_at_a_time
+  def log_likelihood_given(args, kwargs, z, indices):
+    # Each site's gradient summed whole before they are concatenated into z's, as in
+    # dsgrad.objective_from_logdensity (XLA on a GPU otherwise fused a site's batch sum
+    # into that concatenation, a few threads summing the batch serially).
+    sites = jax.lax.optimization_barrier(unravel(z))
+    constrained = numpyro_util.constrain_fn(fixed, args, kwargs, sites)
+    batch_trace = trace(handlers.substitute(with_indices(model, plate, indices),
+                                             data=constrained), args, kwargs)
+    total = 0.0
+    for name in observed:
+      site = batch_trace[name]
+      log_prob = site["fn"].log_prob(site["value"])
+      log_prob = jnp.broadcast_to(log_prob, site["fn"].batch_shape)
+      dim = next(f.dim for f in site["cond_indep_stack"] if f.name == plate)
+      axis = log_prob.ndim + dim
+      if axis < 0 or log_prob.shape[axis] != indices.shape[0]:
+        raise PlateMismatch(
+            f"observed site {name!r} has batch shape {log_prob.shape}, which does not "
+            f"follow the {indices.shape[0]} indices of plate {plate!r}: index the data "
+            f"with the plate's indices (`with numpyro.plate({plate!r}, N, "
+            "subsample_size=...) as idx:` and `obs=y[idx]`)")
+      total = total + jnp.sum(jnp.moveaxis(log_prob, axis, 0).reshape(indices.shape[0], -1),
+                              axis=1)
+    return total
+
+  return log_likelihood_given

@@ -55,8 +55,8 @@ from jax.flatten_util import ravel_pytree
 from dsgrad import checks
 from dsgrad import data as data_lib
 from dsgrad import families
+from dsgrad.contrib import _numpyro_reads as reads_lib
 from dsgrad.contrib import _numpyro_trace as trace_lib
-from dsgrad.models import base as model_base
 from dsgrad.models.base import Model
 from dsgrad.objective import Objective
 
@@ -101,10 +101,12 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
       ``(N, m)``), and every other site whole; arguments are named as the model's
       parameters (or keywords). The model then declares those ``k`` coordinates per datum
       (``model.sparse``, :func:`dsgrad.models.with_coordinates`), so
-      :func:`dsgrad.joint_saga` keeps a table of ``N x 2k`` numbers instead of ``N x 2d``.
-      Checked at a random latent on a few data spread over the plate: a site whose
-      unconstrained rows mix (an ordered transform across groups) or a likelihood that
-      reads more is refused.
+      :func:`dsgrad.joint_saga` keeps a table of ``N x 2k`` numbers instead of ``N x 2d``;
+      each datum's term is then the model run on that datum's arguments with the
+      declared sites cut to the rows it reads (``O(k)``; ``O(d)``, the rows written into
+      a zero latent, where the model cannot run so). Checked at a random latent on a few
+      data spread over the plate: a site whose unconstrained rows mix (an ordered
+      transform across groups) or a likelihood that reads more is refused.
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -164,7 +166,7 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
 
   log_prior, log_joint_subsampled = _compiled_densities(model, plate, fixed, observed,
                                                         unravel, (arrays, rebuild))
-  log_likelihood_given = _per_datum_log_likelihood(model, plate, observed, fixed, unravel)
+  log_likelihood_given = trace_lib.per_datum_log_likelihood(model, plate, observed, fixed, unravel)
 
   # The NumPyro model indexes its own arrays with the plate's indices, so it receives
   # indices (a dsgrad model without data): its arrays are constants of its programs.
@@ -193,82 +195,10 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   if reads is not None:
-    dsgrad_model = _with_reads(reads, dsgrad_model, unconstrained,
-                               trace_lib.named_arguments(model, model_args, model_kwargs))
+    dsgrad_model = reads_lib.with_reads(reads, dsgrad_model, unconstrained, (
+        model, plate, observed, model_args, model_kwargs))
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
-
-
-def _with_reads(reads, found: Model, unconstrained: dict, arguments: dict) -> Model:
-  """``found`` with the coordinates ``reads`` declares (see :func:`to_model`): of a site
-  named there, the rows its arguments give at each datum, of every other site all of
-  it, in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
-  who = "dsgrad.contrib.numpyro: reads"
-  if not isinstance(reads, dict) or not reads:
-    raise TypeError(f"{who} must be a non-empty dict {{latent site: argument}}, got "
-                    f"{type(reads).__name__}")
-  unknown = sorted(set(reads) - set(unconstrained))
-  if unknown:
-    raise ValueError(f"{who} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
-  n, layout, offset = found.num_data, [], 0
-  for site in sorted(unconstrained):
-    shape = np.shape(unconstrained[site])
-    size = int(np.prod(shape, dtype=np.int64))
-    names = reads.get(site)
-    columns = None
-    if names is not None:
-      if not shape:
-        raise ValueError(f"{who}[{site!r}]: a scalar site has no rows to index")
-      columns = [_read_column(arguments, name, n, shape[0], f"{who}[{site!r}]")
-                 for name in ((names,) if isinstance(names, str) else tuple(names))]
-      # A row read twice would be two coordinates of one value: its gradient counted twice.
-      rows = np.sort(np.concatenate([np.asarray(c) for c in columns], axis=1), axis=1)
-      twice = np.flatnonzero((rows[:, 1:] == rows[:, :-1]).any(axis=1))
-      if twice.size:
-        raise ValueError(f"{who}[{site!r}]: datum {twice[0]:,} reads row "
-                         f"{rows[twice[0]][np.flatnonzero(np.diff(rows[twice[0]]) == 0)[0]]} of "
-                         f"{site!r} twice ({twice.size:,} data do): declare it once")
-    layout.append((offset, columns, size // shape[0] if columns else size))
-    offset += size
-
-  def coordinates(indices):
-    pieces, b = [], indices.shape[0]
-    for start, columns, width in layout:
-      step = jnp.arange(width, dtype=jnp.int32)
-      if columns is None:
-        pieces.append(jnp.broadcast_to(start + step, (b, width)))
-      for column in columns or ():
-        pieces.append((start + column[indices][:, :, None] * width + step).reshape(b, -1))
-    return jnp.concatenate(pieces, axis=1)
-
-  k = sum(width * (sum(c.shape[1] for c in columns) if columns else 1)
-          for _, columns, width in layout)
-  try:  # with_coordinates checks the first data; the spread ones reach the plate's end
-    declared = model_base.with_coordinates(found, k, coordinates)
-    model_base.check_sparse_likelihood(declared, model_base.probe_latent(found.latent_dim, 0.5),
-                                       model_base.spread_indices(n), 1e-4)
-  except ValueError as error:
-    raise ValueError(f"{who}={reads}: the likelihood reads latent values reads does not "
-                     "declare (another row of a declared site, or a site whose transform "
-                     f"mixes its rows, as an ordered one does): {error}") from None
-  return declared
-
-
-def _read_column(arguments: dict, name, n: int, rows: int, who: str) -> jax.Array:
-  """The model argument ``name`` as an ``(N, m)`` int32 array of row numbers of a site
-  of ``rows`` rows; a name, shape, dtype or value that cannot be one is refused."""
-  if not isinstance(name, str) or name not in arguments:
-    raise ValueError(f"{who} names the argument {name!r}; the model's are {sorted(arguments)}")
-  column = np.asarray(arguments[name])
-  if (column.ndim not in (1, 2) or len(column) != n
-      or not np.issubdtype(column.dtype, np.integer)):
-    raise TypeError(f"{who}: argument {name!r} must be integers, one (N,) or several (N, m) "
-                    f"per datum of the plate's {n:,}; got shape {column.shape}, dtype "
-                    f"{column.dtype}")
-  if column.min() < 0 or column.max() >= rows:
-    raise ValueError(f"{who}: argument {name!r} holds values in [{column.min()}, "
-                     f"{column.max()}], but the site has {rows} rows")
-  return jnp.asarray(column.reshape(n, -1), jnp.int32)
 
 
 def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
@@ -332,39 +262,6 @@ def _global_latents_and_observations(trace, plate: str):
     raise ValueError("the model has no latent sample site to infer")
 
   return latent, observed
-
-
-def _per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
-  """``(args, kwargs, z, indices) -> (B,)``: the data plate's log-likelihood per datum,
-  with the model's arguments explicit."""
-
-  @trace_lib.one_at_a_time
-  def log_likelihood_given(args, kwargs, z, indices):
-    # Each site's gradient summed whole before they are concatenated into z's, as in
-    # dsgrad.objective_from_logdensity (XLA on a GPU otherwise fused a site's batch sum
-    # into that concatenation, a few threads summing the batch serially).
-    sites = jax.lax.optimization_barrier(unravel(z))
-    constrained = numpyro_util.constrain_fn(fixed, args, kwargs, sites)
-    batch_trace = trace_lib.trace(handlers.substitute(trace_lib.with_indices(model, plate, indices),
-                                             data=constrained), args, kwargs)
-    total = 0.0
-    for name in observed:
-      site = batch_trace[name]
-      log_prob = site["fn"].log_prob(site["value"])
-      log_prob = jnp.broadcast_to(log_prob, site["fn"].batch_shape)
-      dim = next(f.dim for f in site["cond_indep_stack"] if f.name == plate)
-      axis = log_prob.ndim + dim
-      if axis < 0 or log_prob.shape[axis] != indices.shape[0]:
-        raise trace_lib.PlateMismatch(
-            f"observed site {name!r} has batch shape {log_prob.shape}, which does not "
-            f"follow the {indices.shape[0]} indices of plate {plate!r}: index the data "
-            f"with the plate's indices (`with numpyro.plate({plate!r}, N, "
-            "subsample_size=...) as idx:` and `obs=y[idx]`)")
-      total = total + jnp.sum(jnp.moveaxis(log_prob, axis, 0).reshape(indices.shape[0], -1),
-                              axis=1)
-    return total
-
-  return log_likelihood_given
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

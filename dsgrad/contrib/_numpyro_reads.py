@@ -1,0 +1,146 @@
+"""Which latent rows each datum of a NumPyro model reads, declared by naming the argument
+that indexes each site (``reads={"b": "g"}``): the model's
+:class:`~dsgrad.models.SparseLikelihood`, so that joint SAGA keeps a table of those
+coordinates only (:func:`dsgrad.contrib.numpyro.to_model`).
+
+References:
+  Wang, Geffner, Domke (2024), Sec. 4 (the joint control variate's table, one entry per
+  datum); its sparse form is this library's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from dsgrad.contrib import _numpyro_trace as trace_lib
+from dsgrad.models import base as model_base
+from dsgrad.models.base import Model
+
+
+def with_reads(reads, found: Model, unconstrained: dict, traced: tuple) -> Model:
+  """``found`` with the coordinates ``reads`` declares (see :func:`to_model`): of a site
+  named there, the rows its arguments give at each datum, of every other site all of
+  it, in the flat latent's order (``ravel_pytree`` of the sites, by name). ``traced``:
+  ``(model, data plate, observed sites, args, kwargs)``."""
+  who = "dsgrad.contrib.numpyro: reads"
+  arguments = trace_lib.named_arguments(traced[0], traced[3], traced[4])
+  if not isinstance(reads, dict) or not reads:
+    raise TypeError(f"{who} must be a non-empty dict {{latent site: argument}}, got "
+                    f"{type(reads).__name__}")
+  unknown = sorted(set(reads) - set(unconstrained))
+  if unknown:
+    raise ValueError(f"{who} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
+  n, layout, offset = found.num_data, [], 0
+  for site in sorted(unconstrained):
+    shape = np.shape(unconstrained[site])
+    size = int(np.prod(shape, dtype=np.int64))
+    names = reads.get(site)
+    columns = None
+    if names is not None:
+      if not shape:
+        raise ValueError(f"{who}[{site!r}]: a scalar site has no rows to index")
+      columns = [_read_column(arguments, name, n, shape[0], f"{who}[{site!r}]")
+                 for name in ((names,) if isinstance(names, str) else tuple(names))]
+      # A row read twice would be two coordinates of one value: its gradient counted twice.
+      rows = np.sort(np.concatenate([np.asarray(c) for c in columns], axis=1), axis=1)
+      twice = np.flatnonzero((rows[:, 1:] == rows[:, :-1]).any(axis=1))
+      if twice.size:
+        raise ValueError(f"{who}[{site!r}]: datum {twice[0]:,} reads row "
+                         f"{rows[twice[0]][np.flatnonzero(np.diff(rows[twice[0]]) == 0)[0]]} of "
+                         f"{site!r} twice ({twice.size:,} data do): declare it once")
+    layout.append((offset, columns, size // shape[0] if columns else size))
+    offset += size
+
+  def coordinates(indices):
+    pieces, b = [], indices.shape[0]
+    for start, columns, width in layout:
+      step = jnp.arange(width, dtype=jnp.int32)
+      if columns is None:
+        pieces.append(jnp.broadcast_to(start + step, (b, width)))
+      for column in columns or ():
+        pieces.append((start + column[indices][:, :, None] * width + step).reshape(b, -1))
+    return jnp.concatenate(pieces, axis=1)
+
+  k = sum(width * (sum(c.shape[1] for c in columns) if columns else 1)
+          for _, columns, width in layout)
+  z = model_base.probe_latent(found.latent_dim, 0.5)
+  data = np.unique(np.concatenate([np.arange(min(8, n)), model_base.spread_indices(n)]))
+  try:  # O(k) a datum: the model run on its own rows, its sites cut to the rows it reads
+    local = _small_site_likelihood(reads, unconstrained, arguments, traced, n)
+    declared = found._replace(sparse=model_base.SparseLikelihood(k, coordinates, local))
+    model_base.check_sparse_likelihood(declared, z, data.astype(np.int32), 1e-4)
+    return declared
+  except Exception:  # noqa: BLE001  a model that cannot run so: O(d) a datum, as checked
+    pass
+  try:
+    declared = model_base.with_coordinates(found, k, coordinates)
+    model_base.check_sparse_likelihood(declared, z, data.astype(np.int32), 1e-4)
+  except ValueError as error:
+    raise ValueError(f"{who}={reads}: the likelihood reads latent values reads does not "
+                     "declare (another row of a declared site, or a site whose transform "
+                     f"mixes its rows, as an ordered one does): {error}") from None
+  return declared
+
+
+def _small_site_likelihood(reads, unconstrained: dict, arguments: dict, traced: tuple, n: int):
+  """The :class:`~dsgrad.models.SparseLikelihood` local likelihood of a NumPyro model whose
+  datum reads the rows ``reads`` declares: each datum's term from the model run on that
+  datum's arguments alone, its declared sites cut to the rows it reads and their index
+  arguments replaced by positions among them, as :mod:`dsgrad.latent_reads` does for a
+  ``log_lik``. Raises where an argument indexes two sites (no one position serves both)."""
+  model, plate, observed, model_args, model_kwargs = traced
+  small, positions = {}, {}
+  for site in sorted(unconstrained):
+    shape = np.shape(unconstrained[site])
+    names = reads.get(site)
+    if names is None:
+      small[site] = jnp.zeros(shape, jnp.float32)
+      continue
+    at = 0
+    for name in ((names,) if isinstance(names, str) else tuple(names)):
+      if name in positions:
+        raise ValueError(f"argument {name!r} indexes two sites")
+      row = np.shape(arguments[name])[1:]
+      positions[name] = jnp.arange(at, at + int(np.prod(row, dtype=np.int64)),
+                                   dtype=jnp.int32).reshape((1,) + row)
+      at += int(np.prod(row, dtype=np.int64))
+    small[site] = jnp.zeros((at,) + shape[1:], jnp.float32)
+  _, unravel = ravel_pytree(small)
+  one = jnp.zeros(1, jnp.int32)
+  given = trace_lib.per_datum_log_likelihood(model, plate, observed,
+                                    trace_lib.with_indices(model, plate, one), unravel)
+  names = list(trace_lib.named_arguments(model, model_args, {}))
+
+  def own(name, value, i):  # a datum's own row of a per-datum argument
+    if name in positions:
+      return positions[name]
+    per_datum = isinstance(value, jax.Array) and value.ndim and value.shape[0] == n
+    return jax.lax.dynamic_slice_in_dim(value, i, 1) if per_datum else value
+
+  def term(z_local, i):
+    args = tuple(own(name, value, i) for name, value in zip(names, model_args))
+    kwargs = {name: own(name, value, i) for name, value in model_kwargs.items()}
+    with trace_lib.other_batch_sizes_allowed():  # one datum, not the plate's batch
+      return given(args, kwargs, z_local, one)[0]
+
+  return lambda z_local, indices: jax.vmap(term)(z_local, indices)
+
+
+def _read_column(arguments: dict, name, n: int, rows: int, who: str) -> jax.Array:
+  """The model argument ``name`` as an ``(N, m)`` int32 array of row numbers of a site
+  of ``rows`` rows; a name, shape, dtype or value that cannot be one is refused."""
+  if not isinstance(name, str) or name not in arguments:
+    raise ValueError(f"{who} names the argument {name!r}; the model's are {sorted(arguments)}")
+  column = np.asarray(arguments[name])
+  if (column.ndim not in (1, 2) or len(column) != n
+      or not np.issubdtype(column.dtype, np.integer)):
+    raise TypeError(f"{who}: argument {name!r} must be integers, one (N,) or several (N, m) "
+                    f"per datum of the plate's {n:,}; got shape {column.shape}, dtype "
+                    f"{column.dtype}")
+  if column.min() < 0 or column.max() >= rows:
+    raise ValueError(f"{who}: argument {name!r} holds values in [{column.min()}, "
+                     f"{column.max()}], but the site has {rows} rows")
+  return jnp.asarray(column.reshape(n, -1), jnp.int32)
