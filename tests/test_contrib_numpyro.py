@@ -619,3 +619,46 @@ def test_segments_of_a_numpyro_model_compile_on_several_threads(logreg_data):
     for future in futures:
       future.result()
   assert all(len(r.executables) == 1 for r in runners)
+
+
+def test_reads_of_an_argument_shared_by_two_sites_and_of_pairs_keep_the_model_to_its_rows():
+  """A user's effects and noise scale read by one argument, an item's by another, and two
+  rows of a third site per datum (an (N, 2) argument): each datum's term runs on its own
+  rows (no array of any site's length), and joint SAGA's updates are the dense table's."""
+  n, users, items = 200, 30, 20
+  rng = np.random.default_rng(3)
+  user = rng.integers(0, users, n).astype(np.int32)
+  item = rng.integers(0, items, n).astype(np.int32)
+  pair = np.stack([user % 10, 10 + item % 10], axis=1).astype(np.int32)
+  y = rng.normal(size=n).astype(np.float32)
+
+  def model(user, item, pair, y, subsample=10):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("users", users):
+      u = numpyro.sample("u", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+      scale = numpyro.sample("scale", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("items", items):
+      v = numpyro.sample("v", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("pairs", 20):
+      p = numpyro.sample("p", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", n, subsample_size=subsample) as i:
+      mean = mu + jnp.sum(u[user[i]] * v[item[i]], -1) + p[pair[i]].sum(-1)
+      numpyro.sample("y", dist.Normal(mean, scale[user[i]]), obs=y[i])
+
+  args = (user, item, pair, y)
+  dense = dsgrad_numpyro.objective(model, *args)
+  compact = dsgrad_numpyro.objective(model, *args, reads={"u": "user", "scale": "user",
+                                                          "v": "item", "p": "pair"})
+  sparse = compact.numpyro_model.model.sparse
+  assert sparse.num_coordinates == 1 + 2 + 1 + 2 + 2  # mu, p (2 rows), scale, u, v
+  assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
+      jnp.zeros((2, 8)), jnp.arange(2, dtype=jnp.int32)).jaxpr, n) < 20
+  params = _random_params(dense, jax.random.key(1))
+  indices = jnp.arange(0, n, 20, dtype=jnp.int32)
+  noise = dense.sample_noise(jax.random.key(2), 10)
+  updates = [dsgrad.joint_saga(o).update(o.grad(params, indices, noise),
+                                         dsgrad.joint_saga(o).init(params), params,
+                                         indices=indices, noise=noise, objective=o)[0]
+             for o in (dense, compact)]
+  for a, b in zip(jax.tree.leaves(updates[0]), jax.tree.leaves(updates[1])):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * float(jnp.abs(a).max()))

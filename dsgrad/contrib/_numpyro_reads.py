@@ -90,7 +90,8 @@ def _small_site_likelihood(reads, unconstrained: dict, arguments: dict, traced: 
   datum reads the rows ``reads`` declares: each datum's term from the model run on that
   datum's arguments alone, its declared sites cut to the rows it reads and their index
   arguments replaced by positions among them, as :mod:`dsgrad.latent_reads` does for a
-  ``log_lik``. Raises where an argument indexes two sites (no one position serves both)."""
+  ``log_lik``. Raises where an argument indexes two sites at different positions among
+  their rows (no one replacement serves both)."""
   model, plate, observed, model_args, model_kwargs = traced
   small, positions = {}, {}
   for site in sorted(unconstrained):
@@ -101,13 +102,15 @@ def _small_site_likelihood(reads, unconstrained: dict, arguments: dict, traced: 
       continue
     at = 0
     for name in ((names,) if isinstance(names, str) else tuple(names)):
-      if name in positions:
-        raise ValueError(f"argument {name!r} indexes two sites")
       row = np.shape(arguments[name])[1:]
-      positions[name] = jnp.arange(at, at + int(np.prod(row, dtype=np.int64)),
-                                   dtype=jnp.int32).reshape((1,) + row)
-      at += int(np.prod(row, dtype=np.int64))
+      width = int(np.prod(row, dtype=np.int64))
+      if positions.setdefault(name, (at, row)) != (at, row):  # (user effects, user scales)
+        raise ValueError(f"argument {name!r} indexes two sites at different positions")
+      at += width
     small[site] = jnp.zeros((at,) + shape[1:], jnp.float32)
+  positions = {name: jnp.arange(at, at + int(np.prod(row, dtype=np.int64)),
+                                dtype=jnp.int32).reshape((1,) + row)
+               for name, (at, row) in positions.items()}
   _, unravel = ravel_pytree(small)
   one = jnp.zeros(1, jnp.int32)
   given = trace_lib.per_datum_log_likelihood(model, plate, observed,
