@@ -322,8 +322,9 @@ def test_a_step_that_fails_on_some_rows_names_them_and_what_is_not_finite():
 
 def test_a_batch_whose_every_term_fails_at_one_draw_blames_the_draw_not_the_data():
   """sqrt(1 - z) is finite for z <= 1 only: a draw of q above 1 makes every row's term
-  and gradient NaN at once. The note named all 32 rows of the batch as data to check; it says the draw is
-  at fault. Data impossible in every row (a count below zero) are still named as data."""
+  and gradient NaN at once. The note named all 32 rows of the batch as data to check; it
+  says the draw is at fault. Data impossible in every row (a negative variance) are still
+  named as data."""
   y = np.linspace(-1.0, 1.0, 32).astype(np.float32)
   objective = dsgrad.objective_from_logdensity(
       lambda z: -0.5 * jnp.sum(z ** 2),
