@@ -20,20 +20,22 @@ from dsgrad.models import base as model_base
 from dsgrad.models.base import Model
 
 
-def with_reads(reads, found: Model, unconstrained: dict, traced: tuple) -> Model:
-  """``found`` with the coordinates ``reads`` declares (see :func:`to_model`): of a site
-  named there, the rows its arguments give at each datum, of every other site all of
-  it, in the flat latent's order (``ravel_pytree`` of the sites, by name). ``traced``:
-  ``(model, data plate, observed sites, args, kwargs)``."""
-  who = "dsgrad.contrib.numpyro: reads"
-  arguments = trace_lib.named_arguments(traced[0], traced[3], traced[4])
+WHO = "dsgrad.contrib.numpyro: reads"
+
+
+def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
+  """``reads`` checked against the sites and the model's ``arguments`` (named as
+  :func:`~dsgrad.contrib._numpyro_trace.named_arguments` names them), before anything
+  compiles: ``[(offset, index columns (N, m) or None for a site read whole, coordinates
+  per row read)]`` in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
+  who = WHO
   if not isinstance(reads, dict) or not reads:
     raise TypeError(f"{who} must be a non-empty dict {{latent site: argument}}, got "
                     f"{type(reads).__name__}")
   unknown = sorted(set(reads) - set(unconstrained))
   if unknown:
     raise ValueError(f"{who} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
-  n, layout, offset = found.num_data, [], 0
+  layout, offset = [], 0
   for site in sorted(unconstrained):
     shape = np.shape(unconstrained[site])
     size = int(np.prod(shape, dtype=np.int64))
@@ -53,6 +55,14 @@ def with_reads(reads, found: Model, unconstrained: dict, traced: tuple) -> Model
                          f"{site!r} twice ({twice.size:,} data do): declare it once")
     layout.append((offset, columns, size // shape[0] if columns else size))
     offset += size
+  return layout
+
+
+def with_reads(reads, layout: list, found: Model, unconstrained: dict, traced: tuple) -> Model:
+  """``found`` with the coordinates of ``layout`` (:func:`read_layout`) as its
+  :class:`~dsgrad.models.SparseLikelihood`, checked on data spread over the plate.
+  ``traced``: ``(model, data plate, observed sites, args, kwargs)``."""
+  n, arguments = found.num_data, trace_lib.named_arguments(traced[0], traced[3], traced[4])
 
   def coordinates(indices):
     pieces, b = [], indices.shape[0]
@@ -79,7 +89,7 @@ def with_reads(reads, found: Model, unconstrained: dict, traced: tuple) -> Model
     declared = model_base.with_coordinates(found, k, coordinates)
     model_base.check_sparse_likelihood(declared, z, data.astype(np.int32), 1e-4)
   except ValueError as error:
-    raise ValueError(f"{who}={reads}: the likelihood reads latent values reads does not "
+    raise ValueError(f"{WHO}={reads}: the likelihood reads latent values reads does not "
                      "declare (another row of a declared site, or a site whose transform "
                      f"mixes its rows, as an ordered one does): {error}") from None
   return declared

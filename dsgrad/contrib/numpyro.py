@@ -156,6 +156,8 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
   unconstrain = trace_lib.one_at_a_time(
       lambda arrays, latent: numpyro_util.unconstrain_fn(fixed, *rebuild(arrays), latent))
   unconstrained = jax.jit(unconstrain)(arrays, latent)
+  layout = None if reads is None else reads_lib.read_layout(  # before anything compiles
+      reads, unconstrained, trace_lib.named_arguments(model, model_args, model_kwargs), num_data)
   flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
                                 for k, v in unconstrained.items()})
   latent_sites = tuple(sorted(latent))
@@ -195,7 +197,7 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
   if reads is not None:
-    dsgrad_model = reads_lib.with_reads(reads, dsgrad_model, unconstrained, (
+    dsgrad_model = reads_lib.with_reads(reads, layout, dsgrad_model, unconstrained, (
         model, plate, observed, model_args, model_kwargs))
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
