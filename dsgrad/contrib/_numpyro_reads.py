@@ -28,13 +28,12 @@ def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
   :func:`~dsgrad.contrib._numpyro_trace.named_arguments` names them), before anything
   compiles: ``[(offset, index columns (N, m) or None for a site read whole, coordinates
   per row read)]`` in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
-  who = WHO
   if not isinstance(reads, dict) or not reads:
-    raise TypeError(f"{who} must be a non-empty dict {{latent site: argument}}, got "
+    raise TypeError(f"{WHO} must be a non-empty dict {{latent site: argument}}, got "
                     f"{type(reads).__name__}")
   unknown = sorted(set(reads) - set(unconstrained))
   if unknown:
-    raise ValueError(f"{who} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
+    raise ValueError(f"{WHO} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
   layout, offset = [], 0
   for site in sorted(unconstrained):
     shape = np.shape(unconstrained[site])
@@ -43,14 +42,14 @@ def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
     columns = None
     if names is not None:
       if not shape:
-        raise ValueError(f"{who}[{site!r}]: a scalar site has no rows to index")
-      columns = [_read_column(arguments, name, n, shape[0], f"{who}[{site!r}]")
+        raise ValueError(f"{WHO}[{site!r}]: a scalar site has no rows to index")
+      columns = [_read_column(arguments, name, n, shape[0], f"{WHO}[{site!r}]")
                  for name in ((names,) if isinstance(names, str) else tuple(names))]
       # A row read twice would be two coordinates of one value: its gradient counted twice.
       rows = np.sort(np.concatenate([np.asarray(c) for c in columns], axis=1), axis=1)
       twice = np.flatnonzero((rows[:, 1:] == rows[:, :-1]).any(axis=1))
       if twice.size:
-        raise ValueError(f"{who}[{site!r}]: datum {twice[0]:,} reads row "
+        raise ValueError(f"{WHO}[{site!r}]: datum {twice[0]:,} reads row "
                          f"{rows[twice[0]][np.flatnonzero(np.diff(rows[twice[0]]) == 0)[0]]} of "
                          f"{site!r} twice ({twice.size:,} data do): declare it once")
     layout.append((offset, columns, size // shape[0] if columns else size))
@@ -123,8 +122,8 @@ def _small_site_likelihood(reads, unconstrained: dict, arguments: dict, traced: 
                for name, (at, row) in positions.items()}
   _, unravel = ravel_pytree(small)
   one = jnp.zeros(1, jnp.int32)
-  given = trace_lib.per_datum_log_likelihood(model, plate, observed,
-                                    trace_lib.with_indices(model, plate, one), unravel)
+  given = trace_lib.per_datum_log_likelihood(
+      model, plate, observed, trace_lib.with_indices(model, plate, one), unravel)
   names = list(trace_lib.named_arguments(model, model_args, {}))
 
   def own(name, value, i):  # a datum's own row of a per-datum argument

@@ -399,7 +399,7 @@ def per_datum_log_likelihood(model, plate: str, observed, fixed, unravel):
     sites = jax.lax.optimization_barrier(unravel(z))
     constrained = numpyro_util.constrain_fn(fixed, args, kwargs, sites)
     batch_trace = trace(handlers.substitute(with_indices(model, plate, indices),
-                                             data=constrained), args, kwargs)
+                                            data=constrained), args, kwargs)
     total = 0.0
     for name in observed:
       site = batch_trace[name]
