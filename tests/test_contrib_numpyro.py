@@ -521,6 +521,10 @@ def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equa
   with pytest.raises(ValueError, match=r"names latent sites \['beta'\]; the model's are "
                                        r"\['b', 'tau', 'w'\]"):
     dsgrad_numpyro.objective(model, g, x, y, reads={"beta": "g"})
+  for reads, match in [({"b": 3}, r"\['b'\] must name the model's argument .* got 3"),
+                       ({}, "got an empty dict"), ({"b": "x"}, "argument 'x' must be integers")]:
+    with pytest.raises(TypeError, match=match):
+      dsgrad_numpyro.objective(model, g, x, y, reads=reads)
   with pytest.raises(ValueError, match=r"reads=\{'b': 'g'\}: the likelihood reads latent "
                                        r"values reads does not declare"):
     # The plate reads b[g] and b[g + 1]: more than declared.

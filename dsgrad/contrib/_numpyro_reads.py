@@ -30,7 +30,12 @@ def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
   per row read)]`` in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
   if not isinstance(reads, dict) or not reads:
     raise TypeError(f"{WHO} must be a non-empty dict {{latent site: argument}}, got "
-                    f"{type(reads).__name__}")
+                    + ("an empty dict" if isinstance(reads, dict) else type(reads).__name__))
+  for site, names in reads.items():
+    if not (isinstance(names, str) or isinstance(names, (tuple, list)) and names
+            and all(isinstance(name, str) for name in names)):
+      raise TypeError(f"{WHO}[{site!r}] must name the model's argument that indexes it (a "
+                      f"string, or a tuple of strings for several rows), got {names!r}")
   unknown = sorted(set(reads) - set(unconstrained))
   if unknown:
     raise ValueError(f"{WHO} names latent sites {unknown}; the model's are {sorted(unconstrained)}")
