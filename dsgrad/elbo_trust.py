@@ -206,9 +206,9 @@ def rows_not_finite(objective: Objective, params, indices, key,
                     shown: int = 5) -> str | None:
   """A sentence naming the rows among ``indices`` (one step's batch) whose term, or its
   gradient, is not finite at ``params``, each row alone at one noise draw of ``key`` (the
-  failing step's own, where the noise is one draw for the batch); a sentence blaming the
-  draw where every row fails at it and not at others; ""
-  where every row's are; ``None`` where they cannot be taken one at a time. The step's own
+  failing step's own, where the noise is one draw for the batch), or blaming that draw
+  where every row's term fails at it and not at others; "" where every row's term and
+  gradient are finite; ``None`` where they cannot be taken one at a time. The step's own
   error cannot say which datum: its update sums the batch, so one row's NaN or inf reaches
   every coordinate. One pass of per-row gradients over the batch (up to 16 rows at a time, at
   most 2^26 gradient numbers), on the error path only."""
@@ -228,10 +228,6 @@ def rows_not_finite(objective: Objective, params, indices, key,
   except Exception:  # noqa: BLE001  (a diagnosis that fails must not hide the step's error)
     return None
   bad_value, bad_grad = rows[~finite_value], rows[finite_value & ~finite_grad]
-  name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
-      f"{n:,}" for n in found[:shown]) + (
-      f" and {found.size - shown:,} more" if found.size > shown else "")
-  said = []
   if rows.size > 1 and bad_value.size == rows.size and _finite_at_another_draw(
       objective, params, rows[0], key):  # one draw of z serves the whole batch
     return ("Of the failing step's batch, at the run's starting params, every row's term is "
@@ -240,6 +236,10 @@ def rows_not_finite(objective: Objective, params, indices, key,
             "variational scale too wide at the start), or an annealed bound's chain "
             "diverges (dsgrad.annealing: step sizes too large for its mass; its elbo says "
             "which).")
+  name = lambda found: ("data row " if found.size == 1 else "data rows ") + ", ".join(
+      f"{n:,}" for n in found[:shown]) + (
+      f" and {found.size - shown:,} more" if found.size > shown else "")
+  said = []
   if bad_value.size:
     said.append(f"{name(bad_value)}: a term that is not finite there: check the values "
                 "and what the likelihood does with them (log of 0 or of a negative number, "

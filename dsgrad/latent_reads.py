@@ -77,18 +77,11 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
   data_names = list(handles)
 
   def coordinates(rows):
-    pieces = []
     b = rows[data_names[0]].shape[0]
-    for start, _, cols, width in layout:
-      if cols is None:
-        pieces.append(jnp.broadcast_to(start + jnp.arange(width, dtype=jnp.int32),
-                                       (b, width)))
-        continue
-      for col in cols:
-        row = jnp.maximum(rows[col].astype(jnp.int32) - base[col], 0).reshape(b, per_row[col])
-        pieces.append((start + row[:, :, None] * width
-                       + jnp.arange(width, dtype=jnp.int32)).reshape(b, -1))
-    return jnp.concatenate(pieces, axis=1)
+    leaf_row = lambda col: jnp.maximum(  # noqa: E731
+        rows[col].astype(jnp.int32) - base[col], 0).reshape(b, per_row[col])
+    return stacked_coordinates([(start, width, cols and [leaf_row(c) for c in cols])
+                                for start, _, cols, width in layout], b)
 
   def local_latent(z_local):
     parts, at = [], 0
@@ -118,6 +111,21 @@ def declared(reads, model: Model, latent, treedef, log_lik) -> SparseLikelihood:
     return jax.vmap(one)(z_local, rows)
 
   return SparseLikelihood(k, coordinates, log_likelihood_local)
+
+
+def stacked_coordinates(blocks, b: int) -> jax.Array:
+  """``(b, k)`` latent coordinates of ``b`` data rows from ``blocks`` in ravel order:
+  ``(start, width, rows)`` for a leaf of ``width`` coordinates per row starting at flat
+  offset ``start``; ``rows`` ``None`` for a leaf read whole (its ``width`` coordinates),
+  else the ``(b, m)`` leaf rows each data row reads, per index column."""
+  pieces = []
+  for start, width, rows in blocks:
+    step = jnp.arange(width, dtype=jnp.int32)
+    if rows is None:
+      pieces.append(jnp.broadcast_to(start + step, (b, width)))
+    for row in rows or ():
+      pieces.append((start + row[:, :, None] * width + step).reshape(b, -1))
+  return jnp.concatenate(pieces, axis=1)
 
 
 def _reads_layout(reads, latent, d, handles, lowest) -> tuple[list, list]:

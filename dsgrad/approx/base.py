@@ -203,8 +203,9 @@ def linearize(mask: Any = None) -> Approximation:
   forward-over-reverse pass (``jax.jvp`` of ``jax.grad`` in the noise direction; reverse
   over reverse where the log density calls a ``jax.custom_vjp`` function:
   :mod:`dsgrad.derivatives`); the expectation alone costs one gradient at ``eps = 0``.
-  For mean-field Gaussian BBVI with ``mask`` selecting ``loc`` this is exactly the paper's mean-only second-order Taylor
-  approximation (App. F, Eq. 63-64); see :func:`gaussian_mean_taylor`.
+  For mean-field Gaussian BBVI with ``mask`` selecting ``loc`` this is exactly the
+  paper's mean-only second-order Taylor approximation (App. F, Eq. 63-64); see
+  :func:`gaussian_mean_taylor`.
 
   Args:
     mask: optional tree of booleans with the structure of the params (or a callable

@@ -190,7 +190,7 @@ def sparse_linearize(model: Model | Objective) -> Approximation:
     if not objective.shared_noise:
       noise = jnp.mean(noise, 0)  # the linearization is linear in the noise
     expected, deviation = derivatives.jvp(lambda e: jax.grad(global_loss)(params, e),
-                                  (jnp.zeros_like(noise),), (noise,))
+                                          (jnp.zeros_like(noise),), (noise,))
     return optax.tree.add(expected, deviation), expected
 
   return with_statistics(statistics, datum_terms, datum_expected, global_terms,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from dsgrad import latent_reads
 from dsgrad.contrib import _numpyro_trace as trace_lib
 from dsgrad.models import base as model_base
 from dsgrad.models.base import Model
@@ -69,14 +70,9 @@ def with_reads(reads, layout: list, found: Model, unconstrained: dict, traced: t
   n, arguments = found.num_data, trace_lib.named_arguments(traced[0], traced[3], traced[4])
 
   def coordinates(indices):
-    pieces, b = [], indices.shape[0]
-    for start, columns, width in layout:
-      step = jnp.arange(width, dtype=jnp.int32)
-      if columns is None:
-        pieces.append(jnp.broadcast_to(start + step, (b, width)))
-      for column in columns or ():
-        pieces.append((start + column[indices][:, :, None] * width + step).reshape(b, -1))
-    return jnp.concatenate(pieces, axis=1)
+    return latent_reads.stacked_coordinates(
+        [(start, width, columns and [c[indices] for c in columns])
+         for start, columns, width in layout], indices.shape[0])
 
   k = sum(width * (sum(c.shape[1] for c in columns) if columns else 1)
           for _, columns, width in layout)

@@ -442,7 +442,7 @@ class SegmentRunner:
       raise ValueError(message)
     step = int(np.asarray(error.codes)[1]) if at_step else at
     batch = ((np.asarray(self._indices(step, 1))[0],  # its rows and noise key, as run() draws
-              jax.random.fold_in(jax.random.split(self.key)[1], step)) if at_step else ())
+              batching.fold_in(batching.split_in_two(self.key)[1], step)) if at_step else ())
     failure = NonFiniteStep(message, step, *batch)
     if replay_from is not None:  # the steps before the failing one, again: finite, the same
       args = self._args(replay_from, at, steps, rows)
