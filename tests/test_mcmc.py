@@ -70,6 +70,67 @@ def test_taylor_sums_match_direct_evaluation(logreg):
                              atol=1e-5)
 
 
+def test_taylor_sums_from_declared_coordinates_are_the_dense_ones():
+  """A model whose rows declare the latent rows they read (a user's and an item's effects
+  and a shared slope) gets its sums from each datum's k x k Hessian: they equal the dense
+  sums of d Hessian-vector products, off-diagonal blocks between the effects included."""
+  rng = np.random.default_rng(0)
+  n, users, items = 500, 13, 7
+  data = {"u": rng.integers(0, users, n).astype(np.int32),
+          "i": rng.integers(0, items, n).astype(np.int32),
+          "x": rng.normal(size=n).astype(np.float32), "y": rng.poisson(2.0, n).astype(np.float32)}
+
+  def log_lik(z, rows):
+    eta = z["a"][rows["u"]] * z["b"][rows["i"]] + z["w"] * rows["x"]
+    return rows["y"] * eta - jnp.exp(eta)
+
+  latent = {"a": jnp.zeros(users), "b": jnp.zeros(items), "w": jnp.zeros(())}
+  prior = lambda z: -0.5 * sum(jnp.sum(leaf ** 2) for leaf in jax.tree.leaves(z))
+  declared = dsgrad.model_from_logdensity(prior, log_lik, data, latent)
+  dense = dsgrad.model_from_logdensity(prior, log_lik, data, latent, reads=None)
+  assert declared.sparse is not None and dense.sparse is None
+  theta = 0.3 * jax.random.normal(jax.random.key(2), (declared.latent_dim,))
+  fast, slow = (mcmc.taylor_proxy(m, theta, chunk_size=120) for m in (declared, dense))
+  everyone = jnp.arange(n)
+  total = lambda t: jnp.sum(dense.log_likelihood_at(t, everyone))
+  np.testing.assert_allclose(fast.sum_value, slow.sum_value, rtol=1e-5)
+  np.testing.assert_allclose(fast.sum_grad, jax.grad(total)(theta), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(fast.sum_hessian, slow.sum_hessian, rtol=1e-4, atol=1e-3)
+  # The product of the two effects couples them: the blocks between them are not zero.
+  assert np.abs(np.asarray(fast.sum_hessian)[:users, users:users + items]).max() > 1.0
+
+
+def test_the_laplace_precision_floor_is_kept_with_or_without_the_eigendecomposition():
+  """The floor at 1e-6 of the largest eigenvalue: a matrix well inside it comes back as it
+  is (one factorization shows it), one with an eigenvalue below it or a negative one is
+  floored as by its eigendecomposition."""
+  from dsgrad.mcmc.reference import floored_eigenvalues
+  rng = np.random.default_rng(1)
+  q, _ = np.linalg.qr(rng.normal(size=(40, 40)))
+  for values in (np.linspace(1.0, 1e3, 40), np.r_[-2.0, 1e-9, np.linspace(1.0, 1e3, 38)]):
+    matrix = (q * values) @ q.T
+    matrix = 0.5 * (matrix + matrix.T)
+    expected = (q * np.maximum(values, 1e-6 * values.max())) @ q.T
+    np.testing.assert_allclose(floored_eigenvalues(matrix), expected, atol=1e-9 * 1e3)
+  well = (q * np.linspace(1.0, 1e3, 40)) @ q.T
+  assert floored_eigenvalues(well) is well
+
+
+def test_large_factorizations_run_on_one_blas_thread():
+  """OpenBLAS's threaded Cholesky crashed the process at 16,000 x 16,000 on 2 cores: from
+  ONE_LAPACK_THREAD_FROM on, every BLAS library loaded runs one thread; below, as set."""
+  import threadpoolctl
+  from dsgrad.mcmc.hmcecs import ONE_LAPACK_THREAD_FROM, lapack_threads_for
+  threads = lambda: [pool["num_threads"] for pool in threadpoolctl.threadpool_info()
+                     if pool["user_api"] == "blas"]
+  before = threads()
+  with lapack_threads_for(ONE_LAPACK_THREAD_FROM - 1):
+    assert threads() == before
+  with lapack_threads_for(ONE_LAPACK_THREAD_FROM):
+    assert threads() and set(threads()) == {1}
+  assert threads() == before
+
+
 @pytest.mark.parametrize("order", [1, 2])
 def test_difference_estimator_is_unbiased(logreg, order):
   theta_star = jnp.zeros(logreg.latent_dim)

@@ -34,6 +34,7 @@ import numpy as np
 from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
+from dsgrad.mcmc import reference
 from dsgrad.models.base import Model
 from dsgrad.training import compile_cache
 
@@ -216,7 +217,7 @@ def reference_drift_warnings(mode, reference_point, precision,
       the standard deviations).
     threshold: in standard deviations.
   """
-  sd = np.sqrt(np.diag(np.linalg.inv(np.asarray(precision, np.float64))))
+  sd = np.sqrt(reference.inverse_diagonal(np.asarray(precision, np.float64)))
   distance = np.abs(np.asarray(reference_point, np.float64) - np.asarray(mode, np.float64)) / sd
   worst = int(np.argmax(distance))
   if not distance[worst] > threshold:

@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -109,8 +110,10 @@ def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=Non
     mass_matrix = jnp.eye(dim)
   mass_matrix = jnp.asarray(mass_matrix, jnp.float32)
   chol = checked_cholesky(mass_matrix, "mass_matrix")
+  with lapack_threads_for(chol.shape[0]):
+    inverse = jax.block_until_ready(_inverse(chol))
   return HMCParameters(jnp.asarray(step_size, jnp.float32),
-                       jnp.asarray(num_integration_steps, jnp.int32), _inverse(chol), chol)
+                       jnp.asarray(num_integration_steps, jnp.int32), inverse, chol)
 
 
 def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
@@ -122,7 +125,8 @@ def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
       dim is not None and matrix.shape[0] != dim):
     side = "square" if dim is None else f"of shape ({dim}, {dim})"
     raise ValueError(f"{name} must be {side}, got shape {matrix.shape}")
-  chol, finite, asymmetry, largest, factored = _factor(matrix)
+  with lapack_threads_for(matrix.shape[0]):
+    chol, finite, asymmetry, largest, factored = jax.block_until_ready(_factor(matrix))
   if not bool(finite):
     raise ValueError(f"{name} holds NaN or inf values")
   if float(asymmetry) > 1e-5 * max(float(largest), 1e-30):
@@ -133,6 +137,24 @@ def checked_cholesky(matrix, name: str, dim: int | None = None) -> jax.Array:
   if not bool(factored):
     raise ValueError(f"{name} is not positive definite")
   return chol
+
+
+ONE_LAPACK_THREAD_FROM = 8192
+"""Matrices of at least this side are factored on one BLAS thread."""
+
+
+def lapack_threads_for(side: int):
+  """A context in which a ``side x side`` factorization runs safely: on one BLAS thread
+  from :data:`ONE_LAPACK_THREAD_FROM` on. The threaded Cholesky of the OpenBLAS that numpy,
+  scipy and jaxlib ship (0.3.31) ended the process with a segmentation fault at 16,000 x
+  16,000 on 2 cores, and not at 14,000 nor on one thread (OpenBLAS issues 352 and 2562
+  report it at other sizes and thread counts); one thread took 68 s at 20,002, where two
+  would have taken some 40."""
+  if side < ONE_LAPACK_THREAD_FROM:
+    return contextlib.nullcontext()
+  # Imported where it is used: only factorizations this large need it.
+  import threadpoolctl  # pylint: disable=import-outside-toplevel
+  return threadpoolctl.threadpool_limits(limits=1, user_api="blas")
 
 
 # One program each (run eagerly, the checks and the factorization were a dozen small

@@ -147,8 +147,10 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
     chunk_size: data per chunk of the pass (memory: one chunk's Hessian work).
 
   Returns:
-    A :class:`TaylorProxy`. Cost: ``n`` log likelihood, gradient and (order 2) Hessian
-    evaluations, chunked; ``B`` is formed with ``d`` Hessian-vector products per chunk.
+    A :class:`TaylorProxy`. Cost: ``n`` log likelihood, gradient and Hessian
+    evaluations, chunked; ``B`` is formed with ``d`` Hessian-vector products per chunk,
+    or, for a model whose data declare the ``k`` latent coordinates each reads
+    (``model.sparse``), from each datum's ``k x k`` Hessian.
 
   Raises:
     ValueError: on a ``theta_star`` of the wrong shape or dtype, or an order not 1 or 2.
@@ -167,6 +169,9 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
 def _full_data_sums(model: Model, theta, chunk_size: int):
   """``sum_k (l_k, grad l_k, Hess l_k)`` at ``theta`` over all data, in chunks."""
   n = model.num_data
+  if model.sparse is not None:
+    value, grad, hess = _sums_from_declared_coordinates(model, theta, chunk_size)
+    return value, grad, 0.5 * (hess + hess.T)
 
   def total(theta, idx):
     return jnp.sum(model.log_likelihood_at(theta, idx))
@@ -177,6 +182,44 @@ def _full_data_sums(model: Model, theta, chunk_size: int):
     return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
   value, grad, hess = jax.tree.map(lambda m: n * m, full_pass_mean(chunk_mean, n, chunk_size))
   return value, grad, 0.5 * (hess + hess.T)
+
+
+def _sums_from_declared_coordinates(model: Model, theta, chunk_size: int):
+  """:func:`_full_data_sums` for a model whose data each read ``k`` declared coordinates
+  (``model.sparse``): each datum's gradient and ``k x k`` Hessian in its own coordinates,
+  added into ``A`` and ``B`` where they belong. ``O(n k^2)`` work, where the dense form
+  makes ``d`` Hessian-vector products over all the data (11 s a pass at d = 5,002 and
+  10^5 rows on 2 cores; at d = 20,002 it had not finished one in five minutes)."""
+  n, d, sparse = model.num_data, theta.shape[0], model.sparse
+  size = max(1, min(int(chunk_size), n))
+
+  def datum_value(z_local, row):
+    return sparse.log_likelihood_local(
+        z_local[None], jax.tree.map(lambda leaf: leaf[None], row))[0]
+
+  datum_hessians = jax.vmap(derivatives.hessian(datum_value))
+
+  def add_chunk(sums, indices):
+    value, grad, hess = sums
+    rows = model.rows(indices)
+    coordinates = sparse.coordinates(rows)
+    z_local = theta[coordinates]
+    # The values' sum is linear in each datum's value: its gradient with respect to the
+    # stacked local latents is each datum's own gradient.
+    chunk_value, local_grads = jax.value_and_grad(
+        lambda z: jnp.sum(sparse.log_likelihood_local(z, rows)))(z_local)
+    hess = hess.at[coordinates[:, :, None], coordinates[:, None, :]].add(
+        datum_hessians(z_local, rows))
+    return value + chunk_value, grad.at[coordinates].add(local_grads), hess
+
+  sums = (jnp.zeros((), theta.dtype), jnp.zeros(d, theta.dtype), jnp.zeros((d, d), theta.dtype))
+  whole = n // size
+  if whole:
+    sums, _ = jax.lax.scan(lambda s, start: (add_chunk(s, start + jnp.arange(size)), None),
+                           sums, size * jnp.arange(whole))
+  if n > whole * size:
+    sums = add_chunk(sums, whole * size + jnp.arange(n - whole * size))
+  return sums
 
 
 def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:

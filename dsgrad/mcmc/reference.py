@@ -20,7 +20,7 @@ import optax
 from dsgrad import checks
 from dsgrad import derivatives
 from dsgrad.mcmc import subsample as subsample_lib
-from dsgrad.mcmc.hmcecs import checked_cholesky
+from dsgrad.mcmc.hmcecs import checked_cholesky, lapack_threads_for
 from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_proxy
 from dsgrad.models.base import Model
 from dsgrad.training import batching
@@ -116,7 +116,9 @@ def refine_reference_point(model: Model, proxy: TaylorProxy, *, order: int = 2,
   current, passes = float(log_posterior(proxy.theta_star)), 1
   for _ in range(max_steps):
     grad = np.asarray(_posterior_gradient(model, proxy), np.float64)
-    step = np.linalg.solve(np.asarray(laplace_precision(model, proxy), np.float64), grad)
+    # Positive definite after the floor: a Cholesky solve, half the work of a general one.
+    step = positive_definite_solve(np.asarray(laplace_precision(model, proxy), np.float64),
+                                   grad)
     decrement = float(grad @ step)
     if not np.all(np.isfinite(step)) or decrement < 0.01:
       break
@@ -147,10 +149,64 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   """``-(B + Hess log p(theta*))``: the full-data posterior precision at ``theta*``, the
   mass matrix of Sec. 6.3. Symmetrized; eigenvalues floored at ``1e-6`` times the
   largest, so that it is positive definite."""
-  precision = _symmetric_precision(model, check_proxy(model, proxy))
-  values, vectors = np.linalg.eigh(np.asarray(precision, np.float64))
-  values = np.maximum(values, 1e-6 * max(values.max(), 1e-12))
-  return jnp.asarray(((vectors * values) @ vectors.T).astype(np.float32))
+  precision = np.asarray(_symmetric_precision(model, check_proxy(model, proxy)), np.float64)
+  return jnp.asarray(floored_eigenvalues(precision).astype(np.float32))
+
+
+EIGENVALUE_FLOOR = 1e-6
+"""The Laplace precision's eigenvalues are floored at this times the largest."""
+
+
+def floored_eigenvalues(precision: np.ndarray) -> np.ndarray:
+  """``precision`` (symmetric, float64) with its eigenvalues floored at
+  :data:`EIGENVALUE_FLOOR` times the largest.
+
+  Where one Cholesky factorization shows the smallest eigenvalue above the floor of an
+  upper bound on the largest (the smaller of the matrix's infinity and Frobenius norms),
+  the floor changes nothing and the matrix is returned as it is; only otherwise is it
+  decomposed. Why: the eigendecomposition costs some 20 times the factorization, and at a
+  few thousand latents it set the setup's time (12 s of each of the reference point's
+  Newton steps at d = 5,002, 2 cores), where a posterior precision is usually well inside
+  the floor.
+  """
+  bound = min(np.linalg.norm(precision, np.inf), np.linalg.norm(precision, "fro"))
+  shifted = precision.copy()
+  shifted[np.diag_indices_from(shifted)] -= EIGENVALUE_FLOOR * max(bound, 1e-12)
+  with lapack_threads_for(len(precision)):
+    try:
+      _scipy_linalg().cholesky(shifted, lower=True, overwrite_a=True, check_finite=False)
+      return precision
+    except np.linalg.LinAlgError:
+      del shifted
+      values, vectors = np.linalg.eigh(precision)
+  values = np.maximum(values, EIGENVALUE_FLOOR * max(values.max(), 1e-12))
+  return (vectors * values) @ vectors.T
+
+
+def positive_definite_solve(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+  """``matrix^{-1} vector`` for a symmetric positive definite float64 ``matrix``, by
+  Cholesky (half the work of a general solve)."""
+  linalg = _scipy_linalg()
+  with lapack_threads_for(len(matrix)):
+    return linalg.cho_solve(linalg.cho_factor(matrix, lower=True, check_finite=False), vector)
+
+
+def inverse_diagonal(matrix: np.ndarray) -> np.ndarray:
+  """The diagonal of ``matrix^{-1}`` for a symmetric positive definite float64 ``matrix``:
+  the column sums of squares of its Cholesky factor's inverse (a third of a general
+  inverse's work)."""
+  linalg = _scipy_linalg()
+  with lapack_threads_for(len(matrix)):
+    lower = linalg.cholesky(matrix, lower=True, check_finite=False)
+    inverse = linalg.solve_triangular(lower, np.eye(len(matrix)), lower=True, overwrite_b=True,
+                                      check_finite=False)
+  return np.sum(inverse ** 2, axis=0)
+
+
+def _scipy_linalg():
+  # Imported on first use: scipy.linalg is not otherwise imported with dsgrad.
+  import scipy.linalg  # pylint: disable=import-outside-toplevel
+  return scipy.linalg
 
 
 # Programs taking the model as an argument: differentiated eagerly, the prior's gradient
