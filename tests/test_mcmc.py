@@ -204,9 +204,11 @@ def test_perturbed_hmcecs_matches_the_exact_posterior(estimator, order):
   model; the logistic test below uses second order); ``full`` is plain HMC with the
   same kernel and tuning."""
   model, mean, cov = _linear_gaussian()
+  # Full-data HMC needs no subsample size.
+  sizes = dict(subsample_size=100) if estimator == "perturbed" else {}
   result = mcmc.sample(jax.random.key(10), model, num_samples=3000, num_warmup=400,
-                       subsample_size=100, num_blocks=10, proxy_order=order,
-                       estimator=estimator, reference_updates_every=200, progress=False)
+                       num_blocks=10, proxy_order=order, estimator=estimator,
+                       reference_updates_every=200, progress=False, **sizes)
   assert result.samples.shape == (3000, 3)
   accept = result.info.acceptance_rate.mean()
   assert 0.6 < accept <= 1.0, accept
@@ -651,12 +653,13 @@ def _heterogeneous_linear_gaussian(n=2000, d=3, seed=0):
 def test_a_noisy_estimator_warns_and_auto_subsample_size_lands_on_the_posterior():
   """m = 10 makes the estimator's variance at the draws far above 1 (read afresh there:
   the chain's own estimate is not): the chain ends many Monte Carlo standard errors from
-  the closed-form posterior mean, and the result says so. subsample_size="auto" picks an m whose variance is about 1 where the chain goes: no
-  warning, and every coordinate's mean within 3 standard errors (from the ESS)."""
+  the closed-form posterior mean, and the result says so. subsample_size="auto" (the
+  default) picks an m whose variance is about 1 where the chain goes: no warning, and
+  every coordinate's mean within 3 standard errors (from the ESS)."""
   model, mean, sd = _heterogeneous_linear_gaussian()
   run = functools.partial(mcmc.sample, jax.random.key(1), model, num_samples=1000,
                           num_warmup=400, num_blocks=10, proxy_order=1, progress=False)
-  results = {m: run(subsample_size=m) for m in (10, "auto")}
+  results = {10: run(subsample_size=10), "auto": run()}
   errors = {m: (r.samples.mean(0) - mean) / (sd / np.sqrt(r.ess)) for m, r in results.items()}
   small, auto = results[10], results["auto"]
   assert np.max(np.abs(errors[10])) > 3, errors

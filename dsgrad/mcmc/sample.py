@@ -111,7 +111,7 @@ def _effective_sample_size(samples) -> tuple[np.ndarray, tuple]:
 
 
 @checks.arguments(model=checks.model(), key=checks.prng_key(), num_samples=checks.count(1),
-                  subsample_size=checks.or_word(checks.count(1), "auto"),
+                  subsample_size=checks.optional(checks.or_word(checks.count(1), "auto")),
                   num_warmup=checks.count(0),
                   num_blocks=checks.count(1), proxy_order=checks.count(1),
                   trajectory_length=checks.positive(),
@@ -121,7 +121,7 @@ def _effective_sample_size(samples) -> tuple[np.ndarray, tuple]:
                   reference_updates_every=checks.count(0),
                   signed_blocks_per_update=checks.count(1), mass_window=checks.count(1))
 @host_data.interruptible  # a Ctrl-C during the setup's reads from disk: KeyboardInterrupt
-def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
+def sample(key, model: Model, *, num_samples: int, subsample_size: int | str | None = None,
            num_warmup: int = 1000, num_blocks: int = 100, estimator: str = "perturbed",
            position=None, reference_point=None, proxy_order: int = 2,
            trajectory_length: float = 1.2, target_accept: float = 0.8,
@@ -153,7 +153,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     subsample_size: ``m``, or ``"auto"``: the ``m`` whose estimator variance is at most 1
       at 90% of 50 draws of the Laplace approximation
       (:func:`dsgrad.mcmc.estimator_noise.choose_subsample_size`; it costs 50 reads of
-      2,048 data, counted in ``setup_evaluations``).
+      2,048 data, counted in ``setup_evaluations``). Default: ``"auto"`` for the
+      subsampling estimators; unused by ``"full"``.
     num_warmup: warm-up iterations (not kept).
     num_blocks: ``G`` for the perturbed scheme (``m`` must be a multiple).
     estimator: ``"perturbed"``, ``"signed"`` or ``"full"``.
@@ -207,6 +208,8 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str,
     (True, True)
   """
   # The numeric settings are checked by the argument declarations above.
+  if subsample_size is None and estimator != "full":
+    subsample_size = "auto"
   _check_scheme(model, estimator, subsample_size, num_blocks)
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = split_keys(key, 6)
