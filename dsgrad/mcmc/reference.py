@@ -179,16 +179,21 @@ def floored_eigenvalues(precision: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:
       del shifted
       values, vectors = np.linalg.eigh(precision)
-  values = np.maximum(values, EIGENVALUE_FLOOR * max(values.max(), 1e-12))
-  return (vectors * values) @ vectors.T
+      values = np.maximum(values, EIGENVALUE_FLOOR * max(values.max(), 1e-12))
+      return (vectors * values) @ vectors.T
 
 
 def positive_definite_solve(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
-  """``matrix^{-1} vector`` for a symmetric positive definite float64 ``matrix``, by
-  Cholesky (half the work of a general solve)."""
+  """``matrix^{-1} vector`` for a symmetric float64 ``matrix``: by Cholesky (half the work
+  of a general solve), or by LU where rounding left it not quite positive definite (a
+  floored precision cast to float32 and back)."""
   linalg = _scipy_linalg()
   with lapack_threads_for(len(matrix)):
-    return linalg.cho_solve(linalg.cho_factor(matrix, lower=True, check_finite=False), vector)
+    try:
+      return linalg.cho_solve(linalg.cho_factor(matrix, lower=True, check_finite=False),
+                              vector)
+    except np.linalg.LinAlgError:
+      return np.linalg.solve(matrix, vector)
 
 
 def inverse_diagonal(matrix: np.ndarray) -> np.ndarray:
