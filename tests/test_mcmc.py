@@ -3,6 +3,7 @@ block-Poisson estimators, HMC-ECS (perturbed and signed) against an exact Gaussi
 posterior, the SG-MCMC baselines, diagnostics and bad input."""
 
 import functools
+import re
 import sys
 
 import jax
@@ -297,14 +298,18 @@ def test_hmcecs_on_a_non_gaussian_posterior(estimator):
     _check_gaussian(result.samples, mean, cov, "perturbed")
 
 
-def test_chains_are_reproducible_from_a_key():
+def test_chains_are_reproducible_from_a_key(capsys):
   model, mean, _ = _linear_gaussian(n=500)
-  result = lambda k: mcmc.sample(k, model, num_samples=20, num_warmup=0,  # noqa: E731
-                                 subsample_size=50, num_blocks=10, reference_updates_every=0,
-                                 reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
-                                 progress=False)
+  result = lambda k, shown=False: mcmc.sample(  # noqa: E731
+      k, model, num_samples=20, num_warmup=0, subsample_size=50, num_blocks=10,
+      reference_updates_every=0, reference_point=jnp.asarray(mean, jnp.float32) + 0.1,
+      progress=shown)
   run = lambda k: result(k).samples  # noqa: E731
-  first = result(jax.random.key(12))
+  first = result(jax.random.key(12), shown=True)
+  # With progress, the setup (minutes at many thousand latents) says what it does.
+  printed = capsys.readouterr().out
+  assert "control variates' sums over 500 data (d = 3)" in printed, printed
+  assert re.search(r"set up in [\d.]+ s \(500 data evaluations\); warming up", printed), printed
   np.testing.assert_array_equal(first.samples, run(jax.random.key(12)))
   assert not np.array_equal(first.samples, run(jax.random.key(13)))
   # A legacy uint32 key draws the chain of the typed key holding its bits (key 12's).

@@ -213,22 +213,9 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str | N
   _check_scheme(model, estimator, subsample_size, num_blocks)
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = split_keys(key, 6)
-  evaluations, refine = 0, reference_point is None
-  if refine:
-    reference_point = find_reference_point(model, k_ref)
-    # Line searches not counted.
-    evaluations += REFERENCE_STEPS * default_subset_size(model.num_data)
-  reference_point = check_theta(model, reference_point, "reference_point")
-  proxy = taylor_proxy(model, reference_point, order=proxy_order)
-  evaluations += model.num_data
-  if refine:
-    proxy, passes = refine_reference_point(model, proxy, order=proxy_order)
-    evaluations += passes * model.num_data
-  # The posterior precision at theta*, computed once for all that use it: the mass matrix,
-  # the Laplace draws that choose m, the drift check's standard deviations.
-  laplace = (laplace_precision(model, proxy) if refine or subsample_size == "auto"
-             or (isinstance(mass_matrix, str) and mass_matrix == "laplace") else None)
-  mode = (proxy.theta_star, laplace) if refine else None
+  proxy, laplace, mode, evaluations = _setup(
+      model, k_ref, reference_point, proxy_order, progress,
+      subsample_size == "auto" or (isinstance(mass_matrix, str) and mass_matrix == "laplace"))
   mass_mode, precision = _initial_precision(model, laplace, mass_matrix)
   if estimator == "full":
     subsample_size, make_scheme = None, _Scheme(subsample_lib.full_data, ())
@@ -280,6 +267,33 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str | N
                    else stop.result[:3] + (stop.result[3][0],) + stop.result[4:])
     raise
   return _unless_interrupted(result(*drawn))
+
+
+def _setup(model: Model, key, reference_point, proxy_order: int, progress: bool,
+           needs_precision: bool):
+  """``(proxy, Laplace precision or None, (mode, precision) or None, data evaluations)``:
+  the reference point (found and refined to the full-data mode where not given), the
+  control variates' sums there, and the posterior precision at it, computed once for all
+  that use it (the mass matrix, the Laplace draws that choose ``m``, the drift check)."""
+  started, evaluations, refine = time.perf_counter(), 0, reference_point is None
+  if progress:  # minutes at many thousand latents: say what the wait is
+    print(f"dsgrad.mcmc.sample: the reference point and the control variates' sums over "
+          f"{model.num_data:,} data (d = {model.latent_dim:,})", flush=True)
+  if refine:
+    reference_point = find_reference_point(model, key)
+    # Line searches not counted.
+    evaluations += REFERENCE_STEPS * default_subset_size(model.num_data)
+  reference_point = check_theta(model, reference_point, "reference_point")
+  proxy = taylor_proxy(model, reference_point, order=proxy_order)
+  evaluations += model.num_data
+  if refine:
+    proxy, passes = refine_reference_point(model, proxy, order=proxy_order)
+    evaluations += passes * model.num_data
+  laplace = laplace_precision(model, proxy) if refine or needs_precision else None
+  if progress:
+    print(f"dsgrad.mcmc.sample: set up in {time.perf_counter() - started:.1f} s "
+          f"({evaluations:,} data evaluations); warming up", flush=True)
+  return proxy, laplace, (proxy.theta_star, laplace) if refine else None, evaluations
 
 
 def _diagnosis(model, proxy, samples, info, key, subsample_size, perturbed: bool, mode):
