@@ -117,6 +117,20 @@ def test_the_laplace_precision_floor_is_kept_with_or_without_the_eigendecomposit
   assert floored_eigenvalues(well) is well
 
 
+def test_a_latent_whose_matrices_do_not_fit_is_refused_before_anything_runs(monkeypatch):
+  """HMC-ECS holds d x d matrices: where they cannot fit in the free memory, sample says so
+  at once, naming d and the sizes, instead of being killed minutes into its setup."""
+  from dsgrad.training import host_data
+  model, _, _ = _linear_gaussian(n=100)
+  monkeypatch.setattr(host_data, "free_memory_bytes", lambda: 200)
+  # The module, which the package's function of the same name hides.
+  monkeypatch.setattr(sys.modules["dsgrad.mcmc.sample"], "find_reference_point",
+                      lambda *args, **kwargs: pytest.fail("the setup began"))
+  with pytest.raises(ValueError, match=r"has d = 3 latent coordinates.*more than the 0.0 GB "
+                                       r"free.*dsgrad.joint_saga"):
+    mcmc.sample(jax.random.key(0), model, num_samples=10, num_warmup=10, progress=False)
+
+
 def test_large_factorizations_run_on_one_blas_thread():
   """OpenBLAS's threaded Cholesky crashed the process at 16,000 x 16,000 on 2 cores: from
   ONE_LAPACK_THREAD_FROM on, every BLAS library loaded runs one thread; below, as set."""

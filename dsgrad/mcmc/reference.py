@@ -25,6 +25,7 @@ from dsgrad.mcmc.proxy import TaylorProxy, check_proxy, check_theta, taylor_prox
 from dsgrad.models.base import Model
 from dsgrad.training import batching
 from dsgrad.training import compile_cache
+from dsgrad.training import host_data
 
 
 REFERENCE_STEPS = 200
@@ -151,6 +152,28 @@ def laplace_precision(model: Model, proxy: TaylorProxy) -> jax.Array:
   largest, so that it is positive definite."""
   precision = np.asarray(_symmetric_precision(model, check_proxy(model, proxy)), np.float64)
   return jnp.asarray(floored_eigenvalues(precision).astype(np.float32))
+
+
+DENSE_BYTES_PER_ENTRY = 32
+"""The setup's peak memory per entry of a ``d x d`` matrix: the float32 Taylor sums and
+their symmetrized copy on the device, the float64 precision, its shifted copy and factor on
+the host (13.0 GB measured at d = 20,002, 32.5 bytes an entry)."""
+
+
+def check_dense_matrices_fit(model: Model) -> None:
+  """Refuses, before anything runs, a latent whose ``d x d`` matrices (the Taylor sums, the
+  Laplace precision and its factors, the mass matrix) do not fit in the free memory: the
+  process would otherwise be killed minutes into the setup."""
+  d, available = model.latent_dim, host_data.free_memory_bytes()
+  needed = DENSE_BYTES_PER_ENTRY * d * d
+  if available is not None and needed > available:
+    raise ValueError(
+        f"dsgrad.mcmc.sample: model {model.name!r} has d = {d:,} latent coordinates, and "
+        f"HMC-ECS holds d x d matrices (its Taylor sums, the Laplace precision and its "
+        f"factors: about {needed / 1e9:.1f} GB at the setup's peak), more than the "
+        f"{available / 1e9:.1f} GB free. It suits models of up to some ten thousand "
+        "latents; for this one fit a variational approximation (dsgrad.fit, with a control "
+        "variate such as dsgrad.joint_saga)")
 
 
 EIGENVALUE_FLOOR = 1e-6

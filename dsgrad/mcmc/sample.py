@@ -29,8 +29,9 @@ from dsgrad.mcmc.diagnostics import effective_sample_size
 from dsgrad.mcmc.hmcecs import HMCParameters, build_kernel, hmc_parameters, reset
 from dsgrad.mcmc import subsample as subsample_lib
 from dsgrad.mcmc.proxy import TaylorProxy, check_theta, taylor_proxy
-from dsgrad.mcmc.reference import (REFERENCE_STEPS, default_subset_size, find_reference_point,
-                                   laplace_draws, laplace_precision, refine_reference_point)
+from dsgrad.mcmc.reference import (REFERENCE_STEPS, check_dense_matrices_fit,
+                                   default_subset_size, find_reference_point, laplace_draws,
+                                   laplace_precision, refine_reference_point)
 from dsgrad.models.base import Model
 from dsgrad.training import batching, compile_cache, host_data
 
@@ -211,6 +212,7 @@ def sample(key, model: Model, *, num_samples: int, subsample_size: int | str | N
   if subsample_size is None and estimator != "full":
     subsample_size = "auto"
   _check_scheme(model, estimator, subsample_size, num_blocks)
+  check_dense_matrices_fit(model)
   start_time = time.perf_counter()
   k_ref, k_init, k_warm, k_tune, k_sample, k_signed = split_keys(key, 6)
   proxy, laplace, mode, evaluations = _setup(
