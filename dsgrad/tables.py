@@ -158,23 +158,40 @@ def full_pass_mean(batch_mean_fn: Callable[[jax.Array], Any], num_data: int,
     ``(1/N) sum_n value(n)`` as a tree. Cost: ``N`` evaluations in ``ceil(N/C)`` chunks.
   """
   chunk_size = max(1, min(int(chunk_size), num_data))
-  num_full = num_data // chunk_size
-  remainder = num_data - num_full * chunk_size
 
-  def body(total, start):
-    idx = start + jnp.arange(chunk_size)
-    value = batch_mean_fn(idx)
-    return jax.tree.map(lambda t, v: t + v * chunk_size, total, value), None
+  def add(total, indices):
+    return jax.tree.map(lambda t, v: t + v * indices.shape[0], total, batch_mean_fn(indices))
 
-  first = batch_mean_fn(jnp.arange(chunk_size))
-  total = jax.tree.map(lambda v: v * chunk_size, first)
-  if num_full > 1:
-    starts = chunk_size * jnp.arange(1, num_full)
-    total, _ = jax.lax.scan(body, total, starts)
-  if remainder:
-    rest = batch_mean_fn(num_full * chunk_size + jnp.arange(remainder))
-    total = jax.tree.map(lambda t, v: t + v * remainder, total, rest)
+  # The first chunk outside the loop: it gives the total's structure and dtypes.
+  first = jax.tree.map(lambda v: v * chunk_size, batch_mean_fn(jnp.arange(chunk_size)))
+  total = full_pass_fold(add, first, num_data - chunk_size, chunk_size, start=chunk_size)
   return jax.tree.map(lambda t: t / num_data, total)
+
+
+def full_pass_fold(add_chunk: Callable[[Any, jax.Array], Any], initial, num_data: int,
+                   chunk_size: int, start: int = 0):
+  """``initial`` folded with ``add_chunk(carry, indices)`` over the data ``start`` to
+  ``start + num_data``, in chunks of ``chunk_size`` (the last one shorter) inside ``jit``:
+  a ``lax.scan`` over the whole chunks, then the rest. For sums whose chunks add into a
+  part of a large carry (a scatter into a ``d x d`` matrix), which a sum of per-chunk
+  trees (:func:`full_pass_mean`) would build whole for every chunk.
+
+  Args:
+    add_chunk: ``(carry, indices) -> carry``; ``indices`` a range ``begin + arange(size)``.
+    initial: the carry before any data.
+    num_data: how many data to fold in (0: ``initial`` is returned).
+    chunk_size: data per chunk.
+    start: the first datum's index.
+  """
+  size = max(1, min(int(chunk_size), num_data))
+  whole = num_data // size
+  carry = initial
+  if whole:
+    carry, _ = jax.lax.scan(lambda c, begin: (add_chunk(c, begin + jnp.arange(size)), None),
+                            carry, start + size * jnp.arange(whole))
+  if num_data > whole * size:
+    carry = add_chunk(carry, start + whole * size + jnp.arange(num_data - whole * size))
+  return carry
 
 
 def tree_bytes(tree) -> int:
