@@ -57,6 +57,10 @@ jax.config.update("jax_compilation_cache_dir", _run_cache_dir())
 # small programs from new closures (one compile each in every worker). Measured on the
 # whole suite, 2 workers: 7:38 against 7:59 and 8:07 with 0.3 (Intel Xeon, 2026-11-30).
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+# The Python processes tests start (a SIGKILLed run and its restarts, x64, several
+# devices) read and write the same cache: a restart compiles nothing its killed run had.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _run_cache_dir()
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 def pytest_sessionfinish(session, exitstatus):

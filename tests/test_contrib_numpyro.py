@@ -106,9 +106,10 @@ def test_full_data_elbo_equals_trace_elbo_with_the_same_draw(logreg_data):
   params = _random_params(objective, jax.random.key(1))
   eps = objective.sample_noise(jax.random.key(2), N)
   everything = jnp.arange(N, dtype=jnp.int32)
-  ours = float(jnp.mean(objective.loss(params, everything, eps)))
-  theirs = float(_numpyro_loss(objective, x, y, everything,
-                               objective.autonormal_params(params), eps))
+  ours, theirs = map(float, jax.jit(lambda params: (  # one program, not one per operation
+      jnp.mean(objective.loss(params, everything, eps)),
+      _numpyro_loss(objective, x, y, everything, objective.autonormal_params(params),
+                    eps)))(params))
   # Trace_ELBO uses the sampled -log q(z); dsgrad the closed-form entropy. With the draw
   # fixed they differ by log q(z) + H(q) = -|eps|^2 / 2 + d / 2 exactly.
   d = objective.numpyro_model.model.latent_dim
@@ -181,15 +182,20 @@ def test_constrained_sites_carry_the_jacobian():
   # |det| of the map from z to (mu, sigma, probs[:2]), differentiated by JAX.
   everything = jnp.arange(12, dtype=jnp.int32)
   full = handlers.substitute(constrained_model, data={"data": everything})
-  log_joint, _ = numpyro.infer.util.log_density(full, (y, labels), {}, values)
 
   def free_coordinates(z):
     v = found.constrain(z)
     return jnp.concatenate([v["mu"][None], v["probs"][:2], v["sigma"][None]])
 
-  _, log_det = jnp.linalg.slogdet(jax.jacobian(free_coordinates)(z))
-  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood_at(z, everything))
-  np.testing.assert_allclose(float(ours), float(log_joint + log_det), rtol=1e-5)
+  @jax.jit  # one program, not one per operation
+  def both(z):
+    log_joint, _ = numpyro.infer.util.log_density(full, (y, labels), {}, found.constrain(z))
+    _, log_det = jnp.linalg.slogdet(jax.jacobian(free_coordinates)(z))
+    ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood_at(z, everything))
+    return ours, log_joint + log_det
+
+  ours, theirs = both(z)
+  np.testing.assert_allclose(float(ours), float(theirs), rtol=1e-5)
 
 
 def test_sample_posterior_feeds_predictive(logreg_data):
@@ -331,9 +337,11 @@ def test_an_lkj_prior_beside_categorical_data_is_not_an_index_out_of_range():
   with pytest.warns(dsgrad.data_kinds.IndexChecksBlind, match="argument 'c'"):
     found = dsgrad_numpyro.to_model(model, c, y)
   z = 0.5 * jax.random.normal(jax.random.key(1), (found.model.latent_dim,))
-  ours = found.model.log_prior(z) + jnp.sum(found.model.log_likelihood_at(z, jnp.arange(n)))
-  theirs = -numpyro.infer.util.potential_energy(model, (c, y), {"subsample": None},
-                                                found.unravel(z))
+  # Compiled: each operation run eagerly compiled a program of its own (170 in all).
+  ours = jax.jit(lambda z: found.model.log_prior(z)
+                 + jnp.sum(found.model.log_likelihood_at(z, jnp.arange(n))))(z)
+  theirs = jax.jit(lambda z: -numpyro.infer.util.potential_energy(
+      model, (jnp.asarray(c), jnp.asarray(y)), {"subsample": None}, found.unravel(z)))(z)
   np.testing.assert_allclose(ours, theirs, rtol=1e-5)
 
 
