@@ -123,9 +123,13 @@ def test_resume_with_another_approximation_or_estimator_setting_is_refused(
   path = str(tmp_path / "run.ckpt")
   _fit(objective, optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-3)), params0, path)
   other = dsgrad.joint_saga(objective, approx=dsgrad.approx.gaussian_mean_taylor(logreg_model))
-  with pytest.raises(ValueError, match="another estimator, other estimator settings or "
+  with pytest.raises(ValueError, match="another estimator, other estimator settings, "
                                        "another approximation"):
     _fit(objective, optax.chain(other, optax.sgd(1e-3)), params0, path, steps=6)
+  # The rule after the estimator is the run's too: its moments belong to that step size.
+  with pytest.raises(ValueError, match="another optax rule or learning rate"):
+    _fit(objective, optax.chain(dsgrad.joint_saga(objective), optax.sgd(1e-2)), params0,
+         path, steps=6)
   with pytest.raises(ValueError, match="another approximation"):
     _fit(objective, optax.chain(dsgrad.joint_saga(objective, warmup_steps=3),
                                 optax.sgd(1e-3)), params0, path, steps=6)

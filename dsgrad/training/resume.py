@@ -123,8 +123,9 @@ def state_fingerprints(objective: Objective, optimizer, params, batch_size: int)
 
 _FINGERPRINT_MEANING = {
     "data": "other data (the same number of rows, other columns, shapes or values)",
-    "optimizer": "another optimizer: another estimator, other estimator settings or "
-                 "another approximation (or another version of dsgrad or JAX)",
+    "optimizer": "another optimizer: another estimator, other estimator settings, "
+                 "another approximation, or another optax rule or learning rate (or "
+                 "another version of dsgrad or JAX)",
 }
 
 
