@@ -117,6 +117,44 @@ def test_the_laplace_precision_floor_is_kept_with_or_without_the_eigendecomposit
   assert floored_eigenvalues(well) is well
 
 
+def test_the_newton_step_solves_with_the_floored_precision_from_one_factorization(
+    monkeypatch):
+  """floored_solve: the solve with the floored precision, from the factor that checks the
+  floor where the floor changes nothing (refined to the exact solution), from the floored
+  matrix where it does, and by a factorization of the matrix itself where the smallest
+  eigenvalue lies just above the floor (the refinement stalls)."""
+  from dsgrad.mcmc import reference
+  rng = np.random.default_rng(2)
+  q, _ = np.linalg.qr(rng.normal(size=(40, 40)))
+  vector = rng.normal(size=40)
+  factorizations = []
+  real_factor, real_cholesky = reference._shifted_factor, np.linalg.cholesky
+  monkeypatch.setattr(reference, "_shifted_factor",
+                      lambda m: factorizations.append("shifted") or real_factor(m))
+  linalg = reference._scipy_linalg()
+  real_cho_factor = linalg.cho_factor
+  monkeypatch.setattr(linalg, "cho_factor",
+                      lambda m, **kw: factorizations.append("cho") or real_cho_factor(m, **kw))
+  top = np.linspace(1.0, 1e3, 39)
+  # The shift that checks the floor: a millionth of the matrix's smaller norm.
+  shift = 1e-6 * min(np.linalg.norm((q[:, 1:] * top) @ q[:, 1:].T, ord)
+                     for ord in (np.inf, "fro"))
+  # Well inside the floor (the shifted factor solves); below it (a negative and a tiny
+  # eigenvalue: floored, then factored); 1.5 shifts above zero, so half a shift above the
+  # shifted matrix's: the refinement diverges and the matrix is factored itself.
+  for values, expected_factorizations in (
+      (np.r_[1.0, top], ["shifted", "cho"]),
+      (np.r_[-2.0, 1e-9, np.linspace(1.0, 1e3, 38)], ["shifted", "cho", "cho"]),
+      (np.r_[1.5 * shift, top], ["shifted", "cho", "cho"])):
+    matrix = (q * values) @ q.T
+    matrix = 0.5 * (matrix + matrix.T)
+    floored = (q * np.maximum(values, 1e-6 * values.max())) @ q.T
+    factorizations.clear()
+    got = reference.floored_solve(matrix, vector)
+    np.testing.assert_allclose(floored @ got, vector, rtol=1e-6, atol=1e-8)
+    assert factorizations == expected_factorizations, factorizations
+
+
 def test_a_latent_whose_matrices_do_not_fit_is_refused_before_anything_runs(monkeypatch):
   """HMC-ECS holds d x d matrices: where they cannot fit in the free memory, sample says so
   at once, naming d and the sizes, instead of being killed minutes into its setup."""
