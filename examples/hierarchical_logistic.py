@@ -215,6 +215,9 @@ def main(argv=None):
   parser.add_argument("--out", type=command_line.folder(),
                       default=os.path.join("results", "hierarchical_logistic"))
   args = parser.parse_args(argv)
+  if args.rows < 2 * args.batch_size:  # the sceptic's baseline draws twice the batch
+    parser.error(f"--rows {args.rows} must be at least twice --batch-size "
+                 f"({2 * args.batch_size}): 'naive 2x batch' draws that many rows a step")
   xla_cores = place_xla_threads(args)
   os.makedirs(args.out, exist_ok=True)
   started = time.perf_counter()

@@ -71,6 +71,14 @@ def test_main_job_runs_at_a_small_size(tmp_path, capsys):
   assert "reached target" in out and "joint_svrg" in out
 
 
+def test_the_main_job_refuses_fewer_rows_than_its_largest_batch_before_it_starts(
+    tmp_path, capsys):
+  import hierarchical_logistic as main_job
+  with pytest.raises(SystemExit):  # before: fit's ValueError, after the data were made
+    main_job.main(["--rows", "100", "--batch-size", "60", "--out", str(tmp_path)])
+  assert "--rows 100 must be at least twice --batch-size (120)" in capsys.readouterr().err
+
+
 def test_checkpoints_written_before_the_all_cores_flag_still_resume(tmp_path):
   from _common import check_checkpoint_config
   before = {"seed": 0, "lrs": "1e-3", "dataset": "breast_cancer"}
