@@ -123,3 +123,10 @@ def chosen_estimators(parser, spec: str, available, required=()) -> list[str]:
     parser.error(f"--estimators: unknown {unknown}, missing {missing}; choose from "
                  f"{sorted(available)}" + (f", including {sorted(required)}" if required else ""))
   return names
+
+
+def check_batch_fits(parser, batch_size: int, num_data: int, what: str) -> None:
+  """Exits through ``parser.error`` where ``--batch-size`` exceeds the ``num_data`` rows
+  the data turned out to hold (known only once they are loaded)."""
+  if batch_size > num_data:
+    parser.error(f"--batch-size {batch_size} exceeds the {num_data:,} {what}")

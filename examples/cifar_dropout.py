@@ -29,8 +29,8 @@ from flax import nnx
 
 import dsgrad
 from dsgrad import command_line
-from _common import (add_run_flags, check_checkpoint_config, chosen_estimators, first_paragraph,
-                     place_xla_threads)
+from _common import (add_run_flags, check_batch_fits, check_checkpoint_config, chosen_estimators,
+                     first_paragraph, place_xla_threads)
 from dsgrad.training import checkpoint
 
 
@@ -301,6 +301,7 @@ def main(argv=None):
   print(f"data: {what}; LeNet training accuracy {accuracy:.3f} (first 4,096 images); "
         f"features {features.shape}")
   glm = dsgrad.models.dropout_glm(features, y, 10, args.dropout_std)
+  check_batch_fits(parser, args.batch_size, glm.num_data, "training images")
   objective = glm.objective()
   params0 = glm.init_params()
   makes = estimators(glm, objective, args.batch_size)

@@ -30,7 +30,8 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from _common import add_all_cores_flag, check_checkpoint_config, first_paragraph, place_xla_threads
+from _common import (add_all_cores_flag, check_batch_fits, check_checkpoint_config,
+                     first_paragraph, place_xla_threads)
 from dsgrad.diagnostics import elbo, estimator_samples, total_variance
 from dsgrad.datasets import load_australian, load_sonar, standardize
 from dsgrad.models import logistic_regression
@@ -115,6 +116,7 @@ def main(argv=None):
   model = logistic_regression(x, y, name=args.dataset)
   objective = dsgrad.meanfield_gaussian(model)
   n = model.num_data
+  check_batch_fits(parser, args.batch_size, n, f"rows of {args.dataset}")
   init = {"loc": jnp.zeros(model.latent_dim), "log_scale": jnp.full(model.latent_dim, -1.0)}
   steps_per_epoch = n // args.batch_size
   estimators = make_estimators(objective, model, args.approx, steps_per_epoch)

@@ -27,8 +27,8 @@ import optax
 
 import dsgrad
 from dsgrad import command_line
-from _common import (add_run_flags, check_checkpoint_config, chosen_estimators, plot_elbo,
-                     first_paragraph, place_xla_threads)
+from _common import (add_run_flags, check_batch_fits, check_checkpoint_config, chosen_estimators,
+                     plot_elbo, first_paragraph, place_xla_threads)
 from dsgrad.models.movielens import movielens_latent
 
 
@@ -121,6 +121,7 @@ def main(argv=None):
   model = dsgrad.models.movielens(users[train], genres[train], ratings[train], num_users)
   objective = dsgrad.meanfield_gaussian(model)
   n, d = model.num_data, model.latent_dim
+  check_batch_fits(parser, args.batch_size, n, "training ratings")
   print(f"data: {what}; {n:,} for training, {test.size:,} held out; D = {d:,}")
   # One approximation for every control variate: linearize() in the noise. joint_saga
   # keeps it in a sparse table (each rating's user coordinates only, model.sparse);
