@@ -53,9 +53,10 @@ def test_taylor_sums_match_direct_evaluation(logreg):
   theta_star = 0.3 * jax.random.normal(jax.random.key(2), (logreg.latent_dim,))
   proxy = mcmc.taylor_proxy(logreg, theta_star, chunk_size=700)  # a ragged last chunk
   everyone = jnp.arange(logreg.num_data, dtype=jnp.int32)
-  per_datum = jax.vmap(lambda i: (logreg.log_likelihood_at(theta_star, i[None])[0],
-                                  jax.grad(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star),
-                                  jax.hessian(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star)))(everyone)
+  per_datum = jax.jit(jax.vmap(lambda i: (  # one program, not one per operation
+      logreg.log_likelihood_at(theta_star, i[None])[0],
+      jax.grad(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star),
+      jax.hessian(lambda t: logreg.log_likelihood_at(t, i[None])[0])(theta_star))))(everyone)
   np.testing.assert_allclose(proxy.sum_value, per_datum[0].sum(), rtol=1e-5)
   np.testing.assert_allclose(proxy.sum_grad, per_datum[1].sum(0), rtol=1e-4, atol=1e-3)
   np.testing.assert_allclose(proxy.sum_hessian, per_datum[2].sum(0), rtol=1e-4, atol=1e-3)
@@ -189,12 +190,17 @@ def test_difference_estimator_is_unbiased(logreg, order):
   theta_star = jnp.zeros(logreg.latent_dim)
   proxy = mcmc.taylor_proxy(logreg, theta_star, order=order)
   theta = 0.4 * jax.random.normal(jax.random.key(4), theta_star.shape)
-  exact = float(jnp.sum(logreg.log_likelihood_at(theta, jnp.arange(logreg.num_data))))
-  exact_grad = np.asarray(jax.grad(lambda t: jnp.sum(logreg.log_likelihood_at(
-      t, jnp.arange(logreg.num_data))))(theta))
-  idx = jax.random.randint(jax.random.key(5), (4000, 50), 0, logreg.num_data)
-  l_hat, sigma2 = jax.vmap(lambda i: mcmc.difference_estimator(logreg, proxy, theta, i))(idx)
-  grads = jax.vmap(lambda i: mcmc.gradient_estimate(logreg, proxy, theta, i))(idx)
+
+  @jax.jit  # one program, not one per operation
+  def exact_and_estimates(theta, idx):
+    total = lambda t: jnp.sum(logreg.log_likelihood_at(t, jnp.arange(logreg.num_data)))  # noqa: E731
+    return (*jax.value_and_grad(total)(theta),
+            jax.vmap(lambda i: mcmc.difference_estimator(logreg, proxy, theta, i))(idx),
+            jax.vmap(lambda i: mcmc.gradient_estimate(logreg, proxy, theta, i))(idx))
+
+  exact, exact_grad, (l_hat, sigma2), grads = exact_and_estimates(
+      theta, jax.random.randint(jax.random.key(5), (4000, 50), 0, logreg.num_data))
+  exact, exact_grad = float(exact), np.asarray(exact_grad)
   l_hat = np.asarray(l_hat, np.float64)
   se = l_hat.std() / np.sqrt(l_hat.size)
   assert abs(l_hat.mean() - exact) < Z * se, (l_hat.mean(), exact, se)
@@ -213,8 +219,9 @@ def test_gradient_estimate_is_the_gradient_of_the_difference_estimator(logreg, o
   proxy = mcmc.taylor_proxy(logreg, 0.1 * jnp.ones(logreg.latent_dim), order=order)
   theta = proxy.theta_star + 0.2 * jax.random.normal(jax.random.key(7), (logreg.latent_dim,))
   idx = jax.random.randint(jax.random.key(8), (60,), 0, logreg.num_data)
-  want = jax.grad(lambda t: mcmc.difference_estimator(logreg, proxy, t, idx)[0])(theta)
-  got = mcmc.gradient_estimate(logreg, proxy, theta, idx)
+  want, got = jax.jit(lambda theta: (  # one program, not one per operation
+      jax.grad(lambda t: mcmc.difference_estimator(logreg, proxy, t, idx)[0])(theta),
+      mcmc.gradient_estimate(logreg, proxy, theta, idx)))(theta)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
 
 
@@ -230,8 +237,9 @@ def test_block_poisson_estimator_is_unbiased_for_the_likelihood(logreg):
   proxy = proxy._replace(sum_value=jnp.zeros(()))
   lam, a = mcmc.suggest_block_poisson(logreg, proxy, theta[None], jax.random.key(7), 30)
   scheme = mcmc.block_poisson(logreg, 30, lam, a)
-  us = jax.vmap(scheme.init)(jax.random.split(jax.random.key(8), 20000))
-  log_abs, sign, _ = jax.vmap(lambda u: scheme.log_likelihood(proxy, theta, u))(us)
+  log_abs, sign, _ = jax.jit(lambda keys: jax.vmap(  # one program, not one per operation
+      lambda u: scheme.log_likelihood(proxy, theta, u))(jax.vmap(scheme.init)(keys)))(
+          jax.random.split(jax.random.key(8), 20000))
   ratio = np.asarray(sign, np.float64) * np.exp(np.asarray(log_abs, np.float64) - exact)
   se = ratio.std() / np.sqrt(ratio.size)
   assert ratio.std() > 1e-3

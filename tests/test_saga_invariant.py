@@ -14,9 +14,14 @@ from dsgrad.tables import full_pass_mean
 def _recomputed_mean(approx, objective, table, like):
   def one(row, index):
     return approx.expected_grad(objective, row, index[None])
-  rows = jax.tree.map(lambda t, p: t.astype(p.dtype), table, like)
-  per = jax.vmap(one)(rows, jnp.arange(objective.num_data, dtype=jnp.int32))
-  return jax.tree.map(lambda x: jnp.mean(x, 0), per)
+
+  @jax.jit  # one program, not one per operation
+  def mean(table):
+    rows = jax.tree.map(lambda t, p: t.astype(p.dtype), table, like)
+    per = jax.vmap(one)(rows, jnp.arange(objective.num_data, dtype=jnp.int32))
+    return jax.tree.map(lambda x: jnp.mean(x, 0), per)
+
+  return mean(table)
 
 
 @pytest.mark.parametrize("approx_name,table_dtype", [
@@ -27,14 +32,17 @@ def test_running_mean_invariant_with_duplicates(logreg_model, params0, approx_na
             else dsgrad.approx.gaussian_mean_taylor(logreg_model))
   tx = dsgrad.joint_saga(objective, approx, table_dtype=table_dtype)
   state, params = tx.init(params0), params0
-  update = jax.jit(lambda g, s, p, i, e: tx.update(g, s, p, indices=i, noise=e))
+
+  @jax.jit  # one program for the steps, not one per operation
+  def step(state, params, idx, key):
+    noise = objective.sample_noise(key, idx.shape[0])
+    grads = objective.grad(params, idx, noise, validate=False)
+    out, state = tx.update(grads, state, params, indices=idx, noise=noise)
+    return state, optax.apply_updates(params, jax.tree.map(lambda g: -3e-3 * g, out))
+
   batches = [[3, 3, 7, 1, 3], [7, 0, 0, 49, 12], [1, 2, 3, 4, 5], [9, 9, 9, 9, 9]]
   for t, idx in enumerate(batches):
-    idx = jnp.array(idx, jnp.int32)
-    noise = objective.sample_noise(jax.random.key(t), idx.shape[0])
-    grads = objective.grad(params, idx, noise)
-    out, state = update(grads, state, params, idx, noise)
-    params = optax.apply_updates(params, jax.tree.map(lambda g: -3e-3 * g, out))
+    state, params = step(state, params, jnp.array(idx, jnp.int32), jax.random.key(t))
   want = _recomputed_mean(approx, objective, state.table, params0)
   chex.assert_trees_all_close(state.running_mean, want, rtol=2e-4, atol=2e-3)
   # The table rows of the visited data hold the parameters of their last visit.
