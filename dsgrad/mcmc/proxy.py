@@ -169,9 +169,6 @@ def taylor_proxy(model: Model, theta_star, *, order: int = 2,
 def _full_data_sums(model: Model, theta, chunk_size: int):
   """``sum_k (l_k, grad l_k, Hess l_k)`` at ``theta`` over all data, in chunks."""
   n = model.num_data
-  if model.sparse is not None:
-    value, grad, hess = _sums_from_declared_coordinates(model, theta, chunk_size)
-    return value, grad, 0.5 * (hess + hess.T)
 
   def total(theta, idx):
     return jnp.sum(model.log_likelihood_at(theta, idx))
@@ -180,7 +177,12 @@ def _full_data_sums(model: Model, theta, chunk_size: int):
     value, grad = jax.value_and_grad(total)(theta, idx)
     hess = derivatives.hessian(total)(theta, idx)  # kept for the mass matrix even at order 1
     return value / idx.shape[0], grad / idx.shape[0], hess / idx.shape[0]
-  value, grad, hess = jax.tree.map(lambda m: n * m, full_pass_mean(chunk_mean, n, chunk_size))
+
+  if model.sparse is not None:
+    value, grad, hess = _sums_from_declared_coordinates(model, theta, chunk_size)
+  else:
+    value, grad, hess = jax.tree.map(lambda m: n * m,
+                                     full_pass_mean(chunk_mean, n, chunk_size))
   return value, grad, 0.5 * (hess + hess.T)
 
 

@@ -191,13 +191,16 @@ def floored_eigenvalues(precision: np.ndarray) -> np.ndarray:
   Newton steps at d = 5,002, 2 cores), where a posterior precision is usually well inside
   the floor.
   """
-  return precision if _shifted_factor(precision) is not None else _floored(precision)
-
-
-def _floored(precision: np.ndarray) -> np.ndarray:
-  values, vectors = np.linalg.eigh(precision)
-  values = np.maximum(values, EIGENVALUE_FLOOR * max(values.max(), 1e-12))
+  if _shifted_factor(precision) is not None:
+    return precision
+  values, vectors = _floored_eigenpairs(precision)
   return (vectors * values) @ vectors.T
+
+
+def _floored_eigenpairs(precision: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``precision``'s eigenvalues, floored, and eigenvectors."""
+  values, vectors = np.linalg.eigh(precision)
+  return np.maximum(values, EIGENVALUE_FLOOR * max(values.max(), 1e-12)), vectors
 
 
 def floored_solve(precision: np.ndarray, vector: np.ndarray) -> np.ndarray:
@@ -208,10 +211,12 @@ def floored_solve(precision: np.ndarray, vector: np.ndarray) -> np.ndarray:
   step (``c`` is a millionth of the largest eigenvalue's bound). Why: at d = 20,002 a
   factorization takes about 68 s, and each of the reference point's Newton steps made two.
   Where the refinement stalls (the smallest eigenvalue within a few ``c`` of the floor),
-  ``precision`` is factored itself."""
+  ``precision`` is factored itself; where the floor changes it, the solve is the
+  eigendecomposition's that floors it."""
   factor = _shifted_factor(precision)
   if factor is None:
-    return positive_definite_solve(_floored(precision), vector)
+    values, vectors = _floored_eigenpairs(precision)
+    return vectors @ ((vectors.T @ vector) / values)
   linalg, target, previous = _scipy_linalg(), 1e-10 * np.linalg.norm(vector), np.inf
   with lapack_threads_for(len(precision)):
     solution = linalg.cho_solve(factor, vector, check_finite=False)
@@ -244,8 +249,7 @@ def _shifted_factor(precision: np.ndarray):
 
 def positive_definite_solve(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
   """``matrix^{-1} vector`` for a symmetric float64 ``matrix``: by Cholesky (half the work
-  of a general solve), or by LU where rounding left it not quite positive definite (a
-  floored precision cast to float32 and back)."""
+  of a general solve), or by LU where rounding leaves it not quite positive definite."""
   linalg = _scipy_linalg()
   with lapack_threads_for(len(matrix)):
     try:
