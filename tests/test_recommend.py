@@ -813,7 +813,8 @@ def test_recommend_and_fit_is_quiet_when_told_and_trains_the_pick(capfd):
   advice, result = dsgrad.recommend_and_fit(objective, optax.adam(1e-2), params,
                                             jax.random.key(0), batch_size=BATCH, budget=1.0,
                                             progress=False, fit_kwargs={"elbo_samples": 8})
-  # progress=False reached recommend only: the fit after it drew a progress bar.
+  # recommend's progress=False holds for the fit that continues its pick: a user who
+  # calls advice.fit() after recommend(..., progress=False) sees no bar either.
   assert capfd.readouterr().err == ""
   start, _ = dsgrad.elbo(objective, params, jax.random.key(1), 200)
   assert advice.best == "naive" and result.history.step[-1] > 0

@@ -60,6 +60,7 @@ class Recommendation(NamedTuple):
     seconds_spent: the wall-clock time :func:`recommend` took.
     runs: ``{name: dsgrad.training.paced.Run}``: the raced runs where they stopped (naive's
       not yet started where nothing raced); :meth:`fit` continues one.
+    progress: :func:`recommend`'s ``progress``, :meth:`fit`'s unless it is given its own.
   """
 
   best: str
@@ -68,13 +69,15 @@ class Recommendation(NamedTuple):
   budget_seconds: float
   seconds_spent: float
   runs: dict
+  progress: bool = True
 
   def __str__(self) -> str:
     return "\n".join([f"recommended: {self.best}"] + [f"  {r}" for r in self.reasons])
 
   def fit(self, name: str | None = None, **fit_kwargs):
     """Continues the recommended run (or the raced run ``name``) to the budget's end with
-    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress``, ...) on a schedule
+    :func:`dsgrad.fit` (``fit_kwargs``: ``elbo_samples``, ``progress`` (default:
+    recommend's), ...) on a schedule
     over the steps it affords (recompiled, time permitting, where its own is too short or
     over 25% too long; :func:`dsgrad.training.paced.finish`). Returns fit's
     :class:`~dsgrad.FitResult`, timed for this call; its ``step`` and ``history.step`` count
@@ -86,7 +89,7 @@ class Recommendation(NamedTuple):
     if run is None:
       raise ValueError(f"{name!r} did not race: Recommendation.fit continues {sorted(self.runs)}")
     return paced.finish(run, self.budget_seconds, self.seconds_spent, "Recommendation.fit",
-                        **fit_kwargs)
+                        **{"progress": self.progress, **fit_kwargs})
 
 
 class _Race:
@@ -350,7 +353,7 @@ def recommend(objective, optimizer, params, key, *, batch_size: int, budget: flo
     spent = time.perf_counter() - started
     kept = {name: run for name, run in runs.items() if name in draws} or {"naive": runs["naive"]}
     advice = Recommendation(best.name, tuple(ranking), tuple(_reasons(
-        best, rows, budget, spent, race_line, diverged)), budget, spent, kept)
+        best, rows, budget, spent, race_line, diverged)), budget, spent, kept, progress)
     if interrupted:
       raise progress_lib.Interrupted(
           f"dsgrad.recommend interrupted after {spent:.3g} s; naive's run so far is kept: its "
@@ -368,5 +371,4 @@ def recommend_and_fit(objective, optimizer, params, key, *, batch_size: int, bud
   given to recommend unless set there): the budget in one call. Returns ``(advice, fit)``."""
   advice = recommend(objective, optimizer, params, key, batch_size=batch_size, budget=budget,
                      **recommend_kwargs)
-  return advice, advice.fit(**{"progress": recommend_kwargs.get("progress", True),
-                               **(fit_kwargs or {})})
+  return advice, advice.fit(**(fit_kwargs or {}))
