@@ -460,6 +460,40 @@ def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(lo
     dsgrad.joint_saga(objective, max_table_bytes=100).init(objective.init_params())
 
 
+def test_found_reads_leave_out_counts_and_sites_whose_rows_mix():
+  """Counts observed as integers within a site's rows are not an index of it; a site
+  whose unconstrained rows mix (a cumulative sum) keeps the dense table, without an
+  error."""
+  groups, n = 12, 120
+  rng = np.random.default_rng(4)
+  g = rng.integers(0, groups, n).astype(np.int32)
+  x = rng.normal(size=n).astype(np.float32)
+  counts = rng.poisson(2.0, n).astype(np.int32)
+
+  def poisson(g, x, y, subsample=10):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("groups", groups):
+      b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", n, subsample_size=subsample) as idx:
+      numpyro.sample("y", dist.Poisson(jnp.exp(b[g[idx]] + w * x[idx])), obs=y[idx])
+
+  found = dsgrad_numpyro.to_model(poisson, g, x, counts).model.sparse
+  declared = dsgrad_numpyro.to_model(poisson, g, x, counts, reads={"b": "g"}).model.sparse
+  np.testing.assert_array_equal(found.coordinates(jnp.arange(n)),
+                                declared.coordinates(jnp.arange(n)))
+
+  def mixed(g, x, y, subsample=10):
+    with numpyro.plate("groups", groups):
+      raw = numpyro.sample("raw", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", n, subsample_size=subsample) as idx:
+      numpyro.sample("y", dist.Normal(jnp.cumsum(raw)[g[idx]] + x[idx], 1.0), obs=y[idx])
+
+  assert dsgrad_numpyro.to_model(mixed, g, x, x).model.sparse is None
+  with pytest.raises(TypeError, match=r"reads must be a non-empty dict \{latent site: "
+                                      r"argument\}, 'auto' or None, got 'Auto'"):
+    dsgrad_numpyro.to_model(mixed, g, x, x, reads="Auto")
+
+
 def _largest_array(jaxpr, skip: int) -> int:
   """The most elements of a floating value computed in ``jaxpr`` (nested programs
   included), other than the model's own per-datum arrays of ``skip`` rows that it slices
@@ -497,10 +531,15 @@ def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equa
   x = rng.normal(size=n).astype(np.float32)
   y = (0.5 * x + rng.normal(size=groups)[g] + 0.3 * rng.normal(size=n)).astype(np.float32)
   model = _grouped_model(groups, n)
-  dense = dsgrad_numpyro.objective(model, g, x, y)
+  dense = dsgrad_numpyro.objective(model, g, x, y, reads=None)
   compact = dsgrad_numpyro.objective(model, g, x, y, reads={"b": "g"})
   sparse = compact.numpyro_model.model.sparse
   assert sparse.num_coordinates == 3
+  # Found, by default, as declared.
+  found = dsgrad_numpyro.objective(model, g, x, y).numpyro_model.model.sparse
+  assert found.num_coordinates == 3
+  np.testing.assert_array_equal(found.coordinates(jnp.arange(n)), sparse.coordinates(
+      jnp.arange(n)))
   # O(k) a datum: no array of the local likelihood's program holds the 40 group effects
   # (the model's own plate of groups gives it integer indices only).
   assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
@@ -660,9 +699,14 @@ def test_reads_of_an_argument_shared_by_two_sites_and_of_pairs_keep_the_model_to
       mean = mu + jnp.sum(u[user[i]] * v[item[i]], -1) + p[pair[i]].sum(-1)
       numpyro.sample("y", dist.Normal(mean, scale[user[i]]), obs=y[i])
 
-  found = dsgrad_numpyro.to_model(model, user, item, pair, y, reads={
-      "u": "user", "scale": "user", "v": "item", "p": "pair"}).model
+  declared = {"u": "user", "scale": "user", "v": "item", "p": "pair"}
+  found = dsgrad_numpyro.to_model(model, user, item, pair, y, reads=declared).model
   sparse = found.sparse
+  # Found by default: item's values also lie in u's rows, but its rows of u do not move
+  # user's datum; pair's two rows of p are one declaration.
+  auto = dsgrad_numpyro.to_model(model, user, item, pair, y).model.sparse
+  np.testing.assert_array_equal(auto.coordinates(jnp.arange(n)),
+                                sparse.coordinates(jnp.arange(n)))
   assert sparse.num_coordinates == 1 + 2 + 1 + 2 + 2  # mu, p (2 rows), scale, u, v
   assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
       jnp.zeros((2, 8)), jnp.arange(2, dtype=jnp.int32)).jaxpr, n) < 20

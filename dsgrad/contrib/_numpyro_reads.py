@@ -1,5 +1,5 @@
 """Which latent rows each datum of a NumPyro model reads, declared by naming the argument
-that indexes each site (``reads={"b": "g"}``): the model's
+that indexes each site (``reads={"b": "g"}``) or found (``reads="auto"``): the model's
 :class:`~dsgrad.models.SparseLikelihood`, so that joint SAGA keeps a table of those
 coordinates only (:func:`dsgrad.contrib.numpyro.to_model`).
 
@@ -30,8 +30,8 @@ def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
   compiles: ``[(offset, index columns (N, m) or None for a site read whole, coordinates
   per row read)]`` in the flat latent's order (``ravel_pytree`` of the sites, by name)."""
   if not isinstance(reads, dict) or not reads:
-    raise TypeError(f"{WHO} must be a non-empty dict {{latent site: argument}}, got "
-                    + ("an empty dict" if isinstance(reads, dict) else type(reads).__name__))
+    raise TypeError(f"{WHO} must be a non-empty dict {{latent site: argument}}, 'auto' or "
+                    "None, got " + ("an empty dict" if isinstance(reads, dict) else repr(reads)))
   for site, names in reads.items():
     if not (isinstance(names, str) or isinstance(names, (tuple, list)) and names
             and all(isinstance(name, str) for name in names)):
@@ -61,6 +61,56 @@ def read_layout(reads, unconstrained: dict, arguments: dict, n: int) -> list:
     layout.append((offset, columns, size // shape[0] if columns else size))
     offset += size
   return layout
+
+
+def found(unconstrained: dict, arguments: dict, log_likelihood, n: int) -> dict | None:
+  """The ``reads`` of a model whose data's terms each read one row (or a few) of some
+  sites, found as :func:`dsgrad.latent_reads.found` finds a ``log_lik``'s: each datum's
+  term is differentiated at a random latent on up to 16 data spread over the plate; a
+  site of ``R`` rows is declared with the integer arguments (one or ``m`` per datum,
+  values in ``[0, R)``) that point, on every such datum, to the rows its term moves, and
+  that together point to all of them (an argument that adds no row, a copy of another,
+  is left out). ``None`` where no site is found; :func:`with_reads` then checks what is."""
+  sites = {site: np.shape(value) for site, value in unconstrained.items()}
+  ranges = {name: _value_range(value, n) for name, value in arguments.items()}
+  candidates = {site: [name for name, span in ranges.items()
+                       if span is not None and span[0] >= 0 and span[1] < shape[0]]
+                for site, shape in sites.items() if len(shape) and shape[0] > 1}
+  if not any(candidates.values()):  # nothing could index a site: nothing is compiled
+    return None
+  d = sum(int(np.prod(shape, dtype=np.int64)) for shape in sites.values())
+  data = np.unique(np.linspace(0, n - 1, min(n, 16, max(1, 2 ** 26 // d))).astype(np.int32))
+  term = lambda z, datum: log_likelihood(z, datum[None])[0]  # noqa: E731
+  moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(
+      model_base.probe_latent(d, 0.3, seed=1), data)) != 0
+  reads, offset = {}, 0
+  for site in sorted(sites):  # the flat latent's order (ravel_pytree of a dict: by name)
+    shape, size = sites[site], int(np.prod(sites[site], dtype=np.int64))
+    offset += size
+    if not candidates.get(site):
+      continue
+    read = moved[:, offset - size:offset].reshape(len(data), shape[0], -1).any(-1)
+    covered, used = np.zeros_like(read), []
+    for name in candidates[site]:
+      points = np.asarray(arguments[name])[data].reshape(len(data), -1)
+      pointed = np.zeros_like(read)
+      np.put_along_axis(pointed, points, True, axis=1)
+      if read.any() and (pointed <= read).all() and (pointed & ~covered).any():
+        used.append(name)
+        covered |= pointed
+    if used and (covered == read).all():
+      reads[site] = used[0] if len(used) == 1 else tuple(used)
+  return reads or None
+
+
+def _value_range(value, n: int) -> tuple[int, int] | None:
+  """``(least, largest)`` of a model argument that could index a site, one or ``m`` rows
+  per datum of ``n`` (integers of shape ``(n,)`` or ``(n, m)``); ``None`` for any other."""
+  if not (hasattr(value, "dtype") and np.issubdtype(value.dtype, np.integer)
+          and np.ndim(value) in (1, 2) and np.shape(value)[0] == n and n):
+    return None
+  values = np.asarray(value)
+  return int(values.min()), int(values.max())
 
 
 def with_reads(reads, layout: list, found: Model, unconstrained: dict, traced: tuple) -> Model:

@@ -84,8 +84,8 @@ class NumpyroModel(NamedTuple):
   batch_size: int
 
 
-def to_model(model, *model_args, data_plate: str | None = None, reads: dict | None = None,
-             **model_kwargs) -> NumpyroModel:
+def to_model(model, *model_args, data_plate: str | None = None,
+             reads: dict | str | None = "auto", **model_kwargs) -> NumpyroModel:
   """A :class:`dsgrad.models.Model` from a NumPyro model (see the module docstring).
 
   Args:
@@ -106,7 +106,13 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
       declared sites cut to the rows it reads (``O(k)``; ``O(d)``, the rows written into
       a zero latent, where the model cannot run so). Checked at a random latent on a few
       data spread over the plate: a site whose unconstrained rows mix (an ordered
-      transform across groups) or a likelihood that reads more is refused.
+      transform across groups) or a likelihood that reads more is refused. ``"auto"``
+      (default): found where it can be: a site of ``R`` rows is declared with the integer
+      arguments (values in ``[0, R)``, one or ``m`` per datum) that point, on 16 data
+      spread over the plate, to the rows of it that each datum's term moves (its
+      gradient), where that declaration passes the same check; ``model.sparse`` is
+      ``None`` where nothing is found (a model without such arguments compiles nothing
+      more). ``None``: none.
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -136,13 +142,7 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
         "subsample_size=...) as idx:` and `obs=y[idx]`, with every per-datum array indexed "
         "the same way") from error
   plate = trace_lib.find_data_plate(trace, data_plate)
-  others = sorted(name for name, site in trace.items() if site["type"] == "plate"
-                  and name != plate and site["args"][1] not in (None, site["args"][0]))
-  if others:
-    raise ValueError(f"plate(s) {others} subsample too, besides the data plate {plate!r}: "
-                     "dsgrad draws the mini-batch of one plate only, and a second "
-                     "subsampled plate would be rescaled at random inside every step. Give "
-                     "them no subsample_size")
+  _check_one_subsampled_plate(trace, plate)
   num_data, subsample_size = trace[plate]["args"]
   num_data = int(num_data)
   batch_size = int(subsample_size or num_data)
@@ -156,8 +156,9 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
   unconstrain = trace_lib.one_at_a_time(
       lambda arrays, latent: numpyro_util.unconstrain_fn(fixed, *rebuild(arrays), latent))
   unconstrained = jax.jit(unconstrain)(arrays, latent)
-  layout = None if reads is None else reads_lib.read_layout(  # before anything compiles
-      reads, unconstrained, trace_lib.named_arguments(model, model_args, model_kwargs), num_data)
+  arguments = trace_lib.named_arguments(model, model_args, model_kwargs)
+  layout = None if reads is None or reads == "auto" else reads_lib.read_layout(
+      reads, unconstrained, arguments, num_data)  # before anything compiles
   flat, unravel = ravel_pytree({k: jnp.asarray(v, jnp.float32)
                                 for k, v in unconstrained.items()})
   latent_sites = tuple(sorted(latent))
@@ -196,11 +197,41 @@ def to_model(model, *model_args, data_plate: str | None = None, reads: dict | No
                                  num_data)
   dsgrad_model = Model(log_prior, log_likelihood, num_data, int(flat.shape[0]),
                        getattr(model, "__name__", "numpyro_model"), unravel=unravel)
-  if reads is not None:
-    dsgrad_model = reads_lib.with_reads(reads, layout, dsgrad_model, unconstrained, (
-        model, plate, observed, model_args, model_kwargs))
+  dsgrad_model = _with_reads(dsgrad_model, reads, layout, unconstrained, arguments,
+                             (model, plate, observed, model_args, model_kwargs))
   return NumpyroModel(dsgrad_model, plate, tuple(observed), latent_sites, unravel, constrain,
                       batch_size)
+
+
+def _check_one_subsampled_plate(trace, plate: str) -> None:
+  """Refuses a plate other than the data plate that subsamples."""
+  others = sorted(name for name, site in trace.items() if site["type"] == "plate"
+                  and name != plate and site["args"][1] not in (None, site["args"][0]))
+  if others:
+    raise ValueError(f"plate(s) {others} subsample too, besides the data plate {plate!r}: "
+                     "dsgrad draws the mini-batch of one plate only, and a second "
+                     "subsampled plate would be rescaled at random inside every step. Give "
+                     "them no subsample_size")
+
+
+def _with_reads(found: Model, reads, layout, unconstrained: dict, arguments: dict,
+                traced: tuple) -> Model:
+  """``found`` with its declared reads (``layout``, :func:`_numpyro_reads.read_layout`), or
+  with those :func:`_numpyro_reads.found` finds (``reads="auto"``) where they pass the
+  check a declaration passes; as it is where none are found or they do not pass (a
+  wrong guess would cost joint SAGA its compact table, not its unbiased updates)."""
+  if reads is None:
+    return found
+  if reads != "auto":
+    return reads_lib.with_reads(reads, layout, found, unconstrained, traced)
+  reads = reads_lib.found(unconstrained, arguments, found.log_likelihood, found.num_data)
+  if reads is None:
+    return found
+  try:
+    layout = reads_lib.read_layout(reads, unconstrained, arguments, found.num_data)
+    return reads_lib.with_reads(reads, layout, found, unconstrained, traced)
+  except ValueError:
+    return found
 
 
 def _compiled_densities(model, plate: str, fixed, observed, unravel, arguments):
@@ -354,7 +385,7 @@ def _on_device(model, path, value):
 
 def objective(model, *model_args, family: str = "meanfield", shared_noise: bool = True,
               data_plate: str | None = None, path_derivative: bool = False,
-              reads: dict | None = None, **model_kwargs) -> NumpyroObjective:
+              reads: dict | str | None = "auto", **model_kwargs) -> NumpyroObjective:
   """The BBVI objective (Eq. 3) of a NumPyro model, over a Gaussian family in
   unconstrained space.
 
@@ -369,7 +400,8 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
       (:func:`dsgrad.families.bbvi_objective`); off by default.
     reads: which rows of a latent site each datum reads (see :func:`to_model`): then
       ``dsgrad.joint_saga(objective)`` keeps a table of those coordinates only
-      (mean-field, without ``path_derivative``).
+      (mean-field, without ``path_derivative``; ``"auto"``, the default, searches only
+      there).
     **model_kwargs: keyword arguments for ``model``.
 
   Returns:
@@ -379,6 +411,8 @@ def objective(model, *model_args, family: str = "meanfield", shared_noise: bool 
   Raises:
     ValueError: see :func:`to_model`; an unknown family.
   """
+  if reads == "auto" and (family != "meanfield" or path_derivative):
+    reads = None  # found reads serve the mean-field table only: no search
   found = to_model(model, *model_args, data_plate=data_plate, reads=reads, **model_kwargs)
   base = families.objective_by_name(family, found.model, shared_noise=shared_noise,
                                     path_derivative=path_derivative)
