@@ -146,10 +146,14 @@ def _reads_layout(reads, latent, d, handles, lowest) -> tuple[list, list]:
     raise ValueError(f"reads names latent leaves {unknown} that the latent does not have; "
                      f"it has {leaf_names}")
   for col in columns:
-    if handles[col].ndim not in (1, 2) or not jnp.issubdtype(handles[col].dtype, jnp.integer):
+    # Whole-number floats that log_lik casts to an index (ids made float by a missing
+    # value) are index columns too, once the index check found them (Model.kinds).
+    if handles[col].ndim not in (1, 2) or not (
+        jnp.issubdtype(handles[col].dtype, jnp.integer) or col in lowest):
       raise TypeError(f"data column {col!r} indexes latent rows (reads), so it must be an "
-                      "integer array of one index per data row, (N,), or several, (N, m); "
-                      f"got shape {handles[col].shape}, dtype {handles[col].dtype}")
+                      "integer array of one index per data row, (N,), or several, (N, m) "
+                      "(or whole numbers that log_lik casts to one); got shape "
+                      f"{handles[col].shape}, dtype {handles[col].dtype}")
   layout, offset = [], 0
   for leaf_name, (_, leaf) in zip(leaf_names, leaves):
     shape = tuple(np.shape(leaf))
@@ -218,8 +222,8 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
     # (data rows, leaf rows): the leaf rows each data row's term moves.
     read = moved[:, offset - size:offset].reshape(len(moved), shape[0], -1).any(-1)
     touched = read.any(1)
-    points = {c: np.maximum(np.asarray(rows[c]).reshape(len(read), -1) - bases.get(c, 0), 0)
-              for c in columns}
+    points = {c: np.maximum(np.asarray(rows[c]).reshape(len(read), -1).astype(np.int64)
+                            - bases.get(c, 0), 0) for c in columns}  # float ids: cast
     used = [c for c in columns if touched.any()
             and np.take_along_axis(read, points[c], axis=1)[touched].all()]
     covered = np.zeros_like(read)

@@ -134,7 +134,8 @@ def model_from_logdensity(log_prior: Callable[[Any], jax.Array],
       ``n`` reads, of that latent leaf, only the row ``leaf[column[n]]`` (a tuple of
       columns for several rows, e.g. ``{"skill": ("winner", "loser")}``, or a column of
       shape ``(N, m)`` for the ``m`` rows ``leaf[column[n, j]]``, e.g.
-      ``{"skill": "pair"}``), and every leaf not named here whole. Names are the
+      ``{"skill": "pair"}``), and every leaf not named here whole. A column is integers,
+      or whole-number floats that ``log_lik`` casts to an index. Names are the
       leaves' and columns' paths (``"raw"`` for ``latent["raw"]``, ``"a/b"`` for
       ``latent["a"]["b"]``). The model then declares, per row, those ``k`` latent
       coordinates (``model.sparse``, :class:`dsgrad.models.SparseLikelihood`), so

@@ -26,7 +26,9 @@ def _data(seed=0):
           "i": rng.integers(0, ITEMS, N).astype(np.int32),
           "v": rng.integers(1, USERS + 1, N).astype(np.int32),  # users numbered from 1
           "m": np.where(rng.random(N) < 0.2, -1, rng.integers(0, USERS, N)).astype(np.int32),
-          "y": rng.poisson(1.0, N).astype(np.float32)}
+          "y": rng.poisson(1.0, N).astype(np.float32),
+          # Group ids as a table with a missing value keeps them: whole-number floats.
+          "f": rng.integers(0, GROUPS, N).astype(np.float32)}
 
 
 def _with_pairs(data):
@@ -80,12 +82,20 @@ def _masked_lik(z, rows):
   return rows["y"] * eta - jnp.exp(eta)
 
 
+def _float_ids_lik(z, rows):
+  # Float ids, cast in log_lik: found and declared as an integer column is.
+  eta = rows["x"] @ z["beta"] + z["raw"][rows["f"].astype(jnp.int32), 0]
+  return rows["y"] * eta - jnp.exp(eta)
+
+
 CASES = {
     "hierarchical": (_hierarchical_lik, HIERARCHICAL, {"raw": "g"}, 2 + D + 2 + 2),
     "two_index": (_two_index_lik, TWO_INDEX, {"user": "u", "item": "i"}, 3),
     "pair": (_pair_lik, {"skill": jnp.zeros(USERS)}, {"skill": ("u", "i")}, 2),
     "ids_from_one": (_ids_from_one_lik, TWO_INDEX, {"user": "v", "item": "i"}, 3),
     "masked": (_masked_lik, TWO_INDEX, {"user": "m", "item": "i"}, 3),
+    "float_ids": (_float_ids_lik, {"beta": jnp.zeros(D), "raw": jnp.zeros((GROUPS, 2))},
+                  {"raw": "f"}, D + 2),
 }
 
 
