@@ -461,24 +461,27 @@ def test_a_table_too_large_for_a_numpyro_model_names_the_way_to_a_compact_one(lo
 
 
 def test_found_reads_leave_out_counts_and_sites_whose_rows_mix():
-  """Counts observed as integers within a site's rows are not an index of it; a site
-  whose unconstrained rows mix (a cumulative sum) keeps the dense table, without an
-  error."""
+  """Counts observed as integers within a site's rows are not an index of it, and data
+  the model masks (whose terms move nothing) do not hide the index; a site whose
+  unconstrained rows mix (a cumulative sum) keeps the dense table, without an error."""
   groups, n = 12, 120
   rng = np.random.default_rng(4)
   g = rng.integers(0, groups, n).astype(np.int32)
   x = rng.normal(size=n).astype(np.float32)
   counts = rng.poisson(2.0, n).astype(np.int32)
+  seen = np.arange(n) % 3 > 0  # a third of the data masked, among them the first
 
-  def poisson(g, x, y, subsample=10):
+  def poisson(g, x, y, seen, subsample=10):
     w = numpyro.sample("w", dist.Normal(0.0, 1.0))
     with numpyro.plate("groups", groups):
       b = numpyro.sample("b", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", n, subsample_size=subsample) as idx:
-      numpyro.sample("y", dist.Poisson(jnp.exp(b[g[idx]] + w * x[idx])), obs=y[idx])
+      with numpyro.handlers.mask(mask=seen[idx]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(b[g[idx]] + w * x[idx])), obs=y[idx])
 
-  found = dsgrad_numpyro.to_model(poisson, g, x, counts).model.sparse
-  declared = dsgrad_numpyro.to_model(poisson, g, x, counts, reads={"b": "g"}).model.sparse
+  found = dsgrad_numpyro.to_model(poisson, g, x, counts, seen).model.sparse
+  declared = dsgrad_numpyro.to_model(poisson, g, x, counts, seen,
+                                     reads={"b": "g"}).model.sparse
   np.testing.assert_array_equal(found.coordinates(jnp.arange(n)),
                                 declared.coordinates(jnp.arange(n)))
 

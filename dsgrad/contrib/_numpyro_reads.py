@@ -90,12 +90,14 @@ def found(unconstrained: dict, arguments: dict, log_likelihood, n: int) -> dict 
     if not candidates.get(site):
       continue
     read = moved[:, offset - size:offset].reshape(len(data), shape[0], -1).any(-1)
+    touched = read.any(1)  # a datum whose term moves none of it (masked) says nothing
     covered, used = np.zeros_like(read), []
     for name in candidates[site]:
       points = np.asarray(arguments[name])[data].reshape(len(data), -1)
       pointed = np.zeros_like(read)
       np.put_along_axis(pointed, points, True, axis=1)
-      if read.any() and (pointed <= read).all() and (pointed & ~covered).any():
+      pointed &= touched[:, None]
+      if touched.any() and (pointed <= read).all() and (pointed & ~covered).any():
         used.append(name)
         covered |= pointed
     if used and (covered == read).all():
