@@ -523,9 +523,10 @@ def _grouped_model(groups, n):
   return model
 
 
-def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equal_updates():
+def test_a_numpyro_model_whose_reads_are_known_keeps_a_table_of_them_with_equal_updates():
   """A per-group NumPyro model had only the table of every parameter (8 GB on 200,000
-  rows and 5,000 groups). With reads={"b": "g"} a datum's row holds b[g[n]], tau and w:
+  rows and 5,000 groups). With its reads (found, or declared as reads={"b": "g"}) a
+  datum's row holds b[g[n]], tau and w:
   joint SAGA's default table is of those 3 of 42 coordinates, and its updates, from the
   same state, indices and noise, are the dense table's."""
   groups, n = 40, 300
@@ -535,14 +536,11 @@ def test_a_numpyro_model_that_declares_its_reads_keeps_a_table_of_them_with_equa
   y = (0.5 * x + rng.normal(size=groups)[g] + 0.3 * rng.normal(size=n)).astype(np.float32)
   model = _grouped_model(groups, n)
   dense = dsgrad_numpyro.objective(model, g, x, y, reads=None)
-  compact = dsgrad_numpyro.objective(model, g, x, y, reads={"b": "g"})
+  # Found by default: b[g[n]], then tau and w (the flat latent's order: by site name).
+  compact = dsgrad_numpyro.objective(model, g, x, y)
   sparse = compact.numpyro_model.model.sparse
-  assert sparse.num_coordinates == 3
-  # Found, by default, as declared.
-  found = dsgrad_numpyro.objective(model, g, x, y).numpyro_model.model.sparse
-  assert found.num_coordinates == 3
-  np.testing.assert_array_equal(found.coordinates(jnp.arange(n)), sparse.coordinates(
-      jnp.arange(n)))
+  np.testing.assert_array_equal(sparse.coordinates(jnp.arange(n)),
+                                np.stack([g, np.full(n, groups), np.full(n, groups + 1)], 1))
   # O(k) a datum: no array of the local likelihood's program holds the 40 group effects
   # (the model's own plate of groups gives it integer indices only).
   assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
@@ -702,15 +700,16 @@ def test_reads_of_an_argument_shared_by_two_sites_and_of_pairs_keep_the_model_to
       mean = mu + jnp.sum(u[user[i]] * v[item[i]], -1) + p[pair[i]].sum(-1)
       numpyro.sample("y", dist.Normal(mean, scale[user[i]]), obs=y[i])
 
-  declared = {"u": "user", "scale": "user", "v": "item", "p": "pair"}
-  found = dsgrad_numpyro.to_model(model, user, item, pair, y, reads=declared).model
-  sparse = found.sparse
-  # Found by default: item's values also lie in u's rows, but its rows of u do not move
+  # Found by default, as reads={"u": "user", "scale": "user", "v": "item", "p": "pair"}
+  # declares them: item's values also lie in u's rows, but its rows of u do not move
   # user's datum; pair's two rows of p are one declaration.
-  auto = dsgrad_numpyro.to_model(model, user, item, pair, y).model.sparse
-  np.testing.assert_array_equal(auto.coordinates(jnp.arange(n)),
-                                sparse.coordinates(jnp.arange(n)))
-  assert sparse.num_coordinates == 1 + 2 + 1 + 2 + 2  # mu, p (2 rows), scale, u, v
+  found = dsgrad_numpyro.to_model(model, user, item, pair, y).model
+  sparse = found.sparse
+  # The flat latent by site name: mu (1), p (20), scale (30), u (30 x 2), v (20 x 2).
+  expected = np.concatenate([np.zeros((n, 1)), 1 + pair, 21 + user[:, None],
+                             51 + 2 * user[:, None] + [0, 1], 111 + 2 * item[:, None] + [0, 1]],
+                            axis=1)
+  np.testing.assert_array_equal(sparse.coordinates(jnp.arange(n)), expected)
   assert _largest_array(jax.make_jaxpr(sparse.log_likelihood_local)(
       jnp.zeros((2, 8)), jnp.arange(2, dtype=jnp.int32)).jaxpr, n) < 20
   z = 0.5 * jax.random.normal(jax.random.key(1), (found.latent_dim,))
