@@ -157,6 +157,8 @@ def declared_and_checked(model: Model) -> Model:
     if smallest.min() < 0 and not masks(name):
       smallest = np.zeros_like(smallest)  # read, not masked: the range check refuses them
     kind = _index_kind(failure, z, one(lowest(name)), name, smallest, largest)
+    if kind and name in floats:
+      kind = _shifted_float_kind(model, one(lowest(name)), name, kind)
     if kind:
       kinds[name] = kind
   for name in floats & set(kinds):
@@ -223,6 +225,23 @@ def _marks_missing(model: Model, rows: dict, name: str) -> bool:
   likelihood = jax.jit(model.log_likelihood)
   return data_kinds.negatives_are_markers(
       lambda column: likelihood(z, dict(rows, **{name: column})), rows[name])
+
+
+def _shifted_float_kind(model: Model, rows: dict, name: str, kind: tuple) -> tuple:
+  """``kind`` of a float column that ``log_lik`` casts to an index, with the base it reads
+  from: ``z[g - 1]`` at ``g = 0`` reads ``z[-1]``, which JAX wraps to the last row without
+  an error, and the unsigned reading that finds it for an integer column cannot cast a
+  float. Where the value ``b - 1`` reads what the largest value in bounds reads (at a
+  random latent, of the values 0 to 15), the column's values start at ``b``."""
+  upper = kind[1]
+  if len(kind) != 2 or not isinstance(upper, int) or rows[name].shape != (1,) or upper < 2:
+    return kind
+  values = np.append(np.arange(min(upper - 1, 16)), upper - 1).astype(rows[name].dtype)
+  batch = {k: np.repeat(np.asarray(v), len(values), axis=0) for k, v in rows.items()}
+  batch[name] = values
+  terms = np.asarray(jax.jit(model.log_likelihood)(probe_latent(model.latent_dim, 0.5, 2), batch))
+  same = np.flatnonzero(terms[:-1] == terms[-1])
+  return ("index", upper, int(same[0]) + 1) if same.size else kind
 
 
 def _index_kind(failure, z, rows, name: str, smallest, largest) -> tuple | None:

@@ -252,6 +252,16 @@ def test_group_ids_stored_as_floats_and_cast_in_log_lik_are_checked_as_an_index(
                                        dict(data, g=np.where(np.arange(n) == 7, bad, g)), groups)
   with pytest.raises(ValueError, match=r"with_data\['g'\] holds values outside"):
     objective.with_data(dict(data, g=g + 1))
+  # Numbered from 1 (z[g - 1]): a 0 reads z[-1], the last group, without an error; the
+  # base is found from what 0 reads, so data or new data holding a 0 are refused.
+  from_one = lambda z, b: -0.5 * (b["y"] - z[b["g"].astype(jnp.int32) - 1]) ** 2
+  shifted = dsgrad.objective_from_logdensity(_log_prior, from_one, dict(data, g=g + 1), groups)
+  assert shifted.kinds == (("g", ("index", groups + 1, 1)),)
+  with pytest.raises(ValueError, match=r"outside the integers 1 .. 20 \(found 0.0"):
+    dsgrad.objective_from_logdensity(_log_prior, from_one, dict(data, g=np.maximum(g, 0)),
+                                     groups)
+  with pytest.raises(ValueError, match=r"with_data\['g'\] holds values outside"):
+    shifted.with_data(dict(data, g=g))
   # Without the cast, JAX's "Indexer must have integer or boolean type" gets a note.
   with pytest.raises(TypeError) as raised:
     dsgrad.objective_from_logdensity(_log_prior, lambda z, b: -0.5 * (b["y"] - z[b["g"]]) ** 2,
