@@ -253,8 +253,10 @@ def test_a_candidate_whose_update_is_not_finite_leaves_the_race_with_why(monkeyp
 
   objective = dsgrad.objective_from_logdensity(
       lambda z: -0.5 * jnp.sum(z ** 2), log_lik, {"x": x, "y": y}, D)
+  # A race waits half the budget for its candidates' compiles: at 10 s, cv's (about 2 s
+  # alone) was still compiling at 5.02 s beside a full suite's other worker.
   advice = dsgrad.recommend(objective, _schedule, dsgrad.families.by_name("meanfield", D).params(),
-                            jax.random.key(1), batch_size=BATCH, budget=10.0, share=0.1,
+                            jax.random.key(1), batch_size=BATCH, budget=20.0, share=0.1,
                             race_at=0.05, candidates=("cv", "naive"), progress=False)
   cv = _by_name(advice)["cv"]
   assert advice.best == "naive" and not cv.raced
