@@ -205,13 +205,9 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   if not any(np.ndim(leaf) and np.shape(leaf)[0] in sizes.values() for _, leaf in leaves):
     return None
   n, d = model.num_data, model.latent_dim
-  spread = lambda m: data_lib.few_rows(  # noqa: E731
-      model.data, np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32)))
   z = probe_latent(d, 0.3, seed=1)
-  # One gradient per data row: at most 2^26 numbers (256 MiB).
-  rows = spread(max(1, min(16, 2 ** 26 // d)))
-  term = lambda zz, row: model.log_likelihood(zz, jax.tree.map(lambda v: v[None], row))[0]
-  moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(z, rows)) != 0
+  rows = data_lib.few_rows(model.data, gradient_rows(n, d))
+  moved = moved_coordinates(model.log_likelihood, z, rows)
   found, offset = {}, 0
   for path, leaf in leaves:
     shape, size = np.shape(leaf), int(np.size(leaf))
@@ -234,7 +230,27 @@ def found(model: Model, latent, declare) -> SparseLikelihood | None:
   if not found:
     return None
   sparse = declare(found)
-  return sparse if _local_and_full(model, sparse, z, spread(64))[2] else None
+  checked = data_lib.few_rows(model.data, evenly_spread(n, 64))
+  return sparse if _local_and_full(model, sparse, z, checked)[2] else None
+
+
+def evenly_spread(n: int, m: int) -> np.ndarray:
+  """Up to ``m`` distinct indices of ``n`` data, evenly spread from the first to the last."""
+  return np.unique(np.linspace(0, n - 1, min(n, m)).astype(np.int32))
+
+
+def gradient_rows(n: int, d: int) -> np.ndarray:
+  """The spread data whose terms' gradients a search for reads takes: up to 16, at most
+  2^26 numbers (256 MiB) in all."""
+  return evenly_spread(n, max(1, min(16, 2 ** 26 // d)))
+
+
+def moved_coordinates(log_likelihood, z, rows) -> np.ndarray:
+  """``(len(rows), d)`` booleans: the coordinates of the flat latent ``z`` that each row's
+  term of ``log_likelihood(z, rows)`` moves (its gradient is not zero), in one program.
+  ``rows``: a pytree of per-row arrays (a model's data rows, or a bridge's indices)."""
+  term = lambda zz, row: log_likelihood(zz, jax.tree.map(lambda v: v[None], row))[0]  # noqa: E731
+  return np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(z, rows)) != 0
 
 
 def _local_and_full(model: Model, sparse: SparseLikelihood, z, rows) -> tuple:

@@ -79,10 +79,11 @@ def found(unconstrained: dict, arguments: dict, log_likelihood, n: int) -> dict 
   if not any(candidates.values()):  # nothing could index a site: nothing is compiled
     return None
   d = sum(int(np.prod(shape, dtype=np.int64)) for shape in sites.values())
-  data = np.unique(np.linspace(0, n - 1, min(n, 16, max(1, 2 ** 26 // d))).astype(np.int32))
-  term = lambda z, datum: log_likelihood(z, datum[None])[0]  # noqa: E731
-  moved = np.asarray(jax.jit(jax.vmap(jax.grad(term), (None, 0)))(
-      model_base.probe_latent(d, 0.3, seed=1), data)) != 0
+  data = latent_reads.gradient_rows(n, d)
+  moved = latent_reads.moved_coordinates(log_likelihood, model_base.probe_latent(d, 0.3, seed=1),
+                                         data)
+  points = {name: np.asarray(arguments[name])[data].reshape(len(data), -1)
+            for name in set().union(*candidates.values())}  # each argument read once
   reads, offset = {}, 0
   for site in sorted(sites):  # the flat latent's order (ravel_pytree of a dict: by name)
     shape, size = sites[site], int(np.prod(sites[site], dtype=np.int64))
@@ -93,9 +94,8 @@ def found(unconstrained: dict, arguments: dict, log_likelihood, n: int) -> dict 
     touched = read.any(1)  # a datum whose term moves none of it (masked) says nothing
     covered, used = np.zeros_like(read), []
     for name in candidates[site]:
-      points = np.asarray(arguments[name])[data].reshape(len(data), -1)
       pointed = np.zeros_like(read)
-      np.put_along_axis(pointed, points, True, axis=1)
+      np.put_along_axis(pointed, points[name], True, axis=1)
       pointed &= touched[:, None]
       if touched.any() and (pointed <= read).all() and (pointed & ~covered).any():
         used.append(name)
