@@ -89,11 +89,14 @@ def declared_and_checked(model: Model) -> Model:
   (:attr:`Model.kinds`, :func:`_index_kind`), so data handed in later
   (``Objective.with_data``) are checked on every row."""
   columns = {name: leaf for name, leaf in model.data.items()
-             if leaf.shape[0] and _may_index(leaf)}
+             if leaf.shape[0] and _may_index(leaf, first_rows=1024)}
   floats = {name for name, leaf in columns.items() if not jnp.issubdtype(leaf.dtype, jnp.integer)}
-  if floats and not _casts_floats_to_integers(model):  # then no float column can index
-    columns = {k: v for k, v in columns.items() if k not in floats}
-    floats = set()
+  # No float column can index unless log_lik casts one; only then is each read in full
+  # (a memory map's reads cost a pass over the file).
+  keep = floats and _casts_floats_to_integers(model) and {
+      name for name in floats if whole_number_floats(columns[name])}
+  columns = {k: v for k, v in columns.items() if k not in floats or k in (keep or ())}
+  floats = set(keep or ())
   if not columns:
     return model
   z = np.zeros(model.latent_dim, np.float32)  # an argument of compiled checks only
@@ -168,25 +171,30 @@ def declared_and_checked(model: Model) -> Model:
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
 
 
-def _may_index(leaf) -> bool:
+def _may_index(leaf, first_rows: int | None = None) -> bool:
   """Whether a data column may index the latent: an integer one, or one of
-  :func:`whole_number_floats`."""
-  return jnp.issubdtype(leaf.dtype, jnp.integer) or whole_number_floats(leaf)
+  :func:`whole_number_floats` (on its ``first_rows``)."""
+  return jnp.issubdtype(leaf.dtype, jnp.integer) or whole_number_floats(leaf, first_rows)
 
 
-def whole_number_floats(leaf) -> bool:
-  """Whether a data column is one in memory of at most 16 floats a row that are all whole
-  numbers: ids read from a table where a missing value made the column float (which
-  ``log_lik`` casts to integers)."""
-  if (not jnp.issubdtype(leaf.dtype, jnp.floating) or data_lib.is_host(leaf)
-      or int(np.prod(leaf.shape[1:])) > 16):
+def whole_number_floats(leaf, first_rows: int | None = None) -> bool:
+  """Whether a data column of at most 16 floats a row, in memory or memory-mapped, holds
+  whole numbers only (in its ``first_rows``; default all): ids read from a table where a
+  missing value made the column float (which ``log_lik`` casts to integers). A memory map
+  is read in chunks, once."""
+  if not jnp.issubdtype(leaf.dtype, jnp.floating) or int(np.prod(leaf.shape[1:])) > 16:
     return False
   # On the host: JAX's eager operations would each compile (0.4 s in all).
-  values = np.asarray(leaf)
+  values = leaf.array if data_lib.is_host(leaf) else np.asarray(leaf)
+  if values is None:  # a host leaf's view inside a program: nothing to read
+    return False
   # A float64 bound: 2**24 as a Python int would be cast to a float16 column's dtype (inf).
   limit = np.float64(2 ** 24)
   whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < limit)))  # noqa: E731
-  return whole(values[:1024]) and whole(values)  # real-valued columns fail on their first rows
+  rows = values.shape[0] if first_rows is None else min(first_rows, values.shape[0])
+  # In chunks, the first small: real-valued columns fail on their first rows.
+  bounds = sorted({0, min(1024, rows), *range(1 << 20, rows, 1 << 20), rows})
+  return all(whole(values[start:end]) for start, end in zip(bounds, bounds[1:]))
 
 
 def _casts_floats_to_integers(model: Model) -> bool:

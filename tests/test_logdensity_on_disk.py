@@ -72,6 +72,23 @@ def test_memory_mapped_data_train_as_the_same_data_in_memory(tmp_path, estimator
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_group_ids_stored_as_floats_on_disk_are_checked_and_read_as_in_memory(tmp_path):
+  """Ids made float by a missing value in the table they came from, saved to disk and cast
+  in log_lik: the memory map is checked as an index as the same column in memory is (an id
+  past the groups read the last one without an error), and its reads are found."""
+  data = _data()
+  data["g"] = data["g"].astype(np.float32)
+  log_lik = lambda z, rows: _log_lik(z, dict(rows, g=rows["g"].astype(jnp.int32)))  # noqa: E731
+  for rows in (data, _saved(data, tmp_path)):
+    objective = dsgrad.objective_from_logdensity(_log_prior, log_lik, rows, LATENT)
+    assert dict(objective.kinds)["g"] == ("index", GROUPS)
+    assert objective.table_approximation is not None  # a table of the coordinates read
+  for bad in (float(GROUPS), -1.0):
+    data["g"][N // 2] = bad
+    with pytest.raises(ValueError, match="data column 'g'"):
+      dsgrad.objective_from_logdensity(_log_prior, log_lik, _saved(data, tmp_path), LATENT)
+
+
 def test_compile_fit_on_memory_mapped_data_compiles_what_fit_then_runs(tmp_path):
   """The rows a block reads from disk are an argument of the program, stood in for by
   their shapes: compiled ahead (as recommend does in a thread, beside another run), the
