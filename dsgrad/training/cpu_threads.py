@@ -37,6 +37,7 @@ SMALL_MACHINE_CORES = 2
 split over two threads, 0.43-0.71 ms with a pool of one). Whether a split pays on more
 cores is not measured here."""
 _warned = False  # once a process: its pool does not change after the client starts
+_pinned: frozenset | None = None  # the cores pin_xla_threads gave XLA's pool, once it has
 
 
 class SplitPoolWarning(UserWarning):
@@ -133,8 +134,10 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
 
   Raises:
     ValueError: ``cores`` is not a positive integer within the process's cores.
-    RuntimeError: a JAX backend has already started, or the platform cannot set a
-      thread's affinity (Linux's ``sched_setaffinity``).
+    RuntimeError: a JAX backend has already started (but a call as this process's
+      first, once it has pinned, returns its cores: a script and a module it imports may
+      both call it), or the platform cannot set a thread's affinity (Linux's
+      ``sched_setaffinity``).
 
   Example::
 
@@ -149,12 +152,15 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
   if cores > len(available):
     raise ValueError(f"pin_xla_threads: cores must be an integer from 1 to "
                      f"{len(available)} (the cores this process may use), got {cores!r}")
-  if _backends_started():
-    raise RuntimeError("pin_xla_threads: JAX's backends have already started, so XLA's "
-                       "thread pool is already sized; call it first in the program, "
-                       "before any JAX array is created")
   chosen = frozenset(available[:cores])
-  global _warned
+  global _warned, _pinned
+  if _backends_started():
+    if _pinned is not None and len(_pinned) == cores:  # as this process was pinned: done
+      return _pinned
+    raise RuntimeError("pin_xla_threads: JAX's backends have already started, so XLA's "
+                       "thread pool is already sized" + (
+                           f" (by pin_xla_threads({len(_pinned)}))" if _pinned else "") +
+                       "; call it first in the program, before any JAX array is created")
   _warned = True  # the pool's size is the caller's choice
   before = _threads()
   os.sched_setaffinity(0, chosen)
@@ -163,4 +169,5 @@ def pin_xla_threads(cores: int = 1) -> frozenset:
   finally:
     os.sched_setaffinity(0, available)
     _release(_threads() - before, available)
+  _pinned = chosen
   return chosen
