@@ -16,6 +16,7 @@ BENCHMARKS = {
     "precision": "benchmarks.precision",
     "memory": "benchmarks.memory",
     "hmcecs": "benchmarks.hmcecs",
+    "hmcecs-groups": "benchmarks.hmcecs_groups",
     "mcvae-ppca": "benchmarks.mcvae_ppca",
     "dais": "benchmarks.dais",
     "peers": "benchmarks.peers",

@@ -88,15 +88,7 @@ def declared_and_checked(model: Model) -> Model:
   zero, is then one past the end). A column that indexes is declared as such
   (:attr:`Model.kinds`, :func:`_index_kind`), so data handed in later
   (``Objective.with_data``) are checked on every row."""
-  columns = {name: leaf for name, leaf in model.data.items()
-             if leaf.shape[0] and _may_index(leaf, first_rows=1024)}
-  floats = {name for name, leaf in columns.items() if not jnp.issubdtype(leaf.dtype, jnp.integer)}
-  # No float column can index unless log_lik casts one; only then is each read in full
-  # (a memory map's reads cost a pass over the file).
-  keep = floats and _casts_floats_to_integers(model) and {
-      name for name in floats if whole_number_floats(columns[name])}
-  columns = {k: v for k, v in columns.items() if k not in floats or k in (keep or ())}
-  floats = set(keep or ())
+  columns, floats = _index_candidates(model)
   if not columns:
     return model
   z = np.zeros(model.latent_dim, np.float32)  # an argument of compiled checks only
@@ -169,6 +161,19 @@ def declared_and_checked(model: Model) -> Model:
     # the probes above cannot read as unsigned, are refused by its kind's bounds.
     data_kinds.check_kind(kinds[name], columns[name], f"{model.name}: data column {name!r}")
   return model._replace(kinds=tuple(kinds.items())) if len(kinds) > len(model.kinds) else model
+
+
+def _index_candidates(model: Model) -> tuple[dict, set]:
+  """``({name: column}, float names)``: the data columns that may index the latent, integer
+  ones and :func:`whole_number_floats`. No float column can index unless ``log_lik`` casts
+  one; only then is each read in full (a memory map's reads cost a pass over the file)."""
+  columns = {name: leaf for name, leaf in model.data.items()
+             if leaf.shape[0] and _may_index(leaf, first_rows=1024)}
+  floats = {name for name, leaf in columns.items() if not jnp.issubdtype(leaf.dtype, jnp.integer)}
+  keep = floats and _casts_floats_to_integers(model) and {
+      name for name in floats if whole_number_floats(columns[name])}
+  keep = set(keep or ())
+  return {k: v for k, v in columns.items() if k not in floats or k in keep}, keep
 
 
 def _may_index(leaf, first_rows: int | None = None) -> bool:

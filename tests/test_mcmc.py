@@ -292,24 +292,28 @@ def test_adapted_and_given_mass_matrices():
                        subsample_size=100, num_blocks=10, mass_matrix="adapt",
                        mass_window=200, reference_updates_every=0, progress=False)
   _check_gaussian(result.samples, mean, cov, "adapted mass")
-  adapted = np.diag(np.asarray(result.parameters.inverse_mass_matrix))
+  adapted = np.asarray(result.parameters.inverse_mass_matrix)
+  assert adapted.shape == (3,)  # kept as its diagonal: O(d) a leapfrog step
   # 200 autocorrelated draws per window: within a factor of two of the true variances,
   # far from the identity it started at (the variances are ~1e-3).
   np.testing.assert_array_less(np.abs(np.log(adapted / np.diag(cov))), np.log(2.0))
-  assert np.all(np.abs(result.parameters.inverse_mass_matrix
-                       - np.diag(adapted)) < 1e-12)  # diagonal
   given = np.linalg.inv(cov)  # the exact posterior precision
   fixed = mcmc.sample(jax.random.key(16), model, num_samples=10, num_warmup=400,
                       subsample_size=100, num_blocks=10, mass_matrix=given, progress=False)
   np.testing.assert_allclose(fixed.parameters.inverse_mass_matrix, cov, rtol=1e-3,
                              atol=1e-3 * np.abs(cov).max())
-  diagonal = mcmc.sample(jax.random.key(16), model, num_samples=10, num_warmup=0,
-                         subsample_size=100, num_blocks=10, mass_matrix=np.diag(given),
-                         progress=False)
-  np.testing.assert_allclose(np.diag(diagonal.parameters.inverse_mass_matrix),
-                             1 / np.diag(given), rtol=1e-4)
+  # A diagonal M given as its diagonal runs the chain a dense diagonal matrix runs.
+  diagonal, dense = (mcmc.sample(jax.random.key(16), model, num_samples=10, num_warmup=0,
+                                 subsample_size=100, num_blocks=10, mass_matrix=mass,
+                                 progress=False)
+                     for mass in (np.diag(given), np.diag(np.diag(given))))
+  np.testing.assert_allclose(diagonal.parameters.inverse_mass_matrix, 1 / np.diag(given),
+                             rtol=1e-4)
+  np.testing.assert_allclose(diagonal.samples, dense.samples, rtol=1e-4, atol=1e-6)
+  assert np.ptp(np.asarray(dense.samples), axis=0).min() > 0  # the chain moved
   for bad, match in (("diagonal", "mass_matrix must be"), (np.eye(2), "shape"),
-                     (np.full(3, np.nan), "finite"), (-np.eye(3), "positive definite")):
+                     (np.full(3, np.nan), "finite"), (-np.eye(3), "positive definite"),
+                     (-np.ones(3), "finite positive values")):
     with pytest.raises(ValueError, match=match):
       mcmc.sample(jax.random.key(0), model, num_samples=5, num_warmup=0,
                   subsample_size=100, num_blocks=10, mass_matrix=bad, progress=False)
@@ -639,7 +643,7 @@ def test_a_proxy_or_mass_matrix_of_another_model_is_refused_where_it_enters():
       call()
   with pytest.raises(TypeError, match=r"proxy must be a dsgrad.mcmc.TaylorProxy"):
     mcmc.sgld(model, jnp.zeros(3), step_size=1e-3, subsample_size=20)
-  with pytest.raises(ValueError, match=r"mass matrix of shape \(4, 4\), where model "
+  with pytest.raises(ValueError, match=r"mass matrix of shape \(4,\), where model "
                                        r"'linear_gaussian' has d = 3"):
     mcmc.sghmc(model, ours, mcmc.hmc_parameters(0.1, 3, dim=4), subsample_size=20)
   # A subsample larger than the data: the message names the function, as its other
@@ -781,6 +785,26 @@ def test_estimator_variance_is_the_subsample_estimators_spread():
     # is within 10% of the spread of the estimates themselves.
     np.testing.assert_allclose(np.mean(np.asarray(reported, np.float64)) * 25 / 24, spread,
                                rtol=0.1)
+
+
+def test_a_second_order_proxy_of_a_gaussian_likelihood_is_exact_and_a_first_order_one_linear():
+  """The proxy's full-data sum and its gradient (the potential's): at second order, for a
+  Gaussian likelihood, the log likelihood itself (closed form: the sum of squares); at
+  first order, the tangent ``S0 + A . delta``, its curvature left out (not computed)."""
+  model, mean, sd = _heterogeneous_linear_gaussian(n=500)
+  x, y = (np.asarray(model.data[k], np.float64) for k in ("x", "y"))
+  theta = (mean + 2 * sd).astype(np.float32)
+  log_lik = lambda t: np.sum(-0.5 * (y - x @ t) ** 2 - 0.5 * np.log(2 * np.pi))  # noqa: E731
+  gradient = lambda t: x.T @ (y - x @ t)  # noqa: E731
+  star = mean.astype(np.float32)
+  for order in (1, 2):
+    proxy = mcmc.taylor_proxy(model, star, order=order)
+    value, grad = jax.value_and_grad(lambda t: mcmc.proxy_sum(proxy, t))(jnp.asarray(theta))
+    delta = theta.astype(np.float64) - star
+    want = (log_lik(theta), gradient(theta)) if order == 2 else (
+        log_lik(star) + gradient(star) @ delta, gradient(star))
+    np.testing.assert_allclose(float(value), want[0], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grad), want[1], rtol=1e-4, atol=1e-2)
 
 
 def test_the_reference_point_is_refined_to_the_full_data_mode():

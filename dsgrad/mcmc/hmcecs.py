@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import jax
 import jax.numpy as jnp
 
@@ -86,8 +87,10 @@ class HMCParameters(NamedTuple):
   Attributes:
     step_size: leapfrog step ``epsilon``.
     num_integration_steps: ``L`` (int32 scalar; may vary during warm-up).
-    inverse_mass_matrix: ``(d, d)`` ``M^{-1}``.
-    mass_cholesky: ``(d, d)`` lower Cholesky factor of ``M`` (momentum ``p = chol z``).
+    inverse_mass_matrix: ``(d, d)`` ``M^{-1}``, or ``(d,)``: the diagonal of a diagonal
+      ``M^{-1}`` (each leapfrog step then costs ``O(d)`` in it, not ``O(d^2)``).
+    mass_cholesky: ``(d, d)`` lower Cholesky factor of ``M`` (momentum ``p = chol z``),
+      or ``(d,)``: ``sqrt`` of a diagonal ``M``.
   """
 
   step_size: jax.Array
@@ -100,15 +103,24 @@ class HMCParameters(NamedTuple):
                   dim=checks.optional(checks.count(1)))
 def hmc_parameters(step_size: float, num_integration_steps: int, mass_matrix=None,
                    dim: int | None = None) -> HMCParameters:
-  """Builds :class:`HMCParameters` from a mass matrix ``M`` (default identity of ``dim``).
+  """Builds :class:`HMCParameters` from a mass matrix ``M``: ``(d, d)``, or ``(d,)``, the
+  diagonal of a diagonal one, kept as such (default: the identity of ``dim``, diagonal).
 
   The Cholesky factor and the inverse are computed here, once, outside any loop.
   """
   if mass_matrix is None:
     if dim is None:
       raise ValueError("pass mass_matrix or dim")
-    mass_matrix = jnp.eye(dim)
+    mass_matrix = jnp.ones(dim)
   mass_matrix = jnp.asarray(mass_matrix, jnp.float32)
+  if mass_matrix.ndim == 1:
+    diagonal = np.asarray(mass_matrix)
+    if not np.all(np.isfinite(diagonal)) or not np.all(diagonal > 0):
+      raise ValueError("mass_matrix, a diagonal, must hold finite positive values, got "
+                       f"values from {diagonal.min()} to {diagonal.max()}")
+    return HMCParameters(jnp.asarray(step_size, jnp.float32),
+                         jnp.asarray(num_integration_steps, jnp.int32), 1.0 / mass_matrix,
+                         jnp.sqrt(mass_matrix))
   chol = checked_cholesky(mass_matrix, "mass_matrix")
   with lapack_threads_for(chol.shape[0]):
     inverse = jax.block_until_ready(_inverse(chol))
@@ -207,7 +219,7 @@ def check_parameters(model: Model, parameters) -> HMCParameters:
     raise TypeError(f"parameters must be dsgrad.mcmc.HMCParameters (dsgrad.mcmc.hmc_parameters)"
                     f", got {type(parameters).__name__}")
   d = model.latent_dim
-  if jnp.shape(parameters.inverse_mass_matrix) != (d, d):
+  if jnp.shape(parameters.inverse_mass_matrix) not in ((d, d), (d,)):
     raise ValueError(f"parameters hold a mass matrix of shape "
                      f"{jnp.shape(parameters.inverse_mass_matrix)}, where model {model.name!r} "
                      f"has d = {d}: build them with dsgrad.mcmc.hmc_parameters(step_size, "

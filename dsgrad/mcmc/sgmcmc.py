@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from dsgrad.training import batching
 from dsgrad import checks
 from dsgrad.mcmc import proxy as proxy_lib
+from dsgrad.mcmc.hmc import mass_apply
 from dsgrad.mcmc.hmcecs import HMCParameters, SamplingAlgorithm, check_parameters
 from dsgrad.mcmc.proxy import TaylorProxy
 from dsgrad.models.base import Model
@@ -96,15 +97,16 @@ def sghmc_kernel(grad_estimator, parameters: HMCParameters, friction: float):
     k_p, k_steps = jax.random.split(key)
     eps, inv_mass = parameters.step_size, parameters.inverse_mass_matrix
     theta = state.position
-    p = parameters.mass_cholesky @ jax.random.normal(k_p, theta.shape, theta.dtype)
+    p = mass_apply(parameters.mass_cholesky, jax.random.normal(k_p, theta.shape, theta.dtype))
 
     def one(i, carry):
       theta, p = carry
       k_noise = jax.random.fold_in(k_steps, i)
-      theta = theta + eps * inv_mass @ p
+      theta = theta + eps * mass_apply(inv_mass, p)
       noise = jnp.sqrt(2 * friction * eps) * jax.random.normal(k_noise, theta.shape,
                                                                  theta.dtype)
-      p = p + eps * grad_estimator(theta, indices[i]) - eps * friction * inv_mass @ p + noise
+      p = (p + eps * grad_estimator(theta, indices[i])
+           - eps * friction * mass_apply(inv_mass, p) + noise)
       return theta, p
 
     theta, _ = jax.lax.fori_loop(0, indices.shape[0], one, (theta, p))
