@@ -490,6 +490,20 @@ def test_sg_baselines_find_the_posterior(which):
   assert np.all(samples.std(0) < 3 * sd) and np.all(samples.std(0) > 0.3 * sd)
 
 
+def test_sghmc_with_a_diagonal_mass_given_as_its_diagonal_moves_as_with_the_matrix():
+  model, mean, cov = _linear_gaussian(seed=2)
+  proxy = mcmc.taylor_proxy(model, jnp.asarray(mean, jnp.float32), order=1)
+  diagonal = 1.0 / np.diag(cov)
+  runs = []
+  for mass in (diagonal, np.diag(diagonal)):
+    algo = mcmc.sghmc(model, proxy, mcmc.hmc_parameters(0.1, 5, mass), subsample_size=50)
+    runs.append(mcmc.run_chain(jax.random.key(14), algo.step, algo.init(jnp.zeros(3), None),
+                               50, progress=False)[0])
+  assert mcmc.hmc_parameters(0.1, 5, diagonal).inverse_mass_matrix.shape == (3,)
+  np.testing.assert_allclose(runs[0], runs[1], rtol=1e-4, atol=1e-6)
+  assert np.ptp(np.asarray(runs[0]), axis=0).min() > 0  # it moved
+
+
 def test_effective_sample_size_of_an_ar1_process():
   rho, r = 0.8, 200_000
   rng = np.random.default_rng(0)
