@@ -102,6 +102,48 @@ def test_taylor_sums_from_declared_coordinates_are_the_dense_ones():
   assert np.abs(np.asarray(fast.sum_hessian)[:users, users:users + items]).max() > 1.0
 
 
+def test_a_sparse_curvature_is_kept_as_its_entries_and_moves_the_chain_as_the_dense_one():
+  """Random intercepts of 400 groups and a slope: the proxy's curvature B has some 1,200 of
+  its 160,801 entries nonzero (a group's own, and its slope's); the proxy keeps them, and
+  its sum, its gradient (the potential's) and the chain's draws equal those of the dense
+  product."""
+  rng = np.random.default_rng(3)
+  n, groups = 2000, 400
+  data = {"g": rng.integers(0, groups, n).astype(np.int32),
+          "x": rng.normal(size=n).astype(np.float32)}
+  data["y"] = (rng.random(n) < 0.5).astype(np.float32)
+
+  def log_lik(z, rows):
+    eta = z["a"][rows["g"]] + z["w"] * rows["x"]
+    return rows["y"] * eta - jax.nn.softplus(eta)
+
+  latent = {"a": jnp.zeros(groups), "w": jnp.zeros(())}
+  model = dsgrad.model_from_logdensity(
+      lambda z: -0.5 * sum(jnp.sum(leaf ** 2) for leaf in jax.tree.leaves(z)), log_lik, data,
+      latent)
+  star = mcmc.find_reference_point(model, jax.random.key(0))
+  sparse = mcmc.taylor_proxy(model, star)
+  dense = sparse._replace(hessian_entries=None)
+  rows, cols, values = sparse.hessian_entries
+  nonzero = np.count_nonzero(np.asarray(sparse.sum_hessian))
+  assert rows.shape == (nonzero,) and 1000 < nonzero < 0.01 * (groups + 1) ** 2
+  theta = star + 0.1 * jax.random.normal(jax.random.key(1), star.shape)
+  for proxy in (sparse, dense):
+    value, grad = jax.value_and_grad(lambda t: mcmc.proxy_sum(proxy, t))(theta)
+    if proxy is sparse:
+      want = value, grad
+  np.testing.assert_allclose(want[0], value, rtol=1e-6)
+  np.testing.assert_allclose(want[1], grad, rtol=1e-5, atol=1e-4)
+  scheme = mcmc.perturbed(model, 100, 10)
+  draws = []
+  for proxy in (sparse, dense):
+    algorithm = mcmc.hmcecs(model, proxy, scheme, mcmc.hmc_parameters(0.05, 4, dim=groups + 1))
+    draws.append(mcmc.run_chain(jax.random.key(2), algorithm.step,
+                                algorithm.init(star, jax.random.key(3)), 30, progress=False)[0])
+  np.testing.assert_allclose(draws[0], draws[1], rtol=1e-4, atol=1e-5)
+  assert np.ptp(np.asarray(draws[0]), axis=0).min() > 0  # every coordinate moved
+
+
 def test_the_laplace_precision_floor_is_kept_with_or_without_the_eigendecomposition():
   """The floor at 1e-6 of the largest eigenvalue: a matrix well inside it comes back as it
   is (one factorization shows it), one with an eigenvalue below it or a negative one is
