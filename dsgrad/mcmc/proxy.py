@@ -288,7 +288,8 @@ def _half_quadratic_form_jvp(primals, tangents):
 
 
 def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:
-  """``sum_k q_k(theta)`` in O(d^2) (O(d) at first order), from the precomputed sums."""
+  """``sum_k q_k(theta)`` from the precomputed sums: ``O(d^2)``, or ``O(d)`` plus ``B``'s
+  nonzero entries where the proxy keeps them, ``O(d)`` at first order."""
   delta = theta - proxy.theta_star
   # Sparse, differentiated as written: the transposed product is a scatter of the same
   # entries, as cheap as the product.
