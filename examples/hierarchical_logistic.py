@@ -262,7 +262,8 @@ def main(argv=None):
     diff = np.asarray(final[name]) - np.asarray(final["hand"])
     se = float(np.std(diff, ddof=1) / np.sqrt(diff.size))
     table.append({"contender": name, "steps": steps, "seconds": means[-1][0],
-                  "reached_seconds": at if math.isfinite(at) else None, "final_elbo": float(np.mean(final[name])),
+                  "reached_seconds": at if math.isfinite(at) else None,
+                  "final_elbo": float(np.mean(final[name])),
                   "vs_hand": float(diff.mean()), "vs_hand_se": se, "trace": means})
     reach = f"{at:.1f} s" if math.isfinite(at) else "not reached"
     gain = "" if name == "hand" else f"{diff.mean():+,.0f} ({se:,.0f})"
