@@ -62,16 +62,15 @@ def _kernel_times(model, subsample_size: int, steps: int, calls: int) -> list:
   import dsgrad
   mcmc, d = dsgrad.mcmc, model.latent_dim
   star = mcmc.find_reference_point(model, jax.random.key(1))
+  scheme = mcmc.perturbed(model, subsample_size, 10)
   rows = []
   for order in (2, 1):
     proxy = mcmc.taylor_proxy(model, star, order=order)
     for label, mass in (("dense (d, d) identity", jnp.eye(d)), ("diagonal (d,)", jnp.ones(d))):
       params = mcmc.hmc_parameters(0.01, steps, mass)
-      kernel = mcmc.build_kernel(model, mcmc.perturbed(model, subsample_size, 10))
       # The proxy and the parameters are arguments, as in dsgrad.mcmc.sample's chain.
-      step = jax.jit(kernel)
-      state = mcmc.init(model, mcmc.perturbed(model, subsample_size, 10), proxy, star,
-                        jax.random.key(2))
+      step = jax.jit(mcmc.build_kernel(model, scheme))
+      state = mcmc.init(model, scheme, proxy, star, jax.random.key(2))
       for key in jax.random.split(jax.random.key(3), 2):  # the first call's state retraces
         state, _ = step(key, state, proxy, params)
       jax.block_until_ready(state)
@@ -152,13 +151,13 @@ def main(argv=None):
   parser.add_argument("--subsample-size", type=command_line.count(1), default=100)
   parser.add_argument("--steps", type=command_line.count(1), default=5)
   parser.add_argument("--calls", type=command_line.count(1), default=30)
-  parser.add_argument("--section", default="hmcecs-groups-cpu")
-  parser.add_argument("--no-write", action="store_true")
+  _report.add_output_flags(parser, "hmcecs-groups")
   args = parser.parse_args(argv)
   config = {k: getattr(args, k) for k in ("num_data", "groups", "features", "num_samples",
                                            "num_warmup", "subsample_size", "steps", "calls")}
   results = run(**config)
-  _report.publish(args.section, None, not args.no_write, render=render,
+  _report.publish(_report.section_of(args, "hmcecs-groups"), None, not args.no_write,
+                  render=render,
                   data={"results": results, "config": config})
 
 

@@ -170,9 +170,8 @@ def _index_candidates(model: Model) -> tuple[dict, set]:
   columns = {name: leaf for name, leaf in model.data.items()
              if leaf.shape[0] and _may_index(leaf, first_rows=1024)}
   floats = {name for name, leaf in columns.items() if not jnp.issubdtype(leaf.dtype, jnp.integer)}
-  keep = floats and _casts_floats_to_integers(model) and {
-      name for name in floats if whole_number_floats(columns[name])}
-  keep = set(keep or ())
+  keep = ({name for name in floats if whole_number_floats(columns[name])}
+          if floats and _casts_floats_to_integers(model) else set())
   return {k: v for k, v in columns.items() if k not in floats or k in keep}, keep
 
 
@@ -189,10 +188,10 @@ def whole_number_floats(leaf, first_rows: int | None = None) -> bool:
   is read in chunks, once."""
   if not jnp.issubdtype(leaf.dtype, jnp.floating) or int(np.prod(leaf.shape[1:])) > 16:
     return False
-  # On the host: JAX's eager operations would each compile (0.4 s in all).
-  values = leaf.array if data_lib.is_host(leaf) else np.asarray(leaf)
-  if values is None:  # a host leaf's view inside a program: nothing to read
+  if data_lib.is_host(leaf) and leaf.array is None:  # a view inside a program: unread
     return False
+  # On the host (a memory map stays one): JAX's eager operations would each compile.
+  values = np.asarray(leaf)
   # A float64 bound: 2**24 as a Python int would be cast to a float16 column's dtype (inf).
   limit = np.float64(2 ** 24)
   whole = lambda v: bool(np.all((v == np.round(v)) & (np.abs(v) < limit)))  # noqa: E731

@@ -291,14 +291,17 @@ def proxy_sum(proxy: TaylorProxy, theta) -> jax.Array:
   """``sum_k q_k(theta)`` from the precomputed sums: ``O(d^2)``, or ``O(d)`` plus ``B``'s
   nonzero entries where the proxy keeps them, ``O(d)`` at first order."""
   delta = theta - proxy.theta_star
-  # Sparse, differentiated as written: the transposed product is a scatter of the same
-  # entries, as cheap as the product.
-  half_form = (lambda: 0.5 * delta @ _hessian_product(proxy, delta)) \
-      if proxy.hessian_entries is not None \
-      else lambda: _half_quadratic_form(proxy.sum_hessian, delta)
-  curvature = jax.lax.cond(proxy.second_order > 0, half_form,
+  curvature = jax.lax.cond(proxy.second_order > 0, lambda: _half_quadratic(proxy, delta),
                            lambda: jnp.zeros((), delta.dtype))
   return proxy.sum_value + proxy.sum_grad @ delta + proxy.second_order * curvature
+
+
+def _half_quadratic(proxy: TaylorProxy, delta) -> jax.Array:
+  """``delta^T B delta / 2``. From ``B``'s entries, differentiated as written: the
+  transposed product is a scatter of the same entries, as cheap as the product."""
+  if proxy.hessian_entries is not None:
+    return 0.5 * delta @ _hessian_product(proxy, delta)
+  return _half_quadratic_form(proxy.sum_hessian, delta)
 
 
 def proxy_values(model: Model, proxy: TaylorProxy, theta, indices) -> jax.Array:
